@@ -1,0 +1,180 @@
+// Elementwise family: gelu (tanh / erf), relu, relu_scale, relu_scale_add, bias_gelu, add,
+// and the backward of each differentiable one.
+//
+// Every map kernel has one signature, so the host launcher is one code path:
+//   (const T* a, const T* b, const T* c, T* out, int64 n, int64 head, int64 inner, float alpha)
+//   a      the first operand, n elements            (x, or dy in backward)
+//   b      an optional second operand, n elements   (y of relu_scale_add, b of add, x in bwd)
+//   c      an optional row vector of `inner` elements broadcast over the last dim (bias)
+//   head   elements before `out` (and a, b) reach 16-byte alignment; -1 when a, b and out
+//          disagree modulo 16, which forces the scalar path (correct, slower)
+// Traffic: each input read once, out written once, 16 bytes per access per thread.
+// Launch: 256 threads, a grid-stride loop of UNROLL independent 16-byte loads per thread
+// (enough bytes in flight to saturate HBM3), grid <= 8 blocks per SM, chosen by the host.
+// Math in float32; 64-bit indices throughout (tensors past 2^31 elements).
+#include "rawops/dtype.cuh"
+
+namespace rawops {
+namespace {
+
+constexpr int kUnroll = 4;
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+constexpr float kGeluCubic = 0.044715f;
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float inner = kSqrt2OverPi * fmaf(kGeluCubic * x, x * x, x);
+  return 0.5f * x * (1.f + tanhf(inner));
+}
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+  const float x2 = x * x;
+  const float t = tanhf(kSqrt2OverPi * fmaf(kGeluCubic * x, x2, x));
+  const float dinner = kSqrt2OverPi * fmaf(3.f * kGeluCubic, x2, 1.f);
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * dinner;
+}
+__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * kInvSqrt2)); }
+__device__ __forceinline__ float gelu_erf_grad(float x) {
+  return 0.5f * (1.f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * __expf(-0.5f * x * x);
+}
+// NaN propagates like torch.relu (fmaxf would turn it into 0).
+__device__ __forceinline__ float relu(float x) { return (x > 0.f || x != x) ? x : 0.f; }
+__device__ __forceinline__ float relu_grad(float x) { return x > 0.f ? 1.f : 0.f; }
+
+// Each op maps (a, b, c, alpha) -> out; b and c are 0 when the op does not read them.
+struct GeluTanh     { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float) { return gelu_tanh(a); } };
+struct GeluErf      { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float) { return gelu_erf(a); } };
+struct GeluTanhBwd  { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float) { return dy * gelu_tanh_grad(x); } };
+struct GeluErfBwd   { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float) { return dy * gelu_erf_grad(x); } };
+struct Relu         { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float) { return relu(a); } };
+struct ReluBwd      { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float) { return dy * relu_grad(x); } };
+struct ReluScale    { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float s) { return relu(a) * s; } };
+struct ReluScaleBwd { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float s) { return dy * s * relu_grad(x); } };
+struct ReluScaleAdd { static constexpr bool B = true,  C = false; __device__ static float f(float a, float y, float, float s) { return fmaf(relu(a), s, y); } };
+struct Add          { static constexpr bool B = true,  C = false; __device__ static float f(float a, float b, float, float) { return a + b; } };
+struct BiasGeluTanh { static constexpr bool B = false, C = true;  __device__ static float f(float a, float, float bias, float) { return gelu_tanh(a + bias); } };
+struct BiasGeluErf  { static constexpr bool B = false, C = true;  __device__ static float f(float a, float, float bias, float) { return gelu_erf(a + bias); } };
+struct BiasGeluTanhBwd { static constexpr bool B = true, C = true; __device__ static float f(float dy, float x, float bias, float) { return dy * gelu_tanh_grad(x + bias); } };
+struct BiasGeluErfBwd  { static constexpr bool B = true, C = true; __device__ static float f(float dy, float x, float bias, float) { return dy * gelu_erf_grad(x + bias); } };
+
+template <class Op, typename T>
+__device__ __forceinline__ void map_scalar(const T* a, const T* b, const T* c, T* out, int64_t i,
+                                           int64_t inner, float alpha) {
+  const float bv = Op::B ? to_float(b[i]) : 0.f;
+  const float cv = Op::C ? to_float(c[i % inner]) : 0.f;
+  out[i] = from_float<T>(Op::f(to_float(a[i]), bv, cv, alpha));
+}
+
+template <class Op, typename T>
+__device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict__ b,
+                                    const T* __restrict__ c, T* __restrict__ out, int64_t n,
+                                    int64_t head, int64_t inner, float alpha) {
+  constexpr int V = Vec16<T>::size;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nthreads = int64_t(gridDim.x) * blockDim.x;
+
+  if (head < 0) {  // operands misaligned relative to each other: scalar everywhere
+    for (int64_t i = tid; i < n; i += nthreads) map_scalar<Op>(a, b, c, out, i, inner, alpha);
+    return;
+  }
+  // Scalar head (before 16-byte alignment) and tail (after the last whole vector).
+  const int64_t nvec = (n - head) / V;
+  const int64_t tail = head + nvec * V;
+  if (tid < head) map_scalar<Op>(a, b, c, out, tid, inner, alpha);
+  if (tid < n - tail) map_scalar<Op>(a, b, c, out, tail + tid, inner, alpha);
+
+  for (int64_t base = tid; base < nvec; base += nthreads * kUnroll) {
+    Vec16<T> va[kUnroll], vb[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t j = base + k * nthreads;
+      if (j < nvec) {
+        va[k] = load16(a + head + j * V);
+        if (Op::B) vb[k] = load16(b + head + j * V);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t j = base + k * nthreads;
+      if (j < nvec) {
+        const int64_t first = head + j * V;
+        int64_t col = Op::C ? first % inner : 0;  // one division per vector, not per element
+        Vec16<T> r;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          float cv = 0.f;
+          if (Op::C) {
+            cv = to_float(__ldg(c + col));
+            col = (col + 1 == inner) ? 0 : col + 1;
+          }
+          const float bv = Op::B ? to_float(vb[k].v[e]) : 0.f;
+          r.v[e] = from_float<T>(Op::f(to_float(va[k].v[e]), bv, cv, alpha));
+        }
+        store16(out + first, r);
+      }
+    }
+  }
+}
+
+// Deterministic column sums of a (rows x cols) matrix, in two launches (no atomics, so the
+// same input gives the same bits): partial[chunk, col] over a chunk of rows, then the chunks
+// summed in order. Used for dbias. Reads the matrix once, coalesced along a row.
+template <typename T>
+__device__ __forceinline__ void column_sum_part(const T* __restrict__ x, float* __restrict__ partial,
+                                                int64_t rows, int64_t cols, int64_t rows_per_chunk) {
+  const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
+  const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float acc = 0.f;
+  for (int64_t r = r0; r < r1; ++r) acc += to_float(x[r * cols + col]);
+  partial[int64_t(blockIdx.y) * cols + col] = acc;
+}
+
+template <typename T>
+__device__ __forceinline__ void column_sum_final(const float* __restrict__ partial, T* __restrict__ out,
+                                                 int64_t chunks, int64_t cols) {
+  const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (col >= cols) return;
+  float acc = 0.f;
+  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + col];
+  out[col] = from_float<T>(acc);
+}
+
+}  // namespace
+}  // namespace rawops
+
+#define RAWOPS_MAP(name, Op, T, suffix)                                                         \
+  extern "C" __global__ void __launch_bounds__(256)                                            \
+      name##_##suffix(const T* a, const T* b, const T* c, T* out, long long n, long long head, \
+                      long long inner, float alpha) {                                          \
+    rawops::map<rawops::Op>(a, b, c, out, n, head, inner, alpha);                              \
+  }
+
+#define RAWOPS_ELEMENTWISE(T, suffix)                                                    \
+  RAWOPS_MAP(gelu_tanh_fwd, GeluTanh, T, suffix)                                         \
+  RAWOPS_MAP(gelu_tanh_bwd, GeluTanhBwd, T, suffix)                                      \
+  RAWOPS_MAP(gelu_erf_fwd, GeluErf, T, suffix)                                           \
+  RAWOPS_MAP(gelu_erf_bwd, GeluErfBwd, T, suffix)                                        \
+  RAWOPS_MAP(relu_fwd, Relu, T, suffix)                                                  \
+  RAWOPS_MAP(relu_bwd, ReluBwd, T, suffix)                                               \
+  RAWOPS_MAP(relu_scale_fwd, ReluScale, T, suffix)                                       \
+  RAWOPS_MAP(relu_scale_bwd, ReluScaleBwd, T, suffix)                                    \
+  RAWOPS_MAP(relu_scale_add_fwd, ReluScaleAdd, T, suffix)                                \
+  RAWOPS_MAP(add_fwd, Add, T, suffix)                                                    \
+  RAWOPS_MAP(bias_gelu_tanh_fwd, BiasGeluTanh, T, suffix)                                \
+  RAWOPS_MAP(bias_gelu_tanh_bwd, BiasGeluTanhBwd, T, suffix)                             \
+  RAWOPS_MAP(bias_gelu_erf_fwd, BiasGeluErf, T, suffix)                                  \
+  RAWOPS_MAP(bias_gelu_erf_bwd, BiasGeluErfBwd, T, suffix)                               \
+  extern "C" __global__ void column_sum_part_##suffix(const T* x, float* partial, long long rows, \
+                                                      long long cols, long long rows_per_chunk) { \
+    rawops::column_sum_part(x, partial, rows, cols, rows_per_chunk);                     \
+  }                                                                                      \
+  extern "C" __global__ void column_sum_final_##suffix(const float* partial, T* out,     \
+                                                       long long chunks, long long cols) { \
+    rawops::column_sum_final(partial, out, chunks, cols);                                \
+  }
+
+RAWOPS_ELEMENTWISE(float, f32)
+RAWOPS_ELEMENTWISE(__half, f16)
+RAWOPS_ELEMENTWISE(__nv_bfloat16, bf16)

@@ -1,0 +1,45 @@
+// Scalar types, float conversion and 16-byte vector access shared by every kernel family.
+//
+// Kernels do their math in float32 whatever the storage type; these helpers are the only
+// place that knows how float16 and bfloat16 convert, so every family rounds the same way.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace rawops {
+
+// Not <stdint.h>: NVRTC, the fallback compiler, does not ship it.
+using int64_t = long long;
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Sixteen bytes of T: one LDG.128 / STG.128 per thread.
+template <typename T> struct alignas(16) Vec16 {
+  static constexpr int size = 16 / sizeof(T);
+  T v[size];
+};
+
+template <typename T> __device__ __forceinline__ Vec16<T> load16(const T* p) {
+  // Read-only path: inputs are never written by the same launch.
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  Vec16<T> out;
+  *reinterpret_cast<uint4*>(&out) = raw;
+  return out;
+}
+
+template <typename T> __device__ __forceinline__ void store16(T* p, const Vec16<T>& v) {
+  // Streaming store: outputs are not re-read by this kernel, so keep L2 for the inputs.
+  __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+}
+
+}  // namespace rawops

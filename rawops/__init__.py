@@ -1,0 +1,42 @@
+"""rawops: prebuilt CUDA kernels for CuPy, PyTorch and any `__cuda_array_interface__` /
+DLPack producer, zero-copy, with no build or import dependency on torch.
+
+    import cupy, rawops
+    y = rawops.gelu(cupy.random.randn(1 << 20, dtype=cupy.float32))
+
+torch users: `rawops.torch_adapter` (autograd, torch.compile, nn.Modules).
+"""
+from ._launch import NoDeviceError, as_array
+from .elementwise import (
+    add,
+    bias_gelu,
+    bias_gelu_backward,
+    column_sum,
+    gelu,
+    gelu_backward,
+    relu,
+    relu_backward,
+    relu_scale,
+    relu_scale_add,
+    relu_scale_add_backward,
+    relu_scale_backward,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NoDeviceError",
+    "add",
+    "as_array",
+    "bias_gelu",
+    "bias_gelu_backward",
+    "column_sum",
+    "gelu",
+    "gelu_backward",
+    "relu",
+    "relu_backward",
+    "relu_scale",
+    "relu_scale_add",
+    "relu_scale_add_backward",
+    "relu_scale_backward",
+]

@@ -1,0 +1,496 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Marshalling and launching: read device arrays from any producer, check them, launch.
+
+Arrays come in as CuPy arrays (read natively, the fast path), objects with
+`__cuda_array_interface__` (v2/v3, whose `stream` key is honoured) or `__dlpack__`
+(through cupy.from_dlpack, zero-copy). Kernels are launched with the driver's
+cuLaunchKernel, resolved from libcuda at first use, so a call pays neither CuPy's nor
+torch's per-call argument handling. Policy and documentation live in the Python modules.
+"""
+from libc.stdint cimport uintptr_t
+from posix.dlfcn cimport dlopen, dlsym, RTLD_NOW, RTLD_LOCAL
+
+import numpy
+import ml_dtypes
+
+from . import _modules
+
+# ---------------------------------------------------------------------------- dtypes
+cdef enum:
+    F32 = 0
+    F16 = 1
+    BF16 = 2
+    U8 = 3
+    U16 = 4
+    N_FLOAT = 3
+    MAX_DEVICES = 64
+    MAP_THREADS = 256
+    MAP_UNROLL = 4
+    MAP_BLOCKS_PER_SM = 8
+
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "uint8", "uint16")
+FLOAT_SUFFIXES = ("f32", "f16", "bf16")
+NUMPY_DTYPES = tuple(numpy.dtype(n) if n != "bfloat16" else numpy.dtype(ml_dtypes.bfloat16)
+                     for n in DTYPE_NAMES)
+cdef dict _CODE_OF_NUM = {dt.num: code for code, dt in enumerate(NUMPY_DTYPES)}
+cdef dict _CODE_OF_TYPESTR = {"<f4": F32, "<f2": F16, "|u1": U8, "<u1": U8, "<u2": U16}
+
+
+def dtype_name(int code):
+    return DTYPE_NAMES[code] if 0 <= code < len(DTYPE_NAMES) else "unsupported"
+
+
+# ---------------------------------------------------------------------------- driver
+ctypedef int CUresult
+ctypedef CUresult (*LaunchKernel_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    unsigned, unsigned, void*, void**, void**) nogil
+ctypedef CUresult (*PointerGetAttributes_t)(unsigned, int*, void**, uintptr_t) nogil
+ctypedef CUresult (*GetErrorName_t)(CUresult, const char**) nogil
+ctypedef CUresult (*EventCreate_t)(void**, unsigned) nogil
+ctypedef CUresult (*EventRecord_t)(void*, void*) nogil
+ctypedef CUresult (*StreamWaitEvent_t)(void*, void*, unsigned) nogil
+ctypedef CUresult (*EventDestroy_t)(void*) nogil
+
+cdef LaunchKernel_t _cuLaunchKernel = NULL
+cdef PointerGetAttributes_t _cuPointerGetAttributes = NULL
+cdef GetErrorName_t _cuGetErrorName = NULL
+cdef EventCreate_t _cuEventCreate = NULL
+cdef EventRecord_t _cuEventRecord = NULL
+cdef StreamWaitEvent_t _cuStreamWaitEvent = NULL
+cdef EventDestroy_t _cuEventDestroy = NULL
+
+cdef enum:
+    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+    CU_MEMORYTYPE_HOST = 1
+    CUDA_ERROR_INVALID_CONTEXT = 201
+    CU_EVENT_DISABLE_TIMING = 2
+
+
+class NoDeviceError(RuntimeError):
+    """No CUDA driver or GPU is available."""
+
+
+cdef void* _symbol(void* handle, const char* name) except NULL:
+    cdef void* p = dlsym(handle, name)
+    if p == NULL:
+        raise NoDeviceError(f"rawops: the CUDA driver lacks {name.decode()}; update the NVIDIA driver")
+    return p
+
+
+cdef int _load_driver() except -1:
+    global _cuLaunchKernel, _cuPointerGetAttributes, _cuGetErrorName
+    global _cuEventCreate, _cuEventRecord, _cuStreamWaitEvent, _cuEventDestroy
+    if _cuLaunchKernel != NULL:
+        return 0
+    cdef void* handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_LOCAL)
+    if handle == NULL:
+        raise NoDeviceError("rawops: no CUDA driver (libcuda.so.1) on this machine; "
+                            "rawops runs its kernels on an NVIDIA GPU")
+    _cuPointerGetAttributes = <PointerGetAttributes_t>_symbol(handle, b"cuPointerGetAttributes")
+    _cuGetErrorName = <GetErrorName_t>_symbol(handle, b"cuGetErrorName")
+    _cuEventCreate = <EventCreate_t>_symbol(handle, b"cuEventCreate")
+    _cuEventRecord = <EventRecord_t>_symbol(handle, b"cuEventRecord")
+    _cuStreamWaitEvent = <StreamWaitEvent_t>_symbol(handle, b"cuStreamWaitEvent")
+    _cuEventDestroy = <EventDestroy_t>_symbol(handle, b"cuEventDestroy_v2")
+    _cuLaunchKernel = <LaunchKernel_t>_symbol(handle, b"cuLaunchKernel")
+    return 0
+
+
+cdef str _error_name(CUresult rc):
+    cdef const char* name = NULL
+    if _cuGetErrorName != NULL and _cuGetErrorName(rc, &name) == 0 and name != NULL:
+        return name.decode()
+    return f"CUDA error {rc}"
+
+
+cdef int _check(CUresult rc, str what) except -1:
+    if rc != 0:
+        raise RuntimeError(f"rawops: {what} failed: {_error_name(rc)}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- arrays
+cdef object _cupy = None
+cdef object _cupy_ndarray = None
+
+
+cdef object _import_cupy():
+    global _cupy, _cupy_ndarray
+    if _cupy is None:
+        import cupy
+        _cupy = cupy
+        _cupy_ndarray = cupy.ndarray
+    return _cupy
+
+
+cdef class DeviceArray:
+    """What rawops knows of one array argument: pointer, shape, dtype, device, layout."""
+    cdef readonly str name
+    cdef readonly object obj        # the producer's object, kept alive for the call
+    cdef readonly uintptr_t ptr
+    cdef readonly tuple shape
+    cdef readonly long long size
+    cdef readonly int dtype         # code into DTYPE_NAMES, -1 for anything else
+    cdef readonly object dtype_text
+    cdef readonly int itemsize
+    cdef readonly bint contiguous
+    cdef readonly bint readonly
+    cdef readonly int device        # -1: not known yet (resolved by resolve_device)
+    cdef readonly object stream     # CAI v3 stream to synchronise with, or None
+    cdef readonly bint is_cupy
+
+    @property
+    def nbytes(self):
+        return self.size * self.itemsize
+
+
+cdef long long _product(tuple shape) except -1:
+    cdef long long n = 1
+    for d in shape:
+        n *= <long long>d
+    return n
+
+
+cdef bint _c_contiguous(tuple shape, object strides, int itemsize):
+    if strides is None:
+        return True
+    cdef long long expected = itemsize
+    cdef Py_ssize_t i
+    for i in range(len(shape) - 1, -1, -1):
+        if shape[i] != 1 and strides[i] != expected:
+            return _product(shape) == 0
+        expected *= <long long>shape[i]
+    return True
+
+
+cdef DeviceArray _from_cupy(object obj, str name):
+    cdef DeviceArray a = DeviceArray.__new__(DeviceArray)
+    a.name = name
+    a.obj = obj
+    a.is_cupy = True
+    a.ptr = obj.data.ptr
+    a.shape = obj.shape
+    a.size = obj.size
+    dt = obj.dtype
+    a.dtype = _CODE_OF_NUM.get(dt.num, -1)
+    a.dtype_text = dt.name
+    a.itemsize = dt.itemsize
+    a.contiguous = obj.flags.c_contiguous
+    a.readonly = False
+    a.device = obj.data.device_id
+    a.stream = None
+    return a
+
+
+cdef DeviceArray _from_cai(object obj, dict cai, str name):
+    cdef DeviceArray a = DeviceArray.__new__(DeviceArray)
+    a.name = name
+    a.obj = obj
+    a.is_cupy = False
+    if cai.get("mask") is not None:
+        raise ValueError(f"{name} is a masked array (__cuda_array_interface__ 'mask'); rawops does not support masks")
+    data = cai["data"]
+    a.ptr = data[0] or 0
+    a.readonly = bool(data[1])
+    a.shape = tuple(cai["shape"])
+    a.size = _product(a.shape)
+    typestr = cai["typestr"]
+    a.dtype = _CODE_OF_TYPESTR.get(typestr, -1)
+    a.dtype_text = typestr if a.dtype < 0 else DTYPE_NAMES[a.dtype]
+    if typestr == "<V2":
+        a.dtype_text = "'<V2' (2-byte void: pass bfloat16 as a CuPy array or through DLPack)"
+    a.itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
+    a.contiguous = _c_contiguous(a.shape, cai.get("strides"), a.itemsize)
+    a.device = -1
+    stream = cai.get("stream") if cai.get("version", 0) >= 3 else None
+    if stream == 0:
+        raise ValueError(f"{name}: __cuda_array_interface__ stream 0 is forbidden by the protocol "
+                         "(ambiguous); use 1 for the legacy default stream")
+    a.stream = stream
+    return a
+
+
+cpdef DeviceArray as_array(object obj, str name):
+    """Read `obj` as a device array without copying; TypeError if it is not one."""
+    cupy = _import_cupy()
+    if type(obj) is _cupy_ndarray:
+        return _from_cupy(obj, name)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _from_cai(obj, cai, name)
+    if isinstance(obj, _cupy_ndarray):
+        return _from_cupy(obj, name)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        device_type = obj.__dlpack_device__()[0]
+        if device_type not in (2, 13):  # kDLCUDA, kDLCUDAManaged
+            raise TypeError(f"{name} is in host memory (DLPack device type {device_type}); rawops needs "
+                            "GPU memory: move it to the GPU first (e.g. cupy.asarray(x))")
+        return _from_cupy(cupy.from_dlpack(obj), name)
+    if hasattr(obj, "__array_interface__") or hasattr(obj, "__array__"):
+        raise TypeError(f"{name} is a host array ({type(obj).__name__}); rawops needs GPU memory: "
+                        "move it to the GPU first (e.g. cupy.asarray(x))")
+    raise TypeError(f"{name} must be a GPU array (CuPy, or anything with __cuda_array_interface__ "
+                    f"or __dlpack__), got {type(obj).__name__}")
+
+
+cpdef int resolve_device(DeviceArray a) except -2:
+    """Ask the driver which GPU holds a foreign pointer; host memory is refused here."""
+    if a.device >= 0:
+        return a.device
+    if a.size == 0 or a.ptr == 0:
+        a.device = _import_cupy().cuda.runtime.getDevice()
+        return a.device
+    _load_driver()
+    cdef int memtype = 0
+    cdef int ordinal = -1
+    cdef int attrs[2]
+    cdef void* values[2]
+    attrs[0] = CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    attrs[1] = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    values[0] = &memtype
+    values[1] = &ordinal
+    cdef CUresult rc = _cuPointerGetAttributes(2, attrs, values, a.ptr)
+    if rc != 0 or memtype == 0:
+        raise ValueError(f"{a.name} does not point to GPU memory the driver knows "
+                         f"(pointer 0x{a.ptr:x}: {_error_name(rc) if rc else 'unregistered host memory'})")
+    if memtype == CU_MEMORYTYPE_HOST:
+        raise ValueError(f"{a.name} points to pinned host memory (0x{a.ptr:x}); rawops needs GPU memory")
+    a.device = ordinal
+    return ordinal
+
+
+# ---------------------------------------------------------------------------- streams
+cpdef uintptr_t stream_pointer(object stream, int device) except? 0:
+    """A raw CUstream from None (CuPy's current stream on `device`), a CuPy/torch stream
+    object, an object with __cuda_stream__, or an int handle."""
+    if stream is None:
+        return _import_cupy().cuda.get_current_stream(device).ptr
+    if isinstance(stream, int):
+        return stream
+    for attribute in ("ptr", "cuda_stream"):
+        value = getattr(stream, attribute, None)
+        if isinstance(value, int):
+            return value
+    if hasattr(stream, "__cuda_stream__"):
+        return stream.__cuda_stream__()[1]
+    raise TypeError(f"stream must be None, an int handle or a CUDA stream object, got {type(stream).__name__}")
+
+
+cdef bint _same_stream(uintptr_t a, uintptr_t b):
+    # 0 and 1 both name the legacy default stream.
+    return a == b or (a <= 1 and b <= 1)
+
+
+cdef int _wait_for_producer(DeviceArray a, uintptr_t stream) except -1:
+    """CAI v3: order our stream after the producer's, without blocking the host."""
+    if a.stream is None or _same_stream(<uintptr_t>a.stream, stream):
+        return 0
+    _load_driver()
+    cdef void* event = NULL
+    _check(_cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+    try:
+        _check(_cuEventRecord(event, <void*><uintptr_t>a.stream), "cuEventRecord on the producer's stream")
+        _check(_cuStreamWaitEvent(<void*>stream, event, 0), "cuStreamWaitEvent")
+    finally:
+        _cuEventDestroy(event)
+    return 0
+
+
+# ---------------------------------------------------------------------------- launching
+cdef int _sm_count[MAX_DEVICES]
+
+
+cpdef int sm_count(int device) except -1:
+    if device < 0 or device >= MAX_DEVICES:
+        raise ValueError(f"device {device} is out of range")
+    if _sm_count[device] == 0:
+        _sm_count[device] = _import_cupy().cuda.runtime.deviceGetAttribute(16, device)  # MultiProcessorCount
+    return _sm_count[device]
+
+
+cdef int _launch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                 unsigned shared, uintptr_t stream, void** params, int device) except -1:
+    _load_driver()
+    cdef CUresult rc = _cuLaunchKernel(<void*>function, gx, gy, gz, bx, 1, 1, shared,
+                                       <void*>stream, params, NULL)
+    if rc == CUDA_ERROR_INVALID_CONTEXT:
+        # A thread that never touched CUDA has no current context: make the device's
+        # primary context current (what the runtime does lazily), then retry once.
+        _import_cupy().cuda.runtime.setDevice(device)
+        rc = _cuLaunchKernel(<void*>function, gx, gy, gz, bx, 1, 1, shared, <void*>stream, params, NULL)
+    return _check(rc, "kernel launch")
+
+
+def launch(uintptr_t function, tuple grid, unsigned block, unsigned shared, uintptr_t stream,
+           tuple args, str kinds, int device):
+    """Generic launch: `kinds` gives each argument's C type, 'p' pointer, 'q' int64, 'f' float."""
+    if len(args) != len(kinds) or len(args) > 16:
+        raise ValueError("launch: one kind per argument, at most 16 arguments")
+    cdef unsigned long long slots[16]
+    cdef float fslots[16]
+    cdef void* params[16]
+    cdef Py_ssize_t i
+    for i in range(len(args)):
+        if kinds[i] == "f":
+            fslots[i] = args[i]
+            params[i] = &fslots[i]
+        else:
+            slots[i] = <unsigned long long>(<long long>args[i]) if kinds[i] == "q" else <unsigned long long>args[i]
+            params[i] = &slots[i]
+    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    return _launch(function, gx, gy, gz, block, shared, stream, params, device)
+
+
+cdef inline long long _map_head(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b):
+    """Elements before 16-byte alignment of every operand (b == 0: not read), or -1 when
+    the operands disagree modulo 16, which sends the kernel down its scalar path."""
+    cdef uintptr_t phase = out % 16
+    if a % 16 != phase or (b != 0 and b % 16 != phase):
+        return -1
+    return min(<long long>(((16 - phase) % 16) // itemsize), n)
+
+
+cdef inline long long _map_blocks(long long n, long long head, int itemsize, int sms):
+    cdef long long work = (n - head) // (16 // itemsize) if head >= 0 else n
+    cdef long long blocks = (work + MAP_THREADS * MAP_UNROLL - 1) // (MAP_THREADS * MAP_UNROLL)
+    return max(1, min(blocks, <long long>sms * MAP_BLOCKS_PER_SM))
+
+
+def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b, int sms):
+    """(blocks, head) of a map launch; pure arithmetic, testable without a GPU."""
+    cdef long long head = _map_head(n, itemsize, out, a, b)
+    return _map_blocks(n, head, itemsize, sms), head
+
+
+cdef class MapKernel:
+    """One elementwise op over float32/float16/bfloat16, dispatching on dtype.
+
+    Kernel signature (see kernels/elementwise.cu):
+      (const T* a, const T* b, const T* c, T* out, int64 n, int64 head, int64 inner, float alpha)
+    `b` is read elementwise when reads_b, `c` as a row vector over the last dim when reads_c.
+    """
+    cdef readonly str family
+    cdef readonly str name
+    cdef readonly tuple arg_names
+    cdef readonly bint reads_b
+    cdef readonly bint reads_c
+    cdef uintptr_t _functions[MAX_DEVICES][N_FLOAT]
+
+    def __init__(self, str family, str name, tuple arg_names, bint reads_b=False, bint reads_c=False):
+        self.family = family
+        self.name = name
+        self.arg_names = arg_names
+        self.reads_b = reads_b
+        self.reads_c = reads_c
+
+    def kernel_names(self):
+        return [f"{self.name}_{s}" for s in FLOAT_SUFFIXES]
+
+    cdef uintptr_t function(self, int device, int dtype) except 0:
+        if device < 0 or device >= MAX_DEVICES:
+            raise ValueError(f"device {device} is out of range")
+        if self._functions[device][dtype] == 0:
+            _load_driver()
+            self._functions[device][dtype] = _modules.function_pointer(
+                self.family, f"{self.name}_{FLOAT_SUFFIXES[dtype]}", device)
+        return self._functions[device][dtype]
+
+    def __call__(self, a, b=None, c=None, float alpha=0.0, out=None, stream=None):
+        cdef DeviceArray A = as_array(a, self.arg_names[0])
+        cdef DeviceArray B = None
+        cdef DeviceArray C = None
+        cdef DeviceArray O = None
+        if A.dtype < 0 or A.dtype >= N_FLOAT:
+            raise TypeError(f"{A.name} has dtype {A.dtype_text}; {self.name} supports float32, float16, bfloat16")
+        if not A.contiguous:
+            raise ValueError(f"{A.name} is not C-contiguous; rawops never copies behind your back: "
+                             f"pass a contiguous array (e.g. {A.name}.copy())")
+        if self.reads_b:
+            B = self._operand(b, self.arg_names[1], A)
+            if B.shape != A.shape:
+                raise ValueError(f"{B.name} has shape {B.shape}, expected {A.shape} like {A.name}")
+        if self.reads_c:
+            C = self._operand(c, self.arg_names[-1], A)
+            if len(A.shape) == 0 or C.shape != A.shape[-1:]:
+                raise ValueError(f"{C.name} has shape {C.shape}, expected ({A.shape[-1] if A.shape else '?'},): "
+                                 f"one value per element of {A.name}'s last dim")
+        if out is not None:
+            O = self._operand(out, "out", A)
+            if O.shape != A.shape:
+                raise ValueError(f"out has shape {O.shape}, expected {A.shape} like {A.name}")
+            if O.readonly:
+                raise ValueError("out is read-only")
+            self._check_overlap(O, A)
+            if B is not None:
+                self._check_overlap(O, B)
+            if C is not None:
+                self._check_overlap(O, C)
+
+        cupy = _import_cupy()
+        cdef int device = resolve_device(A)
+        for other in (B, C, O):
+            if other is not None and resolve_device(other) != device:
+                raise ValueError(f"{other.name} is on device {other.device}, {A.name} on device {device}; "
+                                 "all arguments must be on one GPU")
+        if cupy.cuda.runtime.getDevice() != device:
+            with cupy.cuda.Device(device):
+                return self._run(A, B, C, O, alpha, stream, device)
+        return self._run(A, B, C, O, alpha, stream, device)
+
+    cdef DeviceArray _operand(self, object obj, str name, DeviceArray like):
+        if obj is None:
+            raise TypeError(f"{self.name} needs {name}")
+        cdef DeviceArray x = as_array(obj, name)
+        if x.dtype != like.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype_text}, expected {like.dtype_text} like {like.name}")
+        if not x.contiguous:
+            raise ValueError(f"{name} is not C-contiguous; rawops never copies behind your back")
+        if x.ptr % x.itemsize:
+            raise ValueError(f"{name} is misaligned: address 0x{x.ptr:x} is not a multiple of its "
+                             f"{x.itemsize}-byte element")
+        return x
+
+    cdef int _check_overlap(self, DeviceArray o, DeviceArray x) except -1:
+        # Exact aliasing (out=x) is a supported in-place update; a partial overlap would
+        # read elements this launch has already written.
+        if o.ptr != x.ptr and o.ptr < x.ptr + x.nbytes and x.ptr < o.ptr + o.nbytes:
+            raise ValueError(f"out partially overlaps {x.name}; pass out={x.name} exactly, or a separate array")
+        return 0
+
+    cdef object _run(self, DeviceArray A, DeviceArray B, DeviceArray C, DeviceArray O, float alpha,
+                     object stream, int device):
+        cdef uintptr_t s = stream_pointer(stream, device)
+        for x in (A, B, C):
+            if x is not None:
+                _wait_for_producer(x, s)
+        if O is None:
+            result = _import_cupy().empty(A.shape, dtype=NUMPY_DTYPES[A.dtype])
+            out_ptr = result.data.ptr
+        else:
+            result = O.obj
+            out_ptr = O.ptr
+        if A.size:
+            self.launch_pointers(device, A.dtype, A.ptr, B.ptr if B is not None else 0,
+                                 C.ptr if C is not None else 0, out_ptr, A.size,
+                                 C.size if C is not None else 1, alpha, s)
+        return result
+
+    cpdef int launch_pointers(self, int device, int dtype, uintptr_t a, uintptr_t b, uintptr_t c,
+                              uintptr_t out, long long n, long long inner, float alpha,
+                              uintptr_t stream) except -1:
+        """Launch on raw pointers already checked by the caller (the torch adapter's path)."""
+        cdef uintptr_t function = self.function(device, dtype)
+        cdef int itemsize = 4 if dtype == F32 else 2
+        cdef long long head = _map_head(n, itemsize, out, a, b if self.reads_b else 0)
+        cdef long long blocks = _map_blocks(n, head, itemsize, sm_count(device))
+        cdef void* params[8]
+        params[0] = &a
+        params[1] = &b
+        params[2] = &c
+        params[3] = &out
+        params[4] = &n
+        params[5] = &head
+        params[6] = &inner
+        params[7] = &alpha
+        return _launch(function, <unsigned>blocks, 1, 1, MAP_THREADS, 0, stream, params, device)

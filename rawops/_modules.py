@@ -1,0 +1,134 @@
+"""Find each kernel family's code and load it once per device through cupy.RawModule.
+
+Where the code comes from, first match wins:
+  RAWOPS_DEV=1       kernels/<family>.cu of a source checkout, rebuilt with nvcc for the
+                     current GPU whenever its content hash changes (cached on disk);
+  installed fatbin   rawops/_fatbin/<family>.fatbin, built by setup.py;
+  NVRTC fallback     the shipped source compiled through CuPy at first use (one warning;
+                     CuPy caches the result on disk).
+Kernels are looked up by their extern "C" names, `<op>_<direction>_<dtype>`.
+"""
+import os
+import threading
+import warnings
+
+from . import _nvcc
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+FATBIN_DIR = os.path.join(PACKAGE_DIR, "_fatbin")
+CHECKOUT_KERNELS = os.path.join(os.path.dirname(PACKAGE_DIR), "kernels")
+DEV_ENV = "RAWOPS_DEV"
+FORCE_NVRTC_ENV = "RAWOPS_FORCE_NVRTC"
+DEV_CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "rawops")
+
+_lock = threading.Lock()
+_modules = {}  # (family, device) -> cupy.RawModule
+_functions = {}  # (family, name, device) -> cupy.RawKernel, kept alive with its module
+_nvrtc_warned = set()
+
+
+def kernel_source_dir():
+    """The kernels/ folder: the checkout's in a source tree, else the copy in the package."""
+    if os.path.isdir(CHECKOUT_KERNELS):
+        return CHECKOUT_KERNELS
+    return os.path.join(PACKAGE_DIR, "_kernels")
+
+
+def families():
+    """Every kernel family this installation knows, by fatbin or by source."""
+    names = set()
+    if os.path.isdir(FATBIN_DIR):
+        names.update(f[: -len(".fatbin")] for f in os.listdir(FATBIN_DIR) if f.endswith(".fatbin"))
+    source_dir = kernel_source_dir()
+    if os.path.isdir(source_dir):
+        names.update(f[: -len(".cu")] for f in os.listdir(source_dir) if f.endswith(".cu"))
+    return sorted(names)
+
+
+def fatbin_path(family):
+    return os.path.join(FATBIN_DIR, f"{family}.fatbin")
+
+
+def _dev_mode_fatbin(family, device):
+    """Rebuild kernels/<family>.cu for this GPU when it changed; return the cached fatbin."""
+    import cupy
+
+    source_dir = kernel_source_dir()
+    cu_path = os.path.join(source_dir, f"{family}.cu")
+    include_dir = os.path.join(source_dir, "include")
+    major, minor = cupy.cuda.Device(device).compute_capability
+    digest = _nvcc.source_digest(cu_path, include_dir)
+    out_path = os.path.join(DEV_CACHE, f"{family}-sm{major}{minor}-{digest}.fatbin")
+    if not os.path.exists(out_path):
+        nvcc = _nvcc.find_nvcc()
+        if nvcc is None:
+            raise RuntimeError(f"{DEV_ENV}=1 needs nvcc on PATH (or CUDA_HOME) to rebuild {cu_path}")
+        tmp_path = f"{out_path}.{os.getpid()}.tmp"
+        _nvcc.compile_fatbin(nvcc, cu_path, include_dir, tmp_path, [(int(f"{major}{minor}"), False)])
+        os.replace(tmp_path, out_path)  # atomic: concurrent processes never see half a file
+    return out_path
+
+
+def _nvrtc_module(family):
+    import cupy
+
+    source_dir = kernel_source_dir()
+    cu_path = os.path.join(source_dir, f"{family}.cu")
+    if family not in _nvrtc_warned:
+        _nvrtc_warned.add(family)
+        warnings.warn(
+            f"rawops: no prebuilt kernels for '{family}' (was nvcc missing at build time?); "
+            "compiling them with NVRTC now, cached for later runs",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    with open(cu_path) as f:
+        code = f.read()
+    options = ("-std=c++17", f"-I{os.path.join(source_dir, 'include')}")
+    return cupy.RawModule(code=code, options=options, backend="nvrtc")
+
+
+def _load_module(family, device):
+    import cupy
+
+    with cupy.cuda.Device(device):
+        if os.environ.get(DEV_ENV) == "1":
+            return cupy.RawModule(path=_dev_mode_fatbin(family, device))
+        path = fatbin_path(family)
+        if os.path.exists(path) and os.environ.get(FORCE_NVRTC_ENV) != "1":
+            return cupy.RawModule(path=path)
+        return _nvrtc_module(family)
+
+
+def get_function(family, name, device):
+    """The cupy.RawKernel `name` of `family`, loaded on `device` (cached, thread-safe)."""
+    key = (family, name, device)
+    kernel = _functions.get(key)
+    if kernel is not None:
+        return kernel
+    import cupy
+
+    with _lock:
+        kernel = _functions.get(key)
+        if kernel is None:
+            module = _modules.get((family, device))
+            if module is None:
+                module = _modules[(family, device)] = _load_module(family, device)
+            with cupy.cuda.Device(device):
+                kernel = module.get_function(name)
+                kernel.kernel  # load now, on this device, so that .kernel.ptr is this device's
+            _functions[key] = kernel
+    return kernel
+
+
+def function_pointer(family, name, device):
+    """The CUfunction handle (an int) of a kernel on a device, for direct launches."""
+    import cupy
+
+    kernel = get_function(family, name, device)
+    with cupy.cuda.Device(device):
+        return kernel.kernel.ptr
+
+
+def loaded_functions():
+    return sorted(_functions)

@@ -1,0 +1,78 @@
+"""Compile kernels/<family>.cu into one fatbin with nvcc.
+
+Standalone on purpose (standard library only): setup.py loads this file by path at build
+time, before rawops or its dependencies are importable, and the development mode in
+`_modules.py` reuses it at import to rebuild edited kernels.
+"""
+import hashlib
+import os
+import shutil
+import subprocess
+
+# SASS for every generation we ship, PTX of the newest so that later GPUs JIT it.
+DEFAULT_ARCHS = "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX"
+ARCH_ENV = "RAWOPS_CUDA_ARCH_LIST"
+NVCC_FLAGS = ("-O3", "-lineinfo", "-std=c++17", "--threads", "0")
+
+
+def parse_arch_list(text):
+    """'7.5;8.0 9.0+PTX' or '75,90' -> [(75, False), (80, False), (90, True)].
+
+    The format follows TORCH_CUDA_ARCH_LIST: separators ';', ',' or space, '+PTX' also
+    embeds PTX for that architecture.
+    """
+    archs = []
+    for token in text.replace(",", ";").replace(" ", ";").split(";"):
+        token = token.strip()
+        if not token:
+            continue
+        ptx = token.upper().endswith("+PTX")
+        number = token[:-4] if ptx else token
+        digits = number.replace(".", "")
+        if not digits.isdigit() or len(digits) < 2:
+            raise ValueError(f"{ARCH_ENV}: cannot read architecture {token!r}; expected e.g. 8.0 or 9.0+PTX")
+        archs.append((int(digits), ptx))
+    if not archs:
+        raise ValueError(f"{ARCH_ENV} is empty; expected e.g. {DEFAULT_ARCHS!r}")
+    return archs
+
+
+def target_archs():
+    return parse_arch_list(os.environ.get(ARCH_ENV) or DEFAULT_ARCHS)
+
+
+def gencode_flags(archs):
+    flags = []
+    for sm, ptx in archs:
+        codes = f"sm_{sm},compute_{sm}" if ptx else f"sm_{sm}"
+        flags.append(f"-gencode=arch=compute_{sm},code=[{codes}]")
+    return flags
+
+
+def find_nvcc():
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
+        return os.path.join(cuda_home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def source_digest(cu_path, include_dir):
+    """Hash of a kernel source and every shared header: the dev-mode cache key."""
+    digest = hashlib.sha256(open(cu_path, "rb").read())
+    for root, _, files in sorted(os.walk(include_dir)):
+        for name in sorted(files):
+            digest.update(name.encode())
+            digest.update(open(os.path.join(root, name), "rb").read())
+    return digest.hexdigest()[:16]
+
+
+def compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, log=print):
+    """nvcc -> out_path; raises RuntimeError with nvcc's output on failure."""
+    cmd = [nvcc, *NVCC_FLAGS, f"-I{include_dir}", "--fatbin", *gencode_flags(archs), cu_path, "-o", out_path]
+    names = " ".join(f"sm_{sm}" + ("+PTX" if ptx else "") for sm, ptx in archs)
+    log(f"rawops: nvcc {os.path.basename(cu_path)} -> {os.path.basename(out_path)} [{names}]")
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {cu_path}:\n{' '.join(cmd)}\n{done.stdout}{done.stderr}")
+    return out_path

@@ -1,0 +1,142 @@
+"""Elementwise ops: gelu, relu, relu_scale, relu_scale_add, bias_gelu, add, and backwards.
+
+All take float32, float16 or bfloat16 arrays (math in float32), of any shape and size
+including 0, contiguous, offset views included. Output is a new CuPy array unless `out=`
+is given (in-place with `out=x` is allowed). Launches go on CuPy's current stream of the
+data's device, or on `stream=`. Kernels: kernels/elementwise.cu.
+"""
+from ._launch import MapKernel, as_array, launch, resolve_device, sm_count, stream_pointer
+from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES
+from . import _modules
+
+FAMILY = "elementwise"
+
+# The family's table: kernel base name -> (argument names, reads b, reads c (row vector)).
+# Each base name exists once per dtype in the fatbin: <name>_f32, <name>_f16, <name>_bf16.
+KERNELS = {
+    "gelu_tanh_fwd": (("x",), False, False),
+    "gelu_tanh_bwd": (("dy", "x"), True, False),
+    "gelu_erf_fwd": (("x",), False, False),
+    "gelu_erf_bwd": (("dy", "x"), True, False),
+    "relu_fwd": (("x",), False, False),
+    "relu_bwd": (("dy", "x"), True, False),
+    "relu_scale_fwd": (("x",), False, False),
+    "relu_scale_bwd": (("dy", "x"), True, False),
+    "relu_scale_add_fwd": (("x", "y"), True, False),
+    "add_fwd": (("a", "b"), True, False),
+    "bias_gelu_tanh_fwd": (("x", "bias"), False, True),
+    "bias_gelu_tanh_bwd": (("dy", "x", "bias"), True, True),
+    "bias_gelu_erf_fwd": (("x", "bias"), False, True),
+    "bias_gelu_erf_bwd": (("dy", "x", "bias"), True, True),
+}
+# Two-stage deterministic column sum (dbias); launched through the generic launcher.
+COLUMN_SUM_KERNELS = ("column_sum_part", "column_sum_final")
+
+MAP = {name: MapKernel(FAMILY, name, names, reads_b, reads_c) for name, (names, reads_b, reads_c) in KERNELS.items()}
+
+_GELU_MODES = {"tanh": "tanh", "none": "erf"}
+
+
+def _gelu_mode(approximate):
+    mode = _GELU_MODES.get(approximate)
+    if mode is None:
+        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    return mode
+
+
+def gelu(x, approximate="tanh", *, out=None, stream=None):
+    """GELU: 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))), or the exact erf form with
+    approximate='none' (torch.nn.functional.gelu's argument)."""
+    return MAP[f"gelu_{_gelu_mode(approximate)}_fwd"](x, out=out, stream=stream)
+
+
+def gelu_backward(dy, x, approximate="tanh", *, out=None, stream=None):
+    """dx = dy * gelu'(x)."""
+    return MAP[f"gelu_{_gelu_mode(approximate)}_bwd"](dy, x, out=out, stream=stream)
+
+
+def relu(x, *, out=None, stream=None):
+    """max(x, 0); NaN stays NaN, as in torch.relu."""
+    return MAP["relu_fwd"](x, out=out, stream=stream)
+
+
+def relu_backward(dy, x, *, out=None, stream=None):
+    """dx = dy where x > 0, else 0."""
+    return MAP["relu_bwd"](dy, x, out=out, stream=stream)
+
+
+def relu_scale(x, alpha, *, out=None, stream=None):
+    """relu(x) * alpha in one pass (torch eager runs two kernels)."""
+    return MAP["relu_scale_fwd"](x, alpha=alpha, out=out, stream=stream)
+
+
+def relu_scale_backward(dy, x, alpha, *, out=None, stream=None):
+    """dx = dy * alpha where x > 0, else 0."""
+    return MAP["relu_scale_bwd"](dy, x, alpha=alpha, out=out, stream=stream)
+
+
+def relu_scale_add(x, alpha, y, *, out=None, stream=None):
+    """relu(x) * alpha + y in one pass."""
+    return MAP["relu_scale_add_fwd"](x, y, alpha=alpha, out=out, stream=stream)
+
+
+def relu_scale_add_backward(dy, x, alpha, *, out=None, stream=None):
+    """(dx, dy_for_y): dx as relu_scale_backward; y's gradient is dy itself (no copy)."""
+    return relu_scale_backward(dy, x, alpha, out=out, stream=stream), dy
+
+
+def add(a, b, *, out=None, stream=None):
+    """a + b, same shape and dtype (no broadcasting)."""
+    return MAP["add_fwd"](a, b, out=out, stream=stream)
+
+
+def bias_gelu(x, bias, approximate="tanh", *, out=None, stream=None):
+    """gelu(x + bias), bias of shape (x.shape[-1],) broadcast over the leading dims."""
+    return MAP[f"bias_gelu_{_gelu_mode(approximate)}_fwd"](x, c=bias, out=out, stream=stream)
+
+
+def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None):
+    """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over the leading dims
+    (deterministic: the same input gives the same bits)."""
+    dx = MAP[f"bias_gelu_{_gelu_mode(approximate)}_bwd"](dy, x, c=bias, out=out, stream=stream)
+    return dx, column_sum(dx, stream=stream)
+
+
+def column_sum(x, *, stream=None):
+    """Sum of a (..., cols) array over its leading dims, in float32, returned as x's dtype.
+
+    Two launches and no atomics: partial sums over chunks of rows, then the chunks in
+    order, so results are bitwise reproducible.
+    """
+    import cupy
+
+    a = as_array(x, "x")
+    if a.dtype < 0 or a.dtype >= len(FLOAT_SUFFIXES):
+        raise TypeError(f"x has dtype {a.dtype_text}; column_sum supports float32, float16, bfloat16")
+    if not a.contiguous or len(a.shape) == 0:
+        raise ValueError("x must be a C-contiguous array with at least one dimension")
+    cols = a.shape[-1]
+    rows = a.size // cols if cols else 0
+    device = resolve_device(a)
+    with cupy.cuda.Device(device):
+        result = cupy.empty((cols,), dtype=NUMPY_DTYPES[a.dtype])
+        if cols == 0:
+            return result
+        if rows == 0:
+            result.fill(0)
+            return result
+        s = stream_pointer(stream, device)
+        block = 256
+        col_blocks = (cols + block - 1) // block
+        # Enough (chunk, column) threads to fill the GPU; each chunk walks its rows in order.
+        chunks = max(1, min(rows, (sm_count(device) * 2048) // max(cols, 1)))
+        rows_per_chunk = (rows + chunks - 1) // chunks
+        chunks = (rows + rows_per_chunk - 1) // rows_per_chunk
+        partial = cupy.empty((chunks, cols), dtype="float32")
+        suffix = FLOAT_SUFFIXES[a.dtype]
+        part = _modules.function_pointer(FAMILY, f"column_sum_part_{suffix}", device)
+        final = _modules.function_pointer(FAMILY, f"column_sum_final_{suffix}", device)
+        launch(part, (col_blocks, chunks), block, 0, s, (a.ptr, partial.data.ptr, rows, cols, rows_per_chunk),
+               "ppqqq", device)
+        launch(final, (col_blocks,), block, 0, s, (partial.data.ptr, result.data.ptr, chunks, cols), "ppqq", device)
+    return result

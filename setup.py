@@ -1,0 +1,64 @@
+"""Build rawops: nvcc compiles kernels/*.cu into rawops/_fatbin/<family>.fatbin, Cython
+builds the launcher. Without nvcc the build still succeeds and ships the sources, which
+rawops then compiles at first use through NVRTC (see rawops/_modules.py)."""
+import glob
+import importlib.util
+import os
+import shutil
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_nvcc_helpers():
+    # By path: rawops itself is not importable while it is being built.
+    spec = importlib.util.spec_from_file_location("_rawops_nvcc", os.path.join(HERE, "rawops", "_nvcc.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class BuildKernelsAndExtensions(build_ext):
+    """build_ext that first compiles every kernel family and copies its sources."""
+
+    def run(self):
+        package_dir = os.path.join(HERE if self.inplace else self.build_lib, "rawops")
+        self._ship_sources(package_dir)
+        self._build_fatbins(package_dir)
+        super().run()
+
+    def _ship_sources(self, package_dir):
+        # Sources travel with the package: the NVRTC fallback and `rawops info` need them.
+        target = os.path.join(package_dir, "_kernels")
+        if os.path.abspath(target) != os.path.join(HERE, "kernels"):
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(os.path.join(HERE, "kernels"), target)
+
+    def _build_fatbins(self, package_dir):
+        nvcc_helpers = _load_nvcc_helpers()
+        nvcc = nvcc_helpers.find_nvcc()
+        if nvcc is None:
+            print("rawops: WARNING nvcc not found; shipping kernel sources only, "
+                  "they will be compiled with NVRTC at first use")
+            return
+        archs = nvcc_helpers.target_archs()
+        include_dir = os.path.join(HERE, "kernels", "include")
+        for cu_path in sorted(glob.glob(os.path.join(HERE, "kernels", "*.cu"))):
+            family = os.path.splitext(os.path.basename(cu_path))[0]
+            out_path = os.path.join(package_dir, "_fatbin", f"{family}.fatbin")
+            nvcc_helpers.compile_fatbin(nvcc, cu_path, include_dir, out_path, archs)
+
+
+extensions = cythonize(
+    [Extension("rawops._launch", ["rawops/_launch.pyx"])],
+    compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
+)
+
+setup(
+    ext_modules=extensions,
+    cmdclass={"build_ext": BuildKernelsAndExtensions},
+    package_data={"rawops": ["_fatbin/*.fatbin", "_kernels/*.cu", "_kernels/include/rawops/*.cuh"]},
+)
