@@ -102,6 +102,24 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
     return dx, column_sum(dx, stream=stream)
 
 
+def column_sum_plan(rows, cols, sms):
+    """(chunks, rows_per_chunk): enough (chunk, column) threads to fill the GPU."""
+    chunks = max(1, min(rows, (sms * 2048) // max(cols, 1)))
+    rows_per_chunk = (rows + chunks - 1) // chunks
+    return (rows + rows_per_chunk - 1) // rows_per_chunk, rows_per_chunk
+
+
+def launch_column_sum(device, dtype, x_ptr, partial_ptr, out_ptr, rows, cols, chunks, rows_per_chunk, stream):
+    """Both column-sum stages on raw pointers; partial holds chunks x cols float32."""
+    suffix = FLOAT_SUFFIXES[dtype]
+    part = _modules.function_pointer(FAMILY, f"column_sum_part_{suffix}", device)
+    final = _modules.function_pointer(FAMILY, f"column_sum_final_{suffix}", device)
+    col_blocks = (cols + 255) // 256
+    launch(part, (col_blocks, chunks), 256, 0, stream, (x_ptr, partial_ptr, rows, cols, rows_per_chunk),
+           "ppqqq", device)
+    launch(final, (col_blocks,), 256, 0, stream, (partial_ptr, out_ptr, chunks, cols), "ppqq", device)
+
+
 def column_sum(x, *, stream=None):
     """Sum of a (..., cols) array over its leading dims, in float32, returned as x's dtype.
 
@@ -119,24 +137,12 @@ def column_sum(x, *, stream=None):
     rows = a.size // cols if cols else 0
     device = resolve_device(a)
     with cupy.cuda.Device(device):
-        result = cupy.empty((cols,), dtype=NUMPY_DTYPES[a.dtype])
-        if cols == 0:
-            return result
-        if rows == 0:
-            result.fill(0)
-            return result
         s = stream_pointer(stream, device)
-        block = 256
-        col_blocks = (cols + block - 1) // block
-        # Enough (chunk, column) threads to fill the GPU; each chunk walks its rows in order.
-        chunks = max(1, min(rows, (sm_count(device) * 2048) // max(cols, 1)))
-        rows_per_chunk = (rows + chunks - 1) // chunks
-        chunks = (rows + rows_per_chunk - 1) // rows_per_chunk
+        if rows == 0 or cols == 0:
+            return cupy.zeros((cols,), dtype=NUMPY_DTYPES[a.dtype])
+        result = cupy.empty((cols,), dtype=NUMPY_DTYPES[a.dtype])
+        chunks, rows_per_chunk = column_sum_plan(rows, cols, sm_count(device))
         partial = cupy.empty((chunks, cols), dtype="float32")
-        suffix = FLOAT_SUFFIXES[a.dtype]
-        part = _modules.function_pointer(FAMILY, f"column_sum_part_{suffix}", device)
-        final = _modules.function_pointer(FAMILY, f"column_sum_final_{suffix}", device)
-        launch(part, (col_blocks, chunks), block, 0, s, (a.ptr, partial.data.ptr, rows, cols, rows_per_chunk),
-               "ppqqq", device)
-        launch(final, (col_blocks,), block, 0, s, (partial.data.ptr, result.data.ptr, chunks, cols), "ppqq", device)
+        launch_column_sum(device, a.dtype, a.ptr, partial.data.ptr, result.data.ptr, rows, cols, chunks,
+                          rows_per_chunk, s)
     return result

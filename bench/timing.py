@@ -1,0 +1,76 @@
+"""Timing and reporting shared by the benchmarks: CUDA events, warm-up, medians, the copy
+ceiling, and results written as markdown + JSON (+ PNG) under bench/results/."""
+import json
+import os
+import statistics
+import time
+
+import torch
+
+
+def device_time_us(fn, warmup=10, reps=50):
+    """Median device time of fn() in microseconds, one event pair around each call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+def host_time_us(fn, calls=2000, rounds=7):
+    """Median host time per call in microseconds (the GPU keeps up with tiny launches)."""
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def copy_ceiling_tbps(nbytes=1 << 30):
+    """Device-to-device copy bandwidth, bytes read + written, TB/s."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    us = device_time_us(lambda: dst.copy_(src), reps=30)
+    return 2 * nbytes / us / 1e6
+
+
+def device_name():
+    props = torch.cuda.get_device_properties(0)
+    return f"{props.name} ({props.multi_processor_count} SMs, torch {torch.__version__})"
+
+
+def write_results(out_dir, stem, title, command, header, rows, extra=None):
+    """rows: list of dicts with the header's keys. Writes <stem>.md and <stem>.json."""
+    os.makedirs(out_dir, exist_ok=True)
+    meta = {"device": device_name(), "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    meta.update(extra or {})
+    lines = [f"# {title}", "", *[f"- {k}: {v}" for k, v in meta.items()], "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row[h]) for h in header) + " |")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return text
+
+
+def _fmt(value):
+    if isinstance(value, float):
+        return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return str(value)

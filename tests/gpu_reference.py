@@ -1,0 +1,38 @@
+"""Shared pieces of the GPU tests: fresh random inputs, float64 references, tolerances."""
+import cupy
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Relative-norm tolerance per dtype: float32 math then one rounding to the storage type.
+TOLERANCE = {torch.float32: 2e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def random(shape, dtype, scale=2.0, device="cuda"):
+    """Fresh normal data rounded to dtype: never zeros, different on every call."""
+    return (torch.randn(shape, device=device, dtype=torch.float32) * scale).to(dtype)
+
+
+def to_cupy(t):
+    return cupy.from_dlpack(t)
+
+
+def to_torch(a):
+    return torch.from_dlpack(a)
+
+
+def poison_pool(nbytes):
+    """Leave a block of 0xFF bytes (NaN in every float type) in CuPy's pool, so that the
+    next allocation of that size starts as NaN and an unwritten element cannot pass."""
+    block = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
+    block.fill(0xFF)
+    del block
+
+
+def assert_close(out, ref, dtype, what=""):
+    out64 = out.double()
+    assert out64.shape == ref.shape, f"{what}: shape {tuple(out64.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(out64).any(), f"{what}: NaN in output (an element left unwritten?)"
+    if ref.numel() == 0:
+        return
+    error = ((out64 - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert error <= TOLERANCE[dtype], f"{what}: relative error {error:.3g} > {TOLERANCE[dtype]:.3g}"

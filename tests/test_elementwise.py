@@ -1,0 +1,242 @@
+"""The elementwise family's contract, through the CuPy API, against torch in float64."""
+import cupy
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import rawops  # noqa: E402
+from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy, to_torch  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+ALPHA = 0.37
+
+
+def _grad(fn, dy, *inputs):
+    """d(fn)/d(first input) . dy, in float64."""
+    leaves = [t.double().requires_grad_(i == 0) for i, t in enumerate(inputs)]
+    out = fn(*leaves)
+    return torch.autograd.grad(out, leaves[0], dy.double())[0]
+
+
+# name -> (input names, rawops call on CuPy arrays, float64 torch reference on torch tensors)
+OPS = {
+    "gelu_tanh": (("x",), lambda x: rawops.gelu(x, "tanh"), lambda x: F.gelu(x.double(), approximate="tanh")),
+    "gelu_erf": (("x",), lambda x: rawops.gelu(x, "none"), lambda x: F.gelu(x.double())),
+    "relu": (("x",), rawops.relu, lambda x: F.relu(x.double())),
+    "relu_scale": (("x",), lambda x: rawops.relu_scale(x, ALPHA), lambda x: F.relu(x.double()) * ALPHA),
+    "relu_scale_add": (("x", "y"), lambda x, y: rawops.relu_scale_add(x, ALPHA, y),
+                       lambda x, y: F.relu(x.double()) * ALPHA + y.double()),
+    "add": (("a", "b"), rawops.add, lambda a, b: a.double() + b.double()),
+    "bias_gelu_tanh": (("x", "bias"), lambda x, b: rawops.bias_gelu(x, b, "tanh"),
+                       lambda x, b: F.gelu(x.double() + b.double(), approximate="tanh")),
+    "bias_gelu_erf": (("x", "bias"), lambda x, b: rawops.bias_gelu(x, b, "none"),
+                      lambda x, b: F.gelu(x.double() + b.double())),
+    "gelu_tanh_bwd": (("dy", "x"), lambda dy, x: rawops.gelu_backward(dy, x, "tanh"),
+                      lambda dy, x: _grad(lambda x: F.gelu(x, approximate="tanh"), dy, x)),
+    "gelu_erf_bwd": (("dy", "x"), lambda dy, x: rawops.gelu_backward(dy, x, "none"),
+                     lambda dy, x: _grad(F.gelu, dy, x)),
+    "relu_bwd": (("dy", "x"), rawops.relu_backward, lambda dy, x: _grad(F.relu, dy, x)),
+    "relu_scale_bwd": (("dy", "x"), lambda dy, x: rawops.relu_scale_backward(dy, x, ALPHA),
+                       lambda dy, x: _grad(lambda x: F.relu(x) * ALPHA, dy, x)),
+    "bias_gelu_tanh_bwd_dx": (("dy", "x", "bias"), lambda dy, x, b: rawops.bias_gelu_backward(dy, x, b, "tanh")[0],
+                              lambda dy, x, b: _grad(lambda x, b: F.gelu(x + b, approximate="tanh"), dy, x, b)),
+    "bias_gelu_erf_bwd_dx": (("dy", "x", "bias"), lambda dy, x, b: rawops.bias_gelu_backward(dy, x, b, "none")[0],
+                             lambda dy, x, b: _grad(lambda x, b: F.gelu(x + b), dy, x, b)),
+}
+SIZES = [0, 1, 7, 4097, (1 << 20) + 3]
+ROW_SHAPES = [(0, 8), (1, 1), (1, 7), (17, 241), (1025, 1023), (3, 5, 768)]
+
+
+def _inputs(names, shape, dtype):
+    return [random(shape[-1:] if name == "bias" else shape, dtype) for name in names]
+
+
+def _shapes(name):
+    return ROW_SHAPES if "bias" in name else [(n,) for n in SIZES]
+
+
+CASES = [(name, shape) for name in OPS for shape in _shapes(name)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name,shape", CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for n, s in CASES])
+def test_matches_torch_float64(name, shape, dtype):
+    names, call, reference = OPS[name]
+    inputs = _inputs(names, shape, DTYPES[dtype])
+    poison_pool(inputs[0].numel() * inputs[0].element_size())
+    out = call(*[to_cupy(t) for t in inputs])
+    assert isinstance(out, cupy.ndarray), "CuPy in, CuPy out"
+    assert_close(to_torch(out), reference(*inputs), DTYPES[dtype], name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(OPS))
+def test_out_argument_overwrites_poisoned_output(name, dtype):
+    names, call, reference = OPS[name]
+    shape = (33, 257) if "bias" in name else (4099,)
+    inputs = _inputs(names, shape, DTYPES[dtype])
+    out = torch.full(shape, float("nan"), dtype=DTYPES[dtype], device="cuda")
+    base = name.removesuffix("_dx")
+    if base.endswith("bwd") and "bias" in base:
+        result = rawops.bias_gelu_backward(*[to_cupy(t) for t in inputs], "tanh" if "tanh" in base else "none",
+                                           out=to_cupy(out))[0]
+        assert result.data.ptr == out.data_ptr()
+        assert_close(out, reference(*inputs), DTYPES[dtype], name)
+        return
+    kwargs = {"out": to_cupy(out)}
+    fn = {"gelu_tanh": lambda *a, **k: rawops.gelu(*a, "tanh", **k),
+          "gelu_erf": lambda *a, **k: rawops.gelu(*a, "none", **k),
+          "relu": rawops.relu, "relu_scale": lambda *a, **k: rawops.relu_scale(*a, ALPHA, **k),
+          "relu_scale_add": lambda x, y, **k: rawops.relu_scale_add(x, ALPHA, y, **k), "add": rawops.add,
+          "bias_gelu_tanh": lambda x, b, **k: rawops.bias_gelu(x, b, "tanh", **k),
+          "bias_gelu_erf": lambda x, b, **k: rawops.bias_gelu(x, b, "none", **k),
+          "gelu_tanh_bwd": lambda dy, x, **k: rawops.gelu_backward(dy, x, "tanh", **k),
+          "gelu_erf_bwd": lambda dy, x, **k: rawops.gelu_backward(dy, x, "none", **k),
+          "relu_bwd": rawops.relu_backward,
+          "relu_scale_bwd": lambda dy, x, **k: rawops.relu_scale_backward(dy, x, ALPHA, **k)}[name]
+    result = fn(*[to_cupy(t) for t in inputs], **kwargs)
+    assert result.data.ptr == out.data_ptr(), "out= is returned, not a copy"
+    assert_close(out, reference(*inputs), DTYPES[dtype], name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_in_place_out_equals_input(dtype):
+    x = random((10007,), DTYPES[dtype])
+    expected = F.gelu(x.double(), approximate="tanh")
+    xc = to_cupy(x)
+    assert rawops.gelu(xc, out=xc).data.ptr == x.data_ptr()
+    assert_close(x, expected, DTYPES[dtype], "in place")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_offset,out_offset", [(1, 1), (2, 2), (3, 3), (5, 0), (0, 3)])
+def test_offset_views_vector_and_scalar_paths(dtype, x_offset, out_offset):
+    """Equal offsets take the vector path with a scalar head; unequal ones the scalar path."""
+    n = 100003
+    base = random((n + 8,), DTYPES[dtype])
+    y = random((n + 8,), DTYPES[dtype])
+    out = torch.full((n + 8,), float("nan"), dtype=DTYPES[dtype], device="cuda")
+    x_view, y_view = base[x_offset:x_offset + n], y[x_offset:x_offset + n]
+    out_view = out[out_offset:out_offset + n]
+    rawops.relu_scale_add(to_cupy(x_view), ALPHA, to_cupy(y_view), out=to_cupy(out_view))
+    assert_close(out_view, F.relu(x_view.double()) * ALPHA + y_view.double(), DTYPES[dtype], "offset view")
+    untouched = torch.cat([out[:out_offset], out[out_offset + n:]])
+    assert torch.isnan(untouched).all(), "wrote outside the view"
+
+
+def test_bias_gelu_backward_dbias_is_deterministic_and_correct():
+    dy, x = random((4096, 768), torch.float32), random((4096, 768), torch.float32)
+    bias = random((768,), torch.float32)
+    dx1, db1 = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
+    dx2, db2 = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
+    assert cupy.array_equal(db1, db2) and cupy.array_equal(dx1, dx2), "same input, same bits"
+    b64 = bias.double().requires_grad_()
+    F.gelu(x.double() + b64, approximate="tanh").backward(dy.double())
+    assert_close(to_torch(db1), b64.grad, torch.float32, "dbias")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_sum_half_types(dtype):
+    x = random((3000, 129), DTYPES[dtype])
+    assert_close(to_torch(rawops.column_sum(to_cupy(x))), x.double().sum(0), DTYPES[dtype], "column_sum")
+
+
+def test_runs_on_current_cupy_stream_and_explicit_stream():
+    x = random((1 << 22,), torch.float32)
+    expected = F.gelu(x.double(), approximate="tanh")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        y = rawops.gelu(to_cupy(x))
+    stream.synchronize()
+    assert_close(to_torch(y), expected, torch.float32, "current stream")
+    other = cupy.cuda.Stream(non_blocking=True)
+    out = cupy.full(x.shape, cupy.nan, dtype=cupy.float32)
+    cupy.cuda.Device().synchronize()
+    rawops.gelu(to_cupy(x), out=out, stream=other)
+    other.synchronize()
+    assert_close(to_torch(out), expected, torch.float32, "stream=")
+
+
+def test_waits_for_producer_stream_of_cuda_array_interface_v3():
+    """A torch tensor still being written on a side stream: rawops must wait for it."""
+    n = 1 << 24
+    source = random((n,), torch.float32)
+    x = torch.full((n,), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # keep the side stream busy ~tens of ms
+        x.copy_(source)
+        assert x.__cuda_array_interface__["stream"] == side.cuda_stream
+        y = rawops.relu(x)  # torch tensor via __cuda_array_interface__ v3 -> CuPy out
+    cupy.cuda.get_current_stream().synchronize()
+    assert_close(to_torch(y), F.relu(source.double()), torch.float32, "producer stream")
+
+
+def test_tensor_past_2_pow_31_elements():
+    n = (1 << 31) + 5
+    if torch.cuda.mem_get_info()[0] < 3 * n * 2 + (1 << 30):
+        pytest.skip("not enough GPU memory for three 4 GiB tensors")
+    x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((n,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    rawops.relu_scale(to_cupy(x), 2.0, out=to_cupy(out))
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.relu(x) * 2), "relu*2 is exact in bfloat16"
+    assert not torch.isnan(out[-8:]).any()
+
+
+def test_accepts_foreign_cuda_array_interface_objects():
+    x = random((1000,), torch.float16)
+
+    class Foreign:  # any producer: only the protocol, no CuPy, no torch type
+        __cuda_array_interface__ = x.__cuda_array_interface__
+
+    y = rawops.gelu(Foreign())
+    assert_close(to_torch(y), F.gelu(x.double(), approximate="tanh"), torch.float16, "foreign CAI")
+
+
+def test_host_pointer_in_cuda_array_interface_is_refused():
+    import numpy
+
+    host = numpy.ones(16, dtype=numpy.float32)
+
+    class Lying:
+        __cuda_array_interface__ = {"shape": (16,), "typestr": "<f4", "data": (host.ctypes.data, False),
+                                    "version": 3, "strides": None, "stream": None}
+
+    with pytest.raises(ValueError, match="x"):
+        rawops.gelu(Lying())
+
+
+def test_bfloat16_through_dlpack_producer():
+    x = random((5000,), torch.bfloat16)
+
+    class OnlyDLPack:
+        def __dlpack__(self, **kwargs):
+            return x.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return x.__dlpack_device__()
+
+    y = rawops.relu(OnlyDLPack())
+    assert_close(to_torch(y), F.relu(x.double()), torch.bfloat16, "DLPack")
+
+
+def test_nvrtc_fallback_compiles_and_matches(monkeypatch):
+    """The path taken when the build had no nvcc: sources compiled by NVRTC at first use."""
+    from rawops import _modules
+
+    monkeypatch.setenv("RAWOPS_FORCE_NVRTC", "1")
+    monkeypatch.setattr(_modules, "_modules", {})
+    monkeypatch.setattr(_modules, "_functions", {})
+    with pytest.warns(RuntimeWarning, match="NVRTC"):
+        kernel = _modules.get_function("elementwise", "gelu_tanh_fwd_f32", 0)
+    x = random((4097,), torch.float32)
+    y = torch.full_like(x, float("nan"))
+    import numpy
+
+    kernel((8,), (256,), (to_cupy(x), 0, 0, to_cupy(y), numpy.int64(x.numel()), numpy.int64(-1),
+                          numpy.int64(1), numpy.float32(0)))
+    cupy.cuda.Device().synchronize()
+    assert_close(y, F.gelu(x.double(), approximate="tanh"), torch.float32, "NVRTC build")

@@ -1,0 +1,159 @@
+"""rawops.torch_adapter: the same kernels for torch tensors, with autograd, torch.compile,
+CUDA graphs and modules; checked against torch in float64."""
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from rawops import torch_adapter as ta  # noqa: E402
+from gpu_reference import DTYPES, assert_close, random  # noqa: E402
+
+ALPHA = 1.7
+
+# name -> (rawops adapter call, torch reference, shapes of the inputs from x's shape)
+OPS = {
+    "gelu_tanh": (lambda x: ta.gelu(x, "tanh"), lambda x: F.gelu(x, approximate="tanh"), 1),
+    "gelu_erf": (lambda x: ta.gelu(x, "none"), F.gelu, 1),
+    "relu": (ta.relu, F.relu, 1),
+    "relu_scale": (lambda x: ta.relu_scale(x, ALPHA), lambda x: F.relu(x) * ALPHA, 1),
+    "relu_scale_add": (lambda x, y: ta.relu_scale_add(x, ALPHA, y), lambda x, y: F.relu(x) * ALPHA + y, 2),
+    "add": (ta.add, torch.add, 2),
+    "bias_gelu_tanh": (lambda x, b: ta.bias_gelu(x, b, "tanh"), lambda x, b: F.gelu(x + b, approximate="tanh"), "bias"),
+    "bias_gelu_erf": (lambda x, b: ta.bias_gelu(x, b, "none"), lambda x, b: F.gelu(x + b), "bias"),
+}
+
+
+def _inputs(kind, shape, dtype):
+    if kind == "bias":
+        return [random(shape, dtype), random(shape[-1:], dtype)]
+    return [random(shape, dtype) for _ in range(kind)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(OPS))
+def test_forward_and_backward_match_torch_float64(name, dtype):
+    call, reference, kind = OPS[name]
+    inputs = [t.requires_grad_() for t in _inputs(kind, (67, 129), DTYPES[dtype])]
+    out = call(*inputs)
+    dy = random(out.shape, DTYPES[dtype])
+    grads = torch.autograd.grad(out, inputs, dy)
+    leaves = [t.detach().double().requires_grad_() for t in inputs]
+    expected = reference(*leaves)
+    expected_grads = torch.autograd.grad(expected, leaves, dy.double())
+    assert out.dtype == DTYPES[dtype] and out.is_cuda
+    assert_close(out.detach(), expected.detach(), DTYPES[dtype], f"{name} forward")
+    for i, (g, e) in enumerate(zip(grads, expected_grads)):
+        assert_close(g, e, DTYPES[dtype], f"{name} grad of input {i}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(OPS))
+def test_no_grad_fast_path_equals_autograd_path(name):
+    call, _, kind = OPS[name]
+    inputs = _inputs(kind, (31, 65), torch.float32)
+    with torch.no_grad():
+        fast = call(*inputs)
+    slow = call(*[t.clone().requires_grad_() for t in inputs])
+    assert fast.grad_fn is None and slow.grad_fn is not None
+    assert torch.equal(fast, slow.detach())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gelu_tanh", "gelu_erf", "relu_scale_add", "bias_gelu_tanh"])
+def test_gradcheck(name):
+    call, _, kind = OPS[name]
+    # float32 kernels: finite differences with a float32-sized step, inputs away from relu's kink.
+    inputs = []
+    for t in _inputs(kind, (5, 7), torch.float32):
+        t = t + torch.sign(t) * 0.2
+        inputs.append(t.requires_grad_())
+    assert torch.autograd.gradcheck(call, inputs, eps=1e-2, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_torch_compile_fullgraph_forward_and_backward():
+    def block(x, bias, y):
+        return ta.relu_scale_add(ta.bias_gelu(x, bias, "tanh"), 0.5, y)
+
+    compiled = torch.compile(block, fullgraph=True)
+    x, bias, y = random((64, 96), torch.float32), random((96,), torch.float32), random((64, 96), torch.float32)
+    leaves = [t.clone().requires_grad_() for t in (x, bias, y)]
+    out = compiled(*leaves)
+    out.sum().backward()
+    ref_leaves = [t.double().requires_grad_() for t in (x, bias, y)]
+    ref = F.relu(F.gelu(ref_leaves[0] + ref_leaves[1], approximate="tanh")) * 0.5 + ref_leaves[2]
+    ref.sum().backward()
+    assert_close(out.detach(), ref.detach(), torch.float32, "compiled forward")
+    for got, want in zip(leaves, ref_leaves):
+        assert_close(got.grad, want.grad, torch.float32, "compiled backward")
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay():
+    x = random((1 << 16,), torch.float16)
+    bias_x = random((256, 256), torch.float16)
+    bias = random((256,), torch.float16)
+    ta.gelu(x), ta.bias_gelu(bias_x, bias)  # warm-up: load modules outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ta.gelu(x)
+        z = ta.bias_gelu(bias_x, bias)
+    for _ in range(2):
+        x.copy_(random(x.shape, torch.float16))
+        bias_x.copy_(random(bias_x.shape, torch.float16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(y, F.gelu(x.double(), approximate="tanh"), torch.float16, "graph replay gelu")
+        assert_close(z, F.gelu(bias_x.double() + bias.double(), approximate="tanh"), torch.float16, "replay bias")
+
+
+@pytest.mark.gpu
+def test_launches_on_torch_current_stream():
+    x = random((1 << 22,), torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)
+        y = ta.relu_scale(x, 3.0)
+    side.synchronize()
+    assert_close(y, F.relu(x.double()) * 3.0, torch.bfloat16, "side stream")
+
+
+@pytest.mark.gpu
+def test_modules_are_drop_in():
+    x = random((8, 300), torch.float32)
+    assert_close(ta.GELU()(x), torch.nn.GELU()(x.double()), torch.float32, "GELU")
+    assert_close(ta.GELU("tanh")(x), torch.nn.GELU("tanh")(x.double()), torch.float32, "GELU tanh")
+    assert_close(ta.ReLU()(x), torch.nn.ReLU()(x.double()), torch.float32, "ReLU")
+    layer = ta.BiasGELU(300, device="cuda")
+    with torch.no_grad():
+        layer.bias.copy_(random((300,), torch.float32))
+    assert_close(layer(x), F.gelu(x.double() + layer.bias.double(), approximate="tanh"), torch.float32, "BiasGELU")
+
+
+@pytest.mark.gpu
+def test_adapter_checks_arguments_on_the_gpu():
+    x = random((10, 10), torch.float32)
+    with pytest.raises(TypeError, match="y"):
+        ta.add(x, random((10, 10), torch.float16))
+    with pytest.raises(ValueError, match="b"):
+        ta.add(x, random((10, 11), torch.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        ta.gelu(x.t())
+    with pytest.raises(ValueError, match="bias"):
+        ta.bias_gelu(x, random((9,), torch.float32))
+    assert ta.gelu(random((0, 5), torch.float32)).shape == (0, 5)
+
+
+def test_adapter_refuses_cpu_and_integer_tensors():
+    """Runs without a GPU too: the checks come before any launch."""
+    with pytest.raises(ValueError, match="x is on cpu"):
+        ta.gelu(torch.ones(4))
+    with pytest.raises(TypeError, match="x has dtype torch.int32"):
+        ta.relu(torch.ones(4, dtype=torch.int32))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        ta.relu([1.0, 2.0])
+    with pytest.raises(ValueError, match="approximate"):
+        ta.GELU("fast")
