@@ -92,6 +92,22 @@ def host_rows(ta):
         "torch F.gelu(tensor requiring grad)": host_time_us(lambda: F.gelu(t_grad, approximate="tanh")),
         "torch_adapter.gelu(tensor requiring grad)": host_time_us(lambda: ta.gelu(t_grad, "tanh")),
     }
+    # Where the time goes: the pieces of a call, each alone.
+    from rawops._launch import as_array
+
+    gelu_kernel = rawops.elementwise.MAP["gelu_tanh_fwd"]
+    stream_ptr = cupy.cuda.get_current_stream().ptr
+    components = {
+        "  part: cuLaunchKernel through MapKernel.launch_pointers": host_time_us(
+            lambda: gelu_kernel.launch_pointers(0, 0, c.data.ptr, 0, 0, c_out.data.ptr, n, 1, 0.0, stream_ptr)),
+        "  part: rawops.as_array(cupy array)": host_time_us(lambda: as_array(c, "x")),
+        "  part: cupy.ndarray(shape, dtype) allocation": host_time_us(lambda: cupy.ndarray((n,), numpy.float32)),
+        "  part: cupy.cuda.get_current_stream().ptr": host_time_us(lambda: cupy.cuda.get_current_stream().ptr),
+        "  part: torch.empty_like(tensor)": host_time_us(lambda: torch.empty_like(t)),
+        "  part: MapKernel.torch_call(tensor)": host_time_us(lambda: gelu_kernel.torch_call(t)),
+        "  part: torch.compiler.is_compiling()": host_time_us(torch.compiler.is_compiling),
+    }
+    measured.update(components)
     bare, native, native_grad = (measured["bare cupy.RawKernel launch (out preallocated)"],
                                  measured["torch F.gelu(tensor)"], measured["torch F.gelu(tensor requiring grad)"])
     targets = {

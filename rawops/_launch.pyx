@@ -113,14 +113,20 @@ cdef int _check(CUresult rc, str what) except -1:
 # ---------------------------------------------------------------------------- arrays
 cdef object _cupy = None
 cdef object _cupy_ndarray = None
+cdef object _get_device = None          # cupy.cuda.runtime.getDevice
+cdef object _get_current_stream = None  # cupy.cuda.get_current_stream
 
 
 cdef object _import_cupy():
-    global _cupy, _cupy_ndarray
+    # CuPy is imported at first use, not at `import rawops`, and its entry points cached:
+    # attribute chains cost more than the calls on the per-launch path.
+    global _cupy, _cupy_ndarray, _get_device, _get_current_stream
     if _cupy is None:
         import cupy
         _cupy = cupy
         _cupy_ndarray = cupy.ndarray
+        _get_device = cupy.cuda.runtime.getDevice
+        _get_current_stream = cupy.cuda.get_current_stream
     return _cupy
 
 
@@ -132,7 +138,7 @@ cdef class DeviceArray:
     cdef readonly tuple shape
     cdef readonly long long size
     cdef readonly int dtype         # code into DTYPE_NAMES, -1 for anything else
-    cdef readonly object dtype_text
+    cdef object _dtype_source       # numpy dtype or typestr, named only in error messages
     cdef readonly int itemsize
     cdef readonly bint contiguous
     cdef readonly bint readonly
@@ -143,6 +149,15 @@ cdef class DeviceArray:
     @property
     def nbytes(self):
         return self.size * self.itemsize
+
+    @property
+    def dtype_text(self):
+        source = self._dtype_source
+        if isinstance(source, str):
+            if source == "<V2":
+                return "'<V2' (2-byte void: pass bfloat16 as a CuPy array or through DLPack)"
+            return DTYPE_NAMES[self.dtype] if self.dtype >= 0 else source
+        return source.name
 
 
 cdef long long _product(tuple shape) except -1:
@@ -174,7 +189,7 @@ cdef DeviceArray _from_cupy(object obj, str name):
     a.size = obj.size
     dt = obj.dtype
     a.dtype = _CODE_OF_NUM.get(dt.num, -1)
-    a.dtype_text = dt.name
+    a._dtype_source = dt
     a.itemsize = dt.itemsize
     a.contiguous = obj.flags.c_contiguous
     a.readonly = False
@@ -197,9 +212,7 @@ cdef DeviceArray _from_cai(object obj, dict cai, str name):
     a.size = _product(a.shape)
     typestr = cai["typestr"]
     a.dtype = _CODE_OF_TYPESTR.get(typestr, -1)
-    a.dtype_text = typestr if a.dtype < 0 else DTYPE_NAMES[a.dtype]
-    if typestr == "<V2":
-        a.dtype_text = "'<V2' (2-byte void: pass bfloat16 as a CuPy array or through DLPack)"
+    a._dtype_source = typestr
     a.itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
     a.contiguous = _c_contiguous(a.shape, cai.get("strides"), a.itemsize)
     a.device = -1
@@ -239,7 +252,8 @@ cpdef int resolve_device(DeviceArray a) except -2:
     if a.device >= 0:
         return a.device
     if a.size == 0 or a.ptr == 0:
-        a.device = _import_cupy().cuda.runtime.getDevice()
+        _import_cupy()
+        a.device = _get_device()
         return a.device
     _load_driver()
     cdef int memtype = 0
@@ -265,7 +279,8 @@ cpdef uintptr_t stream_pointer(object stream, int device) except? 0:
     """A raw CUstream from None (CuPy's current stream on `device`), a CuPy/torch stream
     object, an object with __cuda_stream__, or an int handle."""
     if stream is None:
-        return _import_cupy().cuda.get_current_stream(device).ptr
+        _import_cupy()
+        return _get_current_stream(device).ptr
     if isinstance(stream, int):
         return stream
     for attribute in ("ptr", "cuda_stream"):
@@ -352,15 +367,64 @@ cdef inline long long _map_head(long long n, int itemsize, uintptr_t out, uintpt
 
 
 cdef inline long long _map_blocks(long long n, long long head, int itemsize, int sms):
-    cdef long long work = (n - head) // (16 // itemsize) if head >= 0 else n
-    cdef long long blocks = (work + MAP_THREADS * MAP_UNROLL - 1) // (MAP_THREADS * MAP_UNROLL)
-    return max(1, min(blocks, <long long>sms * MAP_BLOCKS_PER_SM))
+    """Vector path: one block per MAP_THREADS * MAP_UNROLL vectors (not persistent: many
+    short blocks balance better). Scalar path: a grid-stride loop over a bounded grid."""
+    cdef long long per_block = MAP_THREADS * MAP_UNROLL
+    if head >= 0:
+        return max(1, ((n - head) // (16 // itemsize) + per_block - 1) // per_block)
+    return max(1, min((n + per_block - 1) // per_block, <long long>sms * 32))
 
 
 def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b, int sms):
     """(blocks, head) of a map launch; pure arithmetic, testable without a GPU."""
     cdef long long head = _map_head(n, itemsize, out, a, b)
     return _map_blocks(n, head, itemsize, sms), head
+
+
+# ---------------------------------------------------------------------------- torch tensors
+# rawops never imports torch; rawops.torch_adapter hands over what the tensor path needs.
+cdef object _Tensor = None
+cdef object _torch_f32 = None
+cdef object _torch_f16 = None
+cdef object _torch_bf16 = None
+cdef object _torch_empty_like = None
+cdef object _torch_raw_stream = None
+cdef object _torch_current_device = None
+cdef object _torch_device_guard = None
+
+
+def register_torch(tensor_type, float_dtypes, empty_like, raw_stream, current_device, device_guard):
+    global _Tensor, _torch_f32, _torch_f16, _torch_bf16, _torch_empty_like
+    global _torch_raw_stream, _torch_current_device, _torch_device_guard
+    _Tensor = tensor_type
+    _torch_f32, _torch_f16, _torch_bf16 = float_dtypes
+    _torch_empty_like = empty_like
+    _torch_raw_stream = raw_stream
+    _torch_current_device = current_device
+    _torch_device_guard = device_guard
+
+
+cdef int _tensor_code(object t, str name) except -1:
+    if not isinstance(t, _Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    dt = t.dtype
+    cdef int code = F32 if dt is _torch_f32 else F16 if dt is _torch_f16 else BF16 if dt is _torch_bf16 else -1
+    if code < 0:
+        raise TypeError(f"{name} has dtype {dt}; rawops supports float32, float16, bfloat16")
+    if not t.is_cuda:
+        raise ValueError(f"{name} is on {t.device}; rawops runs on CUDA tensors")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; rawops never copies behind your back: pass {name}.contiguous()")
+    return code
+
+
+cdef int _tensor_like(object t, str name, object like, str like_name) except -1:
+    _tensor_code(t, name)
+    if t.dtype is not like.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}, expected {like.dtype} like {like_name}")
+    if t.get_device() != like.get_device():
+        raise ValueError(f"{name} is on {t.device}, {like_name} on {like.device}; all arguments must be on one GPU")
+    return 0
 
 
 cdef class MapKernel:
@@ -411,10 +475,10 @@ cdef class MapKernel:
             if B.shape != A.shape:
                 raise ValueError(f"{B.name} has shape {B.shape}, expected {A.shape} like {A.name}")
         if self.reads_c:
-            C = self._operand(c, self.arg_names[-1], A)
-            if len(A.shape) == 0 or C.shape != A.shape[-1:]:
-                raise ValueError(f"{C.name} has shape {C.shape}, expected ({A.shape[-1] if A.shape else '?'},): "
-                                 f"one value per element of {A.name}'s last dim")
+            C = self._operand(c, self.arg_names[len(self.arg_names) - 1], A)
+            if len(A.shape) == 0 or C.shape != (A.shape[len(A.shape) - 1],):
+                raise ValueError(f"{C.name} has shape {C.shape}, expected one value per element of "
+                                 f"{A.name}'s last dim ({A.shape[len(A.shape) - 1] if A.shape else '?'},)")
         if out is not None:
             O = self._operand(out, "out", A)
             if O.shape != A.shape:
@@ -433,7 +497,7 @@ cdef class MapKernel:
             if other is not None and resolve_device(other) != device:
                 raise ValueError(f"{other.name} is on device {other.device}, {A.name} on device {device}; "
                                  "all arguments must be on one GPU")
-        if cupy.cuda.runtime.getDevice() != device:
+        if _get_device() != device:
             with cupy.cuda.Device(device):
                 return self._run(A, B, C, O, alpha, stream, device)
         return self._run(A, B, C, O, alpha, stream, device)
@@ -462,10 +526,10 @@ cdef class MapKernel:
                      object stream, int device):
         cdef uintptr_t s = stream_pointer(stream, device)
         for x in (A, B, C):
-            if x is not None:
+            if x is not None and x.stream is not None:
                 _wait_for_producer(x, s)
         if O is None:
-            result = _import_cupy().empty(A.shape, dtype=NUMPY_DTYPES[A.dtype])
+            result = _cupy_ndarray(A.shape, NUMPY_DTYPES[A.dtype])
             out_ptr = result.data.ptr
         else:
             result = O.obj
@@ -476,6 +540,42 @@ cdef class MapKernel:
                                  C.size if C is not None else 1, alpha, s)
         return result
 
+    def torch_call(self, a, b=None, c=None, float alpha=0.0, out=None):
+        """The same op on torch tensors, on torch's current stream; returns out (a new
+        tensor unless given)."""
+        cdef tuple names = self.arg_names
+        cdef int code = _tensor_code(a, names[0])
+        if self.reads_b:
+            _tensor_like(b, names[1], a, names[0])
+            if b.shape != a.shape:
+                raise ValueError(f"{names[1]} has shape {tuple(b.shape)}, expected {tuple(a.shape)} like {names[0]}")
+        if self.reads_c:
+            _tensor_like(c, names[len(names) - 1], a, names[0])
+            if a.dim() == 0 or c.dim() != 1 or c.shape[0] != a.shape[a.dim() - 1]:
+                raise ValueError(f"{names[len(names) - 1]} has shape {tuple(c.shape)}, expected one value per "
+                                 f"element of {names[0]}'s last dim ({a.shape[a.dim() - 1] if a.dim() else '?'},)")
+        if out is None:
+            out = _torch_empty_like(a)
+        else:
+            _tensor_like(out, "out", a, names[0])
+            if out.shape != a.shape:
+                raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(a.shape)}")
+        cdef long long n = a.numel()
+        if n == 0:
+            return out
+        cdef int device = a.get_device()
+        cdef uintptr_t pb = b.data_ptr() if self.reads_b else 0
+        cdef uintptr_t pc = c.data_ptr() if self.reads_c else 0
+        cdef long long inner = c.numel() if self.reads_c else 1
+        if device == _torch_current_device():
+            self.launch_pointers(device, code, a.data_ptr(), pb, pc, out.data_ptr(), n, inner, alpha,
+                                 _torch_raw_stream(device))
+        else:
+            with _torch_device_guard(device):
+                self.launch_pointers(device, code, a.data_ptr(), pb, pc, out.data_ptr(), n, inner, alpha,
+                                     _torch_raw_stream(device))
+        return out
+
     cpdef int launch_pointers(self, int device, int dtype, uintptr_t a, uintptr_t b, uintptr_t c,
                               uintptr_t out, long long n, long long inner, float alpha,
                               uintptr_t stream) except -1:
@@ -484,6 +584,8 @@ cdef class MapKernel:
         cdef int itemsize = 4 if dtype == F32 else 2
         cdef long long head = _map_head(n, itemsize, out, a, b if self.reads_b else 0)
         cdef long long blocks = _map_blocks(n, head, itemsize, sm_count(device))
+        if blocks > 0x7FFFFFFF:
+            raise ValueError(f"{self.name}: {n} elements exceed one launch's grid")
         cdef void* params[8]
         params[0] = &a
         params[1] = &b

@@ -44,15 +44,31 @@ def _gelu_mode(approximate):
     return mode
 
 
+def _by_mode(pattern):
+    return {approximate: MAP[pattern.format(mode)] for approximate, mode in _GELU_MODES.items()}
+
+
+# Looked up per call: a dict hit is cheaper than formatting the kernel's name.
+_GELU_FWD, _GELU_BWD = _by_mode("gelu_{}_fwd"), _by_mode("gelu_{}_bwd")
+_BIAS_GELU_FWD, _BIAS_GELU_BWD = _by_mode("bias_gelu_{}_fwd"), _by_mode("bias_gelu_{}_bwd")
+
+
+def _gelu_kernel(table, approximate):
+    kernel = table.get(approximate)
+    if kernel is None:
+        _gelu_mode(approximate)
+    return kernel
+
+
 def gelu(x, approximate="tanh", *, out=None, stream=None):
     """GELU: 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))), or the exact erf form with
     approximate='none' (torch.nn.functional.gelu's argument)."""
-    return MAP[f"gelu_{_gelu_mode(approximate)}_fwd"](x, out=out, stream=stream)
+    return _gelu_kernel(_GELU_FWD, approximate)(x, out=out, stream=stream)
 
 
 def gelu_backward(dy, x, approximate="tanh", *, out=None, stream=None):
     """dx = dy * gelu'(x)."""
-    return MAP[f"gelu_{_gelu_mode(approximate)}_bwd"](dy, x, out=out, stream=stream)
+    return _gelu_kernel(_GELU_BWD, approximate)(dy, x, out=out, stream=stream)
 
 
 def relu(x, *, out=None, stream=None):
@@ -92,13 +108,13 @@ def add(a, b, *, out=None, stream=None):
 
 def bias_gelu(x, bias, approximate="tanh", *, out=None, stream=None):
     """gelu(x + bias), bias of shape (x.shape[-1],) broadcast over the leading dims."""
-    return MAP[f"bias_gelu_{_gelu_mode(approximate)}_fwd"](x, c=bias, out=out, stream=stream)
+    return _gelu_kernel(_BIAS_GELU_FWD, approximate)(x, c=bias, out=out, stream=stream)
 
 
 def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None):
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over the leading dims
     (deterministic: the same input gives the same bits)."""
-    dx = MAP[f"bias_gelu_{_gelu_mode(approximate)}_bwd"](dy, x, c=bias, out=out, stream=stream)
+    dx = _gelu_kernel(_BIAS_GELU_BWD, approximate)(dy, x, c=bias, out=out, stream=stream)
     return dx, column_sum(dx, stream=stream)
 
 

@@ -12,66 +12,17 @@ Everything is capturable in torch.cuda.graph: launches only, no allocation outsi
 import torch
 
 from . import elementwise as _ew
-from ._launch import sm_count
+from ._launch import register_torch, sm_count
 
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda device: torch.cuda.current_stream(device).cuda_stream)
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-
-
-def _code(t, name):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    code = _DTYPE_CODES.get(t.dtype)
-    if code is None:
-        raise TypeError(f"{name} has dtype {t.dtype}; rawops supports float32, float16, bfloat16")
-    if not t.is_cuda:
-        raise ValueError(f"{name} is on {t.device}; rawops runs on CUDA tensors")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} is not contiguous; rawops never copies behind your back: pass {name}.contiguous()")
-    return code
-
-
-def _same(t, name, like, like_name):
-    _code(t, name)
-    if t.dtype != like.dtype:
-        raise TypeError(f"{name} has dtype {t.dtype}, expected {like.dtype} like {like_name}")
-    if t.device != like.device:
-        raise ValueError(f"{name} is on {t.device}, {like_name} on {like.device}; all arguments must be on one GPU")
-
-
-def _map(kernel, a, b=None, c=None, alpha=0.0, out=None):
-    """Check tensors and launch one elementwise kernel; returns out."""
-    names = kernel.arg_names
-    code = _code(a, names[0])
-    if b is not None:
-        _same(b, names[1], a, names[0])
-        if b.shape != a.shape:
-            raise ValueError(f"{names[1]} has shape {tuple(b.shape)}, expected {tuple(a.shape)} like {names[0]}")
-    if c is not None:
-        _same(c, names[-1], a, names[0])
-        if a.dim() == 0 or c.shape != a.shape[-1:]:
-            raise ValueError(f"{names[-1]} has shape {tuple(c.shape)}, expected ({a.shape[-1] if a.dim() else '?'},)")
-    if out is None:
-        out = torch.empty_like(a)
-    else:
-        _same(out, "out", a, names[0])
-        if out.shape != a.shape:
-            raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(a.shape)}")
-    n = a.numel()
-    if n:
-        device = a.device.index
-        launch_args = (code, a.data_ptr(), b.data_ptr() if b is not None else 0,
-                       c.data_ptr() if c is not None else 0, out.data_ptr(), n,
-                       c.numel() if c is not None else 1, alpha)
-        if device == _current_device():
-            kernel.launch_pointers(device, *launch_args, _raw_stream(device))
-        else:
-            with torch.cuda.device(device):
-                kernel.launch_pointers(device, *launch_args, _raw_stream(device))
-    return out
+# The tensor checks and launches run in the Cython launcher (MapKernel.torch_call); it gets
+# torch's types and entry points from here, so that rawops itself never imports torch.
+register_torch(torch.Tensor, (torch.float32, torch.float16, torch.bfloat16), torch.empty_like, _raw_stream,
+               _current_device, torch.cuda.device)
 
 
 def _column_sum(x):
@@ -95,49 +46,60 @@ def _contiguous(grad):
     return grad if grad.is_contiguous() else grad.contiguous()
 
 
+_GELU_KERNELS = {(approximate, direction, bias): _ew.MAP[f"{'bias_' if bias else ''}gelu_{mode}_{direction}"]
+                 for approximate, mode in _ew._GELU_MODES.items()
+                 for direction in ("fwd", "bwd") for bias in (False, True)}
+_RELU, _RELU_BWD = _ew.MAP["relu_fwd"], _ew.MAP["relu_bwd"]
+_RELU_SCALE, _RELU_SCALE_BWD = _ew.MAP["relu_scale_fwd"], _ew.MAP["relu_scale_bwd"]
+_RELU_SCALE_ADD, _ADD = _ew.MAP["relu_scale_add_fwd"], _ew.MAP["add_fwd"]
+
+
 def _gelu_kernel(approximate, direction, bias=False):
-    return _ew.MAP[f"{'bias_' if bias else ''}gelu_{_ew._gelu_mode(approximate)}_{direction}"]
+    kernel = _GELU_KERNELS.get((approximate, direction, bias))
+    if kernel is None:
+        _ew._gelu_mode(approximate)  # raises the ValueError naming the choices
+    return kernel
 
 
 # ------------------------------------------------------------------- raw launches (no autograd)
 def _gelu_fwd(x, approximate):
-    return _map(_gelu_kernel(approximate, "fwd"), x)
+    return _gelu_kernel(approximate, "fwd").torch_call(x)
 
 
 def _gelu_bwd(dy, x, approximate):
-    return _map(_gelu_kernel(approximate, "bwd"), _contiguous(dy), x)
+    return _gelu_kernel(approximate, "bwd").torch_call(_contiguous(dy), x)
 
 
 def _relu_fwd(x):
-    return _map(_ew.MAP["relu_fwd"], x)
+    return _RELU.torch_call(x)
 
 
 def _relu_bwd(dy, x):
-    return _map(_ew.MAP["relu_bwd"], _contiguous(dy), x)
+    return _RELU_BWD.torch_call(_contiguous(dy), x)
 
 
 def _relu_scale_fwd(x, alpha):
-    return _map(_ew.MAP["relu_scale_fwd"], x, alpha=alpha)
+    return _RELU_SCALE.torch_call(x, alpha=alpha)
 
 
 def _relu_scale_bwd(dy, x, alpha):
-    return _map(_ew.MAP["relu_scale_bwd"], _contiguous(dy), x, alpha=alpha)
+    return _RELU_SCALE_BWD.torch_call(_contiguous(dy), x, alpha=alpha)
 
 
 def _relu_scale_add_fwd(x, alpha, y):
-    return _map(_ew.MAP["relu_scale_add_fwd"], x, y, alpha=alpha)
+    return _RELU_SCALE_ADD.torch_call(x, y, alpha=alpha)
 
 
 def _add_fwd(a, b):
-    return _map(_ew.MAP["add_fwd"], a, b)
+    return _ADD.torch_call(a, b)
 
 
 def _bias_gelu_fwd(x, bias, approximate):
-    return _map(_gelu_kernel(approximate, "fwd", bias=True), x, c=bias)
+    return _gelu_kernel(approximate, "fwd", bias=True).torch_call(x, c=bias)
 
 
 def _bias_gelu_bwd(dy, x, bias, approximate):
-    dx = _map(_gelu_kernel(approximate, "bwd", bias=True), _contiguous(dy), x, c=bias)
+    dx = _gelu_kernel(approximate, "bwd", bias=True).torch_call(_contiguous(dy), x, c=bias)
     return dx, _column_sum(dx)
 
 
@@ -261,21 +223,26 @@ _bias_gelu_op = _custom_op(
 
 
 # ------------------------------------------------------------------- public functions
+_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+
+
 def _path(*tensors):
-    """'raw' when nothing needs autograd and we are not being compiled."""
-    if torch.compiler.is_compiling():
+    """'raw' when nothing needs autograd and we are not being compiled: the launch alone."""
+    if _compiling():
         return "op"
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
+    if _grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
         return "function"
     return "raw"
 
 
 def gelu(x, approximate="tanh"):
     """torch.nn.functional.gelu(x, approximate) on rawops kernels ('tanh' or 'none')."""
-    path = _path(x)
-    if path == "raw":
-        return _gelu_fwd(x, approximate)
-    return _GELU.apply(x, approximate) if path == "function" else _gelu_op(x, approximate)
+    if _compiling():
+        return _gelu_op(x, approximate)
+    if getattr(x, "requires_grad", False) and _grad_enabled():
+        return _GELU.apply(x, approximate)
+    return _gelu_fwd(x, approximate)
 
 
 def relu(x):

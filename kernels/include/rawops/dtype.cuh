@@ -38,8 +38,7 @@ template <typename T> __device__ __forceinline__ Vec16<T> load16(const T* p) {
 }
 
 template <typename T> __device__ __forceinline__ void store16(T* p, const Vec16<T>& v) {
-  // Streaming store: outputs are not re-read by this kernel, so keep L2 for the inputs.
-  __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
 }
 
 }  // namespace rawops

@@ -1,0 +1,323 @@
+"""The build produced what the runtime will look up: every kernel, for every architecture.
+
+Checked with NVIDIA's cuobjdump (PyPI: nvidia-cuda-cuobjdump, or on PATH) against the
+Python tables in rawops.elementwise and the architecture list in rawops._nvcc; no GPU needed.
+"""
+import collections
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import rawops.elementwise as elementwise
+from rawops import _fatbin_info, _modules, _nvcc
+
+SUFFIXES = ("f32", "f16", "bf16")
+EXPECTED_KERNELS = {
+    f"{base}_{suffix}"
+    for base in (*elementwise.KERNELS, *elementwise.COLUMN_SUM_KERNELS)
+    for suffix in SUFFIXES
+}
+
+
+def _find_cuobjdump():
+    try:
+        import nvidia
+
+        for root in nvidia.__path__:
+            for candidate in sorted(glob.glob(os.path.join(root, "cu*", "bin", "cuobjdump"))):
+                if os.access(candidate, os.X_OK):
+                    return candidate
+    except ImportError:
+        pass
+    return shutil.which("cuobjdump")
+
+
+CUOBJDUMP = _find_cuobjdump()
+needs_cuobjdump = pytest.mark.skipif(
+    CUOBJDUMP is None,
+    reason="cuobjdump not found: pip install nvidia-cuda-cuobjdump (or put CUDA's bin/ on PATH)",
+)
+needs_nvcc = pytest.mark.skipif(_nvcc.find_nvcc() is None, reason="nvcc not found (PATH or CUDA_HOME)")
+
+
+def cuobjdump(*args):
+    done = subprocess.run([CUOBJDUMP, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"cuobjdump {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
+    return done.stdout
+
+
+def list_elf_archs(path):
+    """['sm_75', ...] from `cuobjdump --list-elf`, one per ELF, in file order."""
+    out = cuobjdump("--list-elf", path)
+    return re.findall(r"^ELF file\s+\d+:\s+\S*?\.(sm_\d+[a-z]?)\.cubin\s*$", out, flags=re.M)
+
+
+def list_ptx_archs(path):
+    """['sm_120', ...] from `cuobjdump --list-ptx` (the PTX's virtual architecture)."""
+    out = cuobjdump("--list-ptx", path)
+    return re.findall(r"^PTX file\s+\d+:\s+\S*?\.(sm_\d+[a-z]?)\.ptx\s*$", out, flags=re.M)
+
+
+def elf_entry_symbols(path):
+    """{'sm_75': {kernel names}, ...}: the ENTRY (extern "C" __global__) functions of each ELF.
+
+    `cuobjdump --dump-elf-symbols` prints one block per ELF ("Fatbin elf code:", then
+    "arch = sm_XX", then "symbols:" and one line per symbol: TYPE BINDING VISIBILITY
+    SECTION NAME); kernels are the FUNC symbols in the ENTRY section.
+    """
+    out = cuobjdump("--dump-elf-symbols", path)
+    per_arch = {}
+    current = kind = None
+    for line in out.splitlines():
+        if line.startswith("Fatbin "):
+            current = None
+            kind = line.split()[1]
+        elif line.startswith("arch = ") and kind == "elf":
+            current = line.split("=", 1)[1].strip()
+            assert current not in per_arch, f"two ELF blocks for {current}"
+            per_arch[current] = set()
+        elif current is not None:
+            fields = line.split()
+            if len(fields) == 5 and fields[0] == "FUNC" and fields[3] == "ENTRY":
+                per_arch[current].add(fields[4])
+    return per_arch
+
+
+def expected_elf_archs():
+    return sorted(f"sm_{sm}" for sm, _ in _nvcc.target_archs())
+
+
+def expected_ptx_archs():
+    return sorted(f"sm_{sm}" for sm, ptx in _nvcc.target_archs() if ptx)
+
+
+@pytest.fixture(scope="module")
+def fatbin():
+    path = _modules.fatbin_path(elementwise.FAMILY)
+    if not os.path.exists(path):
+        if _nvcc.find_nvcc() is None:
+            pytest.skip(f"{path} absent and no nvcc here: the package was built from sources only")
+        pytest.fail(f"{path} is missing although nvcc is available: the build did not compile the kernels "
+                    "(rerun `pip install --no-build-isolation --no-deps -e .`)")
+    return path
+
+
+# ------------------------------------------------------------------------------ the shipped fatbin
+@needs_cuobjdump
+def test_fatbin_holds_one_elf_per_target_architecture_and_nothing_else(fatbin):
+    found = list_elf_archs(fatbin)
+    assert found, "cuobjdump --list-elf listed no ELF at all"
+    assert sorted(found) == expected_elf_archs(), (
+        f"ELFs in {fatbin}: {found}; {_nvcc.ARCH_ENV} / default asks for {expected_elf_archs()}")
+
+
+@needs_cuobjdump
+def test_fatbin_holds_ptx_exactly_for_the_plus_ptx_architectures(fatbin):
+    assert sorted(list_ptx_archs(fatbin)) == expected_ptx_archs()
+
+
+@needs_cuobjdump
+def test_every_elf_has_every_kernel_entry_point_and_no_unlisted_one(fatbin):
+    per_arch = elf_entry_symbols(fatbin)
+    assert sorted(per_arch) == expected_elf_archs(), "symbol dump and --list-elf disagree on the ELFs"
+    for arch, names in sorted(per_arch.items()):
+        missing = sorted(EXPECTED_KERNELS - names)
+        extra = sorted(names - EXPECTED_KERNELS)
+        assert not missing, f"{arch}: kernels the launcher needs but the ELF lacks: {missing}"
+        assert not extra, (f"{arch}: entry points absent from rawops.elementwise.KERNELS / "
+                           f"COLUMN_SUM_KERNELS (unreachable from Python): {extra}")
+
+
+@needs_cuobjdump
+def test_embedded_ptx_has_every_kernel_entry_point(fatbin):
+    if not expected_ptx_archs():
+        pytest.skip("no +PTX architecture requested")
+    entries = set(re.findall(r"\.entry\s+(\w+)\s*\(", cuobjdump("--dump-ptx", fatbin)))
+    assert entries == EXPECTED_KERNELS
+
+
+def test_map_kernels_ask_for_names_the_fatbin_table_lists():
+    # MapKernel builds '<name>_<suffix>' at launch; those must be among the names checked above.
+    asked = {name for kernel in elementwise.MAP.values() for name in kernel.kernel_names()}
+    assert asked == {f"{b}_{s}" for b in elementwise.KERNELS for s in SUFFIXES}
+    assert asked < EXPECTED_KERNELS
+
+
+@needs_cuobjdump
+def test_fatbin_info_reader_agrees_with_cuobjdump_on_the_shipped_fatbin(fatbin):
+    ours = collections.Counter(_fatbin_info.fatbin_architectures(fatbin))
+    theirs = collections.Counter(list_elf_archs(fatbin))
+    theirs.update(arch.replace("sm_", "compute_") for arch in list_ptx_archs(fatbin))
+    assert ours == theirs
+
+
+def test_fatbin_info_reader_matches_the_target_architectures(fatbin):
+    expected = expected_elf_archs() + [a.replace("sm_", "compute_") for a in expected_ptx_archs()]
+    assert sorted(_fatbin_info.fatbin_architectures(fatbin)) == sorted(expected)
+
+
+def test_fatbin_info_reader_rejects_a_file_that_is_not_a_fatbin(tmp_path):
+    junk = tmp_path / "junk.fatbin"
+    junk.write_bytes(b"\x7fELF" + bytes(60))
+    with pytest.raises(ValueError, match="not a fatbin"):
+        _fatbin_info.fatbin_architectures(str(junk))
+
+
+TINY_KERNEL = r"""
+#include "rawops/dtype.cuh"
+extern "C" __global__ void tiny_f32(float* p) { p[threadIdx.x] = rawops::to_float(1.f); }
+"""
+
+
+@needs_nvcc
+@needs_cuobjdump
+@pytest.mark.parametrize("arch_list", ["8.0", "9.0+PTX", "7.5;8.6+PTX;12.0"])
+def test_compile_fatbin_builds_exactly_the_requested_archs_and_the_reader_agrees(tmp_path, arch_list):
+    cu = tmp_path / "tiny.cu"
+    cu.write_text(TINY_KERNEL)
+    out = tmp_path / "out" / "tiny.fatbin"
+    archs = _nvcc.parse_arch_list(arch_list)
+    logged = []
+    _nvcc.compile_fatbin(_nvcc.find_nvcc(), str(cu), os.path.join(_modules.kernel_source_dir(), "include"),
+                         str(out), archs, log=logged.append)
+    assert out.exists() and len(logged) == 1
+    assert sorted(list_elf_archs(str(out))) == sorted(f"sm_{sm}" for sm, _ in archs)
+    assert sorted(list_ptx_archs(str(out))) == sorted(f"sm_{sm}" for sm, ptx in archs if ptx)
+    expected = [f"sm_{sm}" for sm, _ in archs] + [f"compute_{sm}" for sm, ptx in archs if ptx]
+    assert sorted(_fatbin_info.fatbin_architectures(str(out))) == sorted(expected)
+    symbols = elf_entry_symbols(str(out))
+    assert sorted(symbols) == sorted(f"sm_{sm}" for sm, _ in archs)
+    assert all(names == {"tiny_f32"} for names in symbols.values()), symbols
+
+
+@needs_nvcc
+def test_compile_fatbin_reports_nvcc_errors_with_its_output(tmp_path):
+    cu = tmp_path / "broken.cu"
+    cu.write_text('extern "C" __global__ void broken() { this is not cuda; }\n')
+    with pytest.raises(RuntimeError, match=r"nvcc failed on .*broken\.cu"):
+        _nvcc.compile_fatbin(_nvcc.find_nvcc(), str(cu), str(tmp_path), str(tmp_path / "b.fatbin"),
+                             [(80, False)], log=lambda *_: None)
+
+
+# ------------------------------------------------------------------------------ families
+def test_every_kernel_source_has_its_fatbin(fatbin):
+    sources = sorted(glob.glob(os.path.join(_modules.kernel_source_dir(), "*.cu")))
+    assert sources, f"no kernels/*.cu under {_modules.kernel_source_dir()}"
+    for cu in sources:
+        family = os.path.splitext(os.path.basename(cu))[0]
+        assert family in _modules.families()
+        assert os.path.isfile(_modules.fatbin_path(family)), f"family {family!r} has no fatbin"
+
+
+def test_families_are_exactly_the_kernel_sources_and_fatbins():
+    sources = {os.path.splitext(os.path.basename(p))[0]
+               for p in glob.glob(os.path.join(_modules.kernel_source_dir(), "*.cu"))}
+    fatbins = {os.path.splitext(os.path.basename(p))[0]
+               for p in glob.glob(os.path.join(_modules.FATBIN_DIR, "*.fatbin"))}
+    assert _modules.families() == sorted(sources | fatbins)
+    assert "elementwise" in _modules.families()
+
+
+# ------------------------------------------------------------------------------ source <-> table
+def _kernel_source():
+    with open(os.path.join(_modules.kernel_source_dir(), "elementwise.cu")) as f:
+        return f.read()
+
+
+def test_python_table_matches_the_kernels_defined_in_the_source():
+    source = _kernel_source()
+    defined = re.findall(r"^\s*RAWOPS_MAP\((\w+),\s*(\w+),\s*T,\s*suffix\)", source, flags=re.M)
+    assert sorted(name for name, _ in defined) == sorted(elementwise.KERNELS)
+    for name in elementwise.COLUMN_SUM_KERNELS:
+        assert re.search(rf'extern "C" __global__ void {name}_##suffix\(', source), name
+    instantiated = re.findall(r"^RAWOPS_ELEMENTWISE\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
+    assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
+
+
+def test_python_table_reads_the_operands_each_kernel_reads():
+    # The launcher passes b / c only where KERNELS says so; the kernel reads them where its
+    # Op struct says B / C = true. A mismatch reads a null pointer or ignores an operand.
+    source = _kernel_source()
+    flags = {op: (b == "true", c == "true") for op, b, c in re.findall(
+        r"struct (\w+)\s*\{\s*static constexpr bool B = (true|false),\s*C = (true|false);", source)}
+    ops = dict(re.findall(r"^\s*RAWOPS_MAP\((\w+),\s*(\w+),", source, flags=re.M))
+    for name, (arg_names, reads_b, reads_c) in elementwise.KERNELS.items():
+        assert flags[ops[name]] == (reads_b, reads_c), f"{name}: table {(reads_b, reads_c)}, kernel {flags[ops[name]]}"
+        assert len(arg_names) == 1 + reads_b + reads_c, f"{name}: one argument name per operand"
+        if reads_c:
+            assert arg_names[-1] == "bias"
+
+
+# ------------------------------------------------------------------------------ arch lists
+@pytest.mark.parametrize("text, expected", [
+    ("7.5;8.0", [(75, False), (80, False)]),
+    ("75,90", [(75, False), (90, False)]),
+    ("9.0+PTX", [(90, True)]),
+    ("8.6+ptx", [(86, True)]),
+    ("7.5 8.0  9.0+PTX", [(75, False), (80, False), (90, True)]),
+    (" 8.0 ; 9.0 ;", [(80, False), (90, False)]),
+    ("10.0;12.0+PTX", [(100, False), (120, True)]),
+    ("100,120", [(100, False), (120, False)]),
+])
+def test_parse_arch_list_reads_torch_style_lists(text, expected):
+    assert _nvcc.parse_arch_list(text) == expected
+
+
+def test_default_arch_list_is_turing_to_blackwell_with_ptx_for_the_newest():
+    assert _nvcc.parse_arch_list(_nvcc.DEFAULT_ARCHS) == [
+        (75, False), (80, False), (86, False), (89, False), (90, False), (100, False), (120, True)]
+
+
+@pytest.mark.parametrize("text", ["", " ; ,", "sm_80", "8", "eight", "9.0+", "+PTX", "8.x", "8.0;abc"])
+def test_parse_arch_list_rejects_unreadable_input_naming_the_variable(text):
+    with pytest.raises(ValueError, match=_nvcc.ARCH_ENV):
+        _nvcc.parse_arch_list(text)
+
+
+def test_target_archs_follows_the_environment_and_falls_back_to_the_default(monkeypatch):
+    monkeypatch.setenv(_nvcc.ARCH_ENV, "8.0;9.0+PTX")
+    assert _nvcc.target_archs() == [(80, False), (90, True)]
+    monkeypatch.setenv(_nvcc.ARCH_ENV, "")
+    assert _nvcc.target_archs() == _nvcc.parse_arch_list(_nvcc.DEFAULT_ARCHS)
+    monkeypatch.delenv(_nvcc.ARCH_ENV)
+    assert _nvcc.target_archs() == _nvcc.parse_arch_list(_nvcc.DEFAULT_ARCHS)
+
+
+def test_gencode_flags_give_sass_for_each_arch_and_ptx_only_where_asked():
+    assert _nvcc.gencode_flags([(75, False), (90, True)]) == [
+        "-gencode=arch=compute_75,code=[sm_75]",
+        "-gencode=arch=compute_90,code=[sm_90,compute_90]",
+    ]
+    assert _nvcc.gencode_flags([]) == []
+
+
+def test_find_nvcc_prefers_cuda_home(tmp_path, monkeypatch):
+    fake = tmp_path / "bin" / "nvcc"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert _nvcc.find_nvcc() == str(fake)
+    monkeypatch.delenv("CUDA_HOME")
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert _nvcc.find_nvcc() is None
+
+
+def test_source_digest_changes_with_the_kernel_and_with_any_shared_header(tmp_path):
+    cu = tmp_path / "k.cu"
+    include = tmp_path / "include" / "rawops"
+    include.mkdir(parents=True)
+    cu.write_text("a")
+    (include / "dtype.cuh").write_text("h")
+    first = _nvcc.source_digest(str(cu), str(tmp_path / "include"))
+    assert first == _nvcc.source_digest(str(cu), str(tmp_path / "include"))
+    (include / "dtype.cuh").write_text("h2")
+    second = _nvcc.source_digest(str(cu), str(tmp_path / "include"))
+    cu.write_text("b")
+    third = _nvcc.source_digest(str(cu), str(tmp_path / "include"))
+    assert len({first, second, third}) == 3

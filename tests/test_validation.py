@@ -1,0 +1,583 @@
+"""Argument validation, without a GPU, through fake `__cuda_array_interface__` producers.
+
+Every check in MapKernel.__call__ / column_sum runs before the driver is consulted
+(resolve_device is the first call that needs CUDA). Here, with no GPU, anything that gets
+past validation fails at that point with NoDeviceError (or, on a machine with a GPU, with
+"does not point to GPU memory" for our fake pointers). So a test that gets its *own*
+TypeError / ValueError message proves the check fired, and fired first; and the positive
+controls (`assert_passes_validation`) prove the fakes are otherwise well formed, so each
+negative test exercises the one check it is named after.
+"""
+import multiprocessing
+import re
+import traceback
+
+import numpy as np
+import pytest
+
+import rawops
+from rawops import NoDeviceError, as_array
+from rawops._launch import DTYPE_NAMES, stream_pointer
+
+BASE = 0x7F0000000000  # 256-byte aligned, like a cudaMalloc pointer
+OTHER = 0x7F0000100000  # a second, disjoint allocation
+_ABSENT = object()
+
+
+class FakeCAI:
+    """A device-array producer that is nothing but its __cuda_array_interface__."""
+
+    def __init__(self, shape, typestr="<f4", ptr=BASE, strides=None, readonly=False, version=3,
+                 stream=_ABSENT, mask=_ABSENT):
+        self.cai = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, readonly),
+                    "strides": strides, "version": version}
+        if stream is not _ABSENT:
+            self.cai["stream"] = stream
+        if mask is not _ABSENT:
+            self.cai["mask"] = mask
+
+    @property
+    def __cuda_array_interface__(self):
+        return self.cai
+
+    def __repr__(self):
+        return f"FakeCAI({self.cai})"
+
+
+def f32(shape=(4, 8), ptr=BASE, **kw):
+    return FakeCAI(shape, "<f4", ptr, **kw)
+
+
+def f16(shape=(4, 8), ptr=BASE, **kw):
+    return FakeCAI(shape, "<f2", ptr, **kw)
+
+
+def _device_stage_error(error):
+    """True for the errors raised once validation is over and CUDA is first needed."""
+    try:
+        from cupy.cuda.runtime import CUDARuntimeError
+    except ImportError:  # pragma: no cover
+        CUDARuntimeError = ()
+    return (isinstance(error, (NoDeviceError, CUDARuntimeError))
+            or (isinstance(error, ValueError) and "does not point to GPU memory" in str(error)))
+
+
+def assert_passes_validation(fn, *args, **kwargs):
+    with pytest.raises(Exception) as info:
+        fn(*args, **kwargs)
+    assert _device_stage_error(info.value), f"validation rejected a valid call: {info.value!r}"
+
+
+def _child(conn, fn, args, kwargs):
+    try:
+        fn(*args, **kwargs)
+        conn.send(None)
+    except BaseException as error:  # noqa: BLE001 - reported to the parent
+        conn.send((type(error).__name__, [c.__name__ for c in type(error).__mro__], str(error),
+                   _device_stage_error(error), traceback.format_exc()))
+
+
+def call_in_child(fn, *args, **kwargs):
+    """Call fn in a forked child and report (type name, mro names, message, device stage, tb).
+
+    Used for the bias (row-vector) operand: MapKernel.__call__ indexes `self.arg_names[-1]`
+    under `wraparound=False`, which reads out of the tuple's bounds and crashes the process
+    (see the report); a crash here must fail one test, not kill the whole run.
+    """
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_child, args=(child, fn, args, kwargs))
+    process.start()
+    child.close()
+    try:
+        result = parent.recv() if parent.poll(60) else "timeout"
+    except EOFError:  # the child died without sending anything
+        result = "crashed"
+    process.join(60)
+    assert process.exitcode == 0, (
+        f"rawops crashed the interpreter (exit code {process.exitcode}, signal "
+        f"{-process.exitcode if process.exitcode and process.exitcode < 0 else None}) instead of raising")
+    assert result is not None, "the call returned without error, which is impossible without a GPU"
+    return result
+
+
+def assert_raises_in_child(expected, match, fn, *args, **kwargs):
+    name, mro, message, _, tb = call_in_child(fn, *args, **kwargs)
+    assert expected.__name__ in mro, f"expected {expected.__name__}, got {name}: {message}\n{tb}"
+    assert re.search(match, message), f"{message!r} does not match {match!r}"
+
+
+def assert_passes_validation_in_child(fn, *args, **kwargs):
+    name, _, message, device_stage, _ = call_in_child(fn, *args, **kwargs)
+    assert device_stage, f"validation rejected a valid call: {name}: {message}"
+
+
+# Every public op as (callable taking its arrays, names of those arrays); bias ops separately.
+def _ops():
+    return {
+        "gelu": (lambda x, **kw: rawops.gelu(x, **kw), ("x",)),
+        "gelu_none": (lambda x, **kw: rawops.gelu(x, "none", **kw), ("x",)),
+        "gelu_backward": (lambda dy, x, **kw: rawops.gelu_backward(dy, x, **kw), ("dy", "x")),
+        "relu": (lambda x, **kw: rawops.relu(x, **kw), ("x",)),
+        "relu_backward": (lambda dy, x, **kw: rawops.relu_backward(dy, x, **kw), ("dy", "x")),
+        "relu_scale": (lambda x, **kw: rawops.relu_scale(x, 0.5, **kw), ("x",)),
+        "relu_scale_backward": (lambda dy, x, **kw: rawops.relu_scale_backward(dy, x, 0.5, **kw), ("dy", "x")),
+        "relu_scale_add": (lambda x, y, **kw: rawops.relu_scale_add(x, 0.5, y, **kw), ("x", "y")),
+        "add": (lambda a, b, **kw: rawops.add(a, b, **kw), ("a", "b")),
+    }
+
+
+OPS = _ops()
+BIAS_OPS = {
+    "bias_gelu": (lambda x, bias, **kw: rawops.bias_gelu(x, bias, **kw), ("x", "bias")),
+    "bias_gelu_none": (lambda x, bias, **kw: rawops.bias_gelu(x, bias, "none", **kw), ("x", "bias")),
+    "bias_gelu_backward": (lambda dy, x, bias, **kw: rawops.bias_gelu_backward(dy, x, bias, **kw),
+                           ("dy", "x", "bias")),
+}
+
+
+def _valid_args(names, make=f32, shape=(4, 8)):
+    return [make(shape[-1:] if n == "bias" else shape, ptr=OTHER + i * 0x10000) for i, n in enumerate(names)]
+
+
+# ------------------------------------------------------------------------------ positive controls
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("make", [f32, f16], ids=["f32", "f16"])
+def test_a_valid_call_gets_past_validation(op, make):
+    fn, names = OPS[op]
+    assert_passes_validation(fn, *_valid_args(names, make))
+    assert_passes_validation(fn, *_valid_args(names, make), out=make((4, 8), ptr=BASE))
+
+
+@pytest.mark.parametrize("op", sorted(BIAS_OPS))
+def test_a_valid_bias_call_gets_past_validation(op):
+    fn, names = BIAS_OPS[op]
+    assert_passes_validation_in_child(fn, *_valid_args(names))
+
+
+def test_column_sum_valid_call_gets_past_validation():
+    assert_passes_validation(rawops.column_sum, f32())
+
+
+def test_in_place_out_equal_to_an_input_is_allowed():
+    x = f32()
+    assert_passes_validation(rawops.gelu, x, out=x)
+    a, b = f32(ptr=BASE), f32(ptr=OTHER)
+    assert_passes_validation(rawops.add, a, b, out=b)
+
+
+def test_out_right_after_the_input_does_not_count_as_overlap():
+    x = f32((4, 8), ptr=BASE)
+    assert_passes_validation(rawops.gelu, x, out=f32((4, 8), ptr=BASE + 4 * 8 * 4))
+    assert_passes_validation(rawops.gelu, f32((4, 8), ptr=BASE + 4 * 8 * 4), out=f32((4, 8), ptr=BASE))
+
+
+def test_read_only_inputs_are_fine():
+    assert_passes_validation(rawops.add, f32(readonly=True), f32(ptr=OTHER, readonly=True))
+
+
+def test_operands_need_not_share_the_16_byte_phase():
+    # Different phases only select the kernel's scalar path; the call itself is valid.
+    assert_passes_validation(rawops.add, f32(ptr=BASE + 4), f32(ptr=OTHER + 8), out=f32(ptr=OTHER * 2 + 12))
+
+
+# ------------------------------------------------------------------------------ dtype
+@pytest.mark.parametrize("typestr", ["<i4", "<f8", ">f4", "|b1", "<u2", "|u1", "<c8"])
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_first_argument_of_unsupported_dtype_is_a_type_error_naming_it(op, typestr):
+    fn, names = OPS[op]
+    args = _valid_args(names)
+    args[0] = FakeCAI((4, 8), typestr)
+    text = {"<u2": "uint16", "|u1": "uint8"}.get(typestr, typestr)
+    with pytest.raises(TypeError, match=rf"^{names[0]} has dtype {re.escape(text)};.*float32, float16, bfloat16"):
+        fn(*args)
+
+
+@pytest.mark.parametrize("op", sorted(BIAS_OPS))
+def test_bias_op_first_argument_of_unsupported_dtype_is_a_type_error(op):
+    fn, names = BIAS_OPS[op]
+    args = _valid_args(names)
+    args[0] = FakeCAI((4, 8), "<i4")
+    with pytest.raises(TypeError, match=rf"^{names[0]} has dtype <i4.*float32"):
+        fn(*args)
+
+
+def test_gelu_of_int32_names_x_and_the_supported_dtypes():
+    with pytest.raises(TypeError, match=r"^x has dtype <i4; .*supports float32, float16, bfloat16"):
+        rawops.gelu(FakeCAI((16,), "<i4"))
+
+
+def test_v2_typestr_is_a_type_error_that_explains_bfloat16():
+    with pytest.raises(TypeError, match=r"^x has dtype '<V2'.*bfloat16.*CuPy.*DLPack"):
+        rawops.gelu(FakeCAI((16,), "<V2"))
+
+
+@pytest.mark.parametrize("op", [o for o in sorted(OPS) if len(OPS[o][1]) == 2])
+def test_second_operand_of_another_dtype_is_a_type_error_naming_it(op):
+    fn, names = OPS[op]
+    with pytest.raises(TypeError, match=rf"^{names[1]} has dtype float16, expected float32 like {names[0]}"):
+        fn(f32(), f16(ptr=OTHER))
+
+
+def test_relu_scale_add_with_float16_y_for_float32_x_names_y():
+    with pytest.raises(TypeError, match=r"^y has dtype float16, expected float32 like x"):
+        rawops.relu_scale_add(f32(), 2.0, f16(ptr=OTHER))
+
+
+def test_out_of_another_dtype_is_a_type_error_naming_out():
+    with pytest.raises(TypeError, match=r"^out has dtype float16, expected float32 like x"):
+        rawops.gelu(f32(), out=f16(ptr=OTHER))
+
+
+# ------------------------------------------------------------------------------ shapes
+@pytest.mark.parametrize("op", [o for o in sorted(OPS) if len(OPS[o][1]) == 2])
+@pytest.mark.parametrize("other_shape", [(8, 4), (32,), (4, 8, 1), (4, 7)])
+def test_second_operand_of_another_shape_is_a_value_error_naming_it(op, other_shape):
+    fn, names = OPS[op]
+    with pytest.raises(ValueError, match=rf"^{names[1]} has shape {re.escape(str(other_shape))}, expected \(4, 8\)"):
+        fn(f32((4, 8)), f32(other_shape, ptr=OTHER))
+
+
+def test_add_with_different_shapes_names_b():
+    with pytest.raises(ValueError, match=r"^b has shape \(3,\), expected \(4,\) like a"):
+        rawops.add(f32((4,)), f32((3,), ptr=OTHER))
+
+
+def test_out_of_another_shape_is_a_value_error_naming_out():
+    with pytest.raises(ValueError, match=r"^out has shape \(32,\), expected \(4, 8\)"):
+        rawops.relu(f32((4, 8)), out=f32((32,), ptr=OTHER))
+
+
+# ------------------------------------------------------------------------------ layout
+NON_CONTIGUOUS = {
+    "fortran_order": ((4, 8), (4, 16)),
+    "padded_rows": ((4, 8), (64, 4)),
+    "every_other_element": ((16,), (8,)),
+    "broadcast_zero_stride": ((4, 8), (0, 4)),
+    "reversed": ((16,), (-4,)),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(NON_CONTIGUOUS))
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_non_contiguous_first_argument_is_a_value_error(op, layout):
+    fn, names = OPS[op]
+    shape, strides = NON_CONTIGUOUS[layout]
+    args = [f32(shape, ptr=OTHER + i * 0x10000) for i in range(len(names))]
+    args[0] = f32(shape, strides=strides)  # float32, so the dtype check passes
+    with pytest.raises(ValueError, match=rf"^{names[0]} is not C-contiguous"):
+        fn(*args)
+
+
+@pytest.mark.parametrize("layout", sorted(NON_CONTIGUOUS))
+def test_non_contiguous_second_operand_and_out_are_value_errors_naming_them(layout):
+    shape, strides = NON_CONTIGUOUS[layout]
+    with pytest.raises(ValueError, match=r"^b is not C-contiguous"):
+        rawops.add(f32(shape), f32(shape, ptr=OTHER, strides=strides))
+    with pytest.raises(ValueError, match=r"^out is not C-contiguous"):
+        rawops.gelu(f32(shape), out=f32(shape, ptr=OTHER, strides=strides))
+
+
+# ------------------------------------------------------------------------------ alignment
+@pytest.mark.parametrize("make, offset", [(f32, 2), (f32, 1), (f32, 6), (f16, 1), (f16, 3)])
+def test_out_not_aligned_to_its_element_size_is_a_value_error_naming_out(make, offset):
+    with pytest.raises(ValueError, match=rf"^out is misaligned: address 0x{OTHER + offset:x} is not a multiple"):
+        rawops.gelu(make(), out=make(ptr=OTHER + offset))
+
+
+def test_second_operand_not_aligned_to_its_element_size_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match=r"^y is misaligned"):
+        rawops.relu_scale_add(f32(), 1.0, f32(ptr=OTHER + 2))
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("make, offset", [(f32, 2), (f16, 1)])
+def test_first_argument_not_aligned_to_its_element_size_is_a_value_error_naming_it(op, make, offset):
+    # The kernel would fault on a misaligned T* (scalar path) before any result came back.
+    fn, names = OPS[op]
+    args = _valid_args(names, make)
+    args[0] = make(ptr=BASE + offset)
+    with pytest.raises(ValueError, match=rf"^{names[0]} is misaligned"):
+        fn(*args)
+
+
+def test_column_sum_of_a_misaligned_array_is_a_value_error():
+    with pytest.raises(ValueError, match=r"^x is misaligned"):
+        rawops.column_sum(f32(ptr=BASE + 2))
+
+
+# ------------------------------------------------------------------------------ out
+def test_read_only_out_is_a_value_error():
+    with pytest.raises(ValueError, match=r"^out is read-only"):
+        rawops.gelu(f32(), out=f32(ptr=OTHER, readonly=True))
+
+
+def test_read_only_out_equal_to_x_is_still_refused():
+    with pytest.raises(ValueError, match=r"^out is read-only"):
+        rawops.gelu(f32(readonly=True), out=f32(readonly=True))
+
+
+@pytest.mark.parametrize("shift", [4, 16, 4 * 8 * 4 - 4, -4, -(4 * 8 * 4 - 4)])
+def test_out_partially_overlapping_x_is_a_value_error(shift):
+    with pytest.raises(ValueError, match=r"^out partially overlaps x"):
+        rawops.gelu(f32(ptr=BASE + 0x1000), out=f32(ptr=BASE + 0x1000 + shift))
+
+
+def test_out_partially_overlapping_the_second_operand_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match=r"^out partially overlaps b"):
+        rawops.add(f32(ptr=BASE), f32(ptr=OTHER), out=f32(ptr=OTHER + 8))
+
+
+# ------------------------------------------------------------------------------ bias
+# These reach MapKernel's row-vector branch, so they run in a child process (see call_in_child).
+@pytest.mark.parametrize("bias_shape", [(7,), (9,), (1, 8), (4, 8), ()])
+def test_bias_of_the_wrong_shape_is_a_value_error_naming_bias(bias_shape):
+    assert_raises_in_child(ValueError, r"^bias has shape .*expected \(8,\)",
+                           rawops.bias_gelu, f32((4, 8)), f32(bias_shape, ptr=OTHER))
+
+
+def test_bias_of_another_dtype_is_a_type_error_naming_bias():
+    assert_raises_in_child(TypeError, r"^bias has dtype float16, expected float32 like x",
+                           rawops.bias_gelu, f32((4, 8)), f16((8,), ptr=OTHER))
+
+
+def test_missing_bias_is_a_type_error_naming_bias():
+    assert_raises_in_child(TypeError, r"needs bias", rawops.bias_gelu, f32((4, 8)), None)
+
+
+def test_bias_with_a_zero_dimensional_x_is_a_value_error():
+    assert_raises_in_child(ValueError, r"^bias has shape", rawops.bias_gelu, f32(()), f32((1,), ptr=OTHER))
+
+
+def test_bias_backward_with_mismatched_bias_names_bias():
+    assert_raises_in_child(ValueError, r"^bias has shape \(7,\)",
+                           rawops.bias_gelu_backward, f32((4, 8)), f32((4, 8), ptr=OTHER), f32((7,), ptr=BASE * 2))
+
+
+def test_out_partially_overlapping_bias_is_a_value_error():
+    assert_raises_in_child(ValueError, r"^out partially overlaps bias",
+                           rawops.bias_gelu, f32((4, 8), ptr=BASE), f32((8,), ptr=OTHER + 16),
+                           out=f32((4, 8), ptr=OTHER))
+
+
+def test_out_starting_at_bias_of_a_2d_x_is_refused():
+    # out == bias exactly is not an in-place update here: row 0 of out overwrites the bias
+    # that the other rows still read, so the result depends on thread scheduling.
+    assert_raises_in_child(ValueError, r"out .*overlaps bias",
+                           rawops.bias_gelu, f32((4, 8), ptr=BASE), f32((8,), ptr=OTHER),
+                           out=f32((4, 8), ptr=OTHER))
+
+
+# ------------------------------------------------------------------------------ not device arrays
+def test_numpy_array_is_a_type_error_about_host_memory():
+    with pytest.raises(TypeError, match=r"^x is in host memory.*GPU"):
+        rawops.gelu(np.zeros(16, np.float32))
+
+
+def test_object_with_only_array_interface_is_a_type_error_about_host_memory():
+    class HostOnly:
+        __array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    with pytest.raises(TypeError, match=r"^x is a host array \(HostOnly\)"):
+        rawops.gelu(HostOnly())
+
+
+def test_torch_cpu_tensor_is_a_type_error_about_host_memory():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"^x is in host memory"):
+        rawops.gelu(torch.zeros(4))
+    with pytest.raises(TypeError, match=r"^y is in host memory"):
+        rawops.relu_scale_add(f32((4,)), 1.0, torch.zeros(4))
+
+
+@pytest.mark.parametrize("value", [[1.0, 2.0], 3, 2.5, None, "x", {"shape": (4,)}])
+def test_plain_python_values_are_type_errors(value):
+    with pytest.raises(TypeError, match=r"^x must be a GPU array \(CuPy, or anything with __cuda_array_interface__"):
+        rawops.gelu(value)
+
+
+def test_a_list_as_second_operand_or_out_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match=r"^b must be a GPU array"):
+        rawops.add(f32(), [1.0])
+    with pytest.raises(TypeError, match=r"^out must be a GPU array"):
+        rawops.gelu(f32(), out=[1.0])
+
+
+def test_missing_second_operand_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match=r"needs b$"):
+        rawops.add(f32(), None)
+
+
+# ------------------------------------------------------------------------------ CAI protocol
+def test_cai_stream_zero_is_a_value_error():
+    with pytest.raises(ValueError, match=r"^x: __cuda_array_interface__ stream 0 is forbidden"):
+        rawops.gelu(f32(stream=0))
+
+
+def test_cai_stream_zero_on_out_names_out():
+    with pytest.raises(ValueError, match=r"^out: __cuda_array_interface__ stream 0"):
+        rawops.gelu(f32(), out=f32(ptr=OTHER, stream=0))
+
+
+def test_masked_cai_is_a_value_error():
+    with pytest.raises(ValueError, match=r"^x is a masked array"):
+        rawops.gelu(f32(mask=f32(ptr=OTHER)))
+
+
+def test_mask_none_is_not_a_mask():
+    assert_passes_validation(rawops.gelu, f32(mask=None))
+
+
+# ------------------------------------------------------------------------------ approximate
+@pytest.mark.parametrize("approximate", ["exact", "erf", "Tanh", "", None, True])
+def test_bad_approximate_is_a_value_error(approximate):
+    x = f32()
+    pattern = r"^approximate must be 'tanh' or 'none', got "
+    with pytest.raises(ValueError, match=pattern):
+        rawops.gelu(x, approximate)
+    with pytest.raises(ValueError, match=pattern):
+        rawops.gelu_backward(x, f32(ptr=OTHER), approximate)
+    with pytest.raises(ValueError, match=pattern):
+        rawops.bias_gelu(x, f32((8,), ptr=OTHER), approximate)
+    with pytest.raises(ValueError, match=pattern):
+        rawops.bias_gelu_backward(x, x, f32((8,), ptr=OTHER), approximate)
+
+
+# ------------------------------------------------------------------------------ column_sum
+def test_column_sum_of_int32_is_a_type_error():
+    with pytest.raises(TypeError, match=r"^x has dtype <i4; column_sum supports float32"):
+        rawops.column_sum(FakeCAI((4, 8), "<i4"))
+
+
+@pytest.mark.parametrize("x", [f32(()), f32((4, 8), strides=(4, 16))], ids=["0-d", "fortran"])
+def test_column_sum_needs_a_contiguous_array_with_a_dimension(x):
+    with pytest.raises(ValueError, match=r"^x must be a C-contiguous array with at least one dimension"):
+        rawops.column_sum(x)
+
+
+def test_column_sum_of_host_memory_is_a_type_error():
+    with pytest.raises(TypeError, match=r"host"):
+        rawops.column_sum(np.zeros((4, 8), np.float32))
+
+
+# ------------------------------------------------------------------------------ as_array
+@pytest.mark.parametrize("typestr, code, text, itemsize", [
+    ("<f4", 0, "float32", 4), ("<f2", 1, "float16", 2), ("|u1", 3, "uint8", 1), ("<u1", 3, "uint8", 1),
+    ("<u2", 4, "uint16", 2), ("<i4", -1, "<i4", 4), ("<f8", -1, "<f8", 8),
+])
+def test_as_array_reads_dtype_from_typestr(typestr, code, text, itemsize):
+    a = as_array(FakeCAI((3, 5), typestr), "x")
+    assert (a.dtype, a.dtype_text, a.itemsize) == (code, text, itemsize)
+    assert a.nbytes == 15 * itemsize
+
+
+def test_as_array_reads_every_field_of_a_v3_interface():
+    obj = FakeCAI([2, 3, 4], "<f2", ptr=BASE + 64, readonly=True, stream=7)
+    a = as_array(obj, "weights")
+    assert a.name == "weights"
+    assert a.obj is obj
+    assert a.ptr == BASE + 64
+    assert a.shape == (2, 3, 4) and isinstance(a.shape, tuple)
+    assert a.size == 24
+    assert a.dtype == 1 and a.dtype_text == "float16" and a.itemsize == 2
+    assert a.nbytes == 48
+    assert a.contiguous
+    assert a.readonly
+    assert a.device == -1  # resolved later, by the driver
+    assert a.stream == 7
+    assert not a.is_cupy
+
+
+def test_as_array_writable_and_without_stream_key():
+    a = as_array(f32((4,)), "x")
+    assert not a.readonly
+    assert a.stream is None
+
+
+@pytest.mark.parametrize("stream", [1, 2, 0x55AA00001234])
+def test_as_array_keeps_a_v3_stream(stream):
+    assert as_array(f32((4,), stream=stream), "x").stream == stream
+
+
+def test_as_array_keeps_an_explicit_none_stream():
+    assert as_array(f32((4,), stream=None), "x").stream is None
+
+
+@pytest.mark.parametrize("stream", [0, 7])
+def test_as_array_ignores_the_stream_key_of_a_v2_interface(stream):
+    a = as_array(f32((4,), version=2, stream=stream), "x")
+    assert a.stream is None
+
+
+def test_as_array_rejects_stream_zero_naming_the_argument():
+    with pytest.raises(ValueError, match=r"^dy: __cuda_array_interface__ stream 0"):
+        as_array(f32((4,), stream=0), "dy")
+
+
+def test_as_array_rejects_a_mask():
+    with pytest.raises(ValueError, match=r"^x is a masked array"):
+        as_array(f32((4,), mask=f32((4,), ptr=OTHER)), "x")
+
+
+def test_as_array_reads_a_null_pointer_of_an_empty_array():
+    a = as_array(FakeCAI((0, 8), "<f4", ptr=0), "x")
+    assert (a.ptr, a.size, a.nbytes, a.contiguous) == (0, 0, 0, True)
+
+
+def test_as_array_of_a_zero_dimensional_array_has_one_element():
+    a = as_array(f32(()), "x")
+    assert (a.shape, a.size, a.contiguous) == ((), 1, True)
+
+
+@pytest.mark.parametrize("shape, strides, contiguous", [
+    ((4, 8), None, True),
+    ((4, 8), (32, 4), True),
+    ((2, 3, 4), (48, 16, 4), True),
+    ((1, 8), (12345, 4), True),  # size-1 dims may have any stride
+    ((4, 1), (4, 999), True),
+    ((1, 1, 5), (0, 7, 4), True),
+    ((1,), (-4,), True),
+    ((0, 8), (4, 16), True),  # no elements: any layout is contiguous
+    ((4, 8), (4, 16), False),  # Fortran order
+    ((4, 8), (64, 4), False),  # padded rows
+    ((16,), (8,), False),
+    ((4, 8), (0, 4), False),  # broadcast
+    ((2, 2), (2, 4), False),
+    ((8,), (2,), False),  # stride smaller than the item
+])
+def test_as_array_contiguity_from_strides(shape, strides, contiguous):
+    assert as_array(f32(shape, strides=strides), "x").contiguous is contiguous
+
+
+def test_as_array_contiguity_uses_the_element_size_of_the_dtype():
+    assert as_array(f16((4, 8), strides=(16, 2)), "x").contiguous
+    assert not as_array(f16((4, 8), strides=(32, 4)), "x").contiguous
+
+
+def test_as_array_of_a_list_is_a_type_error_naming_the_argument():
+    with pytest.raises(TypeError, match=r"^bias must be a GPU array"):
+        as_array([1, 2], "bias")
+
+
+# ------------------------------------------------------------------------------ streams
+def test_stream_pointer_accepts_int_handles_and_stream_objects():
+    class CupyLike:
+        ptr = 0x1234
+
+    class TorchLike:
+        cuda_stream = 0x5678
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, 0x9ABC)
+
+    assert stream_pointer(0x42, 0) == 0x42
+    assert stream_pointer(CupyLike(), 0) == 0x1234
+    assert stream_pointer(TorchLike(), 0) == 0x5678
+    assert stream_pointer(Protocol(), 0) == 0x9ABC
+
+
+@pytest.mark.parametrize("stream", ["default", 1.5, object()])
+def test_stream_pointer_refuses_anything_else(stream):
+    with pytest.raises(TypeError, match=r"^stream must be None, an int handle or a CUDA stream object"):
+        stream_pointer(stream, 0)
