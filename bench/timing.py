@@ -51,20 +51,22 @@ def device_name():
     return f"{props.name} ({props.multi_processor_count} SMs, torch {torch.__version__})"
 
 
-def write_results(out_dir, stem, title, command, header, rows, extra=None):
-    """rows: list of dicts with the header's keys. Writes <stem>.md and <stem>.json."""
+def write_results(out_dir, stem, command, sections):
+    """sections: [(title, header, rows, notes)], rows being dicts keyed by the header.
+    Writes <stem>.md and <stem>.json under out_dir and returns the markdown."""
     os.makedirs(out_dir, exist_ok=True)
     meta = {"device": device_name(), "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    meta.update(extra or {})
-    lines = [f"# {title}", "", *[f"- {k}: {v}" for k, v in meta.items()], "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        lines.append("| " + " | ".join(_fmt(row[h]) for h in header) + " |")
+    lines = [f"- {k}: {v}" for k, v in meta.items()]
+    for title, header, rows, notes in sections:
+        lines += ["", f"## {title}", "", *[f"- {k}: {v}" for k, v in notes.items()], "",
+                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(_fmt(row[h]) for h in header) + " |" for row in rows]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        json.dump({"meta": meta, "sections": [{"title": t, "notes": n, "rows": r} for t, _, r, n in sections]}, f,
+                  indent=1)
     return text
 
 

@@ -20,7 +20,10 @@
 namespace rawops {
 namespace {
 
-constexpr int kUnroll = 4;
+#ifndef RAWOPS_MAP_UNROLL
+#define RAWOPS_MAP_UNROLL 4  // overridable to try variants (bench/explore_map.py)
+#endif
+constexpr int kUnroll = RAWOPS_MAP_UNROLL;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
@@ -64,11 +67,35 @@ struct BiasGeluErf  { static constexpr bool B = false, C = true;  __device__ sta
 struct BiasGeluTanhBwd { static constexpr bool B = true, C = true; __device__ static float f(float dy, float x, float bias, float) { return dy * gelu_tanh_grad(x + bias); } };
 struct BiasGeluErfBwd  { static constexpr bool B = true, C = true; __device__ static float f(float dy, float x, float bias, float) { return dy * gelu_erf_grad(x + bias); } };
 
+// Column index of a flat element: 32-bit division where it fits (64-bit division is a long
+// software sequence, paid once per 16 bytes here).
+__device__ __forceinline__ int64_t column_of(int64_t i, int64_t inner) {
+  if (((i | inner) >> 32) == 0) return static_cast<unsigned>(i) % static_cast<unsigned>(inner);
+  return i % inner;
+}
+
+// The V row-vector values for elements first .. first + V - 1.
+template <typename T, int V = Vec16<T>::size>
+__device__ __forceinline__ void row_values(const T* c, int64_t first, int64_t inner, bool vectors, float (&cv)[V]) {
+  int64_t col = column_of(first, inner);
+  if (vectors) {
+    const Vec16<T> cvec = load16(c + col);
+#pragma unroll
+    for (int e = 0; e < V; ++e) cv[e] = to_float(cvec.v[e]);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    cv[e] = to_float(__ldg(c + col));
+    col = (col + 1 == inner) ? 0 : col + 1;
+  }
+}
+
 template <class Op, typename T>
 __device__ __forceinline__ void map_scalar(const T* a, const T* b, const T* c, T* out, int64_t i,
                                            int64_t inner, float alpha) {
   const float bv = Op::B ? to_float(b[i]) : 0.f;
-  const float cv = Op::C ? to_float(c[i % inner]) : 0.f;
+  const float cv = Op::C ? to_float(c[column_of(i, inner)]) : 0.f;
   out[i] = from_float<T>(Op::f(to_float(a[i]), bv, cv, alpha));
 }
 
@@ -91,35 +118,38 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
     if (threadIdx.x < head) map_scalar<Op>(a, b, c, out, threadIdx.x, inner, alpha);
     if (threadIdx.x < n - tail) map_scalar<Op>(a, b, c, out, tail + threadIdx.x, inner, alpha);
   }
-  // Each block owns kUnroll * blockDim consecutive vectors; all loads issue before any math.
-  const int64_t first_vec = int64_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;
-  Vec16<T> va[kUnroll], vb[kUnroll];
+  // The row vector c is read 16 bytes at a time when every vector starts a whole group of
+  // V columns on a 16-byte boundary; otherwise element by element.
+  const bool c_vectors = Op::C && head == 0 && inner % V == 0 && (reinterpret_cast<size_t>(c) & 15) == 0;
+  // Work comes in chunks of kUnroll * blockDim consecutive vectors; a block takes chunks
+  // blockIdx.x, blockIdx.x + gridDim.x, ... (one chunk each when the grid covers them all).
+  const int64_t chunk_size = int64_t(blockDim.x) * kUnroll;
+  for (int64_t chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {
+    const int64_t first_vec = chunk * chunk_size + threadIdx.x;
+    Vec16<T> va[kUnroll], vb[kUnroll];
 #pragma unroll
-  for (int k = 0; k < kUnroll; ++k) {
-    const int64_t j = first_vec + k * blockDim.x;
-    if (j < nvec) {
-      va[k] = load16(a + head + j * V);
-      if (Op::B) vb[k] = load16(b + head + j * V);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kUnroll; ++k) {
-    const int64_t j = first_vec + k * blockDim.x;
-    if (j < nvec) {
-      const int64_t first = head + j * V;
-      int64_t col = Op::C ? first % inner : 0;  // one division per vector, not per element
-      Vec16<T> r;
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        float cv = 0.f;
-        if (Op::C) {
-          cv = to_float(__ldg(c + col));
-          col = (col + 1 == inner) ? 0 : col + 1;
-        }
-        const float bv = Op::B ? to_float(vb[k].v[e]) : 0.f;
-        r.v[e] = from_float<T>(Op::f(to_float(va[k].v[e]), bv, cv, alpha));
+    for (int k = 0; k < kUnroll; ++k) {  // every load in flight before any math
+      const int64_t j = first_vec + k * blockDim.x;
+      if (j < nvec) {
+        va[k] = load16(a + head + j * V);
+        if (Op::B) vb[k] = load16(b + head + j * V);
       }
-      store16(out + first, r);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int64_t j = first_vec + k * blockDim.x;
+      if (j < nvec) {
+        const int64_t first = head + j * V;
+        float cv[V];
+        if (Op::C) row_values(c, first, inner, c_vectors, cv);
+        Vec16<T> r;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const float bv = Op::B ? to_float(vb[k].v[e]) : 0.f;
+          r.v[e] = from_float<T>(Op::f(to_float(va[k].v[e]), bv, Op::C ? cv[e] : 0.f, alpha));
+        }
+        store16(out + first, r);
+      }
     }
   }
 }

@@ -381,6 +381,14 @@ def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uin
     return _map_blocks(n, head, itemsize, sms), head
 
 
+cdef int _check_element_aligned(DeviceArray x) except -1:
+    # A T* off its element boundary faults in the kernel (16-byte phase is handled there).
+    if x.itemsize and x.ptr % x.itemsize:
+        raise ValueError(f"{x.name} is misaligned: address 0x{x.ptr:x} is not a multiple of its "
+                         f"{x.itemsize}-byte element")
+    return 0
+
+
 # ---------------------------------------------------------------------------- torch tensors
 # rawops never imports torch; rawops.torch_adapter hands over what the tensor path needs.
 cdef object _Tensor = None
@@ -470,6 +478,7 @@ cdef class MapKernel:
         if not A.contiguous:
             raise ValueError(f"{A.name} is not C-contiguous; rawops never copies behind your back: "
                              f"pass a contiguous array (e.g. {A.name}.copy())")
+        _check_element_aligned(A)
         if self.reads_b:
             B = self._operand(b, self.arg_names[1], A)
             if B.shape != A.shape:
@@ -510,9 +519,7 @@ cdef class MapKernel:
             raise TypeError(f"{name} has dtype {x.dtype_text}, expected {like.dtype_text} like {like.name}")
         if not x.contiguous:
             raise ValueError(f"{name} is not C-contiguous; rawops never copies behind your back")
-        if x.ptr % x.itemsize:
-            raise ValueError(f"{name} is misaligned: address 0x{x.ptr:x} is not a multiple of its "
-                             f"{x.itemsize}-byte element")
+        _check_element_aligned(x)
         return x
 
     cdef int _check_overlap(self, DeviceArray o, DeviceArray x) except -1:

@@ -1,0 +1,101 @@
+"""Launch-shape exploration for the map kernels (kernels/elementwise.cu): unroll depth,
+block size and grid policy, timed at 64M elements on the GPU it runs on. Needs nvcc.
+
+    python bench/explore_map.py [--out DIR]
+
+Each variant is the real kernel built with -DRAWOPS_MAP_UNROLL=U; grid 'cover' launches a
+block per chunk, 'resident' launches exactly the blocks that fit at once (grid-stride).
+The winner goes into rawops/_launch.pyx; the table goes into bench/NOTES.md.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+import cupy
+import numpy
+from cupy_backends.cuda.api import driver
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+N = 64 << 20
+KERNELS = [  # (name, dtype, reads b, reads c (row of 4096), bytes moved per element in units of itemsize)
+    ("relu_fwd_f32", numpy.float32, False, False, 2),
+    ("relu_fwd_f16", numpy.float16, False, False, 2),
+    ("gelu_tanh_fwd_bf16", "bfloat16", False, False, 2),
+    ("gelu_erf_fwd_f16", numpy.float16, False, False, 2),
+    ("add_fwd_f16", numpy.float16, True, False, 3),
+    ("gelu_tanh_bwd_bf16", "bfloat16", True, False, 3),
+    ("bias_gelu_tanh_fwd_bf16", "bfloat16", False, True, 2),
+]
+
+
+def build(unroll, arch, out_dir):
+    path = os.path.join(out_dir, f"elementwise_u{unroll}.cubin")
+    subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
+                    f"-DRAWOPS_MAP_UNROLL={unroll}", f"{ROOT}/kernels/elementwise.cu", "-o", path], check=True)
+    return cupy.RawModule(path=path)
+
+
+def time_us(fn, reps=40):
+    for _ in range(5):
+        fn()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    samples = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+    return statistics.median(samples)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="/tmp/rawops_explore")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    import ml_dtypes
+
+    major, minor = cupy.cuda.Device().compute_capability
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    buffers = {}
+    rows = []
+    for unroll in (2, 4, 8):
+        module = build(unroll, f"{major}{minor}", "/tmp")
+        for name, dtype, reads_b, reads_c, units in KERNELS:
+            dtype = numpy.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else numpy.dtype(dtype)
+            if dtype not in buffers:
+                buffers[dtype] = [cupy.random.standard_normal(N, dtype=numpy.float32).astype(dtype) for _ in range(3)]
+                buffers[dtype].append(cupy.random.standard_normal(4096, dtype=numpy.float32).astype(dtype))
+            a, b, out, c = buffers[dtype]
+            kernel = module.get_function(name)
+            vec = 16 // dtype.itemsize
+            for block in (128, 256, 512):
+                per_block = block * unroll
+                cover = (N // vec + per_block - 1) // per_block
+                resident = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, 0) * sms
+                for policy, grid in (("cover", cover), ("resident", resident)):
+                    kargs = (a, b if reads_b else 0, c if reads_c else 0, out, numpy.int64(N), numpy.int64(0),
+                             numpy.int64(4096 if reads_c else 1), numpy.float32(0.5))
+                    us = time_us(lambda: kernel((grid,), (block,), kargs))
+                    tbps = units * N * dtype.itemsize / us / 1e6
+                    rows.append((name, unroll, block, policy, grid, us, tbps))
+                    print(f"{name:26s} U{unroll} B{block:4d} {policy:8s} grid {grid:6d} {us:8.1f} us {tbps:5.2f} TB/s",
+                          flush=True)
+    best = {}
+    for row in rows:
+        if row[0] not in best or row[6] > best[row[0]][6]:
+            best[row[0]] = row
+    lines = ["| kernel | unroll | block | grid policy | grid | us | TB/s |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]:.1f} | {r[6]:.3f} |" for r in rows]
+    lines += ["", "best per kernel:"] + [f"- {k}: U{r[1]} B{r[2]} {r[3]} {r[6]:.3f} TB/s" for k, r in best.items()]
+    with open(os.path.join(args.out, "explore_map.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines[-len(best) - 1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
