@@ -39,17 +39,26 @@ class BuildKernelsAndExtensions(build_ext):
 
     def _build_fatbins(self, package_dir):
         nvcc_helpers = _load_nvcc_helpers()
+        fatbin_dir = os.path.join(package_dir, "_fatbin")
         nvcc = nvcc_helpers.find_nvcc()
         if nvcc is None:
+            # Fatbins left by an earlier build would otherwise ship as if freshly built.
+            shutil.rmtree(fatbin_dir, ignore_errors=True)
             print("rawops: WARNING nvcc not found; shipping kernel sources only, "
                   "they will be compiled with NVRTC at first use")
             return
         archs = nvcc_helpers.target_archs()
         include_dir = os.path.join(HERE, "kernels", "include")
-        for cu_path in sorted(glob.glob(os.path.join(HERE, "kernels", "*.cu"))):
+        sources = sorted(glob.glob(os.path.join(HERE, "kernels", "*.cu")))
+        families = {os.path.splitext(os.path.basename(path))[0] for path in sources}
+        for stale in glob.glob(os.path.join(fatbin_dir, "*.fatbin")):  # a removed kernel family
+            if os.path.splitext(os.path.basename(stale))[0] not in families:
+                os.remove(stale)
+        for cu_path in sources:
             family = os.path.splitext(os.path.basename(cu_path))[0]
-            out_path = os.path.join(package_dir, "_fatbin", f"{family}.fatbin")
+            out_path = os.path.join(fatbin_dir, f"{family}.fatbin")
             nvcc_helpers.compile_fatbin(nvcc, cu_path, include_dir, out_path, archs)
+        nvcc_helpers.write_manifest(fatbin_dir, archs, nvcc)
 
 
 extensions = cythonize(
@@ -60,5 +69,5 @@ extensions = cythonize(
 setup(
     ext_modules=extensions,
     cmdclass={"build_ext": BuildKernelsAndExtensions},
-    package_data={"rawops": ["_fatbin/*.fatbin", "_kernels/*.cu", "_kernels/include/rawops/*.cuh"]},
+    package_data={"rawops": ["_fatbin/*.fatbin", "_fatbin/manifest.json", "_kernels/*.cu", "_kernels/include/rawops/*.cuh"]},
 )

@@ -45,7 +45,7 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
 }
 __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * kInvSqrt2)); }
 __device__ __forceinline__ float gelu_erf_grad(float x) {
-  return 0.5f * (1.f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * __expf(-0.5f * x * x);
+  return 0.5f * (1.f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
 }
 // NaN propagates like torch.relu (fmaxf would turn it into 0).
 __device__ __forceinline__ float relu(float x) { return (x > 0.f || x != x) ? x : 0.f; }

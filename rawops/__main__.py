@@ -4,6 +4,7 @@ import sys
 
 from . import _modules
 from ._fatbin_info import fatbin_architectures
+from ._nvcc import read_manifest
 
 
 def _fail(message):
@@ -13,6 +14,9 @@ def _fail(message):
 
 def info():
     print(f"rawops {__import__('rawops').__version__} at {_modules.PACKAGE_DIR}")
+    manifest = read_manifest(_modules.FATBIN_DIR)
+    if manifest:
+        print(f"  built by {manifest['nvcc']} for {' '.join(manifest['archs'])} (+PTX {' '.join(manifest['ptx'])})")
     for family in _modules.families():
         path = _modules.fatbin_path(family)
         if os.path.exists(path):

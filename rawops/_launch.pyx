@@ -525,7 +525,7 @@ cdef class MapKernel:
     cdef int _check_overlap(self, DeviceArray o, DeviceArray x) except -1:
         # Exact aliasing (out=x) is a supported in-place update; a partial overlap would
         # read elements this launch has already written.
-        if o.ptr != x.ptr and o.ptr < x.ptr + x.nbytes and x.ptr < o.ptr + o.nbytes:
+        if (o.ptr != x.ptr or o.nbytes != x.nbytes) and o.ptr < x.ptr + x.nbytes and x.ptr < o.ptr + o.nbytes:
             raise ValueError(f"out partially overlaps {x.name}; pass out={x.name} exactly, or a separate array")
         return 0
 

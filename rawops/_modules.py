@@ -27,9 +27,16 @@ _functions = {}  # (family, name, device) -> cupy.RawKernel, kept alive with its
 _nvrtc_warned = set()
 
 
+def _is_checkout_kernels(path):
+    # Installed, the folder beside rawops/ is site-packages, where another distribution's
+    # top-level `kernels` package may live: only rawops' own sources count.
+    return os.path.isfile(os.path.join(path, "include", "rawops", "dtype.cuh")) and os.path.isfile(
+        os.path.join(os.path.dirname(path), "setup.py"))
+
+
 def kernel_source_dir():
     """The kernels/ folder: the checkout's in a source tree, else the copy in the package."""
-    if os.path.isdir(CHECKOUT_KERNELS):
+    if _is_checkout_kernels(CHECKOUT_KERNELS):
         return CHECKOUT_KERNELS
     return os.path.join(PACKAGE_DIR, "_kernels")
 

@@ -5,6 +5,7 @@ time, before rawops or its dependencies are importable, and the development mode
 `_modules.py` reuses it at import to rebuild edited kernels.
 """
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -76,3 +77,23 @@ def compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, log=print):
     if done.returncode != 0:
         raise RuntimeError(f"nvcc failed on {cu_path}:\n{' '.join(cmd)}\n{done.stdout}{done.stderr}")
     return out_path
+
+
+MANIFEST = "manifest.json"
+
+
+def write_manifest(fatbin_dir, archs, nvcc):
+    """Record what the build compiled, for `rawops info` and the build tests."""
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    manifest = {"archs": [f"sm_{sm}" for sm, _ in archs], "ptx": [f"compute_{sm}" for sm, ptx in archs if ptx],
+                "nvcc": version[-1] if version else "unknown", "flags": list(NVCC_FLAGS)}
+    with open(os.path.join(fatbin_dir, MANIFEST), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def read_manifest(fatbin_dir):
+    path = os.path.join(fatbin_dir, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)

@@ -149,6 +149,8 @@ def column_sum(x, *, stream=None):
         raise TypeError(f"x has dtype {a.dtype_text}; column_sum supports float32, float16, bfloat16")
     if not a.contiguous or len(a.shape) == 0:
         raise ValueError("x must be a C-contiguous array with at least one dimension")
+    if a.ptr % a.itemsize:
+        raise ValueError(f"x is misaligned: address 0x{a.ptr:x} is not a multiple of its {a.itemsize}-byte element")
     cols = a.shape[-1]
     rows = a.size // cols if cols else 0
     device = resolve_device(a)

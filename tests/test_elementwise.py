@@ -159,17 +159,21 @@ def test_runs_on_current_cupy_stream_and_explicit_stream():
 
 
 def test_waits_for_producer_stream_of_cuda_array_interface_v3():
-    """A torch tensor still being written on a side stream: rawops must wait for it."""
+    """An array still being written on a side stream, announced by the v3 `stream` key:
+    rawops must order its launch after that stream's work."""
     n = 1 << 24
     source = random((n,), torch.float32)
     x = torch.full((n,), float("nan"), device="cuda")
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)  # keep the side stream busy ~tens of ms
+        torch.cuda._sleep(50_000_000)  # keep the side stream busy for tens of ms
         x.copy_(source)
-        assert x.__cuda_array_interface__["stream"] == side.cuda_stream
-        y = rawops.relu(x)  # torch tensor via __cuda_array_interface__ v3 -> CuPy out
+
+    class Producer:  # a v3 producer whose data is ready only once `side` gets there
+        __cuda_array_interface__ = {**x.__cuda_array_interface__, "version": 3, "stream": side.cuda_stream}
+
+    y = rawops.relu(Producer())  # launched on CuPy's current stream, not `side`
     cupy.cuda.get_current_stream().synchronize()
     assert_close(to_torch(y), F.relu(source.double()), torch.float32, "producer stream")
 
