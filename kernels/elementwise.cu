@@ -29,12 +29,27 @@ constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 constexpr float kGeluCubic = 0.044715f;
 
-// tanh-GELU as x * sigmoid(2u): 0.5 (1 + tanh(u)) == 1 / (1 + exp(-2u)). One MUFU.EX2 and
-// one reciprocal instead of tanhf's polynomial, which matters for half types at 8 elements
-// per 16-byte load. Saturates correctly: exp -> inf gives -0, exp -> 0 gives x.
+// tanh-GELU as x * sigmoid(2u): 0.5 (1 + tanh(u)) == 1 / (1 + exp(-2u)), with exp(-2u)
+// folded into one ex2 of x * (A x^2 + B). Seven instructions (two MUFU) instead of tanhf's
+// polynomial and __frcp_rn's slow-path call: at 8 elements per 16-byte load the half types
+// are otherwise issue-bound (see bench/NOTES.md). Saturates correctly: ex2 -> inf gives -0,
+// ex2 -> 0 gives x. Approximate ex2/rcp: relative error ~1e-7, far under float32 rounding
+// of the comparisons we are held to.
+__device__ __forceinline__ float ex2_approx(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+__device__ __forceinline__ float rcp_approx(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kExpB = -2.f * kLog2e * kSqrt2OverPi;  // exp(-2u) = 2^(x (A x^2 + B))
+constexpr float kExpA = kExpB * kGeluCubic;
 __device__ __forceinline__ float sigmoid_2u(float x) {
-  const float u = kSqrt2OverPi * fmaf(kGeluCubic * x, x * x, x);
-  return __frcp_rn(1.f + __expf(-2.f * u));
+  return rcp_approx(1.f + ex2_approx(x * fmaf(kExpA, x * x, kExpB)));
 }
 __device__ __forceinline__ float gelu_tanh(float x) { return x * sigmoid_2u(x); }
 // d/dx [x s(x)] with s = sigmoid(2u): s + x * 2 s (1 - s) * du/dx.
@@ -43,29 +58,44 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
   const float du = kSqrt2OverPi * fmaf(3.f * kGeluCubic, x * x, 1.f);
   return fmaf(2.f * x * s * (1.f - s), du, s);
 }
-__device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.f + erff(x * kInvSqrt2)); }
-__device__ __forceinline__ float gelu_erf_grad(float x) {
-  return 0.5f * (1.f + erff(x * kInvSqrt2)) + x * kInvSqrt2Pi * expf(-0.5f * x * x);
+// Exact-erf GELU. float32 keeps CUDA's erff (matches torch to float32 rounding); the half
+// types, whose outputs carry 8 or 11 bits, use Abramowitz & Stegun 7.1.26 (|error| <
+// 1.5e-7, about 12 instructions instead of ~30) so that they stay memory-bound.
+template <typename T> __device__ __forceinline__ float erf_for(float x) {
+  if (sizeof(T) == 4) return erff(x);
+  const float ax = fabsf(x);
+  const float t = rcp_approx(fmaf(0.3275911f, ax, 1.f));
+  const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f),
+                                      -0.284496736f), 0.254829592f);
+  return copysignf(1.f - poly * ex2_approx(-kLog2e * ax * ax), x);
+}
+template <typename T> __device__ __forceinline__ float gelu_erf(float x) {
+  return 0.5f * x * (1.f + erf_for<T>(x * kInvSqrt2));
+}
+template <typename T> __device__ __forceinline__ float gelu_erf_grad(float x) {
+  const float gauss = sizeof(T) == 4 ? expf(-0.5f * x * x) : ex2_approx(-0.5f * kLog2e * x * x);
+  return 0.5f * (1.f + erf_for<T>(x * kInvSqrt2)) + x * kInvSqrt2Pi * gauss;
 }
 // NaN propagates like torch.relu (fmaxf would turn it into 0).
 __device__ __forceinline__ float relu(float x) { return (x > 0.f || x != x) ? x : 0.f; }
 __device__ __forceinline__ float relu_grad(float x) { return x > 0.f ? 1.f : 0.f; }
 
 // Each op maps (a, b, c, alpha) -> out; b and c are 0 when the op does not read them.
-struct GeluTanh     { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float) { return gelu_tanh(a); } };
-struct GeluErf      { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float) { return gelu_erf(a); } };
-struct GeluTanhBwd  { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float) { return dy * gelu_tanh_grad(x); } };
-struct GeluErfBwd   { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float) { return dy * gelu_erf_grad(x); } };
-struct Relu         { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float) { return relu(a); } };
-struct ReluBwd      { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float) { return dy * relu_grad(x); } };
-struct ReluScale    { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float s) { return relu(a) * s; } };
-struct ReluScaleBwd { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float s) { return dy * s * relu_grad(x); } };
-struct ReluScaleAdd { static constexpr bool B = true,  C = false; __device__ static float f(float a, float y, float, float s) { return fmaf(relu(a), s, y); } };
-struct Add          { static constexpr bool B = true,  C = false; __device__ static float f(float a, float b, float, float) { return a + b; } };
-struct BiasGeluTanh { static constexpr bool B = false, C = true;  __device__ static float f(float a, float, float bias, float) { return gelu_tanh(a + bias); } };
-struct BiasGeluErf  { static constexpr bool B = false, C = true;  __device__ static float f(float a, float, float bias, float) { return gelu_erf(a + bias); } };
-struct BiasGeluTanhBwd { static constexpr bool B = true, C = true; __device__ static float f(float dy, float x, float bias, float) { return dy * gelu_tanh_grad(x + bias); } };
-struct BiasGeluErfBwd  { static constexpr bool B = true, C = true; __device__ static float f(float dy, float x, float bias, float) { return dy * gelu_erf_grad(x + bias); } };
+// T is the storage type, for ops whose float32 math may be cheaper when outputs are 16-bit.
+template <typename T> struct GeluTanh     { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float) { return gelu_tanh(a); } };
+template <typename T> struct GeluErf      { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float) { return gelu_erf<T>(a); } };
+template <typename T> struct GeluTanhBwd  { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float) { return dy * gelu_tanh_grad(x); } };
+template <typename T> struct GeluErfBwd   { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float) { return dy * gelu_erf_grad<T>(x); } };
+template <typename T> struct Relu         { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float) { return relu(a); } };
+template <typename T> struct ReluBwd      { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float) { return dy * relu_grad(x); } };
+template <typename T> struct ReluScale    { static constexpr bool B = false, C = false; __device__ static float f(float a, float, float, float s) { return relu(a) * s; } };
+template <typename T> struct ReluScaleBwd { static constexpr bool B = true,  C = false; __device__ static float f(float dy, float x, float, float s) { return dy * s * relu_grad(x); } };
+template <typename T> struct ReluScaleAdd { static constexpr bool B = true,  C = false; __device__ static float f(float a, float y, float, float s) { return fmaf(relu(a), s, y); } };
+template <typename T> struct Add          { static constexpr bool B = true,  C = false; __device__ static float f(float a, float b, float, float) { return a + b; } };
+template <typename T> struct BiasGeluTanh { static constexpr bool B = false, C = true;  __device__ static float f(float a, float, float bias, float) { return gelu_tanh(a + bias); } };
+template <typename T> struct BiasGeluErf  { static constexpr bool B = false, C = true;  __device__ static float f(float a, float, float bias, float) { return gelu_erf<T>(a + bias); } };
+template <typename T> struct BiasGeluTanhBwd { static constexpr bool B = true, C = true; __device__ static float f(float dy, float x, float bias, float) { return dy * gelu_tanh_grad(x + bias); } };
+template <typename T> struct BiasGeluErfBwd  { static constexpr bool B = true, C = true; __device__ static float f(float dy, float x, float bias, float) { return dy * gelu_erf_grad<T>(x + bias); } };
 
 // Column index of a flat element: 32-bit division where it fits (64-bit division is a long
 // software sequence, paid once per 16 bytes here).
@@ -186,7 +216,7 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
   extern "C" __global__ void __launch_bounds__(256)                                            \
       name##_##suffix(const T* a, const T* b, const T* c, T* out, long long n, long long head, \
                       long long inner, float alpha) {                                          \
-    rawops::map<rawops::Op>(a, b, c, out, n, head, inner, alpha);                              \
+    rawops::map<rawops::Op<T>>(a, b, c, out, n, head, inner, alpha);                              \
   }
 
 #define RAWOPS_ELEMENTWISE(T, suffix)                                                    \
