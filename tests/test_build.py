@@ -160,6 +160,26 @@ def test_fatbin_info_reader_matches_the_target_architectures(fatbin):
     assert sorted(_fatbin_info.fatbin_architectures(fatbin)) == sorted(expected)
 
 
+@needs_cuobjdump
+def test_build_manifest_records_what_the_fatbin_really_holds(fatbin):
+    manifest = _nvcc.read_manifest(_modules.FATBIN_DIR)
+    if manifest is None:
+        pytest.skip("no build manifest (built before manifests existed)")
+    assert sorted(manifest["archs"]) == sorted(list_elf_archs(fatbin))
+    assert sorted(manifest["ptx"]) == sorted(a.replace("sm_", "compute_") for a in list_ptx_archs(fatbin))
+    assert manifest["flags"] == list(_nvcc.NVCC_FLAGS)
+
+
+def test_manifest_round_trips_and_is_absent_when_not_written(tmp_path):
+    assert _nvcc.read_manifest(str(tmp_path)) is None
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools'\necho 'Build cuda_99.9'\n")
+    fake_nvcc.chmod(0o755)
+    _nvcc.write_manifest(str(tmp_path), [(80, False), (90, True)], str(fake_nvcc))
+    assert _nvcc.read_manifest(str(tmp_path)) == {
+        "archs": ["sm_80", "sm_90"], "ptx": ["compute_90"], "nvcc": "Build cuda_99.9", "flags": list(_nvcc.NVCC_FLAGS)}
+
+
 def test_fatbin_info_reader_rejects_a_file_that_is_not_a_fatbin(tmp_path):
     junk = tmp_path / "junk.fatbin"
     junk.write_bytes(b"\x7fELF" + bytes(60))

@@ -123,6 +123,7 @@ def test_families_list_fatbins_and_sources(tmp_path, monkeypatch):
     (sources / "alpha.cu").write_text("")
     (sources / "include" / "rawops").mkdir(parents=True)
     (sources / "include" / "rawops" / "dtype.cuh").write_text("")
+    (tmp_path / "setup.py").write_text("")  # a source checkout: kernels/ beside setup.py
     monkeypatch.setattr(_modules, "FATBIN_DIR", str(fatbins))
     monkeypatch.setattr(_modules, "CHECKOUT_KERNELS", str(sources))
     assert _modules.families() == ["alpha", "beta"]

@@ -4,18 +4,37 @@ rawops._launch.map_launch_config(n, itemsize, out, a, b, sms) -> (blocks, head) 
 launcher passes to every kernel in kernels/elementwise.cu. The simulation below replays the
 kernel's `map` index arithmetic thread by thread and checks that every element is handled
 exactly once and that every 16-byte access is 16-byte aligned.
+
+The kernel: on the vector path work comes in chunks of UNROLL * 256 consecutive 16-byte
+vectors, one chunk per block (or, where the kernel has the chunk loop, chunks blockIdx.x,
+blockIdx.x + gridDim.x, ...), and block 0 also does the scalar head and tail; the launcher
+sizes the grid at one block per chunk. On the scalar path (operands of different 16-byte
+phases) a grid-stride loop runs over at most 32 blocks per SM.
 """
 import math
+import os
+import re
 
 import numpy as np
 import pytest
 
+from rawops import _modules
 from rawops._launch import launch, map_launch_config, sm_count
+from rawops.elementwise import column_sum_plan
 
 THREADS = 256  # MAP_THREADS in _launch.pyx, __launch_bounds__(256) in the kernel
 UNROLL = 4  # MAP_UNROLL / kUnroll
-BLOCKS_PER_SM = 8  # MAP_BLOCKS_PER_SM
+SCALAR_BLOCKS_PER_SM = 32
 BASE = 0x7F0000000000  # 256-byte aligned, like any cudaMalloc pointer
+
+
+def _kernel_source():
+    with open(os.path.join(_modules.kernel_source_dir(), "elementwise.cu")) as f:
+        return re.sub(r"\s+", " ", f.read())
+
+
+# Whether blocks loop over chunks (grid-stride by chunk) or own exactly one chunk each.
+CHUNK_LOOP = "chunk += gridDim.x" in _kernel_source()
 
 
 # ------------------------------------------------------------------------------ head
@@ -30,7 +49,8 @@ def test_head_is_the_number_of_elements_before_16_byte_alignment(itemsize, offse
 
 
 @pytest.mark.parametrize("itemsize, out_off, a_off, b_off", [
-    (4, 0, 4, 0), (4, 4, 0, 4), (4, 4, 4, 8), (4, 0, 0, 16 + 4), (2, 2, 4, 2), (2, 0, 0, 2), (2, 6, 24, 6), (2, 6, 6, 24),
+    (4, 0, 4, 0), (4, 4, 0, 4), (4, 4, 4, 8), (4, 0, 0, 16 + 4),
+    (2, 2, 4, 2), (2, 0, 0, 2), (2, 6, 24, 6), (2, 6, 6, 24),
 ])
 def test_head_is_minus_one_when_an_operand_has_another_16_byte_phase_than_out(itemsize, out_off, a_off, b_off):
     assert map_launch_config(1000, itemsize, BASE + out_off, BASE + a_off, BASE + b_off, 132)[1] == -1
@@ -55,40 +75,42 @@ def test_head_is_capped_at_n(n):
 
 # ------------------------------------------------------------------------------ blocks
 @pytest.mark.parametrize("n, itemsize, sms", [
-    (0, 4, 132), (1, 4, 132), (4096, 4, 132), (4097, 4, 132), (8192, 2, 132), (10 ** 6, 4, 132),
-    (10 ** 6, 2, 1), (123457, 4, 2), (2 ** 31 + 5, 4, 132), (2 ** 31 + 5, 2, 10 ** 6), (3 * 2 ** 40, 4, 2 ** 30),
+    (0, 4, 132), (1, 4, 132), (4096, 4, 132), (4097, 4, 132), (4096 + 4, 4, 132), (8192, 2, 132),
+    (10 ** 6, 4, 132), (10 ** 6, 2, 1), (123457, 4, 2), (2 ** 31 + 5, 4, 132), (2 ** 31 + 5, 2, 1),
 ])
 @pytest.mark.parametrize("offset", [0, 4, 8])
-def test_blocks_are_ceil_vectors_over_1024_clamped_to_8_per_sm(n, itemsize, sms, offset):
+def test_vector_path_grid_is_one_block_per_1024_vectors_whatever_the_sm_count(n, itemsize, sms, offset):
     blocks, head = map_launch_config(n, itemsize, BASE + offset, BASE + offset, 0, sms)
     vector = 16 // itemsize
     assert head == min(((16 - offset) % 16) // itemsize, n)
     vectors = (n - head) // vector
-    expected = math.ceil(vectors / (THREADS * UNROLL))
-    assert blocks == max(1, min(expected, sms * BLOCKS_PER_SM))
-    assert 1 <= blocks <= sms * BLOCKS_PER_SM
+    assert blocks == max(1, math.ceil(vectors / (THREADS * UNROLL)))
 
 
-def test_scalar_path_sizes_the_grid_by_elements():
-    blocks, head = map_launch_config(10 ** 6, 4, BASE, BASE + 4, 0, 10 ** 4)
+@pytest.mark.parametrize("n, sms", [
+    (0, 132), (1, 132), (1024, 132), (1025, 132), (10 ** 6, 132), (10 ** 6, 2), (2 ** 31 + 5, 132), (2 ** 40, 1),
+])
+def test_scalar_path_grid_is_ceil_n_over_1024_capped_at_32_blocks_per_sm(n, sms):
+    blocks, head = map_launch_config(n, 4, BASE, BASE + 4, 0, sms)
     assert head == -1
-    assert blocks == math.ceil(10 ** 6 / (THREADS * UNROLL))
+    assert blocks == max(1, min(math.ceil(n / (THREADS * UNROLL)), sms * SCALAR_BLOCKS_PER_SM))
+    assert 1 <= blocks <= max(1, sms * SCALAR_BLOCKS_PER_SM)
 
 
 def test_more_than_2_to_the_31_elements_use_64_bit_arithmetic():
     n = 2 ** 31 + 5
-    blocks, head = map_launch_config(n, 4, BASE, BASE, BASE, 10 ** 6)
+    blocks, head = map_launch_config(n, 4, BASE, BASE, BASE, 132)
     assert head == 0
     assert blocks == math.ceil((n // 4) / 1024) == 524289
-    blocks, head = map_launch_config(n, 2, BASE + 2, BASE + 2, 0, 10 ** 6)
+    blocks, head = map_launch_config(n, 2, BASE + 2, BASE + 2, 0, 132)
     assert head == 7
     assert blocks == math.ceil(((n - 7) // 8) / 1024)
-    # Clamped by the SM count, never wrapped to zero or a negative grid:
-    assert map_launch_config(2 ** 40, 2, BASE, BASE, 0, 132) == (132 * 8, 0)
+    # Far past 2**31 blocks: still exact (the launcher refuses grids over 2**31 - 1 itself).
+    assert map_launch_config(2 ** 45, 2, BASE, BASE, 0, 132) == (2 ** 45 // 8 // 1024, 0)
 
 
-def test_zero_sms_still_launches_one_block():
-    assert map_launch_config(10 ** 6, 4, BASE, BASE, 0, 0)[0] == 1
+def test_zero_sms_still_launches_one_block_on_the_scalar_path():
+    assert map_launch_config(10 ** 6, 4, BASE, BASE + 4, 0, 0) == (1, -1)
 
 
 # ------------------------------------------------------------------------------ coverage
@@ -97,10 +119,9 @@ def simulate_map(n, itemsize, out_ptr, a_ptr, b_ptr, sms):
     every vector access (a, b, out) is 16-byte aligned. Mirrors the kernel line by line."""
     blocks, head = map_launch_config(n, itemsize, out_ptr, a_ptr, b_ptr, sms)
     nthreads = blocks * THREADS
-    tid = np.arange(nthreads, dtype=np.int64)
     hits = np.zeros(n, dtype=np.int64)
     if head < 0:  # for (i = tid; i < n; i += nthreads)
-        i = tid.copy()
+        i = np.arange(nthreads, dtype=np.int64)
         while True:
             live = i[i < n]
             if live.size == 0:
@@ -111,15 +132,19 @@ def simulate_map(n, itemsize, out_ptr, a_ptr, b_ptr, sms):
     V = 16 // itemsize
     nvec = (n - head) // V
     tail = head + nvec * V
-    np.add.at(hits, tid[tid < head], 1)  # if (tid < head) scalar(tid)
-    np.add.at(hits, tail + tid[tid < n - tail], 1)  # if (tid < n - tail) scalar(tail + tid)
-    base = tid.copy()
-    while True:  # for (base = tid; base < nvec; base += nthreads * kUnroll)
-        active = base[base < nvec]
-        if active.size == 0:
-            break
+    thread = np.arange(THREADS, dtype=np.int64)  # threadIdx.x of block 0
+    np.add.at(hits, thread[thread < head], 1)  # if (threadIdx.x < head) scalar(threadIdx.x)
+    np.add.at(hits, tail + thread[thread < n - tail], 1)  # if (threadIdx.x < n - tail) scalar(tail + ...)
+    chunk_size = THREADS * UNROLL
+    chunk = np.arange(blocks, dtype=np.int64)  # chunk = blockIdx.x
+    while True:
+        if CHUNK_LOOP:  # for (chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x)
+            chunk = chunk[chunk * chunk_size < nvec]
+            if chunk.size == 0:
+                break
+        first_vec = (np.repeat(chunk, THREADS) * chunk_size + np.tile(thread, chunk.size))
         for k in range(UNROLL):
-            j = active + k * nthreads
+            j = first_vec + k * THREADS  # j = first_vec + k * blockDim.x
             j = j[j < nvec]
             first = head + j * V
             for ptr in (out_ptr, a_ptr) + ((b_ptr,) if b_ptr else ()):
@@ -127,8 +152,38 @@ def simulate_map(n, itemsize, out_ptr, a_ptr, b_ptr, sms):
                 assert not misaligned.any(), f"unaligned 16-byte access at element {first[misaligned != 0][0]}"
             for e in range(V):
                 np.add.at(hits, first + e, 1)
-        base += nthreads * UNROLL
+        if not CHUNK_LOOP:
+            break
+        chunk = chunk + blocks
     return hits, blocks, head
+
+
+def test_simulation_mirrors_the_kernel_source():
+    # Tripwire: if the kernel's indexing changes, simulate_map must change with it.
+    source = _kernel_source()
+    lines = [
+        "for (int64_t i = tid; i < n; i += nthreads) map_scalar<Op>(a, b, c, out, i, inner, alpha);",
+        "const int64_t nvec = (n - head) / V;",
+        "const int64_t tail = head + nvec * V;",
+        "if (blockIdx.x == 0) {",
+        "if (threadIdx.x < head) map_scalar<Op>(a, b, c, out, threadIdx.x, inner, alpha);",
+        "if (threadIdx.x < n - tail) map_scalar<Op>(a, b, c, out, tail + threadIdx.x, inner, alpha);",
+        "const int64_t j = first_vec + k * blockDim.x;",
+        "const int64_t first = head + j * V;",
+        "__launch_bounds__(256)",
+    ]
+    if CHUNK_LOOP:
+        lines += [
+            "const int64_t chunk_size = int64_t(blockDim.x) * kUnroll;",
+            "for (int64_t chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {",
+            "const int64_t first_vec = chunk * chunk_size + threadIdx.x;",
+        ]
+    else:
+        lines += ["const int64_t first_vec = int64_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;"]
+    for line in lines:
+        assert line in source, f"kernels/elementwise.cu no longer has: {line}"
+    unroll = re.search(r"(?:constexpr int kUnroll = |#define RAWOPS_MAP_UNROLL )(\d+)", source)
+    assert unroll and int(unroll.group(1)) == UNROLL
 
 
 def _phases(itemsize):
@@ -161,27 +216,47 @@ def test_every_element_is_covered_exactly_once_on_the_scalar_path(itemsize):
 
 
 @pytest.mark.parametrize("itemsize, phase, n, sms", [
-    # A clamped grid (1 SM -> 8 blocks -> 2048 threads) forces several grid-stride rounds
-    # and partial UNROLL groups; odd n leaves a scalar tail.
-    (4, 0, 2048 * 4 * 4 * 3 + 13, 1),
-    (4, 4, 2048 * 4 * 4 * 2 + 4 * 2048 + 3, 1),
-    (2, 6, 2048 * 4 * 8 * 2 + 1000 * 8 + 7, 1),
+    # Many blocks, a partial last block (not every UNROLL slot used), odd tails; the SM
+    # count must not matter on the vector path.
+    (4, 0, 1024 * 4 * 3 + 13, 1),
+    (4, 4, 1024 * 4 * 7 + 4 * 300 + 3, 1),
+    (2, 6, 1024 * 8 * 5 + 1000 * 8 + 7, 1),
     (2, 2, 50001, 1),
-    (4, 12, 2048 * 16 + 1, 1),
+    (4, 12, 1024 * 16 + 1, 2),
     (4, 0, 300000, 2),
     (2, 0, 4096 * 8 + 5, 132),
+    (4, 0, 1024 * 4 * 20 + 5, 1),  # 20 blocks on a 1-SM GPU: a grid capped per SM would miss some
+    (2, 8, 1024 * 8 * 40 + 3, 1),
 ])
-def test_every_element_is_covered_exactly_once_with_a_clamped_grid(itemsize, phase, n, sms):
+def test_every_element_is_covered_exactly_once_with_many_blocks(itemsize, phase, n, sms):
     hits, blocks, head = simulate_map(n, itemsize, BASE + phase, BASE + 0x100000 + phase, 0, sms)
-    assert head >= 0
+    assert head >= 0 and blocks > 1
     assert (hits == 1).all(), f"{int((hits != 1).sum())} elements hit != once"
 
 
-def test_every_element_is_covered_exactly_once_on_the_scalar_path_with_a_clamped_grid():
-    n = 2048 * 7 + 11
-    hits, blocks, head = simulate_map(n, 4, BASE, BASE + 4, 0, 1)
-    assert (head, blocks) == (-1, 8)
+@pytest.mark.parametrize("n, sms", [(2048 * 7 + 11, 1), (10 ** 5 + 3, 2), (5000, 132)])
+def test_every_element_is_covered_exactly_once_on_the_scalar_path_with_a_capped_grid(n, sms):
+    hits, blocks, head = simulate_map(n, 4, BASE, BASE + 4, 0, sms)
+    assert head == -1 and blocks == min(math.ceil(n / 1024), sms * SCALAR_BLOCKS_PER_SM)
     assert (hits == 1).all()
+
+
+# ------------------------------------------------------------------------------ column sum plan
+@pytest.mark.parametrize("rows, cols, sms", [
+    (1, 1, 132), (1, 8, 132), (7, 3, 1), (1000, 1, 132), (1000, 768, 132), (100003, 17, 2),
+    (5, 100000, 132), (2 ** 20, 1024, 132), (3, 5, 0),
+])
+def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_once(rows, cols, sms):
+    chunks, rows_per_chunk = column_sum_plan(rows, cols, sms)
+    assert chunks >= 1 and rows_per_chunk >= 1
+    covered = np.zeros(rows, dtype=np.int64)
+    for chunk in range(chunks):  # column_sum_part: r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rpc)
+        r0 = chunk * rows_per_chunk
+        r1 = min(rows, r0 + rows_per_chunk)
+        assert r1 > r0, f"chunk {chunk} is empty"
+        covered[r0:r1] += 1
+    assert (covered == 1).all()
+    assert chunks <= max(1, (sms * 2048) // cols) or chunks == 1
 
 
 # ------------------------------------------------------------------------------ generic launcher

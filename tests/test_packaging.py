@@ -5,6 +5,7 @@ tree (no build outputs), with RAWOPS_CUDA_ARCH_LIST=9.0 so nvcc compiles one arc
 only: about 20 s per wheel on two cores. Set RAWOPS_SKIP_WHEEL_TESTS=1 to skip the builds.
 """
 import email.parser
+import json
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ from rawops import _fatbin_info, _nvcc
 
 REPO = Path(__file__).resolve().parents[1]
 FATBIN = "rawops/_fatbin/elementwise.fatbin"
+MANIFEST = "rawops/_fatbin/manifest.json"
 SOURCES = ("rawops/_kernels/elementwise.cu", "rawops/_kernels/include/rawops/dtype.cuh")
 MODULES = ("__init__", "__main__", "_modules", "_nvcc", "_fatbin_info", "elementwise")
 EXTENSION = re.compile(r"^rawops/_launch\.[^/]*\.so$")
@@ -85,11 +87,10 @@ def no_nvcc_env():
 
 
 # ------------------------------------------------------------------------------ metadata, no build
+@needs_source_tree
 def test_project_version_matches_the_package_and_torch_is_only_an_extra():
-    import tomllib
-
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"] if (REPO / "pyproject.toml").is_file() \
-        else pytest.skip("no pyproject.toml")
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["version"] == rawops.__version__
     assert not any(re.match(r"torch\b", dep) for dep in project["dependencies"])
 
@@ -118,6 +119,9 @@ def test_wheel_fatbin_holds_exactly_the_architectures_asked_for_at_build_time(nv
     with zipfile.ZipFile(wheel) as zf:
         fatbin.write_bytes(zf.read(FATBIN))
     assert _fatbin_info.fatbin_architectures(str(fatbin)) == ["sm_90"]
+    with zipfile.ZipFile(wheel) as zf:
+        manifest = json.loads(zf.read(MANIFEST))
+    assert (manifest["archs"], manifest["ptx"]) == (["sm_90"], [])
 
 
 @needs_source_tree
@@ -152,7 +156,7 @@ def test_wheel_without_nvcc_ships_sources_and_launcher_but_no_fatbin(tmp_path, n
     wheel, log = _build_wheel(src, tmp_path / "dist", no_nvcc_env)
     assert "rawops: WARNING nvcc not found; shipping kernel sources only" in log
     names = _names(wheel)
-    assert not [n for n in names if n.endswith(".fatbin")], sorted(names)
+    assert not [n for n in names if n.startswith("rawops/_fatbin/")], sorted(names)
     for path in SOURCES:
         assert path in names
     assert [n for n in names if EXTENSION.match(n)], sorted(names)
@@ -166,6 +170,8 @@ def test_wheel_without_nvcc_does_not_ship_a_stale_fatbin_left_in_the_source_tree
     src = _clean_copy(tmp_path / "src")
     (src / "rawops" / "_fatbin").mkdir()
     (src / "rawops" / "_fatbin" / "elementwise.fatbin").write_bytes(b"stale build output")
+    (src / "rawops" / "_fatbin" / "manifest.json").write_text('{"archs": ["sm_70"], "ptx": []}')
     wheel, log = _build_wheel(src, tmp_path / "dist", no_nvcc_env)
     assert "nvcc not found" in log
-    assert FATBIN not in _names(wheel)
+    names = _names(wheel)
+    assert FATBIN not in names and MANIFEST not in names, sorted(names)
