@@ -14,6 +14,7 @@ RAWOPS_CUDA_ARCH_LIST=$arch python3 -m pip install --no-build-isolation --no-dep
   || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build for $arch took $(( $(date +%s) - start )) s" | tee -a "$OUT/build.log"
 python3 -m rawops info 2>&1 | tee -a "$OUT/build.log" | head -3
+(cuobjdump --version; cuobjdump --dump-elf-symbols rawops/_fatbin/elementwise.fatbin | head -30) >>"$OUT/build.log" 2>&1
 python3 -m pytest tests -q -rs -p no:cacheprovider "$@" >"$OUT/tests.log" 2>&1
 tests_rc=$?
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -40

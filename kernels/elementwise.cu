@@ -21,7 +21,7 @@ namespace rawops {
 namespace {
 
 #ifndef RAWOPS_MAP_UNROLL
-#define RAWOPS_MAP_UNROLL 4  // overridable to try variants (bench/explore_map.py)
+#define RAWOPS_MAP_UNROLL 8  // overridable to try variants (bench/explore_map.py)
 #endif
 constexpr int kUnroll = RAWOPS_MAP_UNROLL;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;

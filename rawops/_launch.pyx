@@ -25,8 +25,11 @@ cdef enum:
     N_FLOAT = 3
     MAX_DEVICES = 64
     MAP_THREADS = 256
-    MAP_UNROLL = 4
+    MAP_UNROLL = 8   # must match RAWOPS_MAP_UNROLL in kernels/elementwise.cu
     MAP_BLOCKS_PER_SM = 8
+
+# The map kernels' launch shape, for tests and tools (the kernel's RAWOPS_MAP_UNROLL must match).
+MAP_SHAPE = {"threads": MAP_THREADS, "unroll": MAP_UNROLL}
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "uint8", "uint16")
 FLOAT_SUFFIXES = ("f32", "f16", "bf16")
@@ -297,7 +300,7 @@ cdef bint _same_stream(uintptr_t a, uintptr_t b):
     return a == b or (a <= 1 and b <= 1)
 
 
-cdef int _wait_for_producer(DeviceArray a, uintptr_t stream) except -1:
+cpdef int wait_for_producer(DeviceArray a, uintptr_t stream) except -1:
     """CAI v3: order our stream after the producer's, without blocking the host."""
     if a.stream is None or _same_stream(<uintptr_t>a.stream, stream):
         return 0
@@ -419,7 +422,7 @@ cdef int _tensor_code(object t, str name) except -1:
     cdef int code = F32 if dt is _torch_f32 else F16 if dt is _torch_f16 else BF16 if dt is _torch_bf16 else -1
     if code < 0:
         raise TypeError(f"{name} has dtype {dt}; rawops supports float32, float16, bfloat16")
-    if not t.is_cuda:
+    if t.get_device() < 0:
         raise ValueError(f"{name} is on {t.device}; rawops runs on CUDA tensors")
     if not t.is_contiguous():
         raise ValueError(f"{name} is not contiguous; rawops never copies behind your back: pass {name}.contiguous()")
@@ -433,6 +436,12 @@ cdef int _tensor_like(object t, str name, object like, str like_name) except -1:
     if t.get_device() != like.get_device():
         raise ValueError(f"{name} is on {t.device}, {like_name} on {like.device}; all arguments must be on one GPU")
     return 0
+
+
+cdef bint _tensors_partially_overlap(object o, object x):
+    cdef uintptr_t op = o.data_ptr(), xp = x.data_ptr()
+    cdef long long on = o.numel() * o.element_size(), xn = x.numel() * x.element_size()
+    return (op != xp or on != xn) and op < xp + xn and xp < op + on
 
 
 cdef class MapKernel:
@@ -534,7 +543,7 @@ cdef class MapKernel:
         cdef uintptr_t s = stream_pointer(stream, device)
         for x in (A, B, C):
             if x is not None and x.stream is not None:
-                _wait_for_producer(x, s)
+                wait_for_producer(x, s)
         if O is None:
             result = _cupy_ndarray(A.shape, NUMPY_DTYPES[A.dtype])
             out_ptr = result.data.ptr
@@ -567,6 +576,11 @@ cdef class MapKernel:
             _tensor_like(out, "out", a, names[0])
             if out.shape != a.shape:
                 raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(a.shape)}")
+            for other, other_name in ((a, names[0]), (b, names[1] if self.reads_b else ""),
+                                      (c, names[len(names) - 1] if self.reads_c else "")):
+                if other is not None and _tensors_partially_overlap(out, other):
+                    raise ValueError(f"out partially overlaps {other_name}; pass out={other_name} exactly, "
+                                     "or a separate tensor")
         cdef long long n = a.numel()
         if n == 0:
             return out

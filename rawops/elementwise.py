@@ -5,7 +5,7 @@ including 0, contiguous, offset views included. Output is a new CuPy array unles
 is given (in-place with `out=x` is allowed). Launches go on CuPy's current stream of the
 data's device, or on `stream=`. Kernels: kernels/elementwise.cu.
 """
-from ._launch import MapKernel, as_array, launch, resolve_device, sm_count, stream_pointer
+from ._launch import MapKernel, as_array, launch, resolve_device, sm_count, stream_pointer, wait_for_producer
 from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES
 from . import _modules
 
@@ -156,6 +156,7 @@ def column_sum(x, *, stream=None):
     device = resolve_device(a)
     with cupy.cuda.Device(device):
         s = stream_pointer(stream, device)
+        wait_for_producer(a, s)
         if rows == 0 or cols == 0:
             return cupy.zeros((cols,), dtype=NUMPY_DTYPES[a.dtype])
         result = cupy.empty((cols,), dtype=NUMPY_DTYPES[a.dtype])

@@ -223,17 +223,27 @@ _bias_gelu_op = _custom_op(
 
 
 # ------------------------------------------------------------------- public functions
+# Each function picks the cheapest path that is correct: the raw launch when no autograd is
+# needed; else the autograd.Function, entered through the C++ apply (Function.apply's Python
+# preamble, default-arg binding and functorch unwrapping, costs ~2 us and does nothing when
+# no functorch transform is active); under torch.compile the custom op.
 _compiling = torch.compiler.is_compiling
 _grad_enabled = torch.is_grad_enabled
+_functorch_active = torch._C._are_functorch_transforms_active
+_c_apply = torch._C._FunctionBase.__dict__["apply"]
 
 
-def _path(*tensors):
-    """'raw' when nothing needs autograd and we are not being compiled: the launch alone."""
-    if _compiling():
-        return "op"
-    if _grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
-        return "function"
-    return "raw"
+def _apply(function):
+    fast = _c_apply.__get__(None, function)
+    return lambda *args: fast(*args) if not _functorch_active() else function.apply(*args)
+
+
+_gelu_apply, _relu_apply, _relu_scale_apply = _apply(_GELU), _apply(_ReLU), _apply(_ReLUScale)
+_relu_scale_add_apply, _add_apply, _bias_gelu_apply = _apply(_ReLUScaleAdd), _apply(_Add), _apply(_BiasGELU)
+
+
+def _needs_grad(*tensors):
+    return _grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
 
 
 def gelu(x, approximate="tanh"):
@@ -241,48 +251,53 @@ def gelu(x, approximate="tanh"):
     if _compiling():
         return _gelu_op(x, approximate)
     if getattr(x, "requires_grad", False) and _grad_enabled():
-        return _GELU.apply(x, approximate)
-    return _gelu_fwd(x, approximate)
+        return _gelu_apply(x, approximate)
+    return _gelu_kernel(approximate, "fwd").torch_call(x)
 
 
 def relu(x):
-    path = _path(x)
-    if path == "raw":
-        return _relu_fwd(x)
-    return _ReLU.apply(x) if path == "function" else _relu_op(x)
+    if _compiling():
+        return _relu_op(x)
+    if getattr(x, "requires_grad", False) and _grad_enabled():
+        return _relu_apply(x)
+    return _RELU.torch_call(x)
 
 
 def relu_scale(x, alpha):
     """relu(x) * alpha in one kernel."""
     alpha = float(alpha)
-    path = _path(x)
-    if path == "raw":
-        return _relu_scale_fwd(x, alpha)
-    return _ReLUScale.apply(x, alpha) if path == "function" else _relu_scale_op(x, alpha)
+    if _compiling():
+        return _relu_scale_op(x, alpha)
+    if getattr(x, "requires_grad", False) and _grad_enabled():
+        return _relu_scale_apply(x, alpha)
+    return _RELU_SCALE.torch_call(x, alpha=alpha)
 
 
 def relu_scale_add(x, alpha, y):
     """relu(x) * alpha + y in one kernel."""
     alpha = float(alpha)
-    path = _path(x, y)
-    if path == "raw":
-        return _relu_scale_add_fwd(x, alpha, y)
-    return _ReLUScaleAdd.apply(x, alpha, y) if path == "function" else _relu_scale_add_op(x, alpha, y)
+    if _compiling():
+        return _relu_scale_add_op(x, alpha, y)
+    if _needs_grad(x, y):
+        return _relu_scale_add_apply(x, alpha, y)
+    return _RELU_SCALE_ADD.torch_call(x, y, alpha=alpha)
 
 
 def add(a, b):
-    path = _path(a, b)
-    if path == "raw":
-        return _add_fwd(a, b)
-    return _Add.apply(a, b) if path == "function" else _add_op(a, b)
+    if _compiling():
+        return _add_op(a, b)
+    if _needs_grad(a, b):
+        return _add_apply(a, b)
+    return _ADD.torch_call(a, b)
 
 
 def bias_gelu(x, bias, approximate="tanh"):
     """gelu(x + bias), bias broadcast over the last dim, in one kernel."""
-    path = _path(x, bias)
-    if path == "raw":
-        return _bias_gelu_fwd(x, bias, approximate)
-    return _BiasGELU.apply(x, bias, approximate) if path == "function" else _bias_gelu_op(x, bias, approximate)
+    if _compiling():
+        return _bias_gelu_op(x, bias, approximate)
+    if _needs_grad(x, bias):
+        return _bias_gelu_apply(x, bias, approximate)
+    return _gelu_kernel(approximate, "fwd", bias=True).torch_call(x, c=bias)
 
 
 # ------------------------------------------------------------------- modules

@@ -87,12 +87,31 @@ def elf_entry_symbols(path):
     return per_arch
 
 
+def _requested_archs():
+    """What the installed build was asked to compile: its manifest (a device round builds
+    for its own GPU only), else the architecture list in force now."""
+    manifest = _nvcc.read_manifest(_modules.FATBIN_DIR)
+    if manifest is None:
+        return _nvcc.target_archs()
+    ptx = set(manifest["ptx"])
+    return [(int(a[3:]), f"compute_{a[3:]}" in ptx) for a in manifest["archs"]]
+
+
 def expected_elf_archs():
-    return sorted(f"sm_{sm}" for sm, _ in _nvcc.target_archs())
+    return sorted(f"sm_{sm}" for sm, _ in _requested_archs())
 
 
 def expected_ptx_archs():
-    return sorted(f"sm_{sm}" for sm, ptx in _nvcc.target_archs() if ptx)
+    return sorted(f"sm_{sm}" for sm, ptx in _requested_archs() if ptx)
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="CI builds the default list; a device round builds one arch")
+def test_ci_build_compiled_every_default_architecture():
+    manifest = _nvcc.read_manifest(_modules.FATBIN_DIR)
+    assert manifest is not None, "the build wrote no manifest"
+    default = _nvcc.parse_arch_list(_nvcc.DEFAULT_ARCHS)
+    assert manifest["archs"] == [f"sm_{sm}" for sm, _ in default]
+    assert manifest["ptx"] == [f"compute_{sm}" for sm, ptx in default if ptx]
 
 
 @pytest.fixture(scope="module")

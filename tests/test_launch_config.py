@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 from rawops import _modules
-from rawops._launch import launch, map_launch_config, sm_count
+from rawops._launch import MAP_SHAPE, launch, map_launch_config, sm_count
 from rawops.elementwise import column_sum_plan
 
-THREADS = 256  # MAP_THREADS in _launch.pyx, __launch_bounds__(256) in the kernel
-UNROLL = 4  # MAP_UNROLL / kUnroll
+THREADS = MAP_SHAPE["threads"]  # __launch_bounds__(256) in the kernel
+UNROLL = MAP_SHAPE["unroll"]  # RAWOPS_MAP_UNROLL in the kernel (the tripwire test checks)
+CHUNK = THREADS * UNROLL  # vectors per block on the vector path, elements on the scalar path
 SCALAR_BLOCKS_PER_SM = 32
 BASE = 0x7F0000000000  # 256-byte aligned, like any cudaMalloc pointer
 
@@ -79,7 +80,7 @@ def test_head_is_capped_at_n(n):
     (10 ** 6, 4, 132), (10 ** 6, 2, 1), (123457, 4, 2), (2 ** 31 + 5, 4, 132), (2 ** 31 + 5, 2, 1),
 ])
 @pytest.mark.parametrize("offset", [0, 4, 8])
-def test_vector_path_grid_is_one_block_per_1024_vectors_whatever_the_sm_count(n, itemsize, sms, offset):
+def test_vector_path_grid_is_one_block_per_chunk_of_vectors_whatever_the_sm_count(n, itemsize, sms, offset):
     blocks, head = map_launch_config(n, itemsize, BASE + offset, BASE + offset, 0, sms)
     vector = 16 // itemsize
     assert head == min(((16 - offset) % 16) // itemsize, n)
@@ -90,7 +91,7 @@ def test_vector_path_grid_is_one_block_per_1024_vectors_whatever_the_sm_count(n,
 @pytest.mark.parametrize("n, sms", [
     (0, 132), (1, 132), (1024, 132), (1025, 132), (10 ** 6, 132), (10 ** 6, 2), (2 ** 31 + 5, 132), (2 ** 40, 1),
 ])
-def test_scalar_path_grid_is_ceil_n_over_1024_capped_at_32_blocks_per_sm(n, sms):
+def test_scalar_path_grid_is_ceil_n_over_chunk_capped_at_32_blocks_per_sm(n, sms):
     blocks, head = map_launch_config(n, 4, BASE, BASE + 4, 0, sms)
     assert head == -1
     assert blocks == max(1, min(math.ceil(n / (THREADS * UNROLL)), sms * SCALAR_BLOCKS_PER_SM))
@@ -101,12 +102,12 @@ def test_more_than_2_to_the_31_elements_use_64_bit_arithmetic():
     n = 2 ** 31 + 5
     blocks, head = map_launch_config(n, 4, BASE, BASE, BASE, 132)
     assert head == 0
-    assert blocks == math.ceil((n // 4) / 1024) == 524289
+    assert blocks == math.ceil((n // 4) / CHUNK)
     blocks, head = map_launch_config(n, 2, BASE + 2, BASE + 2, 0, 132)
     assert head == 7
-    assert blocks == math.ceil(((n - 7) // 8) / 1024)
+    assert blocks == math.ceil(((n - 7) // 8) / CHUNK)
     # Far past 2**31 blocks: still exact (the launcher refuses grids over 2**31 - 1 itself).
-    assert map_launch_config(2 ** 45, 2, BASE, BASE, 0, 132) == (2 ** 45 // 8 // 1024, 0)
+    assert map_launch_config(2 ** 45, 2, BASE, BASE, 0, 132) == (2 ** 45 // 8 // CHUNK, 0)
 
 
 def test_zero_sms_still_launches_one_block_on_the_scalar_path():
@@ -237,7 +238,7 @@ def test_every_element_is_covered_exactly_once_with_many_blocks(itemsize, phase,
 @pytest.mark.parametrize("n, sms", [(2048 * 7 + 11, 1), (10 ** 5 + 3, 2), (5000, 132)])
 def test_every_element_is_covered_exactly_once_on_the_scalar_path_with_a_capped_grid(n, sms):
     hits, blocks, head = simulate_map(n, 4, BASE, BASE + 4, 0, sms)
-    assert head == -1 and blocks == min(math.ceil(n / 1024), sms * SCALAR_BLOCKS_PER_SM)
+    assert head == -1 and blocks == min(math.ceil(n / CHUNK), sms * SCALAR_BLOCKS_PER_SM)
     assert (hits == 1).all()
 
 
