@@ -81,9 +81,12 @@ def elf_entry_symbols(path):
             assert current not in per_arch, f"two ELF blocks for {current}"
             per_arch[current] = set()
         elif current is not None:
-            fields = line.split()
-            if len(fields) == 5 and fields[0] == "FUNC" and fields[3] == "ENTRY":
-                per_arch[current].add(fields[4])
+            # cuobjdump 13.5 prints "FUNC GLOBAL DEFAULT ENTRY name"; 13.0 prefixes the
+            # columns (STT_FUNC STB_GLOBAL ...) and may print no section: entries are the
+            # global functions (the compiler's helpers are weak).
+            fields = [f.removeprefix("STT_").removeprefix("STB_") for f in line.split()]
+            if len(fields) >= 4 and fields[0] == "FUNC" and fields[1] == "GLOBAL":
+                per_arch[current].add(fields[-1])
     return per_arch
 
 
