@@ -3,8 +3,9 @@ block size and grid policy, timed at 64M elements on the GPU it runs on. Needs n
 
     python bench/explore_map.py [--out DIR]
 
-Each variant is the real kernel built with -DRAWOPS_MAP_UNROLL=U; grid 'cover' launches a
-block per chunk, 'resident' launches exactly the blocks that fit at once (grid-stride).
+Each variant is the real kernel built with -DRAWOPS_MAP_UNROLL=U (and -DRAWOPS_PLAIN_LOADS
+for ld.global instead of ld.global.nc), launched with one block per chunk of U x block
+vectors. (An earlier round also tried a resident grid-stride grid: 5-15% slower everywhere.)
 The winner goes into rawops/_launch.pyx; the table goes into bench/NOTES.md.
 """
 import argparse
@@ -15,7 +16,6 @@ import sys
 
 import cupy
 import numpy
-from cupy_backends.cuda.api import driver
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -31,10 +31,11 @@ KERNELS = [  # (name, dtype, reads b, reads c (row of 4096), bytes moved per ele
 ]
 
 
-def build(unroll, arch, out_dir):
-    path = os.path.join(out_dir, f"elementwise_u{unroll}.cubin")
+def build(unroll, plain_loads, arch, out_dir):
+    path = os.path.join(out_dir, f"elementwise_u{unroll}_{int(plain_loads)}.cubin")
+    flags = [f"-DRAWOPS_MAP_UNROLL={unroll}"] + (["-DRAWOPS_PLAIN_LOADS"] if plain_loads else [])
     subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
-                    f"-DRAWOPS_MAP_UNROLL={unroll}", f"{ROOT}/kernels/elementwise.cu", "-o", path], check=True)
+                    *flags, f"{ROOT}/kernels/elementwise.cu", "-o", path], check=True)
     return cupy.RawModule(path=path)
 
 
@@ -63,8 +64,9 @@ def main():
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     buffers = {}
     rows = []
-    for unroll in (4, 8, 16):
-        module = build(unroll, f"{major}{minor}", "/tmp")
+    for unroll, plain_loads in ((1, False), (2, False), (4, False), (8, False), (2, True), (4, True)):
+        module = build(unroll, plain_loads, f"{major}{minor}", "/tmp")
+        loads = "plain" if plain_loads else "nc"
         for name, dtype, reads_b, reads_c, units in KERNELS:
             dtype = numpy.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else numpy.dtype(dtype)
             if dtype not in buffers:
@@ -76,8 +78,7 @@ def main():
             for block in (128, 256):  # the kernels declare __launch_bounds__(256)
                 per_block = block * unroll
                 cover = (N // vec + per_block - 1) // per_block
-                resident = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, 0) * sms
-                for policy, grid in (("cover", cover), ("resident", resident)):
+                for policy, grid in (("cover", cover),):
                     kargs = (a, b if reads_b else 0, c if reads_c else 0, out, numpy.int64(N), numpy.int64(0),
                              numpy.int64(4096 if reads_c else 1), numpy.float32(0.5))
                     try:
@@ -86,14 +87,14 @@ def main():
                         print(f"{name} U{unroll} B{block} {policy}: {error}", flush=True)
                         continue
                     tbps = units * N * dtype.itemsize / us / 1e6
-                    rows.append((name, unroll, block, policy, grid, us, tbps))
-                    print(f"{name:26s} U{unroll} B{block:4d} {policy:8s} grid {grid:6d} {us:8.1f} us {tbps:5.2f} TB/s",
+                    rows.append((name, unroll, block, loads, grid, us, tbps))
+                    print(f"{name:26s} U{unroll} B{block:4d} {loads:5s} grid {grid:6d} {us:8.1f} us {tbps:5.3f} TB/s",
                           flush=True)
     best = {}
     for row in rows:
         if row[0] not in best or row[6] > best[row[0]][6]:
             best[row[0]] = row
-    lines = ["| kernel | unroll | block | grid policy | grid | us | TB/s |", "|---|---|---|---|---|---|---|"]
+    lines = ["| kernel | unroll | block | loads | grid | us | TB/s |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]:.1f} | {r[6]:.3f} |" for r in rows]
     lines += ["", "best per kernel:"] + [f"- {k}: U{r[1]} B{r[2]} {r[3]} {r[6]:.3f} TB/s" for k, r in best.items()]
     with open(os.path.join(args.out, "explore_map.md"), "w") as f:

@@ -21,7 +21,7 @@ namespace rawops {
 namespace {
 
 #ifndef RAWOPS_MAP_UNROLL
-#define RAWOPS_MAP_UNROLL 8  // overridable to try variants (bench/explore_map.py)
+#define RAWOPS_MAP_UNROLL 4  // overridable to try variants (bench/explore_map.py)
 #endif
 constexpr int kUnroll = RAWOPS_MAP_UNROLL;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -104,10 +104,9 @@ __device__ __forceinline__ int64_t column_of(int64_t i, int64_t inner) {
   return i % inner;
 }
 
-// The V row-vector values for elements first .. first + V - 1.
+// The V row-vector values for the elements whose first sits in column `col`.
 template <typename T, int V = Vec16<T>::size>
-__device__ __forceinline__ void row_values(const T* c, int64_t first, int64_t inner, bool vectors, float (&cv)[V]) {
-  int64_t col = column_of(first, inner);
+__device__ __forceinline__ void row_values(const T* c, int64_t col, int64_t inner, bool vectors, float (&cv)[V]) {
   if (vectors) {
     const Vec16<T> cvec = load16(c + col);
 #pragma unroll
@@ -154,8 +153,12 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
   // Work comes in chunks of kUnroll * blockDim consecutive vectors; a block takes chunks
   // blockIdx.x, blockIdx.x + gridDim.x, ... (one chunk each when the grid covers them all).
   const int64_t chunk_size = int64_t(blockDim.x) * kUnroll;
+  // Consecutive vectors of a thread are blockDim * V elements apart: their columns advance
+  // by a fixed step modulo inner, so only the first needs a division.
+  const int64_t col_step = Op::C ? column_of(int64_t(blockDim.x) * V, inner) : 0;
   for (int64_t chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {
     const int64_t first_vec = chunk * chunk_size + threadIdx.x;
+    int64_t col = Op::C ? column_of(head + first_vec * V, inner) : 0;
     Vec16<T> va[kUnroll], vb[kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {  // every load in flight before any math
@@ -171,7 +174,7 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
       if (j < nvec) {
         const int64_t first = head + j * V;
         float cv[V];
-        if (Op::C) row_values(c, first, inner, c_vectors, cv);
+        if (Op::C) row_values(c, col, inner, c_vectors, cv);
         Vec16<T> r;
 #pragma unroll
         for (int e = 0; e < V; ++e) {
@@ -179,6 +182,10 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
           r.v[e] = from_float<T>(Op::f(to_float(va[k].v[e]), bv, Op::C ? cv[e] : 0.f, alpha));
         }
         store16(out + first, r);
+      }
+      if (Op::C) {
+        col += col_step;
+        col = col >= inner ? col - inner : col;
       }
     }
   }

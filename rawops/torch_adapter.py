@@ -105,15 +105,17 @@ def _bias_gelu_bwd(dy, x, bias, approximate):
 
 # ------------------------------------------------------------------- eager autograd
 class _GELU(torch.autograd.Function):
+    # The kernels travel as arguments: the hottest path (gelu on a tensor that requires grad)
+    # then runs no Python between the C++ apply and the launch but this forward.
     @staticmethod
-    def forward(ctx, x, approximate):
+    def forward(ctx, x, forward_kernel, backward_kernel):
         ctx.save_for_backward(x)
-        ctx.approximate = approximate
-        return _gelu_fwd(x, approximate)
+        ctx.backward_kernel = backward_kernel
+        return forward_kernel.torch_call(x)
 
     @staticmethod
     def backward(ctx, dy):
-        return _gelu_bwd(dy, ctx.saved_tensors[0], ctx.approximate), None
+        return ctx.backward_kernel.torch_call(_contiguous(dy), ctx.saved_tensors[0]), None, None
 
 
 class _ReLU(torch.autograd.Function):
@@ -238,7 +240,8 @@ def _apply(function):
     return lambda *args: fast(*args) if not _functorch_active() else function.apply(*args)
 
 
-_gelu_apply, _relu_apply, _relu_scale_apply = _apply(_GELU), _apply(_ReLU), _apply(_ReLUScale)
+_gelu_c_apply = _c_apply.__get__(None, _GELU)
+_relu_apply, _relu_scale_apply = _apply(_ReLU), _apply(_ReLUScale)
 _relu_scale_add_apply, _add_apply, _bias_gelu_apply = _apply(_ReLUScaleAdd), _apply(_Add), _apply(_BiasGELU)
 
 
@@ -250,9 +253,13 @@ def gelu(x, approximate="tanh"):
     """torch.nn.functional.gelu(x, approximate) on rawops kernels ('tanh' or 'none')."""
     if _compiling():
         return _gelu_op(x, approximate)
+    forward_kernel = _gelu_kernel(approximate, "fwd")
     if getattr(x, "requires_grad", False) and _grad_enabled():
-        return _gelu_apply(x, approximate)
-    return _gelu_kernel(approximate, "fwd").torch_call(x)
+        backward_kernel = _GELU_KERNELS[approximate, "bwd", False]
+        if _functorch_active():
+            return _GELU.apply(x, forward_kernel, backward_kernel)
+        return _gelu_c_apply(x, forward_kernel, backward_kernel)
+    return forward_kernel.torch_call(x)
 
 
 def relu(x):

@@ -30,8 +30,13 @@ template <typename T> struct alignas(16) Vec16 {
 };
 
 template <typename T> __device__ __forceinline__ Vec16<T> load16(const T* p) {
-  // Read-only path: inputs are never written by the same launch.
+#ifdef RAWOPS_PLAIN_LOADS
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+#else
+  // Read-only path. In place (out == input) is still safe: each element is read, then
+  // written, by the same thread, and no line is read again after its write.
   const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+#endif
   Vec16<T> out;
   *reinterpret_cast<uint4*>(&out) = raw;
   return out;
