@@ -25,7 +25,7 @@ cdef enum:
     N_FLOAT = 3
     MAX_DEVICES = 64
     MAP_THREADS = 256
-    MAP_UNROLL = 4   # must match RAWOPS_MAP_UNROLL in kernels/elementwise.cu
+    MAP_UNROLL = 1   # must match RAWOPS_MAP_UNROLL in kernels/elementwise.cu
     MAP_BLOCKS_PER_SM = 8
 
 # The map kernels' launch shape, for tests and tools (the kernel's RAWOPS_MAP_UNROLL must match).
