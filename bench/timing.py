@@ -23,19 +23,23 @@ def device_time_us(fn, warmup=10, reps=50):
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
-def host_time_us(fn, calls=2000, rounds=7):
-    """Median host time per call in microseconds (the GPU keeps up with tiny launches)."""
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
+def host_times_us(fns, calls=1000, rounds=15):
+    """{name: median host time per call in us} for a dict of callables, measured in
+    interleaved rounds (A, B, C, A, B, C, ...) so that drift in the host's speed, which is
+    large on a shared VM, falls on every candidate alike. The GPU keeps up with tiny launches."""
+    for fn in fns.values():
+        for _ in range(200):
             fn()
-        samples.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+    torch.cuda.synchronize()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter() - start) / calls * 1e6)
+            torch.cuda.synchronize()
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def copy_ceiling_tbps(nbytes=1 << 30):
