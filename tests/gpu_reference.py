@@ -5,9 +5,11 @@ import torch
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Relative-norm tolerance per dtype: float32 math then one rounding to the storage type.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
-# Below float16's smallest normal, rounding is absolute, not relative: the norm it is
-# measured against never goes under this per element.
-NORM_FLOOR = {torch.float32: 1e-30, torch.float16: 6.1e-5, torch.bfloat16: 1e-30}
+# The norm an error is measured against never goes under this per element. Inputs are O(1),
+# so outputs below 1e-6 come from exp() of large arguments, where float32 evaluation itself
+# is only good to ~1e-5 relative (torch's float32 kernels included); float16 below its
+# smallest normal rounds in absolute terms.
+NORM_FLOOR = {torch.float32: 1e-6, torch.float16: 6.1e-5, torch.bfloat16: 1e-6}
 
 
 def random(shape, dtype, scale=2.0, device="cuda"):
