@@ -21,6 +21,15 @@ from .elementwise import (
     relu_scale_add_backward,
     relu_scale_backward,
 )
+from .norm import (
+    layer_norm,
+    layer_norm_backward,
+    layer_norm_forward,
+    rms_norm,
+    rms_norm_backward,
+    rms_norm_forward,
+)
+from .softmax import log_softmax, log_softmax_backward, softmax, softmax_backward
 
 __version__ = "0.1.0"
 
@@ -33,10 +42,20 @@ __all__ = [
     "column_sum",
     "gelu",
     "gelu_backward",
+    "layer_norm",
+    "layer_norm_backward",
+    "layer_norm_forward",
+    "log_softmax",
+    "log_softmax_backward",
     "relu",
     "relu_backward",
     "relu_scale",
     "relu_scale_add",
     "relu_scale_add_backward",
     "relu_scale_backward",
+    "rms_norm",
+    "rms_norm_backward",
+    "rms_norm_forward",
+    "softmax",
+    "softmax_backward",
 ]

@@ -21,8 +21,8 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
 _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 # The tensor checks and launches run in the Cython launcher (MapKernel.torch_call); it gets
 # torch's types and entry points from here, so that rawops itself never imports torch.
-register_torch(torch.Tensor, (torch.float32, torch.float16, torch.bfloat16), torch.empty_like, _raw_stream,
-               _current_device, torch.cuda.device)
+register_torch(torch.Tensor, (torch.float32, torch.float16, torch.bfloat16), torch.empty_like,
+               torch.contiguous_format, _raw_stream, _current_device, torch.cuda.device)
 
 
 def _column_sum(x):
@@ -49,6 +49,7 @@ def _contiguous(grad):
 _GELU_KERNELS = {(approximate, direction, bias): _ew.MAP[f"{'bias_' if bias else ''}gelu_{mode}_{direction}"]
                  for approximate, mode in _ew._GELU_MODES.items()
                  for direction in ("fwd", "bwd") for bias in (False, True)}
+_GELU_FWD, _GELU_BWD = _ew._GELU_FWD, _ew._GELU_BWD  # by approximate: the hot path's lookup
 _RELU, _RELU_BWD = _ew.MAP["relu_fwd"], _ew.MAP["relu_bwd"]
 _RELU_SCALE, _RELU_SCALE_BWD = _ew.MAP["relu_scale_fwd"], _ew.MAP["relu_scale_bwd"]
 _RELU_SCALE_ADD, _ADD = _ew.MAP["relu_scale_add_fwd"], _ew.MAP["add_fwd"]
@@ -253,9 +254,9 @@ def gelu(x, approximate="tanh"):
     """torch.nn.functional.gelu(x, approximate) on rawops kernels ('tanh' or 'none')."""
     if _compiling():
         return _gelu_op(x, approximate)
-    forward_kernel = _gelu_kernel(approximate, "fwd")
+    forward_kernel = _GELU_FWD.get(approximate) or _gelu_kernel(approximate, "fwd")
     if getattr(x, "requires_grad", False) and _grad_enabled():
-        backward_kernel = _GELU_KERNELS[approximate, "bwd", False]
+        backward_kernel = _GELU_BWD[approximate]
         if _functorch_active():
             return _GELU.apply(x, forward_kernel, backward_kernel)
         return _gelu_c_apply(x, forward_kernel, backward_kernel)
@@ -355,3 +356,327 @@ class BiasGELU(torch.nn.Module):
 
     def forward(self, x):
         return bias_gelu(x, self.bias, self.approximate)
+
+
+# =================================================================== normalisation and softmax
+# The same launches as rawops.norm / rawops.softmax, from data_ptr() on torch's current
+# stream; outputs and partial buffers come from torch's allocator (CUDA-graph safe).
+import importlib  # noqa: E402
+
+from . import norm as _norm  # noqa: E402
+
+_sm = importlib.import_module("rawops.softmax")  # the attribute rawops.softmax is the function
+
+
+def _rows_code(t, name, like=None):
+    """dtype code of a CUDA float tensor; the same checks and messages as the launcher's."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    code = _DTYPE_CODES.get(t.dtype)
+    if code is None:
+        raise TypeError(f"{name} has dtype {t.dtype}; rawops supports float32, float16, bfloat16")
+    if like is not None and t.dtype != like.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}, expected {like.dtype} like x")
+    if not t.is_cuda:
+        raise ValueError(f"{name} is on {t.device}; rawops runs on CUDA tensors")
+    if like is not None and t.device != like.device:
+        raise ValueError(f"{name} is on {t.device}, x on {like.device}; all arguments must be on one GPU")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; rawops never copies behind your back: pass {name}.contiguous()")
+    return code
+
+
+def _row_input(x, name="x"):
+    code = _rows_code(x, name)
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension (the op works over the last dim)")
+    n = x.shape[-1]
+    return code, (x.numel() // n if n else 0), n
+
+
+def _row_vector(t, name, x):
+    if t is None:
+        return 0
+    _rows_code(t, name, like=x)
+    if t.shape != x.shape[-1:]:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected ({x.shape[-1]},): one value per element "
+                         "of x's last dim")
+    return t.data_ptr()
+
+
+def _on_device(device, launch, *args):
+    if device == _current_device():
+        return launch(*args)
+    with torch.cuda.device(device):
+        return launch(*args)
+
+
+def _norm_fwd(op, x, weight, bias, eps):
+    """(y, mean, rstd); mean is an empty tensor for rms_norm."""
+    code, rows, n = _row_input(x)
+    w, b = _row_vector(weight, "weight", x), _row_vector(bias, "bias", x)
+    if eps is None:
+        eps = _norm.MACHINE_EPS[code]
+    y = torch.empty_like(x)
+    stats = x.shape[:-1]
+    mean = torch.empty(stats if op == "layer_norm" else (0,), dtype=torch.float32, device=x.device)
+    rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
+    if rows and n:
+        device = x.get_device()
+        _on_device(device, _norm.launch_forward, op, device, code, x.element_size(), x.data_ptr(), w, b,
+                   y.data_ptr(), mean.data_ptr() if op == "layer_norm" else 0, rstd.data_ptr(), rows, n,
+                   float(eps), _raw_stream(device))
+    elif rows:
+        mean.fill_(float("nan"))
+        rstd.fill_(float("nan"))
+    return y, mean, rstd
+
+
+def _norm_bwd(op, dy, x, weight, mean, rstd, need_dweight, need_dbias):
+    """(dx, dweight, dbias), the last two empty tensors where not wanted."""
+    dy = _contiguous(dy)
+    code, rows, n = _row_input(x)
+    _rows_code(dy, "dy", like=x)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {tuple(x.shape)} like x")
+    w = _row_vector(weight, "weight", x)
+    need_dweight = need_dweight and weight is not None
+    dx = torch.empty_like(x)
+    dweight = (torch.zeros if not (rows and n) else torch.empty)(n if need_dweight else 0, dtype=x.dtype,
+                                                                 device=x.device)
+    dbias = (torch.zeros if not (rows and n) else torch.empty)(n if need_dbias else 0, dtype=x.dtype,
+                                                               device=x.device)
+    if rows and n:
+        device = x.get_device()
+        plan = _norm.backward_plan(rows, n, sm_count(device))
+        partial_dw = torch.empty((plan[1], n) if need_dweight else (0,), dtype=torch.float32, device=x.device)
+        partial_db = torch.empty((plan[1], n) if need_dbias else (0,), dtype=torch.float32, device=x.device)
+        _on_device(device, _norm.launch_backward, op, device, code, x.element_size(), dy.data_ptr(),
+                   x.data_ptr(), w, mean.data_ptr() if op == "layer_norm" else 0, rstd.data_ptr(), dx.data_ptr(),
+                   partial_dw.data_ptr() if need_dweight else 0, partial_db.data_ptr() if need_dbias else 0,
+                   dweight.data_ptr() if need_dweight else 0, dbias.data_ptr() if need_dbias else 0, rows, n,
+                   plan, _raw_stream(device))
+    return dx, dweight, dbias
+
+
+def _softmax_fwd(op, x):
+    code, rows, n = _row_input(x)
+    y = torch.empty_like(x)
+    if rows and n:
+        device = x.get_device()
+        _on_device(device, _sm.launch_forward, op, device, code, x.element_size(), x.data_ptr(), y.data_ptr(),
+                   rows, n, _raw_stream(device))
+    return y
+
+
+def _softmax_bwd(op, dy, y):
+    dy = _contiguous(dy)
+    code, rows, n = _row_input(y, "y")
+    _rows_code(dy, "dy", like=y)
+    if dy.shape != y.shape:
+        raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {tuple(y.shape)} like y")
+    dx = torch.empty_like(y)
+    if rows and n:
+        device = y.get_device()
+        _on_device(device, _sm.launch_backward, op, device, code, y.element_size(), dy.data_ptr(), y.data_ptr(),
+                   dx.data_ptr(), rows, n, _raw_stream(device))
+    return dx
+
+
+def _last_dim(x, dim):
+    if dim not in (-1, x.dim() - 1):
+        raise ValueError(f"dim must be the last dim (-1), got {dim}; rawops' softmax works over the last dim")
+
+
+class _Norm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, op):
+        y, mean, rstd = _norm_fwd(op, x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.op, ctx.has_bias = op, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbias = _norm_bwd(ctx.op, dy, x, weight, mean, rstd, ctx.needs_input_grad[1],
+                                       ctx.has_bias and ctx.needs_input_grad[2])
+        return (dx, dweight if ctx.needs_input_grad[1] else None,
+                dbias if ctx.has_bias and ctx.needs_input_grad[2] else None, None, None)
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, op):
+        y = _softmax_fwd(op, x)
+        ctx.save_for_backward(y)
+        ctx.op = op
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _softmax_bwd(ctx.op, dy, ctx.saved_tensors[0]), None
+
+
+def _stats_like(x, op):
+    stats = x.shape[:-1] if op == "layer_norm" else (0,)
+    return x.new_empty(stats, dtype=torch.float32)
+
+
+def _norm_ops(op):
+    """The custom ops of one norm: forward -> (y, mean, rstd), backward -> (dx, dw, db)."""
+    backward_op = _custom_op(
+        f"{op}_backward",
+        "(Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd, bool need_dweight, bool need_dbias)"
+        " -> (Tensor, Tensor, Tensor)",
+        lambda dy, x, weight, mean, rstd, need_dw, need_db: _norm_bwd(op, dy, x, weight, mean, rstd, need_dw, need_db),
+        lambda dy, x, weight, mean, rstd, need_dw, need_db: (
+            torch.empty_like(x), x.new_empty(x.shape[-1] if need_dw and weight is not None else 0),
+            x.new_empty(x.shape[-1] if need_db else 0)))
+
+    def setup(ctx, inputs, output):
+        x, weight, bias, _ = inputs
+        _, mean, rstd = output
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+
+    def backward(ctx, dy, _dmean, _drstd):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbias = backward_op(dy, x, weight, mean, rstd, ctx.has_weight, ctx.has_bias)
+        return dx, dweight if ctx.has_weight else None, dbias if ctx.has_bias else None, None
+
+    forward_op = _custom_op(
+        f"{op}_forward", "(Tensor x, Tensor? weight, Tensor? bias, float? eps) -> (Tensor, Tensor, Tensor)",
+        lambda x, weight, bias, eps: _norm_fwd(op, x, weight, bias, eps),
+        lambda x, weight, bias, eps: (torch.empty_like(x), _stats_like(x, op),
+                                      x.new_empty(x.shape[:-1], dtype=torch.float32)),
+        backward, setup)
+    return forward_op, backward_op
+
+
+_layer_norm_op, _layer_norm_bwd_op = _norm_ops("layer_norm")
+_rms_norm_op, _rms_norm_bwd_op = _norm_ops("rms_norm")
+
+
+def _softmax_ops(op):
+    backward_op = _custom_op(f"{op}_backward", "(Tensor dy, Tensor y) -> Tensor",
+                             lambda dy, y: _softmax_bwd(op, dy, y), lambda dy, y: torch.empty_like(y))
+    forward_op = _custom_op(
+        op, "(Tensor x) -> Tensor", lambda x: _softmax_fwd(op, x), _like,
+        lambda ctx, dy: backward_op(dy, ctx.saved_tensors[0]),
+        lambda ctx, inputs, output: ctx.save_for_backward(output))
+    return forward_op, backward_op
+
+
+_softmax_op, _softmax_bwd_op = _softmax_ops("softmax")
+_log_softmax_op, _log_softmax_bwd_op = _softmax_ops("log_softmax")
+_norm_apply, _softmax_apply = _apply(_Norm), _apply(_Softmax)
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)."""
+    if _compiling():
+        return _layer_norm_op(x, weight, bias, eps)[0]
+    if _needs_grad(x, weight, bias):
+        return _norm_apply(x, weight, bias, eps, "layer_norm")
+    return _norm_fwd("layer_norm", x, weight, bias, eps)[0]
+
+
+def rms_norm(x, weight=None, eps=None):
+    """torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps); eps=None: x's dtype's
+    machine epsilon, as in torch."""
+    if _compiling():
+        return _rms_norm_op(x, weight, None, eps)[0]
+    if _needs_grad(x, weight):
+        return _norm_apply(x, weight, None, eps, "rms_norm")
+    return _norm_fwd("rms_norm", x, weight, None, eps)[0]
+
+
+def softmax(x, dim=-1):
+    """torch.softmax(x, dim) for the last dim."""
+    _last_dim(x, dim)
+    if _compiling():
+        return _softmax_op(x)
+    if _needs_grad(x):
+        return _softmax_apply(x, "softmax")
+    return _softmax_fwd("softmax", x)
+
+
+def log_softmax(x, dim=-1):
+    """torch.log_softmax(x, dim) for the last dim."""
+    _last_dim(x, dim)
+    if _compiling():
+        return _log_softmax_op(x)
+    if _needs_grad(x):
+        return _softmax_apply(x, "log_softmax")
+    return _softmax_fwd("log_softmax", x)
+
+
+def _last_dim_size(normalized_shape):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(shape) != 1:
+        raise ValueError(f"normalized_shape must be one dim (rawops normalises over the last dim), got {shape}")
+    return shape
+
+
+class LayerNorm(torch.nn.Module):
+    """Drop-in torch.nn.LayerNorm over the last dim: same arguments, same parameters
+    (`weight`, `bias`), so it loads a torch.nn.LayerNorm state_dict unchanged."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+        super().__init__()
+        self.normalized_shape = _last_dim_size(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        factory = {"device": device, "dtype": dtype}
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.ones(self.normalized_shape, **factory))
+            self.bias = torch.nn.Parameter(torch.zeros(self.normalized_shape, **factory)) if bias else None
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x):
+        if x.dim() == 0 or x.shape[-1] != self.normalized_shape[0]:
+            raise ValueError(f"x has shape {tuple(x.shape)}; its last dim must be {self.normalized_shape[0]}")
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(torch.nn.Module):
+    """Drop-in torch.nn.RMSNorm over the last dim (parameter `weight`; eps=None is the
+    dtype's machine epsilon, as in torch)."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
+        super().__init__()
+        self.normalized_shape = _last_dim_size(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x):
+        if x.dim() == 0 or x.shape[-1] != self.normalized_shape[0]:
+            raise ValueError(f"x has shape {tuple(x.shape)}; its last dim must be {self.normalized_shape[0]}")
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class Softmax(torch.nn.Module):
+    """Drop-in torch.nn.Softmax for dim=-1 (the last dim)."""
+
+    def __init__(self, dim=-1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return softmax(x, self.dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"

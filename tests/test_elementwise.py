@@ -190,6 +190,14 @@ def test_tensor_past_2_pow_31_elements():
     assert not torch.isnan(out[-8:]).any()
 
 
+def test_strided_cupy_view_is_refused_not_copied():
+    x = to_cupy(random((4096,), torch.float32))
+    with pytest.raises(ValueError, match="x is not C-contiguous"):
+        rawops.gelu(x[::2])
+    with pytest.raises(ValueError, match="out is not C-contiguous"):
+        rawops.relu(x[:2048], out=x[::2])
+
+
 def test_accepts_foreign_cuda_array_interface_objects():
     x = random((1000,), torch.float16)
 

@@ -1,0 +1,141 @@
+"""What the row-wise families (norm, softmax) share: the launch shape of their kernels and
+the checks of their arguments. Kernels: kernels/include/rawops/rows.cuh.
+
+Every row kernel runs 512-thread blocks in one of three modes (rows.cuh explains them); the
+mode and grid are pure arithmetic of the row width, tested without a GPU
+(tests/test_rows_plan.py).
+"""
+from ._launch import FLOAT_SUFFIXES, as_array, resolve_device
+from . import _modules
+
+ROW_THREADS = 512  # kRowThreads
+WARP_ROWS = ROW_THREADS // 32  # rows per block in warp-per-row mode
+FWD_ELEMS = 32  # kFwdElems: floats per thread held in registers, forward
+BWD_ELEMS = 16  # kBwdElems: backward
+WARP_PER_ROW, BLOCK_PER_ROW, STREAM_ROW = 0, 1, 2
+MAX_GRID = (1 << 31) - 1  # gridDim.x; kernels loop over rows past it
+
+
+def row_plan(rows, n, elems, max_blocks=None):
+    """(mode, blocks) for `rows` rows of `n` elements, `elems` floats per thread in registers.
+
+    A warp per row while the row fits a warp's registers, then a block per row while it
+    fits the block's, then a block per row streaming from memory. `max_blocks` caps the grid
+    (norm backward: each block accumulates dw/db over its rows, so fewer, longer blocks).
+    """
+    if n <= 32 * elems:
+        mode, blocks = WARP_PER_ROW, -(-rows // WARP_ROWS)
+    elif n <= ROW_THREADS * elems:
+        mode, blocks = BLOCK_PER_ROW, rows
+    else:
+        mode, blocks = STREAM_ROW, rows
+    if max_blocks is not None:
+        blocks = min(blocks, max_blocks)
+    return mode, max(1, min(blocks, MAX_GRID))
+
+
+def vectors(n, itemsize, *pointers):
+    """1 when every row of every operand starts on a 16-byte boundary (16-byte accesses),
+    else 0 (element by element). Null pointers (absent operands) do not count."""
+    if (n * itemsize) % 16:
+        return 0
+    return int(all(p % 16 == 0 for p in pointers if p))
+
+
+_functions = {}  # (family, name, device) -> CUfunction
+
+
+def function(family, name, device):
+    """A kernel's CUfunction, cached here: a dict hit is cheaper than _modules' lookup."""
+    key = (family, name, device)
+    ptr = _functions.get(key)
+    if ptr is None:
+        ptr = _functions[key] = _modules.function_pointer(family, name, device)
+    return ptr
+
+
+def kernel_name(base, dtype):
+    return f"{base}_{FLOAT_SUFFIXES[dtype]}"
+
+
+# ------------------------------------------------------------------------------ argument checks
+def rows_array(obj, name, op, like=None):
+    """A float array of at least one dimension, C-contiguous and element-aligned; with
+    `like`, of its dtype and shape."""
+    a = as_array(obj, name)
+    if like is not None:
+        if a.dtype != like.dtype:
+            raise TypeError(f"{name} has dtype {a.dtype_text}, expected {like.dtype_text} like {like.name}")
+        if a.shape != like.shape:
+            raise ValueError(f"{name} has shape {a.shape}, expected {like.shape} like {like.name}")
+    elif a.dtype < 0 or a.dtype >= len(FLOAT_SUFFIXES):
+        raise TypeError(f"{name} has dtype {a.dtype_text}; {op} supports float32, float16, bfloat16")
+    elif len(a.shape) == 0:
+        raise ValueError(f"{name} must have at least one dimension ({op} works over the last dim)")
+    _dense(a)
+    return a
+
+
+def vector_array(obj, name, like):
+    """weight / bias: one value per element of like's last dim, of like's dtype."""
+    a = as_array(obj, name)
+    if a.dtype != like.dtype:
+        raise TypeError(f"{name} has dtype {a.dtype_text}, expected {like.dtype_text} like {like.name}")
+    n = like.shape[-1]
+    if a.shape != (n,):
+        raise ValueError(f"{name} has shape {a.shape}, expected ({n},): one value per element of "
+                         f"{like.name}'s last dim")
+    _dense(a)
+    return a
+
+
+def stats_array(obj, name, like):
+    """mean / rstd from a forward: float32, one value per row of like."""
+    a = as_array(obj, name)
+    if a.dtype != 0:
+        raise TypeError(f"{name} has dtype {a.dtype_text}, expected float32 (as the forward returns it)")
+    rows = like.size // like.shape[-1] if like.shape[-1] else 0
+    if a.size != rows:
+        raise ValueError(f"{name} has {a.size} values, expected one per row of {like.name} ({rows})")
+    _dense(a)
+    return a
+
+
+def out_array(obj, like, others):
+    """out=: like's dtype and shape, writable; the same memory as like (in place) or none of
+    it, and disjoint from every other operand."""
+    o = as_array(obj, "out")
+    if o.dtype != like.dtype:
+        raise TypeError(f"out has dtype {o.dtype_text}, expected {like.dtype_text} like {like.name}")
+    if o.shape != like.shape:
+        raise ValueError(f"out has shape {o.shape}, expected {like.shape} like {like.name}")
+    _dense(o)
+    if o.readonly:
+        raise ValueError("out is read-only")
+    for x in (like, *others):
+        if x is None:
+            continue
+        exact = x is like and o.ptr == x.ptr and o.nbytes == x.nbytes
+        if not exact and o.nbytes and x.nbytes and o.ptr < x.ptr + x.nbytes and x.ptr < o.ptr + o.nbytes:
+            hint = f"pass out={x.name} exactly, or a separate array" if x is like else "pass a separate array"
+            raise ValueError(f"out overlaps {x.name}; {hint}")
+    return o
+
+
+def _dense(a):
+    if not a.contiguous:
+        raise ValueError(f"{a.name} is not C-contiguous; rawops never copies behind your back: "
+                         f"pass a contiguous array (e.g. {a.name}.copy())")
+    if a.itemsize and a.ptr % a.itemsize:
+        raise ValueError(f"{a.name} is misaligned: address 0x{a.ptr:x} is not a multiple of its "
+                         f"{a.itemsize}-byte element")
+
+
+def one_device(first, *others):
+    """The device of every array (None entries skipped); ValueError naming a stray one."""
+    device = resolve_device(first)
+    for other in others:
+        if other is not None and resolve_device(other) != device:
+            raise ValueError(f"{other.name} is on device {other.device}, {first.name} on device {device}; "
+                             "all arguments must be on one GPU")
+    return device

@@ -1,0 +1,175 @@
+"""Normalisation ops over the last dim: layer_norm and rms_norm, forward and backward.
+
+float32, float16 or bfloat16 arrays of any shape with at least one dimension (leading dims
+are rows), any row width, any number of rows including 0; math in float32. weight/bias are
+optional, of shape (x.shape[-1],) and x's dtype. The forward also returns the per-row
+float32 statistics the backward needs. Kernels: kernels/norm.cu.
+"""
+from ._launch import NUMPY_DTYPES, launch, sm_count, stream_pointer, wait_for_producer
+from . import _rows
+
+FAMILY = "norm"
+
+# The family's table: kernel base name -> argument names. Each exists once per dtype in the
+# fatbin (<name>_f32, _f16, _bf16); the launch kinds are those of launch_forward/_backward.
+KERNELS = {
+    "layer_norm_fwd": ("x", "weight", "bias", "y", "mean", "rstd", "rows", "n", "mode", "vec", "eps"),
+    "layer_norm_bwd": ("dy", "x", "weight", "mean", "rstd", "dx", "partial_dw", "partial_db", "rows", "n",
+                       "mode", "vec"),
+    "rms_norm_fwd": ("x", "weight", "bias", "y", "mean", "rstd", "rows", "n", "mode", "vec", "eps"),
+    "rms_norm_bwd": ("dy", "x", "weight", "mean", "rstd", "dx", "partial_dw", "partial_db", "rows", "n",
+                     "mode", "vec"),
+    # Second stage of dweight/dbias: the per-block partial rows summed in a fixed order.
+    "norm_param_grad": ("partial_dw", "partial_db", "dweight", "dbias", "chunks", "n"),
+}
+FWD_KINDS = "ppppppqqqqf"
+BWD_KINDS = "ppppppppqqqq"
+PARAM_GRAD_KINDS = "ppppqq"
+PARAM_GRAD_COLUMNS = 32  # columns per block of norm_param_grad
+
+# eps=None (torch.nn.RMSNorm's default): the storage dtype's machine epsilon, as torch.
+MACHINE_EPS = (2.0 ** -23, 2.0 ** -10, 2.0 ** -7)
+
+# Backward grid: blocks resident per SM at the kernels' register use (~120 of 128 per
+# thread at 512 threads: one block); two waves keep the per-block partial rows few.
+BWD_BLOCKS_PER_SM = 2
+
+
+# ------------------------------------------------------------------------------ launches on raw pointers
+def forward_plan(rows, n):
+    return _rows.row_plan(rows, n, _rows.FWD_ELEMS)
+
+
+def backward_plan(rows, n, sms):
+    """(mode, blocks): blocks is also the number of partial rows of dweight / dbias."""
+    return _rows.row_plan(rows, n, _rows.BWD_ELEMS, max_blocks=sms * BWD_BLOCKS_PER_SM)
+
+
+def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream):
+    """One forward launch (op: 'layer_norm' or 'rms_norm'); pointers checked by the caller,
+    0 for an absent weight / bias / mean. rows > 0 and n > 0."""
+    mode, blocks = forward_plan(rows, n)
+    vec = _rows.vectors(n, itemsize, x, weight, bias, y)
+    launch(_rows.function(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+           0, stream, (x, weight, bias, y, mean, rstd, rows, n, mode, vec, eps), FWD_KINDS, device)
+
+
+def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, partial_dw, partial_db, dweight,
+                    dbias, rows, n, plan, stream):
+    """dx, and dweight / dbias (0: not wanted) through partial buffers of plan[1] x n float32
+    each (0 where not wanted), plan = backward_plan(rows, n, sms). rows > 0 and n > 0."""
+    mode, blocks = plan
+    vec = _rows.vectors(n, itemsize, dy, x, weight, dx)
+    launch(_rows.function(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+           0, stream, (dy, x, weight, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, vec), BWD_KINDS,
+           device)
+    if dweight or dbias:
+        launch(_rows.function(FAMILY, _rows.kernel_name("norm_param_grad", dtype), device),
+               (-(-n // PARAM_GRAD_COLUMNS), 2), _rows.ROW_THREADS, 0, stream,
+               (partial_dw, partial_db, dweight, dbias, blocks, n), PARAM_GRAD_KINDS, device)
+
+
+# ------------------------------------------------------------------------------ CuPy API
+def _rows_of(a):
+    n = a.shape[-1]
+    return (a.size // n if n else 0), n
+
+
+def _forward(op, x, weight, bias, eps, out, stream):
+    import cupy
+
+    X = _rows.rows_array(x, "x", op)
+    W = _rows.vector_array(weight, "weight", X) if weight is not None else None
+    B = _rows.vector_array(bias, "bias", X) if bias is not None else None
+    O = _rows.out_array(out, X, (W, B)) if out is not None else None
+    eps = MACHINE_EPS[X.dtype] if eps is None else float(eps)
+    if not eps >= 0.0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    device = _rows.one_device(X, W, B, O)
+    rows, n = _rows_of(X)
+    with cupy.cuda.Device(device):
+        s = stream_pointer(stream, device)
+        for a in (X, W, B):
+            if a is not None:
+                wait_for_producer(a, s)
+        y = O.obj if O is not None else cupy.ndarray(X.shape, NUMPY_DTYPES[X.dtype])
+        stats_shape = X.shape[:-1]
+        mean = cupy.ndarray(stats_shape, cupy.float32) if op == "layer_norm" else None
+        rstd = cupy.ndarray(stats_shape, cupy.float32)
+        if rows and n:
+            launch_forward(op, device, X.dtype, X.itemsize, X.ptr, W.ptr if W else 0, B.ptr if B else 0,
+                           O.ptr if O is not None else y.data.ptr, mean.data.ptr if mean is not None else 0,
+                           rstd.data.ptr, rows, n, eps, s)
+        elif rows:  # rows of width 0: statistics of nothing, as torch gives them
+            if mean is not None:
+                mean.fill(float("nan"))
+            rstd.fill(float("nan"))
+    return y, mean, rstd
+
+
+def _backward(op, dy, x, weight, mean, rstd, want_dbias, stream):
+    import cupy
+
+    X = _rows.rows_array(x, "x", op)
+    DY = _rows.rows_array(dy, "dy", op, like=X)
+    W = _rows.vector_array(weight, "weight", X) if weight is not None else None
+    M = _rows.stats_array(mean, "mean", X) if op == "layer_norm" else None
+    R = _rows.stats_array(rstd, "rstd", X)
+    device = _rows.one_device(X, DY, W, M, R)
+    rows, n = _rows_of(X)
+    dtype = NUMPY_DTYPES[X.dtype]
+    with cupy.cuda.Device(device):
+        s = stream_pointer(stream, device)
+        for a in (DY, X, W, M, R):
+            if a is not None:
+                wait_for_producer(a, s)
+        dx = cupy.ndarray(X.shape, dtype)
+        dweight = cupy.zeros((n,), dtype) if W is not None else None
+        dbias = cupy.zeros((n,), dtype) if want_dbias else None
+        if rows and n:
+            plan = backward_plan(rows, n, sm_count(device))
+            partial_dw = cupy.ndarray((plan[1], n), cupy.float32) if dweight is not None else None
+            partial_db = cupy.ndarray((plan[1], n), cupy.float32) if dbias is not None else None
+            launch_backward(op, device, X.dtype, X.itemsize, DY.ptr, X.ptr, W.ptr if W else 0,
+                            M.ptr if M else 0, R.ptr, dx.data.ptr,
+                            partial_dw.data.ptr if partial_dw is not None else 0,
+                            partial_db.data.ptr if partial_db is not None else 0,
+                            dweight.data.ptr if dweight is not None else 0,
+                            dbias.data.ptr if dbias is not None else 0, rows, n, plan, s)
+    return dx, dweight, dbias
+
+
+def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, out=None, stream=None):
+    """(y, mean, rstd): y = (x - mean) * rstd * weight + bias over the last dim, with
+    rstd = 1 / sqrt(biased variance + eps); mean and rstd float32 of shape x.shape[:-1]."""
+    return _forward("layer_norm", x, weight, bias, eps, out, stream)
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, stream=None):
+    """torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)."""
+    return _forward("layer_norm", x, weight, bias, eps, out, stream)[0]
+
+
+def layer_norm_backward(dy, x, weight, mean, rstd, *, stream=None):
+    """(dx, dweight, dbias) from the forward's mean and rstd; dweight is None without
+    weight. dweight and dbias are summed over rows deterministically (same bits every run)."""
+    return _backward("layer_norm", dy, x, weight, mean, rstd, True, stream)
+
+
+def rms_norm_forward(x, weight=None, eps=None, *, out=None, stream=None):
+    """(y, rstd): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), float32 of shape
+    x.shape[:-1]."""
+    y, _, rstd = _forward("rms_norm", x, weight, None, eps, out, stream)
+    return y, rstd
+
+
+def rms_norm(x, weight=None, eps=None, *, out=None, stream=None):
+    """torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps); eps=None is x's
+    dtype's machine epsilon, as in torch."""
+    return _forward("rms_norm", x, weight, None, eps, out, stream)[0]
+
+
+def rms_norm_backward(dy, x, weight, rstd, *, stream=None):
+    """(dx, dweight) from the forward's rstd; dweight is None without weight."""
+    dx, dweight, _ = _backward("rms_norm", dy, x, weight, None, rstd, False, stream)
+    return dx, dweight
