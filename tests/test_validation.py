@@ -570,3 +570,22 @@ def test_torch_path_refuses_non_tensors(torch_path):
     _, kernels = torch_path
     with pytest.raises(TypeError, match=r"^x must be a torch.Tensor, got FakeCAI"):
         kernels["relu_fwd"].torch_call(f32())
+
+
+# ------------------------------------------------------------------------------ arrays on two GPUs
+def _cupy_array_claiming_device(ptr, n, device):
+    """A CuPy array over memory CuPy believes is on `device`: no GPU is touched to make it."""
+    import cupy
+
+    memory = cupy.cuda.UnownedMemory(ptr, n * 4, None, device)
+    return cupy.ndarray((n,), dtype=np.float32, memptr=cupy.cuda.MemoryPointer(memory, 0))
+
+
+@pytest.mark.parametrize("which", ["b", "out"])
+def test_operand_on_another_gpu_is_a_value_error_naming_it(which):
+    a = _cupy_array_claiming_device(BASE, 16, 0)
+    other = _cupy_array_claiming_device(BASE + 0x100000, 16, 1)
+    b = other if which == "b" else _cupy_array_claiming_device(BASE + 0x200000, 16, 0)
+    out = other if which == "out" else None
+    with pytest.raises(ValueError, match=rf"^{which} is on device 1, a on device 0"):
+        rawops.add(a, b, out=out)
