@@ -363,3 +363,100 @@ def test_source_digest_changes_with_the_kernel_and_with_any_shared_header(tmp_pa
     cu.write_text("b")
     third = _nvcc.source_digest(str(cu), str(tmp_path / "include"))
     assert len({first, second, third}) == 3
+
+
+# ------------------------------------------------------------------------------ row families (norm, softmax)
+import importlib  # noqa: E402
+
+# By module path: `rawops.softmax` as an attribute is the function of the same name.
+norm = importlib.import_module("rawops.norm")
+softmax = importlib.import_module("rawops.softmax")
+
+# family -> its Python table; the fatbin must hold <base>_<suffix> for each, on every arch.
+ROW_FAMILIES = {"norm": norm, "softmax": softmax}
+# CUB's util_device.cuh defines one global kernel (EmptyKernel, for its PTX-version query)
+# in every unit that includes it; it is not ours and nothing launches it.
+CUB_INTERNAL = re.compile(r"^_ZN3cub\w*EmptyKernel")
+
+
+def _row_family_fatbin(family):
+    path = _modules.fatbin_path(family)
+    if not os.path.exists(path):
+        if _nvcc.find_nvcc() is None:
+            pytest.skip(f"{path} absent and no nvcc here: the package was built from sources only")
+        pytest.fail(f"{path} is missing although nvcc is available (rerun the build)")
+    return path
+
+
+def _row_family_expected(family):
+    return {f"{base}_{suffix}" for base in ROW_FAMILIES[family].KERNELS for suffix in SUFFIXES}
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("family", sorted(ROW_FAMILIES))
+def test_row_family_fatbin_has_every_table_kernel_on_every_architecture(family):
+    path = _row_family_fatbin(family)
+    assert sorted(list_elf_archs(path)) == expected_elf_archs()
+    assert sorted(list_ptx_archs(path)) == expected_ptx_archs()
+    expected = _row_family_expected(family)
+    per_arch = elf_entry_symbols(path)
+    assert sorted(per_arch) == expected_elf_archs()
+    for arch, names in sorted(per_arch.items()):
+        ours = {n for n in names if not CUB_INTERNAL.match(n)}
+        assert not sorted(expected - ours), f"{family} {arch}: kernels the launcher needs but the ELF lacks"
+        assert not sorted(ours - expected), f"{family} {arch}: entry points absent from {family}.KERNELS"
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("family", sorted(ROW_FAMILIES))
+def test_row_family_ptx_has_every_table_kernel(family):
+    path = _row_family_fatbin(family)
+    if not expected_ptx_archs():
+        pytest.skip("no +PTX architecture requested")
+    entries = set(re.findall(r"\.entry\s+(\w+)\s*\(", cuobjdump("--dump-ptx", path)))
+    assert {e for e in entries if not CUB_INTERNAL.match(e)} == _row_family_expected(family)
+
+
+def _source(family):
+    with open(os.path.join(_modules.kernel_source_dir(), f"{family}.cu")) as f:
+        return f.read()
+
+
+def test_norm_table_matches_the_kernels_defined_in_the_source():
+    source = _source("norm")
+    ops = re.findall(r"^\s*RAWOPS_NORM\((\w+),\s*(true|false),\s*T,\s*suffix\)", source, flags=re.M)
+    defined = {f"{op}_{direction}" for op, _ in ops for direction in ("fwd", "bwd")}
+    helpers = set(re.findall(r'void __launch_bounds__\(\d+\)\s*\\?\s*(\w+)_##suffix\(', source))
+    assert defined | helpers == set(norm.KERNELS)
+    assert dict(ops) == {"layer_norm": "false", "rms_norm": "true"}, "the RMS flag of each op"
+    instantiated = re.findall(r"^RAWOPS_NORM_FAMILY\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
+    assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
+
+
+def test_softmax_table_matches_the_kernels_defined_in_the_source():
+    source = _source("softmax")
+    ops = re.findall(r"^\s*RAWOPS_SOFTMAX\((\w+),\s*(true|false),\s*T,\s*suffix\)", source, flags=re.M)
+    assert {f"{op}_{d}" for op, _ in ops for d in ("fwd", "bwd")} == set(softmax.KERNELS)
+    assert dict(ops) == {"softmax": "false", "log_softmax": "true"}, "the LOG flag of each op"
+    instantiated = re.findall(r"^RAWOPS_SOFTMAX_FAMILY\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
+    assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
+
+
+@pytest.mark.parametrize("family, kinds", [
+    ("norm", {"_fwd": norm.FWD_KINDS, "_bwd": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
+    ("softmax", {"_fwd": softmax.FWD_KINDS, "_bwd": softmax.BWD_KINDS}),
+])
+def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
+    # The generic launcher marshals one slot per kind: a count or type mismatch passes
+    # garbage to the kernel, so compare with the extern "C" parameter lists.
+    source = re.sub(r"\\\n", " ", _source(family))
+    table = ROW_FAMILIES[family].KERNELS
+    signatures = re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*([\w#]+?)_##suffix\(([^)]*)\)',
+                            source)
+    assert {name for name, _ in signatures} >= {f"name##{k}" for k in kinds if k.startswith("_")}
+    for name, params in signatures:  # name: "name##_fwd" inside a macro, or a plain helper name
+        key = next(k for k in kinds if name.endswith(k) or name == k)
+        expected = "".join("p" if "*" in p else "f" if p.split()[0] == "float" else "q" for p in params.split(","))
+        assert kinds[key] == expected, f"{name}: launch kinds {kinds[key]!r}, signature {expected!r}"
+        for base in (b for b in table if b.endswith(key) or b == key):
+            assert len(table[base]) == len(expected), f"{base}: one argument name per kernel parameter"

@@ -1,0 +1,354 @@
+// Normalisation family: layer_norm and rms_norm over the last dim, forward and backward.
+//
+// Forward (one launch):
+//   layer_norm  y = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(var + eps), biased variance
+//   rms_norm    y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
+//   w, b optional (null pointers); mean (layer_norm) and rstd written per row in float32 for
+//   the backward. Traffic: x read once, y written once (streaming mode reads x twice).
+//   Variance is two-pass over the row held in registers (exact for a 1e4 offset); the
+//   streaming mode uses sums shifted by the row's first element, which removes the offset.
+// Backward (two launches, deterministic, no atomics):
+//   xhat = (x - mean) * rstd, g = dy * w
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))       (rms_norm: no mean(g) term)
+//   dw = sum over rows of dy * xhat, db = sum over rows of dy
+//   norm_bwd: each warp/block takes a fixed set of rows and keeps dw/db partials for its
+//   columns in registers; a block writes one float32 row of partial_dw / partial_db
+//   [gridDim.x, n]. norm_param_grad then sums those rows in a fixed order. x and dy are read
+//   once, dx written once; the partials are gridDim.x rows (a few MB at most).
+// Launch: 512 threads, mode and grid from rawops/_rows.py (see rawops/rows.cuh).
+#include "rawops/rows.cuh"
+
+namespace rawops {
+namespace {
+
+template <typename T, bool RMS>
+__device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T* __restrict__ w,
+                                                const T* __restrict__ b, T* __restrict__ y,
+                                                float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                                int64_t rows, int64_t n, float eps, bool vec,
+                                                RowReduceStorage& red) {
+  constexpr int V = Vec16<T>::size;
+  const int64_t nvec = (n + V - 1) / V;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * n;
+    // Shifted sums: with the shift near the mean, s2 - s1^2/n does not cancel.
+    const float shift = RMS ? 0.f : to_float(xr[0]);
+    float s1 = 0.f, s2 = 0.f;
+    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+      float v[V];
+      load_row(xr, j, n, vec, shift, v);  // padding equal to the shift adds 0
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = v[e] - shift;
+        s1 += d;
+        s2 = fmaf(d, d, s2);
+      }
+    }
+    const float S1 = RMS ? 0.f : row_reduce(s1, SumOp(), false, red) / float(n);
+    const float S2 = row_reduce(s2, SumOp(), false, red) / float(n);
+    const float mean = shift + S1;
+    const float rstd = rsqrtf(fmaxf(S2 - S1 * S1, 0.f) + eps);
+    if (threadIdx.x == 0) {
+      if (!RMS) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+    T* yr = y + row * n;
+    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+      float v[V], wv[V], bv[V];
+      load_row(xr, j, n, vec, 0.f, v);
+      if (w) load_row(w, j, n, vec, 1.f, wv);
+      if (b) load_row(b, j, n, vec, 0.f, bv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        float o = (v[e] - mean) * rstd;
+        if (w) o *= wv[e];
+        if (b) o += bv[e];
+        v[e] = o;
+      }
+      store_row(yr, j, n, vec, v);
+    }
+  }
+}
+
+template <typename T, bool RMS>
+__device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ w,
+                                         const T* __restrict__ b, T* __restrict__ y, float* __restrict__ mean_out,
+                                         float* __restrict__ rstd_out, int64_t rows, int64_t n, float eps, int mode,
+                                         bool vec) {
+  __shared__ RowReduceStorage red;
+  if (mode == kStreamRow) {
+    norm_fwd_stream<T, RMS>(x, w, b, y, mean_out, rstd_out, rows, n, eps, vec, red);
+    return;
+  }
+  constexpr int V = Vec16<T>::size;
+  constexpr int ITEMS = kFwdElems / V;
+  const RowCursor c(mode);
+  for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
+    const T* xr = x + row * n;
+    float v[ITEMS][V];
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      load_row(xr, int64_t(k) * c.width + c.lane, n, vec, 0.f, v[k]);
+#pragma unroll
+      for (int e = 0; e < V; ++e) sum += v[k][e];
+    }
+    const float mean = RMS ? 0.f : row_reduce(sum, SumOp(), c.warp, red) / float(n);
+    float sq = 0.f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t first = (int64_t(k) * c.width + c.lane) * V;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = first + e < n ? v[k][e] - mean : 0.f;
+        sq = fmaf(d, d, sq);
+      }
+    }
+    const float rstd = rsqrtf(row_reduce(sq, SumOp(), c.warp, red) / float(n) + eps);
+    if (c.lane == 0) {
+      if (!RMS) mean_out[row] = mean;
+      rstd_out[row] = rstd;
+    }
+    T* yr = y + row * n;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t j = int64_t(k) * c.width + c.lane;
+      if (j * V >= n) break;
+      float wv[V], bv[V];
+      if (w) load_row(w, j, n, vec, 1.f, wv);
+      if (b) load_row(b, j, n, vec, 0.f, bv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        float o = (v[k][e] - mean) * rstd;
+        if (w) o *= wv[e];
+        if (b) o += bv[e];
+        v[k][e] = o;
+      }
+      store_row(yr, j, n, vec, v[k]);
+    }
+  }
+}
+
+// dx of one row from its sums: shared by the register and streaming modes.
+template <bool RMS>
+__device__ __forceinline__ float norm_dx(float g, float xhat, float rstd, float mean_g, float mean_gx) {
+  return rstd * (g - (RMS ? 0.f : mean_g) - xhat * mean_gx);
+}
+
+template <typename T, bool RMS>
+__device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const T* __restrict__ x,
+                                                const T* __restrict__ w, const float* __restrict__ mean_in,
+                                                const float* __restrict__ rstd_in, T* __restrict__ dx,
+                                                float* partial_dw, float* partial_db, int64_t rows, int64_t n,
+                                                bool vec, RowReduceStorage& red) {
+  constexpr int V = Vec16<T>::size;
+  const int64_t nvec = (n + V - 1) / V;
+  // This block's partial rows, updated in place by the thread that owns each column (same
+  // layout every row): no other thread touches them, so no atomics and a fixed order.
+  float* pdw = partial_dw ? partial_dw + int64_t(blockIdx.x) * n : nullptr;
+  float* pdb = partial_db ? partial_db + int64_t(blockIdx.x) * n : nullptr;
+  for (int64_t col = threadIdx.x * int64_t(V); col < n; col += int64_t(kRowThreads) * V) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      if (col + e < n) {
+        if (pdw) pdw[col + e] = 0.f;
+        if (pdb) pdb[col + e] = 0.f;
+      }
+    }
+  }
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * n;
+    const T* dyr = dy + row * n;
+    const float mean = RMS ? 0.f : mean_in[row];
+    const float rstd = rstd_in[row];
+    float sg = 0.f, sgx = 0.f;
+    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+      float xv[V], gv[V], wv[V];
+      load_row(xr, j, n, vec, 0.f, xv);
+      load_row(dyr, j, n, vec, 0.f, gv);
+      if (w) load_row(w, j, n, vec, 1.f, wv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float xhat = (xv[e] - mean) * rstd;
+        const int64_t col = j * V + e;
+        if (col < n) {
+          if (pdw) pdw[col] = fmaf(gv[e], xhat, pdw[col]);
+          if (pdb) pdb[col] += gv[e];
+        }
+        const float g = w ? gv[e] * wv[e] : gv[e];  // 0 past the row's end (dy padded with 0)
+        sg += g;
+        sgx = fmaf(g, xhat, sgx);
+      }
+    }
+    const float mean_g = RMS ? 0.f : row_reduce(sg, SumOp(), false, red) / float(n);
+    const float mean_gx = row_reduce(sgx, SumOp(), false, red) / float(n);
+    T* dxr = dx + row * n;
+    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+      float xv[V], gv[V], wv[V];
+      load_row(xr, j, n, vec, 0.f, xv);
+      load_row(dyr, j, n, vec, 0.f, gv);
+      if (w) load_row(w, j, n, vec, 1.f, wv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float g = w ? gv[e] * wv[e] : gv[e];
+        xv[e] = norm_dx<RMS>(g, (xv[e] - mean) * rstd, rstd, mean_g, mean_gx);
+      }
+      store_row(dxr, j, n, vec, xv);
+    }
+  }
+}
+
+template <typename T, bool RMS>
+__device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                                         const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
+                                         T* __restrict__ dx, float* __restrict__ partial_dw,
+                                         float* __restrict__ partial_db, int64_t rows, int64_t n, int mode, bool vec) {
+  __shared__ RowReduceStorage red;
+  if (mode == kStreamRow) {
+    norm_bwd_stream<T, RMS>(dy, x, w, mean_in, rstd_in, dx, partial_dw, partial_db, rows, n, vec, red);
+    return;
+  }
+  constexpr int V = Vec16<T>::size;
+  constexpr int ITEMS = kBwdElems / V;
+  const RowCursor c(mode);
+  float acc_dw[ITEMS][V], acc_db[ITEMS][V];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc_dw[k][e] = acc_db[k][e] = 0.f;
+
+  for (int64_t row = c.row; row < rows; row += c.step) {
+    const T* xr = x + row * n;
+    const T* dyr = dy + row * n;
+    const float mean = RMS ? 0.f : mean_in[row];
+    const float rstd = rstd_in[row];
+    float xv[ITEMS][V], gv[ITEMS][V];  // become xhat and g = dy * w
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t j = int64_t(k) * c.width + c.lane;
+      float wv[V];
+      load_row(xr, j, n, vec, 0.f, xv[k]);
+      load_row(dyr, j, n, vec, 0.f, gv[k]);  // dy = 0 past the row's end: adds nothing below
+      if (w) load_row(w, j, n, vec, 1.f, wv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float xhat = (xv[k][e] - mean) * rstd;
+        acc_db[k][e] += gv[k][e];
+        acc_dw[k][e] = fmaf(gv[k][e], xhat, acc_dw[k][e]);
+        const float g = w ? gv[k][e] * wv[e] : gv[k][e];
+        sg += g;
+        sgx = fmaf(g, xhat, sgx);
+        xv[k][e] = xhat;
+        gv[k][e] = g;
+      }
+    }
+    const float mean_g = RMS ? 0.f : row_reduce(sg, SumOp(), c.warp, red) / float(n);
+    const float mean_gx = row_reduce(sgx, SumOp(), c.warp, red) / float(n);
+    T* dxr = dx + row * n;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t j = int64_t(k) * c.width + c.lane;
+      if (j * V >= n) break;
+#pragma unroll
+      for (int e = 0; e < V; ++e) xv[k][e] = norm_dx<RMS>(gv[k][e], xv[k][e], rstd, mean_g, mean_gx);
+      store_row(dxr, j, n, vec, xv[k]);
+    }
+  }
+
+  // One partial row per block. Block mode: each thread owns its columns. Warp mode: the 16
+  // warps' partials are added in warp order through shared memory (fixed order: same bits).
+  float* pdw = partial_dw ? partial_dw + int64_t(blockIdx.x) * n : nullptr;
+  float* pdb = partial_db ? partial_db + int64_t(blockIdx.x) * n : nullptr;
+  if (!c.warp) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const int64_t col = (int64_t(k) * c.width + c.lane) * V + e;
+        if (col < n) {
+          if (pdw) pdw[col] = acc_dw[k][e];
+          if (pdb) pdb[col] = acc_db[k][e];
+        }
+      }
+    return;
+  }
+  __shared__ float sum_dw[32 * kBwdElems], sum_db[32 * kBwdElems];  // warp mode: n <= 32 * kBwdElems
+  const int warp = threadIdx.x / 32;
+  for (int turn = 0; turn < kWarpRows; ++turn) {
+    if (warp == turn) {
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const int64_t col = (int64_t(k) * 32 + c.lane) * V + e;
+          if (col < n) {
+            sum_dw[col] = turn ? sum_dw[col] + acc_dw[k][e] : acc_dw[k][e];
+            sum_db[col] = turn ? sum_db[col] + acc_db[k][e] : acc_db[k][e];
+          }
+        }
+    }
+    __syncthreads();
+  }
+  for (int64_t col = threadIdx.x; col < n; col += kRowThreads) {
+    if (pdw) pdw[col] = sum_dw[col];
+    if (pdb) pdb[col] = sum_db[col];
+  }
+}
+
+// dw[col] = sum over chunks of partial_dw[chunk, col] (blockIdx.y == 0), db likewise
+// (blockIdx.y == 1), in chunk order. 512 threads: 32 columns x 16 chunk lanes, each lane
+// summing chunks lane, lane + 16, ... then the 16 lanes added in order in shared memory.
+// Reads the partials once, coalesced along a row.
+template <typename T>
+__device__ __forceinline__ void norm_param_grad(const float* __restrict__ partial_dw,
+                                                const float* __restrict__ partial_db, T* __restrict__ dw,
+                                                T* __restrict__ db, int64_t chunks, int64_t n) {
+  const float* partial = blockIdx.y == 0 ? partial_dw : partial_db;
+  T* out = blockIdx.y == 0 ? dw : db;
+  if (out == nullptr) return;
+  __shared__ float lanes[16][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t col = int64_t(blockIdx.x) * 32 + tx;
+  float acc = 0.f;
+  if (col < n)
+    for (int64_t k = ty; k < chunks; k += 16) acc += partial[k * n + col];
+  lanes[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && col < n) {
+    float total = 0.f;
+#pragma unroll
+    for (int l = 0; l < 16; ++l) total += lanes[l][tx];
+    out[col] = from_float<T>(total);
+  }
+}
+
+}  // namespace
+}  // namespace rawops
+
+#define RAWOPS_NORM(name, RMS, T, suffix)                                                                   \
+  extern "C" __global__ void __launch_bounds__(rawops::kRowThreads)                                         \
+      name##_fwd_##suffix(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,               \
+                          long long rows, long long n, long long mode, long long vec, float eps) {          \
+    rawops::norm_fwd<T, RMS>(x, w, b, y, mean, rstd, rows, n, eps, int(mode), vec != 0);                   \
+  }                                                                                                         \
+  extern "C" __global__ void __launch_bounds__(rawops::kRowThreads)                                         \
+      name##_bwd_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, \
+                          float* partial_dw, float* partial_db, long long rows, long long n, long long mode, \
+                          long long vec) {                                                                  \
+    rawops::norm_bwd<T, RMS>(dy, x, w, mean, rstd, dx, partial_dw, partial_db, rows, n, int(mode),         \
+                             vec != 0);                                                                     \
+  }
+
+#define RAWOPS_NORM_FAMILY(T, suffix)                                                                  \
+  RAWOPS_NORM(layer_norm, false, T, suffix)                                                            \
+  RAWOPS_NORM(rms_norm, true, T, suffix)                                                               \
+  extern "C" __global__ void __launch_bounds__(512)                                                    \
+      norm_param_grad_##suffix(const float* partial_dw, const float* partial_db, T* dw, T* db,         \
+                               long long chunks, long long n) {                                        \
+    rawops::norm_param_grad(partial_dw, partial_db, dw, db, chunks, n);                                \
+  }
+
+RAWOPS_NORM_FAMILY(float, f32)
+RAWOPS_NORM_FAMILY(__half, f16)
+RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16)

@@ -1,0 +1,195 @@
+// Softmax family: softmax and log_softmax over the last dim, forward and backward.
+//
+//   softmax      y = exp(x - max) / sum(exp(x - max))
+//   log_softmax  y = x - max - log(sum(exp(x - max)))
+//   softmax bwd      dx = y * (dy - sum(dy * y))
+//   log_softmax bwd  dx = dy - exp(y) * sum(dy)
+// Subtracting the row max keeps every exp in (0, 1]: no overflow whatever the magnitude;
+// a row of -inf gives NaN, as torch does. exp is ex2 of x * log2(e) (one MUFU op).
+// Traffic: forward reads x once and writes y once; backward reads y and dy once, writes dx
+// once. Rows wider than the registers hold (streaming mode) are read twice: an online
+// (max, sum) pass, then the pass that writes.
+// Launch: 512 threads, mode and grid from rawops/_rows.py (see rawops/rows.cuh).
+#include "rawops/rows.cuh"
+
+namespace rawops {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float exp_shifted(float x, float max_log2e) {  // exp(x - max)
+  return exp2f(fmaf(x, kLog2e, -max_log2e));
+}
+
+template <typename T, bool LOG>
+__device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
+                                                   int64_t n, bool vec, RowReduceStorage& red) {
+  constexpr int V = Vec16<T>::size;
+  const int64_t nvec = (n + V - 1) / V;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * n;
+    float m = -INFINITY, s = 0.f;  // online: s = sum of exp(x - m) over this thread's elements
+    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+      float v[V];
+      load_row(xr, j, n, vec, -INFINITY, v);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        if (v[e] > m) {
+          s = s * exp_shifted(m, v[e] * kLog2e) + 1.f;
+          m = v[e];
+        } else if (m != -INFINITY) {  // -inf - -inf would be NaN; those add 0
+          s += exp_shifted(v[e], m * kLog2e);
+        } else if (v[e] != v[e]) {
+          s = v[e];  // NaN propagates, as in torch
+        }
+      }
+    }
+    const float row_max = row_reduce(m, MaxOp(), false, red);
+    const float scaled = m == -INFINITY ? s : s * exp_shifted(m, row_max * kLog2e);
+    const float sum = row_reduce(scaled, SumOp(), false, red);
+    const float max_log2e = row_max * kLog2e;
+    const float inv = 1.f / sum, log_sum = logf(sum);
+    T* yr = y + row * n;
+    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+      float v[V];
+      load_row(xr, j, n, vec, 0.f, v);
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[e] = LOG ? v[e] - row_max - log_sum : exp_shifted(v[e], max_log2e) * inv;
+      store_row(yr, j, n, vec, v);
+    }
+  }
+}
+
+template <typename T, bool LOG>
+__device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n,
+                                            int mode, bool vec) {
+  __shared__ RowReduceStorage red;
+  if (mode == kStreamRow) {
+    softmax_fwd_stream<T, LOG>(x, y, rows, n, vec, red);
+    return;
+  }
+  constexpr int V = Vec16<T>::size;
+  constexpr int ITEMS = kFwdElems / V;
+  const RowCursor c(mode);
+  for (int64_t row = c.row; row < rows; row += c.step) {
+    const T* xr = x + row * n;
+    float v[ITEMS][V];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      load_row(xr, int64_t(k) * c.width + c.lane, n, vec, -INFINITY, v[k]);  // -inf: adds 0 below
+#pragma unroll
+      for (int e = 0; e < V; ++e) m = fmaxf(m, v[k][e]);
+    }
+    const float row_max = row_reduce(m, MaxOp(), c.warp, red);
+    const float max_log2e = row_max * kLog2e;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float p = exp_shifted(v[k][e], max_log2e);
+        s += p;
+        if (!LOG) v[k][e] = p;
+      }
+    const float sum = row_reduce(s, SumOp(), c.warp, red);
+    const float inv = 1.f / sum, shift = row_max + logf(sum);
+    T* yr = y + row * n;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t j = int64_t(k) * c.width + c.lane;
+      if (j * V >= n) break;
+#pragma unroll
+      for (int e = 0; e < V; ++e) v[k][e] = LOG ? v[k][e] - shift : v[k][e] * inv;
+      store_row(yr, j, n, vec, v[k]);
+    }
+  }
+}
+
+// The row's reduction in the backward: sum(dy * y) for softmax, sum(dy) for log_softmax.
+template <bool LOG>
+__device__ __forceinline__ float bwd_term(float dy, float y) { return LOG ? dy : dy * y; }
+template <bool LOG>
+__device__ __forceinline__ float bwd_dx(float dy, float y, float total) {
+  return LOG ? dy - expf(y) * total : y * (dy - total);
+}
+
+template <typename T, bool LOG>
+__device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
+                                            int64_t rows, int64_t n, int mode, bool vec) {
+  __shared__ RowReduceStorage red;
+  constexpr int V = Vec16<T>::size;
+  if (mode == kStreamRow) {
+    const int64_t nvec = (n + V - 1) / V;
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+      const T* dyr = dy + row * n;
+      const T* yr = y + row * n;
+      float t = 0.f;
+      for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+        float dv[V], yv[V];
+        load_row(dyr, j, n, vec, 0.f, dv);
+        load_row(yr, j, n, vec, 0.f, yv);
+#pragma unroll
+        for (int e = 0; e < V; ++e) t += bwd_term<LOG>(dv[e], yv[e]);
+      }
+      const float total = row_reduce(t, SumOp(), false, red);
+      T* dxr = dx + row * n;
+      for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+        float dv[V], yv[V];
+        load_row(dyr, j, n, vec, 0.f, dv);
+        load_row(yr, j, n, vec, 0.f, yv);
+#pragma unroll
+        for (int e = 0; e < V; ++e) dv[e] = bwd_dx<LOG>(dv[e], yv[e], total);
+        store_row(dxr, j, n, vec, dv);
+      }
+    }
+    return;
+  }
+  constexpr int ITEMS = kBwdElems / V;
+  const RowCursor c(mode);
+  for (int64_t row = c.row; row < rows; row += c.step) {
+    const T* dyr = dy + row * n;
+    const T* yr = y + row * n;
+    float dv[ITEMS][V], yv[ITEMS][V];
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t j = int64_t(k) * c.width + c.lane;
+      load_row(dyr, j, n, vec, 0.f, dv[k]);  // 0 past the row's end: adds nothing
+      load_row(yr, j, n, vec, 0.f, yv[k]);
+#pragma unroll
+      for (int e = 0; e < V; ++e) t += bwd_term<LOG>(dv[k][e], yv[k][e]);
+    }
+    const float total = row_reduce(t, SumOp(), c.warp, red);
+    T* dxr = dx + row * n;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t j = int64_t(k) * c.width + c.lane;
+      if (j * V >= n) break;
+#pragma unroll
+      for (int e = 0; e < V; ++e) dv[k][e] = bwd_dx<LOG>(dv[k][e], yv[k][e], total);
+      store_row(dxr, j, n, vec, dv[k]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rawops
+
+#define RAWOPS_SOFTMAX(name, LOG, T, suffix)                                                              \
+  extern "C" __global__ void __launch_bounds__(rawops::kRowThreads)                                       \
+      name##_fwd_##suffix(const T* x, T* y, long long rows, long long n, long long mode, long long vec) { \
+    rawops::softmax_fwd<T, LOG>(x, y, rows, n, int(mode), vec != 0);                                     \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(rawops::kRowThreads)                                       \
+      name##_bwd_##suffix(const T* dy, const T* y, T* dx, long long rows, long long n, long long mode,    \
+                          long long vec) {                                                                \
+    rawops::softmax_bwd<T, LOG>(dy, y, dx, rows, n, int(mode), vec != 0);                                \
+  }
+
+#define RAWOPS_SOFTMAX_FAMILY(T, suffix)     \
+  RAWOPS_SOFTMAX(softmax, false, T, suffix)  \
+  RAWOPS_SOFTMAX(log_softmax, true, T, suffix)
+
+RAWOPS_SOFTMAX_FAMILY(float, f32)
+RAWOPS_SOFTMAX_FAMILY(__half, f16)
+RAWOPS_SOFTMAX_FAMILY(__nv_bfloat16, bf16)

@@ -1,0 +1,172 @@
+"""Row families (norm, softmax) without a GPU: launch plans, and argument checks that fire
+before any launch (fake __cuda_array_interface__ producers, as in test_validation.py)."""
+import importlib
+
+import pytest
+
+import rawops
+from rawops import _rows
+from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
+
+norm = importlib.import_module("rawops.norm")
+softmax_module = importlib.import_module("rawops.softmax")
+
+
+# ------------------------------------------------------------------------------ launch plans
+@pytest.mark.parametrize("n, elems, mode", [
+    (1, 32, _rows.WARP_PER_ROW), (1024, 32, _rows.WARP_PER_ROW), (1025, 32, _rows.BLOCK_PER_ROW),
+    (16384, 32, _rows.BLOCK_PER_ROW), (16385, 32, _rows.STREAM_ROW), (65536, 32, _rows.STREAM_ROW),
+    (512, 16, _rows.WARP_PER_ROW), (513, 16, _rows.BLOCK_PER_ROW), (8192, 16, _rows.BLOCK_PER_ROW),
+    (8193, 16, _rows.STREAM_ROW),
+])
+def test_row_plan_mode_follows_what_the_registers_hold(n, elems, mode):
+    # A warp holds 32 x elems floats, a block 512 x elems (kernels/include/rawops/rows.cuh).
+    assert _rows.row_plan(100, n, elems)[0] == mode
+
+
+@pytest.mark.parametrize("rows, n, blocks", [(0, 8, 1), (1, 8, 1), (16, 8, 1), (17, 8, 2), (16384, 768, 1024),
+                                             (3, 4097, 3), (16384, 65536, 16384)])
+def test_row_plan_grid_covers_every_row_once(rows, n, blocks):
+    mode, got = _rows.row_plan(rows, n, _rows.FWD_ELEMS)
+    assert got == blocks
+    per_block = _rows.WARP_ROWS if mode == _rows.WARP_PER_ROW else 1
+    assert got * per_block >= rows and (got - 1) * per_block < max(rows, 1)
+
+
+def test_row_plan_caps_the_grid_and_never_exceeds_a_launchable_one():
+    assert _rows.row_plan(10 ** 6, 4096, _rows.BWD_ELEMS, max_blocks=264) == (_rows.BLOCK_PER_ROW, 264)
+    assert _rows.row_plan(1 << 40, 8, _rows.FWD_ELEMS)[1] == _rows.MAX_GRID  # the kernels loop over the rest
+
+
+def test_norm_backward_plan_has_few_partial_rows():
+    mode, blocks = norm.backward_plan(16384, 4096, 132)
+    assert mode == _rows.BLOCK_PER_ROW and blocks == 132 * norm.BWD_BLOCKS_PER_SM
+
+
+@pytest.mark.parametrize("n, itemsize, pointers, vec", [
+    (8, 4, (BASE, BASE + 64), 1), (8, 2, (BASE,), 1), (6, 4, (BASE,), 0), (12, 2, (BASE,), 0),
+    (8, 4, (BASE, BASE + 4), 0), (8, 4, (BASE, 0), 1), (1000, 2, (BASE + 16,), 1), (1, 4, (BASE,), 0),
+])
+def test_vector_flag_needs_every_row_start_on_16_bytes(n, itemsize, pointers, vec):
+    assert _rows.vectors(n, itemsize, *pointers) == vec
+
+
+# ------------------------------------------------------------------------------ validation
+def w32(n=8, ptr=OTHER, **kw):
+    return f32((n,), ptr=ptr, **kw)
+
+
+def test_valid_norm_and_softmax_calls_get_past_validation():
+    x = f32((4, 8))
+    assert_passes_validation(rawops.layer_norm, x, w32(), w32(ptr=OTHER + 64))
+    assert_passes_validation(rawops.layer_norm, x)
+    assert_passes_validation(rawops.rms_norm, f16((4, 8)), f16((8,), ptr=OTHER))
+    assert_passes_validation(rawops.softmax, x)
+    assert_passes_validation(rawops.log_softmax, x, out=x)  # in place
+    assert_passes_validation(rawops.softmax_backward, x, f32((4, 8), ptr=OTHER))
+    assert_passes_validation(rawops.layer_norm_backward, x, f32((4, 8), ptr=OTHER), w32(ptr=OTHER + 0x1000),
+                             f32((4,), ptr=OTHER + 0x2000), f32((4,), ptr=OTHER + 0x3000))
+    assert_passes_validation(rawops.rms_norm_backward, x, f32((4, 8), ptr=OTHER), None, f32((4,), ptr=OTHER + 0x2000))
+
+
+@pytest.mark.parametrize("fn", [rawops.layer_norm, rawops.rms_norm])
+@pytest.mark.parametrize("shape", [(7,), (9,), (1, 8), (4, 8), ()])
+def test_weight_of_the_wrong_shape_is_a_value_error_naming_weight(fn, shape):
+    with pytest.raises(ValueError, match=r"^weight has shape .*expected \(8,\): one value per element of x's last dim"):
+        fn(f32((4, 8)), f32(shape, ptr=OTHER))
+
+
+def test_bias_of_the_wrong_shape_or_dtype_is_an_error_naming_bias():
+    with pytest.raises(ValueError, match=r"^bias has shape \(4,\), expected \(8,\)"):
+        rawops.layer_norm(f32((4, 8)), w32(), f32((4,), ptr=OTHER + 64))
+    with pytest.raises(TypeError, match=r"^bias has dtype float16, expected float32 like x"):
+        rawops.layer_norm(f32((4, 8)), None, f16((8,), ptr=OTHER))
+
+
+def test_weight_of_another_dtype_is_a_type_error():
+    with pytest.raises(TypeError, match=r"^weight has dtype float16, expected float32 like x"):
+        rawops.rms_norm(f32((4, 8)), f16((8,), ptr=OTHER))
+
+
+@pytest.mark.parametrize("fn", [rawops.layer_norm, rawops.rms_norm, rawops.softmax, rawops.log_softmax])
+def test_unsupported_dtype_zero_dim_and_non_contiguous_x_are_refused(fn):
+    with pytest.raises(TypeError, match=r"^x has dtype <f8; \w+ supports float32, float16, bfloat16"):
+        fn(FakeCAI((4, 8), "<f8"))
+    with pytest.raises(ValueError, match=r"^x must have at least one dimension"):
+        fn(f32(()))
+    with pytest.raises(ValueError, match=r"^x is not C-contiguous"):
+        fn(f32((4, 8), strides=(4, 16)))
+    with pytest.raises(ValueError, match=r"^x is misaligned"):
+        fn(f32((4, 8), ptr=BASE + 2))
+
+
+def test_non_contiguous_weight_is_a_value_error():
+    with pytest.raises(ValueError, match=r"^weight is not C-contiguous"):
+        rawops.layer_norm(f32((4, 8)), f32((8,), ptr=OTHER, strides=(8,)))
+
+
+@pytest.mark.parametrize("fn", [rawops.softmax_backward, rawops.log_softmax_backward])
+def test_softmax_backward_operands_must_match(fn):
+    with pytest.raises(ValueError, match=r"^y has shape \(4, 9\), expected \(4, 8\) like dy"):
+        fn(f32((4, 8)), f32((4, 9), ptr=OTHER))
+    with pytest.raises(TypeError, match=r"^y has dtype float16, expected float32 like dy"):
+        fn(f32((4, 8)), f16((4, 8), ptr=OTHER))
+
+
+def test_norm_backward_statistics_are_checked():
+    dy, x = f32((4, 8)), f32((4, 8), ptr=OTHER)
+    with pytest.raises(ValueError, match=r"^rstd has 3 values, expected one per row of x \(4\)"):
+        rawops.rms_norm_backward(dy, x, None, f32((3,), ptr=OTHER + 0x1000))
+    with pytest.raises(TypeError, match=r"^mean has dtype float16, expected float32"):
+        rawops.layer_norm_backward(dy, x, None, f16((4,), ptr=OTHER + 0x1000), f32((4,), ptr=OTHER + 0x2000))
+    with pytest.raises(ValueError, match=r"^dy has shape \(4, 7\), expected \(4, 8\) like x"):
+        rawops.layer_norm_backward(f32((4, 7)), x, None, f32((4,), ptr=OTHER + 0x1000), f32((4,), ptr=OTHER + 0x2000))
+
+
+def test_out_must_match_and_not_partially_overlap():
+    x = f32((4, 8))
+    with pytest.raises(ValueError, match=r"^out has shape \(4, 9\), expected \(4, 8\) like x"):
+        rawops.softmax(x, out=f32((4, 9), ptr=OTHER))
+    with pytest.raises(ValueError, match=r"^out overlaps x; pass out=x exactly"):
+        rawops.layer_norm(x, out=f32((4, 8), ptr=BASE + 16))
+    with pytest.raises(ValueError, match=r"^out overlaps weight"):
+        rawops.layer_norm(x, w32(ptr=OTHER + 16), out=f32((4, 8), ptr=OTHER))
+    with pytest.raises(ValueError, match=r"^out is read-only"):
+        rawops.softmax(x, out=f32((4, 8), ptr=OTHER, readonly=True))
+
+
+@pytest.mark.parametrize("eps", [-1.0, float("nan")])
+def test_negative_or_nan_eps_is_a_value_error(eps):
+    with pytest.raises(ValueError, match=r"^eps must be >= 0"):
+        rawops.layer_norm(f32((4, 8)), eps=eps)
+
+
+# ------------------------------------------------------------------------------ torch adapter, no GPU needed
+def test_adapter_refuses_bad_arguments_before_any_launch():
+    torch = pytest.importorskip("torch")
+    from rawops import torch_adapter as ta
+
+    with pytest.raises(ValueError, match=r"^x is on cpu"):
+        ta.layer_norm(torch.ones(4, 8))
+    with pytest.raises(TypeError, match=r"^x has dtype torch.int32"):
+        ta.softmax(torch.ones(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^dim must be the last dim"):
+        ta.softmax(torch.ones(4, 8), dim=0)
+    with pytest.raises(ValueError, match=r"^normalized_shape must be one dim"):
+        ta.LayerNorm((4, 8))
+
+
+def test_adapter_modules_have_torch_parameter_names():
+    torch = pytest.importorskip("torch")
+    from rawops import torch_adapter as ta
+
+    for ours, theirs in [(ta.LayerNorm(8), torch.nn.LayerNorm(8)), (ta.LayerNorm(8, bias=False),
+                                                                  torch.nn.LayerNorm(8, bias=False)),
+                         (ta.LayerNorm(8, elementwise_affine=False), torch.nn.LayerNorm(8, elementwise_affine=False)),
+                         (ta.RMSNorm(8), torch.nn.RMSNorm(8)), (ta.RMSNorm(8, 1e-5, False), torch.nn.RMSNorm(8, 1e-5, False))]:
+        state = {k: torch.randn_like(v) for k, v in theirs.state_dict().items()}
+        theirs.load_state_dict(state)
+        ours.load_state_dict(theirs.state_dict())  # strict: same names and shapes
+        assert ours.state_dict().keys() == theirs.state_dict().keys()
+        for k in state:
+            assert torch.equal(ours.state_dict()[k], state[k])
