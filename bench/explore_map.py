@@ -4,8 +4,8 @@ block size and grid policy, timed at 64M elements on the GPU it runs on. Needs n
     python bench/explore_map.py [--out DIR]
 
 Each variant is the real kernel built with -DRAWOPS_MAP_UNROLL=U (and -DRAWOPS_PLAIN_LOADS
-for ld.global instead of ld.global.nc), launched with one block per chunk of U x block
-vectors. (An earlier round also tried a resident grid-stride grid: 5-15% slower everywhere.)
+for ld.global instead of ld.global.nc, -DRAWOPS_STREAMING_HINTS for evict-first ld/st.cs),
+launched with one block per chunk of U x block vectors. (An earlier round also tried a resident grid-stride grid: 5-15% slower everywhere.)
 The winner goes into rawops/_launch.pyx; the table goes into bench/NOTES.md.
 """
 import argparse
@@ -31,9 +31,10 @@ KERNELS = [  # (name, dtype, reads b, reads c (row of 4096), bytes moved per ele
 ]
 
 
-def build(unroll, plain_loads, arch, out_dir):
-    path = os.path.join(out_dir, f"elementwise_u{unroll}_{int(plain_loads)}.cubin")
-    flags = [f"-DRAWOPS_MAP_UNROLL={unroll}"] + (["-DRAWOPS_PLAIN_LOADS"] if plain_loads else [])
+def build(unroll, variant, arch, out_dir):
+    path = os.path.join(out_dir, f"elementwise_u{unroll}_{variant}.cubin")
+    flags = [f"-DRAWOPS_MAP_UNROLL={unroll}", "-DRAWOPS_MAP_MAX_THREADS=512"]
+    flags += {"nc": [], "plain": ["-DRAWOPS_PLAIN_LOADS"], "cs": ["-DRAWOPS_STREAMING_HINTS"]}[variant]
     subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
                     *flags, f"{ROOT}/kernels/elementwise.cu", "-o", path], check=True)
     return cupy.RawModule(path=path)
@@ -64,9 +65,8 @@ def main():
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     buffers = {}
     rows = []
-    for unroll, plain_loads in ((1, False), (2, False), (4, False), (8, False), (2, True), (4, True)):
-        module = build(unroll, plain_loads, f"{major}{minor}", "/tmp")
-        loads = "plain" if plain_loads else "nc"
+    for unroll, loads in ((1, "nc"), (1, "cs"), (2, "nc"), (2, "cs")):
+        module = build(unroll, loads, f"{major}{minor}", "/tmp")
         for name, dtype, reads_b, reads_c, units in KERNELS:
             dtype = numpy.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else numpy.dtype(dtype)
             if dtype not in buffers:
@@ -75,7 +75,7 @@ def main():
             a, b, out, c = buffers[dtype]
             kernel = module.get_function(name)
             vec = 16 // dtype.itemsize
-            for block in (128, 256):  # the kernels declare __launch_bounds__(256)
+            for block in (128, 256, 512):
                 per_block = block * unroll
                 cover = (N // vec + per_block - 1) // per_block
                 for policy, grid in (("cover", cover),):

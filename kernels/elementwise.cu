@@ -24,6 +24,9 @@ namespace {
 #define RAWOPS_MAP_UNROLL 1  // overridable to try variants (bench/explore_map.py)
 #endif
 constexpr int kUnroll = RAWOPS_MAP_UNROLL;
+#ifndef RAWOPS_MAP_MAX_THREADS
+#define RAWOPS_MAP_MAX_THREADS 256  // the launcher uses 256; explore_map.py also tries 512
+#endif
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
@@ -231,7 +234,7 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 }  // namespace rawops
 
 #define RAWOPS_MAP(name, Op, T, suffix)                                                         \
-  extern "C" __global__ void __launch_bounds__(256)                                            \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_MAP_MAX_THREADS)                         \
       name##_##suffix(const T* a, const T* b, const T* c, T* out, long long n, long long head, \
                       long long inner, float alpha) {                                          \
     rawops::map<rawops::Op<T>>(a, b, c, out, n, head, inner, alpha);                              \

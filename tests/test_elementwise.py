@@ -252,3 +252,66 @@ def test_nvrtc_fallback_compiles_and_matches(monkeypatch):
                           numpy.int64(1), numpy.float32(0)))
     cupy.cuda.Device().synchronize()
     assert_close(y, F.gelu(x.double(), approximate="tanh"), torch.float32, "NVRTC build")
+
+
+def _launch_relu_f32(kernel, n=4097):
+    import numpy
+
+    x = random((n,), torch.float32)
+    y = torch.full_like(x, float("nan"))
+    kernel((8,), (256,), (to_cupy(x), 0, 0, to_cupy(y), numpy.int64(n), numpy.int64(-1), numpy.int64(1),
+                          numpy.float32(0)))
+    cupy.cuda.Device().synchronize()
+    assert_close(y, F.relu(x.double()), torch.float32, "relu")
+
+
+def test_dev_mode_rebuilds_the_checkout_kernels_once_per_content(monkeypatch, tmp_path):
+    """RAWOPS_DEV=1: kernels/<family>.cu compiled by nvcc for this GPU, cached by content hash."""
+    from rawops import _modules, _nvcc
+
+    if _nvcc.find_nvcc() is None or not _modules._is_checkout_kernels(_modules.CHECKOUT_KERNELS):
+        pytest.skip("dev mode needs nvcc and a source checkout")
+    monkeypatch.setenv("RAWOPS_DEV", "1")
+    monkeypatch.setattr(_modules, "DEV_CACHE", str(tmp_path))
+    for attempt in range(2):  # the second load finds the cached build
+        monkeypatch.setattr(_modules, "_modules", {})
+        monkeypatch.setattr(_modules, "_functions", {})
+        _launch_relu_f32(_modules.get_function("elementwise", "relu_fwd_f32", 0))
+        assert len(list(tmp_path.glob("elementwise-sm*.fatbin"))) == 1
+
+
+def test_first_use_from_many_threads_loads_each_module_once(monkeypatch):
+    import threading
+
+    from rawops import _modules
+
+    monkeypatch.setattr(_modules, "_modules", {})
+    monkeypatch.setattr(_modules, "_functions", {})
+    pointers, errors = [], []
+
+    def first_use():
+        try:
+            cupy.cuda.Device(0).use()
+            pointers.append(_modules.function_pointer("elementwise", "relu_fwd_f32", 0))
+        except Exception as error:  # reported below: a thread's exception would vanish
+            errors.append(error)
+
+    threads = [threading.Thread(target=first_use) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(set(pointers)) == 1 and len(_modules._modules) == 1
+    _launch_relu_f32(_modules.get_function("elementwise", "relu_fwd_f32", 0))
+
+
+def test_launch_from_a_thread_that_never_touched_cuda():
+    import threading
+
+    x = to_cupy(random((10007,), torch.float32))
+    results = []
+    thread = threading.Thread(target=lambda: results.append(rawops.gelu(x)))
+    thread.start()
+    thread.join()
+    cupy.cuda.Device().synchronize()
+    assert_close(to_torch(results[0]), F.gelu(to_torch(x).double(), approximate="tanh"), torch.float32, "thread")

@@ -30,8 +30,10 @@ template <typename T> struct alignas(16) Vec16 {
 };
 
 template <typename T> __device__ __forceinline__ Vec16<T> load16(const T* p) {
-#ifdef RAWOPS_PLAIN_LOADS
+#if defined(RAWOPS_PLAIN_LOADS)
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
+#elif defined(RAWOPS_STREAMING_HINTS)
+  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(p));  // evict-first: read once
 #else
   // Read-only path. In place (out == input) is still safe: each element is read, then
   // written, by the same thread, and no line is read again after its write.
@@ -43,7 +45,11 @@ template <typename T> __device__ __forceinline__ Vec16<T> load16(const T* p) {
 }
 
 template <typename T> __device__ __forceinline__ void store16(T* p, const Vec16<T>& v) {
+#ifdef RAWOPS_STREAMING_HINTS
+  __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+#else
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
+#endif
 }
 
 }  // namespace rawops
