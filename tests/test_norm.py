@@ -1,0 +1,222 @@
+"""The normalisation family's contract (layer_norm, rms_norm), through the CuPy API and the
+torch adapter, against torch in float64."""
+import cupy
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import rawops  # noqa: E402
+from gpu_reference import DTYPES, NORM_FLOOR, TOLERANCE, poison_pool, random, to_cupy, to_torch  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+WIDTHS = [1, 31, 768, 1000, 4096, 4097, 65536]
+# Every width at 0, 1 and 3 rows; 16384 rows where the width keeps the case under ~1 GB.
+SHAPES = [(rows, n) for n in WIDTHS for rows in (0, 1, 3)] + [(16384, n) for n in (1, 31, 768, 1000, 4096, 4097)]
+SHAPES += [(64, 65536)]
+IDS = [f"{r}x{n}" for r, n in SHAPES]
+# float32 sums over thousands of rows (dweight, dbias) round more than one element does.
+SUM_FACTOR = 5
+
+
+def check(out, ref, dtype, what, factor=1):
+    out = to_torch(out) if isinstance(out, cupy.ndarray) else out
+    out64 = out.double()
+    assert out64.shape == ref.shape, f"{what}: shape {tuple(out64.shape)} != {tuple(ref.shape)}"
+    assert not torch.isnan(out64).any(), f"{what}: NaN in output (an element left unwritten?)"
+    if ref.numel() == 0:
+        return
+    scale = max(ref.norm().item(), NORM_FLOOR[dtype] * ref.numel() ** 0.5)
+    error = (out64 - ref).norm().item() / scale
+    assert error <= factor * TOLERANCE[dtype], f"{what}: relative error {error:.3g} > {factor * TOLERANCE[dtype]:.3g}"
+
+
+def _inputs(rows, n, dtype, offset=0.0):
+    x = (random((rows, n), dtype, scale=1.0).float() + offset).to(dtype)
+    return x, random((rows, n), dtype), random((n,), dtype, scale=0.5) + 1, random((n,), dtype, scale=0.5)
+
+
+def _reference(op, x, dy, w, b, eps):
+    """(y, dx, dw, db) in float64 through torch's autograd."""
+    leaves = [t.double().requires_grad_() for t in (x, w, b)]
+    n = x.shape[-1]
+    if op == "layer_norm":
+        y = F.layer_norm(leaves[0], (n,), leaves[1], leaves[2], eps)
+    else:
+        y = F.rms_norm(leaves[0], (n,), leaves[1], eps)
+    if y.numel() == 0:
+        return y.detach(), torch.zeros_like(leaves[0]), torch.zeros_like(leaves[1]), torch.zeros_like(leaves[2])
+    dx, dw, db = torch.autograd.grad(y, leaves, dy.double(), allow_unused=True)
+    return y.detach(), dx, dw, db if db is not None else torch.zeros_like(leaves[2])
+
+
+def _run(op, x, dy, w, b, eps):
+    """rawops forward then backward on CuPy views of the tensors; outputs poisoned first."""
+    xc, dyc, wc, bc = (to_cupy(t) for t in (x, dy, w, b))
+    poison_pool(x.numel() * x.element_size())
+    if op == "layer_norm":
+        y, mean, rstd = rawops.layer_norm_forward(xc, wc, bc, eps)
+        poison_pool(x.numel() * x.element_size())
+        dx, dw, db = rawops.layer_norm_backward(dyc, xc, wc, mean, rstd)
+    else:
+        y, rstd = rawops.rms_norm_forward(xc, wc, eps)
+        poison_pool(x.numel() * x.element_size())
+        dx, dw = rawops.rms_norm_backward(dyc, xc, wc, rstd)
+        db = None
+    return y, dx, dw, db
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n", SHAPES, ids=IDS)
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_forward_and_backward_match_torch_float64(op, rows, n, dtype):
+    dt = DTYPES[dtype]
+    x, dy, w, b = _inputs(rows, n, dt)
+    y, dx, dw, db = _run(op, x, dy, w, b, 1e-5)
+    ry, rdx, rdw, rdb = _reference(op, x, dy, w, b, 1e-5)
+    assert isinstance(y, cupy.ndarray), "CuPy in, CuPy out"
+    check(y, ry, dt, f"{op} y")
+    check(dx, rdx, dt, f"{op} dx", factor=2)
+    check(dw, rdw, dt, f"{op} dweight", factor=SUM_FACTOR)
+    if op == "layer_norm":
+        check(db, rdb, dt, f"{op} dbias", factor=SUM_FACTOR)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_statistics_are_float32_per_row(op, dtype):
+    x = random((5, 7, 300), DTYPES[dtype])
+    if op == "layer_norm":
+        _, mean, rstd = rawops.layer_norm_forward(to_cupy(x), eps=1e-5)
+        assert mean.dtype == cupy.float32 and mean.shape == (5, 7)
+        check(mean, x.double().mean(-1), torch.float32, "mean")
+        var = x.double().var(-1, unbiased=False)
+    else:
+        _, rstd = rawops.rms_norm_forward(to_cupy(x), eps=1e-5)
+        var = x.double().pow(2).mean(-1)
+    assert rstd.dtype == cupy.float32 and rstd.shape == (5, 7)
+    check(rstd, (var + 1e-5).rsqrt(), torch.float32, "rstd")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [768, 4096, 65536])
+def test_layer_norm_with_a_1e4_offset_stays_accurate(n, dtype):
+    """Variance from sums of squares would cancel to noise here; two-pass / shifted sums do not."""
+    dt = DTYPES[dtype]
+    x, dy, w, b = _inputs(8, n, dt, offset=1e4)
+    y, dx, dw, db = _run("layer_norm", x, dy, w, b, 1e-5)
+    ry, rdx, rdw, rdb = _reference("layer_norm", x, dy, w, b, 1e-5)
+    check(y, ry, dt, "y, offset 1e4")
+    check(dx, rdx, dt, "dx, offset 1e4", factor=2)
+    check(dw, rdw, dt, "dweight, offset 1e4", factor=SUM_FACTOR)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("n", [768, 4096, 65536])
+def test_backward_is_deterministic(op, n):
+    x, dy, w, b = _inputs(4096 if n < 65536 else 256, n, torch.float32)
+    first = _run(op, x, dy, w, b, 1e-5)
+    second = _run(op, x, dy, w, b, 1e-5)
+    for a, c, name in zip(first, second, ("y", "dx", "dweight", "dbias")):
+        if a is not None:
+            assert cupy.array_equal(a, c), f"{op} {name}: two runs differ"
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_without_weight_and_bias(op):
+    x, dy, _, _ = _inputs(33, 1000, torch.float32)
+    n = x.shape[-1]
+    leaf = x.double().requires_grad_()
+    ref = F.layer_norm(leaf, (n,), eps=1e-5) if op == "layer_norm" else F.rms_norm(leaf, (n,), eps=1e-5)
+    (rdx,) = torch.autograd.grad(ref, leaf, dy.double())
+    if op == "layer_norm":
+        y, mean, rstd = rawops.layer_norm_forward(to_cupy(x))
+        dx, dw, db = rawops.layer_norm_backward(to_cupy(dy), to_cupy(x), None, mean, rstd)
+        check(db, dy.double().sum(0), torch.float32, "dbias", factor=SUM_FACTOR)
+    else:
+        y, rstd = rawops.rms_norm_forward(to_cupy(x), eps=1e-5)
+        dx, dw = rawops.rms_norm_backward(to_cupy(dy), to_cupy(x), None, rstd)
+    assert dw is None
+    check(y, ref.detach(), torch.float32, "y")
+    check(dx, rdx, torch.float32, "dx", factor=2)
+
+
+def test_rms_norm_default_eps_is_the_dtype_epsilon_like_torch():
+    x = random((4, 64), torch.float16, scale=1e-2)
+    check(rawops.rms_norm(to_cupy(x)), F.rms_norm(x.double(), (64,), eps=torch.finfo(torch.float16).eps),
+          torch.float16, "eps=None")
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3])
+def test_misaligned_rows_take_the_scalar_path(offset):
+    base = random((3 * 768 + 8,), torch.float16)
+    x = base[offset:offset + 3 * 768].view(3, 768)
+    out = torch.full((3 * 768 + 8,), float("nan"), dtype=torch.float16, device="cuda")
+    view = out[offset:offset + 3 * 768].view(3, 768)
+    rawops.layer_norm(to_cupy(x), out=to_cupy(view))
+    check(view, F.layer_norm(x.double(), (768,)), torch.float16, "offset view")
+    assert torch.isnan(torch.cat([out[:offset], out[offset + 3 * 768:]])).all(), "wrote outside the view"
+
+
+def test_in_place_out_equals_x():
+    x = random((64, 65536), torch.float32)
+    expected = F.layer_norm(x.double(), (65536,))
+    xc = to_cupy(x)
+    assert rawops.layer_norm(xc, out=xc).data.ptr == x.data_ptr()
+    check(x, expected, torch.float32, "in place, streaming mode")
+
+
+# ------------------------------------------------------------------------------ torch adapter
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_adapter_autograd_matches_torch(op, dtype):
+    from rawops import torch_adapter as ta
+
+    dt = DTYPES[dtype]
+    x, dy, w, b = _inputs(67, 1000, dt)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = ta.layer_norm(*leaves, eps=1e-5) if op == "layer_norm" else ta.rms_norm(leaves[0], leaves[1], eps=1e-5)
+    y.backward(dy)
+    ry, rdx, rdw, rdb = _reference(op, x, dy, w, b, 1e-5)
+    check(y.detach(), ry, dt, "adapter y")
+    check(leaves[0].grad, rdx, dt, "adapter dx", factor=2)
+    check(leaves[1].grad, rdw, dt, "adapter dweight", factor=SUM_FACTOR)
+    if op == "layer_norm":
+        check(leaves[2].grad, rdb, dt, "adapter dbias", factor=SUM_FACTOR)
+
+
+def test_adapter_modules_load_torch_state_dicts_and_match():
+    from rawops import torch_adapter as ta
+
+    x = random((16, 768), torch.float32)
+    for theirs, ours in [(torch.nn.LayerNorm(768), ta.LayerNorm(768)), (torch.nn.RMSNorm(768), ta.RMSNorm(768)),
+                         (torch.nn.LayerNorm(768, bias=False), ta.LayerNorm(768, bias=False))]:
+        theirs = theirs.cuda()
+        with torch.no_grad():
+            for p in theirs.parameters():
+                p.copy_(random(p.shape, torch.float32))
+        ours = ours.cuda()
+        ours.load_state_dict(theirs.state_dict())
+        check(ours(x), theirs.double()(x.double()).detach(), torch.float32, type(ours).__name__)
+
+
+def test_adapter_torch_compile_fullgraph():
+    from rawops import torch_adapter as ta
+
+    x, dy, w, b = _inputs(32, 768, torch.float32)
+    compiled = torch.compile(lambda x, w, b: ta.rms_norm(ta.layer_norm(x, w, b), w, 1e-5), fullgraph=True)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    compiled(*leaves).backward(dy)
+    ref = [t.double().requires_grad_() for t in (x, w, b)]
+    F.rms_norm(F.layer_norm(ref[0], (768,), ref[1], ref[2]), (768,), ref[1], 1e-5).backward(dy.double())
+    for got, want in zip(leaves, ref):
+        check(got.grad, want.grad, torch.float32, "compiled grad", factor=SUM_FACTOR)
+
+
+def test_adapter_gradcheck():
+    from rawops import torch_adapter as ta
+
+    x, _, w, b = _inputs(3, 9, torch.float32)
+    inputs = [t.requires_grad_() for t in (x, w, b)]
+    assert torch.autograd.gradcheck(lambda x, w, b: ta.layer_norm(x, w, b), inputs, eps=1e-2, atol=3e-2, rtol=3e-2)

@@ -1,0 +1,125 @@
+"""The softmax family's contract (softmax, log_softmax), through the CuPy API and the torch
+adapter, against torch in float64."""
+import cupy
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rawops  # noqa: E402
+from gpu_reference import DTYPES, poison_pool, random, to_cupy  # noqa: E402
+from test_norm import SHAPES, IDS, check  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+OPS = {
+    "softmax": (rawops.softmax, rawops.softmax_backward, torch.softmax),
+    "log_softmax": (rawops.log_softmax, rawops.log_softmax_backward, torch.log_softmax),
+}
+
+
+def _reference(op, x, dy):
+    leaf = x.double().requires_grad_()
+    y = OPS[op][2](leaf, -1)
+    if y.numel() == 0:
+        return y.detach(), torch.zeros_like(leaf)
+    return y.detach(), torch.autograd.grad(y, leaf, dy.double())[0]
+
+
+def _run(op, x, dy):
+    forward, backward, _ = OPS[op]
+    poison_pool(x.numel() * x.element_size())
+    y = forward(to_cupy(x))
+    poison_pool(x.numel() * x.element_size())
+    return y, backward(to_cupy(dy), y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n", SHAPES, ids=IDS)
+@pytest.mark.parametrize("op", list(OPS))
+def test_forward_and_backward_match_torch_float64(op, rows, n, dtype):
+    dt = DTYPES[dtype]
+    x, dy = random((rows, n), dt), random((rows, n), dt)
+    y, dx = _run(op, x, dy)
+    ry, rdx = _reference(op, x, dy)
+    assert isinstance(y, cupy.ndarray), "CuPy in, CuPy out"
+    check(y, ry, dt, f"{op} y")
+    check(dx, rdx, dt, f"{op} dx", factor=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [31, 4096, 65536])
+@pytest.mark.parametrize("op", list(OPS))
+def test_large_magnitude_inputs_neither_overflow_nor_give_nan(op, n, dtype):
+    """exp(1e4) overflows float32: only the max subtraction keeps these finite."""
+    dt = DTYPES[dtype]
+    # float16 tops out at 65504: log_softmax's x - max must stay finite there too.
+    scale = 3e3 if dt is torch.float16 else 1e4
+    x = random((8, n), dt, scale=scale)
+    dy = random((8, n), dt)
+    y, dx = _run(op, x, dy)
+    ry, rdx = _reference(op, x, dy)
+    for got, name in ((y, "y"), (dx, "dx")):
+        assert not cupy.isnan(got).any() and not cupy.isinf(got).any(), f"{op} {name}: NaN or inf"
+    check(y, ry, dt, f"{op} y, large inputs")
+    check(dx, rdx, dt, f"{op} dx, large inputs", factor=2)
+
+
+def test_minus_infinity_entries_get_zero_probability():
+    x = random((4, 1000), torch.float32)
+    x[:, ::3] = float("-inf")
+    y = rawops.softmax(to_cupy(x))
+    check(y, torch.softmax(x.double(), -1), torch.float32, "masked softmax")
+    assert (cupy.asarray(y)[:, ::3] == 0).all()
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_deterministic(op):
+    x, dy = random((4096, 4097), torch.float32), random((4096, 4097), torch.float32)
+    a, b = _run(op, x, dy), _run(op, x, dy)
+    assert cupy.array_equal(a[0], b[0]) and cupy.array_equal(a[1], b[1])
+
+
+def test_in_place_out():
+    x = random((16, 65536), torch.bfloat16)
+    expected = torch.softmax(x.double(), -1)
+    xc = to_cupy(x)
+    assert rawops.softmax(xc, out=xc).data.ptr == x.data_ptr()
+    check(x, expected, torch.bfloat16, "in place")
+
+
+# ------------------------------------------------------------------------------ torch adapter
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", list(OPS))
+def test_adapter_autograd_matches_torch(op, dtype):
+    from rawops import torch_adapter as ta
+
+    dt = DTYPES[dtype]
+    x, dy = random((67, 1000), dt), random((67, 1000), dt)
+    leaf = x.clone().requires_grad_()
+    y = getattr(ta, op)(leaf)
+    y.backward(dy)
+    ry, rdx = _reference(op, x, dy)
+    check(y.detach(), ry, dt, "adapter y")
+    check(leaf.grad, rdx, dt, "adapter dx", factor=2)
+    with torch.no_grad():
+        assert torch.equal(getattr(ta, op)(x), y.detach()), "no-grad path == autograd path"
+
+
+def test_adapter_module_and_compile():
+    from rawops import torch_adapter as ta
+
+    x = random((32, 768), torch.float32)
+    check(ta.Softmax(-1)(x), torch.nn.Softmax(-1)(x.double()), torch.float32, "Softmax module")
+    compiled = torch.compile(lambda x: ta.log_softmax(ta.softmax(x)), fullgraph=True)
+    leaf = x.clone().requires_grad_()
+    compiled(leaf).sum().backward()
+    ref = x.double().requires_grad_()
+    torch.log_softmax(torch.softmax(ref, -1), -1).sum().backward()
+    check(leaf.grad, ref.grad, torch.float32, "compiled grad", factor=2)
+
+
+def test_adapter_gradcheck():
+    from rawops import torch_adapter as ta
+
+    x = random((3, 9), torch.float32).requires_grad_()
+    assert torch.autograd.gradcheck(ta.log_softmax, (x,), eps=1e-2, atol=3e-2, rtol=3e-2)
