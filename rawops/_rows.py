@@ -3,7 +3,7 @@ the checks of their arguments. Kernels: kernels/include/rawops/rows.cuh.
 
 Every row kernel runs 512-thread blocks in one of three modes (rows.cuh explains them); the
 mode and grid are pure arithmetic of the row width, tested without a GPU
-(tests/test_rows_plan.py).
+(tests/test_rows.py).
 """
 from ._launch import FLOAT_SUFFIXES, as_array, resolve_device
 from . import _modules

@@ -563,7 +563,7 @@ def _softmax_ops(op):
                              lambda dy, y: _softmax_bwd(op, dy, y), lambda dy, y: torch.empty_like(y))
     forward_op = _custom_op(
         op, "(Tensor x) -> Tensor", lambda x: _softmax_fwd(op, x), _like,
-        lambda ctx, dy: backward_op(dy, ctx.saved_tensors[0]),
+        lambda ctx, dy: (backward_op(dy, ctx.saved_tensors[0]),),
         lambda ctx, inputs, output: ctx.save_for_backward(output))
     return forward_op, backward_op
 
