@@ -11,6 +11,9 @@
 // j = lane, lane + width, ... (ELEMS / V of them), so a warp's loads are 512 contiguous bytes.
 // Without 16-byte alignment (row start or another operand) the same layout is read element by
 // element, with bounds checks: correct for any width, slower.
+// NVRTC fallback: untested for these families. CUB needs its headers on the include path,
+// which rawops/_modules.py's NVRTC options do not add (nvcc finds them itself); a build
+// without nvcc would need CuPy's bundled CCCL path added there.
 #pragma once
 
 #include <cub/cub.cuh>
