@@ -171,7 +171,7 @@ def test_simulation_mirrors_the_kernel_source():
         "if (threadIdx.x < n - tail) map_scalar<Op>(a, b, c, out, tail + threadIdx.x, inner, alpha);",
         "const int64_t j = first_vec + k * blockDim.x;",
         "const int64_t first = head + j * V;",
-        "__launch_bounds__(256)",
+        "__launch_bounds__(RAWOPS_MAP_MAX_THREADS)",
     ]
     if CHUNK_LOOP:
         lines += [
@@ -185,6 +185,8 @@ def test_simulation_mirrors_the_kernel_source():
         assert line in source, f"kernels/elementwise.cu no longer has: {line}"
     unroll = re.search(r"(?:constexpr int kUnroll = |#define RAWOPS_MAP_UNROLL )(\d+)", source)
     assert unroll and int(unroll.group(1)) == UNROLL
+    bound = re.search(r"#define RAWOPS_MAP_MAX_THREADS (\d+)", source)
+    assert bound and int(bound.group(1)) >= THREADS, "the launcher's block must fit the kernels' launch bounds"
 
 
 def _phases(itemsize):
