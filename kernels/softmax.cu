@@ -16,9 +16,9 @@ namespace rawops {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-__device__ __forceinline__ float exp_shifted(float x, float max_log2e) {  // exp(x - max)
-  return exp2f(fmaf(x, kLog2e, -max_log2e));
-}
+// exp(x - max), subtracting first: x == max gives exactly 1 (an fma of x * log2e against a
+// rounded max * log2e left a residual, so a one-element log_softmax was ~1e-7, not 0).
+__device__ __forceinline__ float exp_shifted(float x, float max) { return exp2f((x - max) * kLog2e); }
 
 template <typename T, bool LOG>
 __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
@@ -34,26 +34,25 @@ __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* _
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         if (v[e] > m) {
-          s = s * exp_shifted(m, v[e] * kLog2e) + 1.f;
+          s = s * exp_shifted(m, v[e]) + 1.f;
           m = v[e];
         } else if (m != -INFINITY) {  // -inf - -inf would be NaN; those add 0
-          s += exp_shifted(v[e], m * kLog2e);
+          s += exp_shifted(v[e], m);
         } else if (v[e] != v[e]) {
           s = v[e];  // NaN propagates, as in torch
         }
       }
     }
     const float row_max = row_reduce(m, MaxOp(), false, red);
-    const float scaled = m == -INFINITY ? s : s * exp_shifted(m, row_max * kLog2e);
+    const float scaled = m == -INFINITY ? s : s * exp_shifted(m, row_max);
     const float sum = row_reduce(scaled, SumOp(), false, red);
-    const float max_log2e = row_max * kLog2e;
     const float inv = 1.f / sum, log_sum = logf(sum);
     T* yr = y + row * n;
     for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
       float v[V];
       load_row(xr, j, n, vec, 0.f, v);
 #pragma unroll
-      for (int e = 0; e < V; ++e) v[e] = LOG ? v[e] - row_max - log_sum : exp_shifted(v[e], max_log2e) * inv;
+      for (int e = 0; e < V; ++e) v[e] = LOG ? v[e] - row_max - log_sum : exp_shifted(v[e], row_max) * inv;
       store_row(yr, j, n, vec, v);
     }
   }
@@ -81,13 +80,12 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
       for (int e = 0; e < V; ++e) m = fmaxf(m, v[k][e]);
     }
     const float row_max = row_reduce(m, MaxOp(), c.warp, red);
-    const float max_log2e = row_max * kLog2e;
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float p = exp_shifted(v[k][e], max_log2e);
+        const float p = exp_shifted(v[k][e], row_max);
         s += p;
         if (!LOG) v[k][e] = p;
       }

@@ -49,9 +49,10 @@ def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, 
     """One forward launch (op: 'layer_norm' or 'rms_norm'); pointers checked by the caller,
     0 for an absent weight / bias / mean. rows > 0 and n > 0."""
     mode, blocks = forward_plan(rows, n)
-    vec = _rows.vectors(n, itemsize, x, weight, bias, y)
+    # Flags, not null pointers, say what is absent (see the note in kernels/norm.cu).
+    flags = _rows.vectors(n, itemsize, x, weight, bias, y) | (2 if weight else 0) | (4 if bias else 0)
     launch(_rows.function(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), _rows.ROW_THREADS,
-           0, stream, (x, weight, bias, y, mean, rstd, rows, n, mode, vec, eps), FWD_KINDS, device)
+           0, stream, (x, weight or x, bias or x, y, mean, rstd, rows, n, mode, flags, eps), FWD_KINDS, device)
 
 
 def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, partial_dw, partial_db, dweight,
@@ -59,9 +60,9 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
     """dx, and dweight / dbias (0: not wanted) through partial buffers of plan[1] x n float32
     each (0 where not wanted), plan = backward_plan(rows, n, sms). rows > 0 and n > 0."""
     mode, blocks = plan
-    vec = _rows.vectors(n, itemsize, dy, x, weight, dx)
+    flags = _rows.vectors(n, itemsize, dy, x, weight, dx) | (2 if weight else 0)
     launch(_rows.function(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), _rows.ROW_THREADS,
-           0, stream, (dy, x, weight, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, vec), BWD_KINDS,
+           0, stream, (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, flags), BWD_KINDS,
            device)
     if dweight or dbias:
         launch(_rows.function(FAMILY, _rows.kernel_name("norm_param_grad", dtype), device),
