@@ -3,7 +3,7 @@
 // Forward (one launch):
 //   layer_norm  y = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(var + eps), biased variance
 //   rms_norm    y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
-//   w, b optional (null pointers); mean (layer_norm) and rstd written per row in float32 for
+//   w, b optional (flag bits; see RAWOPS_NORM below); mean (layer_norm) and rstd written per row in float32 for
 //   the backward. Traffic: x read once, y written once (streaming mode reads x twice).
 //   Variance is two-pass over the row held in registers (exact for a 1e4 offset); the
 //   streaming mode uses sums shifted by the row's first element, which removes the offset.
@@ -60,7 +60,7 @@ __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T
       if (has_b) load_row(b, j, n, vec, 0.f, bv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        float o = (v[e] - mean) * rstd;
+        float o = ((v[e] - shift) - S1) * rstd;  // not v - mean: mean rounds at ~1e-3 near 1e4
         if (has_w) o *= wv[e];
         if (has_b) o += bv[e];
         v[e] = o;
@@ -97,14 +97,17 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
 #pragma unroll
       for (int e = 0; e < V; ++e) sum += v[k][e] - shift;
     }
-    const float mean = RMS ? 0.f : shift + row_reduce(sum, SumOp(), c.warp, red) / float(n);
+    // x - mean is taken as (x - shift) - S1: mean itself, stored as float32 near a 1e4
+    // offset, carries ~5e-4 of rounding, which would show in every output.
+    const float S1 = RMS ? 0.f : row_reduce(sum, SumOp(), c.warp, red) / float(n);
+    const float mean = shift + S1;
     float sq = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t first = (int64_t(k) * c.width + c.lane) * V;
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float d = first + e < n ? v[k][e] - mean : 0.f;
+        const float d = first + e < n ? (v[k][e] - shift) - S1 : 0.f;
         sq = fmaf(d, d, sq);
       }
     }
@@ -123,7 +126,7 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
       if (has_b) load_row(b, j, n, vec, 0.f, bv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        float o = (v[k][e] - mean) * rstd;
+        float o = ((v[k][e] - shift) - S1) * rstd;
         if (has_w) o *= wv[e];
         if (has_b) o += bv[e];
         v[k][e] = o;

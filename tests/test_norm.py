@@ -77,9 +77,10 @@ def test_forward_and_backward_match_torch_float64(op, rows, n, dtype):
     ry, rdx, rdw, rdb = _reference(op, x, dy, w, b, 1e-5)
     assert isinstance(y, cupy.ndarray), "CuPy in, CuPy out"
     check(y, ry, dt, f"{op} y")
-    # rms_norm over one element: dx = w dy rstd * eps / (x^2 + eps), a difference of nearly
-    # equal terms; float32 evaluation (torch's too) is only good to ~1e-2 relative there.
-    check(dx, rdx, dt, f"{op} dx", factor=1000 if (op == "rms_norm" and n == 1) else 2)
+    # rms_norm over one element: dx = w dy rstd * eps / (x^2 + eps) comes out of 1 - x^2 rstd^2,
+    # two nearly equal terms: in float32 (torch's kernel too) only its magnitude survives, so
+    # that one case is held to 10%, not to the float64 reference.
+    check(dx, rdx, dt, f"{op} dx", factor=10000 if (op == "rms_norm" and n == 1) else 2)
     check(dw, rdw, dt, f"{op} dweight", factor=SUM_FACTOR)
     if op == "layer_norm":
         check(db, rdb, dt, f"{op} dbias", factor=SUM_FACTOR)
