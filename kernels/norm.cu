@@ -142,6 +142,21 @@ __device__ __forceinline__ float norm_dx(float g, float xhat, float rstd, float 
   return rstd * (g - (RMS ? 0.f : mean_g) - xhat * mean_gx);
 }
 
+// mean(x - m) over a row read from memory, m near the mean (a block reduction).
+template <typename T>
+__device__ __forceinline__ float residual_mean(const T* xr, int64_t n, int64_t nvec, bool vec, float m,
+                                               RowReduceStorage& red) {
+  constexpr int V = Vec16<T>::size;
+  float s = 0.f;
+  for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+    float xv[V];
+    load_row(xr, j, n, vec, m, xv);  // padding equal to m adds 0
+#pragma unroll
+    for (int e = 0; e < V; ++e) s += xv[e] - m;
+  }
+  return row_reduce(s, SumOp(), false, red) / float(n);
+}
+
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const T* __restrict__ x,
                                                 const T* __restrict__ w, const float* __restrict__ mean_in,
@@ -166,7 +181,10 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * n;
     const T* dyr = dy + row * n;
-    const float mean = RMS ? 0.f : mean_in[row];
+    // x - mean as (x - m) - r with m the forward's float32 mean and r = mean(x - m): exact
+    // even near a 1e4 offset, where m alone carries ~5e-4 of rounding.
+    const float m = RMS ? 0.f : mean_in[row];
+    const float r = RMS ? 0.f : residual_mean(xr, n, nvec, vec, m, red);
     const float rstd = rstd_in[row];
     float sg = 0.f, sgx = 0.f;
     for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
@@ -176,7 +194,7 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
       if (has_w) load_row(w, j, n, vec, 1.f, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float xhat = (xv[e] - mean) * rstd;
+        const float xhat = ((xv[e] - m) - r) * rstd;
         const int64_t col = j * V + e;
         if (col < n) {
           if (pdw) pdw[col] = fmaf(gv[e], xhat, pdw[col]);
@@ -198,7 +216,7 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float g = has_w ? gv[e] * wv[e] : gv[e];
-        xv[e] = norm_dx<RMS>(g, (xv[e] - mean) * rstd, rstd, mean_g, mean_gx);
+        xv[e] = norm_dx<RMS>(g, ((xv[e] - m) - r) * rstd, rstd, mean_g, mean_gx);
       }
       store_row(dxr, j, n, vec, xv);
     }
@@ -228,20 +246,28 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   for (int64_t row = c.row; row < rows; row += c.step) {
     const T* xr = x + row * n;
     const T* dyr = dy + row * n;
-    const float mean = RMS ? 0.f : mean_in[row];
+    // x - mean as (x - m) - r, as in the streaming mode above.
+    const float m = RMS ? 0.f : mean_in[row];
     const float rstd = rstd_in[row];
     float xv[ITEMS][V], gv[ITEMS][V];  // become xhat and g = dy * w
+    float sr = 0.f;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      load_row(xr, int64_t(k) * c.width + c.lane, n, vec, m, xv[k]);  // padding equal to m adds 0
+#pragma unroll
+      for (int e = 0; e < V; ++e) sr += xv[k][e] - m;
+    }
+    const float r = RMS ? 0.f : row_reduce(sr, SumOp(), c.warp, red) / float(n);
     float sg = 0.f, sgx = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
       float wv[V];
-      load_row(xr, j, n, vec, 0.f, xv[k]);
       load_row(dyr, j, n, vec, 0.f, gv[k]);  // dy = 0 past the row's end: adds nothing below
       if (has_w) load_row(w, j, n, vec, 1.f, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float xhat = (xv[k][e] - mean) * rstd;
+        const float xhat = ((xv[k][e] - m) - r) * rstd;
         acc_db[k][e] += gv[k][e];
         acc_dw[k][e] = fmaf(gv[k][e], xhat, acc_dw[k][e]);
         const float g = has_w ? gv[k][e] * wv[e] : gv[k][e];
