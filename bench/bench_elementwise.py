@@ -6,7 +6,6 @@ compared with the measured device-to-device copy. Host time: per call at 1K elem
 
     python bench/bench_elementwise.py [--out bench/results]
 """
-import argparse
 import os
 import sys
 
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import copy_ceiling_tbps, device_time_us, host_times_us, write_results  # noqa: E402
+from timing import device_time_us, host_times_us, start, write_results  # noqa: E402
 
 N = 64 << 20
 ALPHA = 0.37
@@ -143,22 +142,18 @@ def plot(rows, ceiling, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("bench: no CUDA GPU here; the benchmark needs one (the tests run without).", file=sys.stderr)
+    started = start(__doc__.splitlines()[0])
+    if started is None:
         return 1
+    out_dir, ceiling = started
     from rawops import torch_adapter as ta
 
-    ceiling = copy_ceiling_tbps()
-    print(f"copy ceiling: {ceiling:.3f} TB/s", flush=True)
     command = "python bench/bench_elementwise.py"
     rows = device_rows(ta, ceiling)
     h_rows = host_rows(ta)
     header = ["op", "dtype", "rawops us", "torch us", "rawops TB/s", "torch TB/s", "of copy ceiling", "x torch",
               "meets target"]
-    text = write_results(args.out, "elementwise", command, [
+    text = write_results(out_dir, "elementwise", command, [
         ("Device time, 64M elements", header, rows,
          {"copy ceiling TB/s": round(ceiling, 3),
           "targets": "forward >= 95% of copy ceiling and >= 1.0x torch (fused ops >= 1.9x); backward >= 1.0x torch"}),
@@ -166,7 +161,7 @@ def main():
          h_rows, {"method": "perf_counter over 1000 back-to-back calls, 15 rounds interleaved across all "
                             "rows, median"}),
     ])
-    plot(rows, ceiling, os.path.join(args.out, "elementwise.png"))
+    plot(rows, ceiling, os.path.join(out_dir, "elementwise.png"))
     print(text)
     return 0
 

@@ -8,7 +8,6 @@ weight/bias and the float32 statistics are counted too (small next to the rows).
 
     python bench/bench_norm.py [--out bench/results]
 """
-import argparse
 import os
 import sys
 
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import copy_ceiling_tbps, device_time_us, write_results  # noqa: E402
+from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS = 16384
 WIDTHS = (4096, 768, 1000)
@@ -85,20 +84,16 @@ def device_rows(ta, ceiling):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("bench: no CUDA GPU here; the benchmark needs one (the tests run without).", file=sys.stderr)
+    started = start(__doc__.splitlines()[0])
+    if started is None:
         return 1
+    out_dir, ceiling = started
     from rawops import torch_adapter as ta
 
-    ceiling = copy_ceiling_tbps()
-    print(f"copy ceiling: {ceiling:.3f} TB/s", flush=True)
     rows = device_rows(ta, ceiling)
     header = ["op", "width", "dtype", "rawops us", "torch us", "rawops TB/s", "torch TB/s", "of copy ceiling",
               "x torch", "meets target"]
-    text = write_results(args.out, "norm", "python bench/bench_norm.py", [
+    text = write_results(out_dir, "norm", "python bench/bench_norm.py", [
         (f"Device time, {ROWS} rows", header, rows,
          {"copy ceiling TB/s": round(ceiling, 3),
           "targets (width 4096)": "forward >= 90% of the copy ceiling; backward >= 2.0x torch's backward",

@@ -62,7 +62,6 @@ def main():
     import ml_dtypes
 
     major, minor = cupy.cuda.Device().compute_capability
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     buffers = {}
     rows = []
     for unroll, loads in ((1, "nc"), (1, "cs"), (2, "nc"), (2, "cs")):

@@ -50,6 +50,23 @@ def copy_ceiling_tbps(nbytes=1 << 30):
     return 2 * nbytes / us / 1e6
 
 
+def start(description):
+    """The common start of a benchmark script: (--out folder, copy ceiling), or None with a
+    one-line message when there is no GPU."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench: no CUDA GPU here; the benchmark needs one (the tests run without).", file=sys.stderr)
+        return None
+    ceiling = copy_ceiling_tbps()
+    print(f"copy ceiling: {ceiling:.3f} TB/s", flush=True)
+    return args.out, ceiling
+
+
 def device_name():
     props = torch.cuda.get_device_properties(0)
     return f"{props.name} ({props.multi_processor_count} SMs, torch {torch.__version__})"
