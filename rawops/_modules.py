@@ -91,8 +91,20 @@ def _nvrtc_module(family):
         )
     with open(cu_path) as f:
         code = f.read()
-    options = ("-std=c++17", f"-I{os.path.join(source_dir, 'include')}")
-    return cupy.RawModule(code=code, options=options, backend="nvrtc")
+    return cupy.RawModule(code=code, options=nvrtc_options(), backend="nvrtc")
+
+
+def nvrtc_options():
+    """NVRTC options for the shipped sources: rawops' headers, and the CUB/Thrust/libcu++
+    headers that CuPy bundles (nvcc finds CUB itself; NVRTC does not)."""
+    import cupy
+
+    options = ["-std=c++17", f"-I{os.path.join(kernel_source_dir(), 'include')}"]
+    cccl = os.path.join(os.path.dirname(cupy.__file__), "_core", "include", "cupy", "_cccl")
+    for part in ("cub", "thrust", "libcudacxx"):
+        if os.path.isdir(os.path.join(cccl, part)):
+            options.append(f"-I{os.path.join(cccl, part)}")
+    return tuple(options)
 
 
 def _load_module(family, device):

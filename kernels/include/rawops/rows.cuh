@@ -11,12 +11,14 @@
 // j = lane, lane + width, ... (ELEMS / V of them), so a warp's loads are 512 contiguous bytes.
 // Without 16-byte alignment (row start or another operand) the same layout is read element by
 // element, with bounds checks: correct for any width, slower.
-// NVRTC fallback: untested for these families. CUB needs its headers on the include path,
-// which rawops/_modules.py's NVRTC options do not add (nvcc finds them itself); a build
-// without nvcc would need CuPy's bundled CCCL path added there.
+// NVRTC fallback: rawops/_modules.py adds CuPy's bundled CUB to NVRTC's include path;
+// tests/test_nvrtc.py compiles every family that way (no GPU needed).
 #pragma once
 
-#include <cub/cub.cuh>
+// Only the block and warp reductions: cub/cub.cuh also pulls in device-wide dispatch (host
+// code), which NVRTC, the no-nvcc fallback, rejects.
+#include <cub/block/block_reduce.cuh>
+#include <cub/warp/warp_reduce.cuh>
 
 #include "rawops/dtype.cuh"
 
