@@ -69,5 +69,7 @@ extensions = cythonize(
 setup(
     ext_modules=extensions,
     cmdclass={"build_ext": BuildKernelsAndExtensions},
+    # The generated C of the launcher is a build intermediate, not package data.
+    exclude_package_data={"rawops": ["*.c"]},
     package_data={"rawops": ["_fatbin/*.fatbin", "_fatbin/manifest.json", "_kernels/*.cu", "_kernels/include/rawops/*.cuh"]},
 )

@@ -108,6 +108,7 @@ def test_wheel_ships_the_fatbin_kernel_sources_launcher_and_modules(nvcc_wheel):
     for module in MODULES:
         assert f"rawops/{module}.py" in names
     assert not [n for n in names if n.startswith(("tests/", "kernels/", "build/"))], sorted(names)
+    assert "rawops/_launch.c" not in names, "the launcher's generated C is a build intermediate"
 
 
 @needs_source_tree
