@@ -43,16 +43,22 @@ def info():
         props = cupy.cuda.runtime.getDeviceProperties(device)
         print(f"device {device}: {props['name'].decode()} sm_{props['major']}{props['minor']}, "
               f"{props['multiProcessorCount']} SMs, {props['totalGlobalMem'] / 2**30:.1f} GiB")
-    from . import elementwise
+    import importlib
 
-    loaded = 0
-    for name in elementwise.KERNELS:
-        for kernel in elementwise.MAP[name].kernel_names():
-            _modules.get_function(elementwise.FAMILY, kernel, 0)
-            loaded += 1
-    print(f"kernels loaded on device 0: {loaded}")
-    for family, name, device in _modules.loaded_functions():
-        print(f"  {family}.{name}")
+    from ._launch import FLOAT_SUFFIXES
+
+    for family in _modules.families():  # every kernel each family's table lists, per dtype
+        table = getattr(importlib.import_module(f"rawops.{family}"), "KERNELS", {})
+        loaded = []
+        for base in table:
+            for suffix in FLOAT_SUFFIXES:
+                try:
+                    _modules.get_function(family, f"{base}_{suffix}", 0)
+                    loaded.append(f"{base}_{suffix}")
+                except cupy.cuda.driver.CUDADriverError as error:
+                    if "NOT_FOUND" not in str(error):  # else: an op not instantiated for this dtype
+                        raise
+        print(f"{family}: {len(loaded)} kernels loaded on device 0: {' '.join(loaded)}")
     return 0
 
 
