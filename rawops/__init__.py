@@ -21,6 +21,7 @@ from .elementwise import (
     relu_scale_add_backward,
     relu_scale_backward,
 )
+from .mlp import seed_mlp
 from .norm import (
     layer_norm,
     layer_norm_backward,
@@ -56,6 +57,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_forward",
+    "seed_mlp",
     "softmax",
     "softmax_backward",
 ]

@@ -680,3 +680,42 @@ class Softmax(torch.nn.Module):
 
     def extra_repr(self):
         return f"dim={self.dim}"
+
+
+# =================================================================== MLP (first slice: the seed network, forward)
+# The same launch as rawops.seed_mlp, from data_ptr() on torch's current stream. Forward only:
+# no autograd Function or custom op yet, so a call that would need a gradient is refused
+# rather than silently cut from the graph.
+from . import mlp as _mlp  # noqa: E402
+
+
+def seed_mlp(x, weights, biases, output_activation="none"):
+    """The 100-128-64-10 ReLU network in one launch: weights = (W1, W2, W3) and biases =
+    (b1, b2, b3) in torch.nn.Linear layout, float32 CUDA tensors; x of shape (batch, 100).
+    Forward only (no backward yet): inputs must not require grad while grad mode is on."""
+    if output_activation not in _mlp.OUTPUT_ACTIVATIONS:
+        raise ValueError(f"output_activation must be one of {sorted(_mlp.OUTPUT_ACTIVATIONS)}, "
+                         f"got {output_activation!r}")
+    if len(weights) != 3 or len(biases) != 3:
+        raise ValueError(f"seed_mlp takes 3 weights and 3 biases, got {len(weights)} and {len(biases)}")
+    n_in, h1, h2, n_out = _mlp.SEED_SIZES
+    named = [("x", x, (None, n_in)), ("w1", weights[0], (h1, n_in)), ("b1", biases[0], (h1,)),
+             ("w2", weights[1], (h2, h1)), ("b2", biases[1], (h2,)), ("w3", weights[2], (n_out, h2)),
+             ("b3", biases[2], (n_out,))]
+    for name, t, shape in named:
+        code = _rows_code(t, name, like=None if name == "x" else x)
+        if code != 0:
+            raise TypeError(f"{name} has dtype {t.dtype}; seed_mlp supports float32")
+        if t.dim() != len(shape) or any(w is not None and g != w for g, w in zip(t.shape, shape)):
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {_mlp._shape_text(shape)}")
+    if torch.is_grad_enabled() and any(t.requires_grad for _, t, _ in named):
+        raise NotImplementedError("seed_mlp has no backward yet: call it under torch.no_grad() or on "
+                                  "detached tensors")
+    batch = x.shape[0]
+    y = torch.empty((batch, n_out), dtype=torch.float32, device=x.device)
+    if batch:
+        device = x.get_device()
+        _on_device(device, lambda: _mlp.launch_seed_forward(
+            device, *(t.data_ptr() for _, t, _ in named), y.data_ptr(), batch,
+            _mlp.OUTPUT_ACTIVATIONS[output_activation], _raw_stream(device)))
+    return y

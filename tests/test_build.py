@@ -372,8 +372,12 @@ import importlib  # noqa: E402
 norm = importlib.import_module("rawops.norm")
 softmax = importlib.import_module("rawops.softmax")
 
-# family -> its Python table; the fatbin must hold <base>_<suffix> for each, on every arch.
+mlp = importlib.import_module("rawops.mlp")
+
+# family -> its Python table; the fatbin must hold <base>_<suffix> for each, on every arch
+# (suffixes: the module's SUFFIXES where a family exists in fewer dtypes, as mlp).
 ROW_FAMILIES = {"norm": norm, "softmax": softmax}
+TABLE_FAMILIES = {**ROW_FAMILIES, "mlp": mlp}
 # CUB's util_device.cuh defines one global kernel (EmptyKernel, for its PTX-version query)
 # in every unit that includes it; it is not ours and nothing launches it.
 CUB_INTERNAL = re.compile(r"^_ZN3cub\w*EmptyKernel")
@@ -389,11 +393,12 @@ def _row_family_fatbin(family):
 
 
 def _row_family_expected(family):
-    return {f"{base}_{suffix}" for base in ROW_FAMILIES[family].KERNELS for suffix in SUFFIXES}
+    module = TABLE_FAMILIES[family]
+    return {f"{base}_{suffix}" for base in module.KERNELS for suffix in getattr(module, "SUFFIXES", SUFFIXES)}
 
 
 @needs_cuobjdump
-@pytest.mark.parametrize("family", sorted(ROW_FAMILIES))
+@pytest.mark.parametrize("family", sorted(TABLE_FAMILIES))
 def test_row_family_fatbin_has_every_table_kernel_on_every_architecture(family):
     path = _row_family_fatbin(family)
     assert sorted(list_elf_archs(path)) == expected_elf_archs()
@@ -408,7 +413,7 @@ def test_row_family_fatbin_has_every_table_kernel_on_every_architecture(family):
 
 
 @needs_cuobjdump
-@pytest.mark.parametrize("family", sorted(ROW_FAMILIES))
+@pytest.mark.parametrize("family", sorted(TABLE_FAMILIES))
 def test_row_family_ptx_has_every_table_kernel(family):
     path = _row_family_fatbin(family)
     if not expected_ptx_archs():
@@ -460,3 +465,19 @@ def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
         assert kinds[key] == expected, f"{name}: launch kinds {kinds[key]!r}, signature {expected!r}"
         for base in (b for b in table if b.endswith(key) or b == key):
             assert len(table[base]) == len(expected), f"{base}: one argument name per kernel parameter"
+
+
+def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signatures():
+    # mlp's kernels are plain extern "C" functions, one per dtype it exists in; the launch
+    # kinds must match each parameter list (a mismatch passes garbage to the kernel).
+    source = _source("mlp")
+    signatures = dict(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*(\w+)\(([^)]*)\)', source))
+    assert set(signatures) == _row_family_expected("mlp")
+    kinds = {"seed_mlp_fwd": mlp.SEED_FWD_KINDS}
+    assert set(kinds) == set(mlp.KERNELS)
+    for base, expected_kinds in kinds.items():
+        for suffix in mlp.SUFFIXES:
+            params = signatures[f"{base}_{suffix}"].split(",")
+            got = "".join("p" if "*" in p else "f" if p.split()[0] == "float" else "q" for p in params)
+            assert got == expected_kinds, f"{base}_{suffix}: launch kinds {expected_kinds!r}, signature {got!r}"
+            assert [p.split()[-1].lstrip("*") for p in params] == list(mlp.KERNELS[base]), "table names the parameters"
