@@ -437,12 +437,18 @@ cdef int _tensor_code(object t, str name) except -1:
 
 
 cdef int _tensor_like(object t, str name, object like, str like_name) except -1:
-    _tensor_code(t, name)
+    cdef int code = _tensor_code(t, name)
     if t.dtype is not like.dtype:
         raise TypeError(f"{name} has dtype {t.dtype}, expected {like.dtype} like {like_name}")
     if t.get_device() != like.get_device():
         raise ValueError(f"{name} is on {t.device}, {like_name} on {like.device}; all arguments must be on one GPU")
-    return 0
+    return code
+
+
+def tensor_code(t, str name, like=None, str like_name="x"):
+    """The dtype code of a tensor operand after the checks every rawops launch makes (CUDA,
+    float32/float16/bfloat16, contiguous; with `like`, its dtype and GPU)."""
+    return _tensor_code(t, name) if like is None else _tensor_like(t, name, like, like_name)
 
 
 cdef bint _tensors_partially_overlap(object o, object x):

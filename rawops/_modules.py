@@ -24,6 +24,7 @@ DEV_CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/
 _lock = threading.Lock()
 _modules = {}  # (family, device) -> cupy.RawModule
 _functions = {}  # (family, name, device) -> cupy.RawKernel, kept alive with its module
+_pointers = {}  # (family, name, device) -> its CUfunction handle
 _nvrtc_warned = set()
 
 
@@ -141,12 +142,17 @@ def get_function(family, name, device):
 
 
 def function_pointer(family, name, device):
-    """The CUfunction handle (an int) of a kernel on a device, for direct launches."""
-    import cupy
+    """The CUfunction handle (an int) of a kernel on a device, for direct launches; cached,
+    since launches look it up on every call."""
+    key = (family, name, device)
+    pointer = _pointers.get(key)
+    if pointer is None:
+        import cupy
 
-    kernel = get_function(family, name, device)
-    with cupy.cuda.Device(device):
-        return kernel.kernel.ptr
+        kernel = get_function(family, name, device)
+        with cupy.cuda.Device(device):
+            pointer = _pointers[key] = kernel.kernel.ptr
+    return pointer
 
 
 def loaded_functions():

@@ -6,7 +6,6 @@ mode and grid are pure arithmetic of the row width, tested without a GPU
 (tests/test_rows.py).
 """
 from ._launch import FLOAT_SUFFIXES, as_array, resolve_device
-from . import _modules
 
 ROW_THREADS = 512  # kRowThreads
 WARP_ROWS = ROW_THREADS // 32  # rows per block in warp-per-row mode
@@ -40,18 +39,6 @@ def vectors(n, itemsize, *pointers):
     if (n * itemsize) % 16:
         return 0
     return int(all(p % 16 == 0 for p in pointers if p))
-
-
-_functions = {}  # (family, name, device) -> CUfunction
-
-
-def function(family, name, device):
-    """A kernel's CUfunction, cached here: a dict hit is cheaper than _modules' lookup."""
-    key = (family, name, device)
-    ptr = _functions.get(key)
-    if ptr is None:
-        ptr = _functions[key] = _modules.function_pointer(family, name, device)
-    return ptr
 
 
 def kernel_name(base, dtype):

@@ -6,7 +6,7 @@ shape (batch, 100), float32, any batch including 0; weights in torch.nn.Linear l
 reach device memory. Kernels: kernels/mlp.cu.
 """
 from ._launch import as_array, launch, stream_pointer, wait_for_producer
-from . import _rows
+from . import _modules, _rows
 
 FAMILY = "mlp"
 SUFFIXES = ("f32",)  # the dtypes each table kernel exists in (<name>_<suffix>)
@@ -36,7 +36,7 @@ def seed_blocks(batch):
 def launch_seed_forward(device, x, w1, b1, w2, b2, w3, b3, y, batch, flags, stream):
     """One launch on pointers checked by the caller (float32, contiguous, one device);
     batch > 0."""
-    launch(_rows.function(FAMILY, "seed_mlp_fwd_f32", device), (seed_blocks(batch),), SEED_THREADS, 0, stream,
+    launch(_modules.function_pointer(FAMILY, "seed_mlp_fwd_f32", device), (seed_blocks(batch),), SEED_THREADS, 0, stream,
            (x, w1, b1, w2, b2, w3, b3, y, batch, flags), SEED_FWD_KINDS, device)
 
 

@@ -6,7 +6,7 @@ optional, of shape (x.shape[-1],) and x's dtype. The forward also returns the pe
 float32 statistics the backward needs. Kernels: kernels/norm.cu.
 """
 from ._launch import NUMPY_DTYPES, launch, sm_count, stream_pointer, wait_for_producer
-from . import _rows
+from . import _modules, _rows
 
 FAMILY = "norm"
 
@@ -51,7 +51,7 @@ def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, 
     mode, blocks = forward_plan(rows, n)
     # Flags, not null pointers, say what is absent (see the note in kernels/norm.cu).
     flags = _rows.vectors(n, itemsize, x, weight, bias, y) | (2 if weight else 0) | (4 if bias else 0)
-    launch(_rows.function(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), _rows.ROW_THREADS,
            0, stream, (x, weight or x, bias or x, y, mean, rstd, rows, n, mode, flags, eps), FWD_KINDS, device)
 
 
@@ -61,11 +61,11 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
     each (0 where not wanted), plan = backward_plan(rows, n, sms). rows > 0 and n > 0."""
     mode, blocks = plan
     flags = _rows.vectors(n, itemsize, dy, x, weight, dx) | (2 if weight else 0)
-    launch(_rows.function(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), _rows.ROW_THREADS,
            0, stream, (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, flags), BWD_KINDS,
            device)
     if dweight or dbias:
-        launch(_rows.function(FAMILY, _rows.kernel_name("norm_param_grad", dtype), device),
+        launch(_modules.function_pointer(FAMILY, _rows.kernel_name("norm_param_grad", dtype), device),
                (-(-n // PARAM_GRAD_COLUMNS), 2), _rows.ROW_THREADS, 0, stream,
                (partial_dw, partial_db, dweight, dbias, blocks, n), PARAM_GRAD_KINDS, device)
 

@@ -5,7 +5,7 @@ width, any number of rows including 0; math in float32, the row max subtracted f
 overflow at any magnitude). Kernels: kernels/softmax.cu.
 """
 from ._launch import NUMPY_DTYPES, launch, stream_pointer, wait_for_producer
-from . import _rows
+from . import _modules, _rows
 
 FAMILY = "softmax"
 
@@ -32,13 +32,13 @@ def launch_forward(op, device, dtype, itemsize, x, y, rows, n, stream):
     """One forward launch (op: 'softmax' or 'log_softmax') on pointers checked by the
     caller; rows > 0 and n > 0."""
     mode, blocks = forward_plan(rows, n)
-    launch(_rows.function(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), _rows.ROW_THREADS,
            0, stream, (x, y, rows, n, mode, _rows.vectors(n, itemsize, x, y)), FWD_KINDS, device)
 
 
 def launch_backward(op, device, dtype, itemsize, dy, y, dx, rows, n, stream):
     mode, blocks = backward_plan(rows, n)
-    launch(_rows.function(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), _rows.ROW_THREADS,
            0, stream, (dy, y, dx, rows, n, mode, _rows.vectors(n, itemsize, dy, y, dx)), BWD_KINDS, device)
 
 

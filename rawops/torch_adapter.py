@@ -12,9 +12,8 @@ Everything is capturable in torch.cuda.graph: launches only, no allocation outsi
 import torch
 
 from . import elementwise as _ew
-from ._launch import register_torch, sm_count
+from ._launch import register_torch, sm_count, tensor_code
 
-_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda device: torch.cuda.current_stream(device).cuda_stream)
@@ -36,7 +35,7 @@ def _column_sum(x):
     partial = torch.empty((chunks, cols), dtype=torch.float32, device=x.device)
     out = torch.empty(cols, dtype=x.dtype, device=x.device)
     with torch.cuda.device(device):
-        _ew.launch_column_sum(device, _DTYPE_CODES[x.dtype], x.data_ptr(), partial.data_ptr(), out.data_ptr(),
+        _ew.launch_column_sum(device, tensor_code(x, "dx"), x.data_ptr(), partial.data_ptr(), out.data_ptr(),
                               rows, cols, chunks, rows_per_chunk, _raw_stream(device))
     return out
 
@@ -368,22 +367,7 @@ from . import norm as _norm  # noqa: E402
 _sm = importlib.import_module("rawops.softmax")  # the attribute rawops.softmax is the function
 
 
-def _rows_code(t, name, like=None):
-    """dtype code of a CUDA float tensor; the same checks and messages as the launcher's."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    code = _DTYPE_CODES.get(t.dtype)
-    if code is None:
-        raise TypeError(f"{name} has dtype {t.dtype}; rawops supports float32, float16, bfloat16")
-    if like is not None and t.dtype != like.dtype:
-        raise TypeError(f"{name} has dtype {t.dtype}, expected {like.dtype} like x")
-    if not t.is_cuda:
-        raise ValueError(f"{name} is on {t.device}; rawops runs on CUDA tensors")
-    if like is not None and t.device != like.device:
-        raise ValueError(f"{name} is on {t.device}, x on {like.device}; all arguments must be on one GPU")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} is not contiguous; rawops never copies behind your back: pass {name}.contiguous()")
-    return code
+_rows_code = tensor_code  # the launcher's own tensor checks, for the raw-pointer families
 
 
 def _row_input(x, name="x"):
