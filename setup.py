@@ -54,6 +54,10 @@ class BuildKernelsAndExtensions(build_ext):
         for stale in glob.glob(os.path.join(fatbin_dir, "*.fatbin")):  # a removed kernel family
             if os.path.splitext(os.path.basename(stale))[0] not in families:
                 os.remove(stale)
+        only = nvcc_helpers.selected_families()
+        if only is not None:
+            print(f"rawops: {nvcc_helpers.FAMILIES_ENV} set: building only {sorted(only)}")
+            sources = [path for path in sources if os.path.splitext(os.path.basename(path))[0] in only]
         for cu_path in sources:
             family = os.path.splitext(os.path.basename(cu_path))[0]
             out_path = os.path.join(fatbin_dir, f"{family}.fatbin")

@@ -13,6 +13,9 @@ import subprocess
 # SASS for every generation we ship, PTX of the newest so that later GPUs JIT it.
 DEFAULT_ARCHS = "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX"
 ARCH_ENV = "RAWOPS_CUDA_ARCH_LIST"
+# Development only: build just these families ("norm softmax"), e.g. a GPU round on one
+# family; the others' fatbins are left as they are (absent on a fresh machine).
+FAMILIES_ENV = "RAWOPS_FAMILIES"
 NVCC_FLAGS = ("-O3", "-lineinfo", "-std=c++17", "--threads", "0")
 
 
@@ -36,6 +39,12 @@ def parse_arch_list(text):
     if not archs:
         raise ValueError(f"{ARCH_ENV} is empty; expected e.g. {DEFAULT_ARCHS!r}")
     return archs
+
+
+def selected_families():
+    """The families named by RAWOPS_FAMILIES, or None (build all)."""
+    text = os.environ.get(FAMILIES_ENV, "").replace(",", " ").split()
+    return set(text) if text else None
 
 
 def target_archs():

@@ -287,6 +287,7 @@ def test_first_use_from_many_threads_loads_each_module_once(monkeypatch):
 
     monkeypatch.setattr(_modules, "_modules", {})
     monkeypatch.setattr(_modules, "_functions", {})
+    monkeypatch.setattr(_modules, "_pointers", {})
     pointers, errors = [], []
 
     def first_use():
