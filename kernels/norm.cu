@@ -11,11 +11,12 @@
 //   xhat = (x - mean) * rstd, g = dy * w
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))       (rms_norm: no mean(g) term)
 //   dw = sum over rows of dy * xhat, db = sum over rows of dy
-//   norm_bwd: each warp/block takes a fixed set of rows and keeps dw/db partials for its
-//   columns in registers; a block writes one float32 row of partial_dw / partial_db
-//   [gridDim.x, n]. norm_param_grad then sums those rows in a fixed order. x and dy are read
-//   once, dx written once; the partials are gridDim.x rows (a few MB at most).
-// Launch: 512 threads, mode and grid from rawops/_rows.py (see rawops/rows.cuh).
+//   norm_bwd: each row's three sums (of x - m, g and g * (x - m)) in one reduction; each
+//   warp (warp mode) or block takes a fixed set of rows and keeps dw/db partials for its
+//   columns in registers, then writes one float32 row of partial_dw / partial_db [chunks, n]
+//   (chunks: the launch's warps or blocks). norm_param_grad sums those rows in a fixed
+//   order. x and dy are read once, dx written once; the partials are a few MB at most.
+// Launch: mode, block and grid from rawops/_rows.py (see rawops/rows.cuh).
 #include "rawops/rows.cuh"
 
 namespace rawops {
@@ -26,26 +27,27 @@ __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T
                                                 const T* __restrict__ b, T* __restrict__ y,
                                                 float* __restrict__ mean_out, float* __restrict__ rstd_out,
                                                 int64_t rows, int64_t n, float eps, bool vec, bool has_w,
-                                                bool has_b, RowReduceStorage& red) {
+                                                bool has_b, RowReducer& reduce) {
   constexpr int V = Vec16<T>::size;
   const int64_t nvec = (n + V - 1) / V;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * n;
     // Shifted sums: with the shift near the mean, s2 - s1^2/n does not cancel.
     const float shift = RMS ? 0.f : to_float(xr[0]);
-    float s1 = 0.f, s2 = 0.f;
-    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+    float s[2] = {0.f, 0.f};
+    for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float v[V];
       load_row(xr, j, n, vec, shift, v);  // padding equal to the shift adds 0
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float d = v[e] - shift;
-        s1 += d;
-        s2 = fmaf(d, d, s2);
+        s[0] += d;
+        s[1] = fmaf(d, d, s[1]);
       }
     }
-    const float S1 = RMS ? 0.f : row_reduce(s1, SumOp(), false, red) / float(n);
-    const float S2 = row_reduce(s2, SumOp(), false, red) / float(n);
+    reduce.reduce(s, SumOp());
+    const float S1 = RMS ? 0.f : s[0] / float(n);
+    const float S2 = s[1] / float(n);
     const float mean = shift + S1;
     const float rstd = rsqrtf(fmaxf(S2 - S1 * S1, 0.f) + eps);
     if (threadIdx.x == 0) {
@@ -53,7 +55,7 @@ __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T
       rstd_out[row] = rstd;
     }
     T* yr = y + row * n;
-    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+    for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float v[V], wv[V], bv[V];
       load_row(xr, j, n, vec, 0.f, v);
       if (has_w) load_row(w, j, n, vec, 1.f, wv);
@@ -75,14 +77,15 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
                                          const T* __restrict__ b, T* __restrict__ y, float* __restrict__ mean_out,
                                          float* __restrict__ rstd_out, int64_t rows, int64_t n, float eps, int mode,
                                          bool vec, bool has_w, bool has_b) {
-  __shared__ RowReduceStorage red;
+  __shared__ RowReducer::Storage storage;
+  const RowCursor c(mode);
+  RowReducer reduce(storage, c.warp);
   if (mode == kStreamRow) {
-    norm_fwd_stream<T, RMS>(x, w, b, y, mean_out, rstd_out, rows, n, eps, vec, has_w, has_b, red);
+    norm_fwd_stream<T, RMS>(x, w, b, y, mean_out, rstd_out, rows, n, eps, vec, has_w, has_b, reduce);
     return;
   }
   constexpr int V = Vec16<T>::size;
   constexpr int ITEMS = kFwdElems / V;
-  const RowCursor c(mode);
   for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
     const T* xr = x + row * n;
     float v[ITEMS][V];
@@ -99,7 +102,7 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
     }
     // x - mean is taken as (x - shift) - S1: mean itself, stored as float32 near a 1e4
     // offset, carries ~5e-4 of rounding, which would show in every output.
-    const float S1 = RMS ? 0.f : row_reduce(sum, SumOp(), c.warp, red) / float(n);
+    const float S1 = RMS ? 0.f : reduce(sum, SumOp()) / float(n);
     const float mean = shift + S1;
     float sq = 0.f;
 #pragma unroll
@@ -111,7 +114,7 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
         sq = fmaf(d, d, sq);
       }
     }
-    const float rstd = rsqrtf(row_reduce(sq, SumOp(), c.warp, red) / float(n) + eps);
+    const float rstd = rsqrtf(reduce(sq, SumOp()) / float(n) + eps);
     if (c.lane == 0) {
       if (!RMS) mean_out[row] = mean;
       rstd_out[row] = rstd;
@@ -137,39 +140,40 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
 }
 
 // dx of one row from its sums: shared by the register and streaming modes.
-template <bool RMS>
-__device__ __forceinline__ float norm_dx(float g, float xhat, float rstd, float mean_g, float mean_gx) {
-  return rstd * (g - (RMS ? 0.f : mean_g) - xhat * mean_gx);
-}
-
-// mean(x - m) over a row read from memory, m near the mean (a block reduction).
-template <typename T>
-__device__ __forceinline__ float residual_mean(const T* xr, int64_t n, int64_t nvec, bool vec, float m,
-                                               RowReduceStorage& red) {
-  constexpr int V = Vec16<T>::size;
-  float s = 0.f;
-  for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
-    float xv[V];
-    load_row(xr, j, n, vec, m, xv);  // padding equal to m adds 0
-#pragma unroll
-    for (int e = 0; e < V; ++e) s += xv[e] - m;
+//   sums: [0] sum(x - m), [1] sum(g), [2] sum(g * (x - m)), m the forward's float32 mean.
+// x - mean is taken as (x - m) - r with r = mean(x - m): exact even near a 1e4 offset, where
+// m alone carries ~5e-4 of rounding. Then mean(g * xhat) = rstd * (sum(g (x - m)) - r sum(g)) / n.
+struct NormRowTerms {
+  float r, rstd, mean_g, mean_gx;
+  template <bool RMS>
+  __device__ __forceinline__ static NormRowTerms from(const float (&sums)[3], float rstd, float n) {
+    NormRowTerms t;
+    t.r = RMS ? 0.f : sums[0] / n;
+    t.rstd = rstd;
+    t.mean_g = RMS ? 0.f : sums[1] / n;
+    t.mean_gx = rstd * (sums[2] - t.r * sums[1]) / n;
+    return t;
   }
-  return row_reduce(s, SumOp(), false, red) / float(n);
-}
+  __device__ __forceinline__ float xhat(float x, float m) const { return ((x - m) - r) * rstd; }
+  template <bool RMS>
+  __device__ __forceinline__ float dx(float g, float xhat) const {
+    return rstd * (g - (RMS ? 0.f : mean_g) - xhat * mean_gx);
+  }
+};
 
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const T* __restrict__ x,
                                                 const T* __restrict__ w, const float* __restrict__ mean_in,
                                                 const float* __restrict__ rstd_in, T* __restrict__ dx,
                                                 float* partial_dw, float* partial_db, int64_t rows, int64_t n,
-                                                bool vec, bool has_w, RowReduceStorage& red) {
+                                                bool vec, bool has_w, RowReducer& reduce) {
   constexpr int V = Vec16<T>::size;
   const int64_t nvec = (n + V - 1) / V;
   // This block's partial rows, updated in place by the thread that owns each column (same
   // layout every row): no other thread touches them, so no atomics and a fixed order.
   float* pdw = partial_dw ? partial_dw + int64_t(blockIdx.x) * n : nullptr;
   float* pdb = partial_db ? partial_db + int64_t(blockIdx.x) * n : nullptr;
-  for (int64_t col = threadIdx.x * int64_t(V); col < n; col += int64_t(kRowThreads) * V) {
+  for (int64_t col = threadIdx.x * int64_t(V); col < n; col += int64_t(blockDim.x) * V) {
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       if (col + e < n) {
@@ -181,42 +185,38 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * n;
     const T* dyr = dy + row * n;
-    // x - mean as (x - m) - r with m the forward's float32 mean and r = mean(x - m): exact
-    // even near a 1e4 offset, where m alone carries ~5e-4 of rounding.
     const float m = RMS ? 0.f : mean_in[row];
-    const float r = RMS ? 0.f : residual_mean(xr, n, nvec, vec, m, red);
-    const float rstd = rstd_in[row];
-    float sg = 0.f, sgx = 0.f;
-    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+    float sums[3] = {0.f, 0.f, 0.f};
+    for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
+      float xv[V], gv[V], wv[V];
+      load_row(xr, j, n, vec, m, xv);  // padding equal to m adds 0
+      load_row(dyr, j, n, vec, 0.f, gv);
+      if (has_w) load_row(w, j, n, vec, 1.f, wv);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float g = has_w ? gv[e] * wv[e] : gv[e];  // 0 past the row's end (dy padded with 0)
+        sums[0] += xv[e] - m;
+        sums[1] += g;
+        sums[2] = fmaf(g, xv[e] - m, sums[2]);
+      }
+    }
+    reduce.reduce(sums, SumOp());
+    const NormRowTerms t = NormRowTerms::from<RMS>(sums, rstd_in[row], float(n));
+    T* dxr = dx + row * n;
+    for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float xv[V], gv[V], wv[V];
       load_row(xr, j, n, vec, 0.f, xv);
       load_row(dyr, j, n, vec, 0.f, gv);
       if (has_w) load_row(w, j, n, vec, 1.f, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float xhat = ((xv[e] - m) - r) * rstd;
+        const float xhat = t.xhat(xv[e], m);
         const int64_t col = j * V + e;
         if (col < n) {
           if (pdw) pdw[col] = fmaf(gv[e], xhat, pdw[col]);
           if (pdb) pdb[col] += gv[e];
         }
-        const float g = has_w ? gv[e] * wv[e] : gv[e];  // 0 past the row's end (dy padded with 0)
-        sg += g;
-        sgx = fmaf(g, xhat, sgx);
-      }
-    }
-    const float mean_g = RMS ? 0.f : row_reduce(sg, SumOp(), false, red) / float(n);
-    const float mean_gx = row_reduce(sgx, SumOp(), false, red) / float(n);
-    T* dxr = dx + row * n;
-    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
-      float xv[V], gv[V], wv[V];
-      load_row(xr, j, n, vec, 0.f, xv);
-      load_row(dyr, j, n, vec, 0.f, gv);
-      if (has_w) load_row(w, j, n, vec, 1.f, wv);
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float g = has_w ? gv[e] * wv[e] : gv[e];
-        xv[e] = norm_dx<RMS>(g, ((xv[e] - m) - r) * rstd, rstd, mean_g, mean_gx);
+        xv[e] = t.dx<RMS>(has_w ? gv[e] * wv[e] : gv[e], xhat);
       }
       store_row(dxr, j, n, vec, xv);
     }
@@ -229,14 +229,15 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
                                          T* __restrict__ dx, float* __restrict__ partial_dw,
                                          float* __restrict__ partial_db, int64_t rows, int64_t n, int mode, bool vec,
                                          bool has_w) {
-  __shared__ RowReduceStorage red;
+  __shared__ RowReducer::Storage storage;
+  const RowCursor c(mode);
+  RowReducer reduce(storage, c.warp);
   if (mode == kStreamRow) {
-    norm_bwd_stream<T, RMS>(dy, x, w, mean_in, rstd_in, dx, partial_dw, partial_db, rows, n, vec, has_w, red);
+    norm_bwd_stream<T, RMS>(dy, x, w, mean_in, rstd_in, dx, partial_dw, partial_db, rows, n, vec, has_w, reduce);
     return;
   }
   constexpr int V = Vec16<T>::size;
   constexpr int ITEMS = kBwdElems / V;
-  const RowCursor c(mode);
   float acc_dw[ITEMS][V], acc_db[ITEMS][V];
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k)
@@ -246,88 +247,60 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   for (int64_t row = c.row; row < rows; row += c.step) {
     const T* xr = x + row * n;
     const T* dyr = dy + row * n;
-    // x - mean as (x - m) - r, as in the streaming mode above.
     const float m = RMS ? 0.f : mean_in[row];
     const float rstd = rstd_in[row];
-    float xv[ITEMS][V], gv[ITEMS][V];  // become xhat and g = dy * w
-    float sr = 0.f;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      load_row(xr, int64_t(k) * c.width + c.lane, n, vec, m, xv[k]);  // padding equal to m adds 0
-#pragma unroll
-      for (int e = 0; e < V; ++e) sr += xv[k][e] - m;
-    }
-    const float r = RMS ? 0.f : row_reduce(sr, SumOp(), c.warp, red) / float(n);
-    float sg = 0.f, sgx = 0.f;
+    float xv[ITEMS][V], gv[ITEMS][V];  // x - m and dy, then xhat and dy
+    float sums[3] = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
       float wv[V];
-      load_row(dyr, j, n, vec, 0.f, gv[k]);  // dy = 0 past the row's end: adds nothing below
+      load_row(xr, j, n, vec, m, xv[k]);     // padding equal to m adds 0
+      load_row(dyr, j, n, vec, 0.f, gv[k]);  // dy = 0 past the row's end: adds nothing
       if (has_w) load_row(w, j, n, vec, 1.f, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float xhat = ((xv[k][e] - m) - r) * rstd;
-        acc_db[k][e] += gv[k][e];
-        acc_dw[k][e] = fmaf(gv[k][e], xhat, acc_dw[k][e]);
+        xv[k][e] -= m;
         const float g = has_w ? gv[k][e] * wv[e] : gv[k][e];
-        sg += g;
-        sgx = fmaf(g, xhat, sgx);
-        xv[k][e] = xhat;
-        gv[k][e] = g;
+        sums[0] += xv[k][e];
+        sums[1] += g;
+        sums[2] = fmaf(g, xv[k][e], sums[2]);
       }
     }
-    const float mean_g = RMS ? 0.f : row_reduce(sg, SumOp(), c.warp, red) / float(n);
-    const float mean_gx = row_reduce(sgx, SumOp(), c.warp, red) / float(n);
+    reduce.reduce(sums, SumOp());
+    const NormRowTerms t = NormRowTerms::from<RMS>(sums, rstd, float(n));
     T* dxr = dx + row * n;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
       if (j * V >= n) break;
+      float wv[V];
+      if (has_w) load_row(w, j, n, vec, 1.f, wv);  // L1-resident: reloading beats holding it
 #pragma unroll
-      for (int e = 0; e < V; ++e) xv[k][e] = norm_dx<RMS>(gv[k][e], xv[k][e], rstd, mean_g, mean_gx);
+      for (int e = 0; e < V; ++e) {
+        const float xhat = (xv[k][e] - t.r) * rstd;
+        acc_db[k][e] += gv[k][e];
+        acc_dw[k][e] = fmaf(gv[k][e], xhat, acc_dw[k][e]);
+        xv[k][e] = t.dx<RMS>(has_w ? gv[k][e] * wv[e] : gv[k][e], xhat);
+      }
       store_row(dxr, j, n, vec, xv[k]);
     }
   }
 
-  // One partial row per block. Block mode: each thread owns its columns. Warp mode: the 16
-  // warps' partials are added in warp order through shared memory (fixed order: same bits).
-  float* pdw = partial_dw ? partial_dw + int64_t(blockIdx.x) * n : nullptr;
-  float* pdb = partial_db ? partial_db + int64_t(blockIdx.x) * n : nullptr;
-  if (!c.warp) {
+  // One partial row per warp (warp mode) or block, each thread writing its own columns.
+  const int64_t chunk = c.warp ? int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  float* pdw = partial_dw ? partial_dw + chunk * n : nullptr;
+  float* pdb = partial_db ? partial_db + chunk * n : nullptr;
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k)
+  for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const int64_t col = (int64_t(k) * c.width + c.lane) * V + e;
-        if (col < n) {
-          if (pdw) pdw[col] = acc_dw[k][e];
-          if (pdb) pdb[col] = acc_db[k][e];
-        }
+    for (int e = 0; e < V; ++e) {
+      const int64_t col = (int64_t(k) * c.width + c.lane) * V + e;
+      if (col < n) {
+        if (pdw) pdw[col] = acc_dw[k][e];
+        if (pdb) pdb[col] = acc_db[k][e];
       }
-    return;
-  }
-  __shared__ float sum_dw[32 * kBwdElems], sum_db[32 * kBwdElems];  // warp mode: n <= 32 * kBwdElems
-  const int warp = threadIdx.x / 32;
-  for (int turn = 0; turn < kWarpRows; ++turn) {
-    if (warp == turn) {
-#pragma unroll
-      for (int k = 0; k < ITEMS; ++k)
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          const int64_t col = (int64_t(k) * 32 + c.lane) * V + e;
-          if (col < n) {
-            sum_dw[col] = turn ? sum_dw[col] + acc_dw[k][e] : acc_dw[k][e];
-            sum_db[col] = turn ? sum_db[col] + acc_db[k][e] : acc_db[k][e];
-          }
-        }
     }
-    __syncthreads();
-  }
-  for (int64_t col = threadIdx.x; col < n; col += kRowThreads) {
-    if (pdw) pdw[col] = sum_dw[col];
-    if (pdb) pdb[col] = sum_db[col];
-  }
 }
 
 // dw[col] = sum over chunks of partial_dw[chunk, col] (blockIdx.y == 0), db likewise
@@ -364,12 +337,12 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
 // weight / bias still arrive as valid pointers (x): nvcc hoists their loop-invariant loads
 // above the `has_w` test (seen in SASS: a null bias faulted), so a null pointer is unsafe.
 #define RAWOPS_NORM(name, RMS, T, suffix)                                                                   \
-  extern "C" __global__ void __launch_bounds__(rawops::kRowThreads)                                         \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                                         \
       name##_fwd_##suffix(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,               \
                           long long rows, long long n, long long mode, long long vec, float eps) {          \
     rawops::norm_fwd<T, RMS>(x, w, b, y, mean, rstd, rows, n, eps, int(mode), vec & 1, vec & 2, vec & 4);  \
   }                                                                                                         \
-  extern "C" __global__ void __launch_bounds__(rawops::kRowThreads)                                         \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                                         \
       name##_bwd_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, \
                           float* partial_dw, float* partial_db, long long rows, long long n, long long mode, \
                           long long vec) {                                                                  \

@@ -9,7 +9,7 @@
 // Traffic: forward reads x once and writes y once; backward reads y and dy once, writes dx
 // once. Rows wider than the registers hold (streaming mode) are read twice: an online
 // (max, sum) pass, then the pass that writes.
-// Launch: 512 threads, mode and grid from rawops/_rows.py (see rawops/rows.cuh).
+// Launch: mode, block and grid from rawops/_rows.py (see rawops/rows.cuh).
 #include "rawops/rows.cuh"
 
 namespace rawops {
@@ -22,13 +22,13 @@ __device__ __forceinline__ float exp_shifted(float x, float max) { return exp2f(
 
 template <typename T, bool LOG>
 __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
-                                                   int64_t n, bool vec, RowReduceStorage& red) {
+                                                   int64_t n, bool vec, RowReducer& reduce) {
   constexpr int V = Vec16<T>::size;
   const int64_t nvec = (n + V - 1) / V;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * n;
     float m = -INFINITY, s = 0.f;  // online: s = sum of exp(x - m) over this thread's elements
-    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+    for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float v[V];
       load_row(xr, j, n, vec, -INFINITY, v);
 #pragma unroll
@@ -43,12 +43,12 @@ __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* _
         }
       }
     }
-    const float row_max = row_reduce(m, MaxOp(), false, red);
+    const float row_max = reduce(m, MaxOp());
     const float scaled = m == -INFINITY ? s : s * exp_shifted(m, row_max);
-    const float sum = row_reduce(scaled, SumOp(), false, red);
+    const float sum = reduce(scaled, SumOp());
     const float inv = 1.f / sum, log_sum = logf(sum);
     T* yr = y + row * n;
-    for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+    for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float v[V];
       load_row(xr, j, n, vec, 0.f, v);
 #pragma unroll
@@ -61,14 +61,15 @@ __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* _
 template <typename T, bool LOG>
 __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n,
                                             int mode, bool vec) {
-  __shared__ RowReduceStorage red;
+  __shared__ RowReducer::Storage storage;
+  const RowCursor c(mode);
+  RowReducer reduce(storage, c.warp);
   if (mode == kStreamRow) {
-    softmax_fwd_stream<T, LOG>(x, y, rows, n, vec, red);
+    softmax_fwd_stream<T, LOG>(x, y, rows, n, vec, reduce);
     return;
   }
   constexpr int V = Vec16<T>::size;
   constexpr int ITEMS = kFwdElems / V;
-  const RowCursor c(mode);
   for (int64_t row = c.row; row < rows; row += c.step) {
     const T* xr = x + row * n;
     float v[ITEMS][V];
@@ -79,7 +80,7 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
 #pragma unroll
       for (int e = 0; e < V; ++e) m = fmaxf(m, v[k][e]);
     }
-    const float row_max = row_reduce(m, MaxOp(), c.warp, red);
+    const float row_max = reduce(m, MaxOp());
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)
@@ -89,7 +90,7 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
         s += p;
         if (!LOG) v[k][e] = p;
       }
-    const float sum = row_reduce(s, SumOp(), c.warp, red);
+    const float sum = reduce(s, SumOp());
     const float inv = 1.f / sum, shift = row_max + logf(sum);
     T* yr = y + row * n;
 #pragma unroll
@@ -114,7 +115,9 @@ __device__ __forceinline__ float bwd_dx(float dy, float y, float total) {
 template <typename T, bool LOG>
 __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
                                             int64_t rows, int64_t n, int mode, bool vec) {
-  __shared__ RowReduceStorage red;
+  __shared__ RowReducer::Storage storage;
+  const RowCursor c(mode);
+  RowReducer reduce(storage, c.warp);
   constexpr int V = Vec16<T>::size;
   if (mode == kStreamRow) {
     const int64_t nvec = (n + V - 1) / V;
@@ -122,16 +125,16 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
       const T* dyr = dy + row * n;
       const T* yr = y + row * n;
       float t = 0.f;
-      for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+      for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
         float dv[V], yv[V];
         load_row(dyr, j, n, vec, 0.f, dv);
         load_row(yr, j, n, vec, 0.f, yv);
 #pragma unroll
         for (int e = 0; e < V; ++e) t += bwd_term<LOG>(dv[e], yv[e]);
       }
-      const float total = row_reduce(t, SumOp(), false, red);
+      const float total = reduce(t, SumOp());
       T* dxr = dx + row * n;
-      for (int64_t j = threadIdx.x; j < nvec; j += kRowThreads) {
+      for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
         float dv[V], yv[V];
         load_row(dyr, j, n, vec, 0.f, dv);
         load_row(yr, j, n, vec, 0.f, yv);
@@ -143,7 +146,6 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
     return;
   }
   constexpr int ITEMS = kBwdElems / V;
-  const RowCursor c(mode);
   for (int64_t row = c.row; row < rows; row += c.step) {
     const T* dyr = dy + row * n;
     const T* yr = y + row * n;
@@ -157,7 +159,7 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
 #pragma unroll
       for (int e = 0; e < V; ++e) t += bwd_term<LOG>(dv[k][e], yv[k][e]);
     }
-    const float total = row_reduce(t, SumOp(), c.warp, red);
+    const float total = reduce(t, SumOp());
     T* dxr = dx + row * n;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
@@ -174,11 +176,11 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
 }  // namespace rawops
 
 #define RAWOPS_SOFTMAX(name, LOG, T, suffix)                                                              \
-  extern "C" __global__ void __launch_bounds__(rawops::kRowThreads)                                       \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                                       \
       name##_fwd_##suffix(const T* x, T* y, long long rows, long long n, long long mode, long long vec) { \
     rawops::softmax_fwd<T, LOG>(x, y, rows, n, int(mode), vec != 0);                                     \
   }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(rawops::kRowThreads)                                       \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                                       \
       name##_bwd_##suffix(const T* dy, const T* y, T* dx, long long rows, long long n, long long mode,    \
                           long long vec) {                                                                \
     rawops::softmax_bwd<T, LOG>(dy, y, dx, rows, n, int(mode), vec != 0);                                \

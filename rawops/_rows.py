@@ -1,36 +1,51 @@
 """What the row-wise families (norm, softmax) share: the launch shape of their kernels and
 the checks of their arguments. Kernels: kernels/include/rawops/rows.cuh.
 
-Every row kernel runs 512-thread blocks in one of three modes (rows.cuh explains them); the
-mode and grid are pure arithmetic of the row width, tested without a GPU
-(tests/test_rows.py).
+Every row kernel runs in one of three modes (rows.cuh explains them); the mode, block and
+grid are pure arithmetic of the row width, tested without a GPU (tests/test_rows.py).
 """
 from ._launch import FLOAT_SUFFIXES, as_array, resolve_device
 
-ROW_THREADS = 512  # kRowThreads
-WARP_ROWS = ROW_THREADS // 32  # rows per block in warp-per-row mode
-FWD_ELEMS = 32  # kFwdElems: floats per thread held in registers, forward
-BWD_ELEMS = 16  # kBwdElems: backward
+MAX_ROW_THREADS = 512  # kMaxRowThreads: the widest block, and the kernels' launch bound
+MIN_ROW_THREADS = 64  # narrowest block-per-row block (a single warp is warp mode)
+WARP_BLOCK = 256  # warp-per-row blocks
+WARP_ROWS = WARP_BLOCK // 32  # rows per warp-mode block
+FWD_ELEMS = 16  # kFwdElems: elements per thread held in registers, forward
+BWD_ELEMS = 8  # kBwdElems: backward
 WARP_PER_ROW, BLOCK_PER_ROW, STREAM_ROW = 0, 1, 2
 MAX_GRID = (1 << 31) - 1  # gridDim.x; kernels loop over rows past it
+THREADS_PER_SM = 2048  # resident threads per SM (sm_75 has 1024: extra blocks queue, correct)
 
 
 def row_plan(rows, n, elems, max_blocks=None):
-    """(mode, blocks) for `rows` rows of `n` elements, `elems` floats per thread in registers.
+    """(mode, blocks, threads) for `rows` rows of `n` elements, `elems` per thread in registers.
 
-    A warp per row while the row fits a warp's registers, then a block per row while it
-    fits the block's, then a block per row streaming from memory. `max_blocks` caps the grid
-    (norm backward: each block accumulates dw/db over its rows, so fewer, longer blocks).
+    A warp per row while the row fits a warp's registers; then one row per block of the
+    fewest threads (a power of two, 64..512) that hold it, so that small blocks share an SM
+    and one row's reductions overlap others' loads; then a 512-thread block per row streaming
+    from memory. `max_blocks` caps the grid (norm backward: each block or warp accumulates
+    dw/db over its rows, so fewer, longer-lived ones).
     """
-    if n <= 32 * elems:
-        mode, blocks = WARP_PER_ROW, -(-rows // WARP_ROWS)
-    elif n <= ROW_THREADS * elems:
-        mode, blocks = BLOCK_PER_ROW, rows
+    need = -(-n // elems)
+    if need <= 32:
+        mode, threads, blocks = WARP_PER_ROW, WARP_BLOCK, -(-rows // WARP_ROWS)
+    elif need <= MAX_ROW_THREADS:
+        mode, threads, blocks = BLOCK_PER_ROW, max(MIN_ROW_THREADS, 1 << (need - 1).bit_length()), rows
     else:
-        mode, blocks = STREAM_ROW, rows
+        mode, threads, blocks = STREAM_ROW, MAX_ROW_THREADS, rows
     if max_blocks is not None:
         blocks = min(blocks, max_blocks)
-    return mode, max(1, min(blocks, MAX_GRID))
+    return mode, max(1, min(blocks, MAX_GRID)), threads
+
+
+def resident_blocks(sms, threads):
+    """Blocks of `threads` threads that fill every SM once (by the thread limit)."""
+    return sms * max(1, THREADS_PER_SM // threads)
+
+
+def chunks(mode, blocks, threads):
+    """Partial rows a norm backward writes: one per warp in warp mode, else one per block."""
+    return blocks * (threads // 32) if mode == WARP_PER_ROW else blocks
 
 
 def vectors(n, itemsize, *pointers):

@@ -26,13 +26,10 @@ FWD_KINDS = "ppppppqqqqf"
 BWD_KINDS = "ppppppppqqqq"
 PARAM_GRAD_KINDS = "ppppqq"
 PARAM_GRAD_COLUMNS = 32  # columns per block of norm_param_grad
+PARAM_GRAD_THREADS = 512  # its block: 32 columns x 16 lanes over the partial rows
 
 # eps=None (torch.nn.RMSNorm's default): the storage dtype's machine epsilon, as torch.
 MACHINE_EPS = (2.0 ** -23, 2.0 ** -10, 2.0 ** -7)
-
-# Backward grid: blocks resident per SM at the kernels' register use (~120 of 128 per
-# thread at 512 threads: one block); two waves keep the per-block partial rows few.
-BWD_BLOCKS_PER_SM = 2
 
 
 # ------------------------------------------------------------------------------ launches on raw pointers
@@ -41,33 +38,37 @@ def forward_plan(rows, n):
 
 
 def backward_plan(rows, n, sms):
-    """(mode, blocks): blocks is also the number of partial rows of dweight / dbias."""
-    return _rows.row_plan(rows, n, _rows.BWD_ELEMS, max_blocks=sms * BWD_BLOCKS_PER_SM)
+    """(mode, blocks, threads, chunks): the grid fills each SM once (each block or warp
+    accumulates dw/db over its rows); chunks is the number of partial rows of dweight / dbias."""
+    mode, _, threads = _rows.row_plan(rows, n, _rows.BWD_ELEMS)
+    mode, blocks, threads = _rows.row_plan(rows, n, _rows.BWD_ELEMS,
+                                           max_blocks=_rows.resident_blocks(sms, threads))
+    return mode, blocks, threads, _rows.chunks(mode, blocks, threads)
 
 
 def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream):
     """One forward launch (op: 'layer_norm' or 'rms_norm'); pointers checked by the caller,
     0 for an absent weight / bias / mean. rows > 0 and n > 0."""
-    mode, blocks = forward_plan(rows, n)
+    mode, blocks, threads = forward_plan(rows, n)
     # Flags, not null pointers, say what is absent (see the note in kernels/norm.cu).
     flags = _rows.vectors(n, itemsize, x, weight, bias, y) | (2 if weight else 0) | (4 if bias else 0)
-    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), threads,
            0, stream, (x, weight or x, bias or x, y, mean, rstd, rows, n, mode, flags, eps), FWD_KINDS, device)
 
 
 def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, partial_dw, partial_db, dweight,
                     dbias, rows, n, plan, stream):
-    """dx, and dweight / dbias (0: not wanted) through partial buffers of plan[1] x n float32
+    """dx, and dweight / dbias (0: not wanted) through partial buffers of plan[3] x n float32
     each (0 where not wanted), plan = backward_plan(rows, n, sms). rows > 0 and n > 0."""
-    mode, blocks = plan
+    mode, blocks, threads, chunks = plan
     flags = _rows.vectors(n, itemsize, dy, x, weight, dx) | (2 if weight else 0)
-    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), threads,
            0, stream, (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, flags), BWD_KINDS,
            device)
     if dweight or dbias:
         launch(_modules.function_pointer(FAMILY, _rows.kernel_name("norm_param_grad", dtype), device),
-               (-(-n // PARAM_GRAD_COLUMNS), 2), _rows.ROW_THREADS, 0, stream,
-               (partial_dw, partial_db, dweight, dbias, blocks, n), PARAM_GRAD_KINDS, device)
+               (-(-n // PARAM_GRAD_COLUMNS), 2), PARAM_GRAD_THREADS, 0, stream,
+               (partial_dw, partial_db, dweight, dbias, chunks, n), PARAM_GRAD_KINDS, device)
 
 
 # ------------------------------------------------------------------------------ CuPy API
@@ -129,8 +130,8 @@ def _backward(op, dy, x, weight, mean, rstd, want_dbias, stream):
         dbias = cupy.zeros((n,), dtype) if want_dbias else None
         if rows and n:
             plan = backward_plan(rows, n, sm_count(device))
-            partial_dw = cupy.ndarray((plan[1], n), cupy.float32) if dweight is not None else None
-            partial_db = cupy.ndarray((plan[1], n), cupy.float32) if dbias is not None else None
+            partial_dw = cupy.ndarray((plan[3], n), cupy.float32) if dweight is not None else None
+            partial_db = cupy.ndarray((plan[3], n), cupy.float32) if dbias is not None else None
             launch_backward(op, device, X.dtype, X.itemsize, DY.ptr, X.ptr, W.ptr if W else 0,
                             M.ptr if M else 0, R.ptr, dx.data.ptr,
                             partial_dw.data.ptr if partial_dw is not None else 0,

@@ -31,14 +31,14 @@ def backward_plan(rows, n):
 def launch_forward(op, device, dtype, itemsize, x, y, rows, n, stream):
     """One forward launch (op: 'softmax' or 'log_softmax') on pointers checked by the
     caller; rows > 0 and n > 0."""
-    mode, blocks = forward_plan(rows, n)
-    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+    mode, blocks, threads = forward_plan(rows, n)
+    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), threads,
            0, stream, (x, y, rows, n, mode, _rows.vectors(n, itemsize, x, y)), FWD_KINDS, device)
 
 
 def launch_backward(op, device, dtype, itemsize, dy, y, dx, rows, n, stream):
-    mode, blocks = backward_plan(rows, n)
-    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), _rows.ROW_THREADS,
+    mode, blocks, threads = backward_plan(rows, n)
+    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), threads,
            0, stream, (dy, y, dx, rows, n, mode, _rows.vectors(n, itemsize, dy, y, dx)), BWD_KINDS, device)
 
 

@@ -13,34 +13,50 @@ softmax_module = importlib.import_module("rawops.softmax")
 
 
 # ------------------------------------------------------------------------------ launch plans
-@pytest.mark.parametrize("n, elems, mode", [
-    (1, 32, _rows.WARP_PER_ROW), (1024, 32, _rows.WARP_PER_ROW), (1025, 32, _rows.BLOCK_PER_ROW),
-    (16384, 32, _rows.BLOCK_PER_ROW), (16385, 32, _rows.STREAM_ROW), (65536, 32, _rows.STREAM_ROW),
-    (512, 16, _rows.WARP_PER_ROW), (513, 16, _rows.BLOCK_PER_ROW), (8192, 16, _rows.BLOCK_PER_ROW),
-    (8193, 16, _rows.STREAM_ROW),
+@pytest.mark.parametrize("n, elems, mode, threads", [
+    (1, 16, _rows.WARP_PER_ROW, 256), (512, 16, _rows.WARP_PER_ROW, 256), (513, 16, _rows.BLOCK_PER_ROW, 64),
+    (768, 16, _rows.BLOCK_PER_ROW, 64), (1024, 16, _rows.BLOCK_PER_ROW, 64), (1025, 16, _rows.BLOCK_PER_ROW, 128),
+    (4096, 16, _rows.BLOCK_PER_ROW, 256), (4097, 16, _rows.BLOCK_PER_ROW, 512), (8192, 16, _rows.BLOCK_PER_ROW, 512),
+    (8193, 16, _rows.STREAM_ROW, 512), (65536, 16, _rows.STREAM_ROW, 512),
+    (256, 8, _rows.WARP_PER_ROW, 256), (257, 8, _rows.BLOCK_PER_ROW, 64), (4096, 8, _rows.BLOCK_PER_ROW, 512),
+    (4097, 8, _rows.STREAM_ROW, 512),
 ])
-def test_row_plan_mode_follows_what_the_registers_hold(n, elems, mode):
-    # A warp holds 32 x elems floats, a block 512 x elems (kernels/include/rawops/rows.cuh).
-    assert _rows.row_plan(100, n, elems)[0] == mode
+def test_row_plan_picks_the_smallest_block_that_holds_the_row(n, elems, mode, threads):
+    # A warp holds 32 x elems elements, a block `threads` x elems (kernels/include/rawops/rows.cuh).
+    got_mode, _, got_threads = _rows.row_plan(100, n, elems)
+    assert (got_mode, got_threads) == (mode, threads)
+    if mode != _rows.STREAM_ROW:
+        width = 32 if mode == _rows.WARP_PER_ROW else threads
+        assert width * elems >= n and (width == 32 or width == _rows.MIN_ROW_THREADS or width // 2 * elems < n)
+    assert threads % 32 == 0 and threads <= _rows.MAX_ROW_THREADS
 
 
-@pytest.mark.parametrize("rows, n, blocks", [(0, 8, 1), (1, 8, 1), (16, 8, 1), (17, 8, 2), (16384, 768, 1024),
-                                             (3, 4097, 3), (16384, 65536, 16384)])
+@pytest.mark.parametrize("rows, n, blocks", [(0, 8, 1), (1, 8, 1), (8, 8, 1), (9, 8, 2), (16384, 768, 16384),
+                                             (16384, 256, 2048), (3, 4097, 3), (16384, 65536, 16384)])
 def test_row_plan_grid_covers_every_row_once(rows, n, blocks):
-    mode, got = _rows.row_plan(rows, n, _rows.FWD_ELEMS)
+    mode, got, threads = _rows.row_plan(rows, n, _rows.FWD_ELEMS)
     assert got == blocks
-    per_block = _rows.WARP_ROWS if mode == _rows.WARP_PER_ROW else 1
+    per_block = threads // 32 if mode == _rows.WARP_PER_ROW else 1
     assert got * per_block >= rows and (got - 1) * per_block < max(rows, 1)
 
 
 def test_row_plan_caps_the_grid_and_never_exceeds_a_launchable_one():
-    assert _rows.row_plan(10 ** 6, 4096, _rows.BWD_ELEMS, max_blocks=264) == (_rows.BLOCK_PER_ROW, 264)
+    assert _rows.row_plan(10 ** 6, 4096, _rows.BWD_ELEMS, max_blocks=264) == (_rows.BLOCK_PER_ROW, 264, 512)
     assert _rows.row_plan(1 << 40, 8, _rows.FWD_ELEMS)[1] == _rows.MAX_GRID  # the kernels loop over the rest
 
 
-def test_norm_backward_plan_has_few_partial_rows():
-    mode, blocks = norm.backward_plan(16384, 4096, 132)
-    assert mode == _rows.BLOCK_PER_ROW and blocks == 132 * norm.BWD_BLOCKS_PER_SM
+@pytest.mark.parametrize("n, threads, chunks", [(4096, 512, 132 * 4), (768, 128, 132 * 16), (100, 256, 132 * 8 * 8)])
+def test_norm_backward_fills_each_sm_once_with_one_partial_row_per_block_or_warp(n, threads, chunks):
+    mode, blocks, got_threads, got_chunks = norm.backward_plan(16384 * 8, n, 132)
+    assert got_threads == threads and blocks == 132 * (2048 // threads) and got_chunks == chunks
+    assert got_chunks == (blocks * threads // 32 if mode == _rows.WARP_PER_ROW else blocks)
+
+
+def test_norm_backward_plan_of_few_rows_has_a_block_or_warp_per_row_at_most():
+    mode, blocks, threads, chunks = norm.backward_plan(3, 4096, 132)
+    assert (mode, blocks, chunks) == (_rows.BLOCK_PER_ROW, 3, 3)
+    mode, blocks, threads, chunks = norm.backward_plan(3, 64, 132)
+    assert (mode, blocks, chunks) == (_rows.WARP_PER_ROW, 1, 8)
 
 
 @pytest.mark.parametrize("n, itemsize, pointers, vec", [

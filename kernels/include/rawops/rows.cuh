@@ -1,12 +1,15 @@
 // Row-wise kernels (norm, softmax): one reduction per row over the last dim.
 //
-// Every row kernel runs 512-thread blocks in one of three modes, chosen by the host
-// (rawops/_rows.py, row_plan) from the row width, and passed as an argument so that one
-// extern "C" entry per op and dtype serves every width:
-//   kWarpPerRow   16 rows per block, one warp each, the row in registers (narrow rows);
-//   kBlockPerRow  one row per block, the row in registers (up to 512 x ELEMS elements);
-//   kStreamRow    one row per block, read from memory once per pass (rows wider than the
-//                 registers hold: every architecture has them, unlike 128+ KB of shared memory).
+// Every row kernel runs in one of three modes, chosen by the host (rawops/_rows.py,
+// row_plan) from the row width and passed as an argument, so that one extern "C" entry per
+// op and dtype serves every width; the block size is the launch's (blockDim.x):
+//   kWarpPerRow   256-thread blocks, 8 rows each, one warp per row, the row in registers;
+//   kBlockPerRow  one row per block of 64..512 threads (the fewest powers of two that hold
+//                 the row in registers): many small blocks per SM, so one row's reductions
+//                 overlap other rows' loads (a 512-thread block holding 32 floats per thread
+//                 filled an SM's registers alone and ran at 0.3-0.5 of the copy ceiling);
+//   kStreamRow    one row per 512-thread block, read from memory once per pass (rows wider
+//                 than the registers hold).
 // Register layout: thread `lane` of a row's `width` threads holds 16-byte vectors
 // j = lane, lane + width, ... (ELEMS / V of them), so a warp's loads are 512 contiguous bytes.
 // Without 16-byte alignment (row start or another operand) the same layout is read element by
@@ -24,10 +27,15 @@
 
 namespace rawops {
 
-constexpr int kRowThreads = 512;  // blockDim of every row kernel (rawops/_rows.py ROW_THREADS)
-constexpr int kWarpRows = kRowThreads / 32;
-constexpr int kFwdElems = 32;  // floats per thread held in registers, forward
-constexpr int kBwdElems = 16;  // backward holds two operands (and norm's dw/db partials)
+constexpr int kMaxRowThreads = 512;  // launch bound and widest block (rawops/_rows.py MAX_ROW_THREADS)
+constexpr int kMaxRowWarps = kMaxRowThreads / 32;
+// Launch bound: two 512-thread blocks per SM, i.e. at most 64 registers a thread. Left to
+// itself ptxas kept the loop-invariant weight and bias of every column a thread touches in
+// registers (97-128 a thread), one or two blocks per SM; a block-per-row launch runs each
+// block over one row, so those registers bought nothing but lost occupancy.
+constexpr int kMinRowBlocks = 2;
+constexpr int kFwdElems = 16;  // elements per thread held in registers, forward (_rows.FWD_ELEMS)
+constexpr int kBwdElems = 8;   // backward holds two operands (and norm's dw/db partials)
 enum RowMode { kWarpPerRow = 0, kBlockPerRow = 1, kStreamRow = 2 };
 
 struct SumOp {
@@ -46,36 +54,65 @@ struct RowCursor {
   int64_t step;    // rows between this thread's consecutive rows
   __device__ __forceinline__ explicit RowCursor(int mode) {
     warp = mode == kWarpPerRow;
+    const int warps = blockDim.x / 32;
     lane = warp ? threadIdx.x % 32 : threadIdx.x;
-    width = warp ? 32 : kRowThreads;
-    row = warp ? int64_t(blockIdx.x) * kWarpRows + threadIdx.x / 32 : int64_t(blockIdx.x);
-    step = warp ? int64_t(gridDim.x) * kWarpRows : int64_t(gridDim.x);
+    width = warp ? 32 : blockDim.x;
+    row = warp ? int64_t(blockIdx.x) * warps + threadIdx.x / 32 : int64_t(blockIdx.x);
+    step = warp ? int64_t(gridDim.x) * warps : int64_t(gridDim.x);
   }
 };
 
-struct RowReduceStorage {
-  union {
-    typename cub::WarpReduce<float>::TempStorage warp[kWarpRows];
-    typename cub::BlockReduce<float, kRowThreads>::TempStorage block;
+// A row's reductions, returned to every thread of the row. Warp mode: CUB's warp reduction
+// and a broadcast. Block mode: CUB's warp reduction, then each thread adds the warps' results
+// in warp order (the same bits in every thread) from one of two shared slots, alternating,
+// so each reduction costs one barrier: reduction k+2 reuses k's slot only after every thread
+// passed reduction k+1's barrier, which follows its reads of slot k.
+class RowReducer {
+ public:
+  static constexpr int kMaxParts = 3;  // values reduced at once
+  struct Storage {
+    typename cub::WarpReduce<float>::TempStorage warp[kMaxRowWarps];
+    float partial[2][kMaxRowWarps][kMaxParts];
   };
-  float broadcast;
-};
+  __device__ __forceinline__ RowReducer(Storage& s, bool warp) : s_(s), warp_(warp), slot_(0) {}
 
-// The row's reduction, returned to every thread of the row. Block mode synchronises the
-// block (all its threads must call it); warp mode only the warp.
-template <class Op>
-__device__ __forceinline__ float row_reduce(float v, Op op, bool warp, RowReduceStorage& s) {
-  if (warp) {
-    const float r = cub::WarpReduce<float>(s.warp[threadIdx.x / 32]).Reduce(v, op);
-    return __shfl_sync(0xffffffffu, r, 0);  // CUB leaves the result in lane 0 only
+  template <class Op>
+  __device__ __forceinline__ float operator()(float v, Op op) {
+    float one[1] = {v};
+    reduce(one, op);
+    return one[0];
   }
-  const float r = cub::BlockReduce<float, kRowThreads>(s.block).Reduce(v, op);
-  if (threadIdx.x == 0) s.broadcast = r;
-  __syncthreads();
-  const float all = s.broadcast;
-  __syncthreads();  // the storage is reused by the next reduction
-  return all;
-}
+
+  // K reductions at the price of one barrier: v[k] becomes the row's reduction of v[k].
+  template <int K, class Op>
+  __device__ __forceinline__ void reduce(float (&v)[K], Op op) {
+    static_assert(K <= kMaxParts, "RowReducer: too many values at once");
+    const int w = threadIdx.x / 32;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      v[k] = cub::WarpReduce<float>(s_.warp[w]).Reduce(v[k], op);  // lane 0 only
+      if (warp_) v[k] = __shfl_sync(0xffffffffu, v[k], 0);
+    }
+    if (warp_) return;
+    float (*slot)[kMaxParts] = s_.partial[slot_];
+    slot_ ^= 1;
+    if (threadIdx.x % 32 == 0)
+#pragma unroll
+      for (int k = 0; k < K; ++k) slot[w][k] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float all = slot[0][k];
+      for (int i = 1; i < int(blockDim.x / 32); ++i) all = op(all, slot[i][k]);
+      v[k] = all;
+    }
+  }
+
+ private:
+  Storage& s_;
+  bool warp_;
+  int slot_;
+};
 
 // V elements from element j*V of a row (n wide); `pad` where past the row's end. `vec`:
 // one 16-byte load (the host guarantees alignment and n % V == 0).
