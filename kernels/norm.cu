@@ -22,6 +22,10 @@
 namespace rawops {
 namespace {
 
+// Backward: 8 elements a thread (two float32 vectors, one 16-bit one), whatever the dtype:
+// besides x and dy a thread keeps float32 dw / db partials for each of its columns.
+constexpr int kNormBwdElems = 8;  // rawops/norm.py BWD_ELEMS
+
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T* __restrict__ w,
                                                 const T* __restrict__ b, T* __restrict__ y,
@@ -85,35 +89,33 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
     return;
   }
   constexpr int V = Vec16<T>::size;
-  constexpr int ITEMS = kFwdElems / V;
+  constexpr int ITEMS = kFwdVectors;
+  using Slice = RowSlice<T, ITEMS>;
   for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
     const T* xr = x + row * n;
-    float v[ITEMS][V];
+    Slice xs;
+    xs.load(xr, c, n, true);
     // Summed relative to the row's first element: with a large common offset (1e4) a plain
-    // float32 sum loses the mean to rounding (3e-4 relative error in y, measured); padding
-    // equal to the shift adds 0.
+    // float32 sum loses the mean to rounding (3e-4 relative error in y, measured).
     const float shift = RMS ? 0.f : to_float(xr[0]);
     float sum = 0.f;
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      load_row(xr, int64_t(k) * c.width + c.lane, n, vec, shift, v[k]);
+    for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
-      for (int e = 0; e < V; ++e) sum += v[k][e] - shift;
-    }
+      for (int e = 0; e < V; ++e)
+        if (Slice::valid(c, k, n)) sum += xs.at(k, e) - shift;
     // x - mean is taken as (x - shift) - S1: mean itself, stored as float32 near a 1e4
     // offset, carries ~5e-4 of rounding, which would show in every output.
     const float S1 = RMS ? 0.f : reduce(sum, SumOp()) / float(n);
     const float mean = shift + S1;
     float sq = 0.f;
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t first = (int64_t(k) * c.width + c.lane) * V;
+    for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float d = first + e < n ? (v[k][e] - shift) - S1 : 0.f;
+        const float d = Slice::valid(c, k, n) ? (xs.at(k, e) - shift) - S1 : 0.f;
         sq = fmaf(d, d, sq);
       }
-    }
     const float rstd = rsqrtf(reduce(sq, SumOp()) / float(n) + eps);
     if (c.lane == 0) {
       if (!RMS) mean_out[row] = mean;
@@ -124,17 +126,16 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
       if (j * V >= n) break;
-      float wv[V], bv[V];
-      if (has_w) load_row(w, j, n, vec, 1.f, wv);
-      if (has_b) load_row(b, j, n, vec, 0.f, bv);
+      float o[V], wv[V], bv[V];
+      if (has_w) load_row(opaque(w), j, n, true, 1.f, wv);
+      if (has_b) load_row(opaque(b), j, n, true, 0.f, bv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        float o = ((v[k][e] - shift) - S1) * rstd;
-        if (has_w) o *= wv[e];
-        if (has_b) o += bv[e];
-        v[k][e] = o;
+        o[e] = ((xs.at(k, e) - shift) - S1) * rstd;
+        if (has_w) o[e] *= wv[e];
+        if (has_b) o[e] += bv[e];
       }
-      store_row(yr, j, n, vec, v[k]);
+      store_row(yr, j, n, true, o);
     }
   }
 }
@@ -194,7 +195,7 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
       if (has_w) load_row(w, j, n, vec, 1.f, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float g = has_w ? gv[e] * wv[e] : gv[e];  // 0 past the row's end (dy padded with 0)
+        const float g = has_w ? __fmul_rn(gv[e], wv[e]) : gv[e];  // 0 past the row's end (dy padded with 0)
         sums[0] += xv[e] - m;
         sums[1] += g;
         sums[2] = fmaf(g, xv[e] - m, sums[2]);
@@ -216,7 +217,7 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
           if (pdw) pdw[col] = fmaf(gv[e], xhat, pdw[col]);
           if (pdb) pdb[col] += gv[e];
         }
-        xv[e] = t.dx<RMS>(has_w ? gv[e] * wv[e] : gv[e], xhat);
+        xv[e] = t.dx<RMS>(has_w ? __fmul_rn(gv[e], wv[e]) : gv[e], xhat);
       }
       store_row(dxr, j, n, vec, xv);
     }
@@ -237,7 +238,8 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     return;
   }
   constexpr int V = Vec16<T>::size;
-  constexpr int ITEMS = kBwdElems / V;
+  constexpr int ITEMS = kNormBwdElems / V;
+  using Slice = RowSlice<T, ITEMS>;
   float acc_dw[ITEMS][V], acc_db[ITEMS][V];
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k)
@@ -249,22 +251,23 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     const T* dyr = dy + row * n;
     const float m = RMS ? 0.f : mean_in[row];
     const float rstd = rstd_in[row];
-    float xv[ITEMS][V], gv[ITEMS][V];  // x - m and dy, then xhat and dy
+    Slice xs, ds;
+    xs.load(xr, c, n, true);
+    ds.load(dyr, c, n, true);  // dy = 0 past the row's end: adds nothing below
     float sums[3] = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
-      const int64_t j = int64_t(k) * c.width + c.lane;
       float wv[V];
-      load_row(xr, j, n, vec, m, xv[k]);     // padding equal to m adds 0
-      load_row(dyr, j, n, vec, 0.f, gv[k]);  // dy = 0 past the row's end: adds nothing
-      if (has_w) load_row(w, j, n, vec, 1.f, wv);
+      if (has_w) load_row(opaque(w), int64_t(k) * c.width + c.lane, n, true, 1.f, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        xv[k][e] -= m;
-        const float g = has_w ? gv[k][e] * wv[e] : gv[k][e];
-        sums[0] += xv[k][e];
+        // g rounded once (__fmul_rn, no contraction into a later fma): the same g here and in
+        // dx, so that g - mean(g) is exactly 0 for a one-element row, as in float64.
+        const float g = has_w ? __fmul_rn(ds.at(k, e), wv[e]) : ds.at(k, e);
+        const float d = Slice::valid(c, k, n) ? xs.at(k, e) - m : 0.f;
+        sums[0] += d;
         sums[1] += g;
-        sums[2] = fmaf(g, xv[k][e], sums[2]);
+        sums[2] = fmaf(g, d, sums[2]);
       }
     }
     reduce.reduce(sums, SumOp());
@@ -274,16 +277,16 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
       if (j * V >= n) break;
-      float wv[V];
-      if (has_w) load_row(w, j, n, vec, 1.f, wv);  // L1-resident: reloading beats holding it
+      float wv[V], o[V];
+      if (has_w) load_row(opaque(w), j, n, true, 1.f, wv);  // L1-resident: reloading beats holding it
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float xhat = (xv[k][e] - t.r) * rstd;
-        acc_db[k][e] += gv[k][e];
-        acc_dw[k][e] = fmaf(gv[k][e], xhat, acc_dw[k][e]);
-        xv[k][e] = t.dx<RMS>(has_w ? gv[k][e] * wv[e] : gv[k][e], xhat);
+        const float dyv = ds.at(k, e), xhat = t.xhat(xs.at(k, e), m);
+        acc_db[k][e] += dyv;
+        acc_dw[k][e] = fmaf(dyv, xhat, acc_dw[k][e]);
+        o[e] = t.dx<RMS>(has_w ? __fmul_rn(dyv, wv[e]) : dyv, xhat);
       }
-      store_row(dxr, j, n, vec, xv[k]);
+      store_row(dxr, j, n, true, o);
     }
   }
 

@@ -69,27 +69,25 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
     return;
   }
   constexpr int V = Vec16<T>::size;
-  constexpr int ITEMS = kFwdElems / V;
+  constexpr int ITEMS = kFwdVectors;
+  using Slice = RowSlice<T, ITEMS>;
   for (int64_t row = c.row; row < rows; row += c.step) {
     const T* xr = x + row * n;
-    float v[ITEMS][V];
+    Slice xs;
+    xs.load(xr, c, n, true);
     float m = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      load_row(xr, int64_t(k) * c.width + c.lane, n, vec, -INFINITY, v[k]);  // -inf: adds 0 below
+    for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
-      for (int e = 0; e < V; ++e) m = fmaxf(m, v[k][e]);
-    }
+      for (int e = 0; e < V; ++e)
+        if (Slice::valid(c, k, n)) m = fmaxf(m, xs.at(k, e));
     const float row_max = reduce(m, MaxOp());
     float s = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float p = exp_shifted(v[k][e], row_max);
-        s += p;
-        if (!LOG) v[k][e] = p;
-      }
+      for (int e = 0; e < V; ++e)
+        if (Slice::valid(c, k, n)) s += exp_shifted(xs.at(k, e), row_max);
     const float sum = reduce(s, SumOp());
     const float inv = 1.f / sum, shift = row_max + logf(sum);
     T* yr = y + row * n;
@@ -97,9 +95,10 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
       if (j * V >= n) break;
+      float o[V];  // exp again rather than held: registers buy more bandwidth than MUFU costs
 #pragma unroll
-      for (int e = 0; e < V; ++e) v[k][e] = LOG ? v[k][e] - shift : v[k][e] * inv;
-      store_row(yr, j, n, vec, v[k]);
+      for (int e = 0; e < V; ++e) o[e] = LOG ? xs.at(k, e) - shift : exp_shifted(xs.at(k, e), row_max) * inv;
+      store_row(yr, j, n, true, o);
     }
   }
 }
@@ -145,29 +144,27 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
     }
     return;
   }
-  constexpr int ITEMS = kBwdElems / V;
+  constexpr int ITEMS = kBwdVectors;
+  using Slice = RowSlice<T, ITEMS>;
   for (int64_t row = c.row; row < rows; row += c.step) {
-    const T* dyr = dy + row * n;
-    const T* yr = y + row * n;
-    float dv[ITEMS][V], yv[ITEMS][V];
+    Slice ds, ys;
+    ds.load(dy + row * n, c, n, true);  // 0 past the row's end: adds nothing
+    ys.load(y + row * n, c, n, true);
     float t = 0.f;
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t j = int64_t(k) * c.width + c.lane;
-      load_row(dyr, j, n, vec, 0.f, dv[k]);  // 0 past the row's end: adds nothing
-      load_row(yr, j, n, vec, 0.f, yv[k]);
+    for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
-      for (int e = 0; e < V; ++e) t += bwd_term<LOG>(dv[k][e], yv[k][e]);
-    }
+      for (int e = 0; e < V; ++e) t += bwd_term<LOG>(ds.at(k, e), ys.at(k, e));
     const float total = reduce(t, SumOp());
     T* dxr = dx + row * n;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
       if (j * V >= n) break;
+      float o[V];
 #pragma unroll
-      for (int e = 0; e < V; ++e) dv[k][e] = bwd_dx<LOG>(dv[k][e], yv[k][e], total);
-      store_row(dxr, j, n, vec, dv[k]);
+      for (int e = 0; e < V; ++e) o[e] = bwd_dx<LOG>(ds.at(k, e), ys.at(k, e), total);
+      store_row(dxr, j, n, true, o);
     }
   }
 }

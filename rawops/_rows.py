@@ -8,29 +8,40 @@ from ._launch import FLOAT_SUFFIXES, as_array, resolve_device
 
 MAX_ROW_THREADS = 512  # kMaxRowThreads: the widest block, and the kernels' launch bound
 MIN_ROW_THREADS = 64  # narrowest block-per-row block (a single warp is warp mode)
+MIN_STREAM_THREADS = 32
 WARP_BLOCK = 256  # warp-per-row blocks
 WARP_ROWS = WARP_BLOCK // 32  # rows per warp-mode block
-FWD_ELEMS = 16  # kFwdElems: elements per thread held in registers, forward
-BWD_ELEMS = 8  # kBwdElems: backward
+FWD_BYTES = 64  # kFwdVectors x 16 bytes a thread holds in registers, forward
+BWD_BYTES = 32  # kBwdVectors x 16: softmax backward (norm's backward: norm.BWD_ELEMS)
 WARP_PER_ROW, BLOCK_PER_ROW, STREAM_ROW = 0, 1, 2
 MAX_GRID = (1 << 31) - 1  # gridDim.x; kernels loop over rows past it
 THREADS_PER_SM = 2048  # resident threads per SM (sm_75 has 1024: extra blocks queue, correct)
 
 
-def row_plan(rows, n, elems, max_blocks=None):
-    """(mode, blocks, threads) for `rows` rows of `n` elements, `elems` per thread in registers.
+def _pow2_at_least(k):
+    return 1 << max(0, k - 1).bit_length()
 
-    A warp per row while the row fits a warp's registers; then one row per block of the
-    fewest threads (a power of two, 64..512) that hold it, so that small blocks share an SM
-    and one row's reductions overlap others' loads; then a 512-thread block per row streaming
-    from memory. `max_blocks` caps the grid (norm backward: each block or warp accumulates
-    dw/db over its rows, so fewer, longer-lived ones).
+
+def row_plan(rows, n, elems, itemsize, aligned, max_blocks=None):
+    """(mode, blocks, threads) for `rows` rows of `n` elements of `itemsize` bytes, `elems`
+    per thread in registers; `aligned`: every operand's rows on 16-byte boundaries (vectors()).
+
+    Aligned rows: a warp per row while the row fits a warp's registers; then one row per
+    block of the fewest threads (a power of two, 64..512) that hold it, so that small blocks
+    share an SM and one row's reductions overlap others' loads; then a 512-thread block per
+    row streaming from memory. Rows off 16-byte boundaries always stream, in a block of about
+    one thread per 16 bytes of the row (32..512). `max_blocks` caps the grid (norm backward:
+    each block or warp accumulates dw/db over its rows, so fewer, longer-lived ones).
     """
     need = -(-n // elems)
-    if need <= 32:
+    if not aligned:
+        per_vector = 16 // itemsize
+        mode, blocks = STREAM_ROW, rows
+        threads = min(MAX_ROW_THREADS, max(MIN_STREAM_THREADS, _pow2_at_least(-(-n // per_vector))))
+    elif need <= 32:
         mode, threads, blocks = WARP_PER_ROW, WARP_BLOCK, -(-rows // WARP_ROWS)
     elif need <= MAX_ROW_THREADS:
-        mode, threads, blocks = BLOCK_PER_ROW, max(MIN_ROW_THREADS, 1 << (need - 1).bit_length()), rows
+        mode, threads, blocks = BLOCK_PER_ROW, max(MIN_ROW_THREADS, _pow2_at_least(need)), rows
     else:
         mode, threads, blocks = STREAM_ROW, MAX_ROW_THREADS, rows
     if max_blocks is not None:

@@ -24,6 +24,7 @@ KERNELS = {
 }
 FWD_KINDS = "ppppppqqqqf"
 BWD_KINDS = "ppppppppqqqq"
+BWD_ELEMS = 8  # kNormBwdElems: elements a thread holds in registers, backward
 PARAM_GRAD_KINDS = "ppppqq"
 PARAM_GRAD_COLUMNS = 32  # columns per block of norm_param_grad
 PARAM_GRAD_THREADS = 512  # its block: 32 columns x 16 lanes over the partial rows
@@ -33,25 +34,28 @@ MACHINE_EPS = (2.0 ** -23, 2.0 ** -10, 2.0 ** -7)
 
 
 # ------------------------------------------------------------------------------ launches on raw pointers
-def forward_plan(rows, n):
-    return _rows.row_plan(rows, n, _rows.FWD_ELEMS)
+def forward_plan(rows, n, itemsize, aligned):
+    return _rows.row_plan(rows, n, _rows.FWD_BYTES // itemsize, itemsize, aligned)
 
 
-def backward_plan(rows, n, sms):
-    """(mode, blocks, threads, chunks): the grid fills each SM once (each block or warp
-    accumulates dw/db over its rows); chunks is the number of partial rows of dweight / dbias."""
-    mode, _, threads = _rows.row_plan(rows, n, _rows.BWD_ELEMS)
-    mode, blocks, threads = _rows.row_plan(rows, n, _rows.BWD_ELEMS,
+def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx):
+    """(mode, blocks, threads, chunks, aligned) for pointers dy, x, weight (0: none), dx: the
+    grid fills each SM once (each block or warp accumulates dw/db over its rows); chunks is
+    the number of partial rows of dweight / dbias."""
+    aligned = _rows.vectors(n, itemsize, dy, x, weight, dx)
+    _, _, threads = _rows.row_plan(rows, n, BWD_ELEMS, itemsize, aligned)
+    mode, blocks, threads = _rows.row_plan(rows, n, BWD_ELEMS, itemsize, aligned,
                                            max_blocks=_rows.resident_blocks(sms, threads))
-    return mode, blocks, threads, _rows.chunks(mode, blocks, threads)
+    return mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned
 
 
 def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream):
     """One forward launch (op: 'layer_norm' or 'rms_norm'); pointers checked by the caller,
     0 for an absent weight / bias / mean. rows > 0 and n > 0."""
-    mode, blocks, threads = forward_plan(rows, n)
+    aligned = _rows.vectors(n, itemsize, x, weight, bias, y)
+    mode, blocks, threads = forward_plan(rows, n, itemsize, aligned)
     # Flags, not null pointers, say what is absent (see the note in kernels/norm.cu).
-    flags = _rows.vectors(n, itemsize, x, weight, bias, y) | (2 if weight else 0) | (4 if bias else 0)
+    flags = aligned | (2 if weight else 0) | (4 if bias else 0)
     launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), threads,
            0, stream, (x, weight or x, bias or x, y, mean, rstd, rows, n, mode, flags, eps), FWD_KINDS, device)
 
@@ -59,9 +63,9 @@ def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, 
 def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, partial_dw, partial_db, dweight,
                     dbias, rows, n, plan, stream):
     """dx, and dweight / dbias (0: not wanted) through partial buffers of plan[3] x n float32
-    each (0 where not wanted), plan = backward_plan(rows, n, sms). rows > 0 and n > 0."""
-    mode, blocks, threads, chunks = plan
-    flags = _rows.vectors(n, itemsize, dy, x, weight, dx) | (2 if weight else 0)
+    each (0 where not wanted), plan = backward_plan(...) of the same pointers. rows > 0, n > 0."""
+    mode, blocks, threads, chunks, aligned = plan
+    flags = aligned | (2 if weight else 0)
     launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), threads,
            0, stream, (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, flags), BWD_KINDS,
            device)
@@ -129,7 +133,8 @@ def _backward(op, dy, x, weight, mean, rstd, want_dbias, stream):
         dweight = cupy.zeros((n,), dtype) if W is not None else None
         dbias = cupy.zeros((n,), dtype) if want_dbias else None
         if rows and n:
-            plan = backward_plan(rows, n, sm_count(device))
+            plan = backward_plan(rows, n, X.itemsize, sm_count(device), DY.ptr, X.ptr, W.ptr if W else 0,
+                                 dx.data.ptr)
             partial_dw = cupy.ndarray((plan[3], n), cupy.float32) if dweight is not None else None
             partial_db = cupy.ndarray((plan[3], n), cupy.float32) if dbias is not None else None
             launch_backward(op, device, X.dtype, X.itemsize, DY.ptr, X.ptr, W.ptr if W else 0,

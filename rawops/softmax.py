@@ -20,26 +20,28 @@ FWD_KINDS = "ppqqqq"
 BWD_KINDS = "pppqqqq"
 
 
-def forward_plan(rows, n):
-    return _rows.row_plan(rows, n, _rows.FWD_ELEMS)
+def forward_plan(rows, n, itemsize, aligned):
+    return _rows.row_plan(rows, n, _rows.FWD_BYTES // itemsize, itemsize, aligned)
 
 
-def backward_plan(rows, n):
-    return _rows.row_plan(rows, n, _rows.BWD_ELEMS)
+def backward_plan(rows, n, itemsize, aligned):
+    return _rows.row_plan(rows, n, _rows.BWD_BYTES // itemsize, itemsize, aligned)
 
 
 def launch_forward(op, device, dtype, itemsize, x, y, rows, n, stream):
     """One forward launch (op: 'softmax' or 'log_softmax') on pointers checked by the
     caller; rows > 0 and n > 0."""
-    mode, blocks, threads = forward_plan(rows, n)
+    aligned = _rows.vectors(n, itemsize, x, y)
+    mode, blocks, threads = forward_plan(rows, n, itemsize, aligned)
     launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), threads,
-           0, stream, (x, y, rows, n, mode, _rows.vectors(n, itemsize, x, y)), FWD_KINDS, device)
+           0, stream, (x, y, rows, n, mode, aligned), FWD_KINDS, device)
 
 
 def launch_backward(op, device, dtype, itemsize, dy, y, dx, rows, n, stream):
-    mode, blocks, threads = backward_plan(rows, n)
+    aligned = _rows.vectors(n, itemsize, dy, y, dx)
+    mode, blocks, threads = backward_plan(rows, n, itemsize, aligned)
     launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), threads,
-           0, stream, (dy, y, dx, rows, n, mode, _rows.vectors(n, itemsize, dy, y, dx)), BWD_KINDS, device)
+           0, stream, (dy, y, dx, rows, n, mode, aligned), BWD_KINDS, device)
 
 
 # ------------------------------------------------------------------------------ CuPy API

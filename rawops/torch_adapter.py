@@ -432,7 +432,8 @@ def _norm_bwd(op, dy, x, weight, mean, rstd, need_dweight, need_dbias):
                                                                device=x.device)
     if rows and n:
         device = x.get_device()
-        plan = _norm.backward_plan(rows, n, sm_count(device))
+        plan = _norm.backward_plan(rows, n, x.element_size(), sm_count(device), dy.data_ptr(), x.data_ptr(), w,
+                                   dx.data_ptr())
         partial_dw = torch.empty((plan[3], n) if need_dweight else (0,), dtype=torch.float32, device=x.device)
         partial_db = torch.empty((plan[3], n) if need_dbias else (0,), dtype=torch.float32, device=x.device)
         _on_device(device, _norm.launch_backward, op, device, code, x.element_size(), dy.data_ptr(),

@@ -18,12 +18,12 @@ softmax_module = importlib.import_module("rawops.softmax")
     (768, 16, _rows.BLOCK_PER_ROW, 64), (1024, 16, _rows.BLOCK_PER_ROW, 64), (1025, 16, _rows.BLOCK_PER_ROW, 128),
     (4096, 16, _rows.BLOCK_PER_ROW, 256), (4097, 16, _rows.BLOCK_PER_ROW, 512), (8192, 16, _rows.BLOCK_PER_ROW, 512),
     (8193, 16, _rows.STREAM_ROW, 512), (65536, 16, _rows.STREAM_ROW, 512),
-    (256, 8, _rows.WARP_PER_ROW, 256), (257, 8, _rows.BLOCK_PER_ROW, 64), (4096, 8, _rows.BLOCK_PER_ROW, 512),
-    (4097, 8, _rows.STREAM_ROW, 512),
+    (4096, 32, _rows.BLOCK_PER_ROW, 128), (256, 8, _rows.WARP_PER_ROW, 256), (257, 8, _rows.BLOCK_PER_ROW, 64),
+    (4096, 8, _rows.BLOCK_PER_ROW, 512), (4097, 8, _rows.STREAM_ROW, 512),
 ])
-def test_row_plan_picks_the_smallest_block_that_holds_the_row(n, elems, mode, threads):
+def test_aligned_rows_get_the_smallest_block_that_holds_them(n, elems, mode, threads):
     # A warp holds 32 x elems elements, a block `threads` x elems (kernels/include/rawops/rows.cuh).
-    got_mode, _, got_threads = _rows.row_plan(100, n, elems)
+    got_mode, _, got_threads = _rows.row_plan(100, n, elems, 4, aligned=1)
     assert (got_mode, got_threads) == (mode, threads)
     if mode != _rows.STREAM_ROW:
         width = 32 if mode == _rows.WARP_PER_ROW else threads
@@ -31,32 +31,42 @@ def test_row_plan_picks_the_smallest_block_that_holds_the_row(n, elems, mode, th
     assert threads % 32 == 0 and threads <= _rows.MAX_ROW_THREADS
 
 
+@pytest.mark.parametrize("n, itemsize, threads", [(1, 4, 32), (31, 4, 32), (4097, 4, 512), (1000, 2, 128),
+                                                  (4097, 2, 512), (65537, 2, 512)])
+def test_rows_off_16_byte_boundaries_stream_in_a_block_sized_to_the_row(n, itemsize, threads):
+    # The register modes are compiled for 16-byte vectors only (rows.cuh).
+    assert _rows.row_plan(7, n, 64 // itemsize, itemsize, aligned=0) == (_rows.STREAM_ROW, 7, threads)
+
+
 @pytest.mark.parametrize("rows, n, blocks", [(0, 8, 1), (1, 8, 1), (8, 8, 1), (9, 8, 2), (16384, 768, 16384),
-                                             (16384, 256, 2048), (3, 4097, 3), (16384, 65536, 16384)])
+                                             (16384, 256, 2048), (3, 4096, 3), (16384, 65536, 16384)])
 def test_row_plan_grid_covers_every_row_once(rows, n, blocks):
-    mode, got, threads = _rows.row_plan(rows, n, _rows.FWD_ELEMS)
+    mode, got, threads = _rows.row_plan(rows, n, 16, 4, aligned=1)
     assert got == blocks
     per_block = threads // 32 if mode == _rows.WARP_PER_ROW else 1
     assert got * per_block >= rows and (got - 1) * per_block < max(rows, 1)
 
 
 def test_row_plan_caps_the_grid_and_never_exceeds_a_launchable_one():
-    assert _rows.row_plan(10 ** 6, 4096, _rows.BWD_ELEMS, max_blocks=264) == (_rows.BLOCK_PER_ROW, 264, 512)
-    assert _rows.row_plan(1 << 40, 8, _rows.FWD_ELEMS)[1] == _rows.MAX_GRID  # the kernels loop over the rest
+    assert _rows.row_plan(10 ** 6, 4096, 8, 4, 1, max_blocks=264) == (_rows.BLOCK_PER_ROW, 264, 512)
+    assert _rows.row_plan(1 << 40, 8, 16, 4, 1)[1] == _rows.MAX_GRID  # the kernels loop over the rest
 
 
 @pytest.mark.parametrize("n, threads, chunks", [(4096, 512, 132 * 4), (768, 128, 132 * 16), (100, 256, 132 * 8 * 8)])
 def test_norm_backward_fills_each_sm_once_with_one_partial_row_per_block_or_warp(n, threads, chunks):
-    mode, blocks, got_threads, got_chunks = norm.backward_plan(16384 * 8, n, 132)
-    assert got_threads == threads and blocks == 132 * (2048 // threads) and got_chunks == chunks
+    mode, blocks, got_threads, got_chunks, aligned = norm.backward_plan(16384 * 8, n, 4, 132, BASE, BASE, 0, BASE)
+    assert got_threads == threads and blocks == 132 * (2048 // threads) and got_chunks == chunks and aligned
     assert got_chunks == (blocks * threads // 32 if mode == _rows.WARP_PER_ROW else blocks)
 
 
 def test_norm_backward_plan_of_few_rows_has_a_block_or_warp_per_row_at_most():
-    mode, blocks, threads, chunks = norm.backward_plan(3, 4096, 132)
-    assert (mode, blocks, chunks) == (_rows.BLOCK_PER_ROW, 3, 3)
-    mode, blocks, threads, chunks = norm.backward_plan(3, 64, 132)
-    assert (mode, blocks, chunks) == (_rows.WARP_PER_ROW, 1, 8)
+    assert norm.backward_plan(3, 4096, 4, 132, BASE, BASE, BASE, BASE)[:4] == (_rows.BLOCK_PER_ROW, 3, 512, 3)
+    assert norm.backward_plan(3, 64, 4, 132, BASE, BASE, 0, BASE)[:4] == (_rows.WARP_PER_ROW, 1, 256, 8)
+
+
+def test_norm_backward_streams_when_an_operand_is_off_16_bytes():
+    mode, blocks, threads, chunks, aligned = norm.backward_plan(16384, 4096, 2, 132, BASE, BASE + 2, 0, BASE)
+    assert (mode, aligned, chunks) == (_rows.STREAM_ROW, 0, blocks)
 
 
 @pytest.mark.parametrize("n, itemsize, pointers, vec", [

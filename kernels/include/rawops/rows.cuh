@@ -8,12 +8,15 @@
 //                 the row in registers): many small blocks per SM, so one row's reductions
 //                 overlap other rows' loads (a 512-thread block holding 32 floats per thread
 //                 filled an SM's registers alone and ran at 0.3-0.5 of the copy ceiling);
-//   kStreamRow    one row per 512-thread block, read from memory once per pass (rows wider
-//                 than the registers hold).
-// Register layout: thread `lane` of a row's `width` threads holds 16-byte vectors
-// j = lane, lane + width, ... (ELEMS / V of them), so a warp's loads are 512 contiguous bytes.
-// Without 16-byte alignment (row start or another operand) the same layout is read element by
-// element, with bounds checks: correct for any width, slower.
+//   kStreamRow    one row per block of 32..512 threads, read from memory once per pass: rows
+//                 wider than the registers hold, and rows not on 16-byte boundaries (element
+//                 by element, with bounds checks). The register modes thus only ever see
+//                 16-byte vectors: compiled without the scalar path, they need no more than
+//                 64 registers (with it, ptxas hoisted 32 element offsets and predicates per
+//                 thread out of the row loop and spilled).
+// Register layout (RowSlice): thread `lane` of a row's `width` threads holds 16-byte vectors
+// j = lane, lane + width, ... (4 forward, 2 backward), so a warp's loads are 512 contiguous
+// bytes; they stay in the storage type (16-bit types packed two to a register) until used.
 // NVRTC fallback: rawops/_modules.py adds CuPy's bundled CUB to NVRTC's include path;
 // tests/test_nvrtc.py compiles every family that way (no GPU needed).
 #pragma once
@@ -34,8 +37,8 @@ constexpr int kMaxRowWarps = kMaxRowThreads / 32;
 // registers (97-128 a thread), one or two blocks per SM; a block-per-row launch runs each
 // block over one row, so those registers bought nothing but lost occupancy.
 constexpr int kMinRowBlocks = 2;
-constexpr int kFwdElems = 16;  // elements per thread held in registers, forward (_rows.FWD_ELEMS)
-constexpr int kBwdElems = 8;   // backward holds two operands (and norm's dw/db partials)
+constexpr int kFwdVectors = 4;  // 16-byte vectors per thread held in registers, forward (_rows.FWD_VECTORS)
+constexpr int kBwdVectors = 2;  // backward holds two operands (and norm's dw/db partials)
 enum RowMode { kWarpPerRow = 0, kBlockPerRow = 1, kStreamRow = 2 };
 
 struct SumOp {
@@ -112,6 +115,43 @@ class RowReducer {
   Storage& s_;
   bool warp_;
   int slot_;
+};
+
+// `p` as the compiler cannot see through: loads from it stay inside the row loop. Without it
+// nvcc hoists a thread's loop-invariant weight / bias loads out of the loop and holds them in
+// registers (or spills them) for every row, though a block-per-row block has one row.
+template <typename T>
+__device__ __forceinline__ const T* opaque(const T* p) {
+  asm volatile("" : "+l"(p));
+  return p;
+}
+
+// A thread's share of a row, in registers, in the storage type: vector k holds elements
+// (k * width + lane) * V ... + V - 1; zero past the row's end (`valid` says which are real).
+template <typename T, int ITEMS>
+struct RowSlice {
+  static constexpr int V = Vec16<T>::size;
+  Vec16<T> raw[ITEMS];
+
+  __device__ __forceinline__ static int64_t first(const RowCursor& c, int k) {
+    return (int64_t(k) * c.width + c.lane) * V;
+  }
+  // Whether vector k lies inside the row (register modes read whole vectors: n % V == 0).
+  __device__ __forceinline__ static bool valid(const RowCursor& c, int k, int64_t n) { return first(c, k) < n; }
+  // `vec`: 16-byte loads (the host guarantees alignment and n % V == 0).
+  __device__ __forceinline__ void load(const T* row, const RowCursor& c, int64_t n, bool vec) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t f = first(c, k);
+      if (vec && f < n) {
+        raw[k] = load16(row + f);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) raw[k].v[e] = !vec && f + e < n ? __ldg(row + f + e) : from_float<T>(0.f);
+      }
+    }
+  }
+  __device__ __forceinline__ float at(int k, int e) const { return to_float(raw[k].v[e]); }
 };
 
 // V elements from element j*V of a row (n wide); `pad` where past the row's end. `vec`:
