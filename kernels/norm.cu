@@ -246,14 +246,24 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
 #pragma unroll
     for (int e = 0; e < V; ++e) acc_dw[k][e] = acc_db[k][e] = 0.f;
 
+  // 16-bit types load the next row's x and dy before this row's reduction (its barrier) and
+  // stores: a block works through its rows one after another, and without the prefetch each
+  // row waited for its loads with nothing else in flight (1.5 TB/s, measured). float32 holds
+  // twice the registers per row and would spill; it ran at 2.6-2.7 TB/s without.
+  constexpr bool kPrefetch = sizeof(T) == 2;
+  Slice xs, ds;
+  if (c.row < rows) {
+    xs.load(x + c.row * n, c, n, true);
+    ds.load(dy + c.row * n, c, n, true);  // dy = 0 past the row's end: adds nothing below
+  }
   for (int64_t row = c.row; row < rows; row += c.step) {
-    const T* xr = x + row * n;
-    const T* dyr = dy + row * n;
     const float m = RMS ? 0.f : mean_in[row];
     const float rstd = rstd_in[row];
-    Slice xs, ds;
-    xs.load(xr, c, n, true);
-    ds.load(dyr, c, n, true);  // dy = 0 past the row's end: adds nothing below
+    Slice xn, dn;
+    if (kPrefetch && row + c.step < rows) {
+      xn.load(x + (row + c.step) * n, c, n, true);
+      dn.load(dy + (row + c.step) * n, c, n, true);
+    }
     float sums[3] = {0.f, 0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
@@ -287,6 +297,13 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
         o[e] = t.dx<RMS>(has_w ? __fmul_rn(dyv, wv[e]) : dyv, xhat);
       }
       store_row(dxr, j, n, true, o);
+    }
+    if (kPrefetch) {
+      xs = xn;
+      ds = dn;
+    } else if (row + c.step < rows) {
+      xs.load(x + (row + c.step) * n, c, n, true);
+      ds.load(dy + (row + c.step) * n, c, n, true);
     }
   }
 
@@ -339,13 +356,13 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
 // `vec` carries flags: bit 0 16-byte rows, bit 1 weight given, bit 2 bias given. Absent
 // weight / bias still arrive as valid pointers (x): nvcc hoists their loop-invariant loads
 // above the `has_w` test (seen in SASS: a null bias faulted), so a null pointer is unsafe.
-#define RAWOPS_NORM(name, RMS, T, suffix)                                                                   \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                                         \
+#define RAWOPS_NORM(name, RMS, T, suffix, FWD_MIN_BLOCKS)                                                   \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, FWD_MIN_BLOCKS)                      \
       name##_fwd_##suffix(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,               \
                           long long rows, long long n, long long mode, long long vec, float eps) {          \
     rawops::norm_fwd<T, RMS>(x, w, b, y, mean, rstd, rows, n, eps, int(mode), vec & 1, vec & 2, vec & 4);  \
   }                                                                                                         \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                                         \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                \
       name##_bwd_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, \
                           float* partial_dw, float* partial_db, long long rows, long long n, long long mode, \
                           long long vec) {                                                                  \
@@ -353,15 +370,17 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                              vec & 1, vec & 2);                                                             \
   }
 
-#define RAWOPS_NORM_FAMILY(T, suffix)                                                                  \
-  RAWOPS_NORM(layer_norm, false, T, suffix)                                                            \
-  RAWOPS_NORM(rms_norm, true, T, suffix)                                                               \
+#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS)                                                  \
+  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS)                                            \
+  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS)                                               \
   extern "C" __global__ void __launch_bounds__(512)                                                    \
       norm_param_grad_##suffix(const float* partial_dw, const float* partial_db, T* dw, T* db,         \
                                long long chunks, long long n) {                                        \
     rawops::norm_param_grad(partial_dw, partial_db, dw, db, chunks, n);                                \
   }
 
-RAWOPS_NORM_FAMILY(float, f32)
-RAWOPS_NORM_FAMILY(__half, f16)
-RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16)
+// bfloat16's forward needs ~95 registers: held to 64 (two 512-thread blocks per SM) it
+// spilled ~200 bytes a thread and ran at 2.0 TB/s (16384 x 4096), so it gets a bound of one.
+RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks)
+RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks)
+RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, 1)
