@@ -66,16 +66,18 @@ struct RowCursor {
 };
 
 // A row's reductions, returned to every thread of the row. Warp mode: CUB's warp reduction
-// and a broadcast. Block mode: CUB's warp reduction, then each thread adds the warps' results
-// in warp order (the same bits in every thread) from one of two shared slots, alternating,
-// so each reduction costs one barrier: reduction k+2 reuses k's slot only after every thread
+// and a broadcast. Block mode: CUB's warp reduction, one barrier, then every warp reduces the
+// warps' results again with CUB (lane i taking warp i's) and broadcasts: each thread gets the
+// same bits in the same order, deterministic, at the price of one barrier. (Adding the
+// warps' results one after another cost a chain of 16 dependent shared loads per value.)
+// The two shared slots alternate: reduction k+2 reuses k's slot only after every thread
 // passed reduction k+1's barrier, which follows its reads of slot k.
 class RowReducer {
  public:
   static constexpr int kMaxParts = 3;  // values reduced at once
   struct Storage {
     typename cub::WarpReduce<float>::TempStorage warp[kMaxRowWarps];
-    float partial[2][kMaxRowWarps][kMaxParts];
+    float partial[2][kMaxParts][kMaxRowWarps];
   };
   __device__ __forceinline__ RowReducer(Storage& s, bool warp) : s_(s), warp_(warp), slot_(0) {}
 
@@ -90,25 +92,23 @@ class RowReducer {
   template <int K, class Op>
   __device__ __forceinline__ void reduce(float (&v)[K], Op op) {
     static_assert(K <= kMaxParts, "RowReducer: too many values at once");
-    const int w = threadIdx.x / 32;
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      v[k] = cub::WarpReduce<float>(s_.warp[w]).Reduce(v[k], op);  // lane 0 only
-      if (warp_) v[k] = __shfl_sync(0xffffffffu, v[k], 0);
+    for (int k = 0; k < K; ++k) v[k] = cub::WarpReduce<float>(s_.warp[w]).Reduce(v[k], op);  // lane 0's
+    if (!warp_) {
+      float (*slot)[kMaxRowWarps] = s_.partial[slot_];
+      slot_ ^= 1;
+      if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < K; ++k) slot[k][w] = v[k];
+      __syncthreads();
+      const int warps = blockDim.x / 32;
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        v[k] = cub::WarpReduce<float>(s_.warp[w]).Reduce(lane < warps ? slot[k][lane] : 0.f, op, warps);
     }
-    if (warp_) return;
-    float (*slot)[kMaxParts] = s_.partial[slot_];
-    slot_ ^= 1;
-    if (threadIdx.x % 32 == 0)
 #pragma unroll
-      for (int k = 0; k < K; ++k) slot[w][k] = v[k];
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      float all = slot[0][k];
-      for (int i = 1; i < int(blockDim.x / 32); ++i) all = op(all, slot[i][k]);
-      v[k] = all;
-    }
+    for (int k = 0; k < K; ++k) v[k] = __shfl_sync(0xffffffffu, v[k], 0);
   }
 
  private:
