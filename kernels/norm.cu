@@ -22,9 +22,6 @@
 namespace rawops {
 namespace {
 
-// Backward: 8 elements a thread (two float32 vectors, one 16-bit one), whatever the dtype:
-// besides x and dy a thread keeps float32 dw / db partials for each of its columns.
-constexpr int kNormBwdElems = 8;  // rawops/norm.py BWD_ELEMS
 
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T* __restrict__ w,
@@ -238,7 +235,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     return;
   }
   constexpr int V = Vec16<T>::size;
-  constexpr int ITEMS = kNormBwdElems / V;
+  constexpr int ITEMS = kBwdVectors;
   using Slice = RowSlice<T, ITEMS>;
   float acc_dw[ITEMS][V], acc_db[ITEMS][V];
 #pragma unroll
@@ -246,10 +243,10 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
 #pragma unroll
     for (int e = 0; e < V; ++e) acc_dw[k][e] = acc_db[k][e] = 0.f;
 
-  // 16-bit types load the next row's x and dy before this row's reduction (its barrier) and
-  // stores: a block works through its rows one after another, and without the prefetch each
-  // row waited for its loads with nothing else in flight (1.5 TB/s, measured). float32 holds
-  // twice the registers per row and would spill; it ran at 2.6-2.7 TB/s without.
+  // 16-bit types load the next row's x, dy, mean and rstd before this row's reduction (its
+  // barrier) and stores: a block works through its rows one after another, and without the
+  // prefetch each row waited for its loads with nothing else in flight. float32 would spill
+  // (two vectors are 8 floats of partials each); it runs at 2.7 TB/s without.
   constexpr bool kPrefetch = sizeof(T) == 2;
   Slice xs, ds;
   float m = 0.f, rstd = 0.f;
@@ -285,7 +282,13 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
         sums[2] = fmaf(g, d, sums[2]);
       }
     }
-    reduce.reduce(sums, SumOp());
+    if (RMS) {  // only sum(g * x) is used: one value through the reduction, not three
+      float gx[1] = {sums[2]};
+      reduce.reduce(gx, SumOp());
+      sums[2] = gx[0];
+    } else {
+      reduce.reduce(sums, SumOp());
+    }
     const NormRowTerms t = NormRowTerms::from<RMS>(sums, rstd, float(n));
     T* dxr = dx + row * n;
 #pragma unroll
@@ -365,13 +368,13 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
 // `vec` carries flags: bit 0 16-byte rows, bit 1 weight given, bit 2 bias given. Absent
 // weight / bias still arrive as valid pointers (x): nvcc hoists their loop-invariant loads
 // above the `has_w` test (seen in SASS: a null bias faulted), so a null pointer is unsafe.
-#define RAWOPS_NORM(name, RMS, T, suffix, FWD_MIN_BLOCKS)                                                   \
+#define RAWOPS_NORM(name, RMS, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                                   \
   extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, FWD_MIN_BLOCKS)                      \
       name##_fwd_##suffix(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,               \
                           long long rows, long long n, long long mode, long long vec, float eps) {          \
     rawops::norm_fwd<T, RMS>(x, w, b, y, mean, rstd, rows, n, eps, int(mode), vec & 1, vec & 2, vec & 4);  \
   }                                                                                                         \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, BWD_MIN_BLOCKS)                      \
       name##_bwd_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, \
                           float* partial_dw, float* partial_db, long long rows, long long n, long long mode, \
                           long long vec) {                                                                  \
@@ -379,17 +382,18 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                              vec & 1, vec & 2);                                                             \
   }
 
-#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS)                                                  \
-  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS)                                            \
-  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS)                                               \
+#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                                  \
+  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                            \
+  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                               \
   extern "C" __global__ void __launch_bounds__(512)                                                    \
       norm_param_grad_##suffix(const float* partial_dw, const float* partial_db, T* dw, T* db,         \
                                long long chunks, long long n) {                                        \
     rawops::norm_param_grad(partial_dw, partial_db, dw, db, chunks, n);                                \
   }
 
-// bfloat16's forward needs ~95 registers: held to 64 (two 512-thread blocks per SM) it
-// spilled ~200 bytes a thread and ran at 2.0 TB/s (16384 x 4096), so it gets a bound of one.
-RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks)
-RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks)
-RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, 1)
+// Register bounds (blocks of 512 per SM; 2 = 64 registers a thread). bfloat16's forward
+// needs ~90: held to 64 it spilled ~200 bytes a thread and ran at 2.0 TB/s (16384 x 4096).
+// The 16-bit backwards hold 16 float32 partials a thread and the prefetched next row.
+RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
+RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, 1)
+RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, 1, 1)

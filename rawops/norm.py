@@ -24,7 +24,6 @@ KERNELS = {
 }
 FWD_KINDS = "ppppppqqqqf"
 BWD_KINDS = "ppppppppqqqq"
-BWD_ELEMS = 8  # kNormBwdElems: elements a thread holds in registers, backward
 PARAM_GRAD_KINDS = "ppppqq"
 PARAM_GRAD_COLUMNS = 32  # columns per block of norm_param_grad
 PARAM_GRAD_THREADS = 512  # its block: 32 columns x 16 lanes over the partial rows
@@ -43,8 +42,9 @@ def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx):
     grid fills each SM once (each block or warp accumulates dw/db over its rows); chunks is
     the number of partial rows of dweight / dbias."""
     aligned = _rows.vectors(n, itemsize, dy, x, weight, dx)
-    _, _, threads = _rows.row_plan(rows, n, BWD_ELEMS, itemsize, aligned)
-    mode, blocks, threads = _rows.row_plan(rows, n, BWD_ELEMS, itemsize, aligned,
+    elems = _rows.BWD_BYTES // itemsize
+    _, _, threads = _rows.row_plan(rows, n, elems, itemsize, aligned)
+    mode, blocks, threads = _rows.row_plan(rows, n, elems, itemsize, aligned,
                                            max_blocks=_rows.resident_blocks(sms, threads))
     return mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned
 
