@@ -74,7 +74,7 @@ struct RowCursor {
 // passed reduction k+1's barrier, which follows its reads of slot k.
 class RowReducer {
  public:
-  static constexpr int kMaxParts = 3;  // values reduced at once
+  static constexpr int kMaxParts = 6;  // values reduced at once
   struct Storage {
     typename cub::WarpReduce<float>::TempStorage warp[kMaxRowWarps];
     float partial[2][kMaxParts][kMaxRowWarps];
