@@ -2,7 +2,7 @@
 # One round on a GPU machine: build for its architecture, run every test, run the
 # benchmarks. Results go to $OUT (the device tool's folder) or bench/results: one log
 # (build, `rawops info`, tests) plus each benchmark's .md/.json (and the elementwise .png);
-# the device tool returns at most 8 files.
+# the device tool returns at most 8 files: RAWOPS_BUNDLE=1 packs them into $OUT/results.tgz.
 #   bash bench/device_round.sh [pytest args...]
 #   RAWOPS_BENCH="norm mlp"   which bench/bench_<name>.py to run (default: every one)
 #   RAWOPS_TESTS="tests/test_norm.py ..."   which test files (default: all but packaging, nvrtc)
@@ -13,6 +13,8 @@ set -o pipefail
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}
+FINAL_OUT=$OUT
+if [ "${RAWOPS_BUNDLE:-0}" = 1 ]; then OUT=$(mktemp -d); fi
 LOG="$OUT/round.log"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
@@ -35,4 +37,7 @@ for b in ${RAWOPS_BENCH:-$(cd bench && ls bench_*.py | sed "s/^bench_//; s/\.py$
   python3 "bench/bench_$b.py" --out "$OUT" 2>&1 | tail -40
 done
 echo "tests exit code: $tests_rc"
+if [ "$OUT" != "$FINAL_OUT" ]; then
+  tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . && cp "$LOG" "$FINAL_OUT/round.log"
+fi
 exit $tests_rc
