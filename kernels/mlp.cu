@@ -49,7 +49,8 @@ __device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cas
 __device__ __forceinline__ void seed_mlp_fwd(const float* __restrict__ x, const float* __restrict__ w1,
                                              const float* __restrict__ b1, const float* __restrict__ w2,
                                              const float* __restrict__ b2, const float* __restrict__ w3,
-                                             const float* __restrict__ b3, float* __restrict__ y, int64_t batch,
+                                             const float* __restrict__ b3, float* __restrict__ y,
+                                             float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch,
                                              int64_t flags) {
   // h: layer 1's output transposed, [128 units][64 samples]; then layer 2's, [64][64].
   __shared__ __align__(16) float h[kH1 * kTile];
@@ -98,6 +99,17 @@ __device__ __forceinline__ void seed_mlp_fwd(const float* __restrict__ x, const 
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(xv[i], wv[j], acc[i][j]);
     }
   }
+  if (h1s != nullptr) {  // training: keep relu(layer 1) per sample for the backward ([batch][128])
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t sample = first + (i < 4 ? ts * 4 + i : 32 + ts * 4 + i - 4);
+      if (sample < batch) {
+        float* row = h1s + sample * kH1;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) row[j < 4 ? tu * 4 + j : 64 + tu * 4 + j - 4] = relu(acc[i][j]);
+      }
+    }
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {  // h[unit][sample], four samples per float4 store
     const int u = j < 4 ? tu * 4 + j : 64 + tu * 4 + j - 4;
@@ -134,6 +146,16 @@ __device__ __forceinline__ void seed_mlp_fwd(const float* __restrict__ x, const 
       for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc2[i][j] = fmaf(hv[i], wv[j], acc2[i][j]);
+    }
+  }
+  if (h2s != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t sample = first + (i < 4 ? ts * 4 + i : 32 + ts * 4 + i - 4);
+      if (sample < batch) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) h2s[sample * kH2 + tu * 4 + j] = relu(acc2[i][j]);
+      }
     }
   }
   __syncthreads();  // every thread is done reading layer 1's h and the last W2 chunk
@@ -184,6 +206,660 @@ __device__ __forceinline__ void seed_mlp_fwd(const float* __restrict__ x, const 
 #endif
 extern "C" __global__ void __launch_bounds__(rawops::kThreads, RAWOPS_SEED_MIN_BLOCKS)
     seed_mlp_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
-                     const float* w3, const float* b3, float* y, long long batch, long long flags) {
-  rawops::seed_mlp_fwd(x, w1, b1, w2, b2, w3, b3, y, batch, flags);
+                     const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                     long long flags) {
+  rawops::seed_mlp_fwd(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags);
 }
+
+// =====================================================================================
+// Small batches of the source network: seed_mlp_small_fwd_f32.
+// The tiled kernel above gives one block all of a small batch (batch 32: one block, 60 us,
+// latency-bound on its ten staged weight chunks). Here a block of 8 warps takes
+// kSmallTile = 2 samples, so a batch of 32 spreads over 16 SMs; each warp owns units and
+// reads their weight rows straight from L2 (coalesced: lane k reads W[u][k + 32 i]), the
+// partial dot products summed by a fixed butterfly (deterministic). Three barriers in all.
+// =====================================================================================
+namespace rawops {
+namespace {
+
+constexpr int kSmallTile = 2;
+constexpr int kSmallThreads = 256;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+// One dense layer for kSmallTile samples: out[s][u] = act(b[u] + sum_k in[s][k] w[u][k]) for
+// the units u = warp + 8 * j (j < kUnitsPerWarp, u < n_out); in/out in shared memory.
+template <int kK, int kN, int kUnitsPerWarp>
+__device__ __forceinline__ void small_layer(const float* __restrict__ in, const float* __restrict__ w,
+                                            const float* __restrict__ b, float* __restrict__ out,
+                                            float* __restrict__ save, int64_t first, int64_t batch, bool relu_out,
+                                            float* __restrict__ y_global) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  constexpr int kSteps = (kK + 31) / 32;
+  float acc[kUnitsPerWarp][kSmallTile];
+#pragma unroll
+  for (int j = 0; j < kUnitsPerWarp; ++j) {
+    const int u = warp + 8 * j;
+#pragma unroll
+    for (int s = 0; s < kSmallTile; ++s) acc[j][s] = 0.f;
+    if (u < kN) {
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i) {
+        const int k = lane + 32 * i;
+        if (k < kK) {
+          const float wv = __ldg(w + u * kK + k);
+#pragma unroll
+          for (int s = 0; s < kSmallTile; ++s) acc[j][s] = fmaf(in[s * kK + k], wv, acc[j][s]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kUnitsPerWarp; ++j) {
+    const int u = warp + 8 * j;
+#pragma unroll
+    for (int s = 0; s < kSmallTile; ++s) {
+      const float v = warp_sum(acc[j][s]);
+      if (u < kN && lane == s) {
+        float r = v + __ldg(b + u);
+        if (relu_out) r = relu(r);
+        const int64_t sample = first + s;
+        if (out != nullptr) out[s * kN + u] = r;
+        if (sample < batch) {
+          if (save != nullptr) save[sample * kN + u] = r;
+          if (y_global != nullptr) y_global[sample * kN + u] = r;
+        }
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void seed_mlp_small_fwd(const float* __restrict__ x, const float* __restrict__ w1,
+                                                   const float* __restrict__ b1, const float* __restrict__ w2,
+                                                   const float* __restrict__ b2, const float* __restrict__ w3,
+                                                   const float* __restrict__ b3, float* __restrict__ y,
+                                                   float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch,
+                                                   int64_t flags) {
+  __shared__ float xs[kSmallTile * kIn];
+  __shared__ float h1[kSmallTile * kH1];
+  __shared__ float h2[kSmallTile * kH2];
+  const int64_t first = int64_t(blockIdx.x) * kSmallTile;
+  for (int e = threadIdx.x; e < kSmallTile * kIn; e += kSmallThreads) {
+    const int s = e / kIn;
+    xs[e] = first + s < batch ? __ldg(x + first * kIn + e) : 0.f;
+  }
+  __syncthreads();
+  small_layer<kIn, kH1, kH1 / 8>(xs, w1, b1, h1, h1s, first, batch, true, nullptr);
+  __syncthreads();
+  small_layer<kH1, kH2, kH2 / 8>(h1, w2, b2, h2, h2s, first, batch, true, nullptr);
+  __syncthreads();
+  small_layer<kH2, kOut, 2>(h2, w3, b3, nullptr, nullptr, first, batch, (flags & 1) != 0, y);
+}
+
+// =====================================================================================
+// Float32 backward building blocks (SIMT, exact float32 FMA), used by the source network.
+//   mlp_dgrad_f32: out[b][k] = (sum_n G'[b][n] W[n][k]) * (H == null || H[b][k] > 0)
+//     with G' = G * (Gm == null || Gm[b][n] > 0): one step of the chain g_{l-1} = (g_l W_l)
+//     masked by relu'(z_{l-1}), read off the kept post-ReLU activation (h > 0 iff z > 0).
+//   mlp_wgrad_f32: per chunk of rows, P[n][k] = sum_b G'[b][n] A[b][k] and sum_b G'[b][n],
+//     written to a float32 workspace; mlp_wgrad_reduce_* adds the chunks in chunk order
+//     (deterministic, no atomics) into dW and db.
+// =====================================================================================
+constexpr int kDgradRows = 64, kDgradChunk = 32, kGradThreads = 256;
+
+__device__ __forceinline__ float masked(float v, const float* m, int64_t i) {
+  return (m == nullptr || m[i] > 0.f) ? v : 0.f;
+}
+
+__device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ W, const float* __restrict__ H,
+                                          float* __restrict__ out, int64_t batch, int N, int K) {
+  __shared__ float gs[kDgradRows][kDgradChunk + 1];
+  __shared__ __align__(16) float ws[kDgradChunk][128];
+  const int t = threadIdx.x, rg = t / 16, kg = t % 16;
+  const int64_t row0 = int64_t(blockIdx.x) * kDgradRows;
+  float acc[4][8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+  for (int n0 = 0; n0 < N; n0 += kDgradChunk) {
+    __syncthreads();
+    for (int e = t; e < kDgradRows * kDgradChunk; e += kGradThreads) {
+      const int r = e / kDgradChunk, n = e % kDgradChunk;
+      const int64_t row = row0 + r, i = row * N + n0 + n;
+      gs[r][n] = (row < batch && n0 + n < N) ? masked(G[i], Gm, i) : 0.f;
+    }
+    for (int e = t; e < kDgradChunk * 128; e += kGradThreads) {
+      const int n = e / 128, k = e % 128;
+      ws[n][k] = (n0 + n < N && k < K) ? __ldg(W + (n0 + n) * K + k) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int n = 0; n < kDgradChunk; ++n) {
+      float gv[4], wv[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) gv[i] = gs[rg + 16 * i][n];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wv[j] = ws[n][kg + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(gv[i], wv[j], acc[i][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = row0 + rg + 16 * i;
+    if (row >= batch) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int k = kg + 16 * j;
+      if (k < K) out[row * K + k] = masked(acc[i][j], H, row * K + k);
+    }
+  }
+}
+
+constexpr int kWgradRows = 32;
+
+// Activation codes shared by the kernels and rawops/mlp.py.
+constexpr int kActNone = 0, kActRelu = 1, kActGelu = 2;
+
+__device__ __forceinline__ float activate(float v, int a) {
+  if (a == kActRelu) return relu(v);
+  if (a == kActGelu) return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+  return v;
+}
+
+__device__ __forceinline__ float activate_grad(float z, int a) {
+  if (a == kActRelu) return z > 0.f ? 1.f : 0.f;
+  if (a == kActGelu) return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * __expf(-0.5f * z * z);
+  return 1.f;
+}
+
+__device__ __forceinline__ void wgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ A, float* __restrict__ ws, int64_t batch, int N,
+                                          int K, int k_p, int64_t db_offset, int64_t stride, int a_act,
+                                          int64_t rows_per_chunk) {
+  __shared__ float gs[kWgradRows][129];
+  __shared__ float as[kWgradRows][129];
+  const int t = threadIdx.x, ng = t / 16, kg = t % 16;
+  const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+  float db = 0.f;
+  for (int64_t r0 = begin; r0 < end; r0 += kWgradRows) {
+    __syncthreads();
+    for (int e = t; e < kWgradRows * N; e += kGradThreads) {
+      const int r = e / N, n = e % N;
+      const int64_t i = (r0 + r) * N + n;
+      gs[r][n] = r0 + r < end ? masked(G[i], Gm, i) : 0.f;
+    }
+    for (int e = t; e < kWgradRows * K; e += kGradThreads) {
+      const int r = e / K, k = e % K;
+      as[r][k] = r0 + r < end ? activate(A[(r0 + r) * K + k], a_act) : 0.f;
+    }
+    __syncthreads();
+    if (t < N)
+      for (int r = 0; r < kWgradRows; ++r) db += gs[r][t];
+#pragma unroll 2
+    for (int r = 0; r < kWgradRows; ++r) {
+      float gv[8], av[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) gv[i] = gs[r][ng + 16 * i];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) av[j] = as[r][kg + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(gv[i], av[j], acc[i][j]);
+    }
+  }
+  float* part = ws + int64_t(blockIdx.x) * stride;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int n = ng + 16 * i;
+    if (n >= N) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int k = kg + 16 * j;
+      if (k < K) part[n * k_p + k] = acc[i][j];
+    }
+  }
+  if (t < N) part[db_offset + t] = db;
+}
+
+template <typename T>
+__device__ __forceinline__ void wgrad_reduce(const float* __restrict__ ws, int64_t chunks, int64_t stride, int N,
+                                             int K, int k_p, int64_t db_offset, T* __restrict__ dw,
+                                             T* __restrict__ db) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nk = int64_t(N) * K;
+  if (e >= nk + (db != nullptr ? N : 0)) return;
+  int64_t src;
+  if (e < nk) {
+    const int n = int(e / K), k = int(e % K);
+    src = int64_t(n) * k_p + k;
+  } else {
+    src = db_offset + (e - nk);
+  }
+  float s = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) s += ws[c * stride + src];
+  if (e < nk) dw[e] = from_float<T>(s);
+  else db[e - nk] = from_float<T>(s);
+}
+
+}  // namespace
+}  // namespace rawops
+
+extern "C" __global__ void __launch_bounds__(rawops::kSmallThreads)
+    seed_mlp_small_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                           const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                           long long flags) {
+  rawops::seed_mlp_small_fwd(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
+    mlp_dgrad_bwd_f32(const float* G, const float* Gm, const float* W, const float* H, float* out, long long batch,
+                      long long N, long long K) {
+  rawops::dgrad_f32(G, Gm, W, H, out, batch, int(N), int(K));
+}
+
+extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
+    mlp_wgrad_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch, long long N,
+                      long long K, long long k_p, long long db_offset, long long stride, long long a_act,
+                      long long rows_per_chunk) {
+  rawops::wgrad_f32(G, Gm, A, ws, batch, int(N), int(K), int(k_p), db_offset, stride, int(a_act), rows_per_chunk);
+}
+
+#define RAWOPS_REDUCE(suffix, T)                                                                              \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      mlp_wgrad_reduce_bwd_##suffix(const float* ws, long long chunks, long long stride, long long N,         \
+                                    long long K, long long k_p, long long db_offset, T* dw, T* db) {          \
+    rawops::wgrad_reduce<T>(ws, chunks, stride, int(N), int(K), int(k_p), db_offset, dw, db);                \
+  }
+RAWOPS_REDUCE(f32, float)
+RAWOPS_REDUCE(f16, __half)
+RAWOPS_REDUCE(bf16, __nv_bfloat16)
+
+// =====================================================================================
+// tiny-cuda-nn-style networks in float16 / bfloat16 on tensor cores (WMMA 16x16x16,
+// float32 accumulation): tc_mlp_fwd_<dtype>, tc_mlp_bwd_<dtype>, tc_mlp_wgrad_bwd_<dtype>.
+//   sizes: n_in in 1..128 (zero-padded to a multiple of 16), `hidden` layers (1..8) of one
+//   width (16, 32, 64 or 128), n_out in 1..128; weights in nn.Linear layout [out][in].
+// Forward: one block of 8 warps per tile of 128 samples; warp w owns rows 16w..16w+15 of
+// the tile for the whole network, so the activations stay in its shared-memory rows (never
+// in device memory) and only the weight loads need the block's barriers (2 per layer).
+// Training (save != null) also writes each hidden layer's pre-activation z ([hidden][batch]
+// [width], dtype T): the backward keeps them instead of recomputing the forward, because
+// at these widths the network is memory-bound and the recompute would read x and every
+// weight again and redo every layer; z gives both act'(z) and act(z) (GELU needs z).
+// Backward chain (tc_mlp_bwd): same tile walk in reverse, g_{l-1} = (g_l W_l) * act'(z_{l-1}),
+// each g written to a workspace for the weight gradients, dx = g_0 W_0 when asked.
+// Weight gradients (tc_mlp_wgrad_bwd): per chunk of rows, dW_l partial = g_l^T a_l on tensor
+// cores and db_l partial = column sums, to a float32 workspace; mlp_wgrad_reduce_bwd_* adds
+// the chunks in order. Deterministic, no atomics.
+// =====================================================================================
+#include <mma.h>
+
+namespace rawops {
+namespace {
+
+constexpr int kTcWarps = 8, kTcThreads = 32 * kTcWarps, kTcRows = 16 * kTcWarps;
+constexpr int kTcMaxLayers = 9;
+constexpr int kWgradTcRows = 64;
+
+__host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
+
+// dst[r][c] (r < rows_total, c < cols_p; row stride ld) = f(src[r][c]) for r < rows_valid,
+// c < cols, else 0; f: optional mask m (value kept where m > 0) then activation a.
+template <typename T>
+__device__ __forceinline__ void load_rows(T* __restrict__ dst, int ld, const T* __restrict__ src, int64_t stride,
+                                          int rows_valid, int rows_total, int cols, int cols_p,
+                                          const T* __restrict__ m, int a) {
+  constexpr int kV = 16 / sizeof(T);
+  const bool vec = cols % kV == 0 && stride % kV == 0 && (reinterpret_cast<size_t>(src) % 16) == 0 &&
+                   (m == nullptr || (reinterpret_cast<size_t>(m) % 16) == 0);
+  if (vec) {
+    const int per_row = cols_p / kV;
+    for (int e = threadIdx.x; e < rows_total * per_row; e += blockDim.x) {
+      const int r = e / per_row, c = (e % per_row) * kV;
+      Vec16<T> v;
+      if (r < rows_valid && c < cols) {
+        v = load16(src + r * stride + c);
+        if (m != nullptr || a != kActNone) {
+          Vec16<T> mv;
+          if (m != nullptr) mv = load16(m + r * stride + c);
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            float f = to_float(v.v[j]);
+            if (m != nullptr && !(to_float(mv.v[j]) > 0.f)) f = 0.f;
+            v.v[j] = from_float<T>(activate(f, a));
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kV; ++j) v.v[j] = from_float<T>(0.f);
+      }
+      *reinterpret_cast<Vec16<T>*>(dst + r * ld + c) = v;
+    }
+  } else {
+    for (int e = threadIdx.x; e < rows_total * cols_p; e += blockDim.x) {
+      const int r = e / cols_p, c = e % cols_p;
+      float f = 0.f;
+      if (r < rows_valid && c < cols) {
+        f = to_float(src[r * stride + c]);
+        if (m != nullptr && !(to_float(m[r * stride + c]) > 0.f)) f = 0.f;
+        f = activate(f, a);
+      }
+      dst[r * ld + c] = from_float<T>(f);
+    }
+  }
+}
+
+struct TcShape {
+  int n_in, width, n_out, hidden, layers;
+  int act_ld, w_ld;
+  __device__ TcShape(int n_in_, int width_, int n_out_, int hidden_)
+      : n_in(n_in_), width(width_), n_out(n_out_), hidden(hidden_), layers(hidden_ + 1) {
+    const int in_p = round16(n_in), out_p = round16(n_out);
+    const int p = max(max(in_p, width), out_p);
+    act_ld = p + 8;
+    w_ld = max(in_p, width) + 8;
+  }
+  __device__ int in_of(int l) const { return l == 0 ? n_in : width; }
+  __device__ int out_of(int l) const { return l == layers - 1 ? n_out : width; }
+};
+
+// Shared memory of the tile kernels (rawops/mlp.py computes the same): float scratch (256 per
+// warp), 128 float biases, the activation tile [128][act_ld] and one layer's weights
+// [max(width, out_p)][w_ld], both of T.
+template <typename T> struct TcSmem {
+  float* scratch;
+  float* bias;
+  T* act;
+  T* w;
+  __device__ TcSmem(unsigned char* base, const TcShape& s) {
+    scratch = reinterpret_cast<float*>(base);
+    bias = scratch + kTcWarps * 256;
+    act = reinterpret_cast<T*>(bias + 128);
+    w = act + kTcRows * s.act_ld;
+  }
+};
+
+template <typename T, typename LayoutB>
+using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, LayoutB>;
+template <typename T, typename LayoutA>
+using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, LayoutA>;
+using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+// acc[nf] (nf < n_p / 16) = act rows of this warp (16 x k_p) times B; B[k][n] at
+// w[n * w_ld + k] (forward: the weight W[o][i], k = i) or w[k * w_ld + n] (backward: k = o).
+template <typename T, bool kTransposed>
+__device__ __forceinline__ void warp_gemm(FragC (&acc)[8], const T* a, int a_ld, const T* w, int w_ld, int k_p,
+                                          int n_p) {
+  using namespace nvcuda;
+  using LayoutB = typename std::conditional<kTransposed, wmma::row_major, wmma::col_major>::type;
+#pragma unroll
+  for (int nf = 0; nf < 8; ++nf) wmma::fill_fragment(acc[nf], 0.f);
+  for (int kf = 0; kf < k_p / 16; ++kf) {
+    FragA<T, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + kf * 16, a_ld);
+#pragma unroll
+    for (int nf = 0; nf < 8; ++nf) {
+      if (nf * 16 < n_p) {
+        FragB<T, LayoutB> fb;
+        wmma::load_matrix_sync(fb, kTransposed ? w + kf * 16 * w_ld + nf * 16 : w + nf * 16 * w_ld + kf * 16, w_ld);
+        wmma::mma_sync(acc[nf], fa, fb, acc[nf]);
+      }
+    }
+  }
+}
+
+// Writes 8 values (one row segment of a 16x16 fragment) to row `row`, columns c..c+7 of a
+// [*][cols] array, 16-byte store when the segment is whole and aligned.
+template <typename T>
+__device__ __forceinline__ void store_segment(T* base, int64_t row, int cols, int c, const float (&v)[8]) {
+  T* p = base + row * cols + c;
+  if (c + 8 <= cols && (reinterpret_cast<size_t>(p) % 16) == 0 && sizeof(T) == 2) {
+    Vec16<T> out;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out.v[j] = from_float<T>(v[j]);
+    *reinterpret_cast<Vec16<T>*>(p) = out;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (c + j < cols) p[j] = from_float<T>(v[j]);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void load_layer(const TcSmem<T>& sm, const TcShape& s, const T* W, const T* B, int l) {
+  const int in_l = s.in_of(l), out_l = s.out_of(l);
+  load_rows<T>(sm.w, s.w_ld, W, in_l, out_l, round16(out_l), in_l, round16(in_l), nullptr, kActNone);
+  if (sm.bias != nullptr)
+    for (int t = threadIdx.x; t < 128; t += blockDim.x) sm.bias[t] = (B != nullptr && t < out_l) ? to_float(B[t]) : 0.f;
+}
+
+template <typename T>
+__device__ void tc_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restrict__ save, const T* const* W,
+                       const T* const* B, int64_t batch, int n_in, int width, int n_out, int hidden, int flags) {
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  const TcShape s(n_in, width, n_out, hidden);
+  const TcSmem<T> sm(tc_smem, s);
+  const int act = flags & 3, out_act = (flags >> 2) & 3;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
+  const int rows_valid = int(batch - row0 < kTcRows ? batch - row0 : kTcRows);
+  load_rows<T>(sm.act, s.act_ld, x + row0 * n_in, n_in, rows_valid, kTcRows, n_in, round16(n_in), nullptr, kActNone);
+  T* a = sm.act + warp * 16 * s.act_ld;
+  float* scratch = sm.scratch + warp * 256;
+  const int r = lane / 2, c0 = (lane % 2) * 8;
+  const int64_t row = row0 + warp * 16 + r;
+  for (int l = 0; l < s.layers; ++l) {
+    __syncthreads();  // x loaded (l = 0); every warp done with the previous layer's weights
+    load_layer<T>(sm, s, W[l], B[l], l);
+    __syncthreads();
+    const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
+    FragC acc[8];
+    warp_gemm<T, false>(acc, a, s.act_ld, sm.w, s.w_ld, in_p, out_p);
+    __syncwarp();  // every lane has read its rows: the outputs may overwrite them
+    const bool last = l == s.layers - 1;
+#pragma unroll
+    for (int nf = 0; nf < 8; ++nf) {
+      if (nf * 16 >= out_p) break;
+      wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
+      __syncwarp();
+      float v[8], h[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        v[j] = scratch[r * 16 + c0 + j] + sm.bias[nf * 16 + c0 + j];
+        h[j] = activate(v[j], last ? out_act : act);
+      }
+      if (!last) {
+        if (save != nullptr && row < batch) store_segment<T>(save + int64_t(l) * batch * width, row, width, nf * 16 + c0, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a[r * s.act_ld + nf * 16 + c0 + j] = from_float<T>(h[j]);
+      } else if (row < batch) {
+        store_segment<T>(y, row, n_out, nf * 16 + c0, h);
+      }
+      __syncwarp();
+    }
+  }
+}
+
+template <typename T>
+__device__ void tc_bwd(const T* __restrict__ dy, const T* __restrict__ y, const T* __restrict__ save,
+                       T* __restrict__ gws, T* __restrict__ dx, const T* const* W, int64_t batch, int n_in, int width,
+                       int n_out, int hidden, int flags) {
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  const TcShape s(n_in, width, n_out, hidden);
+  TcSmem<T> sm(tc_smem, s);
+  sm.bias = nullptr;
+  const int act = flags & 3, out_act = (flags >> 2) & 3;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
+  const int rows_valid = int(batch - row0 < kTcRows ? batch - row0 : kTcRows);
+  // g of the last layer: dy, masked by relu'(y) for an output ReLU.
+  load_rows<T>(sm.act, s.act_ld, dy + row0 * n_out, n_out, rows_valid, kTcRows, n_out, round16(n_out),
+               out_act == kActRelu ? y + row0 * n_out : nullptr, kActNone);
+  T* a = sm.act + warp * 16 * s.act_ld;
+  float* scratch = sm.scratch + warp * 256;
+  const int r = lane / 2, c0 = (lane % 2) * 8;
+  const int64_t row = row0 + warp * 16 + r;
+  for (int l = s.layers - 1; l >= 0; --l) {
+    if (l == 0 && dx == nullptr) break;
+    __syncthreads();
+    load_layer<T>(sm, s, W[l], nullptr, l);
+    __syncthreads();
+    const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
+    FragC acc[8];
+    warp_gemm<T, true>(acc, a, s.act_ld, sm.w, s.w_ld, out_p, in_p);
+    __syncwarp();
+#pragma unroll
+    for (int nf = 0; nf < 8; ++nf) {
+      if (nf * 16 >= in_p) break;
+      wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
+      __syncwarp();
+      float v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = scratch[r * 16 + c0 + j];
+      if (l > 0) {
+        const int64_t base = int64_t(l - 1) * batch * width;
+        if (row < batch) {
+          const T* z = save + base + row * width + nf * 16 + c0;
+          Vec16<T> zv = *reinterpret_cast<const Vec16<T>*>(z);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] *= activate_grad(to_float(zv.v[j]), act);
+          store_segment<T>(gws + base, row, width, nf * 16 + c0, v);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a[r * s.act_ld + nf * 16 + c0 + j] = from_float<T>(v[j]);
+      } else if (row < batch) {
+        store_segment<T>(dx, row, n_in, nf * 16 + c0, v);
+      }
+      __syncwarp();
+    }
+  }
+}
+
+// Partial weight gradient of one layer over one chunk of rows: ws[chunk] = [n_p][k_p] of
+// sum_b G'[b][n] act(A[b][k]), then n_p column sums of G' at db_offset.
+template <typename T>
+__device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, const T* __restrict__ A,
+                         float* __restrict__ ws, int64_t batch, int N, int K, int64_t db_offset, int64_t stride,
+                         int a_act, int64_t rows_per_chunk) {
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  const int n_p = round16(N), k_p = round16(K);
+  const int g_ld = n_p + 8, a_ld = k_p + 8;
+  T* gs = reinterpret_cast<T*>(tc_smem);
+  T* as = gs + kWgradTcRows * g_ld;
+  const int t = threadIdx.x, warp = t / 32;
+  const int nfc = n_p / 16, kfc = k_p / 16, frags = nfc * kfc;
+  const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
+  FragC acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) wmma::fill_fragment(acc[i], 0.f);
+  float db = 0.f;
+  for (int64_t r0 = begin; r0 < end; r0 += kWgradTcRows) {
+    const int rows = int(end - r0 < kWgradTcRows ? end - r0 : kWgradTcRows);
+    __syncthreads();
+    load_rows<T>(gs, g_ld, G + r0 * N, N, rows, kWgradTcRows, N, n_p, Gm != nullptr ? Gm + r0 * N : nullptr,
+                 kActNone);
+    load_rows<T>(as, a_ld, A + r0 * K, K, rows, kWgradTcRows, K, k_p, nullptr, a_act);
+    __syncthreads();
+    if (t < n_p)
+      for (int rr = 0; rr < kWgradTcRows; ++rr) db += to_float(gs[rr * g_ld + t]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int f = warp + kTcWarps * i;
+      if (f >= frags) break;
+      const int nf = f / kfc, kf = f % kfc;
+#pragma unroll
+      for (int ks = 0; ks < kWgradTcRows / 16; ++ks) {
+        FragA<T, wmma::col_major> fa;
+        FragB<T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fa, gs + ks * 16 * g_ld + nf * 16, g_ld);
+        wmma::load_matrix_sync(fb, as + ks * 16 * a_ld + kf * 16, a_ld);
+        wmma::mma_sync(acc[i], fa, fb, acc[i]);
+      }
+    }
+  }
+  float* part = ws + int64_t(blockIdx.x) * stride;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int f = warp + kTcWarps * i;
+    if (f >= frags) break;
+    const int nf = f / kfc, kf = f % kfc;
+    wmma::store_matrix_sync(part + nf * 16 * k_p + kf * 16, acc[i], k_p, wmma::mem_row_major);
+  }
+  if (t < n_p) part[db_offset + t] = db;
+}
+
+}  // namespace
+}  // namespace rawops
+
+#define RAWOPS_TC_PARAMS(T)                                                                                     \
+  const T *w0, const T *w1, const T *w2, const T *w3, const T *w4, const T *w5, const T *w6, const T *w7,      \
+      const T *w8
+#define RAWOPS_TC_BIASES(T)                                                                                     \
+  const T *b0, const T *b1, const T *b2, const T *b3, const T *b4, const T *b5, const T *b6, const T *b7,      \
+      const T *b8
+
+// bfloat16 WMMA needs sm_80; older targets get a trap (rawops/mlp.py refuses before launch).
+#define RAWOPS_TC_ENTRIES(suffix, T, GUARD)                                                                    \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                             \
+      tc_mlp_fwd_##suffix(const T* x, T* y, T* save, RAWOPS_TC_PARAMS(T), RAWOPS_TC_BIASES(T), long long batch, \
+                          long long n_in, long long width, long long n_out, long long hidden, long long flags) {    \
+    if (GUARD) {                                                                                               \
+      const T* W[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                 \
+      const T* B[rawops::kTcMaxLayers] = {b0, b1, b2, b3, b4, b5, b6, b7, b8};                                 \
+      RAWOPS_TC_CALL(rawops::tc_fwd<T>(x, y, save, W, B, batch, int(n_in), int(width), int(n_out), int(hidden), \
+                                       int(flags)));                                                           \
+    }                                                                                                          \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                             \
+      tc_mlp_bwd_##suffix(const T* dy, const T* y, const T* save, T* gws, T* dx, RAWOPS_TC_PARAMS(T),           \
+                          long long batch, long long n_in, long long width, long long n_out, long long hidden,  \
+                          long long flags) {                                                                   \
+    if (GUARD) {                                                                                               \
+      const T* W[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                 \
+      RAWOPS_TC_CALL(rawops::tc_bwd<T>(dy, y, save, gws, dx, W, batch, int(n_in), int(width), int(n_out),       \
+                                       int(hidden), int(flags)));                                              \
+    }                                                                                                          \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                             \
+      tc_mlp_wgrad_bwd_##suffix(const T* G, const T* Gm, const T* A, float* ws, long long batch, long long N,   \
+                                long long K, long long db_offset, long long stride, long long a_act,           \
+                                long long rows_per_chunk) {                                                    \
+    if (GUARD) {                                                                                               \
+      RAWOPS_TC_CALL(rawops::tc_wgrad<T>(G, Gm, A, ws, batch, int(N), int(K), db_offset, stride, int(a_act),    \
+                                         rows_per_chunk));                                                     \
+    }                                                                                                          \
+  }
+
+#define RAWOPS_TC_CALL(call) call
+RAWOPS_TC_ENTRIES(f16, __half, true)
+#undef RAWOPS_TC_CALL
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define RAWOPS_TC_CALL(call) call
+#else
+#define RAWOPS_TC_CALL(call) __trap()
+#endif
+RAWOPS_TC_ENTRIES(bf16, __nv_bfloat16, true)
+#undef RAWOPS_TC_CALL
