@@ -43,6 +43,10 @@ TC_KERNELS = {
                    "hidden", "flags"),
     "tc_mlp_wgrad_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "db_offset", "stride", "a_act", "rows_per_chunk"),
 }
+# Every extern "C" entry point of kernels/mlp.cu (tests/test_build.py checks the fatbin).
+ENTRY_POINTS = frozenset([f"{base}_f32" for base in KERNELS] + [f"{base}_{s}" for base in KERNELS_ALL_FLOATS
+                                                                for s in ("f32", "f16", "bf16")]
+                         + [f"{base}_{s}" for base in TC_KERNELS for s in ("f16", "bf16")])
 SEED_FWD_KINDS = "pppppppppp" + "qq"
 DGRAD_KINDS = "ppppp" + "qqq"
 WGRAD_KINDS = "pppp" + "q" * 8
