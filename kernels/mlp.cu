@@ -601,13 +601,17 @@ template <typename T, typename LayoutA>
 using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, LayoutA>;
 using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
 
+// std::conditional without <type_traits> (NVRTC, the fallback compiler, lacks it).
+template <bool kRowMajor> struct PickLayout { using type = nvcuda::wmma::col_major; };
+template <> struct PickLayout<true> { using type = nvcuda::wmma::row_major; };
+
 // acc[nf] (nf < n_p / 16) = act rows of this warp (16 x k_p) times B; B[k][n] at
 // w[n * w_ld + k] (forward: the weight W[o][i], k = i) or w[k * w_ld + n] (backward: k = o).
 template <typename T, bool kTransposed>
 __device__ __forceinline__ void warp_gemm(FragC (&acc)[8], const T* a, int a_ld, const T* w, int w_ld, int k_p,
                                           int n_p) {
   using namespace nvcuda;
-  using LayoutB = typename std::conditional<kTransposed, wmma::row_major, wmma::col_major>::type;
+  using LayoutB = typename PickLayout<kTransposed>::type;
 #pragma unroll
   for (int nf = 0; nf < 8; ++nf) wmma::fill_fragment(acc[nf], 0.f);
   for (int kf = 0; kf < k_p / 16; ++kf) {
