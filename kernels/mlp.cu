@@ -328,15 +328,30 @@ __device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const flo
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
   for (int n0 = 0; n0 < N; n0 += kDgradChunk) {
-    __syncthreads();
-    for (int e = t; e < kDgradRows * kDgradChunk; e += kGradThreads) {
-      const int r = e / kDgradChunk, n = e % kDgradChunk;
-      const int64_t row = row0 + r, i = row * N + n0 + n;
-      gs[r][n] = (row < batch && n0 + n < N) ? masked(G[i], Gm, i) : 0.f;
+    // Every load of the step in flight before the barrier, then the stores.
+    constexpr int kG = kDgradRows * kDgradChunk / kGradThreads, kW = kDgradChunk * 128 / kGradThreads;
+    float gl[kG], wl[kW];
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      const int e = t + i * kGradThreads, r = e / kDgradChunk, n = e % kDgradChunk;
+      const int64_t row = row0 + r, idx = row * N + n0 + n;
+      gl[i] = (row < batch && n0 + n < N) ? masked(G[idx], Gm, idx) : 0.f;
     }
-    for (int e = t; e < kDgradChunk * 128; e += kGradThreads) {
-      const int n = e / 128, k = e % 128;
-      ws[n][k] = (n0 + n < N && k < K) ? __ldg(W + (n0 + n) * K + k) : 0.f;
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const int e = t + i * kGradThreads, n = e / 128, k = e % 128;
+      wl[i] = (n0 + n < N && k < K) ? __ldg(W + (n0 + n) * K + k) : 0.f;
+    }
+    __syncthreads();  // the previous step is consumed
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      const int e = t + i * kGradThreads;
+      gs[e / kDgradChunk][e % kDgradChunk] = gl[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const int e = t + i * kGradThreads;
+      ws[e / 128][e % 128] = wl[i];
     }
     __syncthreads();
 #pragma unroll 4
@@ -397,15 +412,29 @@ __device__ __forceinline__ void wgrad_f32(const float* __restrict__ G, const flo
     for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
   float db = 0.f;
   for (int64_t r0 = begin; r0 < end; r0 += kWgradRows) {
-    __syncthreads();
-    for (int e = t; e < kWgradRows * N; e += kGradThreads) {
-      const int r = e / N, n = e % N;
-      const int64_t i = (r0 + r) * N + n;
-      gs[r][n] = r0 + r < end ? masked(G[i], Gm, i) : 0.f;
+    // Every load of the step in flight before the barrier, then the stores (N, K <= 128).
+    constexpr int kL = kWgradRows * 128 / kGradThreads;
+    float gl[kL], al[kL];
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      const int e = t + i * kGradThreads;
+      gl[i] = al[i] = 0.f;
+      if (e < kWgradRows * N) {
+        const int r = e / N, n = e % N;
+        const int64_t idx = (r0 + r) * N + n;
+        if (r0 + r < end) gl[i] = masked(G[idx], Gm, idx);
+      }
+      if (e < kWgradRows * K) {
+        const int r = e / K, k = e % K;
+        if (r0 + r < end) al[i] = A[(r0 + r) * K + k];
+      }
     }
-    for (int e = t; e < kWgradRows * K; e += kGradThreads) {
-      const int r = e / K, k = e % K;
-      as[r][k] = r0 + r < end ? activate(A[(r0 + r) * K + k], a_act) : 0.f;
+    __syncthreads();  // the previous step is consumed
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      const int e = t + i * kGradThreads;
+      if (e < kWgradRows * N) gs[e / N][e % N] = gl[i];
+      if (e < kWgradRows * K) as[e / K][e % K] = activate(al[i], a_act);
     }
     __syncthreads();
     if (t < N)
@@ -520,47 +549,69 @@ constexpr int kWgradTcRows = 64;
 __host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
 
 // dst[r][c] (r < rows_total, c < cols_p; row stride ld) = f(src[r][c]) for r < rows_valid,
-// c < cols, else 0; f: optional mask m (value kept where m > 0) then activation a.
+// c < cols, else 0; f: optional mask m (value kept where m > 0) then activation a. Done by
+// `nthreads` threads (a block, or one warp for its own rows), four loads in flight per
+// thread before any store (a loop of load-then-store pays one memory latency per element).
 template <typename T>
 __device__ __forceinline__ void load_rows(T* __restrict__ dst, int ld, const T* __restrict__ src, int64_t stride,
                                           int rows_valid, int rows_total, int cols, int cols_p,
-                                          const T* __restrict__ m, int a) {
-  constexpr int kV = 16 / sizeof(T);
+                                          const T* __restrict__ m, int a, int tid, int nthreads) {
+  constexpr int kV = 16 / sizeof(T), kBatch = 4;
   const bool vec = cols % kV == 0 && stride % kV == 0 && (reinterpret_cast<size_t>(src) % 16) == 0 &&
                    (m == nullptr || (reinterpret_cast<size_t>(m) % 16) == 0);
   if (vec) {
-    const int per_row = cols_p / kV;
-    for (int e = threadIdx.x; e < rows_total * per_row; e += blockDim.x) {
-      const int r = e / per_row, c = (e % per_row) * kV;
-      Vec16<T> v;
-      if (r < rows_valid && c < cols) {
-        v = load16(src + r * stride + c);
-        if (m != nullptr || a != kActNone) {
-          Vec16<T> mv;
-          if (m != nullptr) mv = load16(m + r * stride + c);
+    const int per_row = cols_p / kV, total = rows_total * per_row;
+    for (int base = tid; base < total; base += kBatch * nthreads) {
+      Vec16<T> v[kBatch], mv[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int e = base + i * nthreads;
+        const int r = e / per_row, c = (e % per_row) * kV;
+        if (e < total && r < rows_valid && c < cols) {
+          v[i] = load16(src + r * stride + c);
+          if (m != nullptr) mv[i] = load16(m + r * stride + c);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kV; ++j) v[i].v[j] = from_float<T>(0.f);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int e = base + i * nthreads;
+        if (e >= total) break;
+        const int r = e / per_row, c = (e % per_row) * kV;
+        if ((m != nullptr || a != kActNone) && r < rows_valid && c < cols) {
 #pragma unroll
           for (int j = 0; j < kV; ++j) {
-            float f = to_float(v.v[j]);
-            if (m != nullptr && !(to_float(mv.v[j]) > 0.f)) f = 0.f;
-            v.v[j] = from_float<T>(activate(f, a));
+            float f = to_float(v[i].v[j]);
+            if (m != nullptr && !(to_float(mv[i].v[j]) > 0.f)) f = 0.f;
+            v[i].v[j] = from_float<T>(activate(f, a));
           }
         }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kV; ++j) v.v[j] = from_float<T>(0.f);
+        *reinterpret_cast<Vec16<T>*>(dst + r * ld + c) = v[i];
       }
-      *reinterpret_cast<Vec16<T>*>(dst + r * ld + c) = v;
     }
   } else {
-    for (int e = threadIdx.x; e < rows_total * cols_p; e += blockDim.x) {
-      const int r = e / cols_p, c = e % cols_p;
-      float f = 0.f;
-      if (r < rows_valid && c < cols) {
-        f = to_float(src[r * stride + c]);
-        if (m != nullptr && !(to_float(m[r * stride + c]) > 0.f)) f = 0.f;
-        f = activate(f, a);
+    const int total = rows_total * cols_p;
+    for (int base = tid; base < total; base += kBatch * nthreads) {
+      float f[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int e = base + i * nthreads;
+        const int r = e / cols_p, c = e % cols_p;
+        f[i] = 0.f;
+        if (e < total && r < rows_valid && c < cols) {
+          f[i] = to_float(src[r * stride + c]);
+          if (m != nullptr && !(to_float(m[r * stride + c]) > 0.f)) f[i] = 0.f;
+        }
       }
-      dst[r * ld + c] = from_float<T>(f);
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int e = base + i * nthreads;
+        if (e >= total) break;
+        const int r = e / cols_p, c = e % cols_p;
+        dst[r * ld + c] = from_float<T>(activate(f[i], a));
+      }
     }
   }
 }
@@ -577,20 +628,23 @@ struct TcShape {
   }
   __device__ int in_of(int l) const { return l == 0 ? n_in : width; }
   __device__ int out_of(int l) const { return l == layers - 1 ? n_out : width; }
+  // Resident kernels: layer l's weights start this many elements into the weight area.
+  __device__ int w_offset(int l) const { return l == 0 ? 0 : (round16(width) * (l - 1) + width) * w_ld; }
 };
 
 // Shared memory of the tile kernels (rawops/mlp.py computes the same): float scratch (256 per
-// warp), 128 float biases, the activation tile [128][act_ld] and one layer's weights
-// [max(width, out_p)][w_ld], both of T.
+// warp), 128 float biases per layer held (one when streaming, all when resident), the
+// activation tile [128][act_ld] and the weights: one layer [max(width, out_p)][w_ld] when
+// streaming, every layer stacked ([out_p of layer l][w_ld] at w_offset(l)) when resident.
 template <typename T> struct TcSmem {
   float* scratch;
   float* bias;
   T* act;
   T* w;
-  __device__ TcSmem(unsigned char* base, const TcShape& s) {
+  __device__ TcSmem(unsigned char* base, const TcShape& s, int bias_layers) {
     scratch = reinterpret_cast<float*>(base);
     bias = scratch + kTcWarps * 256;
-    act = reinterpret_cast<T*>(bias + 128);
+    act = reinterpret_cast<T*>(bias + 128 * bias_layers);
     w = act + kTcRows * s.act_ld;
   }
 };
@@ -646,58 +700,140 @@ __device__ __forceinline__ void store_segment(T* base, int64_t row, int cols, in
 }
 
 template <typename T>
-__device__ __forceinline__ void load_layer(const TcSmem<T>& sm, const TcShape& s, const T* W, const T* B, int l) {
+__device__ __forceinline__ void load_layer(T* w, float* bias, const TcShape& s, const T* W, const T* B, int l) {
   const int in_l = s.in_of(l), out_l = s.out_of(l);
-  load_rows<T>(sm.w, s.w_ld, W, in_l, out_l, round16(out_l), in_l, round16(in_l), nullptr, kActNone);
-  if (sm.bias != nullptr)
-    for (int t = threadIdx.x; t < 128; t += blockDim.x) sm.bias[t] = (B != nullptr && t < out_l) ? to_float(B[t]) : 0.f;
+  load_rows<T>(w, s.w_ld, W, in_l, out_l, round16(out_l), in_l, round16(in_l), nullptr, kActNone, threadIdx.x,
+               blockDim.x);
+  if (bias != nullptr)
+    for (int t = threadIdx.x; t < 128; t += blockDim.x) bias[t] = (B != nullptr && t < out_l) ? to_float(B[t]) : 0.f;
 }
 
+// One forward layer for one warp's 16 rows (global rows row0..row0+15) held in `a`: the
+// outputs overwrite the inputs in place (hidden layers), or go to y (last layer).
+template <typename T>
+__device__ __forceinline__ void fwd_layer(const TcShape& s, int l, T* a, const T* w, const float* bias,
+                                          float* scratch, int64_t row0, int64_t batch, T* y, T* save, int act,
+                                          int out_act) {
+  using namespace nvcuda;
+  const int lane = threadIdx.x % 32, r = lane / 2, c0 = (lane % 2) * 8;
+  const int64_t row = row0 + r;
+  const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
+  FragC acc[8];
+  warp_gemm<T, false>(acc, a, s.act_ld, w, s.w_ld, in_p, out_p);
+  __syncwarp();  // every lane has read its rows: the outputs may overwrite them
+  const bool last = l == s.layers - 1;
+#pragma unroll
+  for (int nf = 0; nf < 8; ++nf) {
+    if (nf * 16 >= out_p) break;
+    wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
+    __syncwarp();
+    float v[8], h[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[j] = scratch[r * 16 + c0 + j] + bias[nf * 16 + c0 + j];
+      h[j] = activate(v[j], last ? out_act : act);
+    }
+    if (!last) {
+      if (save != nullptr && row < batch)
+        store_segment<T>(save + int64_t(l) * batch * s.width, row, s.width, nf * 16 + c0, v);
+      Vec16<T> hv;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) hv.v[j] = from_float<T>(h[j]);
+      *reinterpret_cast<Vec16<T>*>(a + r * s.act_ld + nf * 16 + c0) = hv;
+    } else if (row < batch) {
+      store_segment<T>(y, row, s.n_out, nf * 16 + c0, h);
+    }
+    __syncwarp();
+  }
+}
+
+// One backward layer for one warp's rows: g_l in `a` ([16][out_p]) becomes
+// g_{l-1} = (g_l W_l) * act'(z_{l-1}) in place (written to gws too), or dx for l = 0.
+template <typename T>
+__device__ __forceinline__ void bwd_layer(const TcShape& s, int l, T* a, const T* w, float* scratch, int64_t row0,
+                                          int64_t batch, const T* save, T* gws, T* dx, int act) {
+  using namespace nvcuda;
+  const int lane = threadIdx.x % 32, r = lane / 2, c0 = (lane % 2) * 8;
+  const int64_t row = row0 + r;
+  const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
+  const int64_t base = l > 0 ? int64_t(l - 1) * batch * s.width : 0;
+  Vec16<T> zv[8];  // z_{l-1} of this lane's row segments, fetched before the product
+  if (l > 0 && row < batch) {
+#pragma unroll
+    for (int nf = 0; nf < 8; ++nf)
+      if (nf * 16 < in_p) zv[nf] = load16(save + base + row * s.width + nf * 16 + c0);
+  }
+  FragC acc[8];
+  warp_gemm<T, true>(acc, a, s.act_ld, w, s.w_ld, out_p, in_p);
+  __syncwarp();
+#pragma unroll
+  for (int nf = 0; nf < 8; ++nf) {
+    if (nf * 16 >= in_p) break;
+    wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
+    __syncwarp();
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = scratch[r * 16 + c0 + j];
+    if (l > 0) {
+      if (row < batch) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] *= activate_grad(to_float(zv[nf].v[j]), act);
+        store_segment<T>(gws + base, row, s.width, nf * 16 + c0, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = 0.f;
+      }
+      Vec16<T> gv;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) gv.v[j] = from_float<T>(v[j]);
+      *reinterpret_cast<Vec16<T>*>(a + r * s.act_ld + nf * 16 + c0) = gv;
+    } else if (row < batch) {
+      store_segment<T>(dx, row, s.n_in, nf * 16 + c0, v);
+    }
+    __syncwarp();
+  }
+}
+
+constexpr int kResident = 16;  // flags bit: weights resident in shared memory, persistent warps
+
+// Streaming: one block per 128-row tile, each layer's weights loaded in turn (2 barriers per
+// layer); for networks whose weights do not fit in shared memory at once.
+// Resident: every layer's weights loaded once per block; then each warp loops over 16-row
+// tiles (tile = global warp, + all warps of the grid) with no block barrier at all.
 template <typename T>
 __device__ void tc_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restrict__ save, const T* const* W,
                        const T* const* B, int64_t batch, int n_in, int width, int n_out, int hidden, int flags) {
-  using namespace nvcuda;
   extern __shared__ __align__(128) unsigned char tc_smem[];
   const TcShape s(n_in, width, n_out, hidden);
-  const TcSmem<T> sm(tc_smem, s);
+  const bool resident = (flags & kResident) != 0;
+  const TcSmem<T> sm(tc_smem, s, resident ? s.layers : 1);
   const int act = flags & 3, out_act = (flags >> 2) & 3;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
-  const int rows_valid = int(batch - row0 < kTcRows ? batch - row0 : kTcRows);
-  load_rows<T>(sm.act, s.act_ld, x + row0 * n_in, n_in, rows_valid, kTcRows, n_in, round16(n_in), nullptr, kActNone);
   T* a = sm.act + warp * 16 * s.act_ld;
   float* scratch = sm.scratch + warp * 256;
-  const int r = lane / 2, c0 = (lane % 2) * 8;
-  const int64_t row = row0 + warp * 16 + r;
+  if (resident) {
+    for (int l = 0; l < s.layers; ++l) load_layer<T>(sm.w + s.w_offset(l), sm.bias + 128 * l, s, W[l], B[l], l);
+    __syncthreads();
+    const int64_t tiles = (batch + 15) / 16;
+    for (int64_t tile = int64_t(blockIdx.x) * kTcWarps + warp; tile < tiles; tile += int64_t(gridDim.x) * kTcWarps) {
+      const int64_t row0 = tile * 16;
+      const int rows_valid = int(batch - row0 < 16 ? batch - row0 : 16);
+      load_rows<T>(a, s.act_ld, x + row0 * n_in, n_in, rows_valid, 16, n_in, round16(n_in), nullptr, kActNone, lane, 32);
+      __syncwarp();
+      for (int l = 0; l < s.layers; ++l)
+        fwd_layer<T>(s, l, a, sm.w + s.w_offset(l), sm.bias + 128 * l, scratch, row0, batch, y, save, act, out_act);
+    }
+    return;
+  }
+  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
+  const int rows_valid = int(batch - row0 < kTcRows ? batch - row0 : kTcRows);
+  load_rows<T>(sm.act, s.act_ld, x + row0 * n_in, n_in, rows_valid, kTcRows, n_in, round16(n_in), nullptr, kActNone,
+               threadIdx.x, blockDim.x);
   for (int l = 0; l < s.layers; ++l) {
     __syncthreads();  // x loaded (l = 0); every warp done with the previous layer's weights
-    load_layer<T>(sm, s, W[l], B[l], l);
+    load_layer<T>(sm.w, sm.bias, s, W[l], B[l], l);
     __syncthreads();
-    const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
-    FragC acc[8];
-    warp_gemm<T, false>(acc, a, s.act_ld, sm.w, s.w_ld, in_p, out_p);
-    __syncwarp();  // every lane has read its rows: the outputs may overwrite them
-    const bool last = l == s.layers - 1;
-#pragma unroll
-    for (int nf = 0; nf < 8; ++nf) {
-      if (nf * 16 >= out_p) break;
-      wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
-      __syncwarp();
-      float v[8], h[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        v[j] = scratch[r * 16 + c0 + j] + sm.bias[nf * 16 + c0 + j];
-        h[j] = activate(v[j], last ? out_act : act);
-      }
-      if (!last) {
-        if (save != nullptr && row < batch) store_segment<T>(save + int64_t(l) * batch * width, row, width, nf * 16 + c0, v);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) a[r * s.act_ld + nf * 16 + c0 + j] = from_float<T>(h[j]);
-      } else if (row < batch) {
-        store_segment<T>(y, row, n_out, nf * 16 + c0, h);
-      }
-      __syncwarp();
-    }
+    fwd_layer<T>(s, l, a, sm.w, sm.bias, scratch, row0 + warp * 16, batch, y, save, act, out_act);
   }
 }
 
@@ -705,58 +841,40 @@ template <typename T>
 __device__ void tc_bwd(const T* __restrict__ dy, const T* __restrict__ y, const T* __restrict__ save,
                        T* __restrict__ gws, T* __restrict__ dx, const T* const* W, int64_t batch, int n_in, int width,
                        int n_out, int hidden, int flags) {
-  using namespace nvcuda;
   extern __shared__ __align__(128) unsigned char tc_smem[];
   const TcShape s(n_in, width, n_out, hidden);
-  TcSmem<T> sm(tc_smem, s);
-  sm.bias = nullptr;
+  const bool resident = (flags & kResident) != 0;
+  const TcSmem<T> sm(tc_smem, s, resident ? s.layers : 1);
   const int act = flags & 3, out_act = (flags >> 2) & 3;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
-  const int rows_valid = int(batch - row0 < kTcRows ? batch - row0 : kTcRows);
-  // g of the last layer: dy, masked by relu'(y) for an output ReLU.
-  load_rows<T>(sm.act, s.act_ld, dy + row0 * n_out, n_out, rows_valid, kTcRows, n_out, round16(n_out),
-               out_act == kActRelu ? y + row0 * n_out : nullptr, kActNone);
+  const int last = dx == nullptr ? 1 : 0;  // the lowest layer walked: 0 computes dx
   T* a = sm.act + warp * 16 * s.act_ld;
   float* scratch = sm.scratch + warp * 256;
-  const int r = lane / 2, c0 = (lane % 2) * 8;
-  const int64_t row = row0 + warp * 16 + r;
-  for (int l = s.layers - 1; l >= 0; --l) {
-    if (l == 0 && dx == nullptr) break;
+  if (resident) {
+    for (int l = last; l < s.layers; ++l) load_layer<T>(sm.w + s.w_offset(l), nullptr, s, W[l], nullptr, l);
     __syncthreads();
-    load_layer<T>(sm, s, W[l], nullptr, l);
-    __syncthreads();
-    const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
-    FragC acc[8];
-    warp_gemm<T, true>(acc, a, s.act_ld, sm.w, s.w_ld, out_p, in_p);
-    __syncwarp();
-#pragma unroll
-    for (int nf = 0; nf < 8; ++nf) {
-      if (nf * 16 >= in_p) break;
-      wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
+    const int64_t tiles = (batch + 15) / 16;
+    for (int64_t tile = int64_t(blockIdx.x) * kTcWarps + warp; tile < tiles; tile += int64_t(gridDim.x) * kTcWarps) {
+      const int64_t row0 = tile * 16;
+      const int rows_valid = int(batch - row0 < 16 ? batch - row0 : 16);
+      // g of the last layer: dy, masked by relu'(y) for an output ReLU.
+      load_rows<T>(a, s.act_ld, dy + row0 * n_out, n_out, rows_valid, 16, n_out, round16(n_out),
+                   out_act == kActRelu ? y + row0 * n_out : nullptr, kActNone, lane, 32);
       __syncwarp();
-      float v[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = scratch[r * 16 + c0 + j];
-      if (l > 0) {
-        const int64_t base = int64_t(l - 1) * batch * width;
-        if (row < batch) {
-          const T* z = save + base + row * width + nf * 16 + c0;
-          Vec16<T> zv = *reinterpret_cast<const Vec16<T>*>(z);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) v[j] *= activate_grad(to_float(zv.v[j]), act);
-          store_segment<T>(gws + base, row, width, nf * 16 + c0, v);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) v[j] = 0.f;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; ++j) a[r * s.act_ld + nf * 16 + c0 + j] = from_float<T>(v[j]);
-      } else if (row < batch) {
-        store_segment<T>(dx, row, n_in, nf * 16 + c0, v);
-      }
-      __syncwarp();
+      for (int l = s.layers - 1; l >= last; --l)
+        bwd_layer<T>(s, l, a, sm.w + s.w_offset(l), scratch, row0, batch, save, gws, dx, act);
     }
+    return;
+  }
+  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
+  const int rows_valid = int(batch - row0 < kTcRows ? batch - row0 : kTcRows);
+  load_rows<T>(sm.act, s.act_ld, dy + row0 * n_out, n_out, rows_valid, kTcRows, n_out, round16(n_out),
+               out_act == kActRelu ? y + row0 * n_out : nullptr, kActNone, threadIdx.x, blockDim.x);
+  for (int l = s.layers - 1; l >= last; --l) {
+    __syncthreads();
+    load_layer<T>(sm.w, nullptr, s, W[l], nullptr, l);
+    __syncthreads();
+    bwd_layer<T>(s, l, a, sm.w, scratch, row0 + warp * 16, batch, save, gws, dx, act);
   }
 }
 
@@ -784,8 +902,8 @@ __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, cons
     const int rows = int(end - r0 < kWgradTcRows ? end - r0 : kWgradTcRows);
     __syncthreads();
     load_rows<T>(gs, g_ld, G + r0 * N, N, rows, kWgradTcRows, N, n_p, Gm != nullptr ? Gm + r0 * N : nullptr,
-                 kActNone);
-    load_rows<T>(as, a_ld, A + r0 * K, K, rows, kWgradTcRows, K, k_p, nullptr, a_act);
+                 kActNone, t, blockDim.x);
+    load_rows<T>(as, a_ld, A + r0 * K, K, rows, kWgradTcRows, K, k_p, nullptr, a_act, t, blockDim.x);
     __syncthreads();
     if (t < n_p)
       for (int rr = 0; rr < kWgradTcRows; ++rr) db += to_float(gs[rr * g_ld + t]);
@@ -827,7 +945,7 @@ __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, cons
 
 // bfloat16 WMMA needs sm_80; older targets get a trap (rawops/mlp.py refuses before launch).
 #define RAWOPS_TC_ENTRIES(suffix, T, GUARD)                                                                    \
-  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                             \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads, 2)                                           \
       tc_mlp_fwd_##suffix(const T* x, T* y, T* save, RAWOPS_TC_PARAMS(T), RAWOPS_TC_BIASES(T), long long batch, \
                           long long n_in, long long width, long long n_out, long long hidden, long long flags) {    \
     if (GUARD) {                                                                                               \
@@ -837,7 +955,7 @@ __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, cons
                                        int(flags)));                                                           \
     }                                                                                                          \
   }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                             \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                              \
       tc_mlp_bwd_##suffix(const T* dy, const T* y, const T* save, T* gws, T* dx, RAWOPS_TC_PARAMS(T),           \
                           long long batch, long long n_in, long long width, long long n_out, long long hidden,  \
                           long long flags) {                                                                   \
@@ -847,7 +965,7 @@ __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, cons
                                        int(hidden), int(flags)));                                              \
     }                                                                                                          \
   }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                             \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                              \
       tc_mlp_wgrad_bwd_##suffix(const T* G, const T* Gm, const T* A, float* ws, long long batch, long long N,   \
                                 long long K, long long db_offset, long long stride, long long a_act,           \
                                 long long rows_per_chunk) {                                                    \

@@ -74,6 +74,10 @@ TC_WIDTHS = (16, 32, 64, 128)
 TC_MAX_HIDDEN = 8
 TC_MAX_IO = 128
 TC_DTYPES = {1: "f16", 2: "bf16"}
+TC_RESIDENT = 16  # flags bit (kResident): every layer's weights resident in shared memory, persistent warps
+# Weights resident when the whole kernel's shared memory stays under this (two forward blocks
+# per SM on an H100's 228 KB); beyond it the layers stream through one buffer.
+RESIDENT_MAX_SMEM = 112 * 1024
 DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 SUPPORTED_TEXT = ("fused_mlp supports: float32 with sizes (100, 128, 64, 10), activation 'relu' and biases "
                   "(the source network); float16/bfloat16 with n_in 1..128, 1..8 hidden layers of one width in "
@@ -166,14 +170,19 @@ def round16(n):
     return -(-n // 16) * 16
 
 
-def tc_smem_bytes(n_in, width, n_out):
+def tc_smem_bytes(n_in, width, n_out, hidden=None):
     """Dynamic shared memory of tc_mlp_fwd / tc_mlp_bwd (kernels/mlp.cu, TcSmem): float
-    scratch 256 per warp, 128 float biases, the activation tile [128][act_ld] and one layer's
-    weights [max(width, out_p)][w_ld], 2-byte elements."""
+    scratch 256 per warp, 128 float biases per layer held, the activation tile [128][act_ld]
+    and the weights, 2-byte elements. Streaming (hidden None): one layer's weights
+    [max(width, out_p)][w_ld]; resident (hidden layers given): every layer's, stacked."""
     in_p, out_p = round16(n_in), round16(n_out)
     act_ld = max(in_p, width, out_p) + 8
     w_ld = max(in_p, width) + 8
-    return (TC_THREADS // 32) * 256 * 4 + 128 * 4 + 2 * (TC_ROWS * act_ld + max(width, out_p) * w_ld)
+    if hidden is None:
+        bias_layers, w_rows = 1, max(width, out_p)
+    else:
+        bias_layers, w_rows = hidden + 1, width * hidden + out_p
+    return (TC_THREADS // 32) * 256 * 4 + 128 * 4 * bias_layers + 2 * (TC_ROWS * act_ld + w_rows * w_ld)
 
 
 def tc_wgrad_smem_bytes(n, k):
@@ -195,7 +204,7 @@ class Plan:
     """What runs for one network: regime 'seed' (float32 source network) or 'tc'."""
 
     __slots__ = ("regime", "dtype", "suffix", "sizes", "n_in", "width", "n_out", "hidden", "act", "out_act",
-                 "has_bias", "smem", "layers")
+                 "has_bias", "smem", "layers", "resident")
 
     def __repr__(self):
         return f"Plan({self.regime}, {self.suffix}, sizes={self.sizes}, act={self.act}, out_act={self.out_act})"
@@ -203,7 +212,19 @@ class Plan:
 
 def make_plan(dtype, sizes, activation, output_activation, has_bias):
     """The Plan for a network of layer `sizes` (n_in, hidden..., n_out) in dtype code `dtype`
-    (0 float32, 1 float16, 2 bfloat16); ValueError naming what is supported otherwise."""
+    (0 float32, 1 float16, 2 bfloat16); ValueError naming what is supported otherwise.
+    Plans are cached (a call's host time matters at small batches)."""
+    key = (dtype, tuple(sizes), activation, output_activation, bool(has_bias))
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _make_plan(*key)
+    return plan
+
+
+_plans = {}
+
+
+def _make_plan(dtype, sizes, activation, output_activation, has_bias):
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     if output_activation not in OUTPUT_ACTIVATIONS:
@@ -219,7 +240,7 @@ def make_plan(dtype, sizes, activation, output_activation, has_bias):
         if sizes != SEED_SIZES or activation != "relu" or not has_bias:
             what = f"float32 network of sizes {sizes} with activation {activation!r}" + ("" if has_bias else ", no biases")
             raise ValueError(f"{what} is not supported; {SUPPORTED_TEXT}")
-        p.regime, p.suffix, p.smem = "seed", "f32", 0
+        p.regime, p.suffix, p.smem, p.resident = "seed", "f32", 0, False
         return p
     if dtype not in TC_DTYPES:
         raise TypeError(f"fused_mlp supports float32, float16, bfloat16, got dtype code {dtype}")
@@ -236,7 +257,9 @@ def make_plan(dtype, sizes, activation, output_activation, has_bias):
     if problems:
         raise ValueError(f"{DTYPE_NAMES[dtype]} network of sizes {sizes}: {'; '.join(problems)}. {SUPPORTED_TEXT}")
     p.regime, p.suffix = "tc", TC_DTYPES[dtype]
-    p.smem = tc_smem_bytes(p.n_in, p.width, p.n_out)
+    resident = tc_smem_bytes(p.n_in, p.width, p.n_out, p.hidden)
+    p.resident = resident <= RESIDENT_MAX_SMEM
+    p.smem = resident if p.resident else tc_smem_bytes(p.n_in, p.width, p.n_out)
     return p
 
 
@@ -277,8 +300,32 @@ def _tc_function(name, plan, device, smem):
                                  f"block; device {device} allows {limit} (use a narrower network)")
             kernel = _modules.get_function(FAMILY, full, device)
             kernel.max_dynamic_shared_size_bytes = smem
+            kernel.preferred_shared_memory_carveout = 100  # shared memory over L1: two blocks per SM
         _ready[key] = True
     return _modules.function_pointer(FAMILY, full, device)
+
+
+_per_sm = {}
+
+
+def tc_grid(name, plan, device, batch):
+    """Blocks of a tile-kernel launch: one per 128 rows when streaming; when resident, the
+    blocks that fit on the GPU at once (persistent warps loop over 16-row tiles), from the
+    kernel's registers and shared memory, never more than the tiles need."""
+    if not plan.resident:
+        return -(-batch // TC_ROWS)
+    key = (name, plan.suffix, device, plan.smem)
+    per_sm = _per_sm.get(key)
+    if per_sm is None:
+        import cupy
+
+        kernel = _modules.get_function(FAMILY, f"{name}_{plan.suffix}", device)
+        regs_per_warp = -(-kernel.num_regs * 32 // 256) * 256
+        by_regs = cupy.cuda.runtime.deviceGetAttribute(82, device) // (regs_per_warp * (TC_THREADS // 32))
+        by_smem = cupy.cuda.runtime.deviceGetAttribute(81, device) // (plan.smem + 1024)
+        per_sm = _per_sm[key] = max(1, min(by_regs, by_smem, 2048 // TC_THREADS))
+    tiles = -(-batch // 16)
+    return max(1, min(-(-tiles // (TC_THREADS // 32)), per_sm * sm_count(device)))
 
 
 def prepare(plan, device):
@@ -299,8 +346,9 @@ def launch_forward(plan, device, x, weights, biases, y, batch, stream, saved=Non
         return
     ws = list(weights) + [0] * (9 - len(weights))
     bs = (list(biases) if biases is not None else []) + [0] * (9 - (len(biases) if biases is not None else 0))
-    flags = plan.act | (plan.out_act << 2)
-    launch(_tc_function("tc_mlp_fwd", plan, device, plan.smem), (-(-batch // TC_ROWS),), TC_THREADS, plan.smem,
+    flags = plan.act | (plan.out_act << 2) | (TC_RESIDENT if plan.resident else 0)
+    launch(_tc_function("tc_mlp_fwd", plan, device, plan.smem), (tc_grid("tc_mlp_fwd", plan, device, batch),),
+           TC_THREADS, plan.smem,
            stream, (x, y, saved[0] if saved is not None else 0, *ws, *bs, batch, plan.n_in, plan.width, plan.n_out,
                     plan.hidden, flags), TC_FWD_KINDS, device)
 
@@ -343,9 +391,10 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
         gws = tmp((max(plan.hidden, 1), batch, width), DTYPE_NAMES[plan.dtype])
         if batch:
             ws9 = list(weights) + [0] * (9 - L)
-            launch(_tc_function("tc_mlp_bwd", plan, device, plan.smem), (-(-batch // TC_ROWS),), TC_THREADS,
-                   plan.smem, stream, (dy, gm, save, gws, dx or 0, *ws9, batch, plan.n_in, width, plan.n_out,
-                                       plan.hidden, plan.act | (plan.out_act << 2)), TC_BWD_KINDS, device)
+            flags = plan.act | (plan.out_act << 2) | (TC_RESIDENT if plan.resident else 0)
+            launch(_tc_function("tc_mlp_bwd", plan, device, plan.smem), (tc_grid("tc_mlp_bwd", plan, device, batch),),
+                   TC_THREADS, plan.smem, stream, (dy, gm, save, gws, dx or 0, *ws9, batch, plan.n_in, width,
+                                                   plan.n_out, plan.hidden, flags), TC_BWD_KINDS, device)
         grads = []
         for l in range(L):
             G = dy if l == L - 1 else gws + l * layer_bytes

@@ -714,15 +714,21 @@ def _mlp_forward(x, weights, biases, plan, training):
     saved = [torch.empty(shape, dtype=_MLP_TORCH_DTYPES[dt], device=x.device)
              for shape, dt in _mlp.saved_shapes(plan, batch)] if training else []
     device = x.get_device()
-
-    def go():
-        _mlp.prepare(plan, device)
-        if batch:
-            _mlp.launch_forward(plan, device, x.data_ptr(), [w.data_ptr() for w in weights],
-                                [b.data_ptr() for b in biases] if biases is not None else None, y.data_ptr(), batch,
-                                _raw_stream(device), saved=[t.data_ptr() for t in saved] if training else None)
-    _on_device(device, go)
+    if device == _current_device():
+        _mlp_launch_forward(x, weights, biases, plan, y, saved, training, batch, device)
+    else:
+        with torch.cuda.device(device):
+            _mlp_launch_forward(x, weights, biases, plan, y, saved, training, batch, device)
     return y, saved
+
+
+def _mlp_launch_forward(x, weights, biases, plan, y, saved, training, batch, device):
+    if plan.regime == "tc":
+        _mlp.prepare(plan, device)
+    if batch:
+        _mlp.launch_forward(plan, device, x.data_ptr(), [w.data_ptr() for w in weights],
+                            [b.data_ptr() for b in biases] if biases is not None else None, y.data_ptr(), batch,
+                            _raw_stream(device), saved=[t.data_ptr() for t in saved] if training else None)
 
 
 def _mlp_backward(dy, x, y, saved, weights, biases, plan, need_dx):
@@ -840,14 +846,14 @@ def fused_mlp(x, weights, biases=None, activation="relu", output_activation="non
     torch.compile custom op: weights [W_0, ..., W_L] in nn.Linear layout, biases [b_0, ...] or
     None; hidden `activation` 'relu' | 'gelu' (exact erf) | 'none', `output_activation` 'none' |
     'relu'. Supported networks: rawops.mlp.SUPPORTED_TEXT (ValueError otherwise)."""
-    weights = list(weights)
-    biases = list(biases) if biases is not None else None
     if _compiling():
+        weights, biases = list(weights), (list(biases) if biases is not None else None)
         if _grad_enabled() and any(t.requires_grad for t in (x, *weights, *(biases or ()))):
             return _fused_mlp_train_op(x, weights, biases, activation, output_activation)[0]
         return _fused_mlp_op(x, weights, biases, activation, output_activation)
     plan = _mlp_plan(x, weights, biases, activation, output_activation)
-    if _needs_grad(x, *weights, *(biases or ())):
+    if _grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)
+                            or (biases is not None and any(b.requires_grad for b in biases))):
         return _fused_mlp_apply(x, plan, len(weights), *weights, *(biases or ()))
     return _mlp_forward(x, weights, biases, plan, False)[0]
 
@@ -924,8 +930,10 @@ class FusedMLP(torch.nn.Module):
         return module
 
     def forward(self, x):
-        return fused_mlp(x, list(self.weights), list(self.biases) if self.biases is not None else None,
-                         self.activation, self.output_activation)
+        # ParameterList's own iteration costs microseconds per call; its dict does not.
+        weights = list(self.weights._parameters.values())
+        biases = list(self.biases._parameters.values()) if self.biases is not None else None
+        return fused_mlp(x, weights, biases, self.activation, self.output_activation)
 
     def extra_repr(self):
         return f"sizes={self.sizes}, activation={self.activation!r}, output_activation={self.output_activation!r}"
