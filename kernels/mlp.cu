@@ -936,6 +936,185 @@ __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, cons
 }  // namespace
 }  // namespace rawops
 
+// =====================================================================================
+// The source network at large batches on tensor cores, 3xTF32: seed_mlp_tf32_fwd_f32.
+// Each product a*b is computed as a_hi*b_hi + a_hi*b_lo + a_lo*b_hi with hi = tf32(v),
+// lo = tf32(v - hi): float32-level accuracy (~1e-6 relative; the dropped lo*lo term is
+// 2^-22 of the product) at tensor-core rate, float32 accumulation. sm_80+ (TF32 WMMA) with
+// 162 KB of shared memory per block (sm_80, sm_90, sm_100); rawops/mlp.py falls back to the
+// FFMA kernel elsewhere. One block of 8 warps per SM: the weights (transposed nowhere: the
+// [out][in] rows are the col-major B operand) stay resident; each warp loops over 16-sample
+// tiles, its activations in its own 16 rows of shared memory, no block barrier after the
+// weights are loaded.
+// =====================================================================================
+namespace rawops {
+namespace {
+
+constexpr int kTfWarps = 8, kTfThreads = 32 * kTfWarps;
+constexpr int kTfW1Ld = 108, kTfW2Ld = 132, kTfW3Ld = 68, kTfActLd = 132;  // row strides (floats)
+constexpr int kTfK1 = 104;  // layer 1's K, 100 padded to the k-step of 8
+constexpr int kTfW2Off = kH1 * kTfW1Ld, kTfW3Off = kTfW2Off + kH2 * kTfW2Ld, kTfB1Off = kTfW3Off + 16 * kTfW3Ld;
+constexpr int kTfB2Off = kTfB1Off + kH1, kTfB3Off = kTfB2Off + kH2, kTfActOff = kTfB3Off + 16;
+constexpr int kTfSmemFloats = kTfActOff + kTfWarps * 16 * kTfActLd;  // 161,856 bytes
+static_assert(kTfActOff % 8 == 0, "activation rows 32-byte aligned");
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+using TfA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32,
+                                   nvcuda::wmma::row_major>;
+using TfB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, nvcuda::wmma::precision::tf32,
+                                   nvcuda::wmma::col_major>;
+using TfC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
+
+template <typename Frag> __device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) {
+    const float v = hi.x[i];
+    const float h = nvcuda::wmma::__float_to_tf32(v);
+    hi.x[i] = h;
+    lo.x[i] = nvcuda::wmma::__float_to_tf32(v - h);
+  }
+}
+
+// acc[nf] (nf < kN / 16) = a (16 x kK, row stride kTfActLd) times w^T (w: [kN][ld], col-major B).
+template <int kK, int kN, int kLd>
+__device__ __forceinline__ void tf32x3_gemm(TfC (&acc)[8], const float* a, const float* w) {
+  using namespace nvcuda;
+#pragma unroll
+  for (int nf = 0; nf < kN / 16; ++nf) wmma::fill_fragment(acc[nf], 0.f);
+#pragma unroll 1
+  for (int kf = 0; kf < kK / 8; ++kf) {
+    TfA a_hi, a_lo;
+    wmma::load_matrix_sync(a_hi, a + kf * 8, kTfActLd);
+    split_tf32(a_hi, a_lo);
+#pragma unroll
+    for (int nf = 0; nf < kN / 16; ++nf) {
+      TfB b_hi, b_lo;
+      wmma::load_matrix_sync(b_hi, w + nf * 16 * kLd + kf * 8, kLd);
+      split_tf32(b_hi, b_lo);
+      wmma::mma_sync(acc[nf], a_lo, b_hi, acc[nf]);
+      wmma::mma_sync(acc[nf], a_hi, b_lo, acc[nf]);
+      wmma::mma_sync(acc[nf], a_hi, b_hi, acc[nf]);
+    }
+  }
+}
+
+// Stores acc into the warp's rows (outputs overwrite inputs: every product is done), adds the
+// bias and applies ReLU in place; keeps the result for the backward when asked.
+template <int kN>
+__device__ __forceinline__ void tf32_epilogue(TfC (&acc)[8], float* a, const float* bias, float* save, int64_t row0,
+                                              int64_t batch, int lane) {
+  using namespace nvcuda;
+  __syncwarp();
+#pragma unroll
+  for (int nf = 0; nf < kN / 16; ++nf) wmma::store_matrix_sync(a + nf * 16, acc[nf], kTfActLd, wmma::mem_row_major);
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 16 * kN / 4 / 32; ++i) {
+    const int e = lane + 32 * i, r = e / (kN / 4), c = (e % (kN / 4)) * 4;
+    float4 v = *reinterpret_cast<float4*>(a + r * kTfActLd + c);
+    v.x = relu(v.x + bias[c]);
+    v.y = relu(v.y + bias[c + 1]);
+    v.z = relu(v.z + bias[c + 2]);
+    v.w = relu(v.w + bias[c + 3]);
+    *reinterpret_cast<float4*>(a + r * kTfActLd + c) = v;
+    if (save != nullptr && row0 + r < batch) {
+      float* p = save + (row0 + r) * kN + c;
+      p[0] = v.x;
+      p[1] = v.y;
+      p[2] = v.z;
+      p[3] = v.w;
+    }
+  }
+  __syncwarp();
+}
+
+__device__ void seed_tf32_fwd(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1,
+                              const float* __restrict__ w2, const float* __restrict__ b2,
+                              const float* __restrict__ w3, const float* __restrict__ b3, float* __restrict__ y,
+                              float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch, int64_t flags) {
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  float* sm = reinterpret_cast<float*>(tc_smem);
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  for (int e = t; e < kH1 * kTfW1Ld; e += kTfThreads) {
+    const int u = e / kTfW1Ld, k = e % kTfW1Ld;
+    sm[e] = k < kIn ? __ldg(w1 + u * kIn + k) : 0.f;
+  }
+  for (int e = t; e < kH2 * kTfW2Ld; e += kTfThreads) {
+    const int u = e / kTfW2Ld, k = e % kTfW2Ld;
+    sm[kTfW2Off + e] = k < kH1 ? __ldg(w2 + u * kH1 + k) : 0.f;
+  }
+  for (int e = t; e < 16 * kTfW3Ld; e += kTfThreads) {
+    const int u = e / kTfW3Ld, k = e % kTfW3Ld;
+    sm[kTfW3Off + e] = (u < kOut && k < kH2) ? __ldg(w3 + u * kH2 + k) : 0.f;
+  }
+  for (int e = t; e < kH1 + kH2 + 16; e += kTfThreads)
+    sm[kTfB1Off + e] = e < kH1 ? __ldg(b1 + e) : e < kH1 + kH2 ? __ldg(b2 + e - kH1) : e - kH1 - kH2 < kOut ? __ldg(b3 + e - kH1 - kH2) : 0.f;
+  __syncthreads();
+  float* a = sm + kTfActOff + warp * 16 * kTfActLd;
+  const bool vec = (reinterpret_cast<size_t>(x) % 16) == 0;
+  const int64_t tiles = (batch + 15) / 16;
+  for (int64_t tile = int64_t(blockIdx.x) * kTfWarps + warp; tile < tiles; tile += int64_t(gridDim.x) * kTfWarps) {
+    const int64_t row0 = tile * 16;
+    // x rows -> a[r][0..104): 16 x 26 float4 (the last of each row is the zero padding)
+    if (vec) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        float4 v[7];
+#pragma unroll
+        for (int i = 0; i < 7; ++i) {
+          const int e = lane + 32 * (b * 7 + i), r = e / 26, c = (e % 26) * 4;
+          v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (e < 16 * 26 && c < kIn && row0 + r < batch)
+            v[i] = __ldg(reinterpret_cast<const float4*>(x + (row0 + r) * kIn + c));
+        }
+#pragma unroll
+        for (int i = 0; i < 7; ++i) {
+          const int e = lane + 32 * (b * 7 + i), r = e / 26, c = (e % 26) * 4;
+          if (e < 16 * 26) *reinterpret_cast<float4*>(a + r * kTfActLd + c) = v[i];
+        }
+      }
+    } else {
+      for (int e = lane; e < 16 * kTfK1; e += 32) {
+        const int r = e / kTfK1, c = e % kTfK1;
+        a[r * kTfActLd + c] = (c < kIn && row0 + r < batch) ? x[(row0 + r) * kIn + c] : 0.f;
+      }
+    }
+    __syncwarp();
+    TfC acc[8];
+    tf32x3_gemm<kTfK1, kH1, kTfW1Ld>(acc, a, sm);
+    tf32_epilogue<kH1>(acc, a, sm + kTfB1Off, h1s, row0, batch, lane);
+    tf32x3_gemm<kH1, kH2, kTfW2Ld>(acc, a, sm + kTfW2Off);
+    tf32_epilogue<kH2>(acc, a, sm + kTfB2Off, h2s, row0, batch, lane);
+    tf32x3_gemm<kH2, 16, kTfW3Ld>(acc, a, sm + kTfW3Off);
+    __syncwarp();
+    nvcuda::wmma::store_matrix_sync(a, acc[0], kTfActLd, nvcuda::wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 16 * kOut; e += 32) {
+      const int r = e / kOut, c = e % kOut;
+      if (row0 + r < batch) {
+        const float v = a[r * kTfActLd + c] + sm[kTfB3Off + c];
+        y[(row0 + r) * kOut + c] = (flags & 1) ? relu(v) : v;
+      }
+    }
+    __syncwarp();
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace rawops
+
+extern "C" __global__ void __launch_bounds__(rawops::kTfThreads, 1)
+    seed_mlp_tf32_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                          const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                          long long flags) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  rawops::seed_tf32_fwd(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags);
+#else
+  __trap();  // rawops/mlp.py launches it on sm_80+ only
+#endif
+}
+
 #define RAWOPS_TC_PARAMS(T)                                                                                     \
   const T *w0, const T *w1, const T *w2, const T *w3, const T *w4, const T *w5, const T *w6, const T *w7,      \
       const T *w8

@@ -27,6 +27,7 @@ SUFFIXES = ("f32",)  # the dtypes each table kernel exists in (<name>_<suffix>)
 KERNELS = {
     "seed_mlp_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
     "seed_mlp_small_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
+    "seed_mlp_tf32_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
     "mlp_dgrad_bwd": ("G", "Gm", "W", "H", "out", "batch", "N", "K"),
     "mlp_wgrad_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "k_p", "db_offset", "stride", "a_act",
                       "rows_per_chunk"),
@@ -63,6 +64,8 @@ OUTPUT_ACTIVATIONS = {"none": 0, "relu": OUTPUT_RELU}
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}  # kActNone / kActRelu / kActGelu (exact erf GELU)
 SMALL_BATCH_MAX = 4096  # up to here seed_mlp_small_fwd (2 samples per block), beyond it the tiled kernel
 SMALL_TILE = 2  # kSmallTile
+TF32_THREADS = 256  # kTfThreads: 8 warps, one block per SM
+TF32_SMEM = 4 * (128 * 108 + 64 * 132 + 16 * 68 + 128 + 64 + 16 + 8 * 16 * 132)  # kTfSmemFloats: 161,856 bytes
 SMALL_THREADS = 256  # kSmallThreads
 GRAD_THREADS = 256  # kGradThreads
 DGRAD_ROWS = 64  # kDgradRows
@@ -98,15 +101,42 @@ def small_blocks(batch):
     return -(-batch // SMALL_TILE)
 
 
+_tf32_ok = {}
+USE_TF32 = True  # False: the FFMA tiled kernel beyond SMALL_BATCH_MAX everywhere (tests, comparisons)
+
+
+def tf32_available(device):
+    """Whether seed_mlp_tf32_fwd runs here (sm_80+ with 162 KB of shared memory per block:
+    A100, H100, B200; not sm_86/89/120), its shared-memory attribute set once."""
+    ok = _tf32_ok.get(device)
+    if ok is None:
+        import cupy
+
+        ok = compute_capability(device) >= 80 and cupy.cuda.runtime.deviceGetAttribute(97, device) >= TF32_SMEM
+        if ok:
+            _modules.get_function(FAMILY, "seed_mlp_tf32_fwd_f32", device).max_dynamic_shared_size_bytes = TF32_SMEM
+        _tf32_ok[device] = ok
+    return ok
+
+
+def seed_kernel(batch, tf32):
+    """(kernel, grid, block, dynamic shared memory) of the source network's forward: the
+    small-batch kernel up to SMALL_BATCH_MAX, beyond it 3xTF32 tensor cores where available
+    (one block per SM, persistent), else the FFMA tiled kernel."""
+    if batch <= SMALL_BATCH_MAX:
+        return "seed_mlp_small_fwd_f32", small_blocks(batch), SMALL_THREADS, 0
+    if tf32 is not None:
+        return "seed_mlp_tf32_fwd_f32", min(-(-batch // (16 * TF32_THREADS // 32)), tf32), TF32_THREADS, TF32_SMEM
+    return "seed_mlp_fwd_f32", seed_blocks(batch), SEED_THREADS, 0
+
+
 def launch_seed_forward(device, x, w1, b1, w2, b2, w3, b3, y, batch, flags, stream, h1s=0, h2s=0):
     """One launch on pointers checked by the caller (float32, contiguous, one device);
     batch > 0. h1s / h2s (training): [batch, 128] and [batch, 64] float32 buffers that get
     the post-ReLU activations the backward needs; 0 in inference."""
-    if batch <= SMALL_BATCH_MAX:
-        function, grid, block = "seed_mlp_small_fwd_f32", small_blocks(batch), SMALL_THREADS
-    else:
-        function, grid, block = "seed_mlp_fwd_f32", seed_blocks(batch), SEED_THREADS
-    launch(_modules.function_pointer(FAMILY, function, device), (grid,), block, 0, stream,
+    tf32 = sm_count(device) if batch > SMALL_BATCH_MAX and USE_TF32 and tf32_available(device) else None
+    function, grid, block, smem = seed_kernel(batch, tf32)
+    launch(_modules.function_pointer(FAMILY, function, device), (grid,), block, smem, stream,
            (x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags), SEED_FWD_KINDS, device)
 
 

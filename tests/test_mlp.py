@@ -337,6 +337,16 @@ def test_small_batches_take_the_small_kernel(batch, kernel):
     assert mlp.small_blocks(batch) == -(-batch // 2)
 
 
+@pytest.mark.parametrize("batch, tf32, kernel, grid", [
+    (1, 132, "seed_mlp_small_fwd_f32", 1), (4096, 132, "seed_mlp_small_fwd_f32", 2048),
+    (4097, 132, "seed_mlp_tf32_fwd_f32", 33), (1 << 20, 132, "seed_mlp_tf32_fwd_f32", 132),
+    (1 << 20, None, "seed_mlp_fwd_f32", 1 << 14)])
+def test_the_source_network_picks_its_kernel_by_batch_and_device(batch, tf32, kernel, grid):
+    name, blocks, threads, smem = mlp.seed_kernel(batch, tf32)
+    assert (name, blocks) == (kernel, grid)
+    assert smem == (mlp.TF32_SMEM if "tf32" in name else 0) and mlp.TF32_SMEM == 161856
+
+
 def test_fused_mlp_valid_calls_get_past_validation():
     ws, bs = _fake_net(TC_SIZES)
     assert_passes_validation(rawops.fused_mlp, f16((1000, 64)), ws, bs)
@@ -582,6 +592,26 @@ def test_seed_backward_matches_torch_float64(batch, output_activation):
     for i in range(3):
         assert_close(dws[i], dw64[i], torch.float32, f"dW{i}")
         assert_close(dbs[i], db64[i], torch.float32, f"db{i}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [4097, 70001])
+@pytest.mark.parametrize("use_tf32", [True, False])
+def test_both_large_batch_source_kernels_match_torch_float64(batch, use_tf32, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    monkeypatch.setattr(mlp, "USE_TF32", use_tf32)
+    net = _network(torch, True)
+    weights, biases = _net_params(net)
+    x = random((batch, 100), torch.float32)
+    poison_pool(batch * 40)
+    cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
+    y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, "relu", "relu")
+    assert_close(y, _reference(net, x), torch.float32, f"tf32={use_tf32}")
+    h1 = torch.relu(x.double() @ weights[0].double().T + biases[0].double())
+    assert_close(saved[0], h1, torch.float32, "kept h1")
+    assert_close(saved[1], torch.relu(h1 @ weights[1].double().T + biases[1].double()), torch.float32, "kept h2")
 
 
 @pytest.mark.gpu
