@@ -330,7 +330,10 @@ def _tc_function(name, plan, device, smem):
                                  f"block; device {device} allows {limit} (use a narrower network)")
             kernel = _modules.get_function(FAMILY, full, device)
             kernel.max_dynamic_shared_size_bytes = smem
-            kernel.preferred_shared_memory_carveout = 100  # shared memory over L1: two blocks per SM
+            try:
+                kernel.preferred_shared_memory_carveout = 100  # shared memory over L1: two blocks per SM
+            except (AttributeError, ValueError):
+                pass
         _ready[key] = True
     return _modules.function_pointer(FAMILY, full, device)
 
@@ -350,7 +353,11 @@ def tc_grid(name, plan, device, batch):
         import cupy
 
         kernel = _modules.get_function(FAMILY, f"{name}_{plan.suffix}", device)
-        regs_per_warp = -(-kernel.num_regs * 32 // 256) * 256
+        try:
+            regs = kernel.num_regs
+        except AttributeError:  # older CuPy: assume the worst, one block per SM
+            regs = 255
+        regs_per_warp = -(-regs * 32 // 256) * 256
         by_regs = cupy.cuda.runtime.deviceGetAttribute(82, device) // (regs_per_warp * (TC_THREADS // 32))
         by_smem = cupy.cuda.runtime.deviceGetAttribute(81, device) // (plan.smem + 1024)
         per_sm = _per_sm[key] = max(1, min(by_regs, by_smem, 2048 // TC_THREADS))
