@@ -231,52 +231,63 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// One dense layer for kSmallTile samples: out[s][u] = act(b[u] + sum_k in[s][k] w[u][k]) for
-// the units u = warp + 8 * j (j < kUnitsPerWarp, u < n_out); in/out in shared memory.
-template <int kK, int kN, int kUnitsPerWarp>
-__device__ __forceinline__ void small_layer(const float* __restrict__ in, const float* __restrict__ w,
-                                            const float* __restrict__ b, float* __restrict__ out,
-                                            float* __restrict__ save, int64_t first, int64_t batch, bool relu_out,
-                                            float* __restrict__ y_global) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  constexpr int kSteps = (kK + 31) / 32;
-  float acc[kUnitsPerWarp][kSmallTile];
+// A warp's share of one dense layer for kSmallTile samples: units u = warp + 8 j (j <
+// kUnitsPerWarp, u < kN), lane k reading W[u][k + 32 i]. Every weight and bias of the warp's
+// units is loaded into registers at the kernel's start (Weights::load), so the three layers
+// pay one L2 latency together instead of one each.
+template <int kK, int kN, int kUnitsPerWarp> struct SmallWeights {
+  static constexpr int kSteps = (kK + 31) / 32;
+  float w[kUnitsPerWarp][kSteps];
+  float b[kUnitsPerWarp];
+  __device__ __forceinline__ void load(const float* __restrict__ W, const float* __restrict__ B, int warp, int lane) {
 #pragma unroll
-  for (int j = 0; j < kUnitsPerWarp; ++j) {
-    const int u = warp + 8 * j;
-#pragma unroll
-    for (int s = 0; s < kSmallTile; ++s) acc[j][s] = 0.f;
-    if (u < kN) {
+    for (int j = 0; j < kUnitsPerWarp; ++j) {
+      const int u = warp + 8 * j;
 #pragma unroll
       for (int i = 0; i < kSteps; ++i) {
         const int k = lane + 32 * i;
-        if (k < kK) {
-          const float wv = __ldg(w + u * kK + k);
+        w[j][i] = (u < kN && k < kK) ? __ldg(W + u * kK + k) : 0.f;
+      }
+      b[j] = u < kN ? __ldg(B + u) : 0.f;
+    }
+  }
+  // out[s][u] = act(b[u] + sum_k in[s][k] w[u][k]) (in/out in shared memory; partial dot
+  // products summed by a fixed butterfly: deterministic).
+  __device__ __forceinline__ void apply(const float* __restrict__ in, float* __restrict__ out,
+                                        float* __restrict__ save, int64_t first, int64_t batch, bool relu_out,
+                                        float* __restrict__ y_global, int warp, int lane) const {
+    float acc[kUnitsPerWarp][kSmallTile];
 #pragma unroll
-          for (int s = 0; s < kSmallTile; ++s) acc[j][s] = fmaf(in[s * kK + k], wv, acc[j][s]);
+    for (int j = 0; j < kUnitsPerWarp; ++j)
+#pragma unroll
+      for (int s = 0; s < kSmallTile; ++s) {
+        acc[j][s] = 0.f;
+#pragma unroll
+        for (int i = 0; i < kSteps; ++i) {
+          const int k = lane + 32 * i;
+          if (k < kK) acc[j][s] = fmaf(in[s * kK + k], w[j][i], acc[j][s]);
+        }
+      }
+#pragma unroll
+    for (int j = 0; j < kUnitsPerWarp; ++j) {
+      const int u = warp + 8 * j;
+#pragma unroll
+      for (int s = 0; s < kSmallTile; ++s) {
+        const float v = warp_sum(acc[j][s]);
+        if (u < kN && lane == s) {
+          float r = v + b[j];
+          if (relu_out) r = relu(r);
+          const int64_t sample = first + s;
+          if (out != nullptr) out[s * kN + u] = r;
+          if (sample < batch) {
+            if (save != nullptr) save[sample * kN + u] = r;
+            if (y_global != nullptr) y_global[sample * kN + u] = r;
+          }
         }
       }
     }
   }
-#pragma unroll
-  for (int j = 0; j < kUnitsPerWarp; ++j) {
-    const int u = warp + 8 * j;
-#pragma unroll
-    for (int s = 0; s < kSmallTile; ++s) {
-      const float v = warp_sum(acc[j][s]);
-      if (u < kN && lane == s) {
-        float r = v + __ldg(b + u);
-        if (relu_out) r = relu(r);
-        const int64_t sample = first + s;
-        if (out != nullptr) out[s * kN + u] = r;
-        if (sample < batch) {
-          if (save != nullptr) save[sample * kN + u] = r;
-          if (y_global != nullptr) y_global[sample * kN + u] = r;
-        }
-      }
-    }
-  }
-}
+};
 
 __device__ __forceinline__ void seed_mlp_small_fwd(const float* __restrict__ x, const float* __restrict__ w1,
                                                    const float* __restrict__ b1, const float* __restrict__ w2,
@@ -287,17 +298,24 @@ __device__ __forceinline__ void seed_mlp_small_fwd(const float* __restrict__ x, 
   __shared__ float xs[kSmallTile * kIn];
   __shared__ float h1[kSmallTile * kH1];
   __shared__ float h2[kSmallTile * kH2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t first = int64_t(blockIdx.x) * kSmallTile;
+  SmallWeights<kIn, kH1, kH1 / 8> l1;
+  SmallWeights<kH1, kH2, kH2 / 8> l2;
+  SmallWeights<kH2, kOut, 2> l3;
+  l1.load(w1, b1, warp, lane);
+  l2.load(w2, b2, warp, lane);
+  l3.load(w3, b3, warp, lane);
   for (int e = threadIdx.x; e < kSmallTile * kIn; e += kSmallThreads) {
     const int s = e / kIn;
     xs[e] = first + s < batch ? __ldg(x + first * kIn + e) : 0.f;
   }
   __syncthreads();
-  small_layer<kIn, kH1, kH1 / 8>(xs, w1, b1, h1, h1s, first, batch, true, nullptr);
+  l1.apply(xs, h1, h1s, first, batch, true, nullptr, warp, lane);
   __syncthreads();
-  small_layer<kH1, kH2, kH2 / 8>(h1, w2, b2, h2, h2s, first, batch, true, nullptr);
+  l2.apply(h1, h2, h2s, first, batch, true, nullptr, warp, lane);
   __syncthreads();
-  small_layer<kH2, kOut, 2>(h2, w3, b3, nullptr, nullptr, first, batch, (flags & 1) != 0, y);
+  l3.apply(h2, nullptr, nullptr, first, batch, (flags & 1) != 0, y, warp, lane);
 }
 
 // =====================================================================================

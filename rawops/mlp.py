@@ -102,7 +102,7 @@ def small_blocks(batch):
 
 
 _tf32_ok = {}
-USE_TF32 = True  # False: the FFMA tiled kernel beyond SMALL_BATCH_MAX everywhere (tests, comparisons)
+USE_TF32 = False  # measured slower than FFMA on the H100 (bench/NOTES.md); True: 3xTF32 beyond SMALL_BATCH_MAX
 
 
 def tf32_available(device):

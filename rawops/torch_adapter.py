@@ -929,11 +929,29 @@ class FusedMLP(torch.nn.Module):
                     module.biases[i].copy_(m.bias)
         return module
 
+    _fast_key = None  # inference fast path: the parameters last validated (dtype, device, pointers)
+    _fast_plan = None
+
     def forward(self, x):
         # ParameterList's own iteration costs microseconds per call; its dict does not.
         weights = list(self.weights._parameters.values())
         biases = list(self.biases._parameters.values()) if self.biases is not None else None
-        return fused_mlp(x, weights, biases, self.activation, self.output_activation)
+        if _compiling() or (_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))):
+            return fused_mlp(x, weights, biases, self.activation, self.output_activation)
+        # Inference: the parameters are validated once per (dtype, device, pointers), then only
+        # x is checked per call (its dtype and device against the weights', its width).
+        first = weights[0]
+        key = (first.dtype, first.get_device(), *(w.data_ptr() for w in weights),
+               *(b.data_ptr() for b in (biases or ())))
+        if key == self._fast_key:
+            _rows_code(x, "x", like=first, like_name="weights[0]")
+            plan = self._fast_plan
+            if x.dim() != 2 or x.shape[1] != plan.n_in:
+                raise ValueError(f"x has shape {tuple(x.shape)}, expected (batch, {plan.n_in})")
+        else:
+            plan = _mlp_plan(x, weights, biases, self.activation, self.output_activation)
+            self._fast_key, self._fast_plan = key, plan
+        return _mlp_forward(x, weights, biases, plan, False)[0]
 
     def extra_repr(self):
         return f"sizes={self.sizes}, activation={self.activation!r}, output_activation={self.output_activation!r}"
