@@ -679,18 +679,18 @@ template <> struct PickLayout<true> { using type = nvcuda::wmma::row_major; };
 
 // acc[nf] (nf < n_p / 16) = act rows of this warp (16 x k_p) times B; B[k][n] at
 // w[n * w_ld + k] (forward: the weight W[o][i], k = i) or w[k * w_ld + n] (backward: k = o).
-template <typename T, bool kTransposed>
-__device__ __forceinline__ void warp_gemm(FragC (&acc)[8], const T* a, int a_ld, const T* w, int w_ld, int k_p,
+template <typename T, bool kTransposed, int kNF>
+__device__ __forceinline__ void warp_gemm(FragC (&acc)[kNF], const T* a, int a_ld, const T* w, int w_ld, int k_p,
                                           int n_p) {
   using namespace nvcuda;
   using LayoutB = typename PickLayout<kTransposed>::type;
 #pragma unroll
-  for (int nf = 0; nf < 8; ++nf) wmma::fill_fragment(acc[nf], 0.f);
+  for (int nf = 0; nf < kNF; ++nf) wmma::fill_fragment(acc[nf], 0.f);
   for (int kf = 0; kf < k_p / 16; ++kf) {
     FragA<T, wmma::row_major> fa;
     wmma::load_matrix_sync(fa, a + kf * 16, a_ld);
 #pragma unroll
-    for (int nf = 0; nf < 8; ++nf) {
+    for (int nf = 0; nf < kNF; ++nf) {
       if (nf * 16 < n_p) {
         FragB<T, LayoutB> fb;
         wmma::load_matrix_sync(fb, kTransposed ? w + kf * 16 * w_ld + nf * 16 : w + nf * 16 * w_ld + kf * 16, w_ld);
@@ -728,7 +728,7 @@ __device__ __forceinline__ void load_layer(T* w, float* bias, const TcShape& s, 
 
 // One forward layer for one warp's 16 rows (global rows row0..row0+15) held in `a`: the
 // outputs overwrite the inputs in place (hidden layers), or go to y (last layer).
-template <typename T>
+template <typename T, int kNF>
 __device__ __forceinline__ void fwd_layer(const TcShape& s, int l, T* a, const T* w, const float* bias,
                                           float* scratch, int64_t row0, int64_t batch, T* y, T* save, int act,
                                           int out_act) {
@@ -736,12 +736,12 @@ __device__ __forceinline__ void fwd_layer(const TcShape& s, int l, T* a, const T
   const int lane = threadIdx.x % 32, r = lane / 2, c0 = (lane % 2) * 8;
   const int64_t row = row0 + r;
   const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
-  FragC acc[8];
-  warp_gemm<T, false>(acc, a, s.act_ld, w, s.w_ld, in_p, out_p);
+  FragC acc[kNF];
+  warp_gemm<T, false, kNF>(acc, a, s.act_ld, w, s.w_ld, in_p, out_p);
   __syncwarp();  // every lane has read its rows: the outputs may overwrite them
   const bool last = l == s.layers - 1;
 #pragma unroll
-  for (int nf = 0; nf < 8; ++nf) {
+  for (int nf = 0; nf < kNF; ++nf) {
     if (nf * 16 >= out_p) break;
     wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
     __syncwarp();
@@ -767,7 +767,7 @@ __device__ __forceinline__ void fwd_layer(const TcShape& s, int l, T* a, const T
 
 // One backward layer for one warp's rows: g_l in `a` ([16][out_p]) becomes
 // g_{l-1} = (g_l W_l) * act'(z_{l-1}) in place (written to gws too), or dx for l = 0.
-template <typename T>
+template <typename T, int kNF>
 __device__ __forceinline__ void bwd_layer(const TcShape& s, int l, T* a, const T* w, float* scratch, int64_t row0,
                                           int64_t batch, const T* save, T* gws, T* dx, int act) {
   using namespace nvcuda;
@@ -775,17 +775,17 @@ __device__ __forceinline__ void bwd_layer(const TcShape& s, int l, T* a, const T
   const int64_t row = row0 + r;
   const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
   const int64_t base = l > 0 ? int64_t(l - 1) * batch * s.width : 0;
-  Vec16<T> zv[8];  // z_{l-1} of this lane's row segments, fetched before the product
+  Vec16<T> zv[kNF];  // z_{l-1} of this lane's row segments, fetched before the product
   if (l > 0 && row < batch) {
 #pragma unroll
-    for (int nf = 0; nf < 8; ++nf)
+    for (int nf = 0; nf < kNF; ++nf)
       if (nf * 16 < in_p) zv[nf] = load16(save + base + row * s.width + nf * 16 + c0);
   }
-  FragC acc[8];
-  warp_gemm<T, true>(acc, a, s.act_ld, w, s.w_ld, out_p, in_p);
+  FragC acc[kNF];
+  warp_gemm<T, true, kNF>(acc, a, s.act_ld, w, s.w_ld, out_p, in_p);
   __syncwarp();
 #pragma unroll
-  for (int nf = 0; nf < 8; ++nf) {
+  for (int nf = 0; nf < kNF; ++nf) {
     if (nf * 16 >= in_p) break;
     wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
     __syncwarp();
@@ -818,7 +818,7 @@ constexpr int kResident = 16;  // flags bit: weights resident in shared memory, 
 // layer); for networks whose weights do not fit in shared memory at once.
 // Resident: every layer's weights loaded once per block; then each warp loops over 16-row
 // tiles (tile = global warp, + all warps of the grid) with no block barrier at all.
-template <typename T>
+template <typename T, int kNF>
 __device__ void tc_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restrict__ save, const T* const* W,
                        const T* const* B, int64_t batch, int n_in, int width, int n_out, int hidden, int flags) {
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -839,7 +839,7 @@ __device__ void tc_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restrict
       load_rows<T>(a, s.act_ld, x + row0 * n_in, n_in, rows_valid, 16, n_in, round16(n_in), nullptr, kActNone, lane, 32);
       __syncwarp();
       for (int l = 0; l < s.layers; ++l)
-        fwd_layer<T>(s, l, a, sm.w + s.w_offset(l), sm.bias + 128 * l, scratch, row0, batch, y, save, act, out_act);
+        fwd_layer<T, kNF>(s, l, a, sm.w + s.w_offset(l), sm.bias + 128 * l, scratch, row0, batch, y, save, act, out_act);
     }
     return;
   }
@@ -851,11 +851,11 @@ __device__ void tc_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restrict
     __syncthreads();  // x loaded (l = 0); every warp done with the previous layer's weights
     load_layer<T>(sm.w, sm.bias, s, W[l], B[l], l);
     __syncthreads();
-    fwd_layer<T>(s, l, a, sm.w, sm.bias, scratch, row0 + warp * 16, batch, y, save, act, out_act);
+    fwd_layer<T, kNF>(s, l, a, sm.w, sm.bias, scratch, row0 + warp * 16, batch, y, save, act, out_act);
   }
 }
 
-template <typename T>
+template <typename T, int kNF>
 __device__ void tc_bwd(const T* __restrict__ dy, const T* __restrict__ y, const T* __restrict__ save,
                        T* __restrict__ gws, T* __restrict__ dx, const T* const* W, int64_t batch, int n_in, int width,
                        int n_out, int hidden, int flags) {
@@ -880,7 +880,7 @@ __device__ void tc_bwd(const T* __restrict__ dy, const T* __restrict__ y, const 
                    out_act == kActRelu ? y + row0 * n_out : nullptr, kActNone, lane, 32);
       __syncwarp();
       for (int l = s.layers - 1; l >= last; --l)
-        bwd_layer<T>(s, l, a, sm.w + s.w_offset(l), scratch, row0, batch, save, gws, dx, act);
+        bwd_layer<T, kNF>(s, l, a, sm.w + s.w_offset(l), scratch, row0, batch, save, gws, dx, act);
     }
     return;
   }
@@ -892,13 +892,13 @@ __device__ void tc_bwd(const T* __restrict__ dy, const T* __restrict__ y, const 
     __syncthreads();
     load_layer<T>(sm.w, nullptr, s, W[l], nullptr, l);
     __syncthreads();
-    bwd_layer<T>(s, l, a, sm.w, scratch, row0 + warp * 16, batch, save, gws, dx, act);
+    bwd_layer<T, kNF>(s, l, a, sm.w, scratch, row0 + warp * 16, batch, save, gws, dx, act);
   }
 }
 
 // Partial weight gradient of one layer over one chunk of rows: ws[chunk] = [n_p][k_p] of
 // sum_b G'[b][n] act(A[b][k]), then n_p column sums of G' at db_offset.
-template <typename T>
+template <typename T, int kFPW>
 __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, const T* __restrict__ A,
                          float* __restrict__ ws, int64_t batch, int N, int K, int64_t db_offset, int64_t stride,
                          int a_act, int64_t rows_per_chunk) {
@@ -912,9 +912,9 @@ __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, cons
   const int nfc = n_p / 16, kfc = k_p / 16, frags = nfc * kfc;
   const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
   const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
-  FragC acc[8];
+  FragC acc[kFPW];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) wmma::fill_fragment(acc[i], 0.f);
+  for (int i = 0; i < kFPW; ++i) wmma::fill_fragment(acc[i], 0.f);
   float db = 0.f;
   for (int64_t r0 = begin; r0 < end; r0 += kWgradTcRows) {
     const int rows = int(end - r0 < kWgradTcRows ? end - r0 : kWgradTcRows);
@@ -926,7 +926,7 @@ __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, cons
     if (t < n_p)
       for (int rr = 0; rr < kWgradTcRows; ++rr) db += to_float(gs[rr * g_ld + t]);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < kFPW; ++i) {
       const int f = warp + kTcWarps * i;
       if (f >= frags) break;
       const int nf = f / kfc, kf = f % kfc;
@@ -942,7 +942,7 @@ __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, cons
   }
   float* part = ws + int64_t(blockIdx.x) * stride;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kFPW; ++i) {
     const int f = warp + kTcWarps * i;
     if (f >= frags) break;
     const int nf = f / kfc, kf = f % kfc;
@@ -1140,45 +1140,50 @@ extern "C" __global__ void __launch_bounds__(rawops::kTfThreads, 1)
   const T *b0, const T *b1, const T *b2, const T *b3, const T *b4, const T *b5, const T *b6, const T *b7,      \
       const T *b8
 
-// bfloat16 WMMA needs sm_80; older targets get a trap (rawops/mlp.py refuses before launch).
-#define RAWOPS_TC_ENTRIES(suffix, T, GUARD)                                                                    \
-  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads, 2)                                           \
-      tc_mlp_fwd_##suffix(const T* x, T* y, T* save, RAWOPS_TC_PARAMS(T), RAWOPS_TC_BIASES(T), long long batch, \
-                          long long n_in, long long width, long long n_out, long long hidden, long long flags) {    \
-    if (GUARD) {                                                                                               \
-      const T* W[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                 \
-      const T* B[rawops::kTcMaxLayers] = {b0, b1, b2, b3, b4, b5, b6, b7, b8};                                 \
-      RAWOPS_TC_CALL(rawops::tc_fwd<T>(x, y, save, W, B, batch, int(n_in), int(width), int(n_out), int(hidden), \
-                                       int(flags)));                                                           \
-    }                                                                                                          \
+// One set of entries per accumulator count NF (fragments of 16 columns a warp holds: the
+// widest layer / 16, rounded up to 1, 2, 4 or 8; for the weight gradient, fragments per warp
+// of the [out][in] gradient / 8 warps), so that narrow networks do not pay a 128-wide
+// network's registers. Two blocks per SM where that costs no spills (ptxas, sm_90). bfloat16 WMMA needs sm_80; older targets get a
+// trap (rawops/mlp.py refuses before launch).
+#define RAWOPS_TC_NF(suffix, T, NF, MINB, MINB_WGRAD)                                                           \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads, MINB)                                       \
+      tc_mlp_nf##NF##_fwd_##suffix(const T* x, T* y, T* save, RAWOPS_TC_PARAMS(T), RAWOPS_TC_BIASES(T),         \
+                                   long long batch, long long n_in, long long width, long long n_out,          \
+                                   long long hidden, long long flags) {                                        \
+    const T* W[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                   \
+    const T* B[rawops::kTcMaxLayers] = {b0, b1, b2, b3, b4, b5, b6, b7, b8};                                   \
+    RAWOPS_TC_CALL((rawops::tc_fwd<T, NF>(x, y, save, W, B, batch, int(n_in), int(width), int(n_out),           \
+                                          int(hidden), int(flags))));                                          \
   }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                              \
-      tc_mlp_bwd_##suffix(const T* dy, const T* y, const T* save, T* gws, T* dx, RAWOPS_TC_PARAMS(T),           \
-                          long long batch, long long n_in, long long width, long long n_out, long long hidden,  \
-                          long long flags) {                                                                   \
-    if (GUARD) {                                                                                               \
-      const T* W[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                 \
-      RAWOPS_TC_CALL(rawops::tc_bwd<T>(dy, y, save, gws, dx, W, batch, int(n_in), int(width), int(n_out),       \
-                                       int(hidden), int(flags)));                                              \
-    }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads, MINB)                                       \
+      tc_mlp_nf##NF##_bwd_##suffix(const T* dy, const T* y, const T* save, T* gws, T* dx, RAWOPS_TC_PARAMS(T),  \
+                                   long long batch, long long n_in, long long width, long long n_out,          \
+                                   long long hidden, long long flags) {                                        \
+    const T* W[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                   \
+    RAWOPS_TC_CALL((rawops::tc_bwd<T, NF>(dy, y, save, gws, dx, W, batch, int(n_in), int(width), int(n_out),    \
+                                          int(hidden), int(flags))));                                          \
   }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads)                                              \
-      tc_mlp_wgrad_bwd_##suffix(const T* G, const T* Gm, const T* A, float* ws, long long batch, long long N,   \
-                                long long K, long long db_offset, long long stride, long long a_act,           \
-                                long long rows_per_chunk) {                                                    \
-    if (GUARD) {                                                                                               \
-      RAWOPS_TC_CALL(rawops::tc_wgrad<T>(G, Gm, A, ws, batch, int(N), int(K), db_offset, stride, int(a_act),    \
-                                         rows_per_chunk));                                                     \
-    }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads, MINB_WGRAD)                                 \
+      tc_mlp_wgrad_nf##NF##_bwd_##suffix(const T* G, const T* Gm, const T* A, float* ws, long long batch,       \
+                                         long long N, long long K, long long db_offset, long long stride,      \
+                                         long long a_act, long long rows_per_chunk) {                          \
+    RAWOPS_TC_CALL((rawops::tc_wgrad<T, NF>(G, Gm, A, ws, batch, int(N), int(K), db_offset, stride,             \
+                                            int(a_act), rows_per_chunk)));                                     \
   }
 
+#define RAWOPS_TC_ENTRIES(suffix, T)                                                                           \
+  RAWOPS_TC_NF(suffix, T, 1, 2, 2)                                                                             \
+  RAWOPS_TC_NF(suffix, T, 2, 2, 1)                                                                             \
+  RAWOPS_TC_NF(suffix, T, 4, 2, 1)                                                                             \
+  RAWOPS_TC_NF(suffix, T, 8, 1, 1)
+
 #define RAWOPS_TC_CALL(call) call
-RAWOPS_TC_ENTRIES(f16, __half, true)
+RAWOPS_TC_ENTRIES(f16, __half)
 #undef RAWOPS_TC_CALL
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define RAWOPS_TC_CALL(call) call
 #else
 #define RAWOPS_TC_CALL(call) __trap()
 #endif
-RAWOPS_TC_ENTRIES(bf16, __nv_bfloat16, true)
+RAWOPS_TC_ENTRIES(bf16, __nv_bfloat16)
 #undef RAWOPS_TC_CALL

@@ -36,14 +36,27 @@ KERNELS = {
 KERNELS_ALL_FLOATS = {
     "mlp_wgrad_reduce_bwd": ("ws", "chunks", "stride", "N", "K", "k_p", "db_offset", "dw", "db"),
 }
-# Tensor-core kernels, float16 and bfloat16 (<name>_f16 / _bf16).
-TC_KERNELS = {
-    "tc_mlp_fwd": ("x", "y", "save", *(f"w{i}" for i in range(9)), *(f"b{i}" for i in range(9)), "batch", "n_in",
-                   "width", "n_out", "hidden", "flags"),
-    "tc_mlp_bwd": ("dy", "y", "save", "gws", "dx", *(f"w{i}" for i in range(9)), "batch", "n_in", "width", "n_out",
-                   "hidden", "flags"),
-    "tc_mlp_wgrad_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "db_offset", "stride", "a_act", "rows_per_chunk"),
-}
+# Tensor-core kernels, float16 and bfloat16 (<name>_f16 / _bf16), one per accumulator count
+# NF in TC_NFS (fragments of 16 columns per warp: the widest layer / 16 for the tile kernels,
+# the weight gradient's fragments / 8 warps for wgrad), rounded up.
+TC_NFS = (1, 2, 4, 8)
+_TC_FWD_ARGS = ("x", "y", "save", *(f"w{i}" for i in range(9)), *(f"b{i}" for i in range(9)), "batch", "n_in",
+                "width", "n_out", "hidden", "flags")
+_TC_BWD_ARGS = ("dy", "y", "save", "gws", "dx", *(f"w{i}" for i in range(9)), "batch", "n_in", "width", "n_out",
+                "hidden", "flags")
+_TC_WGRAD_ARGS = ("G", "Gm", "A", "ws", "batch", "N", "K", "db_offset", "stride", "a_act", "rows_per_chunk")
+TC_KERNELS = {}
+for _nf in TC_NFS:
+    TC_KERNELS[f"tc_mlp_nf{_nf}_fwd"] = _TC_FWD_ARGS
+    TC_KERNELS[f"tc_mlp_nf{_nf}_bwd"] = _TC_BWD_ARGS
+    TC_KERNELS[f"tc_mlp_wgrad_nf{_nf}_bwd"] = _TC_WGRAD_ARGS
+
+
+def tc_nf(fragments):
+    """The smallest NF in TC_NFS holding `fragments` accumulator fragments per warp."""
+    return next(v for v in TC_NFS if v >= fragments)
+
+
 # Every extern "C" entry point of kernels/mlp.cu (tests/test_build.py checks the fatbin).
 ENTRY_POINTS = frozenset([f"{base}_f32" for base in KERNELS] + [f"{base}_{s}" for base in KERNELS_ALL_FLOATS
                                                                 for s in ("f32", "f16", "bf16")]
@@ -234,7 +247,7 @@ class Plan:
     """What runs for one network: regime 'seed' (float32 source network) or 'tc'."""
 
     __slots__ = ("regime", "dtype", "suffix", "sizes", "n_in", "width", "n_out", "hidden", "act", "out_act",
-                 "has_bias", "smem", "layers", "resident")
+                 "has_bias", "smem", "layers", "resident", "nf")
 
     def __repr__(self):
         return f"Plan({self.regime}, {self.suffix}, sizes={self.sizes}, act={self.act}, out_act={self.out_act})"
@@ -270,7 +283,7 @@ def _make_plan(dtype, sizes, activation, output_activation, has_bias):
         if sizes != SEED_SIZES or activation != "relu" or not has_bias:
             what = f"float32 network of sizes {sizes} with activation {activation!r}" + ("" if has_bias else ", no biases")
             raise ValueError(f"{what} is not supported; {SUPPORTED_TEXT}")
-        p.regime, p.suffix, p.smem, p.resident = "seed", "f32", 0, False
+        p.regime, p.suffix, p.smem, p.resident, p.nf = "seed", "f32", 0, False, 0
         return p
     if dtype not in TC_DTYPES:
         raise TypeError(f"fused_mlp supports float32, float16, bfloat16, got dtype code {dtype}")
@@ -290,6 +303,7 @@ def _make_plan(dtype, sizes, activation, output_activation, has_bias):
     resident = tc_smem_bytes(p.n_in, p.width, p.n_out, p.hidden)
     p.resident = resident <= RESIDENT_MAX_SMEM
     p.smem = resident if p.resident else tc_smem_bytes(p.n_in, p.width, p.n_out)
+    p.nf = tc_nf(max(round16(p.n_in), p.width, round16(p.n_out)) // 16)
     return p
 
 
@@ -368,7 +382,7 @@ def tc_grid(name, plan, device, batch):
 def prepare(plan, device):
     """Raise before any launch what this device cannot run (bfloat16 before sm_80, shared memory)."""
     if plan.regime == "tc":
-        _tc_function("tc_mlp_fwd", plan, device, plan.smem)
+        _tc_function(f"tc_mlp_nf{plan.nf}_fwd", plan, device, plan.smem)
 
 
 # ------------------------------------------------------------------------------ launches on raw pointers
@@ -384,7 +398,8 @@ def launch_forward(plan, device, x, weights, biases, y, batch, stream, saved=Non
     ws = list(weights) + [0] * (9 - len(weights))
     bs = (list(biases) if biases is not None else []) + [0] * (9 - (len(biases) if biases is not None else 0))
     flags = plan.act | (plan.out_act << 2) | (TC_RESIDENT if plan.resident else 0)
-    launch(_tc_function("tc_mlp_fwd", plan, device, plan.smem), (tc_grid("tc_mlp_fwd", plan, device, batch),),
+    name = f"tc_mlp_nf{plan.nf}_fwd"
+    launch(_tc_function(name, plan, device, plan.smem), (tc_grid(name, plan, device, batch),),
            TC_THREADS, plan.smem,
            stream, (x, y, saved[0] if saved is not None else 0, *ws, *bs, batch, plan.n_in, plan.width, plan.n_out,
                     plan.hidden, flags), TC_FWD_KINDS, device)
@@ -429,7 +444,8 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
         if batch:
             ws9 = list(weights) + [0] * (9 - L)
             flags = plan.act | (plan.out_act << 2) | (TC_RESIDENT if plan.resident else 0)
-            launch(_tc_function("tc_mlp_bwd", plan, device, plan.smem), (tc_grid("tc_mlp_bwd", plan, device, batch),),
+            name = f"tc_mlp_nf{plan.nf}_bwd"
+            launch(_tc_function(name, plan, device, plan.smem), (tc_grid(name, plan, device, batch),),
                    TC_THREADS, plan.smem, stream, (dy, gm, save, gws, dx or 0, *ws9, batch, plan.n_in, width,
                                                    plan.n_out, plan.hidden, flags), TC_BWD_KINDS, device)
         grads = []
@@ -453,7 +469,9 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
                        (G, Gm, A, ws, batch, n, k, k_p, db_offset, stride, a_act, rows), WGRAD_KINDS, device)
             else:
                 smem = tc_wgrad_smem_bytes(n, k)
-                launch(_tc_function("tc_mlp_wgrad_bwd", plan, device, smem), (chunks,), TC_THREADS, smem, stream,
+                fpw = tc_nf(-(-(n_p // 16) * (k_p // 16) // (TC_THREADS // 32)))
+                launch(_tc_function(f"tc_mlp_wgrad_nf{fpw}_bwd", plan, device, smem), (chunks,), TC_THREADS, smem,
+                       stream,
                        (G, Gm, A, ws, batch, n, k, db_offset, stride, a_act, rows), TC_WGRAD_KINDS, device)
         db = dbiases[l] if dbiases is not None else 0
         total = n * k + (n if db else 0)

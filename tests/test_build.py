@@ -486,9 +486,14 @@ def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signature
         got = "".join("p" if "*" in p else "f" if p.split()[0] == "float" else "q" for p in params)
         assert got == expected_kinds, f"{base}_f32: launch kinds {expected_kinds!r}, signature {got!r}"
         assert [p.split()[-1].lstrip("*") for p in params] == list(mlp.KERNELS[base]), "table names the parameters"
-    macro_kinds = {"mlp_wgrad_reduce_bwd": mlp.REDUCE_KINDS, "tc_mlp_fwd": mlp.TC_FWD_KINDS,
-                   "tc_mlp_bwd": mlp.TC_BWD_KINDS, "tc_mlp_wgrad_bwd": mlp.TC_WGRAD_KINDS}
+    macro_kinds = {"mlp_wgrad_reduce_bwd": mlp.REDUCE_KINDS}
+    for nf in mlp.TC_NFS:
+        macro_kinds.update({f"tc_mlp_nf{nf}_fwd": mlp.TC_FWD_KINDS, f"tc_mlp_nf{nf}_bwd": mlp.TC_BWD_KINDS,
+                            f"tc_mlp_wgrad_nf{nf}_bwd": mlp.TC_WGRAD_KINDS})
+    assert set(macro_kinds) == set(mlp.KERNELS_ALL_FLOATS) | set(mlp.TC_KERNELS)
+    for stamp in ("mlp_wgrad_reduce_bwd_##suffix(", "tc_mlp_nf##NF##_fwd_##suffix(", "tc_mlp_nf##NF##_bwd_##suffix(",
+                  "tc_mlp_wgrad_nf##NF##_bwd_##suffix("):
+        assert stamp in source
     for base, expected_kinds in macro_kinds.items():
-        assert f"{base}_##suffix(" in source
         table = {**mlp.KERNELS_ALL_FLOATS, **mlp.TC_KERNELS}[base]
         assert len(expected_kinds) == len(table), base

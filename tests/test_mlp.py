@@ -310,6 +310,12 @@ def test_shared_memory_of_the_tile_kernels():
     assert mlp.tc_smem_bytes(64, 64, 64, 4) == 8192 + 5 * 512 + 2 * (128 * 72 + 320 * 72)
 
 
+@pytest.mark.parametrize("sizes, nf", [((64,) * 6, 4), ((3, 16, 16, 1), 1), ((17, 32, 5), 2), ((100, 128, 10), 8),
+                                       ((128,) + (32,) * 8 + (128,), 8), ((48, 32, 32, 33), 4)])
+def test_the_tile_kernels_hold_the_widest_layer(sizes, nf):
+    assert mlp.make_plan(1, sizes, "relu", "none", True).nf == nf
+
+
 def test_small_networks_keep_their_weights_resident_and_large_ones_stream():
     assert mlp.make_plan(1, (64,) * 6, "relu", "none", True).resident
     assert mlp.make_plan(2, (3, 16, 16, 1), "gelu", "none", True).resident
