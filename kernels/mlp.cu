@@ -333,18 +333,18 @@ __device__ __forceinline__ float masked(float v, const float* m, int64_t i) {
   return (m == nullptr || m[i] > 0.f) ? v : 0.f;
 }
 
-__device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+template <int kKJ>
+__device__ __forceinline__ void dgrad_f32_tile(const float* __restrict__ G, const float* __restrict__ Gm,
                                           const float* __restrict__ W, const float* __restrict__ H,
-                                          float* __restrict__ out, int64_t batch, int N, int K) {
-  __shared__ float gs[kDgradRows][kDgradChunk + 1];
-  __shared__ __align__(16) float ws[kDgradChunk][128];
+                                          float* __restrict__ out, int64_t batch, int N, int K,
+                                          float (*gs)[kDgradChunk + 1], float (*ws)[128]) {
   const int t = threadIdx.x, rg = t / 16, kg = t % 16;
   const int64_t row0 = int64_t(blockIdx.x) * kDgradRows;
-  float acc[4][8];
+  float acc[4][kKJ];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+    for (int j = 0; j < kKJ; ++j) acc[i][j] = 0.f;
   for (int n0 = 0; n0 < N; n0 += kDgradChunk) {
     // Every load of the step in flight before the barrier, then the stores.
     constexpr int kG = kDgradRows * kDgradChunk / kGradThreads, kW = kDgradChunk * 128 / kGradThreads;
@@ -374,15 +374,15 @@ __device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const flo
     __syncthreads();
 #pragma unroll 4
     for (int n = 0; n < kDgradChunk; ++n) {
-      float gv[4], wv[8];
+      float gv[4], wv[kKJ];
 #pragma unroll
       for (int i = 0; i < 4; ++i) gv[i] = gs[rg + 16 * i][n];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) wv[j] = ws[n][kg + 16 * j];
+      for (int j = 0; j < kKJ; ++j) wv[j] = ws[n][kg + 16 * j];
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(gv[i], wv[j], acc[i][j]);
+        for (int j = 0; j < kKJ; ++j) acc[i][j] = fmaf(gv[i], wv[j], acc[i][j]);
     }
   }
 #pragma unroll
@@ -390,11 +390,24 @@ __device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const flo
     const int64_t row = row0 + rg + 16 * i;
     if (row >= batch) continue;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kKJ; ++j) {
       const int k = kg + 16 * j;
       if (k < K) out[row * K + k] = masked(acc[i][j], H, row * K + k);
     }
   }
+}
+
+__device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ W, const float* __restrict__ H,
+                                          float* __restrict__ out, int64_t batch, int N, int K) {
+  __shared__ float gs[kDgradRows][kDgradChunk + 1];
+  __shared__ __align__(16) float ws[kDgradChunk][128];
+  if (K <= 64)
+    dgrad_f32_tile<4>(G, Gm, W, H, out, batch, N, K, gs, ws);
+  else if (K <= 112)
+    dgrad_f32_tile<7>(G, Gm, W, H, out, batch, N, K, gs, ws);
+  else
+    dgrad_f32_tile<8>(G, Gm, W, H, out, batch, N, K, gs, ws);
 }
 
 constexpr int kWgradRows = 32;
@@ -414,20 +427,20 @@ __device__ __forceinline__ float activate_grad(float z, int a) {
   return 1.f;
 }
 
-__device__ __forceinline__ void wgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+template <int kNI, int kKJ>
+__device__ __forceinline__ void wgrad_f32_tile(const float* __restrict__ G, const float* __restrict__ Gm,
                                           const float* __restrict__ A, float* __restrict__ ws, int64_t batch, int N,
                                           int K, int k_p, int64_t db_offset, int64_t stride, int a_act,
-                                          int64_t rows_per_chunk) {
-  __shared__ float gs[kWgradRows][129];
-  __shared__ float as[kWgradRows][129];
+                                          int64_t rows_per_chunk,
+                                               float (*gs)[129], float (*as)[129]) {
   const int t = threadIdx.x, ng = t / 16, kg = t % 16;
   const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
   const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
-  float acc[8][8];
+  float acc[kNI][kKJ];
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < kNI; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+    for (int j = 0; j < kKJ; ++j) acc[i][j] = 0.f;
   float db = 0.f;
   for (int64_t r0 = begin; r0 < end; r0 += kWgradRows) {
     // Every load of the step in flight before the barrier, then the stores (N, K <= 128).
@@ -459,29 +472,47 @@ __device__ __forceinline__ void wgrad_f32(const float* __restrict__ G, const flo
       for (int r = 0; r < kWgradRows; ++r) db += gs[r][t];
 #pragma unroll 2
     for (int r = 0; r < kWgradRows; ++r) {
-      float gv[8], av[8];
+      float gv[kNI], av[kKJ];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) gv[i] = gs[r][ng + 16 * i];
+      for (int i = 0; i < kNI; ++i) gv[i] = gs[r][ng + 16 * i];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) av[j] = as[r][kg + 16 * j];
+      for (int j = 0; j < kKJ; ++j) av[j] = as[r][kg + 16 * j];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < kNI; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(gv[i], av[j], acc[i][j]);
+        for (int j = 0; j < kKJ; ++j) acc[i][j] = fmaf(gv[i], av[j], acc[i][j]);
     }
   }
   float* part = ws + int64_t(blockIdx.x) * stride;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kNI; ++i) {
     const int n = ng + 16 * i;
     if (n >= N) continue;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kKJ; ++j) {
       const int k = kg + 16 * j;
       if (k < K) part[n * k_p + k] = acc[i][j];
     }
   }
   if (t < N) part[db_offset + t] = db;
+}
+
+// The thread tile fitted to the layer (a thread holds n = ng + 16 i, k = kg + 16 j): the
+// source network's 128x100, 64x128 and 10x64 gradients, and 128x128 for anything else.
+__device__ __forceinline__ void wgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ A, float* __restrict__ ws, int64_t batch, int N,
+                                          int K, int k_p, int64_t db_offset, int64_t stride, int a_act,
+                                          int64_t rows_per_chunk) {
+  __shared__ float gs[kWgradRows][129];
+  __shared__ float as[kWgradRows][129];
+  if (N <= 16 && K <= 64)
+    wgrad_f32_tile<1, 4>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+  else if (N <= 64)
+    wgrad_f32_tile<4, 8>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+  else if (K <= 112)
+    wgrad_f32_tile<8, 7>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+  else
+    wgrad_f32_tile<8, 8>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
 }
 
 template <typename T>
