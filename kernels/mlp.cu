@@ -1172,9 +1172,10 @@ extern "C" __global__ void __launch_bounds__(rawops::kTfThreads, 1)
       const T *b8
 
 // One set of entries per accumulator count NF (fragments of 16 columns a warp holds: the
-// widest layer / 16, rounded up to 1, 2, 4 or 8; for the weight gradient, fragments per warp
+// widest layer / 16, rounded up to 4 or 8; for the weight gradient, fragments per warp
 // of the [out][in] gradient / 8 warps), so that narrow networks do not pay a 128-wide
-// network's registers. Two blocks per SM where that costs no spills (ptxas, sm_90). bfloat16 WMMA needs sm_80; older targets get a
+// network's registers. Two blocks per SM where that costs no spills (ptxas, sm_90). NF 1 and 2
+// were measured by ptxas only (71/86 registers forward) and dropped to keep the build short. bfloat16 WMMA needs sm_80; older targets get a
 // trap (rawops/mlp.py refuses before launch).
 #define RAWOPS_TC_NF(suffix, T, NF, MINB, MINB_WGRAD)                                                           \
   extern "C" __global__ void __launch_bounds__(rawops::kTcThreads, MINB)                                       \
@@ -1203,8 +1204,6 @@ extern "C" __global__ void __launch_bounds__(rawops::kTfThreads, 1)
   }
 
 #define RAWOPS_TC_ENTRIES(suffix, T)                                                                           \
-  RAWOPS_TC_NF(suffix, T, 1, 2, 2)                                                                             \
-  RAWOPS_TC_NF(suffix, T, 2, 2, 1)                                                                             \
   RAWOPS_TC_NF(suffix, T, 4, 2, 1)                                                                             \
   RAWOPS_TC_NF(suffix, T, 8, 1, 1)
 

@@ -39,7 +39,7 @@ KERNELS_ALL_FLOATS = {
 # Tensor-core kernels, float16 and bfloat16 (<name>_f16 / _bf16), one per accumulator count
 # NF in TC_NFS (fragments of 16 columns per warp: the widest layer / 16 for the tile kernels,
 # the weight gradient's fragments / 8 warps for wgrad), rounded up.
-TC_NFS = (1, 2, 4, 8)
+TC_NFS = (4, 8)
 _TC_FWD_ARGS = ("x", "y", "save", *(f"w{i}" for i in range(9)), *(f"b{i}" for i in range(9)), "batch", "n_in",
                 "width", "n_out", "hidden", "flags")
 _TC_BWD_ARGS = ("dy", "y", "save", "gws", "dx", *(f"w{i}" for i in range(9)), "batch", "n_in", "width", "n_out",

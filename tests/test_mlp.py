@@ -310,7 +310,7 @@ def test_shared_memory_of_the_tile_kernels():
     assert mlp.tc_smem_bytes(64, 64, 64, 4) == 8192 + 5 * 512 + 2 * (128 * 72 + 320 * 72)
 
 
-@pytest.mark.parametrize("sizes, nf", [((64,) * 6, 4), ((3, 16, 16, 1), 1), ((17, 32, 5), 2), ((100, 128, 10), 8),
+@pytest.mark.parametrize("sizes, nf", [((64,) * 6, 4), ((3, 16, 16, 1), 4), ((17, 32, 5), 4), ((100, 128, 10), 8),
                                        ((128,) + (32,) * 8 + (128,), 8), ((48, 32, 32, 33), 4)])
 def test_the_tile_kernels_hold_the_widest_layer(sizes, nf):
     assert mlp.make_plan(1, sizes, "relu", "none", True).nf == nf
