@@ -109,7 +109,8 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
         speedup = us_eager / us_ours
         target = TARGETS.get((name, batch, mode))
         rows.append({"network": f"{'-'.join(map(str, sizes))} {str(dtype)[6:]}", "batch": batch, "pass": mode,
-                     "rawops us": us_ours, "rawops graph us": us_ours_graph, "rawops 3xTF32 us": us_tf32, "rawops streaming us": us_streaming,
+                     "rawops us": us_ours, "rawops graph us": us_ours_graph, "rawops 3xTF32 us": us_tf32,
+                     "rawops streaming us": us_streaming,
                      "torch eager us": us_eager, "torch graph us": us_graph,
                      "x eager": speedup, "x graph": us_graph / us_ours, "rawops TFLOP/s": flops / us_ours / 1e6,
                      "compute floor us": flops / (FP32_PEAK_TFLOPS if dtype == torch.float32 else 990.0) / 1e6,
@@ -137,7 +138,8 @@ def main():
                       SEED_BYTES, 4 * (100 + 10 + 10 + 2 * 192 + 100), True)
     rows += _rows(ta, "tc", TC_SIZES, torch.float16, 1 << 20, ceiling, TC_FLOPS, 2 * TC_FLOPS - 2 * 64 * 64,
                   2 * (64 + 64), 2 * (64 + 64 + 64 + 64), True)
-    header = ["network", "batch", "pass", "rawops us", "rawops graph us", "rawops 3xTF32 us", "rawops streaming us", "torch eager us", "torch graph us", "x eager", "x graph",
+    header = ["network", "batch", "pass", "rawops us", "rawops graph us", "rawops 3xTF32 us", "rawops streaming us",
+              "torch eager us", "torch graph us", "x eager", "x graph",
               "rawops TFLOP/s", "compute floor us", "memory floor us", "rel error vs f64", "target x eager",
               "meets target"]
     text = write_results(out_dir, "mlp", "python bench/bench_mlp.py", [
