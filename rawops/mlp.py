@@ -247,7 +247,7 @@ class Plan:
     """What runs for one network: regime 'seed' (float32 source network) or 'tc'."""
 
     __slots__ = ("regime", "dtype", "suffix", "sizes", "n_in", "width", "n_out", "hidden", "act", "out_act",
-                 "has_bias", "smem", "layers", "resident", "nf")
+                 "has_bias", "smem", "layers", "resident", "nf", "smem_stream")
 
     def __repr__(self):
         return f"Plan({self.regime}, {self.suffix}, sizes={self.sizes}, act={self.act}, out_act={self.out_act})"
@@ -283,7 +283,7 @@ def _make_plan(dtype, sizes, activation, output_activation, has_bias):
         if sizes != SEED_SIZES or activation != "relu" or not has_bias:
             what = f"float32 network of sizes {sizes} with activation {activation!r}" + ("" if has_bias else ", no biases")
             raise ValueError(f"{what} is not supported; {SUPPORTED_TEXT}")
-        p.regime, p.suffix, p.smem, p.resident, p.nf = "seed", "f32", 0, False, 0
+        p.regime, p.suffix, p.smem, p.resident, p.nf, p.smem_stream = "seed", "f32", 0, False, 0, 0
         return p
     if dtype not in TC_DTYPES:
         raise TypeError(f"fused_mlp supports float32, float16, bfloat16, got dtype code {dtype}")
@@ -302,7 +302,8 @@ def _make_plan(dtype, sizes, activation, output_activation, has_bias):
     p.regime, p.suffix = "tc", TC_DTYPES[dtype]
     resident = tc_smem_bytes(p.n_in, p.width, p.n_out, p.hidden)
     p.resident = resident <= RESIDENT_MAX_SMEM
-    p.smem = resident if p.resident else tc_smem_bytes(p.n_in, p.width, p.n_out)
+    p.smem_stream = tc_smem_bytes(p.n_in, p.width, p.n_out)
+    p.smem = resident if p.resident else p.smem_stream
     p.nf = tc_nf(max(round16(p.n_in), p.width, round16(p.n_out)) // 16)
     return p
 
@@ -336,12 +337,6 @@ def _tc_function(name, plan, device, smem):
             raise RuntimeError(f"fused_mlp in bfloat16 needs sm_80+ (tensor-core bfloat16); device {device} is "
                                f"sm_{compute_capability(device)}: use float16")
         if smem > 48 * 1024:
-            import cupy
-
-            limit = cupy.cuda.runtime.deviceGetAttribute(97, device)  # cudaDevAttrMaxSharedMemoryPerBlockOptin
-            if smem > limit:
-                raise ValueError(f"fused_mlp network of sizes {plan.sizes} needs {smem} bytes of shared memory per "
-                                 f"block; device {device} allows {limit} (use a narrower network)")
             kernel = _modules.get_function(FAMILY, full, device)
             kernel.max_dynamic_shared_size_bytes = smem
             try:
@@ -352,16 +347,47 @@ def _tc_function(name, plan, device, smem):
     return _modules.function_pointer(FAMILY, full, device)
 
 
+_optin = {}
+_fits = {}
+
+
+def optin_smem(device):
+    """Shared memory one block may opt in to on `device` (cudaDevAttrMaxSharedMemoryPerBlockOptin)."""
+    limit = _optin.get(device)
+    if limit is None:
+        import cupy
+
+        limit = _optin[device] = cupy.cuda.runtime.deviceGetAttribute(97, device)
+    return limit
+
+
+def tc_fit(plan, device):
+    """(resident, shared memory bytes) of the tile kernels on `device`: weights resident when
+    the plan allows it and the device's per-block opt-in holds them (not on sm_75's 64 KB for
+    a 64-wide network, say), else streamed; ValueError when even streaming does not fit."""
+    key = (plan, device)  # plans are cached: one object per network
+    fit = _fits.get(key)
+    if fit is None:
+        limit = optin_smem(device)
+        resident = plan.resident and plan.smem <= limit
+        smem = plan.smem if resident else plan.smem_stream
+        if smem > limit:
+            raise ValueError(f"fused_mlp network of sizes {plan.sizes} needs {smem} bytes of shared memory per block; "
+                             f"device {device} allows {limit} (use a narrower network)")
+        fit = _fits[key] = (resident, smem)
+    return fit
+
+
 _per_sm = {}
 
 
-def tc_grid(name, plan, device, batch):
+def tc_grid(name, plan, device, batch, resident, smem):
     """Blocks of a tile-kernel launch: one per 128 rows when streaming; when resident, the
     blocks that fit on the GPU at once (persistent warps loop over 16-row tiles), from the
     kernel's registers and shared memory, never more than the tiles need."""
-    if not plan.resident:
+    if not resident:
         return -(-batch // TC_ROWS)
-    key = (name, plan.suffix, device, plan.smem)
+    key = (name, plan.suffix, device, smem)
     per_sm = _per_sm.get(key)
     if per_sm is None:
         import cupy
@@ -373,7 +399,7 @@ def tc_grid(name, plan, device, batch):
             regs = 255
         regs_per_warp = -(-regs * 32 // 256) * 256
         by_regs = cupy.cuda.runtime.deviceGetAttribute(82, device) // (regs_per_warp * (TC_THREADS // 32))
-        by_smem = cupy.cuda.runtime.deviceGetAttribute(81, device) // (plan.smem + 1024)
+        by_smem = cupy.cuda.runtime.deviceGetAttribute(81, device) // (smem + 1024)
         per_sm = _per_sm[key] = max(1, min(by_regs, by_smem, 2048 // TC_THREADS))
     tiles = -(-batch // 16)
     return max(1, min(-(-tiles // (TC_THREADS // 32)), per_sm * sm_count(device)))
@@ -382,7 +408,9 @@ def tc_grid(name, plan, device, batch):
 def prepare(plan, device):
     """Raise before any launch what this device cannot run (bfloat16 before sm_80, shared memory)."""
     if plan.regime == "tc":
-        _tc_function(f"tc_mlp_nf{plan.nf}_fwd", plan, device, plan.smem)
+        if plan.dtype == 2 and compute_capability(device) < 80:  # before tc_fit asks the device anything else
+            _tc_function(f"tc_mlp_nf{plan.nf}_fwd", plan, device, 0)
+        _tc_function(f"tc_mlp_nf{plan.nf}_fwd", plan, device, tc_fit(plan, device)[1])
 
 
 # ------------------------------------------------------------------------------ launches on raw pointers
@@ -397,10 +425,11 @@ def launch_forward(plan, device, x, weights, biases, y, batch, stream, saved=Non
         return
     ws = list(weights) + [0] * (9 - len(weights))
     bs = (list(biases) if biases is not None else []) + [0] * (9 - (len(biases) if biases is not None else 0))
-    flags = plan.act | (plan.out_act << 2) | (TC_RESIDENT if plan.resident else 0)
+    resident, smem = tc_fit(plan, device)
+    flags = plan.act | (plan.out_act << 2) | (TC_RESIDENT if resident else 0)
     name = f"tc_mlp_nf{plan.nf}_fwd"
-    launch(_tc_function(name, plan, device, plan.smem), (tc_grid(name, plan, device, batch),),
-           TC_THREADS, plan.smem,
+    launch(_tc_function(name, plan, device, smem), (tc_grid(name, plan, device, batch, resident, smem),),
+           TC_THREADS, smem,
            stream, (x, y, saved[0] if saved is not None else 0, *ws, *bs, batch, plan.n_in, plan.width, plan.n_out,
                     plan.hidden, flags), TC_FWD_KINDS, device)
 
@@ -443,10 +472,11 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
         gws = tmp((max(plan.hidden, 1), batch, width), DTYPE_NAMES[plan.dtype])
         if batch:
             ws9 = list(weights) + [0] * (9 - L)
-            flags = plan.act | (plan.out_act << 2) | (TC_RESIDENT if plan.resident else 0)
+            resident, smem = tc_fit(plan, device)
+            flags = plan.act | (plan.out_act << 2) | (TC_RESIDENT if resident else 0)
             name = f"tc_mlp_nf{plan.nf}_bwd"
-            launch(_tc_function(name, plan, device, plan.smem), (tc_grid(name, plan, device, batch),),
-                   TC_THREADS, plan.smem, stream, (dy, gm, save, gws, dx or 0, *ws9, batch, plan.n_in, width,
+            launch(_tc_function(name, plan, device, smem), (tc_grid(name, plan, device, batch, resident, smem),),
+                   TC_THREADS, smem, stream, (dy, gm, save, gws, dx or 0, *ws9, batch, plan.n_in, width,
                                                    plan.n_out, plan.hidden, flags), TC_BWD_KINDS, device)
         grads = []
         for l in range(L):

@@ -310,6 +310,27 @@ def test_shared_memory_of_the_tile_kernels():
     assert mlp.tc_smem_bytes(64, 64, 64, 4) == 8192 + 5 * 512 + 2 * (128 * 72 + 320 * 72)
 
 
+@pytest.mark.parametrize("limit, fit", [(232448, (True, 75264)), (101376, (True, 75264)),
+                                        (65536, (False, 8192 + 512 + 2 * (128 * 72 + 64 * 72))), (30000, None)])
+def test_weights_stay_resident_only_where_the_device_holds_them(monkeypatch, limit, fit):
+    # H100 227 KB, sm_86 99 KB: resident; sm_75 64 KB: streamed; too little: a ValueError before launch
+    monkeypatch.setattr(mlp, "optin_smem", lambda device: limit)
+    monkeypatch.setattr(mlp, "_fits", {})
+    plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
+    if fit is None:
+        with pytest.raises(ValueError, match=r"needs 36352 bytes of shared memory per block; device 0 allows 30000"):
+            mlp.tc_fit(plan, 0)
+    else:
+        assert mlp.tc_fit(plan, 0) == fit
+
+
+def test_bfloat16_before_sm80_is_refused_before_any_launch(monkeypatch):
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: 75)
+    plan = mlp.make_plan(2, (64,) * 6, "relu", "none", True)
+    with pytest.raises(RuntimeError, match=r"bfloat16 needs sm_80\+ .* device 0 is sm_75: use float16"):
+        mlp.prepare(plan, 0)
+
+
 @pytest.mark.parametrize("sizes, nf", [((64,) * 6, 4), ((3, 16, 16, 1), 4), ((17, 32, 5), 4), ((100, 128, 10), 8),
                                        ((128,) + (32,) * 8 + (128,), 8), ((48, 32, 32, 33), 4)])
 def test_the_tile_kernels_hold_the_widest_layer(sizes, nf):
@@ -807,3 +828,44 @@ def test_fused_mlp_module_inference_fast_path_rechecks_what_changes():
         module.weights[0].data = module.weights[0].data * 2  # new storage: validated again
         net[0].weight.mul_(2)
         assert_close(module(x), _reference(net, x), torch.float32, "after the weight changed")
+
+
+def test_launch_sequences_on_a_fake_launcher(monkeypatch):
+    """What launch_forward / launch_backward ask of the driver, without a GPU: kernel names,
+    grids, shared memory, one kind per argument, the resident flag."""
+    calls = []
+    monkeypatch.setattr(mlp, "launch", lambda fn, grid, block, smem, stream, args, kinds, device:
+                        calls.append((fn, grid, block, smem, len(args) == len(kinds), args)))
+    monkeypatch.setattr(mlp._modules, "function_pointer", lambda family, name, device: name)
+    monkeypatch.setattr(mlp, "sm_count", lambda device: 132)
+    monkeypatch.setattr(mlp, "optin_smem", lambda device: 232448)
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(mlp, "_fits", {})
+    monkeypatch.setattr(mlp, "_ready", {})
+
+    class Kernel:
+        num_regs = 96
+        max_dynamic_shared_size_bytes = 0
+        preferred_shared_memory_carveout = 0
+
+    monkeypatch.setattr(mlp._modules, "get_function", lambda family, name, device: Kernel())
+    plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
+    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_fwd", "f16", 0, 75264), 2)
+    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_bwd", "f16", 0, 75264), 2)
+    mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1 << 20, 0, saved=[5])
+    fn, grid, block, smem, ok, args = calls[-1]
+    assert (fn, grid, block, smem, ok) == ("tc_mlp_nf4_fwd_f16", (264,), 256, 75264, True)
+    assert args[-1] == 1 | mlp.TC_RESIDENT and args[2] == 5
+    calls.clear()
+    keep = mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 14, [20 + i for i in range(5)],
+                               [30 + i for i in range(5)], 1000, 0, lambda shape, dt: (shape, 100))
+    names = [c[0] for c in calls]
+    assert names[0] == "tc_mlp_nf4_bwd_f16" and calls[0][1] == (8,)  # 63 tiles of 16 rows / 8 warps
+    assert names[1:] == ["tc_mlp_wgrad_nf4_bwd_f16", "mlp_wgrad_reduce_bwd_f16"] * 5
+    assert all(c[4] for c in calls) and len(keep) == 2
+    calls.clear()
+    seed = mlp.make_plan(0, (100, 128, 64, 10), "relu", "relu", True)
+    mlp.launch_backward(seed, 0, 10, 11, 12, [13, 14], [2, 3, 4], 0, [20, 21, 22], [30, 31, 32], 70000, 0,
+                        lambda shape, dt: (shape, 100))
+    assert [c[0] for c in calls] == ["mlp_dgrad_bwd_f32"] * 2 + ["mlp_wgrad_bwd_f32", "mlp_wgrad_reduce_bwd_f32"] * 3
+    assert calls[0][5][1] == 12  # the output ReLU masks dy by y
