@@ -1,11 +1,13 @@
-"""Benchmark of the MLP family against torch, in one run on one GPU: the source network
-100-128-64-10 (ReLU), float32 forward, at batch 32 and 2^20.
-
-torch as eager nn.Sequential and as a CUDA-graph replay of it (the issue's numbers, H100:
-118 us eager and 52 us graphed at batch 32, 1.96 ms eager at 2^20; targets: >= 5x eager at
-32, >= 2x eager at 2^20). rawops through torch_adapter.seed_mlp (one launch, raw pointers).
-CUDA events, median of 50 after warm-up. FLOPs: 42,752 per sample; bytes: x read and y
-written (440 B per sample; the 87 KB of weights are in L2).
+"""Benchmark of the MLP family against torch, in one run on one GPU (issue 4's rows):
+  * the source network 100-128-64-10 (ReLU), float32, at batch 32 and 2^20: forward
+    (torch eager and a CUDA-graph replay of it) and forward+backward (eager);
+  * a tiny-cuda-nn-style network, 64 inputs, 4 hidden layers of 64 (ReLU), 64 outputs,
+    float16, at batch 2^20: forward and forward+backward (eager; graph for the forward).
+Targets (issue 4): source network >= 5x eager at 32, >= 2x at 2^20 (forward); 64-wide f16
+>= 5x eager forward, >= 3x eager forward+backward. rawops through torch_adapter (FusedMLP
+built from the same nn.Sequential, one launch forward). Forward+backward: the weight and
+bias gradients (x needs none, for both), through torch.autograd.grad. CUDA events, median of
+50 after warm-up.
 
     python bench/bench_mlp.py [--out bench/results]
 """
@@ -19,11 +21,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from timing import device_time_us, start, write_results  # noqa: E402
 
-BATCHES = (32, 1 << 20)
-FLOPS_PER_SAMPLE = 2 * (100 * 128 + 128 * 64 + 64 * 10)
-BYTES_PER_SAMPLE = 4 * (100 + 10)
-TARGET_X_EAGER = {32: 5.0, 1 << 20: 2.0}
+SEED_FLOPS = 2 * (100 * 128 + 128 * 64 + 64 * 10)  # forward, per sample
+# backward without dx: g2, g1 (2 x (10x64 + 64x128)) and the three weight gradients
+SEED_BWD_FLOPS = 2 * (10 * 64 + 64 * 128) + 2 * (100 * 128 + 128 * 64 + 64 * 10)
+SEED_BYTES = 4 * (100 + 10)
+TC_SIZES = (64, 64, 64, 64, 64, 64)
+TC_FLOPS = 2 * 5 * 64 * 64
 FP32_PEAK_TFLOPS = 66.9  # H100 SXM: 132 SMs x 128 FFMA lanes x 2 x 1.98 GHz
+TARGETS = {("seed", 32, "fwd"): 5.0, ("seed", 1 << 20, "fwd"): 2.0, ("tc", 1 << 20, "fwd"): 5.0,
+           ("tc", 1 << 20, "fwd+bwd"): 3.0}
 
 
 def _graphed(fn):
@@ -40,33 +46,81 @@ def _graphed(fn):
     return graph.replay
 
 
-def device_rows(ta, ceiling):
-    net = torch.nn.Sequential(torch.nn.Linear(100, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(),
-                              torch.nn.Linear(64, 10)).cuda()
-    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
-    weights = [m.weight.detach() for m in linears]
-    biases = [m.bias.detach() for m in linears]
-    reference = copy.deepcopy(net).double()
-    rows = []
+def _sequential(sizes, dtype):
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers).cuda().to(dtype)
+
+
+def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fwd, bytes_fwdbwd, graph):
+    net = _sequential(sizes, dtype)
+    fused = ta.FusedMLP.from_sequential(net)
+    x = torch.randn(batch, sizes[0], device="cuda", dtype=dtype)
+    dy = torch.randn(batch, sizes[-1], device="cuda", dtype=dtype)
     with torch.no_grad():
-        for batch in BATCHES:
-            x = torch.randn(batch, 100, device="cuda")
-            ref = reference(x.double())
-            error = (ta.seed_mlp(x, weights, biases).double() - ref).norm() / ref.norm()
-            us_ours = device_time_us(lambda: ta.seed_mlp(x, weights, biases))
-            us_eager = device_time_us(lambda: net(x))
-            us_graph = device_time_us(_graphed(lambda: net(x)))
-            tflops = FLOPS_PER_SAMPLE * batch / us_ours / 1e6
-            compute_floor_us = FLOPS_PER_SAMPLE * batch / FP32_PEAK_TFLOPS / 1e6
-            memory_floor_us = BYTES_PER_SAMPLE * batch / ceiling / 1e6
-            speedup = us_eager / us_ours
-            rows.append({"batch": batch, "rawops us": us_ours, "torch eager us": us_eager,
-                         "torch graph us": us_graph, "x eager": speedup, "x graph": us_graph / us_ours,
-                         "rawops TFLOP/s": tflops, "FFMA floor us": compute_floor_us,
-                         "memory floor us": memory_floor_us, "rel error vs f64": error.item(),
-                         "meets target": speedup >= TARGET_X_EAGER[batch]})
-            print(f"batch {batch:8d}: rawops {us_ours:9.1f} us ({tflops:5.1f} TFLOP/s) | eager {us_eager:9.1f} us | "
-                  f"graph {us_graph:9.1f} us | {speedup:4.2f}x eager | rel error {error.item():.2g}", flush=True)
+        ref = copy.deepcopy(net).double()(x.double())
+        error = ((fused(x).double() - ref).norm() / ref.norm()).item()
+    rows = []
+    for mode in ("fwd", "fwd+bwd"):
+        if mode == "fwd":
+            def ours():
+                with torch.no_grad():
+                    fused(x)
+
+            def eager():
+                with torch.no_grad():
+                    net(x)
+        else:
+            fused_params, net_params = list(fused.parameters()), list(net.parameters())
+
+            def ours():
+                torch.autograd.grad(fused(x), fused_params, dy)
+
+            def eager():
+                torch.autograd.grad(net(x), net_params, dy)
+        us_ours = device_time_us(ours)
+        us_eager = device_time_us(eager)
+        us_graph = device_time_us(_graphed(eager)) if graph and mode == "fwd" else float("nan")
+        # our own call replayed from a CUDA graph: the kernel's time without the host's
+        us_ours_graph = device_time_us(_graphed(ours)) if mode == "fwd" else float("nan")
+        us_streaming = float("nan")
+        if name == "tc" and mode == "fwd":  # the streaming tile kernel beside the resident one
+            import rawops.mlp as mlp
+
+            saved_max, mlp.RESIDENT_MAX_SMEM = mlp.RESIDENT_MAX_SMEM, 0
+            mlp._plans.clear()
+            fused._fast_key = None
+            us_streaming = device_time_us(ours)
+            mlp.RESIDENT_MAX_SMEM = saved_max
+            mlp._plans.clear()
+            fused._fast_key = None
+        us_tf32 = float("nan")
+        if name == "seed" and mode == "fwd" and batch > 4096:  # the 3xTF32 kernel beside FFMA (the default)
+            import rawops.mlp as mlp
+
+            mlp.USE_TF32 = True
+            us_tf32 = device_time_us(ours)
+            mlp.USE_TF32 = False
+        flops = (flops_fwd + (flops_bwd if mode == "fwd+bwd" else 0)) * batch
+        moved = (bytes_fwd if mode == "fwd" else bytes_fwdbwd) * batch
+        speedup = us_eager / us_ours
+        target = TARGETS.get((name, batch, mode))
+        rows.append({"network": f"{'-'.join(map(str, sizes))} {str(dtype)[6:]}", "batch": batch, "pass": mode,
+                     "rawops us": us_ours, "rawops graph us": us_ours_graph, "rawops 3xTF32 us": us_tf32,
+                     "rawops streaming us": us_streaming,
+                     "torch eager us": us_eager, "torch graph us": us_graph,
+                     "x eager": speedup, "x graph": us_graph / us_ours, "rawops TFLOP/s": flops / us_ours / 1e6,
+                     "compute floor us": flops / (FP32_PEAK_TFLOPS if dtype == torch.float32 else 990.0) / 1e6,
+                     "memory floor us": moved / ceiling / 1e6, "rel error vs f64": error,
+                     "target x eager": target if target else "-",
+                     "meets target": (speedup >= target) if target else "-"})
+        r = rows[-1]
+        print(f"{r['network']:24s} batch {batch:8d} {mode:8s}: rawops {us_ours:9.1f} us (graph {us_ours_graph:7.1f}) | eager {us_eager:9.1f} us | "
+              f"graph {us_graph:9.1f} us | {speedup:5.2f}x eager | {r['rawops TFLOP/s']:6.1f} TFLOP/s | "
+              f"err {error:.2g}", flush=True)
     return rows
 
 
@@ -77,15 +131,25 @@ def main():
     out_dir, ceiling = started
     from rawops import torch_adapter as ta
 
-    rows = device_rows(ta, ceiling)
-    header = ["batch", "rawops us", "torch eager us", "torch graph us", "x eager", "x graph", "rawops TFLOP/s",
-              "FFMA floor us", "memory floor us", "rel error vs f64", "meets target"]
+    rows = []
+    for batch in (32, 1 << 20):
+        # forward+backward bytes: x, y, dy and the two kept activations written and read back
+        rows += _rows(ta, "seed", (100, 128, 64, 10), torch.float32, batch, ceiling, SEED_FLOPS, SEED_BWD_FLOPS,
+                      SEED_BYTES, 4 * (100 + 10 + 10 + 2 * 192 + 100), True)
+    rows += _rows(ta, "tc", TC_SIZES, torch.float16, 1 << 20, ceiling, TC_FLOPS, 2 * TC_FLOPS - 2 * 64 * 64,
+                  2 * (64 + 64), 2 * (64 + 64 + 64 + 64), True)
+    header = ["network", "batch", "pass", "rawops us", "rawops graph us", "rawops 3xTF32 us", "rawops streaming us",
+              "torch eager us", "torch graph us", "x eager", "x graph",
+              "rawops TFLOP/s", "compute floor us", "memory floor us", "rel error vs f64", "target x eager",
+              "meets target"]
     text = write_results(out_dir, "mlp", "python bench/bench_mlp.py", [
-        ("Source network 100-128-64-10, float32 forward", header, rows,
+        ("fused_mlp against torch nn.Sequential", header, rows,
          {"copy ceiling TB/s": round(ceiling, 3),
-          "targets": ">= 5x torch eager at batch 32, >= 2x at 2^20",
-          "floors": f"FFMA peak {FP32_PEAK_TFLOPS} TFLOP/s (42,752 FLOPs per sample); memory 440 B per sample at "
-                    "the copy ceiling"}),
+          "targets": "source network f32: >= 5x eager at batch 32, >= 2x at 2^20 (forward); 64-wide 4-hidden f16 "
+                     "at 2^20: >= 5x eager forward, >= 3x eager forward+backward",
+          "floors": f"compute: float32 at the FFMA peak {FP32_PEAK_TFLOPS} TFLOP/s, float16 at ~990 TFLOP/s dense "
+                    "tensor cores; memory: x and y once (forward), plus dy and x again (f16 forward+backward) or "
+                    "the kept activations written and read (f32), at the copy ceiling"}),
     ])
     print(text)
     return 0

@@ -49,7 +49,8 @@ __device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cas
 __device__ __forceinline__ void seed_mlp_fwd(const float* __restrict__ x, const float* __restrict__ w1,
                                              const float* __restrict__ b1, const float* __restrict__ w2,
                                              const float* __restrict__ b2, const float* __restrict__ w3,
-                                             const float* __restrict__ b3, float* __restrict__ y, int64_t batch,
+                                             const float* __restrict__ b3, float* __restrict__ y,
+                                             float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch,
                                              int64_t flags) {
   // h: layer 1's output transposed, [128 units][64 samples]; then layer 2's, [64][64].
   __shared__ __align__(16) float h[kH1 * kTile];
@@ -98,6 +99,17 @@ __device__ __forceinline__ void seed_mlp_fwd(const float* __restrict__ x, const 
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(xv[i], wv[j], acc[i][j]);
     }
   }
+  if (h1s != nullptr) {  // training: keep relu(layer 1) per sample for the backward ([batch][128])
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t sample = first + (i < 4 ? ts * 4 + i : 32 + ts * 4 + i - 4);
+      if (sample < batch) {
+        float* row = h1s + sample * kH1;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) row[j < 4 ? tu * 4 + j : 64 + tu * 4 + j - 4] = relu(acc[i][j]);
+      }
+    }
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {  // h[unit][sample], four samples per float4 store
     const int u = j < 4 ? tu * 4 + j : 64 + tu * 4 + j - 4;
@@ -134,6 +146,16 @@ __device__ __forceinline__ void seed_mlp_fwd(const float* __restrict__ x, const 
       for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc2[i][j] = fmaf(hv[i], wv[j], acc2[i][j]);
+    }
+  }
+  if (h2s != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t sample = first + (i < 4 ? ts * 4 + i : 32 + ts * 4 + i - 4);
+      if (sample < batch) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) h2s[sample * kH2 + tu * 4 + j] = relu(acc2[i][j]);
+      }
     }
   }
   __syncthreads();  // every thread is done reading layer 1's h and the last W2 chunk
@@ -184,6 +206,1014 @@ __device__ __forceinline__ void seed_mlp_fwd(const float* __restrict__ x, const 
 #endif
 extern "C" __global__ void __launch_bounds__(rawops::kThreads, RAWOPS_SEED_MIN_BLOCKS)
     seed_mlp_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
-                     const float* w3, const float* b3, float* y, long long batch, long long flags) {
-  rawops::seed_mlp_fwd(x, w1, b1, w2, b2, w3, b3, y, batch, flags);
+                     const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                     long long flags) {
+  rawops::seed_mlp_fwd(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags);
 }
+
+// =====================================================================================
+// Small batches of the source network: seed_mlp_small_fwd_f32.
+// The tiled kernel above gives one block all of a small batch (batch 32: one block, 60 us,
+// latency-bound on its ten staged weight chunks). Here a block of 8 warps takes
+// kSmallTile = 2 samples, so a batch of 32 spreads over 16 SMs; each warp owns units and
+// reads their weight rows straight from L2 (coalesced: lane k reads W[u][k + 32 i]), the
+// partial dot products summed by a fixed butterfly (deterministic). Three barriers in all.
+// =====================================================================================
+namespace rawops {
+namespace {
+
+constexpr int kSmallTile = 2;
+constexpr int kSmallThreads = 256;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+// A warp's share of one dense layer for kSmallTile samples: units u = warp + 8 j (j <
+// kUnitsPerWarp, u < kN), lane k reading W[u][k + 32 i]. Every weight and bias of the warp's
+// units is loaded into registers at the kernel's start (Weights::load), so the three layers
+// pay one L2 latency together instead of one each.
+template <int kK, int kN, int kUnitsPerWarp> struct SmallWeights {
+  static constexpr int kSteps = (kK + 31) / 32;
+  float w[kUnitsPerWarp][kSteps];
+  float b[kUnitsPerWarp];
+  __device__ __forceinline__ void load(const float* __restrict__ W, const float* __restrict__ B, int warp, int lane) {
+#pragma unroll
+    for (int j = 0; j < kUnitsPerWarp; ++j) {
+      const int u = warp + 8 * j;
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i) {
+        const int k = lane + 32 * i;
+        w[j][i] = (u < kN && k < kK) ? __ldg(W + u * kK + k) : 0.f;
+      }
+      b[j] = u < kN ? __ldg(B + u) : 0.f;
+    }
+  }
+  // out[s][u] = act(b[u] + sum_k in[s][k] w[u][k]) (in/out in shared memory; partial dot
+  // products summed by a fixed butterfly: deterministic).
+  __device__ __forceinline__ void apply(const float* __restrict__ in, float* __restrict__ out,
+                                        float* __restrict__ save, int64_t first, int64_t batch, bool relu_out,
+                                        float* __restrict__ y_global, int warp, int lane) const {
+    float acc[kUnitsPerWarp][kSmallTile];
+#pragma unroll
+    for (int j = 0; j < kUnitsPerWarp; ++j)
+#pragma unroll
+      for (int s = 0; s < kSmallTile; ++s) {
+        acc[j][s] = 0.f;
+#pragma unroll
+        for (int i = 0; i < kSteps; ++i) {
+          const int k = lane + 32 * i;
+          if (k < kK) acc[j][s] = fmaf(in[s * kK + k], w[j][i], acc[j][s]);
+        }
+      }
+#pragma unroll
+    for (int j = 0; j < kUnitsPerWarp; ++j) {
+      const int u = warp + 8 * j;
+#pragma unroll
+      for (int s = 0; s < kSmallTile; ++s) {
+        const float v = warp_sum(acc[j][s]);
+        if (u < kN && lane == s) {
+          float r = v + b[j];
+          if (relu_out) r = relu(r);
+          const int64_t sample = first + s;
+          if (out != nullptr) out[s * kN + u] = r;
+          if (sample < batch) {
+            if (save != nullptr) save[sample * kN + u] = r;
+            if (y_global != nullptr) y_global[sample * kN + u] = r;
+          }
+        }
+      }
+    }
+  }
+};
+
+__device__ __forceinline__ void seed_mlp_small_fwd(const float* __restrict__ x, const float* __restrict__ w1,
+                                                   const float* __restrict__ b1, const float* __restrict__ w2,
+                                                   const float* __restrict__ b2, const float* __restrict__ w3,
+                                                   const float* __restrict__ b3, float* __restrict__ y,
+                                                   float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch,
+                                                   int64_t flags) {
+  __shared__ float xs[kSmallTile * kIn];
+  __shared__ float h1[kSmallTile * kH1];
+  __shared__ float h2[kSmallTile * kH2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t first = int64_t(blockIdx.x) * kSmallTile;
+  SmallWeights<kIn, kH1, kH1 / 8> l1;
+  SmallWeights<kH1, kH2, kH2 / 8> l2;
+  SmallWeights<kH2, kOut, 2> l3;
+  l1.load(w1, b1, warp, lane);
+  l2.load(w2, b2, warp, lane);
+  l3.load(w3, b3, warp, lane);
+  for (int e = threadIdx.x; e < kSmallTile * kIn; e += kSmallThreads) {
+    const int s = e / kIn;
+    xs[e] = first + s < batch ? __ldg(x + first * kIn + e) : 0.f;
+  }
+  __syncthreads();
+  l1.apply(xs, h1, h1s, first, batch, true, nullptr, warp, lane);
+  __syncthreads();
+  l2.apply(h1, h2, h2s, first, batch, true, nullptr, warp, lane);
+  __syncthreads();
+  l3.apply(h2, nullptr, nullptr, first, batch, (flags & 1) != 0, y, warp, lane);
+}
+
+// =====================================================================================
+// Float32 backward building blocks (SIMT, exact float32 FMA), used by the source network.
+//   mlp_dgrad_f32: out[b][k] = (sum_n G'[b][n] W[n][k]) * (H == null || H[b][k] > 0)
+//     with G' = G * (Gm == null || Gm[b][n] > 0): one step of the chain g_{l-1} = (g_l W_l)
+//     masked by relu'(z_{l-1}), read off the kept post-ReLU activation (h > 0 iff z > 0).
+//   mlp_wgrad_f32: per chunk of rows, P[n][k] = sum_b G'[b][n] A[b][k] and sum_b G'[b][n],
+//     written to a float32 workspace; mlp_wgrad_reduce_* adds the chunks in chunk order
+//     (deterministic, no atomics) into dW and db.
+// =====================================================================================
+constexpr int kDgradRows = 64, kDgradChunk = 32, kGradThreads = 256;
+
+__device__ __forceinline__ float masked(float v, const float* m, int64_t i) {
+  return (m == nullptr || m[i] > 0.f) ? v : 0.f;
+}
+
+template <int kKJ>
+__device__ __forceinline__ void dgrad_f32_tile(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ W, const float* __restrict__ H,
+                                          float* __restrict__ out, int64_t batch, int N, int K,
+                                          float (*gs)[kDgradChunk + 1], float (*ws)[128]) {
+  const int t = threadIdx.x, rg = t / 16, kg = t % 16;
+  const int64_t row0 = int64_t(blockIdx.x) * kDgradRows;
+  float acc[4][kKJ];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) acc[i][j] = 0.f;
+  for (int n0 = 0; n0 < N; n0 += kDgradChunk) {
+    // Every load of the step in flight before the barrier, then the stores.
+    constexpr int kG = kDgradRows * kDgradChunk / kGradThreads, kW = kDgradChunk * 128 / kGradThreads;
+    float gl[kG], wl[kW];
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      const int e = t + i * kGradThreads, r = e / kDgradChunk, n = e % kDgradChunk;
+      const int64_t row = row0 + r, idx = row * N + n0 + n;
+      gl[i] = (row < batch && n0 + n < N) ? masked(G[idx], Gm, idx) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const int e = t + i * kGradThreads, n = e / 128, k = e % 128;
+      wl[i] = (n0 + n < N && k < K) ? __ldg(W + (n0 + n) * K + k) : 0.f;
+    }
+    __syncthreads();  // the previous step is consumed
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      const int e = t + i * kGradThreads;
+      gs[e / kDgradChunk][e % kDgradChunk] = gl[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const int e = t + i * kGradThreads;
+      ws[e / 128][e % 128] = wl[i];
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int n = 0; n < kDgradChunk; ++n) {
+      float gv[4], wv[kKJ];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) gv[i] = gs[rg + 16 * i][n];
+#pragma unroll
+      for (int j = 0; j < kKJ; ++j) wv[j] = ws[n][kg + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < kKJ; ++j) acc[i][j] = fmaf(gv[i], wv[j], acc[i][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = row0 + rg + 16 * i;
+    if (row >= batch) continue;
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) {
+      const int k = kg + 16 * j;
+      if (k < K) out[row * K + k] = masked(acc[i][j], H, row * K + k);
+    }
+  }
+}
+
+__device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ W, const float* __restrict__ H,
+                                          float* __restrict__ out, int64_t batch, int N, int K) {
+  __shared__ float gs[kDgradRows][kDgradChunk + 1];
+  __shared__ __align__(16) float ws[kDgradChunk][128];
+  if (K <= 64)
+    dgrad_f32_tile<4>(G, Gm, W, H, out, batch, N, K, gs, ws);
+  else if (K <= 112)
+    dgrad_f32_tile<7>(G, Gm, W, H, out, batch, N, K, gs, ws);
+  else
+    dgrad_f32_tile<8>(G, Gm, W, H, out, batch, N, K, gs, ws);
+}
+
+constexpr int kWgradRows = 32;
+
+// Activation codes shared by the kernels and rawops/mlp.py.
+constexpr int kActNone = 0, kActRelu = 1, kActGelu = 2;
+
+__device__ __forceinline__ float activate(float v, int a) {
+  if (a == kActRelu) return relu(v);
+  if (a == kActGelu) return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+  return v;
+}
+
+__device__ __forceinline__ float activate_grad(float z, int a) {
+  if (a == kActRelu) return z > 0.f ? 1.f : 0.f;
+  if (a == kActGelu) return 0.5f * (1.f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * __expf(-0.5f * z * z);
+  return 1.f;
+}
+
+template <int kNI, int kKJ>
+__device__ __forceinline__ void wgrad_f32_tile(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ A, float* __restrict__ ws, int64_t batch, int N,
+                                          int K, int k_p, int64_t db_offset, int64_t stride, int a_act,
+                                          int64_t rows_per_chunk,
+                                               float (*gs)[129], float (*as)[129]) {
+  const int t = threadIdx.x, ng = t / 16, kg = t % 16;
+  const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
+  float acc[kNI][kKJ];
+#pragma unroll
+  for (int i = 0; i < kNI; ++i)
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) acc[i][j] = 0.f;
+  float db = 0.f;
+  for (int64_t r0 = begin; r0 < end; r0 += kWgradRows) {
+    // Every load of the step in flight before the barrier, then the stores (N, K <= 128).
+    constexpr int kL = kWgradRows * 128 / kGradThreads;
+    float gl[kL], al[kL];
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      const int e = t + i * kGradThreads;
+      gl[i] = al[i] = 0.f;
+      if (e < kWgradRows * N) {
+        const int r = e / N, n = e % N;
+        const int64_t idx = (r0 + r) * N + n;
+        if (r0 + r < end) gl[i] = masked(G[idx], Gm, idx);
+      }
+      if (e < kWgradRows * K) {
+        const int r = e / K, k = e % K;
+        if (r0 + r < end) al[i] = A[(r0 + r) * K + k];
+      }
+    }
+    __syncthreads();  // the previous step is consumed
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      const int e = t + i * kGradThreads;
+      if (e < kWgradRows * N) gs[e / N][e % N] = gl[i];
+      if (e < kWgradRows * K) as[e / K][e % K] = activate(al[i], a_act);
+    }
+    __syncthreads();
+    if (t < N)
+      for (int r = 0; r < kWgradRows; ++r) db += gs[r][t];
+#pragma unroll 2
+    for (int r = 0; r < kWgradRows; ++r) {
+      float gv[kNI], av[kKJ];
+#pragma unroll
+      for (int i = 0; i < kNI; ++i) gv[i] = gs[r][ng + 16 * i];
+#pragma unroll
+      for (int j = 0; j < kKJ; ++j) av[j] = as[r][kg + 16 * j];
+#pragma unroll
+      for (int i = 0; i < kNI; ++i)
+#pragma unroll
+        for (int j = 0; j < kKJ; ++j) acc[i][j] = fmaf(gv[i], av[j], acc[i][j]);
+    }
+  }
+  float* part = ws + int64_t(blockIdx.x) * stride;
+#pragma unroll
+  for (int i = 0; i < kNI; ++i) {
+    const int n = ng + 16 * i;
+    if (n >= N) continue;
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) {
+      const int k = kg + 16 * j;
+      if (k < K) part[n * k_p + k] = acc[i][j];
+    }
+  }
+  if (t < N) part[db_offset + t] = db;
+}
+
+// The thread tile fitted to the layer (a thread holds n = ng + 16 i, k = kg + 16 j): the
+// source network's 128x100, 64x128 and 10x64 gradients, and 128x128 for anything else.
+__device__ __forceinline__ void wgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ A, float* __restrict__ ws, int64_t batch, int N,
+                                          int K, int k_p, int64_t db_offset, int64_t stride, int a_act,
+                                          int64_t rows_per_chunk) {
+  __shared__ float gs[kWgradRows][129];
+  __shared__ float as[kWgradRows][129];
+  if (N <= 16 && K <= 64)
+    wgrad_f32_tile<1, 4>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+  else if (N <= 64)
+    wgrad_f32_tile<4, 8>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+  else if (K <= 112)
+    wgrad_f32_tile<8, 7>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+  else
+    wgrad_f32_tile<8, 8>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+}
+
+template <typename T>
+__device__ __forceinline__ void wgrad_reduce(const float* __restrict__ ws, int64_t chunks, int64_t stride, int N,
+                                             int K, int k_p, int64_t db_offset, T* __restrict__ dw,
+                                             T* __restrict__ db) {
+  const int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nk = int64_t(N) * K;
+  if (e >= nk + (db != nullptr ? N : 0)) return;
+  int64_t src;
+  if (e < nk) {
+    const int n = int(e / K), k = int(e % K);
+    src = int64_t(n) * k_p + k;
+  } else {
+    src = db_offset + (e - nk);
+  }
+  float s = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) s += ws[c * stride + src];
+  if (e < nk) dw[e] = from_float<T>(s);
+  else db[e - nk] = from_float<T>(s);
+}
+
+}  // namespace
+}  // namespace rawops
+
+extern "C" __global__ void __launch_bounds__(rawops::kSmallThreads)
+    seed_mlp_small_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                           const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                           long long flags) {
+  rawops::seed_mlp_small_fwd(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
+    mlp_dgrad_bwd_f32(const float* G, const float* Gm, const float* W, const float* H, float* out, long long batch,
+                      long long N, long long K) {
+  rawops::dgrad_f32(G, Gm, W, H, out, batch, int(N), int(K));
+}
+
+extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
+    mlp_wgrad_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch, long long N,
+                      long long K, long long k_p, long long db_offset, long long stride, long long a_act,
+                      long long rows_per_chunk) {
+  rawops::wgrad_f32(G, Gm, A, ws, batch, int(N), int(K), int(k_p), db_offset, stride, int(a_act), rows_per_chunk);
+}
+
+#define RAWOPS_REDUCE(suffix, T)                                                                              \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      mlp_wgrad_reduce_bwd_##suffix(const float* ws, long long chunks, long long stride, long long N,         \
+                                    long long K, long long k_p, long long db_offset, T* dw, T* db) {          \
+    rawops::wgrad_reduce<T>(ws, chunks, stride, int(N), int(K), int(k_p), db_offset, dw, db);                \
+  }
+RAWOPS_REDUCE(f32, float)
+RAWOPS_REDUCE(f16, __half)
+RAWOPS_REDUCE(bf16, __nv_bfloat16)
+
+// =====================================================================================
+// tiny-cuda-nn-style networks in float16 / bfloat16 on tensor cores (WMMA 16x16x16,
+// float32 accumulation): tc_mlp_fwd_<dtype>, tc_mlp_bwd_<dtype>, tc_mlp_wgrad_bwd_<dtype>.
+//   sizes: n_in in 1..128 (zero-padded to a multiple of 16), `hidden` layers (1..8) of one
+//   width (16, 32, 64 or 128), n_out in 1..128; weights in nn.Linear layout [out][in].
+// Forward: one block of 8 warps per tile of 128 samples; warp w owns rows 16w..16w+15 of
+// the tile for the whole network, so the activations stay in its shared-memory rows (never
+// in device memory) and only the weight loads need the block's barriers (2 per layer).
+// Training (save != null) also writes each hidden layer's pre-activation z ([hidden][batch]
+// [width], dtype T): the backward keeps them instead of recomputing the forward, because
+// at these widths the network is memory-bound and the recompute would read x and every
+// weight again and redo every layer; z gives both act'(z) and act(z) (GELU needs z).
+// Backward chain (tc_mlp_bwd): same tile walk in reverse, g_{l-1} = (g_l W_l) * act'(z_{l-1}),
+// each g written to a workspace for the weight gradients, dx = g_0 W_0 when asked.
+// Weight gradients (tc_mlp_wgrad_bwd): per chunk of rows, dW_l partial = g_l^T a_l on tensor
+// cores and db_l partial = column sums, to a float32 workspace; mlp_wgrad_reduce_bwd_* adds
+// the chunks in order. Deterministic, no atomics.
+// =====================================================================================
+#include <mma.h>
+
+namespace rawops {
+namespace {
+
+constexpr int kTcWarps = 8, kTcThreads = 32 * kTcWarps, kTcRows = 16 * kTcWarps;
+constexpr int kTcMaxLayers = 9;
+constexpr int kWgradTcRows = 64;
+
+__host__ __device__ constexpr int round16(int v) { return (v + 15) / 16 * 16; }
+
+// dst[r][c] (r < rows_total, c < cols_p; row stride ld) = f(src[r][c]) for r < rows_valid,
+// c < cols, else 0; f: optional mask m (value kept where m > 0) then activation a. Done by
+// `nthreads` threads (a block, or one warp for its own rows), four loads in flight per
+// thread before any store (a loop of load-then-store pays one memory latency per element).
+template <typename T>
+__device__ __forceinline__ void load_rows(T* __restrict__ dst, int ld, const T* __restrict__ src, int64_t stride,
+                                          int rows_valid, int rows_total, int cols, int cols_p,
+                                          const T* __restrict__ m, int a, int tid, int nthreads) {
+  constexpr int kV = 16 / sizeof(T), kBatch = 4;
+  const bool vec = cols % kV == 0 && stride % kV == 0 && (reinterpret_cast<size_t>(src) % 16) == 0 &&
+                   (m == nullptr || (reinterpret_cast<size_t>(m) % 16) == 0);
+  if (vec) {
+    const int per_row = cols_p / kV, total = rows_total * per_row;
+    for (int base = tid; base < total; base += kBatch * nthreads) {
+      Vec16<T> v[kBatch], mv[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int e = base + i * nthreads;
+        const int r = e / per_row, c = (e % per_row) * kV;
+        if (e < total && r < rows_valid && c < cols) {
+          v[i] = load16(src + r * stride + c);
+          if (m != nullptr) mv[i] = load16(m + r * stride + c);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kV; ++j) v[i].v[j] = from_float<T>(0.f);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int e = base + i * nthreads;
+        if (e >= total) break;
+        const int r = e / per_row, c = (e % per_row) * kV;
+        if ((m != nullptr || a != kActNone) && r < rows_valid && c < cols) {
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            float f = to_float(v[i].v[j]);
+            if (m != nullptr && !(to_float(mv[i].v[j]) > 0.f)) f = 0.f;
+            v[i].v[j] = from_float<T>(activate(f, a));
+          }
+        }
+        *reinterpret_cast<Vec16<T>*>(dst + r * ld + c) = v[i];
+      }
+    }
+  } else {
+    const int total = rows_total * cols_p;
+    for (int base = tid; base < total; base += kBatch * nthreads) {
+      float f[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int e = base + i * nthreads;
+        const int r = e / cols_p, c = e % cols_p;
+        f[i] = 0.f;
+        if (e < total && r < rows_valid && c < cols) {
+          f[i] = to_float(src[r * stride + c]);
+          if (m != nullptr && !(to_float(m[r * stride + c]) > 0.f)) f[i] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int e = base + i * nthreads;
+        if (e >= total) break;
+        const int r = e / cols_p, c = e % cols_p;
+        dst[r * ld + c] = from_float<T>(activate(f[i], a));
+      }
+    }
+  }
+}
+
+struct TcShape {
+  int n_in, width, n_out, hidden, layers;
+  int act_ld, w_ld;
+  __device__ TcShape(int n_in_, int width_, int n_out_, int hidden_)
+      : n_in(n_in_), width(width_), n_out(n_out_), hidden(hidden_), layers(hidden_ + 1) {
+    const int in_p = round16(n_in), out_p = round16(n_out);
+    const int p = max(max(in_p, width), out_p);
+    act_ld = p + 8;
+    w_ld = max(in_p, width) + 8;
+  }
+  __device__ int in_of(int l) const { return l == 0 ? n_in : width; }
+  __device__ int out_of(int l) const { return l == layers - 1 ? n_out : width; }
+  // Resident kernels: layer l's weights start this many elements into the weight area.
+  __device__ int w_offset(int l) const { return l == 0 ? 0 : (round16(width) * (l - 1) + width) * w_ld; }
+};
+
+// Shared memory of the tile kernels (rawops/mlp.py computes the same): float scratch (256 per
+// warp), 128 float biases per layer held (one when streaming, all when resident), the
+// activation tile [128][act_ld] and the weights: one layer [max(width, out_p)][w_ld] when
+// streaming, every layer stacked ([out_p of layer l][w_ld] at w_offset(l)) when resident.
+template <typename T> struct TcSmem {
+  float* scratch;
+  float* bias;
+  T* act;
+  T* w;
+  __device__ TcSmem(unsigned char* base, const TcShape& s, int bias_layers) {
+    scratch = reinterpret_cast<float*>(base);
+    bias = scratch + kTcWarps * 256;
+    act = reinterpret_cast<T*>(bias + 128 * bias_layers);
+    w = act + kTcRows * s.act_ld;
+  }
+};
+
+template <typename T, typename LayoutB>
+using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, LayoutB>;
+template <typename T, typename LayoutA>
+using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, LayoutA>;
+using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+// std::conditional without <type_traits> (NVRTC, the fallback compiler, lacks it).
+template <bool kRowMajor> struct PickLayout { using type = nvcuda::wmma::col_major; };
+template <> struct PickLayout<true> { using type = nvcuda::wmma::row_major; };
+
+// acc[nf] (nf < n_p / 16) = act rows of this warp (16 x k_p) times B; B[k][n] at
+// w[n * w_ld + k] (forward: the weight W[o][i], k = i) or w[k * w_ld + n] (backward: k = o).
+template <typename T, bool kTransposed, int kNF>
+__device__ __forceinline__ void warp_gemm(FragC (&acc)[kNF], const T* a, int a_ld, const T* w, int w_ld, int k_p,
+                                          int n_p) {
+  using namespace nvcuda;
+  using LayoutB = typename PickLayout<kTransposed>::type;
+#pragma unroll
+  for (int nf = 0; nf < kNF; ++nf) wmma::fill_fragment(acc[nf], 0.f);
+  for (int kf = 0; kf < k_p / 16; ++kf) {
+    FragA<T, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + kf * 16, a_ld);
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf) {
+      if (nf * 16 < n_p) {
+        FragB<T, LayoutB> fb;
+        wmma::load_matrix_sync(fb, kTransposed ? w + kf * 16 * w_ld + nf * 16 : w + nf * 16 * w_ld + kf * 16, w_ld);
+        wmma::mma_sync(acc[nf], fa, fb, acc[nf]);
+      }
+    }
+  }
+}
+
+// Writes 8 values (one row segment of a 16x16 fragment) to row `row`, columns c..c+7 of a
+// [*][cols] array, 16-byte store when the segment is whole and aligned.
+template <typename T>
+__device__ __forceinline__ void store_segment(T* base, int64_t row, int cols, int c, const float (&v)[8]) {
+  T* p = base + row * cols + c;
+  if (c + 8 <= cols && (reinterpret_cast<size_t>(p) % 16) == 0 && sizeof(T) == 2) {
+    Vec16<T> out;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out.v[j] = from_float<T>(v[j]);
+    *reinterpret_cast<Vec16<T>*>(p) = out;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (c + j < cols) p[j] = from_float<T>(v[j]);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void load_layer(T* w, float* bias, const TcShape& s, const T* W, const T* B, int l) {
+  const int in_l = s.in_of(l), out_l = s.out_of(l);
+  load_rows<T>(w, s.w_ld, W, in_l, out_l, round16(out_l), in_l, round16(in_l), nullptr, kActNone, threadIdx.x,
+               blockDim.x);
+  if (bias != nullptr)
+    for (int t = threadIdx.x; t < 128; t += blockDim.x) bias[t] = (B != nullptr && t < out_l) ? to_float(B[t]) : 0.f;
+}
+
+// One forward layer for one warp's 16 rows (global rows row0..row0+15) held in `a`: the
+// outputs overwrite the inputs in place (hidden layers), or go to y (last layer).
+template <typename T, int kNF>
+__device__ __forceinline__ void fwd_layer(const TcShape& s, int l, T* a, const T* w, const float* bias,
+                                          float* scratch, int64_t row0, int64_t batch, T* y, T* save, int act,
+                                          int out_act) {
+  using namespace nvcuda;
+  const int lane = threadIdx.x % 32, r = lane / 2, c0 = (lane % 2) * 8;
+  const int64_t row = row0 + r;
+  const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
+  FragC acc[kNF];
+  warp_gemm<T, false, kNF>(acc, a, s.act_ld, w, s.w_ld, in_p, out_p);
+  __syncwarp();  // every lane has read its rows: the outputs may overwrite them
+  const bool last = l == s.layers - 1;
+#pragma unroll
+  for (int nf = 0; nf < kNF; ++nf) {
+    if (nf * 16 >= out_p) break;
+    wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
+    __syncwarp();
+    float v[8], h[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[j] = scratch[r * 16 + c0 + j] + bias[nf * 16 + c0 + j];
+      h[j] = activate(v[j], last ? out_act : act);
+    }
+    if (!last) {
+      if (save != nullptr && row < batch)
+        store_segment<T>(save + int64_t(l) * batch * s.width, row, s.width, nf * 16 + c0, v);
+      Vec16<T> hv;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) hv.v[j] = from_float<T>(h[j]);
+      *reinterpret_cast<Vec16<T>*>(a + r * s.act_ld + nf * 16 + c0) = hv;
+    } else if (row < batch) {
+      store_segment<T>(y, row, s.n_out, nf * 16 + c0, h);
+    }
+    __syncwarp();
+  }
+}
+
+// One backward layer for one warp's rows: g_l in `a` ([16][out_p]) becomes
+// g_{l-1} = (g_l W_l) * act'(z_{l-1}) in place (written to gws too), or dx for l = 0.
+template <typename T, int kNF>
+__device__ __forceinline__ void bwd_layer(const TcShape& s, int l, T* a, const T* w, float* scratch, int64_t row0,
+                                          int64_t batch, const T* save, T* gws, T* dx, int act) {
+  using namespace nvcuda;
+  const int lane = threadIdx.x % 32, r = lane / 2, c0 = (lane % 2) * 8;
+  const int64_t row = row0 + r;
+  const int in_p = round16(s.in_of(l)), out_p = round16(s.out_of(l));
+  const int64_t base = l > 0 ? int64_t(l - 1) * batch * s.width : 0;
+  Vec16<T> zv[kNF];  // z_{l-1} of this lane's row segments, fetched before the product
+  if (l > 0 && row < batch) {
+#pragma unroll
+    for (int nf = 0; nf < kNF; ++nf)
+      if (nf * 16 < in_p) zv[nf] = load16(save + base + row * s.width + nf * 16 + c0);
+  }
+  FragC acc[kNF];
+  warp_gemm<T, true, kNF>(acc, a, s.act_ld, w, s.w_ld, out_p, in_p);
+  __syncwarp();
+#pragma unroll
+  for (int nf = 0; nf < kNF; ++nf) {
+    if (nf * 16 >= in_p) break;
+    wmma::store_matrix_sync(scratch, acc[nf], 16, wmma::mem_row_major);
+    __syncwarp();
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = scratch[r * 16 + c0 + j];
+    if (l > 0) {
+      if (row < batch) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] *= activate_grad(to_float(zv[nf].v[j]), act);
+        store_segment<T>(gws + base, row, s.width, nf * 16 + c0, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = 0.f;
+      }
+      Vec16<T> gv;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) gv.v[j] = from_float<T>(v[j]);
+      *reinterpret_cast<Vec16<T>*>(a + r * s.act_ld + nf * 16 + c0) = gv;
+    } else if (row < batch) {
+      store_segment<T>(dx, row, s.n_in, nf * 16 + c0, v);
+    }
+    __syncwarp();
+  }
+}
+
+constexpr int kResident = 16;  // flags bit: weights resident in shared memory, persistent warps
+
+// Streaming: one block per 128-row tile, each layer's weights loaded in turn (2 barriers per
+// layer); for networks whose weights do not fit in shared memory at once.
+// Resident: every layer's weights loaded once per block; then each warp loops over 16-row
+// tiles (tile = global warp, + all warps of the grid) with no block barrier at all.
+template <typename T, int kNF>
+__device__ void tc_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restrict__ save, const T* const* W,
+                       const T* const* B, int64_t batch, int n_in, int width, int n_out, int hidden, int flags) {
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  const TcShape s(n_in, width, n_out, hidden);
+  const bool resident = (flags & kResident) != 0;
+  const TcSmem<T> sm(tc_smem, s, resident ? s.layers : 1);
+  const int act = flags & 3, out_act = (flags >> 2) & 3;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  T* a = sm.act + warp * 16 * s.act_ld;
+  float* scratch = sm.scratch + warp * 256;
+  if (resident) {
+    for (int l = 0; l < s.layers; ++l) load_layer<T>(sm.w + s.w_offset(l), sm.bias + 128 * l, s, W[l], B[l], l);
+    __syncthreads();
+    const int64_t tiles = (batch + 15) / 16;
+    for (int64_t tile = int64_t(blockIdx.x) * kTcWarps + warp; tile < tiles; tile += int64_t(gridDim.x) * kTcWarps) {
+      const int64_t row0 = tile * 16;
+      const int rows_valid = int(batch - row0 < 16 ? batch - row0 : 16);
+      load_rows<T>(a, s.act_ld, x + row0 * n_in, n_in, rows_valid, 16, n_in, round16(n_in), nullptr, kActNone, lane, 32);
+      __syncwarp();
+      for (int l = 0; l < s.layers; ++l)
+        fwd_layer<T, kNF>(s, l, a, sm.w + s.w_offset(l), sm.bias + 128 * l, scratch, row0, batch, y, save, act, out_act);
+    }
+    return;
+  }
+  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
+  const int rows_valid = int(batch - row0 < kTcRows ? batch - row0 : kTcRows);
+  load_rows<T>(sm.act, s.act_ld, x + row0 * n_in, n_in, rows_valid, kTcRows, n_in, round16(n_in), nullptr, kActNone,
+               threadIdx.x, blockDim.x);
+  for (int l = 0; l < s.layers; ++l) {
+    __syncthreads();  // x loaded (l = 0); every warp done with the previous layer's weights
+    load_layer<T>(sm.w, sm.bias, s, W[l], B[l], l);
+    __syncthreads();
+    fwd_layer<T, kNF>(s, l, a, sm.w, sm.bias, scratch, row0 + warp * 16, batch, y, save, act, out_act);
+  }
+}
+
+template <typename T, int kNF>
+__device__ void tc_bwd(const T* __restrict__ dy, const T* __restrict__ y, const T* __restrict__ save,
+                       T* __restrict__ gws, T* __restrict__ dx, const T* const* W, int64_t batch, int n_in, int width,
+                       int n_out, int hidden, int flags) {
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  const TcShape s(n_in, width, n_out, hidden);
+  const bool resident = (flags & kResident) != 0;
+  const TcSmem<T> sm(tc_smem, s, resident ? s.layers : 1);
+  const int act = flags & 3, out_act = (flags >> 2) & 3;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int last = dx == nullptr ? 1 : 0;  // the lowest layer walked: 0 computes dx
+  T* a = sm.act + warp * 16 * s.act_ld;
+  float* scratch = sm.scratch + warp * 256;
+  if (resident) {
+    for (int l = last; l < s.layers; ++l) load_layer<T>(sm.w + s.w_offset(l), nullptr, s, W[l], nullptr, l);
+    __syncthreads();
+    const int64_t tiles = (batch + 15) / 16;
+    for (int64_t tile = int64_t(blockIdx.x) * kTcWarps + warp; tile < tiles; tile += int64_t(gridDim.x) * kTcWarps) {
+      const int64_t row0 = tile * 16;
+      const int rows_valid = int(batch - row0 < 16 ? batch - row0 : 16);
+      // g of the last layer: dy, masked by relu'(y) for an output ReLU.
+      load_rows<T>(a, s.act_ld, dy + row0 * n_out, n_out, rows_valid, 16, n_out, round16(n_out),
+                   out_act == kActRelu ? y + row0 * n_out : nullptr, kActNone, lane, 32);
+      __syncwarp();
+      for (int l = s.layers - 1; l >= last; --l)
+        bwd_layer<T, kNF>(s, l, a, sm.w + s.w_offset(l), scratch, row0, batch, save, gws, dx, act);
+    }
+    return;
+  }
+  const int64_t row0 = int64_t(blockIdx.x) * kTcRows;
+  const int rows_valid = int(batch - row0 < kTcRows ? batch - row0 : kTcRows);
+  load_rows<T>(sm.act, s.act_ld, dy + row0 * n_out, n_out, rows_valid, kTcRows, n_out, round16(n_out),
+               out_act == kActRelu ? y + row0 * n_out : nullptr, kActNone, threadIdx.x, blockDim.x);
+  for (int l = s.layers - 1; l >= last; --l) {
+    __syncthreads();
+    load_layer<T>(sm.w, nullptr, s, W[l], nullptr, l);
+    __syncthreads();
+    bwd_layer<T, kNF>(s, l, a, sm.w, scratch, row0 + warp * 16, batch, save, gws, dx, act);
+  }
+}
+
+// Partial weight gradient of one layer over one chunk of rows: ws[chunk] = [n_p][k_p] of
+// sum_b G'[b][n] act(A[b][k]), then n_p column sums of G' at db_offset.
+template <typename T, int kFPW>
+__device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, const T* __restrict__ A,
+                         float* __restrict__ ws, int64_t batch, int N, int K, int64_t db_offset, int64_t stride,
+                         int a_act, int64_t rows_per_chunk) {
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  const int n_p = round16(N), k_p = round16(K);
+  const int g_ld = n_p + 8, a_ld = k_p + 8;
+  T* gs = reinterpret_cast<T*>(tc_smem);
+  T* as = gs + kWgradTcRows * g_ld;
+  const int t = threadIdx.x, warp = t / 32;
+  const int nfc = n_p / 16, kfc = k_p / 16, frags = nfc * kfc;
+  const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
+  FragC acc[kFPW];
+#pragma unroll
+  for (int i = 0; i < kFPW; ++i) wmma::fill_fragment(acc[i], 0.f);
+  float db = 0.f;
+  for (int64_t r0 = begin; r0 < end; r0 += kWgradTcRows) {
+    const int rows = int(end - r0 < kWgradTcRows ? end - r0 : kWgradTcRows);
+    __syncthreads();
+    load_rows<T>(gs, g_ld, G + r0 * N, N, rows, kWgradTcRows, N, n_p, Gm != nullptr ? Gm + r0 * N : nullptr,
+                 kActNone, t, blockDim.x);
+    load_rows<T>(as, a_ld, A + r0 * K, K, rows, kWgradTcRows, K, k_p, nullptr, a_act, t, blockDim.x);
+    __syncthreads();
+    if (t < n_p)
+      for (int rr = 0; rr < kWgradTcRows; ++rr) db += to_float(gs[rr * g_ld + t]);
+#pragma unroll
+    for (int i = 0; i < kFPW; ++i) {
+      const int f = warp + kTcWarps * i;
+      if (f >= frags) break;
+      const int nf = f / kfc, kf = f % kfc;
+#pragma unroll
+      for (int ks = 0; ks < kWgradTcRows / 16; ++ks) {
+        FragA<T, wmma::col_major> fa;
+        FragB<T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fa, gs + ks * 16 * g_ld + nf * 16, g_ld);
+        wmma::load_matrix_sync(fb, as + ks * 16 * a_ld + kf * 16, a_ld);
+        wmma::mma_sync(acc[i], fa, fb, acc[i]);
+      }
+    }
+  }
+  float* part = ws + int64_t(blockIdx.x) * stride;
+#pragma unroll
+  for (int i = 0; i < kFPW; ++i) {
+    const int f = warp + kTcWarps * i;
+    if (f >= frags) break;
+    const int nf = f / kfc, kf = f % kfc;
+    wmma::store_matrix_sync(part + nf * 16 * k_p + kf * 16, acc[i], k_p, wmma::mem_row_major);
+  }
+  if (t < n_p) part[db_offset + t] = db;
+}
+
+}  // namespace
+}  // namespace rawops
+
+// =====================================================================================
+// The source network at large batches on tensor cores, 3xTF32: seed_mlp_tf32_fwd_f32.
+// Each product a*b is computed as a_hi*b_hi + a_hi*b_lo + a_lo*b_hi with hi = tf32(v),
+// lo = tf32(v - hi): float32-level accuracy (~1e-6 relative; the dropped lo*lo term is
+// 2^-22 of the product) at tensor-core rate, float32 accumulation. sm_80+ (TF32 WMMA) with
+// 162 KB of shared memory per block (sm_80, sm_90, sm_100); rawops/mlp.py falls back to the
+// FFMA kernel elsewhere. One block of 8 warps per SM: the weights (transposed nowhere: the
+// [out][in] rows are the col-major B operand) stay resident; each warp loops over 16-sample
+// tiles, its activations in its own 16 rows of shared memory, no block barrier after the
+// weights are loaded.
+// =====================================================================================
+namespace rawops {
+namespace {
+
+constexpr int kTfWarps = 8, kTfThreads = 32 * kTfWarps;
+constexpr int kTfW1Ld = 108, kTfW2Ld = 132, kTfW3Ld = 68, kTfActLd = 132;  // row strides (floats)
+constexpr int kTfK1 = 104;  // layer 1's K, 100 padded to the k-step of 8
+constexpr int kTfW2Off = kH1 * kTfW1Ld, kTfW3Off = kTfW2Off + kH2 * kTfW2Ld, kTfB1Off = kTfW3Off + 16 * kTfW3Ld;
+constexpr int kTfB2Off = kTfB1Off + kH1, kTfB3Off = kTfB2Off + kH2, kTfActOff = kTfB3Off + 16;
+constexpr int kTfSmemFloats = kTfActOff + kTfWarps * 16 * kTfActLd;  // 161,856 bytes
+static_assert(kTfActOff % 8 == 0, "activation rows 32-byte aligned");
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+using TfA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32,
+                                   nvcuda::wmma::row_major>;
+using TfB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, nvcuda::wmma::precision::tf32,
+                                   nvcuda::wmma::col_major>;
+using TfC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
+
+template <typename Frag> __device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) {
+    const float v = hi.x[i];
+    const float h = nvcuda::wmma::__float_to_tf32(v);
+    hi.x[i] = h;
+    lo.x[i] = nvcuda::wmma::__float_to_tf32(v - h);
+  }
+}
+
+// acc[nf] (nf < kN / 16) = a (16 x kK, row stride kTfActLd) times w^T (w: [kN][ld], col-major B).
+template <int kK, int kN, int kLd>
+__device__ __forceinline__ void tf32x3_gemm(TfC (&acc)[8], const float* a, const float* w) {
+  using namespace nvcuda;
+#pragma unroll
+  for (int nf = 0; nf < kN / 16; ++nf) wmma::fill_fragment(acc[nf], 0.f);
+#pragma unroll 1
+  for (int kf = 0; kf < kK / 8; ++kf) {
+    TfA a_hi, a_lo;
+    wmma::load_matrix_sync(a_hi, a + kf * 8, kTfActLd);
+    split_tf32(a_hi, a_lo);
+#pragma unroll
+    for (int nf = 0; nf < kN / 16; ++nf) {
+      TfB b_hi, b_lo;
+      wmma::load_matrix_sync(b_hi, w + nf * 16 * kLd + kf * 8, kLd);
+      split_tf32(b_hi, b_lo);
+      wmma::mma_sync(acc[nf], a_lo, b_hi, acc[nf]);
+      wmma::mma_sync(acc[nf], a_hi, b_lo, acc[nf]);
+      wmma::mma_sync(acc[nf], a_hi, b_hi, acc[nf]);
+    }
+  }
+}
+
+// Stores acc into the warp's rows (outputs overwrite inputs: every product is done), adds the
+// bias and applies ReLU in place; keeps the result for the backward when asked.
+template <int kN>
+__device__ __forceinline__ void tf32_epilogue(TfC (&acc)[8], float* a, const float* bias, float* save, int64_t row0,
+                                              int64_t batch, int lane) {
+  using namespace nvcuda;
+  __syncwarp();
+#pragma unroll
+  for (int nf = 0; nf < kN / 16; ++nf) wmma::store_matrix_sync(a + nf * 16, acc[nf], kTfActLd, wmma::mem_row_major);
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 16 * kN / 4 / 32; ++i) {
+    const int e = lane + 32 * i, r = e / (kN / 4), c = (e % (kN / 4)) * 4;
+    float4 v = *reinterpret_cast<float4*>(a + r * kTfActLd + c);
+    v.x = relu(v.x + bias[c]);
+    v.y = relu(v.y + bias[c + 1]);
+    v.z = relu(v.z + bias[c + 2]);
+    v.w = relu(v.w + bias[c + 3]);
+    *reinterpret_cast<float4*>(a + r * kTfActLd + c) = v;
+    if (save != nullptr && row0 + r < batch) {
+      float* p = save + (row0 + r) * kN + c;
+      p[0] = v.x;
+      p[1] = v.y;
+      p[2] = v.z;
+      p[3] = v.w;
+    }
+  }
+  __syncwarp();
+}
+
+__device__ void seed_tf32_fwd(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1,
+                              const float* __restrict__ w2, const float* __restrict__ b2,
+                              const float* __restrict__ w3, const float* __restrict__ b3, float* __restrict__ y,
+                              float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch, int64_t flags) {
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  float* sm = reinterpret_cast<float*>(tc_smem);
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  for (int e = t; e < kH1 * kTfW1Ld; e += kTfThreads) {
+    const int u = e / kTfW1Ld, k = e % kTfW1Ld;
+    sm[e] = k < kIn ? __ldg(w1 + u * kIn + k) : 0.f;
+  }
+  for (int e = t; e < kH2 * kTfW2Ld; e += kTfThreads) {
+    const int u = e / kTfW2Ld, k = e % kTfW2Ld;
+    sm[kTfW2Off + e] = k < kH1 ? __ldg(w2 + u * kH1 + k) : 0.f;
+  }
+  for (int e = t; e < 16 * kTfW3Ld; e += kTfThreads) {
+    const int u = e / kTfW3Ld, k = e % kTfW3Ld;
+    sm[kTfW3Off + e] = (u < kOut && k < kH2) ? __ldg(w3 + u * kH2 + k) : 0.f;
+  }
+  for (int e = t; e < kH1 + kH2 + 16; e += kTfThreads)
+    sm[kTfB1Off + e] = e < kH1 ? __ldg(b1 + e) : e < kH1 + kH2 ? __ldg(b2 + e - kH1) : e - kH1 - kH2 < kOut ? __ldg(b3 + e - kH1 - kH2) : 0.f;
+  __syncthreads();
+  float* a = sm + kTfActOff + warp * 16 * kTfActLd;
+  const bool vec = (reinterpret_cast<size_t>(x) % 16) == 0;
+  const int64_t tiles = (batch + 15) / 16;
+  for (int64_t tile = int64_t(blockIdx.x) * kTfWarps + warp; tile < tiles; tile += int64_t(gridDim.x) * kTfWarps) {
+    const int64_t row0 = tile * 16;
+    // x rows -> a[r][0..104): 16 x 26 float4 (the last of each row is the zero padding)
+    if (vec) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        float4 v[7];
+#pragma unroll
+        for (int i = 0; i < 7; ++i) {
+          const int e = lane + 32 * (b * 7 + i), r = e / 26, c = (e % 26) * 4;
+          v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (e < 16 * 26 && c < kIn && row0 + r < batch)
+            v[i] = __ldg(reinterpret_cast<const float4*>(x + (row0 + r) * kIn + c));
+        }
+#pragma unroll
+        for (int i = 0; i < 7; ++i) {
+          const int e = lane + 32 * (b * 7 + i), r = e / 26, c = (e % 26) * 4;
+          if (e < 16 * 26) *reinterpret_cast<float4*>(a + r * kTfActLd + c) = v[i];
+        }
+      }
+    } else {
+      for (int e = lane; e < 16 * kTfK1; e += 32) {
+        const int r = e / kTfK1, c = e % kTfK1;
+        a[r * kTfActLd + c] = (c < kIn && row0 + r < batch) ? x[(row0 + r) * kIn + c] : 0.f;
+      }
+    }
+    __syncwarp();
+    TfC acc[8];
+    tf32x3_gemm<kTfK1, kH1, kTfW1Ld>(acc, a, sm);
+    tf32_epilogue<kH1>(acc, a, sm + kTfB1Off, h1s, row0, batch, lane);
+    tf32x3_gemm<kH1, kH2, kTfW2Ld>(acc, a, sm + kTfW2Off);
+    tf32_epilogue<kH2>(acc, a, sm + kTfB2Off, h2s, row0, batch, lane);
+    tf32x3_gemm<kH2, 16, kTfW3Ld>(acc, a, sm + kTfW3Off);
+    __syncwarp();
+    nvcuda::wmma::store_matrix_sync(a, acc[0], kTfActLd, nvcuda::wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 16 * kOut; e += 32) {
+      const int r = e / kOut, c = e % kOut;
+      if (row0 + r < batch) {
+        const float v = a[r * kTfActLd + c] + sm[kTfB3Off + c];
+        y[(row0 + r) * kOut + c] = (flags & 1) ? relu(v) : v;
+      }
+    }
+    __syncwarp();
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace rawops
+
+extern "C" __global__ void __launch_bounds__(rawops::kTfThreads, 1)
+    seed_mlp_tf32_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                          const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                          long long flags) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  rawops::seed_tf32_fwd(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags);
+#else
+  __trap();  // rawops/mlp.py launches it on sm_80+ only
+#endif
+}
+
+#define RAWOPS_TC_PARAMS(T)                                                                                     \
+  const T *w0, const T *w1, const T *w2, const T *w3, const T *w4, const T *w5, const T *w6, const T *w7,      \
+      const T *w8
+#define RAWOPS_TC_BIASES(T)                                                                                     \
+  const T *b0, const T *b1, const T *b2, const T *b3, const T *b4, const T *b5, const T *b6, const T *b7,      \
+      const T *b8
+
+// One set of entries per accumulator count NF (fragments of 16 columns a warp holds: the
+// widest layer / 16, rounded up to 4 or 8; for the weight gradient, fragments per warp
+// of the [out][in] gradient / 8 warps), so that narrow networks do not pay a 128-wide
+// network's registers. Two blocks per SM where that costs no spills (ptxas, sm_90). NF 1 and 2
+// were measured by ptxas only (71/86 registers forward) and dropped to keep the build short. bfloat16 WMMA needs sm_80; older targets get a
+// trap (rawops/mlp.py refuses before launch).
+#define RAWOPS_TC_NF(suffix, T, NF, MINB, MINB_WGRAD)                                                           \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads, MINB)                                       \
+      tc_mlp_nf##NF##_fwd_##suffix(const T* x, T* y, T* save, RAWOPS_TC_PARAMS(T), RAWOPS_TC_BIASES(T),         \
+                                   long long batch, long long n_in, long long width, long long n_out,          \
+                                   long long hidden, long long flags) {                                        \
+    const T* W[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                   \
+    const T* B[rawops::kTcMaxLayers] = {b0, b1, b2, b3, b4, b5, b6, b7, b8};                                   \
+    RAWOPS_TC_CALL((rawops::tc_fwd<T, NF>(x, y, save, W, B, batch, int(n_in), int(width), int(n_out),           \
+                                          int(hidden), int(flags))));                                          \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads, MINB)                                       \
+      tc_mlp_nf##NF##_bwd_##suffix(const T* dy, const T* y, const T* save, T* gws, T* dx, RAWOPS_TC_PARAMS(T),  \
+                                   long long batch, long long n_in, long long width, long long n_out,          \
+                                   long long hidden, long long flags) {                                        \
+    const T* W[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                   \
+    RAWOPS_TC_CALL((rawops::tc_bwd<T, NF>(dy, y, save, gws, dx, W, batch, int(n_in), int(width), int(n_out),    \
+                                          int(hidden), int(flags))));                                          \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(rawops::kTcThreads, MINB_WGRAD)                                 \
+      tc_mlp_wgrad_nf##NF##_bwd_##suffix(const T* G, const T* Gm, const T* A, float* ws, long long batch,       \
+                                         long long N, long long K, long long db_offset, long long stride,      \
+                                         long long a_act, long long rows_per_chunk) {                          \
+    RAWOPS_TC_CALL((rawops::tc_wgrad<T, NF>(G, Gm, A, ws, batch, int(N), int(K), db_offset, stride,             \
+                                            int(a_act), rows_per_chunk)));                                     \
+  }
+
+#define RAWOPS_TC_ENTRIES(suffix, T)                                                                           \
+  RAWOPS_TC_NF(suffix, T, 4, 2, 1)                                                                             \
+  RAWOPS_TC_NF(suffix, T, 8, 1, 1)
+
+#define RAWOPS_TC_CALL(call) call
+RAWOPS_TC_ENTRIES(f16, __half)
+#undef RAWOPS_TC_CALL
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define RAWOPS_TC_CALL(call) call
+#else
+#define RAWOPS_TC_CALL(call) __trap()
+#endif
+RAWOPS_TC_ENTRIES(bf16, __nv_bfloat16)
+#undef RAWOPS_TC_CALL

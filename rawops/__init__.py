@@ -21,7 +21,7 @@ from .elementwise import (
     relu_scale_add_backward,
     relu_scale_backward,
 )
-from .mlp import seed_mlp
+from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward, seed_mlp
 from .norm import (
     layer_norm,
     layer_norm_backward,
@@ -41,6 +41,9 @@ __all__ = [
     "bias_gelu",
     "bias_gelu_backward",
     "column_sum",
+    "fused_mlp",
+    "fused_mlp_backward",
+    "fused_mlp_forward",
     "gelu",
     "gelu_backward",
     "layer_norm",

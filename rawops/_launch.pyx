@@ -347,11 +347,11 @@ cdef int _launch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsi
 def launch(uintptr_t function, tuple grid, unsigned block, unsigned shared, uintptr_t stream,
            tuple args, str kinds, int device):
     """Generic launch: `kinds` gives each argument's C type, 'p' pointer, 'q' int64, 'f' float."""
-    if len(args) != len(kinds) or len(args) > 16:
-        raise ValueError("launch: one kind per argument, at most 16 arguments")
-    cdef unsigned long long slots[16]
-    cdef float fslots[16]
-    cdef void* params[16]
+    if len(args) != len(kinds) or len(args) > 32:
+        raise ValueError("launch: one kind per argument, at most 32 arguments")
+    cdef unsigned long long slots[32]
+    cdef float fslots[32]
+    cdef void* params[32]
     cdef Py_ssize_t i
     for i in range(len(args)):
         if kinds[i] == "f":

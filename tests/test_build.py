@@ -394,6 +394,8 @@ def _row_family_fatbin(family):
 
 def _row_family_expected(family):
     module = TABLE_FAMILIES[family]
+    if hasattr(module, "ENTRY_POINTS"):  # a family whose tables differ in dtypes lists its names
+        return set(module.ENTRY_POINTS)
     return {f"{base}_{suffix}" for base in module.KERNELS for suffix in getattr(module, "SUFFIXES", SUFFIXES)}
 
 
@@ -468,16 +470,30 @@ def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
 
 
 def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signatures():
-    # mlp's kernels are plain extern "C" functions, one per dtype it exists in; the launch
-    # kinds must match each parameter list (a mismatch passes garbage to the kernel).
+    # mlp's float32 kernels are plain extern "C" functions; the launch kinds must match each
+    # parameter list (a mismatch passes garbage to the kernel). The per-dtype entries are
+    # stamped out by macros (RAWOPS_REDUCE, RAWOPS_TC_ENTRIES): their parameter lists are
+    # checked against the tables' lengths, and every name must come from a macro in the source.
     source = _source("mlp")
     signatures = dict(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*(\w+)\(([^)]*)\)', source))
-    assert set(signatures) == _row_family_expected("mlp")
-    kinds = {"seed_mlp_fwd": mlp.SEED_FWD_KINDS}
+    assert set(signatures) == {f"{base}_f32" for base in mlp.KERNELS}
+    kinds = {"seed_mlp_fwd": mlp.SEED_FWD_KINDS, "seed_mlp_small_fwd": mlp.SEED_FWD_KINDS,
+             "seed_mlp_tf32_fwd": mlp.SEED_FWD_KINDS,
+             "mlp_dgrad_bwd": mlp.DGRAD_KINDS, "mlp_wgrad_bwd": mlp.WGRAD_KINDS}
     assert set(kinds) == set(mlp.KERNELS)
     for base, expected_kinds in kinds.items():
-        for suffix in mlp.SUFFIXES:
-            params = signatures[f"{base}_{suffix}"].split(",")
-            got = "".join("p" if "*" in p else "f" if p.split()[0] == "float" else "q" for p in params)
-            assert got == expected_kinds, f"{base}_{suffix}: launch kinds {expected_kinds!r}, signature {got!r}"
-            assert [p.split()[-1].lstrip("*") for p in params] == list(mlp.KERNELS[base]), "table names the parameters"
+        params = signatures[f"{base}_f32"].split(",")
+        got = "".join("p" if "*" in p else "f" if p.split()[0] == "float" else "q" for p in params)
+        assert got == expected_kinds, f"{base}_f32: launch kinds {expected_kinds!r}, signature {got!r}"
+        assert [p.split()[-1].lstrip("*") for p in params] == list(mlp.KERNELS[base]), "table names the parameters"
+    macro_kinds = {"mlp_wgrad_reduce_bwd": mlp.REDUCE_KINDS}
+    for nf in mlp.TC_NFS:
+        macro_kinds.update({f"tc_mlp_nf{nf}_fwd": mlp.TC_FWD_KINDS, f"tc_mlp_nf{nf}_bwd": mlp.TC_BWD_KINDS,
+                            f"tc_mlp_wgrad_nf{nf}_bwd": mlp.TC_WGRAD_KINDS})
+    assert set(macro_kinds) == set(mlp.KERNELS_ALL_FLOATS) | set(mlp.TC_KERNELS)
+    for stamp in ("mlp_wgrad_reduce_bwd_##suffix(", "tc_mlp_nf##NF##_fwd_##suffix(", "tc_mlp_nf##NF##_bwd_##suffix(",
+                  "tc_mlp_wgrad_nf##NF##_bwd_##suffix("):
+        assert stamp in source
+    for base, expected_kinds in macro_kinds.items():
+        table = {**mlp.KERNELS_ALL_FLOATS, **mlp.TC_KERNELS}[base]
+        assert len(expected_kinds) == len(table), base

@@ -1,4 +1,6 @@
-"""The MLP family's contract, first slice: seed_mlp, the source network 100-128-64-10.
+"""The MLP family's contract: seed_mlp / fused_mlp on the source network 100-128-64-10
+(float32) and tiny-cuda-nn-style networks (float16 / bfloat16 on tensor cores), forward,
+backward, the torch adapter (autograd, custom ops, FusedMLP).
 
 Without a GPU: launch arithmetic, and every argument check firing before any launch (fake
 __cuda_array_interface__ producers, as in test_validation.py). With one (marker `gpu`):
@@ -240,14 +242,630 @@ def test_adapter_matches_torch_float64_on_torch_current_stream(batch):
 
 
 @pytest.mark.gpu
-def test_adapter_refuses_inputs_that_need_a_gradient():
+def test_adapter_seed_mlp_checks_shapes_and_has_a_gradient_now():
     torch = pytest.importorskip("torch")
     from rawops import torch_adapter as ta
 
     net = _network(torch)
     linears = [m for m in net if isinstance(m, torch.nn.Linear)]
-    with pytest.raises(NotImplementedError, match="no backward yet"):
-        ta.seed_mlp(torch.randn(4, 100, device="cuda"), [m.weight for m in linears], [m.bias for m in linears])
+    x = torch.randn(4, 100, device="cuda", requires_grad=True)
+    ta.seed_mlp(x, [m.weight for m in linears], [m.bias for m in linears]).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
     with pytest.raises(ValueError, match=r"^w2 has shape \(128, 64\), expected \(64, 128\)"):
         ta.seed_mlp(torch.randn(4, 100, device="cuda"), [linears[0].weight, linears[1].weight.t().contiguous(),
                                                         linears[2].weight], [m.bias for m in linears])
+
+
+
+# ============================================================================== fused_mlp: CPU contract
+TC_SIZES = (64, 64, 64, 64, 64, 64)  # 64 in, 4 hidden layers of 64, 64 out
+
+
+def _fake_net(sizes, maker=f16, bias=True):
+    ws = [maker((b, a), ptr=OTHER + i * 0x100000) for i, (a, b) in enumerate(zip(sizes, sizes[1:]))]
+    bs = [maker((b,), ptr=OTHER + 0x4000000 + i * 0x10000) for i, b in enumerate(sizes[1:])] if bias else None
+    return ws, bs
+
+
+@pytest.mark.parametrize("dtype, sizes, activation", [
+    (0, (100, 128, 64, 10), "relu"), (1, (64, 64, 64, 64, 64, 64), "relu"), (2, (3, 16, 16, 1), "gelu"),
+    (1, (128,) + (128,) * 8 + (128,), "none"), (1, (1, 32, 1), "relu")])
+def test_supported_networks_get_a_plan(dtype, sizes, activation):
+    plan = mlp.make_plan(dtype, sizes, activation, "none", True)
+    assert plan.regime == ("seed" if dtype == 0 else "tc")
+    assert plan.layers == len(sizes) - 1 and plan.n_in == sizes[0] and plan.n_out == sizes[-1]
+
+
+@pytest.mark.parametrize("dtype, sizes, activation, bias, fragment", [
+    (0, (100, 128, 64, 11), "relu", True, "float32 network of sizes (100, 128, 64, 11)"),
+    (0, (100, 128, 64, 10), "gelu", True, "activation 'gelu'"),
+    (0, (100, 128, 64, 10), "relu", False, "no biases"),
+    (1, (64, 48, 48, 64), "relu", True, "hidden widths (48, 48)"),
+    (1, (64, 64, 32, 64), "relu", True, "hidden widths (64, 32)"),
+    (1, (129, 64, 64), "relu", True, "n_in 129"),
+    (1, (64, 64, 0), "relu", True, "n_out 0"),
+    (1, (64,) + (64,) * 9 + (64,), "relu", True, "9 hidden layers"),
+    (2, (64, 64), "relu", True, "0 hidden layers"),
+])
+def test_unsupported_networks_are_a_value_error_naming_what_is_supported(dtype, sizes, activation, bias, fragment):
+    with pytest.raises(ValueError, match="fused_mlp supports: float32 with sizes") as info:
+        mlp.make_plan(dtype, sizes, activation, "none", bias)
+    assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("activation, output_activation, match", [
+    ("tanh", "none", r"^activation must be one of \['gelu', 'none', 'relu'\]"),
+    ("relu", "gelu", r"^output_activation must be one of \['none', 'relu'\]")])
+def test_unknown_activations_are_a_value_error(activation, output_activation, match):
+    with pytest.raises(ValueError, match=match):
+        mlp.make_plan(1, TC_SIZES, activation, output_activation, True)
+
+
+def test_shared_memory_of_the_tile_kernels():
+    # 8 warps x 256 float scratch + 128 float biases + [128][72] tile + [64][72] weights, 2 bytes
+    assert mlp.tc_smem_bytes(64, 64, 64) == 8192 + 512 + 2 * (128 * 72 + 64 * 72)
+    assert mlp.tc_smem_bytes(3, 16, 1) == 8192 + 512 + 2 * (128 * 24 + 16 * 24)
+    assert mlp.tc_smem_bytes(128, 128, 128) > 48 * 1024  # needs the opt-in attribute (sm_80+)
+    # resident: 5 layers' biases, every layer's weights stacked (4 x 64 rows + 64 output rows)
+    assert mlp.tc_smem_bytes(64, 64, 64, 4) == 8192 + 5 * 512 + 2 * (128 * 72 + 320 * 72)
+
+
+@pytest.mark.parametrize("limit, fit", [(232448, (True, 75264)), (101376, (True, 75264)),
+                                        (65536, (False, 8192 + 512 + 2 * (128 * 72 + 64 * 72))), (30000, None)])
+def test_weights_stay_resident_only_where_the_device_holds_them(monkeypatch, limit, fit):
+    # H100 227 KB, sm_86 99 KB: resident; sm_75 64 KB: streamed; too little: a ValueError before launch
+    monkeypatch.setattr(mlp, "optin_smem", lambda device: limit)
+    monkeypatch.setattr(mlp, "_fits", {})
+    plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
+    if fit is None:
+        with pytest.raises(ValueError, match=r"needs 36352 bytes of shared memory per block; device 0 allows 30000"):
+            mlp.tc_fit(plan, 0)
+    else:
+        assert mlp.tc_fit(plan, 0) == fit
+
+
+def test_bfloat16_before_sm80_is_refused_before_any_launch(monkeypatch):
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: 75)
+    plan = mlp.make_plan(2, (64,) * 6, "relu", "none", True)
+    with pytest.raises(RuntimeError, match=r"bfloat16 needs sm_80\+ .* device 0 is sm_75: use float16"):
+        mlp.prepare(plan, 0)
+
+
+@pytest.mark.parametrize("sizes, nf", [((64,) * 6, 4), ((3, 16, 16, 1), 4), ((17, 32, 5), 4), ((100, 128, 10), 8),
+                                       ((128,) + (32,) * 8 + (128,), 8), ((48, 32, 32, 33), 4)])
+def test_the_tile_kernels_hold_the_widest_layer(sizes, nf):
+    assert mlp.make_plan(1, sizes, "relu", "none", True).nf == nf
+
+
+def test_small_networks_keep_their_weights_resident_and_large_ones_stream():
+    assert mlp.make_plan(1, (64,) * 6, "relu", "none", True).resident
+    assert mlp.make_plan(2, (3, 16, 16, 1), "gelu", "none", True).resident
+    assert not mlp.make_plan(1, (128,) * 10, "relu", "none", True).resident
+    plan = mlp.make_plan(1, (128,) * 10, "relu", "none", True)
+    assert plan.smem == mlp.tc_smem_bytes(128, 128, 128)
+    assert mlp.tc_wgrad_smem_bytes(10, 100) == 2 * 64 * (16 + 8 + 112 + 8)
+
+
+@pytest.mark.parametrize("batch", [1, 31, 32, 33, 1000, 4096, (1 << 20) + 3, 1 << 22])
+@pytest.mark.parametrize("unit", [32, 64])
+def test_weight_gradient_chunks_cover_the_batch_once(batch, unit):
+    chunks, rows = mlp.wgrad_plan(batch, 264, unit)
+    assert rows % unit == 0 and 1 <= chunks <= 264
+    assert (chunks - 1) * rows < batch <= chunks * rows
+
+
+def test_batch_zero_has_no_chunks():
+    assert mlp.wgrad_plan(0, 264, 64) == (0, 64)
+
+
+@pytest.mark.parametrize("batch, kernel", [(1, "small"), (4096, "small"), (4097, "tiled")])
+def test_small_batches_take_the_small_kernel(batch, kernel):
+    assert (batch <= mlp.SMALL_BATCH_MAX) == (kernel == "small")
+    assert mlp.small_blocks(batch) == -(-batch // 2)
+
+
+@pytest.mark.parametrize("batch, tf32, kernel, grid", [
+    (1, 132, "seed_mlp_small_fwd_f32", 1), (4096, 132, "seed_mlp_small_fwd_f32", 2048),
+    (4097, 132, "seed_mlp_tf32_fwd_f32", 33), (1 << 20, 132, "seed_mlp_tf32_fwd_f32", 132),
+    (1 << 20, None, "seed_mlp_fwd_f32", 1 << 14)])
+def test_the_source_network_picks_its_kernel_by_batch_and_device(batch, tf32, kernel, grid):
+    name, blocks, threads, smem = mlp.seed_kernel(batch, tf32)
+    assert (name, blocks) == (kernel, grid)
+    assert smem == (mlp.TF32_SMEM if "tf32" in name else 0) and mlp.TF32_SMEM == 161856
+
+
+def test_fused_mlp_valid_calls_get_past_validation():
+    ws, bs = _fake_net(TC_SIZES)
+    assert_passes_validation(rawops.fused_mlp, f16((1000, 64)), ws, bs)
+    assert_passes_validation(rawops.fused_mlp, f16((0, 64)), ws, None and bs)
+    ws32, bs32 = _fake_net((100, 128, 64, 10), f32)
+    assert_passes_validation(rawops.fused_mlp, f32((5, 100)), ws32, bs32, output_activation="relu")
+
+
+def test_fused_mlp_refuses_bad_networks_before_any_launch():
+    ws, bs = _fake_net(TC_SIZES)
+    with pytest.raises(ValueError, match=r"^x has shape \(64,\), expected \(batch, n_in\)"):
+        rawops.fused_mlp(f16((64,)), ws, bs)
+    with pytest.raises(ValueError, match=r"^weights\[0\] has shape \(64, 64\), expected \(out, 32\)"):
+        rawops.fused_mlp(f16((4, 32)), ws, bs)
+    with pytest.raises(TypeError, match=r"^weights\[2\] has dtype float32, expected float16 like x"):
+        rawops.fused_mlp(f16((4, 64)), ws[:2] + [f32((64, 64), ptr=OTHER + 0x8000000)] + ws[3:], bs)
+    with pytest.raises(ValueError, match=r"^biases\[1\] has shape \(63,\), expected \(64,\)"):
+        rawops.fused_mlp(f16((4, 64)), ws, bs[:1] + [f16((63,), ptr=OTHER + 0x8000000)] + bs[2:])
+    with pytest.raises(ValueError, match=r"^biases must be None or a list of 5"):
+        rawops.fused_mlp(f16((4, 64)), ws, bs[:4])
+    with pytest.raises(ValueError, match=r"^weights must be a non-empty list"):
+        rawops.fused_mlp(f16((4, 64)), [], None)
+    with pytest.raises(TypeError, match=r"^x has dtype uint8; fused_mlp supports float32, float16, bfloat16"):
+        rawops.fused_mlp(FakeCAI((4, 64), "|u1"), ws, bs)
+    with pytest.raises(ValueError, match=r"^weights\[1\] is not C-contiguous"):
+        rawops.fused_mlp(f16((4, 64)), ws[:1] + [FakeCAI((64, 64), "<f2", OTHER + 0x8000000, strides=(2, 128))] +
+                         ws[2:], bs)
+    with pytest.raises(ValueError, match=r"hidden widths \(48,\)"):
+        rawops.fused_mlp(f16((4, 64)), [f16((48, 64), ptr=OTHER), f16((8, 48), ptr=OTHER + 0x100000)], None)
+
+
+def test_fused_mlp_out_is_checked():
+    ws, bs = _fake_net(TC_SIZES)
+    with pytest.raises(ValueError, match=r"^out has shape \(4, 63\), expected \(4, 64\)"):
+        rawops.fused_mlp(f16((4, 64)), ws, bs, out=f16((4, 63), ptr=OTHER * 2))
+    with pytest.raises(ValueError, match=r"^out overlaps weights\[0\]"):
+        rawops.fused_mlp(f16((4, 64)), ws, bs, out=f16((4, 64), ptr=OTHER + 64))
+    with pytest.raises(ValueError, match=r"^out is read-only"):
+        rawops.fused_mlp(f16((4, 64)), ws, bs, out=f16((4, 64), ptr=OTHER * 2, readonly=True))
+
+
+def test_fused_mlp_backward_checks_dy_and_saved():
+    ws, bs = _fake_net(TC_SIZES)
+    x, y = f16((4, 64)), f16((4, 64), ptr=OTHER * 2)
+    saved = (f16((4, 4, 64), ptr=OTHER * 3),)
+    with pytest.raises(ValueError, match=r"^dy has shape \(4, 63\), expected \(4, 64\)"):
+        rawops.fused_mlp_backward(f16((4, 63), ptr=OTHER * 4), x, y, saved, ws, bs)
+    with pytest.raises(ValueError, match=r"^saved\[0\] has shape \(3, 4, 64\)"):
+        rawops.fused_mlp_backward(f16((4, 64), ptr=OTHER * 4), x, y, (f16((3, 4, 64), ptr=OTHER * 3),), ws, bs)
+    with pytest.raises(ValueError, match=r"^saved must be the 1 array"):
+        rawops.fused_mlp_backward(f16((4, 64), ptr=OTHER * 4), x, y, (), ws, bs)
+    assert_passes_validation(rawops.fused_mlp_backward, f16((4, 64), ptr=OTHER * 4), x, y, saved, ws, bs)
+
+
+def test_adapter_fused_mlp_refuses_bad_networks_before_any_launch():
+    torch = pytest.importorskip("torch")
+    from rawops import torch_adapter as ta
+
+    ws = [torch.ones(64, 64, dtype=torch.float16) for _ in range(3)]
+    with pytest.raises(ValueError, match=r"^x is on cpu"):
+        ta.fused_mlp(torch.ones(4, 64, dtype=torch.float16), ws, None)
+    with pytest.raises(ValueError, match="fused_mlp supports"):
+        ta.FusedMLP((64, 48, 64), dtype=torch.float16)
+    with pytest.raises(ValueError, match="fused_mlp supports"):
+        ta.FusedMLP((100, 128, 64, 11))
+    seq = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                              torch.nn.Linear(64, 8))
+    with pytest.raises(ValueError, match="got Tanh"):
+        ta.FusedMLP.from_sequential(seq)
+    seq = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
+                              torch.nn.Linear(64, 8))
+    with pytest.raises(ValueError, match="one hidden activation"):
+        ta.FusedMLP.from_sequential(seq)
+
+
+def test_from_sequential_reads_the_structure():
+    torch = pytest.importorskip("torch")
+    from rawops import torch_adapter as ta
+
+    seq = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
+                              torch.nn.Linear(64, 3), torch.nn.ReLU()).half()
+    m = ta.FusedMLP.from_sequential(seq)
+    assert m.sizes == (32, 64, 64, 3) and m.activation == "gelu" and m.output_activation == "relu"
+    linears = [l for l in seq if isinstance(l, torch.nn.Linear)]
+    for i, l in enumerate(linears):
+        assert torch.equal(m.weights[i], l.weight) and torch.equal(m.biases[i], l.bias)
+        assert m.weights[i].data_ptr() != l.weight.data_ptr()  # copied once, not shared
+
+
+# ============================================================================== fused_mlp: on the GPU
+def _sequential(torch, sizes, activation, output_activation, dtype, bias=True):
+    act = {"relu": torch.nn.ReLU, "gelu": torch.nn.GELU, "none": torch.nn.Identity}[activation]
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(torch.nn.Linear(a, b, bias=bias))
+        if i < len(sizes) - 2:
+            layers.append(act())
+    if output_activation == "relu":
+        layers.append(torch.nn.ReLU())
+    net = torch.nn.Sequential(*layers).cuda().to(dtype)
+    with torch.no_grad():  # weights of a trained-scale network: keep activations O(1) in depth
+        for m in net:
+            if isinstance(m, torch.nn.Linear):
+                m.weight.copy_((torch.randn_like(m.weight.float()) * (2.0 / m.in_features) ** 0.5).to(dtype))
+                if m.bias is not None:
+                    m.bias.copy_((torch.randn_like(m.bias.float()) * 0.1).to(dtype))
+    return net
+
+
+def _net_params(net):
+    linears = [m for m in net if m.__class__.__name__ == "Linear"]
+    weights = [m.weight.detach() for m in linears]
+    biases = [m.bias.detach() for m in linears] if linears[0].bias is not None else None
+    return weights, biases
+
+
+def _grads64(net, x, dy):
+    """y, dx, dW, db in float64 from the same (rounded) numbers."""
+    import copy
+
+    ref = copy.deepcopy(net).double()
+    x64 = x.detach().double().requires_grad_(True)
+    y = ref(x64)
+    y.backward(dy.double())
+    linears = [m for m in ref if m.__class__.__name__ == "Linear"]
+    return (y.detach(), x64.grad, [m.weight.grad for m in linears],
+            [m.bias.grad for m in linears] if linears[0].bias is not None else None)
+
+
+def _grads_torch(net, x, dy):
+    """The same in torch's own precision (the half-type reference error to measure ours by)."""
+    xt = x.detach().clone().requires_grad_(True)
+    for p in net.parameters():
+        p.grad = None
+    y = net(xt)
+    y.backward(dy)
+    linears = [m for m in net if m.__class__.__name__ == "Linear"]
+    out = (y.detach(), xt.grad, [m.weight.grad.clone() for m in linears],
+           [m.bias.grad.clone() for m in linears] if linears[0].bias is not None else None)
+    for p in net.parameters():
+        p.grad = None
+    return out
+
+
+def _rel(out, ref):
+    import torch
+
+    out64 = (torch.from_dlpack(out) if not isinstance(out, torch.Tensor) else out).double()
+    return ((out64 - ref).norm() / max(ref.norm().item(), 1e-30)).item() if ref.numel() else 0.0
+
+
+def _assert_like_torch(out, ref64, torch_out, dtype, what, factor=4):
+    """Half types: our relative error against float64 within 2x torch's own (same dtype,
+    rounding each layer's output and gradient too), or within factor x the dtype tolerance."""
+    from gpu_reference import assert_close
+
+    ours, theirs = _rel(out, ref64), _rel(torch_out, ref64)
+    if ours <= 2 * theirs:
+        return
+    assert_close(out, ref64, dtype, f"{what} (torch's own error {theirs:.3g})", factor=factor)
+
+
+TC_CASES = [  # (sizes, activation, output_activation, dtype, bias)
+    ((64, 64, 64, 64, 64, 64), "relu", "none", "float16", True),
+    ((3, 16, 16, 1), "gelu", "none", "bfloat16", True),
+    ((100, 128, 128, 128, 10), "relu", "relu", "float16", True),
+    ((17, 32, 5), "none", "none", "bfloat16", False),
+    ((128,) + (32,) * 8 + (128,), "gelu", "none", "float16", True),
+]
+TC_IDS = ["64x4-f16", "3-16-16-1-gelu-bf16", "100-128x3-10-relu-out", "17-32-5-nobias-bf16", "128-32x8-128-gelu"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [0, 1, 33, 1000])
+@pytest.mark.parametrize("case", TC_CASES, ids=TC_IDS)
+def test_tc_forward_matches_torch_float64(case, batch):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy
+
+    sizes, act, out_act, dtype_name, bias = case
+    dtype = DTYPES[dtype_name]
+    net = _sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = _net_params(net)
+    x = random((batch, sizes[0]), dtype, scale=1.0)
+    poison_pool(batch * sizes[-1] * 2)
+    y = rawops.fused_mlp(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases] if bias else None,
+                         act, out_act)
+    assert y.shape == (batch, sizes[-1])
+    # float32 accumulation, activations rounded to the half type between layers, as torch does
+    with torch.no_grad():
+        _assert_like_torch(y, _reference(net, x), net(x), dtype, f"{sizes} batch {batch}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [0, 1, 33, 1000, 70000])
+@pytest.mark.parametrize("case", TC_CASES, ids=TC_IDS)
+def test_tc_backward_matches_torch_float64(case, batch):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import DTYPES, assert_close, random, to_cupy
+
+    sizes, act, out_act, dtype_name, bias = case
+    dtype = DTYPES[dtype_name]
+    net = _sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = _net_params(net)
+    x = random((batch, sizes[0]), dtype, scale=1.0)
+    dy = random((batch, sizes[-1]), dtype, scale=1.0)
+    cw = [to_cupy(w) for w in weights]
+    cb = [to_cupy(b) for b in biases] if bias else None
+    y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, act, out_act)
+    dx, dws, dbs = rawops.fused_mlp_backward(to_cupy(dy), to_cupy(x), y, saved, cw, cb, act, out_act)
+    y64, dx64, dw64, db64 = _grads64(net, x, dy)
+    yt, dxt, dwt, dbt = _grads_torch(net, x, dy)
+    _assert_like_torch(y, y64, yt, dtype, "y")
+    _assert_like_torch(dx, dx64, dxt, dtype, "dx")
+    for i, (got, ref) in enumerate(zip(dws, dw64)):
+        _assert_like_torch(got, ref, dwt[i], dtype, f"dW{i}")
+    if bias:
+        for i, (got, ref) in enumerate(zip(dbs, db64)):
+            _assert_like_torch(got, ref, dbt[i], dtype, f"db{i}")
+    else:
+        assert dbs is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [0, 1, 33, 1000, 4096, 4097, 70000])
+@pytest.mark.parametrize("output_activation", ["none", "relu"])
+def test_seed_backward_matches_torch_float64(batch, output_activation):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random, to_cupy, to_torch
+
+    net = _network(torch, output_activation == "relu")
+    weights, biases = _net_params(net)
+    x = random((batch, 100), torch.float32)
+    dy = random((batch, 10), torch.float32)
+    cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
+    y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, "relu", output_activation)
+    dx, dws, dbs = rawops.fused_mlp_backward(to_cupy(dy), to_cupy(x), y, saved, cw, cb, "relu", output_activation)
+    y64 = _grads64(net, x, dy)[0]
+    assert_close(y, y64, torch.float32, "y")
+    # The backward against float64 math on our own forward's ReLU masks and activations: at
+    # large batches a z within float32 rounding of 0 flips its mask between any float32
+    # forward and the float64 one, which would test the forward's rounding, not the backward.
+    h1, h2, y32 = (to_torch(a).double() for a in (*saved, y))
+    w1, w2, w3 = (w.double() for w in weights)
+    g3 = dy.double() * (y32 > 0) if output_activation == "relu" else dy.double()
+    g2 = (g3 @ w3) * (h2 > 0)
+    g1 = (g2 @ w2) * (h1 > 0)
+    assert_close(dx, g1 @ w1, torch.float32, "dx")
+    for i, (g, a) in enumerate([(g1, x.double()), (g2, h1), (g3, h2)]):
+        assert_close(dws[i], g.T @ a, torch.float32, f"dW{i}")
+        assert_close(dbs[i], g.sum(0), torch.float32, f"db{i}")
+    # and within float32 rounding (plus the rare flipped mask) of the float64 network's
+    _, dx64, dw64, _ = _grads64(net, x, dy)
+    assert_close(dx, dx64, torch.float32, "dx vs the float64 network", factor=300)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [4097, 70001])
+@pytest.mark.parametrize("use_tf32", [True, False])
+def test_both_large_batch_source_kernels_match_torch_float64(batch, use_tf32, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    monkeypatch.setattr(mlp, "USE_TF32", use_tf32)
+    net = _network(torch, True)
+    weights, biases = _net_params(net)
+    x = random((batch, 100), torch.float32)
+    poison_pool(batch * 40)
+    cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
+    y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, "relu", "relu")
+    assert_close(y, _reference(net, x), torch.float32, f"tf32={use_tf32}")
+    h1 = torch.relu(x.double() @ weights[0].double().T + biases[0].double())
+    assert_close(saved[0], h1, torch.float32, "kept h1")
+    assert_close(saved[1], torch.relu(h1 @ weights[1].double().T + biases[1].double()), torch.float32, "kept h2")
+
+
+@pytest.mark.gpu
+def test_weight_gradients_are_deterministic():
+    torch = pytest.importorskip("torch")
+    from gpu_reference import random, to_cupy
+
+    for sizes, dtype in [((100, 128, 64, 10), torch.float32), ((64,) * 6, torch.float16)]:
+        net = _sequential(torch, sizes, "relu", "none", dtype)
+        weights, biases = _net_params(net)
+        cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
+        x, dy = to_cupy(random((100003, sizes[0]), dtype)), to_cupy(random((100003, sizes[-1]), dtype))
+        y, saved = rawops.fused_mlp_forward(x, cw, cb)
+        first = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb)
+        second = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb)
+        for a, b in zip(first[1] + first[2], second[1] + second[2]):
+            assert (a == b).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [0, 1, 32, 33, 1000, 4096, 4097, (1 << 20) + 3])
+def test_fused_mlp_float32_is_the_source_network(batch):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    net = _network(torch)
+    weights, biases = _net_params(net)
+    x = random((batch, 100), torch.float32)
+    poison_pool(batch * 40)
+    y = rawops.fused_mlp(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases])
+    assert_close(y, _reference(net, x), torch.float32, f"fused_mlp f32 batch {batch}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TC_CASES[:3] + [((100, 128, 64, 10), "relu", "relu", "float32", True)],
+                         ids=TC_IDS[:3] + ["seed"])
+@pytest.mark.parametrize("batch", [0, 33, 1000])
+def test_adapter_autograd_matches_torch_float64(case, batch):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import DTYPES, assert_close, random
+    from rawops import torch_adapter as ta
+
+    sizes, act, out_act, dtype_name, bias = case
+    dtype = DTYPES[dtype_name]
+    net = _sequential(torch, sizes, act, out_act, dtype, bias)
+    module = ta.FusedMLP.from_sequential(net)
+    x = random((batch, sizes[0]), dtype, scale=1.0).requires_grad_(True)
+    dy = random((batch, sizes[-1]), dtype, scale=1.0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y = module(x)
+        y.backward(dy)
+    stream.synchronize()
+    y64, dx64, dw64, db64 = _grads64(net, x, dy)
+    if dtype == torch.float32:
+        assert_close(y, y64, dtype, "y")
+        assert_close(x.grad, dx64, dtype, "dx")
+        for i in range(len(dw64)):
+            assert_close(module.weights[i].grad, dw64[i], dtype, f"dW{i}")
+            assert_close(module.biases[i].grad, db64[i], dtype, f"db{i}")
+    else:
+        yt, dxt, dwt, dbt = _grads_torch(net, x, dy)
+        _assert_like_torch(y, y64, yt, dtype, "y")
+        _assert_like_torch(x.grad, dx64, dxt, dtype, "dx")
+        for i in range(len(dw64)):
+            _assert_like_torch(module.weights[i].grad, dw64[i], dwt[i], dtype, f"dW{i}")
+            _assert_like_torch(module.biases[i].grad, db64[i], dbt[i], dtype, f"db{i}")
+    with torch.no_grad():  # the inference kernels compute the same numbers as the training forward
+        assert torch.equal(module(x), y)
+
+
+@pytest.mark.gpu
+def test_adapter_gradcheck_small_source_network():
+    torch = pytest.importorskip("torch")
+    from rawops import torch_adapter as ta
+
+    net = _network(torch)
+    weights, biases = _net_params(net)
+    x = torch.randn(3, 100, device="cuda", requires_grad=True)
+    b3 = biases[2].clone().requires_grad_(True)
+    b1 = biases[0].clone().requires_grad_(True)
+
+    def f(x, b1, b3):
+        return ta.fused_mlp(x, weights, [b1, biases[1], b3])
+
+    assert torch.autograd.gradcheck(f, (x, b1, b3), eps=1e-2, atol=2e-2, rtol=2e-2, nondet_tol=1e-6)
+
+
+@pytest.mark.gpu
+def test_fused_mlp_trains_like_the_sequential():
+    """200 Adam steps on a small regression task: the same loss as nn.Sequential within 2%."""
+    torch = pytest.importorskip("torch")
+    from rawops import torch_adapter as ta
+
+    torch.manual_seed(0)
+    seq = _network(torch)
+    fused = ta.FusedMLP.from_sequential(seq)
+    x = torch.randn(2048, 100, device="cuda")
+    target = torch.sin(x[:, :10] * 1.5) + 0.1 * x[:, 10:20]
+    losses = []
+    for model in (seq, fused):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for _ in range(200):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), target)
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            losses.append(torch.nn.functional.mse_loss(model(x), target).item())
+    assert abs(losses[1] - losses[0]) <= 0.02 * losses[0], losses
+
+
+@pytest.mark.gpu
+def test_fused_mlp_under_torch_compile_fullgraph():
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close
+    from rawops import torch_adapter as ta
+
+    net = _sequential(torch, (64, 64, 64, 64, 64, 64), "relu", "none", torch.float16)
+    module = ta.FusedMLP.from_sequential(net)
+    x = torch.randn(1000, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+
+    def step(x):
+        return module(x).float().square().sum() / 1000
+
+    compiled = torch.compile(step, fullgraph=True)
+    loss = compiled(x)
+    loss.backward()
+    got = [x.grad.clone()] + [w.grad.clone() for w in module.weights]
+    x.grad = None
+    module.zero_grad()
+    step(x).backward()
+    want = [x.grad] + [w.grad for w in module.weights]
+    for a, b in zip(got, want):
+        assert_close(a, b.double(), torch.float16, "compiled vs eager")
+    with torch.no_grad():
+        y = torch.compile(module, fullgraph=True)(x)
+    assert_close(y, module(x).double(), torch.float16, "compiled inference")
+
+
+@pytest.mark.gpu
+def test_fused_mlp_captures_in_a_cuda_graph():
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close
+    from rawops import torch_adapter as ta
+
+    net = _sequential(torch, (64, 64, 64, 64, 64, 64), "relu", "none", torch.float16)
+    module = ta.FusedMLP.from_sequential(net)
+    x = torch.randn(4096, 64, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        module(x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = module(x)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(y, module(x).double(), torch.float16, "graph replay")
+
+
+@pytest.mark.gpu
+def test_fused_mlp_module_inference_fast_path_rechecks_what_changes():
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random
+    from rawops import torch_adapter as ta
+
+    net = _network(torch)
+    module = ta.FusedMLP.from_sequential(net)
+    x = random((33, 100), torch.float32)
+    with torch.no_grad():
+        first = module(x)
+        assert torch.equal(module(x), first)  # second call: the cached plan
+        with pytest.raises(ValueError, match=r"^x has shape \(33, 99\), expected \(batch, 100\)"):
+            module(x[:, :99].contiguous())
+        with pytest.raises(TypeError, match=r"^x has dtype torch.float16"):
+            module(x.half())
+        module.weights[0].data = module.weights[0].data * 2  # new storage: validated again
+        net[0].weight.mul_(2)
+        assert_close(module(x), _reference(net, x), torch.float32, "after the weight changed")
+
+
+def test_launch_sequences_on_a_fake_launcher(monkeypatch):
+    """What launch_forward / launch_backward ask of the driver, without a GPU: kernel names,
+    grids, shared memory, one kind per argument, the resident flag."""
+    calls = []
+    monkeypatch.setattr(mlp, "launch", lambda fn, grid, block, smem, stream, args, kinds, device:
+                        calls.append((fn, grid, block, smem, len(args) == len(kinds), args)))
+    monkeypatch.setattr(mlp._modules, "function_pointer", lambda family, name, device: name)
+    monkeypatch.setattr(mlp, "sm_count", lambda device: 132)
+    monkeypatch.setattr(mlp, "optin_smem", lambda device: 232448)
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(mlp, "_fits", {})
+    monkeypatch.setattr(mlp, "_ready", {})
+
+    class Kernel:
+        num_regs = 96
+        max_dynamic_shared_size_bytes = 0
+        preferred_shared_memory_carveout = 0
+
+    monkeypatch.setattr(mlp._modules, "get_function", lambda family, name, device: Kernel())
+    plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
+    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_fwd", "f16", 0, 75264), 2)
+    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_bwd", "f16", 0, 75264), 2)
+    mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1 << 20, 0, saved=[5])
+    fn, grid, block, smem, ok, args = calls[-1]
+    assert (fn, grid, block, smem, ok) == ("tc_mlp_nf4_fwd_f16", (264,), 256, 75264, True)
+    assert args[-1] == 1 | mlp.TC_RESIDENT and args[2] == 5
+    calls.clear()
+    keep = mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 14, [20 + i for i in range(5)],
+                               [30 + i for i in range(5)], 1000, 0, lambda shape, dt: (shape, 100))
+    names = [c[0] for c in calls]
+    assert names[0] == "tc_mlp_nf4_bwd_f16" and calls[0][1] == (8,)  # 63 tiles of 16 rows / 8 warps
+    assert names[1:] == ["tc_mlp_wgrad_nf4_bwd_f16", "mlp_wgrad_reduce_bwd_f16"] * 5
+    assert all(c[4] for c in calls) and len(keep) == 2
+    calls.clear()
+    seed = mlp.make_plan(0, (100, 128, 64, 10), "relu", "relu", True)
+    mlp.launch_backward(seed, 0, 10, 11, 12, [13, 14], [2, 3, 4], 0, [20, 21, 22], [30, 31, 32], 70000, 0,
+                        lambda shape, dt: (shape, 100))
+    assert [c[0] for c in calls] == ["mlp_dgrad_bwd_f32"] * 2 + ["mlp_wgrad_bwd_f32", "mlp_wgrad_reduce_bwd_f32"] * 3
+    assert calls[0][5][1] == 12  # the output ReLU masks dy by y
