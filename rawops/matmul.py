@@ -1,0 +1,278 @@
+"""The matrix family: matmul and linear_gelu (Linear + bias + GELU in one kernel), forward
+and backward. Kernels: kernels/matmul.cu.
+
+matmul(a, b)                       a (M, K) @ b (K, N)
+linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn.Linear layout
+linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
+
+float32 runs exact float32 math (FFMA, no tensor cores); float16 / bfloat16 run tensor cores
+(mma.sync, sm_80+) with float32 accumulation where the operands allow 16-byte loads, else
+the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
+the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
+"""
+from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES, as_array, launch, stream_pointer, wait_for_producer
+from . import _modules, _rows
+
+FAMILY = "matmul"
+LAYOUTS = ("nn", "nt", "tn")  # b (K, N) | b given as (N, K) | a given as (K, M)
+MMA_SUFFIXES = ("f16", "bf16")
+# Every entry point has the same parameters (kernels/matmul.cu, RAWOPS_GEMM_ARGS).
+ARGS = ("a", "b", "c", "bias", "aux", "pre", "m", "n", "k", "flags")
+KINDS = "ppppppqqqq"
+
+SIMT_TILE, SIMT_THREADS = 128, 256  # kSimtTile, kSimtThreads
+MMA_TILE, MMA_K, MMA_STAGES, MMA_THREADS = 128, 32, 3, 256  # kMmaTile, kMmaK, kMmaStages, kMmaThreads
+KMAJOR_STRIDE, MNMAJOR_STRIDE = MMA_K + 8, MMA_TILE + 8  # kKMajorStride, kMNMajorStride
+SMALL_THREADS, SMALL_FEATURES, SMALL_ROWS = 64, 4, 32  # kSmallThreads, kSmallFeatures, kSmallRows
+SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
+MAX_GRID_Y = 65535
+MMA_MIN_CC = 80
+
+EPI_NONE, EPI_BIAS_GELU, EPI_BIAS_GELU_GRAD, EPI_BIAS = 0, 1, 2, 3
+EPI_ERF = 4
+GELU_FLAGS = {"tanh": 0, "none": EPI_ERF}
+
+
+def entry_points():
+    """Every extern "C" kernel the fatbin must hold, on every architecture."""
+    names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
+    names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES]
+    names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
+    return sorted(names)
+
+
+def gelu_flags(approximate):
+    flags = GELU_FLAGS.get(approximate)
+    if flags is None:
+        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    return flags
+
+
+# ------------------------------------------------------------------------------ launch plan (pure)
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def mma_shared_bytes(layout):
+    """Dynamic shared memory of gemm_mma_<layout>: MMA_STAGES stages of an A and a B tile,
+    each [128][32 + 8] when K-contiguous, else [32][128 + 8], 2-byte elements."""
+    a_kmajor, b_kmajor = layout[0] == "n", layout[1] == "t"
+    tile = lambda kmajor: MMA_TILE * KMAJOR_STRIDE if kmajor else MMA_K * MNMAJOR_STRIDE  # noqa: E731
+    return MMA_STAGES * (tile(a_kmajor) + tile(b_kmajor)) * 2
+
+
+def contiguous_dims(layout, m, n, k):
+    """The length of the contiguous (innermost) dim of a and of b in this layout."""
+    return (k if layout[0] == "n" else m), (k if layout[1] == "t" else n)
+
+
+def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr):
+    """(kernel name, grid, block, dynamic shared bytes) of C (m, n) = A B in `layout`.
+
+    linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows; tensor cores
+    for half types on sm_80+ when both operands allow 16-byte loads; else the FFMA kernel."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    suffix = FLOAT_SUFFIXES[dtype]
+    itemsize = 4 if dtype == 0 else 2
+    vector = 16 // itemsize
+    if layout == "nt" and m <= SMALL_MAX_M and k % vector == 0 and a_ptr % 16 == 0 and b_ptr % 16 == 0:
+        name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_THREADS // 32 * SMALL_FEATURES),
+                                     _ceil(m, SMALL_ROWS)), SMALL_THREADS, 0)
+    else:
+        a_dim, b_dim = contiguous_dims(layout, m, n, k)
+        if (dtype != 0 and cc >= MMA_MIN_CC and a_dim % 8 == 0 and b_dim % 8 == 0
+                and a_ptr % 16 == 0 and b_ptr % 16 == 0):
+            name, block, shared = f"gemm_mma_{layout}_{suffix}", MMA_THREADS, mma_shared_bytes(layout)
+            grid = (_ceil(n, MMA_TILE), _ceil(m, MMA_TILE))
+        else:
+            name, block, shared = f"gemm_simt_{layout}_{suffix}", SIMT_THREADS, 0
+            grid = (_ceil(n, SIMT_TILE), _ceil(m, SIMT_TILE))
+    if grid[1] > MAX_GRID_Y or grid[0] > _rows.MAX_GRID:
+        raise ValueError(f"a {m} x {n} output exceeds one launch's grid")
+    return name, grid, block, shared
+
+
+# ------------------------------------------------------------------------------ launches on raw pointers
+_compute_capability = {}
+_opted_in = set()
+
+
+def compute_capability(device):
+    cc = _compute_capability.get(device)
+    if cc is None:
+        import cupy
+
+        cc = _compute_capability[device] = int(cupy.cuda.Device(device).compute_capability)
+    return cc
+
+
+def _function(name, device, shared):
+    pointer = _modules.function_pointer(FAMILY, name, device)
+    if shared > 48 * 1024 and (name, device) not in _opted_in:
+        # Above 48 KB of dynamic shared memory a kernel must opt in, once per function.
+        _modules.get_function(FAMILY, name, device).max_dynamic_shared_size_bytes = shared
+        _opted_in.add((name, device))
+    return pointer
+
+
+def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, stream):
+    """c (m, n) = epilogue(A B) on pointers checked by the caller (one dtype, C-contiguous,
+    one device; bias/aux/pre 0 when absent). Nothing to do when m or n is 0; k == 0 gives
+    epilogue(0)."""
+    if m == 0 or n == 0:
+        return
+    name, grid, block, shared = plan(layout, dtype, m, n, k, compute_capability(device), a, b)
+    launch(_function(name, device, shared), grid, block, shared, stream,
+           (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
+
+
+# ------------------------------------------------------------------------------ CuPy API
+def _float_array(obj, name, op, ndim=None, like=None):
+    x = as_array(obj, name)
+    if like is not None:
+        if x.dtype != like.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype_text}, expected {like.dtype_text} like {like.name}")
+    elif x.dtype < 0 or x.dtype >= len(FLOAT_SUFFIXES):
+        raise TypeError(f"{name} has dtype {x.dtype_text}; {op} supports float32, float16, bfloat16")
+    if ndim is not None and len(x.shape) != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    _rows._dense(x)
+    return x
+
+
+def _out_array(obj, shape, like, inputs):
+    o = as_array(obj, "out")
+    if o.dtype != like.dtype:
+        raise TypeError(f"out has dtype {o.dtype_text}, expected {like.dtype_text} like {like.name}")
+    if o.shape != shape:
+        raise ValueError(f"out has shape {o.shape}, expected {shape}")
+    _rows._dense(o)
+    if o.readonly:
+        raise ValueError("out is read-only")
+    for x in inputs:  # blocks write out while others still read every input
+        if x is not None and o.nbytes and x.nbytes and o.ptr < x.ptr + x.nbytes and x.ptr < o.ptr + o.nbytes:
+            raise ValueError(f"out overlaps {x.name}; pass a separate array")
+    return o
+
+
+def _prepare(stream, device, arrays):
+    s = stream_pointer(stream, device)
+    for x in arrays:
+        if x is not None:
+            wait_for_producer(x, s)
+    return s
+
+
+def matmul(a, b, *, tf32=False, out=None, stream=None):
+    """a (M, K) @ b (K, N) -> (M, N), C-contiguous float32 / float16 / bfloat16 arrays of one
+    dtype; float32 accumulation. float32 is exact float32 math (FFMA); `tf32=True` allows
+    TF32 tensor cores (today it still runs the exact kernel: no TF32 kernel yet)."""
+    import cupy
+
+    if not isinstance(tf32, bool):
+        raise TypeError(f"tf32 must be a bool, got {type(tf32).__name__}")
+    A = _float_array(a, "a", "matmul", 2)
+    B = _float_array(b, "b", "matmul", 2, like=A)
+    (m, k), (k2, n) = A.shape, B.shape
+    if k2 != k:
+        raise ValueError(f"b has shape {B.shape}, expected ({k}, N): its rows must match a's columns (a is {A.shape})")
+    O = _out_array(out, (m, n), A, (A, B)) if out is not None else None
+    device = _rows.one_device(A, B, O)
+    with cupy.cuda.Device(device):
+        s = _prepare(stream, device, (A, B))
+        c = O.obj if O is not None else cupy.ndarray((m, n), NUMPY_DTYPES[A.dtype])
+        launch_gemm(device, "nn", A.dtype, A.ptr, B.ptr, O.ptr if O is not None else c.data.ptr, 0, 0, 0,
+                    m, n, k, EPI_NONE, s)
+    return c
+
+
+def _linear_operands(x, weight, bias):
+    X = _float_array(x, "x", "linear_gelu")
+    if len(X.shape) == 0:
+        raise ValueError("x must have at least one dimension (its last is in_features)")
+    W = _float_array(weight, "weight", "linear_gelu", 2, like=X)
+    k = X.shape[-1]
+    if W.shape[1] != k:
+        raise ValueError(f"weight has shape {W.shape}, expected (out_features, {k}): torch.nn.Linear layout, "
+                         f"in_features = x's last dim")
+    n = W.shape[0]
+    Bv = None
+    if bias is not None:
+        Bv = _float_array(bias, "bias", "linear_gelu", like=X)
+        if Bv.shape != (n,):
+            raise ValueError(f"bias has shape {Bv.shape}, expected ({n},): one value per output feature")
+    m = X.size // k if k else _prod(X.shape[:-1])
+    return X, W, Bv, m, n, k
+
+
+def _prod(shape):
+    p = 1
+    for d in shape:
+        p *= d
+    return p
+
+
+def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False, out=None, stream=None):
+    """gelu(x @ weight.T + bias) in one kernel, as
+    torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias), approximate=...).
+
+    x (..., in_features), weight (out_features, in_features), bias (out_features,) or None,
+    one dtype. Returns y (..., out_features); with save_preactivation=True, (y, pre) where
+    pre = x @ weight.T + bias is written by the same kernel for the backward."""
+    import cupy
+
+    flags = gelu_flags(approximate) | EPI_BIAS_GELU
+    X, W, Bv, m, n, k = _linear_operands(x, weight, bias)
+    shape = X.shape[:-1] + (n,)
+    O = _out_array(out, shape, X, (X, W, Bv)) if out is not None else None
+    device = _rows.one_device(X, W, Bv, O)
+    dtype = NUMPY_DTYPES[X.dtype]
+    with cupy.cuda.Device(device):
+        s = _prepare(stream, device, (X, W, Bv))
+        y = O.obj if O is not None else cupy.ndarray(shape, dtype)
+        pre = cupy.ndarray(shape, dtype) if save_preactivation else None
+        launch_gemm(device, "nt", X.dtype, X.ptr, W.ptr, O.ptr if O is not None else y.data.ptr,
+                    Bv.ptr if Bv is not None else 0, 0, pre.data.ptr if pre is not None else 0, m, n, k, flags, s)
+    return (y, pre) if save_preactivation else y
+
+
+def linear_gelu_backward(dy, x, weight, bias=None, approximate="tanh", *, preactivation=None, stream=None):
+    """(dx, dweight, dbias) of linear_gelu; dbias is None when bias is None.
+
+    With `preactivation` (from save_preactivation=True) dpre = dy * gelu'(pre) is one
+    elementwise pass; without it, pre is recomputed by a GEMM whose epilogue produces dpre
+    directly (no pre ever stored). Then dx = dpre @ W, dW = dpre^T @ x (two GEMMs) and
+    dbias = dpre summed over rows (deterministic column sum)."""
+    import cupy
+
+    from . import elementwise
+
+    flags = gelu_flags(approximate)
+    X, W, Bv, m, n, k = _linear_operands(x, weight, bias)
+    shape = X.shape[:-1] + (n,)
+    DY = _float_array(dy, "dy", "linear_gelu_backward", like=X)
+    if DY.shape != shape:
+        raise ValueError(f"dy has shape {DY.shape}, expected {shape}")
+    P = None
+    if preactivation is not None:
+        P = _float_array(preactivation, "preactivation", "linear_gelu_backward", like=X)
+        if P.shape != shape:
+            raise ValueError(f"preactivation has shape {P.shape}, expected {shape}")
+    device = _rows.one_device(X, W, Bv, DY, P)
+    dtype = NUMPY_DTYPES[X.dtype]
+    with cupy.cuda.Device(device):
+        s = _prepare(stream, device, (X, W, Bv, DY, P))
+        if P is not None:
+            dpre = elementwise.gelu_backward(DY.obj, P.obj, approximate, stream=s)
+        else:
+            dpre = cupy.ndarray((m, n), dtype)
+            launch_gemm(device, "nt", X.dtype, X.ptr, W.ptr, dpre.data.ptr, Bv.ptr if Bv is not None else 0,
+                        DY.ptr, 0, m, n, k, flags | EPI_BIAS_GELU_GRAD, s)
+        dx = cupy.ndarray(X.shape, dtype)
+        dw = cupy.ndarray((n, k), dtype)
+        dpre_ptr = dpre.data.ptr
+        launch_gemm(device, "nn", X.dtype, dpre_ptr, W.ptr, dx.data.ptr, 0, 0, 0, m, k, n, EPI_NONE, s)
+        launch_gemm(device, "tn", X.dtype, dpre_ptr, X.ptr, dw.data.ptr, 0, 0, 0, n, k, m, EPI_NONE, s)
+        db = elementwise.column_sum(dpre.reshape(m, n), stream=s) if Bv is not None else None
+    return dx, dw, db
