@@ -106,6 +106,32 @@ def matmul_rows(ta, ceiling):
     return rows
 
 
+def tile_rows(ta):
+    """gemm_mma (128x128 tiles, 64x32 warps) against gemm_mma256 (128x256, 64x64 warps)."""
+    import importlib
+
+    mm = importlib.import_module("rawops.matmul")
+    rows = []
+    a, b = (torch.randn(8192, 8192, device="cuda").to(torch.bfloat16) for _ in range(2))
+    x = torch.randn(8192, 768, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(3072, 768, device="cuda") * 768 ** -0.5).to(torch.bfloat16)
+    bias = torch.randn(3072, device="cuda").to(torch.bfloat16)
+    cases = (("matmul bf16 8192^3", 2 * 8192 ** 3, lambda: ta.matmul(a, b)),
+             ("linear_gelu fwd bf16 8192x768->3072", 2 * 8192 * 768 * 3072, lambda: ta.linear_gelu(x, w, bias)))
+    with torch.no_grad():
+        for name, flops, fn in cases:
+            times = {}
+            for wide in (False, True):
+                mm.MMA_WIDE = wide
+                times[wide] = device_time_us(fn, warmup=3, reps=20)
+            mm.MMA_WIDE = True
+            rows.append({"case": name, "gemm_mma us": times[False], "gemm_mma256 us": times[True],
+                         "gemm_mma TFLOP/s": flops / times[False] / 1e6,
+                         "gemm_mma256 TFLOP/s": flops / times[True] / 1e6})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -126,6 +152,9 @@ def main():
         ("matmul", ["op", "shape", "rawops us", "torch us", "x torch", "rawops TFLOP/s", "torch TFLOP/s",
                     "compute floor us", "memory floor us", "rel error vs f64"], matmul_rows(ta, ceiling),
          {"targets": ">= 0.8x torch at 8192^3 bf16 and f32", "peaks": "bf16/f16 989, FFMA 66.9 TFLOP/s"}),
+        ("tensor-core tile shapes (bf16)", ["case", "gemm_mma us", "gemm_mma256 us", "gemm_mma TFLOP/s",
+                                            "gemm_mma256 TFLOP/s"], tile_rows(ta),
+         {"what": "rawops.matmul.MMA_WIDE off / on, same run"}),
     ]
     text = write_results(out_dir, "matmul", "python bench/bench_matmul.py", sections)
     print(text)

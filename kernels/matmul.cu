@@ -75,9 +75,19 @@ constexpr int kSimtK = 8;
 constexpr int kSimtStride = kSimtTile + 4;  // conflict-free transposing stores, float4-aligned rows
 
 // A_KM: a(m, k) at a[m * K + k] (else a[k * M + m]); B_KM: b(k, n) at b[n * K + k] (else b[k * N + n]).
+// Split K (gridDim.z > 1): block z sums k in [z kc, (z + 1) kc) and stores its raw float32
+// sums to partial[z][M][N]; gemm_reduce adds the splits in order and applies the epilogue.
 template <typename T, bool A_KM, bool B_KM>
 __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c,
                                           const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
+  int64_t kb = 0, ke = K;
+  float* partial = nullptr;
+  if (gridDim.z > 1) {
+    const int64_t kc = ((K + gridDim.z - 1) / gridDim.z + kSimtK - 1) / kSimtK * kSimtK;
+    kb = int64_t(blockIdx.z) * kc;
+    ke = kb + kc < K ? kb + kc : K;
+    partial = reinterpret_cast<float*>(c) + int64_t(blockIdx.z) * M * N;
+  }
   __shared__ __align__(16) float As[2][kSimtK][kSimtStride];
   __shared__ __align__(16) float Bs[2][kSimtK][kSimtStride];
   const int t = threadIdx.x;
@@ -89,17 +99,17 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
   // column t%128 at k t/128 + 2i). Kept to one pointer per operand: 2 blocks of 256 per SM.
   const int64_t am = A_KM ? t / kSimtK : t % kSimtTile, ak = A_KM ? t % kSimtK : t / kSimtTile;
   const int64_t bn = B_KM ? t / kSimtK : t % kSimtTile, bk = B_KM ? t % kSimtK : t / kSimtTile;
-  const T* pa = a + (A_KM ? (m0 + am) * K + ak : ak * M + m0 + am);
-  const T* pb = b + (B_KM ? (n0 + bn) * K + bk : bk * N + n0 + bn);
+  const T* pa = a + (A_KM ? (m0 + am) * K + kb + ak : (kb + ak) * M + m0 + am);
+  const T* pb = b + (B_KM ? (n0 + bn) * K + kb + bk : (kb + bk) * N + n0 + bn);
   const int64_t a_stride = A_KM ? 32 * K : 2 * M, a_step = A_KM ? kSimtK : kSimtK * M;
   const int64_t b_stride = B_KM ? 32 * K : 2 * N, b_step = B_KM ? kSimtK : kSimtK * N;
   float ra[4], rb[4];
   auto load = [&](int64_t k0) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const bool a_ok = A_KM ? (m0 + am + 32 * i < M && k0 + ak < K) : (m0 + am < M && k0 + ak + 2 * i < K);
+      const bool a_ok = A_KM ? (m0 + am + 32 * i < M && k0 + ak < ke) : (m0 + am < M && k0 + ak + 2 * i < ke);
       ra[i] = a_ok ? to_float(pa[i * a_stride]) : 0.f;
-      const bool b_ok = B_KM ? (n0 + bn + 32 * i < N && k0 + bk < K) : (n0 + bn < N && k0 + bk + 2 * i < K);
+      const bool b_ok = B_KM ? (n0 + bn + 32 * i < N && k0 + bk < ke) : (n0 + bn < N && k0 + bk + 2 * i < ke);
       rb[i] = b_ok ? to_float(pb[i * b_stride]) : 0.f;
     }
     pa += a_step;
@@ -119,13 +129,13 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
 
-  const int64_t tiles = (K + kSimtK - 1) / kSimtK;
-  load(0);
+  const int64_t tiles = ke > kb ? (ke - kb + kSimtK - 1) / kSimtK : 0;
+  load(kb);
   store(0);
   __syncthreads();
   for (int64_t kt = 0; kt < tiles; ++kt) {
     const int s = int(kt & 1);
-    if (kt + 1 < tiles) load((kt + 1) * kSimtK);
+    if (kt + 1 < tiles) load(kb + (kt + 1) * kSimtK);
 #pragma unroll
     for (int k = 0; k < kSimtK; ++k) {
       const float4 a0 = *reinterpret_cast<const float4*>(&As[s][k][ty * 4]);
@@ -149,7 +159,11 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const int64_t n = n0 + (j < 4 ? tx * 4 + j : 64 + tx * 4 + j - 4);
-      if (n < N) c[m * N + n] = from_float<T>(epi(acc[i][j], m, n));
+      if (n >= N) continue;
+      if (partial != nullptr)
+        partial[m * N + n] = acc[i][j];
+      else
+        c[m * N + n] = from_float<T>(epi(acc[i][j], m, n));
     }
   }
 }
@@ -159,10 +173,11 @@ constexpr int kMmaThreads = 256;
 constexpr int kMmaTile = 128;
 constexpr int kMmaK = 32;
 constexpr int kMmaStages = 3;
-constexpr int kKMajorStride = kMmaK + 8;        // [128 rows][32 k + 8]: ldmatrix conflict-free
-constexpr int kMNMajorStride = kMmaTile + 8;    // [32 k][128 + 8]
-template <bool KM> struct TileShape {
-  static constexpr int elems = KM ? kMmaTile * kKMajorStride : kMmaK * kMNMajorStride;
+constexpr int kKMajorStride = kMmaK + 8;  // [rows][32 k + 8]: ldmatrix conflict-free
+// [32 k][rows + 8] when the operand is M- or N-contiguous.
+template <bool KM, int ROWS> struct TileShape {
+  static constexpr int stride = KM ? kKMajorStride : ROWS + 8;
+  static constexpr int elems = KM ? ROWS * kKMajorStride : kMmaK * (ROWS + 8);
 };
 
 template <typename T> struct MmaOp;
@@ -221,51 +236,56 @@ template <bool TRANS> __device__ __forceinline__ void ldmatrix_x4(unsigned* r, c
 #endif
 }
 
-// One operand tile (128 rows of M or N, 32 of K) of stage memory from global, 16 B per cp.async.
+// One operand tile (ROWS rows of M or N, 32 of K) of stage memory from global, 16 B per cp.async.
 // KM: element (r, k) at g[r * K + k], stored [r][k]; else at g[k * R + r], stored [k][r].
-template <typename T, bool KM>
+template <typename T, bool KM, int ROWS>
 __device__ __forceinline__ void load_tile(T* s, const T* __restrict__ g, int64_t r0, int64_t k0, int64_t R,
                                           int64_t K, int t) {
+  constexpr int stride = TileShape<KM, ROWS>::stride;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int c = t + i * kMmaThreads;  // 512 chunks of 8 elements
+  for (int i = 0; i < ROWS / 64; ++i) {
+    const int c = t + i * kMmaThreads;  // ROWS * 4 chunks of 8 elements
     if (KM) {
       const int r = c / 4, k = (c % 4) * 8;
       const bool valid = r0 + r < R && k0 + k < K;
-      cp_async16(s + r * kKMajorStride + k, valid ? g + (r0 + r) * K + k0 + k : g, valid);
+      cp_async16(s + r * stride + k, valid ? g + (r0 + r) * K + k0 + k : g, valid);
     } else {
-      const int k = c / 16, r = (c % 16) * 8;
+      const int k = c / (ROWS / 8), r = (c % (ROWS / 8)) * 8;
       const bool valid = k0 + k < K && r0 + r < R;
-      cp_async16(s + k * kMNMajorStride + r, valid ? g + (k0 + k) * R + r0 + r : g, valid);
+      cp_async16(s + k * stride + r, valid ? g + (k0 + k) * R + r0 + r : g, valid);
     }
   }
 }
 
-template <typename T, bool A_KM, bool B_KM>
+// BN = 128: warps of 64x32 (6 ldmatrix.x4 per 16 mma); BN = 256: warps of 64x64 (8 per 32),
+// half the shared-memory reads per mma, 92 KB of stages, one block per SM.
+template <typename T, bool A_KM, bool B_KM, int BN>
 __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c,
                                          const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int kA = TileShape<A_KM>::elems, kB = TileShape<B_KM>::elems;
+  constexpr int kA = TileShape<A_KM, kMmaTile>::elems, kB = TileShape<B_KM, BN>::elems;
+  constexpr int kAStride = TileShape<A_KM, kMmaTile>::stride, kBStride = TileShape<B_KM, BN>::stride;
+  constexpr int WN = BN / 4, NI = WN / 8;
   T* const smem = reinterpret_cast<T*>(smem_raw);
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  const int wm = warp / 4, wn = warp % 4;  // warp tile: rows wm*64 + [0, 64), cols wn*32 + [0, 32)
-  const int64_t m0 = int64_t(blockIdx.y) * kMmaTile, n0 = int64_t(blockIdx.x) * kMmaTile;
+  const int wm = warp / 4, wn = warp % 4;  // warp tile: rows wm*64 + [0, 64), cols wn*WN + [0, WN)
+  const int64_t m0 = int64_t(blockIdx.y) * kMmaTile, n0 = int64_t(blockIdx.x) * BN;
   const int tiles = int((K + kMmaK - 1) / kMmaK);
 
-  float acc[4][4][4];
+  float acc[4][NI][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < NI; ++j)
 #pragma unroll
       for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 
 #pragma unroll
   for (int s = 0; s < kMmaStages - 1; ++s) {
     if (s < tiles) {
-      load_tile<T, A_KM>(smem + s * (kA + kB), a, m0, int64_t(s) * kMmaK, M, K, t);
-      load_tile<T, B_KM>(smem + s * (kA + kB) + kA, b, n0, int64_t(s) * kMmaK, N, K, t);
+      load_tile<T, A_KM, kMmaTile>(smem + s * (kA + kB), a, m0, int64_t(s) * kMmaK, M, K, t);
+      load_tile<T, B_KM, BN>(smem + s * (kA + kB) + kA, b, n0, int64_t(s) * kMmaK, N, K, t);
     }
     cp_async_commit();
   }
@@ -276,31 +296,31 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
     const int next = kt + kMmaStages - 1;
     if (next < tiles) {
       T* st = smem + (next % kMmaStages) * (kA + kB);
-      load_tile<T, A_KM>(st, a, m0, int64_t(next) * kMmaK, M, K, t);
-      load_tile<T, B_KM>(st + kA, b, n0, int64_t(next) * kMmaK, N, K, t);
+      load_tile<T, A_KM, kMmaTile>(st, a, m0, int64_t(next) * kMmaK, M, K, t);
+      load_tile<T, B_KM, BN>(st + kA, b, n0, int64_t(next) * kMmaK, N, K, t);
     }
     cp_async_commit();
     const T* As = smem + (kt % kMmaStages) * (kA + kB);
     const T* Bs = As + kA;
 #pragma unroll
     for (int kk = 0; kk < kMmaK; kk += 16) {
-      unsigned af[4][4], bf[4][2];
+      unsigned af[4][4], bf[NI][2];
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi) {
         const int mb = wm * 64 + mi * 16;
         if (A_KM)
-          ldmatrix_x4<false>(af[mi], As + (mb + lane % 16) * kKMajorStride + kk + (lane / 16) * 8);
+          ldmatrix_x4<false>(af[mi], As + (mb + lane % 16) * kAStride + kk + (lane / 16) * 8);
         else
-          ldmatrix_x4<true>(af[mi], As + (kk + r + (j / 2) * 8) * kMNMajorStride + mb + (j % 2) * 8);
+          ldmatrix_x4<true>(af[mi], As + (kk + r + (j / 2) * 8) * kAStride + mb + (j % 2) * 8);
       }
 #pragma unroll
-      for (int p = 0; p < 2; ++p) {
-        const int nb = wn * 32 + p * 16;
+      for (int p = 0; p < NI / 2; ++p) {
+        const int nb = wn * WN + p * 16;
         unsigned q[4];
         if (B_KM)
-          ldmatrix_x4<false>(q, Bs + (nb + r + (j / 2) * 8) * kKMajorStride + kk + (j % 2) * 8);
+          ldmatrix_x4<false>(q, Bs + (nb + r + (j / 2) * 8) * kBStride + kk + (j % 2) * 8);
         else
-          ldmatrix_x4<true>(q, Bs + (kk + r + (j % 2) * 8) * kMNMajorStride + nb + (j / 2) * 8);
+          ldmatrix_x4<true>(q, Bs + (kk + r + (j % 2) * 8) * kBStride + nb + (j / 2) * 8);
         bf[2 * p][0] = q[0];
         bf[2 * p][1] = q[1];
         bf[2 * p + 1][0] = q[2];
@@ -309,7 +329,7 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) MmaOp<T>::run(acc[mi][ni], af[mi], bf[ni]);
+        for (int ni = 0; ni < NI; ++ni) MmaOp<T>::run(acc[mi][ni], af[mi], bf[ni]);
     }
   }
   cp_async_wait<0>();
@@ -322,8 +342,8 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
       const int64_t m = m0 + wm * 64 + mi * 16 + lane / 4 + half * 8;
       if (m >= M) continue;
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const int64_t n = n0 + wn * 32 + ni * 8 + (lane % 4) * 2;
+      for (int ni = 0; ni < NI; ++ni) {
+        const int64_t n = n0 + wn * WN + ni * 8 + (lane % 4) * 2;
         const float v0 = acc[mi][ni][half * 2], v1 = acc[mi][ni][half * 2 + 1];
         if (pairs && n + 1 < N) {
           T out[2] = {from_float<T>(epi(v0, m, n)), from_float<T>(epi(v1, m, n + 1))};
@@ -391,16 +411,17 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
 #pragma unroll
     for (int f = 0; f < kSmallFeatures; ++f)
       wnext[f] = (kn < K && n0 + f < N) ? __ldg(reinterpret_cast<const uint4*>(w + (n0 + f) * K + kn)) : zero;
+    // Rows past M re-read the last row instead of branching: a branch per row serialised
+    // the 32 loads (one L2 round trip each: 57 us at 32x768->3072 f32, measured), while
+    // branch-free they are all in flight together. Their sums are never stored.
 #pragma unroll
     for (int m = 0; m < kSmallRows; ++m) {
-      if (m < rows) {
-        float xv[V];
-        unpack<T>(__ldg(reinterpret_cast<const uint4*>(xb + m * K + k)), xv);
+      float xv[V];
+      unpack<T>(__ldg(reinterpret_cast<const uint4*>(xb + (m < rows ? m : rows - 1) * K + k)), xv);
 #pragma unroll
-        for (int f = 0; f < kSmallFeatures; ++f)
+      for (int f = 0; f < kSmallFeatures; ++f)
 #pragma unroll
-          for (int v = 0; v < V; ++v) acc[f * kSmallRows + m] = fmaf(wv[f][v], xv[v], acc[f * kSmallRows + m]);
-      }
+        for (int v = 0; v < V; ++v) acc[f * kSmallRows + m] = fmaf(wv[f][v], xv[v], acc[f * kSmallRows + m]);
     }
   }
   reduce_scatter<16, kSmallFeatures * kSmallRows / 2>(acc, lane);
@@ -414,6 +435,20 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
     const int f = i / kSmallRows, m = i % kSmallRows;
     const int64_t n = n0 + f, gm = row0 + m;
     if (m < rows && n < N) y[gm * N + n] = from_float<T>(epi(acc[v], gm, n));
+  }
+}
+
+// ============================================================================ split-K reduction
+// c[m][n] = epilogue(sum over z in order of partial[z][m][n]): deterministic, one thread
+// per output (grid-stride), reads splits x 4 B and writes one element per output.
+template <typename T>
+__device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T* __restrict__ c,
+                                            const Epilogue<T> epi, int64_t M, int64_t N, int64_t splits) {
+  const int64_t total = M * N;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    float sum = 0.f;
+    for (int64_t z = 0; z < splits; ++z) sum += partial[z * total + i];
+    c[i] = from_float<T>(epi(sum, i / N, i % N));
   }
 }
 
@@ -433,18 +468,28 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
   }
 #define RAWOPS_MMA(layout, A_KM, B_KM, T, suffix)                                                       \
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_mma_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
-    rawops::gemm_mma<T, A_KM, B_KM>(a, b, c, RAWOPS_EPI(T), m, n, k);                                   \
+    rawops::gemm_mma<T, A_KM, B_KM, 128>(a, b, c, RAWOPS_EPI(T), m, n, k);                              \
+  }                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma256_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
+    rawops::gemm_mma<T, A_KM, B_KM, 256>(a, b, c, RAWOPS_EPI(T), m, n, k);                              \
   }
 #define RAWOPS_SMALL(T, suffix)                                                                          \
   extern "C" __global__ void __launch_bounds__(64) linear_small_nt_##suffix(RAWOPS_GEMM_ARGS(T)) {      \
     rawops::linear_small<T>(a, b, c, RAWOPS_EPI(T), m, n, k);                                           \
   }
 
+// gemm_reduce: a = the float32 partials, k = the number of splits; b unused.
+#define RAWOPS_REDUCE(T, suffix)                                                                         \
+  extern "C" __global__ void __launch_bounds__(256) gemm_reduce_##suffix(RAWOPS_GEMM_ARGS(T)) {         \
+    rawops::gemm_reduce<T>(reinterpret_cast<const float*>(a), c, RAWOPS_EPI(T), m, n, k);              \
+  }
+
 #define RAWOPS_MATMUL_FAMILY(T, suffix) \
   RAWOPS_SIMT(nn, true, false, T, suffix) \
   RAWOPS_SIMT(nt, true, true, T, suffix)  \
   RAWOPS_SIMT(tn, false, false, T, suffix) \
-  RAWOPS_SMALL(T, suffix)
+  RAWOPS_SMALL(T, suffix)                  \
+  RAWOPS_REDUCE(T, suffix)
 #define RAWOPS_MATMUL_MMA_FAMILY(T, suffix) \
   RAWOPS_MMA(nn, true, false, T, suffix)    \
   RAWOPS_MMA(nt, true, true, T, suffix)     \

@@ -10,7 +10,7 @@ float32 runs exact float32 math (FFMA, no tensor cores); float16 / bfloat16 run 
 the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
 the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
 """
-from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES, as_array, launch, stream_pointer, wait_for_producer
+from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES, as_array, launch, sm_count, stream_pointer, wait_for_producer
 from . import _modules, _rows
 
 FAMILY = "matmul"
@@ -27,6 +27,16 @@ SMALL_THREADS, SMALL_FEATURES, SMALL_ROWS = 64, 4, 32  # kSmallThreads, kSmallFe
 SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
 MAX_GRID_Y = 65535
 MMA_MIN_CC = 80
+# Tensor-core tile width: gemm_mma256 (128x256 blocks, 64x64 warps) where N >= 256, else
+# gemm_mma (128x128, 64x32 warps). A module switch so the benchmark can time both.
+MMA_WIDE = True
+# Split K (FFMA kernel + gemm_reduce) when the output has too few tiles to fill the GPU:
+# at least SPLIT_MIN_K of K per split, at most MAX_SPLITS splits, about 2 blocks per SM.
+SPLIT_MIN_K, MAX_SPLITS = 128, 64
+# Half types leave tensor cores for FFMA split-K only when their tiles fill under a quarter
+# of the SMs and K is long (the linear backward's dx at batch 32: 3 tiles, K = 3072).
+MMA_SPLIT_MIN_K = 1024
+REDUCE_THREADS = 256
 
 EPI_NONE, EPI_BIAS_GELU, EPI_BIAS_GELU_GRAD, EPI_BIAS = 0, 1, 2, 3
 EPI_ERF = 4
@@ -36,8 +46,8 @@ GELU_FLAGS = {"tanh": 0, "none": EPI_ERF}
 def entry_points():
     """Every extern "C" kernel the fatbin must hold, on every architecture."""
     names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
-    names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES]
-    names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
+    names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
+    names += [f"gemm_{mma}_{layout}_{s}" for mma in ("mma", "mma256") for layout in LAYOUTS for s in MMA_SUFFIXES]
     return sorted(names)
 
 
@@ -53,12 +63,13 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def mma_shared_bytes(layout):
-    """Dynamic shared memory of gemm_mma_<layout>: MMA_STAGES stages of an A and a B tile,
-    each [128][32 + 8] when K-contiguous, else [32][128 + 8], 2-byte elements."""
+def mma_shared_bytes(layout, bn=MMA_TILE):
+    """Dynamic shared memory of gemm_mma (bn 128) / gemm_mma256 (bn 256) in `layout`:
+    MMA_STAGES stages of an A tile (128 rows) and a B tile (bn rows), each stored
+    [rows][32 + 8] when K-contiguous, else [32][rows + 8]; 2-byte elements."""
     a_kmajor, b_kmajor = layout[0] == "n", layout[1] == "t"
-    tile = lambda kmajor: MMA_TILE * KMAJOR_STRIDE if kmajor else MMA_K * MNMAJOR_STRIDE  # noqa: E731
-    return MMA_STAGES * (tile(a_kmajor) + tile(b_kmajor)) * 2
+    tile = lambda kmajor, rows: rows * KMAJOR_STRIDE if kmajor else MMA_K * (rows + 8)  # noqa: E731
+    return MMA_STAGES * (tile(a_kmajor, MMA_TILE) + tile(b_kmajor, bn)) * 2
 
 
 def contiguous_dims(layout, m, n, k):
@@ -66,31 +77,51 @@ def contiguous_dims(layout, m, n, k):
     return (k if layout[0] == "n" else m), (k if layout[1] == "t" else n)
 
 
-def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr):
-    """(kernel name, grid, block, dynamic shared bytes) of C (m, n) = A B in `layout`.
+def split_count(blocks, k, sms):
+    """K splits for an FFMA launch of `blocks` tiles: 1 unless the tiles leave the GPU idle."""
+    if blocks >= sms or k < 2 * SPLIT_MIN_K:
+        return 1
+    return max(1, min(_ceil(2 * sms, blocks), k // SPLIT_MIN_K, MAX_SPLITS))
+
+
+def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132):
+    """(kernel name, grid, block, dynamic shared bytes, K splits) of C (m, n) = A B in `layout`.
 
     linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows; tensor cores
-    for half types on sm_80+ when both operands allow 16-byte loads; else the FFMA kernel."""
+    for half types on sm_80+ when both operands allow 16-byte loads (unless few tiles and a
+    long K make split-K FFMA the better choice); else the FFMA kernel, split along K (then gemm_reduce applies the
+    epilogue) when its tiles would leave SMs idle."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     suffix = FLOAT_SUFFIXES[dtype]
     itemsize = 4 if dtype == 0 else 2
     vector = 16 // itemsize
+    splits = 1
     if layout == "nt" and m <= SMALL_MAX_M and k % vector == 0 and a_ptr % 16 == 0 and b_ptr % 16 == 0:
         name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_THREADS // 32 * SMALL_FEATURES),
                                      _ceil(m, SMALL_ROWS)), SMALL_THREADS, 0)
     else:
         a_dim, b_dim = contiguous_dims(layout, m, n, k)
+        bn = 256 if MMA_WIDE and n >= 256 else MMA_TILE
+        mma_grid = (_ceil(n, bn), _ceil(m, MMA_TILE))
         if (dtype != 0 and cc >= MMA_MIN_CC and a_dim % 8 == 0 and b_dim % 8 == 0
-                and a_ptr % 16 == 0 and b_ptr % 16 == 0):
-            name, block, shared = f"gemm_mma_{layout}_{suffix}", MMA_THREADS, mma_shared_bytes(layout)
-            grid = (_ceil(n, MMA_TILE), _ceil(m, MMA_TILE))
+                and a_ptr % 16 == 0 and b_ptr % 16 == 0
+                and (mma_grid[0] * mma_grid[1] * 4 >= sms or k < MMA_SPLIT_MIN_K)):
+            name = f"gemm_mma{'256' if bn == 256 else ''}_{layout}_{suffix}"
+            grid, block, shared = mma_grid, MMA_THREADS, mma_shared_bytes(layout, bn)
         else:
             name, block, shared = f"gemm_simt_{layout}_{suffix}", SIMT_THREADS, 0
             grid = (_ceil(n, SIMT_TILE), _ceil(m, SIMT_TILE))
+            splits = split_count(grid[0] * grid[1], k, sms)
+            if splits > 1:
+                grid = grid + (splits,)
     if grid[1] > MAX_GRID_Y or grid[0] > _rows.MAX_GRID:
         raise ValueError(f"a {m} x {n} output exceeds one launch's grid")
-    return name, grid, block, shared
+    return name, grid, block, shared, splits
+
+
+def reduce_blocks(m, n, sms):
+    return max(1, min(_ceil(m * n, REDUCE_THREADS), sms * 8))
 
 
 # ------------------------------------------------------------------------------ launches on raw pointers
@@ -116,15 +147,32 @@ def _function(name, device, shared):
     return pointer
 
 
-def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, stream):
+def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, stream, workspace):
     """c (m, n) = epilogue(A B) on pointers checked by the caller (one dtype, C-contiguous,
     one device; bias/aux/pre 0 when absent). Nothing to do when m or n is 0; k == 0 gives
-    epilogue(0)."""
+    epilogue(0). `workspace(nbytes)` -> (pointer, owner) allocates stream-ordered scratch
+    for split-K partials; the owner is returned (keep it until the launches are queued)."""
     if m == 0 or n == 0:
-        return
-    name, grid, block, shared = plan(layout, dtype, m, n, k, compute_capability(device), a, b)
+        return None
+    sms = sm_count(device)
+    name, grid, block, shared, splits = plan(layout, dtype, m, n, k, compute_capability(device), a, b, sms)
+    if splits == 1:
+        launch(_function(name, device, shared), grid, block, shared, stream,
+               (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
+        return None
+    partial, owner = workspace(splits * m * n * 4)
     launch(_function(name, device, shared), grid, block, shared, stream,
-           (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
+           (a, b, partial, 0, 0, 0, m, n, k, 0), KINDS, device)
+    launch(_function(f"gemm_reduce_{FLOAT_SUFFIXES[dtype]}", device, 0), (reduce_blocks(m, n, sms),),
+           REDUCE_THREADS, 0, stream, (partial, 0, c, bias, aux, pre, m, n, splits, flags), KINDS, device)
+    return owner
+
+
+def _cupy_workspace(nbytes):
+    import cupy
+
+    memory = cupy.cuda.alloc(nbytes)
+    return memory.ptr, memory
 
 
 # ------------------------------------------------------------------------------ CuPy API
@@ -160,7 +208,7 @@ def _prepare(stream, device, arrays):
     s = stream_pointer(stream, device)
     for x in arrays:
         if x is not None:
-            wait_for_producer(x, s)
+            wait_for_producer(x, s, _cupy_workspace)
     return s
 
 
@@ -181,9 +229,10 @@ def matmul(a, b, *, tf32=False, out=None, stream=None):
     device = _rows.one_device(A, B, O)
     with cupy.cuda.Device(device):
         s = _prepare(stream, device, (A, B))
-        c = O.obj if O is not None else cupy.ndarray((m, n), NUMPY_DTYPES[A.dtype])
-        launch_gemm(device, "nn", A.dtype, A.ptr, B.ptr, O.ptr if O is not None else c.data.ptr, 0, 0, 0,
-                    m, n, k, EPI_NONE, s)
+        with _on_stream(stream, s):
+            c = O.obj if O is not None else cupy.ndarray((m, n), NUMPY_DTYPES[A.dtype])
+            launch_gemm(device, "nn", A.dtype, A.ptr, B.ptr, O.ptr if O is not None else c.data.ptr, 0, 0, 0,
+                        m, n, k, EPI_NONE, s, _cupy_workspace)
     return c
 
 
@@ -230,10 +279,12 @@ def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False
     dtype = NUMPY_DTYPES[X.dtype]
     with cupy.cuda.Device(device):
         s = _prepare(stream, device, (X, W, Bv))
-        y = O.obj if O is not None else cupy.ndarray(shape, dtype)
-        pre = cupy.ndarray(shape, dtype) if save_preactivation else None
-        launch_gemm(device, "nt", X.dtype, X.ptr, W.ptr, O.ptr if O is not None else y.data.ptr,
-                    Bv.ptr if Bv is not None else 0, 0, pre.data.ptr if pre is not None else 0, m, n, k, flags, s)
+        with _on_stream(stream, s):
+            y = O.obj if O is not None else cupy.ndarray(shape, dtype)
+            pre = cupy.ndarray(shape, dtype) if save_preactivation else None
+            launch_gemm(device, "nt", X.dtype, X.ptr, W.ptr, O.ptr if O is not None else y.data.ptr,
+                        Bv.ptr if Bv is not None else 0, 0, pre.data.ptr if pre is not None else 0, m, n, k, flags, s,
+                        _cupy_workspace)
     return (y, pre) if save_preactivation else y
 
 
@@ -263,16 +314,19 @@ def linear_gelu_backward(dy, x, weight, bias=None, approximate="tanh", *, preact
     dtype = NUMPY_DTYPES[X.dtype]
     with cupy.cuda.Device(device):
         s = _prepare(stream, device, (X, W, Bv, DY, P))
-        if P is not None:
-            dpre = elementwise.gelu_backward(DY.obj, P.obj, approximate, stream=s)
-        else:
-            dpre = cupy.ndarray((m, n), dtype)
-            launch_gemm(device, "nt", X.dtype, X.ptr, W.ptr, dpre.data.ptr, Bv.ptr if Bv is not None else 0,
-                        DY.ptr, 0, m, n, k, flags | EPI_BIAS_GELU_GRAD, s)
-        dx = cupy.ndarray(X.shape, dtype)
-        dw = cupy.ndarray((n, k), dtype)
-        dpre_ptr = dpre.data.ptr
-        launch_gemm(device, "nn", X.dtype, dpre_ptr, W.ptr, dx.data.ptr, 0, 0, 0, m, k, n, EPI_NONE, s)
-        launch_gemm(device, "tn", X.dtype, dpre_ptr, X.ptr, dw.data.ptr, 0, 0, 0, n, k, m, EPI_NONE, s)
-        db = elementwise.column_sum(dpre.reshape(m, n), stream=s) if Bv is not None else None
+        with _on_stream(stream, s):
+            if P is not None:
+                dpre = elementwise.gelu_backward(DY.obj, P.obj, approximate, stream=s)
+            else:
+                dpre = cupy.ndarray((m, n), dtype)
+                launch_gemm(device, "nt", X.dtype, X.ptr, W.ptr, dpre.data.ptr, Bv.ptr if Bv is not None else 0,
+                            DY.ptr, 0, m, n, k, flags | EPI_BIAS_GELU_GRAD, s, _cupy_workspace)
+            dx = cupy.ndarray(X.shape, dtype)
+            dw = cupy.ndarray((n, k), dtype)
+            dpre_ptr = dpre.data.ptr
+            launch_gemm(device, "nn", X.dtype, dpre_ptr, W.ptr, dx.data.ptr, 0, 0, 0, m, k, n, EPI_NONE, s,
+                        _cupy_workspace)
+            launch_gemm(device, "tn", X.dtype, dpre_ptr, X.ptr, dw.data.ptr, 0, 0, 0, n, k, m, EPI_NONE, s,
+                        _cupy_workspace)
+            db = elementwise.column_sum(dpre.reshape(m, n), stream=s) if Bv is not None else None
     return dx, dw, db

@@ -714,8 +714,12 @@ _mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is
 
 
 def _gemm(device, layout, code, a, b, c, m, n, k, bias=0, aux=0, pre=0, flags=_mm.EPI_NONE):
+    def workspace(nbytes):  # split-K partials, from torch's allocator on the launch stream
+        scratch = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
+        return scratch.data_ptr(), scratch
+
     _on_device(device, _mm.launch_gemm, device, layout, code, a, b, c, bias, aux, pre, m, n, k, flags,
-               _raw_stream(device))
+               _raw_stream(device), workspace)
 
 
 def _matmul_operands(a, b):

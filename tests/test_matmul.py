@@ -21,8 +21,8 @@ F32, F16, BF16 = 0, 1, 2
 
 # ------------------------------------------------------------------------------ launch plan
 def test_small_batch_linear_splits_the_output_features_over_the_whole_gpu():
-    name, grid, block, shared = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER)
-    assert name == "linear_small_nt_f32" and block == 64 and shared == 0
+    name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER)
+    assert name == "linear_small_nt_f32" and block == 64 and shared == 0 and splits == 1
     assert grid == (3072 // 8, 1), "a warp per 4 features, 2 warps per block, all 32 rows"
     assert mm.plan("nt", F32, 33, 10, 100, 90, BASE, OTHER)[1] == (2, 2), "rows past 32: a second blockIdx.y"
     assert mm.plan("nt", BF16, 128, 3072, 768, 90, BASE, OTHER)[0] == "linear_small_nt_bf16"
@@ -38,12 +38,29 @@ def test_small_batch_path_only_where_its_16_byte_loads_are_legal(why, args):
     assert not mm.plan(*args)[0].startswith("linear_small"), why
 
 
-def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned():
+def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned(monkeypatch):
     for layout in mm.LAYOUTS:
-        name, grid, block, shared = mm.plan(layout, BF16, 8192, 8192, 8192, 90, BASE, OTHER)
-        assert name == f"gemm_mma_{layout}_bf16" and grid == (64, 64) and block == 256
-        assert shared == mm.mma_shared_bytes(layout)
-    assert mm.plan("nn", F16, 1000, 520, 256, 80, BASE, OTHER)[0] == "gemm_mma_nn_f16"
+        name, grid, block, shared, splits = mm.plan(layout, BF16, 8192, 8192, 8192, 90, BASE, OTHER)
+        assert name == f"gemm_mma256_{layout}_bf16" and grid == (32, 64) and block == 256 and splits == 1
+        assert shared == mm.mma_shared_bytes(layout, 256)
+    assert mm.plan("nn", F16, 1000, 520, 256, 80, BASE, OTHER)[0] == "gemm_mma256_nn_f16"
+    assert mm.plan("nn", F16, 1000, 136, 256, 80, BASE, OTHER)[0] == "gemm_mma_nn_f16", "N < 256: narrow tiles"
+    monkeypatch.setattr(mm, "MMA_WIDE", False)
+    name, grid, _, shared, _ = mm.plan("nt", BF16, 8192, 3072, 768, 90, BASE, OTHER)
+    assert name == "gemm_mma_nt_bf16" and grid == (24, 64) and shared == mm.mma_shared_bytes("nt")
+
+
+def test_skinny_outputs_split_k_over_the_gpu_and_reduce_in_order():
+    # linear backward dx at batch 32: (32, 768) = dpre (32, 3072) @ W, 6 tiles of 128 x 128.
+    name, grid, block, shared, splits = mm.plan("nn", F32, 32, 768, 3072, 90, BASE, OTHER, sms=132)
+    assert name == "gemm_simt_nn_f32" and splits == 3072 // mm.SPLIT_MIN_K and grid == (6, 1, splits)
+    name, grid, _, _, splits = mm.plan("nn", BF16, 32, 768, 3072, 90, BASE, OTHER, sms=132)
+    assert name == "gemm_simt_nn_bf16" and splits == 24, "too few tensor-core tiles: FFMA split-K instead"
+    assert mm.split_count(6, 3072, 132) == 24 and mm.split_count(6, 100000, 132) == 44
+    assert mm.split_count(200, 3072, 132) == 1, "enough tiles"
+    assert mm.split_count(6, 255, 132) == 1, "K too short to split"
+    assert mm.split_count(1, 1 << 20, 132) == mm.MAX_SPLITS
+    assert mm.reduce_blocks(32, 768, 132) == 96 and mm.reduce_blocks(8192, 8192, 132) == 132 * 8
 
 
 @pytest.mark.parametrize("why, args", [
@@ -55,10 +72,11 @@ def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned():
     ("b off 16 bytes", ("nn", F16, 1000, 512, 256, 90, BASE, OTHER + 2)),
 ])
 def test_everything_else_runs_the_ffma_kernel(why, args):
-    name, grid, block, shared = mm.plan(*args)
+    name, grid, block, shared, splits = mm.plan(*args)
     assert name.startswith("gemm_simt_") and block == 256 and shared == 0, why
     m, n = args[2], args[3]
-    assert grid == (-(-n // 128), -(-m // 128))
+    assert grid[:2] == (-(-n // 128), -(-m // 128))
+    assert grid[2:] == ((splits,) if splits > 1 else ())
 
 
 def test_mma_shared_memory_is_three_stages_of_padded_tiles():
@@ -66,7 +84,10 @@ def test_mma_shared_memory_is_three_stages_of_padded_tiles():
     assert mm.mma_shared_bytes("nt") == 3 * 2 * kmajor == 61440
     assert mm.mma_shared_bytes("nn") == 3 * (kmajor + mnmajor)
     assert mm.mma_shared_bytes("tn") == 3 * 2 * mnmajor
-    assert all(mm.mma_shared_bytes(layout) <= 99 * 1024 for layout in mm.LAYOUTS), "fits sm_86/89's 99 KB"
+    assert mm.mma_shared_bytes("nt", 256) == 3 * (kmajor + 2 * kmajor) == 92160
+    assert mm.mma_shared_bytes("nn", 256) == 3 * (kmajor + 32 * 264 * 2)
+    assert all(mm.mma_shared_bytes(layout, bn) <= 99 * 1024 for layout in mm.LAYOUTS for bn in (128, 256)), \
+        "fits sm_86/89's 99 KB"
 
 
 def test_an_output_past_one_grid_is_refused():
@@ -92,6 +113,7 @@ def test_every_entry_point_has_the_table_signature():
     assert "".join("p" if "*" in p else "q" for p in params) == mm.KINDS
     macros = re.findall(r"^\s*RAWOPS_(SIMT|MMA)\((\w+),", source, re.M)
     assert sorted({layout for _, layout in macros}) == sorted(mm.LAYOUTS)
+    assert re.search(r"gemm_mma_##layout.*gemm_mma256_##layout", source, re.S)
     families = re.findall(r"^RAWOPS_MATMUL_(MMA_)?FAMILY\([\w ]+, (\w+)\)", source, re.M)
     assert [s for mma, s in families if not mma] == ["f32", "f16", "bf16"]
     assert [s for mma, s in families if mma] == list(mm.MMA_SUFFIXES)
@@ -199,8 +221,11 @@ def test_adapter_refuses_bad_arguments_before_any_launch():
 DTYPES = ["float32", "float16", "bfloat16"]
 # (M, K, N): odd sizes, one-row and one-column, empty, and aligned ones that take the
 # tensor-core path for half types.
+# (32, 3072, 768) takes split-K; (1000, 256, 136) narrow and (1000, 256, 520) / (300, 512, 264)
+# wide tensor-core tiles for half types.
 MATMUL_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (33, 64, 40), (257, 255, 129), (0, 5, 7),
-                 (5, 0, 7), (5, 7, 0), (128, 128, 128), (1000, 256, 520), (300, 1024, 264)]
+                 (5, 0, 7), (5, 7, 0), (128, 128, 128), (1000, 256, 520), (300, 512, 264), (1000, 256, 136),
+                 (32, 3072, 768), (7, 5000, 9)]
 LINEAR_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (32, 768, 3072), (128, 64, 200), (129, 64, 200),
                  (1000, 256, 520), (0, 64, 16), (7, 64, 0), (5, 0, 9)]
 
