@@ -208,7 +208,7 @@ def _prepare(stream, device, arrays):
     s = stream_pointer(stream, device)
     for x in arrays:
         if x is not None:
-            wait_for_producer(x, s, _cupy_workspace)
+            wait_for_producer(x, s)
     return s
 
 
