@@ -30,6 +30,21 @@ def _floors(flops, nbytes, dtype, ceiling):
     return flops / PEAK_TFLOPS[dtype] / 1e6, nbytes / ceiling / 1e6
 
 
+def graphed(fn):
+    """fn captured once in a CUDA graph; the returned callable replays it (device time
+    without the host's per-call cost)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def _error(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
@@ -47,12 +62,17 @@ def linear_rows(ta, ceiling):
             us = device_time_us(lambda: ta.linear_gelu(x, w, b))
             us_eager = device_time_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
             us_lt = device_time_us(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True))
+            us_graph = device_time_us(graphed(lambda: ta.linear_gelu(x, w, b)))
+            us_eager_graph = device_time_us(graphed(lambda: F.gelu(F.linear(x, w, b), approximate="tanh")))
+            us_lt_graph = device_time_us(graphed(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)))
         flops = 2 * m * k * n
         nbytes = (m * k + n * k + n + m * n) * x.element_size()
         compute, memory = _floors(flops, nbytes, dtype, ceiling)
         rows.append({"op": f"linear_gelu fwd {NAMES[dtype]}", "shape": f"{m}x{k}->{n}", "rawops us": us,
                      "torch eager us": us_eager, "cuBLASLt epilogue us": us_lt, "x eager": us_eager / us,
-                     "x epilogue": us_lt / us, "rawops TFLOP/s": flops / us / 1e6, "compute floor us": compute,
+                     "x epilogue": us_lt / us, "rawops graph us": us_graph, "eager graph us": us_eager_graph,
+                     "epilogue graph us": us_lt_graph, "x eager (graphs)": us_eager_graph / us_graph,
+                     "rawops TFLOP/s": flops / us / 1e6, "compute floor us": compute,
                      "memory floor us": memory, "rel error vs f64": error})
         print(rows[-1], flush=True)
     return rows
@@ -84,6 +104,36 @@ def linear_train_rows(ta, ceiling):
     return rows
 
 
+def backward_rows(ta, ceiling):
+    """The backward alone, both sides as CUDA graphs: rawops (dpre from the saved
+    pre-activation, dx and dW GEMMs, column sum) against aten's gelu_backward + 2 matmuls + sum."""
+    rows = []
+    for dtype, m, k, n in ((torch.float32, 32, 768, 3072), (torch.bfloat16, 32, 768, 3072),
+                           (torch.float32, 8192, 768, 3072), (torch.bfloat16, 8192, 768, 3072)):
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype)
+        b = torch.randn(n, device="cuda").to(dtype)
+        dy = torch.randn(m, n, device="cuda").to(dtype)
+        pre = F.linear(x, w, b)
+
+        def torch_bwd():
+            dpre = torch.ops.aten.gelu_backward(dy, pre, approximate="tanh")
+            return dpre @ w, dpre.t() @ x, dpre.sum(0)
+
+        with torch.no_grad():
+            us = device_time_us(graphed(lambda: ta._linear_gelu_bwd(dy, x, w, b, pre, "tanh")))
+            us_recompute = device_time_us(graphed(lambda: ta._linear_gelu_bwd(dy, x, w, b, None, "tanh")))
+            us_torch = device_time_us(graphed(torch_bwd))
+        flops = 2 * 2 * m * k * n
+        nbytes = (2 * m * n + n * k + m * k + m * k + n * k + n) * x.element_size()
+        compute, memory = _floors(flops, nbytes, dtype, ceiling)
+        rows.append({"op": f"linear_gelu bwd {NAMES[dtype]}", "shape": f"{m}x{k}->{n}", "rawops us": us,
+                     "rawops recompute us": us_recompute, "torch us": us_torch, "x torch": us_torch / us,
+                     "rawops TFLOP/s": flops / us / 1e6, "compute floor us": compute, "memory floor us": memory})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def matmul_rows(ta, ceiling):
     rows = []
     for dtype, size in ((torch.bfloat16, 8192), (torch.float16, 8192), (torch.float32, 8192),
@@ -106,32 +156,6 @@ def matmul_rows(ta, ceiling):
     return rows
 
 
-def tile_rows(ta):
-    """gemm_mma (128x128 tiles, 64x32 warps) against gemm_mma256 (128x256, 64x64 warps)."""
-    import importlib
-
-    mm = importlib.import_module("rawops.matmul")
-    rows = []
-    a, b = (torch.randn(8192, 8192, device="cuda").to(torch.bfloat16) for _ in range(2))
-    x = torch.randn(8192, 768, device="cuda").to(torch.bfloat16)
-    w = (torch.randn(3072, 768, device="cuda") * 768 ** -0.5).to(torch.bfloat16)
-    bias = torch.randn(3072, device="cuda").to(torch.bfloat16)
-    cases = (("matmul bf16 8192^3", 2 * 8192 ** 3, lambda: ta.matmul(a, b)),
-             ("linear_gelu fwd bf16 8192x768->3072", 2 * 8192 * 768 * 3072, lambda: ta.linear_gelu(x, w, bias)))
-    with torch.no_grad():
-        for name, flops, fn in cases:
-            times = {}
-            for wide in (False, True):
-                mm.MMA_WIDE = wide
-                times[wide] = device_time_us(fn, warmup=3, reps=20)
-            mm.MMA_WIDE = True
-            rows.append({"case": name, "gemm_mma us": times[False], "gemm_mma256 us": times[True],
-                         "gemm_mma TFLOP/s": flops / times[False] / 1e6,
-                         "gemm_mma256 TFLOP/s": flops / times[True] / 1e6})
-            print(rows[-1], flush=True)
-    return rows
-
-
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -142,19 +166,22 @@ def main():
 
     sections = [
         ("linear_gelu forward (no grad)", ["op", "shape", "rawops us", "torch eager us", "cuBLASLt epilogue us",
-                                           "x eager", "x epilogue", "rawops TFLOP/s", "compute floor us",
+                                           "x eager", "x epilogue", "rawops graph us", "eager graph us",
+                                           "epilogue graph us", "x eager (graphs)", "rawops TFLOP/s", "compute floor us",
                                            "memory floor us", "rel error vs f64"], linear_rows(ta, ceiling),
          {"targets": "f32 32x768->3072 >= 3x eager; bf16 8192x768->3072 >= 1.2x eager and >= 0.9x epilogue",
           "copy ceiling TB/s": round(ceiling, 3)}),
         ("linear_gelu forward + backward (autograd)", ["op", "shape", "rawops us", "torch eager us", "x eager",
                                                        "rawops TFLOP/s", "compute floor us", "memory floor us"],
          linear_train_rows(ta, ceiling), {"flops": "3 GEMMs of 2MKN (forward, dx, dW)"}),
+        ("linear_gelu backward alone (CUDA graphs, device time)",
+         ["op", "shape", "rawops us", "rawops recompute us", "torch us", "x torch", "rawops TFLOP/s",
+          "compute floor us", "memory floor us"], backward_rows(ta, ceiling),
+         {"rawops": "dpre from the saved pre-activation; 'recompute': dpre from a GEMM whose epilogue applies "
+                    "gelu' (no pre stored)", "flops": "2 GEMMs of 2MKN (dx, dW)"}),
         ("matmul", ["op", "shape", "rawops us", "torch us", "x torch", "rawops TFLOP/s", "torch TFLOP/s",
                     "compute floor us", "memory floor us", "rel error vs f64"], matmul_rows(ta, ceiling),
          {"targets": ">= 0.8x torch at 8192^3 bf16 and f32", "peaks": "bf16/f16 989, FFMA 66.9 TFLOP/s"}),
-        ("tensor-core tile shapes (bf16)", ["case", "gemm_mma us", "gemm_mma256 us", "gemm_mma TFLOP/s",
-                                            "gemm_mma256 TFLOP/s"], tile_rows(ta),
-         {"what": "rawops.matmul.MMA_WIDE off / on, same run"}),
     ]
     text = write_results(out_dir, "matmul", "python bench/bench_matmul.py", sections)
     print(text)

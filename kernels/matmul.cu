@@ -14,6 +14,7 @@
 //   gemm_simt_*     any shape and alignment, any arch: 128x128x8 block tiles, 256 threads,
 //                   8x8 outputs per thread in registers, double-buffered shared memory; FFMA
 //                   (exact float32 math; half types convert on load). 4 LDS.128 per 64 FFMA.
+//   gemm_reduce_*   split-K: adds the float32 partials of the splits in order, then the epilogue.
 //   gemm_mma_*      float16 / bfloat16 on sm_80+: mma.sync m16n8k16 tensor cores, 128x128x32
 //                   block tiles, 8 warps of 64x32, 3-stage cp.async pipeline (60 KB of dynamic
 //                   shared memory), ldmatrix (.trans for M/N-major operands). Needs each
@@ -32,16 +33,30 @@ namespace {
 constexpr int kEpiNone = 0, kEpiBiasGelu = 1, kEpiBias = 3;  // 2: bias + GELU gradient
 constexpr int kEpiErf = 4;
 
-__device__ __forceinline__ float gelu(float x, bool erf) {
-  if (erf) return x * normcdff(x);
-  const float u = 0.7978845608028654f * fmaf(0.044715f * x, x * x, x);
-  return 0.5f * x * (1.f + tanhf(u));
+// Half types: tanh.approx (one MUFU op, relative error ~2^-11, under bf16/f16 rounding)
+// instead of tanhf's ~20 instructions, which cost ~40% of the bf16 GEMM's main loop time
+// in the epilogue. float32 keeps tanhf (held to 1e-5).
+template <typename T> __device__ __forceinline__ float tanh_for(float u) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  if (sizeof(T) == 2) {
+    float r;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(u));
+    return r;
+  }
+#endif
+  return tanhf(u);
 }
 
-__device__ __forceinline__ float gelu_grad(float x, bool erf) {
+template <typename T> __device__ __forceinline__ float gelu(float x, bool erf) {
+  if (erf) return x * normcdff(x);
+  const float u = 0.7978845608028654f * fmaf(0.044715f * x, x * x, x);
+  return 0.5f * x * (1.f + tanh_for<T>(u));
+}
+
+template <typename T> __device__ __forceinline__ float gelu_grad(float x, bool erf) {
   if (erf) return fmaf(x * 0.3989422804014327f, expf(-0.5f * x * x), normcdff(x));
   const float u = 0.7978845608028654f * fmaf(0.044715f * x, x * x, x);
-  const float t = tanhf(u);
+  const float t = tanh_for<T>(u);
   const float du = 0.7978845608028654f * fmaf(3.f * 0.044715f, x * x, 1.f);
   return fmaf(0.5f * x * (1.f - t * t), du, 0.5f * (1.f + t));
 }
@@ -62,9 +77,9 @@ template <typename T> struct Epilogue {
     const bool erf = flags & kEpiErf;
     if (mode == kEpiBiasGelu) {
       if (pre != nullptr) pre[m * n_cols + n] = from_float<T>(v);
-      return gelu(v, erf);
+      return gelu<T>(v, erf);
     }
-    return to_float(aux[m * n_cols + n]) * gelu_grad(v, erf);
+    return to_float(aux[m * n_cols + n]) * gelu_grad<T>(v, erf);
   }
 };
 
@@ -238,27 +253,30 @@ template <bool TRANS> __device__ __forceinline__ void ldmatrix_x4(unsigned* r, c
 
 // One operand tile (ROWS rows of M or N, 32 of K) of stage memory from global, 16 B per cp.async.
 // KM: element (r, k) at g[r * K + k], stored [r][k]; else at g[k * R + r], stored [k][r].
+// Columns k0 .. k0 + 31 of K, those at or past kend zero-filled.
 template <typename T, bool KM, int ROWS>
 __device__ __forceinline__ void load_tile(T* s, const T* __restrict__ g, int64_t r0, int64_t k0, int64_t R,
-                                          int64_t K, int t) {
+                                          int64_t K, int64_t kend, int t) {
   constexpr int stride = TileShape<KM, ROWS>::stride;
 #pragma unroll
   for (int i = 0; i < ROWS / 64; ++i) {
     const int c = t + i * kMmaThreads;  // ROWS * 4 chunks of 8 elements
     if (KM) {
       const int r = c / 4, k = (c % 4) * 8;
-      const bool valid = r0 + r < R && k0 + k < K;
+      const bool valid = r0 + r < R && k0 + k < kend;
       cp_async16(s + r * stride + k, valid ? g + (r0 + r) * K + k0 + k : g, valid);
     } else {
       const int k = c / (ROWS / 8), r = (c % (ROWS / 8)) * 8;
-      const bool valid = k0 + k < K && r0 + r < R;
+      const bool valid = k0 + k < kend && r0 + r < R;
       cp_async16(s + k * stride + r, valid ? g + (k0 + k) * R + r0 + r : g, valid);
     }
   }
 }
 
-// BN = 128: warps of 64x32 (6 ldmatrix.x4 per 16 mma); BN = 256: warps of 64x64 (8 per 32),
-// half the shared-memory reads per mma, 92 KB of stages, one block per SM.
+// BN = 128: warps of 64x32 (6 ldmatrix.x4 per 16 mma). BN = 256 (warps of 64x64, 8 per 32,
+// 92 KB of stages, 222 registers: one block per SM) measured slower on the H100 (212 against
+// 256 TFLOP/s at 8192^3 bf16; bench/NOTES.md) and is not instantiated.
+// Split K (gridDim.z > 1): as gemm_simt, raw float32 sums to partial[z][M][N].
 template <typename T, bool A_KM, bool B_KM, int BN>
 __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c,
                                          const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
@@ -271,7 +289,16 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int wm = warp / 4, wn = warp % 4;  // warp tile: rows wm*64 + [0, 64), cols wn*WN + [0, WN)
   const int64_t m0 = int64_t(blockIdx.y) * kMmaTile, n0 = int64_t(blockIdx.x) * BN;
-  const int tiles = int((K + kMmaK - 1) / kMmaK);
+  int64_t kb = 0, ke = K;
+  float* partial = nullptr;
+  if (gridDim.z > 1) {
+    const int64_t kc = ((K + gridDim.z - 1) / gridDim.z + kMmaK - 1) / kMmaK * kMmaK;
+    kb = int64_t(blockIdx.z) * kc;
+    ke = kb + kc < K ? kb + kc : K;
+    partial = reinterpret_cast<float*>(c) + int64_t(blockIdx.z) * M * N;
+  }
+  // Operands are addressed from k = kb with ke - kb columns; K stays the row stride.
+  const int tiles = ke > kb ? int((ke - kb + kMmaK - 1) / kMmaK) : 0;
 
   float acc[4][NI][4];
 #pragma unroll
@@ -284,8 +311,8 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 #pragma unroll
   for (int s = 0; s < kMmaStages - 1; ++s) {
     if (s < tiles) {
-      load_tile<T, A_KM, kMmaTile>(smem + s * (kA + kB), a, m0, int64_t(s) * kMmaK, M, K, t);
-      load_tile<T, B_KM, BN>(smem + s * (kA + kB) + kA, b, n0, int64_t(s) * kMmaK, N, K, t);
+      load_tile<T, A_KM, kMmaTile>(smem + s * (kA + kB), a, m0, kb + int64_t(s) * kMmaK, M, K, ke, t);
+      load_tile<T, B_KM, BN>(smem + s * (kA + kB) + kA, b, n0, kb + int64_t(s) * kMmaK, N, K, ke, t);
     }
     cp_async_commit();
   }
@@ -296,8 +323,8 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
     const int next = kt + kMmaStages - 1;
     if (next < tiles) {
       T* st = smem + (next % kMmaStages) * (kA + kB);
-      load_tile<T, A_KM, kMmaTile>(st, a, m0, int64_t(next) * kMmaK, M, K, t);
-      load_tile<T, B_KM, BN>(st + kA, b, n0, int64_t(next) * kMmaK, N, K, t);
+      load_tile<T, A_KM, kMmaTile>(st, a, m0, kb + int64_t(next) * kMmaK, M, K, ke, t);
+      load_tile<T, B_KM, BN>(st + kA, b, n0, kb + int64_t(next) * kMmaK, N, K, ke, t);
     }
     cp_async_commit();
     const T* As = smem + (kt % kMmaStages) * (kA + kB);
@@ -345,7 +372,10 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
       for (int ni = 0; ni < NI; ++ni) {
         const int64_t n = n0 + wn * WN + ni * 8 + (lane % 4) * 2;
         const float v0 = acc[mi][ni][half * 2], v1 = acc[mi][ni][half * 2 + 1];
-        if (pairs && n + 1 < N) {
+        if (partial != nullptr) {
+          if (n < N) partial[m * N + n] = v0;
+          if (n + 1 < N) partial[m * N + n + 1] = v1;
+        } else if (pairs && n + 1 < N) {
           T out[2] = {from_float<T>(epi(v0, m, n)), from_float<T>(epi(v1, m, n + 1))};
           *reinterpret_cast<unsigned*>(c + m * N + n) = *reinterpret_cast<const unsigned*>(out);
         } else {
@@ -469,9 +499,6 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
 #define RAWOPS_MMA(layout, A_KM, B_KM, T, suffix)                                                       \
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_mma_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
     rawops::gemm_mma<T, A_KM, B_KM, 128>(a, b, c, RAWOPS_EPI(T), m, n, k);                              \
-  }                                                                                                      \
-  extern "C" __global__ void __launch_bounds__(256, 1) gemm_mma256_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
-    rawops::gemm_mma<T, A_KM, B_KM, 256>(a, b, c, RAWOPS_EPI(T), m, n, k);                              \
   }
 #define RAWOPS_SMALL(T, suffix)                                                                          \
   extern "C" __global__ void __launch_bounds__(64) linear_small_nt_##suffix(RAWOPS_GEMM_ARGS(T)) {      \

@@ -27,15 +27,12 @@ SMALL_THREADS, SMALL_FEATURES, SMALL_ROWS = 64, 4, 32  # kSmallThreads, kSmallFe
 SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
 MAX_GRID_Y = 65535
 MMA_MIN_CC = 80
-# Tensor-core tile width: gemm_mma256 (128x256 blocks, 64x64 warps) where N >= 256, else
-# gemm_mma (128x128, 64x32 warps). A module switch so the benchmark can time both.
-MMA_WIDE = True
-# Split K (FFMA kernel + gemm_reduce) when the output has too few tiles to fill the GPU:
-# at least SPLIT_MIN_K of K per split, at most MAX_SPLITS splits, about 2 blocks per SM.
+# Split K (+ gemm_reduce) when the output has too few tiles to fill the GPU. FFMA: at least
+# SPLIT_MIN_K of K per split, at most MAX_SPLITS, about 2 blocks per SM. Tensor cores: only
+# for K >= MMA_SPLIT_MIN_K (the linear backward's dW = dpre^T x at 8192 tokens: 144 tiles of
+# 128 x 128 would fill half of the H100's 264 block slots), aiming at ~3 waves.
 SPLIT_MIN_K, MAX_SPLITS = 128, 64
-# Half types leave tensor cores for FFMA split-K only when their tiles fill under a quarter
-# of the SMs and K is long (the linear backward's dx at batch 32: 3 tiles, K = 3072).
-MMA_SPLIT_MIN_K = 1024
+MMA_SPLIT_MIN_K, MMA_SPLIT_CHUNK, MMA_MAX_SPLITS = 1024, 256, 16
 REDUCE_THREADS = 256
 
 EPI_NONE, EPI_BIAS_GELU, EPI_BIAS_GELU_GRAD, EPI_BIAS = 0, 1, 2, 3
@@ -47,7 +44,7 @@ def entry_points():
     """Every extern "C" kernel the fatbin must hold, on every architecture."""
     names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
     names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
-    names += [f"gemm_{mma}_{layout}_{s}" for mma in ("mma", "mma256") for layout in LAYOUTS for s in MMA_SUFFIXES]
+    names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
     return sorted(names)
 
 
@@ -64,9 +61,9 @@ def _ceil(a, b):
 
 
 def mma_shared_bytes(layout, bn=MMA_TILE):
-    """Dynamic shared memory of gemm_mma (bn 128) / gemm_mma256 (bn 256) in `layout`:
-    MMA_STAGES stages of an A tile (128 rows) and a B tile (bn rows), each stored
-    [rows][32 + 8] when K-contiguous, else [32][rows + 8]; 2-byte elements."""
+    """Dynamic shared memory of gemm_mma in `layout`: MMA_STAGES stages of an A tile (128
+    rows) and a B tile (bn rows), each stored [rows][32 + 8] when K-contiguous, else
+    [32][rows + 8]; 2-byte elements."""
     a_kmajor, b_kmajor = layout[0] == "n", layout[1] == "t"
     tile = lambda kmajor, rows: rows * KMAJOR_STRIDE if kmajor else MMA_K * (rows + 8)  # noqa: E731
     return MMA_STAGES * (tile(a_kmajor, MMA_TILE) + tile(b_kmajor, bn)) * 2
@@ -84,13 +81,21 @@ def split_count(blocks, k, sms):
     return max(1, min(_ceil(2 * sms, blocks), k // SPLIT_MIN_K, MAX_SPLITS))
 
 
+def mma_split_count(blocks, k, sms):
+    """K splits for a tensor-core launch of `blocks` tiles (2 resident per SM)."""
+    slots = 2 * sms
+    if blocks >= slots or k < MMA_SPLIT_MIN_K:
+        return 1
+    return max(1, min(_ceil(3 * slots, blocks), k // MMA_SPLIT_CHUNK, MMA_MAX_SPLITS))
+
+
 def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132):
     """(kernel name, grid, block, dynamic shared bytes, K splits) of C (m, n) = A B in `layout`.
 
     linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows; tensor cores
-    for half types on sm_80+ when both operands allow 16-byte loads (unless few tiles and a
-    long K make split-K FFMA the better choice); else the FFMA kernel, split along K (then gemm_reduce applies the
-    epilogue) when its tiles would leave SMs idle."""
+    for half types on sm_80+ when both operands allow 16-byte loads; else the FFMA kernel.
+    Either GEMM is split along K (then gemm_reduce applies the epilogue) when its tiles
+    would leave SMs idle."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     suffix = FLOAT_SUFFIXES[dtype]
@@ -102,19 +107,17 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132):
                                      _ceil(m, SMALL_ROWS)), SMALL_THREADS, 0)
     else:
         a_dim, b_dim = contiguous_dims(layout, m, n, k)
-        bn = 256 if MMA_WIDE and n >= 256 else MMA_TILE
-        mma_grid = (_ceil(n, bn), _ceil(m, MMA_TILE))
         if (dtype != 0 and cc >= MMA_MIN_CC and a_dim % 8 == 0 and b_dim % 8 == 0
-                and a_ptr % 16 == 0 and b_ptr % 16 == 0
-                and (mma_grid[0] * mma_grid[1] * 4 >= sms or k < MMA_SPLIT_MIN_K)):
-            name = f"gemm_mma{'256' if bn == 256 else ''}_{layout}_{suffix}"
-            grid, block, shared = mma_grid, MMA_THREADS, mma_shared_bytes(layout, bn)
+                and a_ptr % 16 == 0 and b_ptr % 16 == 0):
+            name, block, shared = f"gemm_mma_{layout}_{suffix}", MMA_THREADS, mma_shared_bytes(layout)
+            grid = (_ceil(n, MMA_TILE), _ceil(m, MMA_TILE))
+            splits = mma_split_count(grid[0] * grid[1], k, sms)
         else:
             name, block, shared = f"gemm_simt_{layout}_{suffix}", SIMT_THREADS, 0
             grid = (_ceil(n, SIMT_TILE), _ceil(m, SIMT_TILE))
             splits = split_count(grid[0] * grid[1], k, sms)
-            if splits > 1:
-                grid = grid + (splits,)
+        if splits > 1:
+            grid = grid + (splits,)
     if grid[1] > MAX_GRID_Y or grid[0] > _rows.MAX_GRID:
         raise ValueError(f"a {m} x {n} output exceeds one launch's grid")
     return name, grid, block, shared, splits
@@ -147,24 +150,40 @@ def _function(name, device, shared):
     return pointer
 
 
+_plans = {}  # (layout, dtype, m, n, k, a 16-byte aligned, b aligned, device) -> launch
+
+
+def _launch_plan(layout, dtype, m, n, k, a, b, device):
+    key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, device)
+    cached = _plans.get(key)
+    if cached is None:
+        sms = sm_count(device)
+        name, grid, block, shared, splits = plan(layout, dtype, m, n, k, compute_capability(device), a, b, sms)
+        reduce = None
+        if splits > 1:
+            reduce = (_function(f"gemm_reduce_{FLOAT_SUFFIXES[dtype]}", device, 0), (reduce_blocks(m, n, sms),))
+        if len(_plans) > 4096:  # shapes of a long-running process: keep the cache bounded
+            _plans.clear()
+        cached = _plans[key] = (_function(name, device, shared), grid, block, shared, splits, reduce)
+    return cached
+
+
 def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, stream, workspace):
     """c (m, n) = epilogue(A B) on pointers checked by the caller (one dtype, C-contiguous,
     one device; bias/aux/pre 0 when absent). Nothing to do when m or n is 0; k == 0 gives
     epilogue(0). `workspace(nbytes)` -> (pointer, owner) allocates stream-ordered scratch
-    for split-K partials; the owner is returned (keep it until the launches are queued)."""
+    for split-K partials; the owner is returned (keep it until the launches are queued).
+    The plan is cached per shape: a repeated call costs a dict lookup and the launch."""
     if m == 0 or n == 0:
         return None
-    sms = sm_count(device)
-    name, grid, block, shared, splits = plan(layout, dtype, m, n, k, compute_capability(device), a, b, sms)
+    function, grid, block, shared, splits, reduce = _launch_plan(layout, dtype, m, n, k, a, b, device)
     if splits == 1:
-        launch(_function(name, device, shared), grid, block, shared, stream,
-               (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
+        launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
         return None
     partial, owner = workspace(splits * m * n * 4)
-    launch(_function(name, device, shared), grid, block, shared, stream,
-           (a, b, partial, 0, 0, 0, m, n, k, 0), KINDS, device)
-    launch(_function(f"gemm_reduce_{FLOAT_SUFFIXES[dtype]}", device, 0), (reduce_blocks(m, n, sms),),
-           REDUCE_THREADS, 0, stream, (partial, 0, c, bias, aux, pre, m, n, splits, flags), KINDS, device)
+    launch(function, grid, block, shared, stream, (a, b, partial, 0, 0, 0, m, n, k, 0), KINDS, device)
+    launch(reduce[0], reduce[1], REDUCE_THREADS, 0, stream, (partial, 0, c, bias, aux, pre, m, n, splits, flags),
+           KINDS, device)
     return owner
 
 
@@ -210,6 +229,16 @@ def _prepare(stream, device, arrays):
         if x is not None:
             wait_for_producer(x, s)
     return s
+
+
+def _on_stream(stream, s):
+    """CuPy's pool hands out memory per current stream: with a caller's stream, make it
+    current so that outputs and split-K scratch are ordered with the launches."""
+    import contextlib
+
+    import cupy
+
+    return contextlib.nullcontext() if stream is None else cupy.cuda.ExternalStream(s)
 
 
 def matmul(a, b, *, tf32=False, out=None, stream=None):

@@ -780,12 +780,12 @@ def _linear_operands(x, weight, bias):
 
 
 def _linear_gelu_fwd(x, weight, bias, approximate, save_preactivation):
-    """(y, pre); pre is an empty tensor unless save_preactivation."""
+    """(y, pre); pre is None unless save_preactivation."""
     flags = _mm.gelu_flags(approximate) | _mm.EPI_BIAS_GELU
     code, m, n, k = _linear_operands(x, weight, bias)
     shape = tuple(x.shape[:-1]) + (n,)
     y = torch.empty(shape, dtype=x.dtype, device=x.device)
-    pre = torch.empty(shape if save_preactivation else (0,), dtype=x.dtype, device=x.device)
+    pre = torch.empty(shape, dtype=x.dtype, device=x.device) if save_preactivation else None
     if m and n:
         _gemm(x.get_device(), "nt", code, x.data_ptr(), weight.data_ptr(), y.data_ptr(), m, n, k,
               bias=bias.data_ptr() if bias is not None else 0, pre=pre.data_ptr() if save_preactivation else 0,

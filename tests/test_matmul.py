@@ -38,16 +38,14 @@ def test_small_batch_path_only_where_its_16_byte_loads_are_legal(why, args):
     assert not mm.plan(*args)[0].startswith("linear_small"), why
 
 
-def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned(monkeypatch):
+def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned():
     for layout in mm.LAYOUTS:
         name, grid, block, shared, splits = mm.plan(layout, BF16, 8192, 8192, 8192, 90, BASE, OTHER)
-        assert name == f"gemm_mma256_{layout}_bf16" and grid == (32, 64) and block == 256 and splits == 1
-        assert shared == mm.mma_shared_bytes(layout, 256)
-    assert mm.plan("nn", F16, 1000, 520, 256, 80, BASE, OTHER)[0] == "gemm_mma256_nn_f16"
-    assert mm.plan("nn", F16, 1000, 136, 256, 80, BASE, OTHER)[0] == "gemm_mma_nn_f16", "N < 256: narrow tiles"
-    monkeypatch.setattr(mm, "MMA_WIDE", False)
-    name, grid, _, shared, _ = mm.plan("nt", BF16, 8192, 3072, 768, 90, BASE, OTHER)
-    assert name == "gemm_mma_nt_bf16" and grid == (24, 64) and shared == mm.mma_shared_bytes("nt")
+        assert name == f"gemm_mma_{layout}_bf16" and grid == (64, 64) and block == 256 and splits == 1
+        assert shared == mm.mma_shared_bytes(layout)
+    assert mm.plan("nn", F16, 1000, 520, 256, 80, BASE, OTHER)[0] == "gemm_mma_nn_f16"
+    name, grid, _, shared, splits = mm.plan("nt", BF16, 8192, 3072, 768, 90, BASE, OTHER)
+    assert name == "gemm_mma_nt_bf16" and grid == (24, 64) and shared == mm.mma_shared_bytes("nt") and splits == 1
 
 
 def test_skinny_outputs_split_k_over_the_gpu_and_reduce_in_order():
@@ -55,11 +53,16 @@ def test_skinny_outputs_split_k_over_the_gpu_and_reduce_in_order():
     name, grid, block, shared, splits = mm.plan("nn", F32, 32, 768, 3072, 90, BASE, OTHER, sms=132)
     assert name == "gemm_simt_nn_f32" and splits == 3072 // mm.SPLIT_MIN_K and grid == (6, 1, splits)
     name, grid, _, _, splits = mm.plan("nn", BF16, 32, 768, 3072, 90, BASE, OTHER, sms=132)
-    assert name == "gemm_simt_nn_bf16" and splits == 24, "too few tensor-core tiles: FFMA split-K instead"
+    assert name == "gemm_mma_nn_bf16" and splits == 12 and grid == (6, 1, 12)
+    # dW = dpre^T x at 8192 tokens, 768 -> 3072: 144 tiles for 264 slots, K = 8192.
+    name, grid, _, _, splits = mm.plan("tn", BF16, 3072, 768, 8192, 90, BASE, OTHER, sms=132)
+    assert name == "gemm_mma_tn_bf16" and splits == 6 and grid == (6, 24, 6)
+    assert mm.plan("tn", BF16, 3072, 768, 1000, 90, BASE, OTHER, sms=132)[4] == 1, "short K: no split"
     assert mm.split_count(6, 3072, 132) == 24 and mm.split_count(6, 100000, 132) == 44
     assert mm.split_count(200, 3072, 132) == 1, "enough tiles"
     assert mm.split_count(6, 255, 132) == 1, "K too short to split"
     assert mm.split_count(1, 1 << 20, 132) == mm.MAX_SPLITS
+    assert mm.mma_split_count(1, 1 << 20, 132) == mm.MMA_MAX_SPLITS
     assert mm.reduce_blocks(32, 768, 132) == 96 and mm.reduce_blocks(8192, 8192, 132) == 132 * 8
 
 
@@ -84,10 +87,7 @@ def test_mma_shared_memory_is_three_stages_of_padded_tiles():
     assert mm.mma_shared_bytes("nt") == 3 * 2 * kmajor == 61440
     assert mm.mma_shared_bytes("nn") == 3 * (kmajor + mnmajor)
     assert mm.mma_shared_bytes("tn") == 3 * 2 * mnmajor
-    assert mm.mma_shared_bytes("nt", 256) == 3 * (kmajor + 2 * kmajor) == 92160
-    assert mm.mma_shared_bytes("nn", 256) == 3 * (kmajor + 32 * 264 * 2)
-    assert all(mm.mma_shared_bytes(layout, bn) <= 99 * 1024 for layout in mm.LAYOUTS for bn in (128, 256)), \
-        "fits sm_86/89's 99 KB"
+    assert all(mm.mma_shared_bytes(layout) <= 99 * 1024 for layout in mm.LAYOUTS), "fits sm_86/89's 99 KB"
 
 
 def test_an_output_past_one_grid_is_refused():
@@ -113,7 +113,6 @@ def test_every_entry_point_has_the_table_signature():
     assert "".join("p" if "*" in p else "q" for p in params) == mm.KINDS
     macros = re.findall(r"^\s*RAWOPS_(SIMT|MMA)\((\w+),", source, re.M)
     assert sorted({layout for _, layout in macros}) == sorted(mm.LAYOUTS)
-    assert re.search(r"gemm_mma_##layout.*gemm_mma256_##layout", source, re.S)
     families = re.findall(r"^RAWOPS_MATMUL_(MMA_)?FAMILY\([\w ]+, (\w+)\)", source, re.M)
     assert [s for mma, s in families if not mma] == ["f32", "f16", "bf16"]
     assert [s for mma, s in families if mma] == list(mm.MMA_SUFFIXES)
@@ -221,10 +220,10 @@ def test_adapter_refuses_bad_arguments_before_any_launch():
 DTYPES = ["float32", "float16", "bfloat16"]
 # (M, K, N): odd sizes, one-row and one-column, empty, and aligned ones that take the
 # tensor-core path for half types.
-# (32, 3072, 768) takes split-K; (1000, 256, 136) narrow and (1000, 256, 520) / (300, 512, 264)
-# wide tensor-core tiles for half types.
+# (32, 3072, 768) and (7, 5000, 9) split K; half types take tensor cores on the aligned ones,
+# (300, 2048, 264) with split K.
 MATMUL_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (33, 64, 40), (257, 255, 129), (0, 5, 7),
-                 (5, 0, 7), (5, 7, 0), (128, 128, 128), (1000, 256, 520), (300, 512, 264), (1000, 256, 136),
+                 (5, 0, 7), (5, 7, 0), (128, 128, 128), (1000, 256, 520), (300, 2048, 264), (1000, 256, 136),
                  (32, 3072, 768), (7, 5000, 9)]
 LINEAR_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (32, 768, 3072), (128, 64, 200), (129, 64, 200),
                  (1000, 256, 520), (0, 64, 16), (7, 64, 0), (5, 0, 9)]
