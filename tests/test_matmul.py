@@ -271,6 +271,23 @@ def test_matmul_tf32_opt_in_stays_within_tf32_tolerance_and_out_is_written():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_on_a_given_stream_with_split_k_scratch(dtype):
+    """A caller's stream: outputs and split-K scratch come from CuPy's pool on that stream."""
+    torch = pytest.importorskip("torch")
+    import cupy
+    from gpu_reference import assert_close, random, to_cupy
+
+    dt = _torch_dtype(dtype)
+    a, b = random((32, 4096), dt, 1.0), random((4096, 520), dt, 1.0)
+    torch.cuda.synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    c = rawops.matmul(to_cupy(a), to_cupy(b), stream=stream)
+    stream.synchronize()
+    assert_close(c, a.double() @ b.double(), dt, f"matmul on a stream {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m, k, n", LINEAR_SHAPES)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
 def test_linear_gelu_matches_torch_float64(dtype, m, k, n, approximate):
