@@ -20,6 +20,10 @@
 //                   shared memory), ldmatrix (.trans for M/N-major operands). Needs each
 //                   operand's contiguous dim % 8 == 0 and 16-byte aligned pointers (the Python
 //                   side checks; else gemm_simt). Older archs compile an empty body that traps.
+//                   Both GEMMs split K over gridDim.z (float32 partials + gemm_reduce) when
+//                   the output has too few tiles for the GPU (rawops/matmul.py: plan).
+// Measured on the H100 (bench/NOTES.md): bf16 8192^3 265 TFLOP/s (0.34x cuBLAS), f32 35.7
+// (0.69x), linear_gelu f32 32x768->3072 19.5 us of device time (3.3 us floor).
 //   linear_small_*  nt with M <= 32 rows per blockIdx.y (x @ W^T, small batch): weight
 //                   bandwidth-bound (W read once from DRAM: 9.4 MB at 32x768->3072 f32), so
 //                   the grid splits N over the whole GPU: a warp owns 4 output features and
@@ -34,8 +38,8 @@ constexpr int kEpiNone = 0, kEpiBiasGelu = 1, kEpiBias = 3;  // 2: bias + GELU g
 constexpr int kEpiErf = 4;
 
 // Half types: tanh.approx (one MUFU op, relative error ~2^-11, under bf16/f16 rounding)
-// instead of tanhf's ~20 instructions, which cost ~40% of the bf16 GEMM's main loop time
-// in the epilogue. float32 keeps tanhf (held to 1e-5).
+// instead of tanhf's ~20 instructions. Measured at bf16 8192x768->3072: 331 -> 327 us, so
+// the epilogue is not what limits that shape (bench/NOTES.md). float32 keeps tanhf (1e-5).
 template <typename T> __device__ __forceinline__ float tanh_for(float u) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
   if (sizeof(T) == 2) {
