@@ -7,6 +7,7 @@
 #   RAWOPS_BENCH="norm mlp"   which bench/bench_<name>.py to run (default: every one)
 #   RAWOPS_TESTS="tests/test_norm.py ..."   which test files (default: all but packaging, nvrtc)
 #   RAWOPS_FAMILIES="norm softmax"   build only these kernel families (setup.py)
+#   RAWOPS_SKIP_BUILD=1   reuse the last build (a second call while the machine is warm)
 # Each test file runs in its own pytest process: a kernel fault poisons the CUDA context
 # of its process only, so one broken family cannot fail the others' tests.
 set -o pipefail
@@ -20,9 +21,13 @@ mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 arch=$(python3 -c "import cupy; d=cupy.cuda.Device(0).compute_capability; print(d[:-1]+'.'+d[-1])")
 start=$(date +%s)
-RAWOPS_CUDA_ARCH_LIST=$arch python3 -m pip install --no-build-isolation --no-deps -e . >"$LOG" 2>&1 \
-  || { tail -50 "$LOG"; exit 1; }
-echo "build for $arch took $(( $(date +%s) - start )) s" | tee -a "$LOG"
+if [ "${RAWOPS_SKIP_BUILD:-0}" = 1 ]; then  # a second call on the same warm machine
+  echo "build skipped (RAWOPS_SKIP_BUILD=1)" | tee "$LOG"
+else
+  RAWOPS_CUDA_ARCH_LIST=$arch python3 -m pip install --no-build-isolation --no-deps -e . >"$LOG" 2>&1 \
+    || { tail -50 "$LOG"; exit 1; }
+  echo "build for $arch took $(( $(date +%s) - start )) s" | tee -a "$LOG"
+fi
 python3 -m rawops info 2>&1 | tee -a "$LOG" | head -4
 tests_rc=0
 # test_packaging and test_nvrtc need no GPU (CI runs them) and take two minutes: skipped here.

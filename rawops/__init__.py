@@ -21,6 +21,7 @@ from .elementwise import (
     relu_scale_add_backward,
     relu_scale_backward,
 )
+from .matmul import linear_gelu, linear_gelu_backward, matmul
 from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward, seed_mlp
 from .norm import (
     layer_norm,
@@ -49,8 +50,11 @@ __all__ = [
     "layer_norm",
     "layer_norm_backward",
     "layer_norm_forward",
+    "linear_gelu",
+    "linear_gelu_backward",
     "log_softmax",
     "log_softmax_backward",
+    "matmul",
     "relu",
     "relu_backward",
     "relu_scale",

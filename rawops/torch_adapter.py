@@ -978,3 +978,241 @@ def seed_mlp(x, weights, biases, output_activation="none"):
         if t.dim() != len(shape) or any(w is not None and g != w for g, w in zip(t.shape, shape)):
             raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {_mlp._shape_text(shape)}")
     return fused_mlp(x, weights, biases, "relu", output_activation)
+
+
+# =================================================================== matrix: matmul, linear_gelu
+# The same launches as rawops.matmul / rawops.linear_gelu (matmul.launch_gemm on data_ptr()),
+# on torch's current stream; outputs from torch's allocator. Under autograd, linear_gelu's
+# forward also writes the pre-activation (one extra store from the same kernel) so that the
+# backward is one elementwise pass + two GEMMs, instead of recomputing x @ W^T (a third GEMM).
+_mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
+
+
+def _gemm(device, layout, code, a, b, c, m, n, k, bias=0, aux=0, pre=0, flags=_mm.EPI_NONE):
+    def workspace(nbytes):  # split-K partials, from torch's allocator on the launch stream
+        scratch = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
+        return scratch.data_ptr(), scratch
+
+    _on_device(device, _mm.launch_gemm, device, layout, code, a, b, c, bias, aux, pre, m, n, k, flags,
+               _raw_stream(device), workspace)
+
+
+def _matmul_operands(a, b):
+    code = _rows_code(a, "a")
+    _rows_code(b, "b", like=a, like_name="a")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"matmul takes 2-D a (M, K) and b (K, N), got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if b.shape[0] != a.shape[1]:
+        raise ValueError(f"b has shape {tuple(b.shape)}, expected ({a.shape[1]}, N): its rows must match a's columns")
+    return code, a.shape[0], b.shape[1], a.shape[1]
+
+
+def _matmul_fwd(a, b):
+    code, m, n, k = _matmul_operands(a, b)
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m and n:
+        _gemm(a.get_device(), "nn", code, a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k)
+    return c
+
+
+def _matmul_bwd(dy, a, b):
+    """(da, db) = (dy @ b^T, a^T @ dy)."""
+    dy = _contiguous(dy)
+    code, m, n, k = _matmul_operands(a, b)
+    _rows_code(dy, "dy", like=a, like_name="a")
+    if tuple(dy.shape) != (m, n):
+        raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {(m, n)}")
+    da = torch.empty((m, k), dtype=a.dtype, device=a.device)
+    db = torch.empty((k, n), dtype=a.dtype, device=a.device)
+    device = a.get_device()
+    if m and k:
+        _gemm(device, "nt", code, dy.data_ptr(), b.data_ptr(), da.data_ptr(), m, k, n)
+    if k and n:
+        _gemm(device, "tn", code, a.data_ptr(), dy.data_ptr(), db.data_ptr(), k, n, m)
+    return da, db
+
+
+def _linear_operands(x, weight, bias):
+    code = _rows_code(x, "x")
+    _rows_code(weight, "weight", like=x)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (its last is in_features)")
+    k = x.shape[-1]
+    if weight.dim() != 2 or weight.shape[1] != k:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected (out_features, {k}): torch.nn.Linear "
+                         "layout, in_features = x's last dim")
+    n = weight.shape[0]
+    if bias is not None:
+        _rows_code(bias, "bias", like=x)
+        if tuple(bias.shape) != (n,):
+            raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({n},): one value per output feature")
+    m = x.numel() // k if k else 0
+    if not k:
+        m = 1
+        for d in x.shape[:-1]:
+            m *= d
+    return code, m, n, k
+
+
+def _linear_gelu_fwd(x, weight, bias, approximate, save_preactivation):
+    """(y, pre); pre is None unless save_preactivation."""
+    flags = _mm.gelu_flags(approximate) | _mm.EPI_BIAS_GELU
+    code, m, n, k = _linear_operands(x, weight, bias)
+    shape = tuple(x.shape[:-1]) + (n,)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    pre = torch.empty(shape, dtype=x.dtype, device=x.device) if save_preactivation else None
+    if m and n:
+        _gemm(x.get_device(), "nt", code, x.data_ptr(), weight.data_ptr(), y.data_ptr(), m, n, k,
+              bias=bias.data_ptr() if bias is not None else 0, pre=pre.data_ptr() if save_preactivation else 0,
+              flags=flags)
+    return y, pre
+
+
+def _linear_gelu_bwd(dy, x, weight, bias, pre, approximate, need_dx=True, need_dweight=True):
+    """(dx, dweight, dbias): empty tensors for those not needed (dbias: when bias is None).
+    dpre from the saved pre-activation (one elementwise pass) when `pre` holds it, else
+    recomputed by a GEMM whose epilogue yields dpre directly."""
+    flags = _mm.gelu_flags(approximate)
+    code, m, n, k = _linear_operands(x, weight, bias)
+    dy = _contiguous(dy)
+    _rows_code(dy, "dy", like=x)
+    shape = tuple(x.shape[:-1]) + (n,)
+    if tuple(dy.shape) != shape:
+        raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {shape}")
+    device = x.get_device()
+    if pre is not None and pre.numel() == m * n and m * n:
+        dpre = _gelu_bwd(dy, pre, approximate)
+    else:
+        dpre = torch.empty(shape, dtype=x.dtype, device=x.device)
+        if m and n:
+            _gemm(device, "nt", code, x.data_ptr(), weight.data_ptr(), dpre.data_ptr(), m, n, k,
+                  bias=bias.data_ptr() if bias is not None else 0, aux=dy.data_ptr(),
+                  flags=flags | _mm.EPI_BIAS_GELU_GRAD)
+    dx = torch.empty(x.shape if need_dx else (0,), dtype=x.dtype, device=x.device)
+    dweight = torch.empty((n, k) if need_dweight else (0,), dtype=x.dtype, device=x.device)
+    if need_dx and m and k:
+        _gemm(device, "nn", code, dpre.data_ptr(), weight.data_ptr(), dx.data_ptr(), m, k, n)
+    if need_dweight and n and k:
+        _gemm(device, "tn", code, dpre.data_ptr(), x.data_ptr(), dweight.data_ptr(), n, k, m)
+    dbias = _column_sum(dpre) if bias is not None else torch.empty(0, dtype=x.dtype, device=x.device)
+    return dx, dweight, dbias
+
+
+class _Matmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _matmul_fwd(a, b)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _matmul_bwd(dy, *ctx.saved_tensors)
+
+
+class _LinearGELU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, approximate):
+        y, pre = _linear_gelu_fwd(x, weight, bias, approximate, True)
+        ctx.save_for_backward(x, weight, bias, pre)
+        ctx.approximate = approximate
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, pre = ctx.saved_tensors
+        need_dx, need_dweight, need_dbias = ctx.needs_input_grad[:3]
+        dx, dweight, dbias = _linear_gelu_bwd(dy, x, weight, bias, pre, ctx.approximate, need_dx, need_dweight)
+        return (dx if need_dx else None, dweight if need_dweight else None,
+                dbias if bias is not None and need_dbias else None, None)
+
+
+_matmul_bwd_op = _custom_op("matmul_backward", "(Tensor dy, Tensor a, Tensor b) -> (Tensor, Tensor)", _matmul_bwd,
+                            lambda dy, a, b: (torch.empty_like(a), torch.empty_like(b)))
+_matmul_op = _custom_op(
+    "matmul", "(Tensor a, Tensor b) -> Tensor", _matmul_fwd,
+    lambda a, b: a.new_empty((a.shape[0], b.shape[1])),
+    lambda ctx, dy: _matmul_bwd_op(dy, *ctx.saved_tensors), _save_inputs)
+
+
+def _linear_gelu_setup(ctx, inputs, output):
+    x, weight, bias, approximate = inputs
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, weight, bias if bias is not None else x.new_empty(0), output[1])
+    ctx.approximate = approximate
+
+
+def _linear_gelu_backward_op_impl(dy, x, weight, bias, pre, approximate):
+    return _linear_gelu_bwd(dy, x, weight, bias, pre, approximate)
+
+
+def _linear_gelu_backward_fake(dy, x, weight, bias, pre, approximate):
+    return (torch.empty_like(x), torch.empty_like(weight),
+            torch.empty_like(bias) if bias is not None else x.new_empty(0))
+
+
+_linear_gelu_bwd_op = _custom_op(
+    "linear_gelu_backward",
+    "(Tensor dy, Tensor x, Tensor weight, Tensor? bias, Tensor pre, str approximate) -> (Tensor, Tensor, Tensor)",
+    _linear_gelu_backward_op_impl, _linear_gelu_backward_fake)
+
+
+def _linear_gelu_op_backward(ctx, dy, dpre):
+    x, weight, bias, pre = ctx.saved_tensors
+    dx, dweight, dbias = _linear_gelu_bwd_op(dy, x, weight, bias if ctx.has_bias else None, pre, ctx.approximate)
+    return dx, dweight, (dbias if ctx.has_bias else None), None
+
+
+_linear_gelu_op = _custom_op(
+    "linear_gelu", "(Tensor x, Tensor weight, Tensor? bias, str approximate) -> (Tensor, Tensor)",
+    lambda x, weight, bias, approximate: _linear_gelu_fwd(x, weight, bias, approximate, True),
+    lambda x, weight, bias, approximate: (x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],)),
+                                          x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))),
+    _linear_gelu_op_backward, _linear_gelu_setup)
+
+
+def matmul(a, b, tf32=False):
+    """a (M, K) @ b (K, N) on rawops kernels, with autograd. float32 is exact float32 math;
+    tf32=True allows TF32 (today it runs the exact kernel too)."""
+    if _compiling():
+        return _matmul_op(a, b)
+    if _needs_grad(a, b):
+        return _Matmul.apply(a, b)
+    return _matmul_fwd(a, b)
+
+
+def linear_gelu(x, weight, bias=None, approximate="tanh"):
+    """F.gelu(F.linear(x, weight, bias), approximate=approximate) in one kernel, with autograd
+    (the backward uses the pre-activation the forward stores when a gradient is needed)."""
+    if _compiling():
+        return _linear_gelu_op(x, weight, bias, approximate)[0]
+    if _needs_grad(x, weight, bias):
+        return _LinearGELU.apply(x, weight, bias, approximate)
+    return _linear_gelu_fwd(x, weight, bias, approximate, False)[0]
+
+
+class LinearGELU(torch.nn.Module):
+    """torch.nn.Linear followed by GELU, fused: parameters named and shaped as nn.Linear's
+    (weight [out_features, in_features], bias [out_features]), so an nn.Linear's state_dict
+    loads unchanged, and initialised the same way."""
+
+    def __init__(self, in_features, out_features, bias=True, approximate="tanh", device=None, dtype=None):
+        super().__init__()
+        _mm.gelu_flags(approximate)
+        self.in_features, self.out_features, self.approximate = in_features, out_features, approximate
+        factory = {"device": device, "dtype": dtype}
+        self.weight = torch.nn.Parameter(torch.empty((out_features, in_features), **factory))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(out_features, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        torch.nn.Linear.reset_parameters(self)
+
+    def forward(self, x):
+        return linear_gelu(x, self.weight, self.bias, self.approximate)
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, approximate={self.approximate!r}")

@@ -1,0 +1,361 @@
+"""The matrix family: matmul and linear_gelu (Linear + bias + GELU in one kernel), forward
+and backward. Kernels: kernels/matmul.cu.
+
+matmul(a, b)                       a (M, K) @ b (K, N)
+linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn.Linear layout
+linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
+
+float32 runs exact float32 math (FFMA, no tensor cores); float16 / bfloat16 run tensor cores
+(mma.sync, sm_80+) with float32 accumulation where the operands allow 16-byte loads, else
+the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
+the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
+"""
+from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES, as_array, launch, sm_count, stream_pointer, wait_for_producer
+from . import _modules, _rows
+
+FAMILY = "matmul"
+LAYOUTS = ("nn", "nt", "tn")  # b (K, N) | b given as (N, K) | a given as (K, M)
+MMA_SUFFIXES = ("f16", "bf16")
+# Every entry point has the same parameters (kernels/matmul.cu, RAWOPS_GEMM_ARGS).
+ARGS = ("a", "b", "c", "bias", "aux", "pre", "m", "n", "k", "flags")
+KINDS = "ppppppqqqq"
+
+SIMT_TILE, SIMT_THREADS = 128, 256  # kSimtTile, kSimtThreads
+MMA_TILE, MMA_K, MMA_STAGES, MMA_THREADS = 128, 32, 3, 256  # kMmaTile, kMmaK, kMmaStages, kMmaThreads
+KMAJOR_STRIDE, MNMAJOR_STRIDE = MMA_K + 8, MMA_TILE + 8  # kKMajorStride, kMNMajorStride
+SMALL_THREADS, SMALL_FEATURES, SMALL_ROWS = 64, 4, 32  # kSmallThreads, kSmallFeatures, kSmallRows
+SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
+MAX_GRID_Y = 65535
+MMA_MIN_CC = 80
+# Split K (+ gemm_reduce) when the output has too few tiles to fill the GPU. FFMA: at least
+# SPLIT_MIN_K of K per split, at most MAX_SPLITS, about 2 blocks per SM. Tensor cores: only
+# for K >= MMA_SPLIT_MIN_K (the linear backward's dW = dpre^T x at 8192 tokens: 144 tiles of
+# 128 x 128 would fill half of the H100's 264 block slots), aiming at ~3 waves.
+SPLIT_MIN_K, MAX_SPLITS = 128, 64
+MMA_SPLIT_MIN_K, MMA_SPLIT_CHUNK, MMA_MAX_SPLITS = 1024, 256, 16
+REDUCE_THREADS = 256
+
+EPI_NONE, EPI_BIAS_GELU, EPI_BIAS_GELU_GRAD, EPI_BIAS = 0, 1, 2, 3
+EPI_ERF = 4
+GELU_FLAGS = {"tanh": 0, "none": EPI_ERF}
+
+
+def entry_points():
+    """Every extern "C" kernel the fatbin must hold, on every architecture."""
+    names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
+    names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
+    names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
+    return sorted(names)
+
+
+def gelu_flags(approximate):
+    flags = GELU_FLAGS.get(approximate)
+    if flags is None:
+        raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
+    return flags
+
+
+# ------------------------------------------------------------------------------ launch plan (pure)
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def mma_shared_bytes(layout, bn=MMA_TILE):
+    """Dynamic shared memory of gemm_mma in `layout`: MMA_STAGES stages of an A tile (128
+    rows) and a B tile (bn rows), each stored [rows][32 + 8] when K-contiguous, else
+    [32][rows + 8]; 2-byte elements."""
+    a_kmajor, b_kmajor = layout[0] == "n", layout[1] == "t"
+    tile = lambda kmajor, rows: rows * KMAJOR_STRIDE if kmajor else MMA_K * (rows + 8)  # noqa: E731
+    return MMA_STAGES * (tile(a_kmajor, MMA_TILE) + tile(b_kmajor, bn)) * 2
+
+
+def contiguous_dims(layout, m, n, k):
+    """The length of the contiguous (innermost) dim of a and of b in this layout."""
+    return (k if layout[0] == "n" else m), (k if layout[1] == "t" else n)
+
+
+def split_count(blocks, k, sms):
+    """K splits for an FFMA launch of `blocks` tiles: 1 unless the tiles leave the GPU idle."""
+    if blocks >= sms or k < 2 * SPLIT_MIN_K:
+        return 1
+    return max(1, min(_ceil(2 * sms, blocks), k // SPLIT_MIN_K, MAX_SPLITS))
+
+
+def mma_split_count(blocks, k, sms):
+    """K splits for a tensor-core launch of `blocks` tiles (2 resident per SM)."""
+    slots = 2 * sms
+    if blocks >= slots or k < MMA_SPLIT_MIN_K:
+        return 1
+    return max(1, min(_ceil(3 * slots, blocks), k // MMA_SPLIT_CHUNK, MMA_MAX_SPLITS))
+
+
+def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132):
+    """(kernel name, grid, block, dynamic shared bytes, K splits) of C (m, n) = A B in `layout`.
+
+    linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows; tensor cores
+    for half types on sm_80+ when both operands allow 16-byte loads; else the FFMA kernel.
+    Either GEMM is split along K (then gemm_reduce applies the epilogue) when its tiles
+    would leave SMs idle."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    suffix = FLOAT_SUFFIXES[dtype]
+    itemsize = 4 if dtype == 0 else 2
+    vector = 16 // itemsize
+    splits = 1
+    if layout == "nt" and m <= SMALL_MAX_M and k % vector == 0 and a_ptr % 16 == 0 and b_ptr % 16 == 0:
+        name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_THREADS // 32 * SMALL_FEATURES),
+                                     _ceil(m, SMALL_ROWS)), SMALL_THREADS, 0)
+    else:
+        a_dim, b_dim = contiguous_dims(layout, m, n, k)
+        if (dtype != 0 and cc >= MMA_MIN_CC and a_dim % 8 == 0 and b_dim % 8 == 0
+                and a_ptr % 16 == 0 and b_ptr % 16 == 0):
+            name, block, shared = f"gemm_mma_{layout}_{suffix}", MMA_THREADS, mma_shared_bytes(layout)
+            grid = (_ceil(n, MMA_TILE), _ceil(m, MMA_TILE))
+            splits = mma_split_count(grid[0] * grid[1], k, sms)
+        else:
+            name, block, shared = f"gemm_simt_{layout}_{suffix}", SIMT_THREADS, 0
+            grid = (_ceil(n, SIMT_TILE), _ceil(m, SIMT_TILE))
+            splits = split_count(grid[0] * grid[1], k, sms)
+        if splits > 1:
+            grid = grid + (splits,)
+    if grid[1] > MAX_GRID_Y or grid[0] > _rows.MAX_GRID:
+        raise ValueError(f"a {m} x {n} output exceeds one launch's grid")
+    return name, grid, block, shared, splits
+
+
+def reduce_blocks(m, n, sms):
+    return max(1, min(_ceil(m * n, REDUCE_THREADS), sms * 8))
+
+
+# ------------------------------------------------------------------------------ launches on raw pointers
+_compute_capability = {}
+_opted_in = set()
+
+
+def compute_capability(device):
+    cc = _compute_capability.get(device)
+    if cc is None:
+        import cupy
+
+        cc = _compute_capability[device] = int(cupy.cuda.Device(device).compute_capability)
+    return cc
+
+
+def _function(name, device, shared):
+    pointer = _modules.function_pointer(FAMILY, name, device)
+    if shared > 48 * 1024 and (name, device) not in _opted_in:
+        # Above 48 KB of dynamic shared memory a kernel must opt in, once per function.
+        _modules.get_function(FAMILY, name, device).max_dynamic_shared_size_bytes = shared
+        _opted_in.add((name, device))
+    return pointer
+
+
+_plans = {}  # (layout, dtype, m, n, k, a 16-byte aligned, b aligned, device) -> launch
+
+
+def _launch_plan(layout, dtype, m, n, k, a, b, device):
+    key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, device)
+    cached = _plans.get(key)
+    if cached is None:
+        sms = sm_count(device)
+        name, grid, block, shared, splits = plan(layout, dtype, m, n, k, compute_capability(device), a, b, sms)
+        reduce = None
+        if splits > 1:
+            reduce = (_function(f"gemm_reduce_{FLOAT_SUFFIXES[dtype]}", device, 0), (reduce_blocks(m, n, sms),))
+        if len(_plans) > 4096:  # shapes of a long-running process: keep the cache bounded
+            _plans.clear()
+        cached = _plans[key] = (_function(name, device, shared), grid, block, shared, splits, reduce)
+    return cached
+
+
+def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, stream, workspace):
+    """c (m, n) = epilogue(A B) on pointers checked by the caller (one dtype, C-contiguous,
+    one device; bias/aux/pre 0 when absent). Nothing to do when m or n is 0; k == 0 gives
+    epilogue(0). `workspace(nbytes)` -> (pointer, owner) allocates stream-ordered scratch
+    for split-K partials; the owner is returned (keep it until the launches are queued).
+    The plan is cached per shape: a repeated call costs a dict lookup and the launch."""
+    if m == 0 or n == 0:
+        return None
+    function, grid, block, shared, splits, reduce = _launch_plan(layout, dtype, m, n, k, a, b, device)
+    if splits == 1:
+        launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
+        return None
+    partial, owner = workspace(splits * m * n * 4)
+    launch(function, grid, block, shared, stream, (a, b, partial, 0, 0, 0, m, n, k, 0), KINDS, device)
+    launch(reduce[0], reduce[1], REDUCE_THREADS, 0, stream, (partial, 0, c, bias, aux, pre, m, n, splits, flags),
+           KINDS, device)
+    return owner
+
+
+def _cupy_workspace(nbytes):
+    import cupy
+
+    memory = cupy.cuda.alloc(nbytes)
+    return memory.ptr, memory
+
+
+# ------------------------------------------------------------------------------ CuPy API
+def _float_array(obj, name, op, ndim=None, like=None):
+    x = as_array(obj, name)
+    if like is not None:
+        if x.dtype != like.dtype:
+            raise TypeError(f"{name} has dtype {x.dtype_text}, expected {like.dtype_text} like {like.name}")
+    elif x.dtype < 0 or x.dtype >= len(FLOAT_SUFFIXES):
+        raise TypeError(f"{name} has dtype {x.dtype_text}; {op} supports float32, float16, bfloat16")
+    if ndim is not None and len(x.shape) != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    _rows._dense(x)
+    return x
+
+
+def _out_array(obj, shape, like, inputs):
+    o = as_array(obj, "out")
+    if o.dtype != like.dtype:
+        raise TypeError(f"out has dtype {o.dtype_text}, expected {like.dtype_text} like {like.name}")
+    if o.shape != shape:
+        raise ValueError(f"out has shape {o.shape}, expected {shape}")
+    _rows._dense(o)
+    if o.readonly:
+        raise ValueError("out is read-only")
+    for x in inputs:  # blocks write out while others still read every input
+        if x is not None and o.nbytes and x.nbytes and o.ptr < x.ptr + x.nbytes and x.ptr < o.ptr + o.nbytes:
+            raise ValueError(f"out overlaps {x.name}; pass a separate array")
+    return o
+
+
+def _prepare(stream, device, arrays):
+    s = stream_pointer(stream, device)
+    for x in arrays:
+        if x is not None:
+            wait_for_producer(x, s)
+    return s
+
+
+def _on_stream(stream, s):
+    """CuPy's pool hands out memory per current stream: with a caller's stream, make it
+    current so that outputs and split-K scratch are ordered with the launches."""
+    import contextlib
+
+    import cupy
+
+    return contextlib.nullcontext() if stream is None else cupy.cuda.ExternalStream(s)
+
+
+def matmul(a, b, *, tf32=False, out=None, stream=None):
+    """a (M, K) @ b (K, N) -> (M, N), C-contiguous float32 / float16 / bfloat16 arrays of one
+    dtype; float32 accumulation. float32 is exact float32 math (FFMA); `tf32=True` allows
+    TF32 tensor cores (today it still runs the exact kernel: no TF32 kernel yet)."""
+    import cupy
+
+    if not isinstance(tf32, bool):
+        raise TypeError(f"tf32 must be a bool, got {type(tf32).__name__}")
+    A = _float_array(a, "a", "matmul", 2)
+    B = _float_array(b, "b", "matmul", 2, like=A)
+    (m, k), (k2, n) = A.shape, B.shape
+    if k2 != k:
+        raise ValueError(f"b has shape {B.shape}, expected ({k}, N): its rows must match a's columns (a is {A.shape})")
+    O = _out_array(out, (m, n), A, (A, B)) if out is not None else None
+    device = _rows.one_device(A, B, O)
+    with cupy.cuda.Device(device):
+        s = _prepare(stream, device, (A, B))
+        with _on_stream(stream, s):
+            c = O.obj if O is not None else cupy.ndarray((m, n), NUMPY_DTYPES[A.dtype])
+            launch_gemm(device, "nn", A.dtype, A.ptr, B.ptr, O.ptr if O is not None else c.data.ptr, 0, 0, 0,
+                        m, n, k, EPI_NONE, s, _cupy_workspace)
+    return c
+
+
+def _linear_operands(x, weight, bias):
+    X = _float_array(x, "x", "linear_gelu")
+    if len(X.shape) == 0:
+        raise ValueError("x must have at least one dimension (its last is in_features)")
+    W = _float_array(weight, "weight", "linear_gelu", 2, like=X)
+    k = X.shape[-1]
+    if W.shape[1] != k:
+        raise ValueError(f"weight has shape {W.shape}, expected (out_features, {k}): torch.nn.Linear layout, "
+                         f"in_features = x's last dim")
+    n = W.shape[0]
+    Bv = None
+    if bias is not None:
+        Bv = _float_array(bias, "bias", "linear_gelu", like=X)
+        if Bv.shape != (n,):
+            raise ValueError(f"bias has shape {Bv.shape}, expected ({n},): one value per output feature")
+    m = X.size // k if k else _prod(X.shape[:-1])
+    return X, W, Bv, m, n, k
+
+
+def _prod(shape):
+    p = 1
+    for d in shape:
+        p *= d
+    return p
+
+
+def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False, out=None, stream=None):
+    """gelu(x @ weight.T + bias) in one kernel, as
+    torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias), approximate=...).
+
+    x (..., in_features), weight (out_features, in_features), bias (out_features,) or None,
+    one dtype. Returns y (..., out_features); with save_preactivation=True, (y, pre) where
+    pre = x @ weight.T + bias is written by the same kernel for the backward."""
+    import cupy
+
+    flags = gelu_flags(approximate) | EPI_BIAS_GELU
+    X, W, Bv, m, n, k = _linear_operands(x, weight, bias)
+    shape = X.shape[:-1] + (n,)
+    O = _out_array(out, shape, X, (X, W, Bv)) if out is not None else None
+    device = _rows.one_device(X, W, Bv, O)
+    dtype = NUMPY_DTYPES[X.dtype]
+    with cupy.cuda.Device(device):
+        s = _prepare(stream, device, (X, W, Bv))
+        with _on_stream(stream, s):
+            y = O.obj if O is not None else cupy.ndarray(shape, dtype)
+            pre = cupy.ndarray(shape, dtype) if save_preactivation else None
+            launch_gemm(device, "nt", X.dtype, X.ptr, W.ptr, O.ptr if O is not None else y.data.ptr,
+                        Bv.ptr if Bv is not None else 0, 0, pre.data.ptr if pre is not None else 0, m, n, k, flags, s,
+                        _cupy_workspace)
+    return (y, pre) if save_preactivation else y
+
+
+def linear_gelu_backward(dy, x, weight, bias=None, approximate="tanh", *, preactivation=None, stream=None):
+    """(dx, dweight, dbias) of linear_gelu; dbias is None when bias is None.
+
+    With `preactivation` (from save_preactivation=True) dpre = dy * gelu'(pre) is one
+    elementwise pass; without it, pre is recomputed by a GEMM whose epilogue produces dpre
+    directly (no pre ever stored). Then dx = dpre @ W, dW = dpre^T @ x (two GEMMs) and
+    dbias = dpre summed over rows (deterministic column sum)."""
+    import cupy
+
+    from . import elementwise
+
+    flags = gelu_flags(approximate)
+    X, W, Bv, m, n, k = _linear_operands(x, weight, bias)
+    shape = X.shape[:-1] + (n,)
+    DY = _float_array(dy, "dy", "linear_gelu_backward", like=X)
+    if DY.shape != shape:
+        raise ValueError(f"dy has shape {DY.shape}, expected {shape}")
+    P = None
+    if preactivation is not None:
+        P = _float_array(preactivation, "preactivation", "linear_gelu_backward", like=X)
+        if P.shape != shape:
+            raise ValueError(f"preactivation has shape {P.shape}, expected {shape}")
+    device = _rows.one_device(X, W, Bv, DY, P)
+    dtype = NUMPY_DTYPES[X.dtype]
+    with cupy.cuda.Device(device):
+        s = _prepare(stream, device, (X, W, Bv, DY, P))
+        with _on_stream(stream, s):
+            if P is not None:
+                dpre = elementwise.gelu_backward(DY.obj, P.obj, approximate, stream=s)
+            else:
+                dpre = cupy.ndarray((m, n), dtype)
+                launch_gemm(device, "nt", X.dtype, X.ptr, W.ptr, dpre.data.ptr, Bv.ptr if Bv is not None else 0,
+                            DY.ptr, 0, m, n, k, flags | EPI_BIAS_GELU_GRAD, s, _cupy_workspace)
+            dx = cupy.ndarray(X.shape, dtype)
+            dw = cupy.ndarray((n, k), dtype)
+            dpre_ptr = dpre.data.ptr
+            launch_gemm(device, "nn", X.dtype, dpre_ptr, W.ptr, dx.data.ptr, 0, 0, 0, m, k, n, EPI_NONE, s,
+                        _cupy_workspace)
+            launch_gemm(device, "tn", X.dtype, dpre_ptr, X.ptr, dw.data.ptr, 0, 0, 0, n, k, m, EPI_NONE, s,
+                        _cupy_workspace)
+            db = elementwise.column_sum(dpre.reshape(m, n), stream=s) if Bv is not None else None
+    return dx, dw, db

@@ -1,0 +1,437 @@
+"""The matrix family's contract: matmul, linear_gelu and its backward, and their adapter.
+
+Without a GPU: which kernel each shape gets and its grid (pure arithmetic), every argument
+check firing before any launch (fake __cuda_array_interface__ producers), and the fatbin
+holding every entry point on every architecture. With one (marker `gpu`): against torch in
+float64 on fresh random data, weights included; odd and empty shapes; backward; gradcheck;
+torch.compile(fullgraph=True)."""
+import importlib
+import os
+import re
+
+import pytest
+
+import rawops
+from test_build import elf_entry_symbols, expected_elf_archs, needs_cuobjdump
+from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
+
+mm = importlib.import_module("rawops.matmul")
+F32, F16, BF16 = 0, 1, 2
+
+
+# ------------------------------------------------------------------------------ launch plan
+def test_small_batch_linear_splits_the_output_features_over_the_whole_gpu():
+    name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER)
+    assert name == "linear_small_nt_f32" and block == 64 and shared == 0 and splits == 1
+    assert grid == (3072 // 8, 1), "a warp per 4 features, 2 warps per block, all 32 rows"
+    assert mm.plan("nt", F32, 33, 10, 100, 90, BASE, OTHER)[1] == (2, 2), "rows past 32: a second blockIdx.y"
+    assert mm.plan("nt", BF16, 128, 3072, 768, 90, BASE, OTHER)[0] == "linear_small_nt_bf16"
+
+
+@pytest.mark.parametrize("why, args", [
+    ("more rows than SMALL_MAX_M", ("nt", F32, 129, 3072, 768, 90, BASE, OTHER)),
+    ("K not a multiple of 4 floats", ("nt", F32, 32, 3072, 766, 90, BASE, OTHER)),
+    ("x off 16 bytes", ("nt", F32, 32, 3072, 768, 90, BASE + 4, OTHER)),
+    ("not x @ W^T", ("nn", F32, 32, 3072, 768, 90, BASE, OTHER)),
+])
+def test_small_batch_path_only_where_its_16_byte_loads_are_legal(why, args):
+    assert not mm.plan(*args)[0].startswith("linear_small"), why
+
+
+def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned():
+    for layout in mm.LAYOUTS:
+        name, grid, block, shared, splits = mm.plan(layout, BF16, 8192, 8192, 8192, 90, BASE, OTHER)
+        assert name == f"gemm_mma_{layout}_bf16" and grid == (64, 64) and block == 256 and splits == 1
+        assert shared == mm.mma_shared_bytes(layout)
+    assert mm.plan("nn", F16, 1000, 520, 256, 80, BASE, OTHER)[0] == "gemm_mma_nn_f16"
+    name, grid, _, shared, splits = mm.plan("nt", BF16, 8192, 3072, 768, 90, BASE, OTHER)
+    assert name == "gemm_mma_nt_bf16" and grid == (24, 64) and shared == mm.mma_shared_bytes("nt") and splits == 1
+
+
+def test_skinny_outputs_split_k_over_the_gpu_and_reduce_in_order():
+    # linear backward dx at batch 32: (32, 768) = dpre (32, 3072) @ W, 6 tiles of 128 x 128.
+    name, grid, block, shared, splits = mm.plan("nn", F32, 32, 768, 3072, 90, BASE, OTHER, sms=132)
+    assert name == "gemm_simt_nn_f32" and splits == 3072 // mm.SPLIT_MIN_K and grid == (6, 1, splits)
+    name, grid, _, _, splits = mm.plan("nn", BF16, 32, 768, 3072, 90, BASE, OTHER, sms=132)
+    assert name == "gemm_mma_nn_bf16" and splits == 12 and grid == (6, 1, 12)
+    # dW = dpre^T x at 8192 tokens, 768 -> 3072: 144 tiles for 264 slots, K = 8192.
+    name, grid, _, _, splits = mm.plan("tn", BF16, 3072, 768, 8192, 90, BASE, OTHER, sms=132)
+    assert name == "gemm_mma_tn_bf16" and splits == 6 and grid == (6, 24, 6)
+    assert mm.plan("tn", BF16, 3072, 768, 1000, 90, BASE, OTHER, sms=132)[4] == 1, "short K: no split"
+    assert mm.split_count(6, 3072, 132) == 24 and mm.split_count(6, 100000, 132) == 44
+    assert mm.split_count(200, 3072, 132) == 1, "enough tiles"
+    assert mm.split_count(6, 255, 132) == 1, "K too short to split"
+    assert mm.split_count(1, 1 << 20, 132) == mm.MAX_SPLITS
+    assert mm.mma_split_count(1, 1 << 20, 132) == mm.MMA_MAX_SPLITS
+    assert mm.reduce_blocks(32, 768, 132) == 96 and mm.reduce_blocks(8192, 8192, 132) == 132 * 8
+
+
+@pytest.mark.parametrize("why, args", [
+    ("float32 is exact FFMA math", ("nn", F32, 8192, 8192, 8192, 90, BASE, OTHER)),
+    ("sm_75 has no bf16 mma / cp.async", ("nn", BF16, 8192, 8192, 8192, 75, BASE, OTHER)),
+    ("K % 8: a's rows not 16-byte multiples", ("nn", BF16, 1000, 512, 100, 90, BASE, OTHER)),
+    ("N % 8 in nn: b's rows", ("nn", BF16, 1000, 10, 256, 90, BASE, OTHER)),
+    ("M % 8 in tn: a's rows", ("tn", BF16, 33, 256, 256, 90, BASE, OTHER)),
+    ("b off 16 bytes", ("nn", F16, 1000, 512, 256, 90, BASE, OTHER + 2)),
+])
+def test_everything_else_runs_the_ffma_kernel(why, args):
+    name, grid, block, shared, splits = mm.plan(*args)
+    assert name.startswith("gemm_simt_") and block == 256 and shared == 0, why
+    m, n = args[2], args[3]
+    assert grid[:2] == (-(-n // 128), -(-m // 128))
+    assert grid[2:] == ((splits,) if splits > 1 else ())
+
+
+def test_mma_shared_memory_is_three_stages_of_padded_tiles():
+    kmajor, mnmajor = 128 * 40 * 2, 32 * 136 * 2
+    assert mm.mma_shared_bytes("nt") == 3 * 2 * kmajor == 61440
+    assert mm.mma_shared_bytes("nn") == 3 * (kmajor + mnmajor)
+    assert mm.mma_shared_bytes("tn") == 3 * 2 * mnmajor
+    assert all(mm.mma_shared_bytes(layout) <= 99 * 1024 for layout in mm.LAYOUTS), "fits sm_86/89's 99 KB"
+
+
+def test_an_output_past_one_grid_is_refused():
+    with pytest.raises(ValueError, match="exceeds one launch's grid"):
+        mm.plan("nn", F32, 128 * 65535 + 1, 8, 8, 90, BASE, OTHER)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        mm.plan("tt", F32, 8, 8, 8, 90, BASE, OTHER)
+
+
+# ------------------------------------------------------------------------------ the build
+def _source():
+    from rawops import _modules
+
+    with open(os.path.join(_modules.kernel_source_dir(), "matmul.cu")) as f:
+        return f.read()
+
+
+def test_every_entry_point_has_the_table_signature():
+    source = _source()
+    params = re.search(r"#define RAWOPS_GEMM_ARGS\(T\)\s*\\\s*(.*?)\n#define", source, re.S).group(1)
+    params = [p.strip() for p in params.replace("\\", " ").split(",")]
+    assert [p.split()[-1].lstrip("*") for p in params] == list(mm.ARGS)
+    assert "".join("p" if "*" in p else "q" for p in params) == mm.KINDS
+    macros = re.findall(r"^\s*RAWOPS_(SIMT|MMA)\((\w+),", source, re.M)
+    assert sorted({layout for _, layout in macros}) == sorted(mm.LAYOUTS)
+    families = re.findall(r"^RAWOPS_MATMUL_(MMA_)?FAMILY\([\w ]+, (\w+)\)", source, re.M)
+    assert [s for mma, s in families if not mma] == ["f32", "f16", "bf16"]
+    assert [s for mma, s in families if mma] == list(mm.MMA_SUFFIXES)
+
+
+@needs_cuobjdump
+def test_fatbin_has_every_entry_point_on_every_architecture():
+    from rawops import _modules
+
+    path = _modules.fatbin_path("matmul")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} absent (built without nvcc, or RAWOPS_FAMILIES left it out)")
+    per_arch = elf_entry_symbols(path)
+    assert sorted(per_arch) == expected_elf_archs()
+    for arch, names in sorted(per_arch.items()):
+        assert sorted(names) == mm.entry_points(), arch
+
+
+# ------------------------------------------------------------------------------ validation
+def test_valid_calls_get_past_validation():
+    assert_passes_validation(rawops.matmul, f32((4, 8)), f32((8, 3), ptr=OTHER))
+    assert_passes_validation(rawops.matmul, f32((0, 8)), f32((8, 3), ptr=OTHER), out=f32((0, 3), ptr=OTHER * 2))
+    assert_passes_validation(rawops.linear_gelu, f32((2, 3, 8)), f32((5, 8), ptr=OTHER), f32((5,), ptr=OTHER * 2))
+    assert_passes_validation(rawops.linear_gelu, f16((4, 8)), f16((5, 8), ptr=OTHER), None, approximate="none")
+    assert_passes_validation(rawops.linear_gelu_backward, f32((4, 5), ptr=OTHER * 3), f32((4, 8)),
+                             f32((5, 8), ptr=OTHER), f32((5,), ptr=OTHER * 2))
+
+
+@pytest.mark.parametrize("a, b, message", [
+    (f32((4, 8)), f32((7, 3), ptr=OTHER), r"^b has shape \(7, 3\), expected \(8, N\)"),
+    (f32((4, 8, 1)), f32((8, 3), ptr=OTHER), r"^a must be 2-D, got shape \(4, 8, 1\)"),
+    (f32((4, 8)), f32((8,), ptr=OTHER), r"^b must be 2-D"),
+    (f32((4, 8), strides=(64, 8)), f32((8, 3), ptr=OTHER), r"^a is not C-contiguous"),
+    (f32((4, 8)), f32((8, 3), ptr=OTHER + 2), r"^b is misaligned"),
+])
+def test_matmul_refuses_bad_shapes_and_layouts_naming_the_argument(a, b, message):
+    with pytest.raises(ValueError, match=message):
+        rawops.matmul(a, b)
+
+
+def test_matmul_refuses_mixed_or_unsupported_dtypes():
+    with pytest.raises(TypeError, match=r"^b has dtype float16, expected float32 like a"):
+        rawops.matmul(f32((4, 8)), f16((8, 3), ptr=OTHER))
+    with pytest.raises(TypeError, match=r"^a has dtype .*matmul supports float32, float16, bfloat16"):
+        rawops.matmul(FakeCAI((4, 8), "<i4"), FakeCAI((8, 3), "<i4", ptr=OTHER))
+    with pytest.raises(TypeError, match=r"^tf32 must be a bool"):
+        rawops.matmul(f32((4, 8)), f32((8, 3), ptr=OTHER), tf32=1)
+
+
+def test_matmul_out_must_fit_and_stay_apart_from_the_inputs():
+    a, b = f32((4, 8)), f32((8, 3), ptr=OTHER)
+    with pytest.raises(ValueError, match=r"^out has shape \(3, 4\), expected \(4, 3\)"):
+        rawops.matmul(a, b, out=f32((3, 4), ptr=OTHER * 2))
+    with pytest.raises(TypeError, match=r"^out has dtype float16"):
+        rawops.matmul(a, b, out=f16((4, 3), ptr=OTHER * 2))
+    with pytest.raises(ValueError, match=r"^out overlaps a"):
+        rawops.matmul(a, b, out=f32((4, 3), ptr=BASE + 16))
+    with pytest.raises(ValueError, match=r"^out is read-only"):
+        rawops.matmul(a, b, out=f32((4, 3), ptr=OTHER * 2, readonly=True))
+
+
+@pytest.mark.parametrize("weight, bias, message", [
+    (f32((5, 7), ptr=OTHER), None, r"^weight has shape \(5, 7\), expected \(out_features, 8\)"),
+    (f32((8,), ptr=OTHER), None, r"^weight must be 2-D"),
+    (f32((5, 8), ptr=OTHER), f32((4,), ptr=OTHER * 2), r"^bias has shape \(4,\), expected \(5,\)"),
+])
+def test_linear_gelu_refuses_parameters_of_the_wrong_shape(weight, bias, message):
+    with pytest.raises(ValueError, match=message):
+        rawops.linear_gelu(f32((4, 8)), weight, bias)
+
+
+def test_linear_gelu_refuses_bad_dtypes_approximations_and_dy():
+    with pytest.raises(TypeError, match=r"^weight has dtype float16, expected float32 like x"):
+        rawops.linear_gelu(f32((4, 8)), f16((5, 8), ptr=OTHER), None)
+    with pytest.raises(TypeError, match=r"^bias has dtype float16, expected float32 like x"):
+        rawops.linear_gelu(f32((4, 8)), f32((5, 8), ptr=OTHER), f16((5,), ptr=OTHER * 2))
+    with pytest.raises(ValueError, match=r"^approximate must be 'tanh' or 'none', got 'erf'"):
+        rawops.linear_gelu(f32((4, 8)), f32((5, 8), ptr=OTHER), None, approximate="erf")
+    with pytest.raises(ValueError, match=r"^x must have at least one dimension"):
+        rawops.linear_gelu(f32(()), f32((5, 8), ptr=OTHER), None)
+    with pytest.raises(ValueError, match=r"^dy has shape \(4, 6\), expected \(4, 5\)"):
+        rawops.linear_gelu_backward(f32((4, 6), ptr=OTHER * 3), f32((4, 8)), f32((5, 8), ptr=OTHER))
+    with pytest.raises(ValueError, match=r"^preactivation has shape"):
+        rawops.linear_gelu_backward(f32((4, 5), ptr=OTHER * 3), f32((4, 8)), f32((5, 8), ptr=OTHER),
+                                    preactivation=f32((5, 4), ptr=OTHER * 4))
+
+
+def test_adapter_refuses_bad_arguments_before_any_launch():
+    torch = pytest.importorskip("torch")
+    from rawops import torch_adapter as ta
+
+    with pytest.raises(ValueError, match=r"^a is on cpu"):
+        ta.matmul(torch.ones(4, 8), torch.ones(8, 3))
+    with pytest.raises(ValueError, match=r"^x is on cpu"):
+        ta.linear_gelu(torch.ones(4, 8), torch.ones(5, 8))
+    with pytest.raises(ValueError, match=r"^approximate must be"):
+        ta.LinearGELU(8, 5, approximate="erf")
+    module = ta.LinearGELU(8, 5)
+    linear = torch.nn.Linear(8, 5)
+    module.load_state_dict(linear.state_dict())  # same names and shapes as nn.Linear
+    assert torch.equal(module.weight, linear.weight) and torch.equal(module.bias, linear.bias)
+
+
+# ------------------------------------------------------------------------------ on the GPU
+DTYPES = ["float32", "float16", "bfloat16"]
+# (M, K, N): odd sizes, one-row and one-column, empty, and aligned ones that take the
+# tensor-core path for half types.
+# (32, 3072, 768) and (7, 5000, 9) split K; half types take tensor cores on the aligned ones,
+# (300, 2048, 264) with split K.
+MATMUL_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (33, 64, 40), (257, 255, 129), (0, 5, 7),
+                 (5, 0, 7), (5, 7, 0), (128, 128, 128), (1000, 256, 520), (300, 2048, 264), (1000, 256, 136),
+                 (32, 3072, 768), (7, 5000, 9)]
+LINEAR_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (32, 768, 3072), (128, 64, 200), (129, 64, 200),
+                 (1000, 256, 520), (0, 64, 16), (7, 64, 0), (5, 0, 9)]
+
+
+def _torch_dtype(name):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _gelu64(torch, pre, approximate):
+    return torch.nn.functional.gelu(pre, approximate=approximate)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, k, n", MATMUL_SHAPES)
+def test_matmul_matches_torch_float64(dtype, m, k, n):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    dt = _torch_dtype(dtype)
+    a, b = random((m, k), dt, 1.0), random((k, n), dt, 1.0)
+    poison_pool(m * n * a.element_size())
+    c = rawops.matmul(to_cupy(a), to_cupy(b))
+    assert c.shape == (m, n)
+    assert_close(c, a.double() @ b.double(), dt, f"matmul {dtype} {m}x{k}x{n}")
+
+
+@pytest.mark.gpu
+def test_matmul_tf32_opt_in_stays_within_tf32_tolerance_and_out_is_written():
+    torch = pytest.importorskip("torch")
+    from gpu_reference import random, to_cupy
+
+    a, b = random((300, 512), torch.float32), random((512, 264), torch.float32)
+    buffer = torch.full((300 * 264 + 64,), float("nan"), device="cuda")
+    out = buffer[: 300 * 264].view(300, 264)
+    rawops.matmul(to_cupy(a), to_cupy(b), tf32=True, out=to_cupy(out))
+    torch.cuda.synchronize()
+    ref = a.double() @ b.double()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-3
+    assert torch.isnan(buffer[300 * 264:]).all(), "wrote past out"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_on_a_given_stream_with_split_k_scratch(dtype):
+    """A caller's stream: outputs and split-K scratch come from CuPy's pool on that stream."""
+    torch = pytest.importorskip("torch")
+    import cupy
+    from gpu_reference import assert_close, random, to_cupy
+
+    dt = _torch_dtype(dtype)
+    a, b = random((32, 4096), dt, 1.0), random((4096, 520), dt, 1.0)
+    torch.cuda.synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    c = rawops.matmul(to_cupy(a), to_cupy(b), stream=stream)
+    stream.synchronize()
+    assert_close(c, a.double() @ b.double(), dt, f"matmul on a stream {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, k, n", LINEAR_SHAPES)
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_linear_gelu_matches_torch_float64(dtype, m, k, n, approximate):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    dt = _torch_dtype(dtype)
+    x, w, bias = random((m, k), dt, 1.0), random((n, k), dt, max(k, 1) ** -0.5), random((n,), dt, 1.0)
+    poison_pool(m * n * x.element_size())
+    y, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), approximate, save_preactivation=True)
+    pre64 = torch.nn.functional.linear(x.double(), w.double(), bias.double())
+    assert_close(pre, pre64, dt, f"pre-activation {dtype} {m}x{k}->{n}")
+    assert_close(y, _gelu64(torch, pre64, approximate), dt, f"linear_gelu {dtype} {m}x{k}->{n} {approximate}")
+    y2 = rawops.linear_gelu(to_cupy(x), to_cupy(w), None, approximate)  # no bias, no pre-activation
+    ref2 = _gelu64(torch, x.double() @ w.double().t(), approximate)
+    assert_close(y2, ref2, dt, f"linear_gelu without bias {dtype} {m}x{k}->{n}")
+
+
+@pytest.mark.gpu
+def test_linear_gelu_keeps_leading_dims():
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random, to_cupy
+
+    x, w, b = random((3, 11, 64), torch.float32), random((40, 64), torch.float32, 0.1), random((40,), torch.float32)
+    y = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b))
+    assert y.shape == (3, 11, 40)
+    ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()), approximate="tanh")
+    assert_close(y, ref, torch.float32, "3-D x")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, k, n", [(33, 100, 10), (32, 768, 3072), (1000, 256, 520), (1, 64, 8), (0, 16, 8)])
+@pytest.mark.parametrize("saved", [True, False])
+def test_linear_gelu_backward_matches_torch_float64(dtype, m, k, n, saved):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random, to_cupy
+
+    dt = _torch_dtype(dtype)
+    x, w, bias = random((m, k), dt, 1.0), random((n, k), dt, max(k, 1) ** -0.5), random((n,), dt, 1.0)
+    dy = random((m, n), dt, 1.0)
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, bias))
+    y64 = torch.nn.functional.gelu(torch.nn.functional.linear(x64, w64, b64), approximate="tanh")
+    y64.backward(dy.double())
+    pre = None
+    if saved:
+        _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True)
+    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre)
+    factor = 1 if dt == torch.float32 else 2  # dpre is rounded to the storage type before the GEMMs
+    what = f"{dtype} {m}x{k}->{n} {'saved' if saved else 'recomputed'}"
+    assert_close(dx, x64.grad, dt, f"dx {what}", factor)
+    assert_close(dw, w64.grad, dt, f"dweight {what}", factor)
+    assert_close(db, b64.grad, dt, f"dbias {what}", factor)
+
+
+# ------------------------------------------------------------------------------ torch adapter
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adapter_matmul_forward_and_backward_match_float64(dtype):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random
+    from rawops import torch_adapter as ta
+
+    dt = _torch_dtype(dtype)
+    a, b = random((200, 136), dt, 1.0).requires_grad_(), random((136, 72), dt, 1.0).requires_grad_()
+    dy = random((200, 72), dt, 1.0)
+    c = ta.matmul(a, b)
+    c.backward(dy)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    (a64 @ b64).backward(dy.double())
+    assert_close(c.detach(), a64.detach() @ b64.detach(), dt, "adapter matmul")
+    assert_close(a.grad, a64.grad, dt, "adapter matmul da")
+    assert_close(b.grad, b64.grad, dt, "adapter matmul db")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 32, 33, 1000])
+def test_adapter_linear_gelu_module_matches_nn_linear_gelu_in_float64(dtype, m):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random
+    from rawops import torch_adapter as ta
+
+    dt = _torch_dtype(dtype)
+    linear = torch.nn.Linear(96, 136).cuda().to(dt)
+    module = ta.LinearGELU(96, 136, device="cuda", dtype=dt)
+    module.load_state_dict(linear.state_dict())
+    x = random((m, 96), dt, 1.0).requires_grad_()
+    dy = random((m, 136), dt, 1.0)
+    y = module(x)
+    y.backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    ref = torch.nn.Linear(96, 136).cuda().double()
+    ref.load_state_dict({k: v.double() for k, v in linear.state_dict().items()})
+    y64 = torch.nn.functional.gelu(ref(x64), approximate="tanh")
+    y64.backward(dy.double())
+    factor = 1 if dt == torch.float32 else 2
+    assert_close(y.detach(), y64.detach(), dt, "LinearGELU forward")
+    assert_close(x.grad, x64.grad, dt, "LinearGELU dx", factor)
+    assert_close(module.weight.grad, ref.weight.grad, dt, "LinearGELU dweight", factor)
+    assert_close(module.bias.grad, ref.bias.grad, dt, "LinearGELU dbias", factor)
+    with torch.no_grad():
+        assert_close(module(x.detach()), y64.detach(), dt, "LinearGELU no-grad path")
+
+
+@pytest.mark.gpu
+def test_adapter_gradcheck_on_small_sizes():
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    from rawops import torch_adapter as ta
+
+    x = torch.randn(5, 12, device="cuda", requires_grad=True)
+    w = (torch.randn(7, 12, device="cuda") * 0.3).requires_grad_()
+    b = torch.randn(7, device="cuda", requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # float32 inputs: gradcheck warns, tolerances below account for it
+        assert torch.autograd.gradcheck(lambda x, w, b: ta.linear_gelu(x, w, b), (x, w, b), eps=1e-2, atol=2e-2,
+                                        rtol=2e-2)
+        assert torch.autograd.gradcheck(lambda x, w: ta.matmul(x, w.t().contiguous()), (x, w), eps=1e-2, atol=2e-2,
+                                        rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_adapter_ops_compile_with_fullgraph_and_keep_their_gradients():
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random
+    from rawops import torch_adapter as ta
+
+    def f(x, w, b, w2):
+        return ta.matmul(ta.linear_gelu(x, w, b), w2).sum()
+
+    x = random((64, 48), torch.float32).requires_grad_()
+    w = random((80, 48), torch.float32, 0.2).requires_grad_()
+    b = random((80,), torch.float32).requires_grad_()
+    w2 = random((80, 24), torch.float32, 0.2).requires_grad_()
+    compiled = torch.compile(f, fullgraph=True)
+    loss = compiled(x, w, b, w2)
+    loss.backward()
+    grads = [t.grad.clone() for t in (x, w, b, w2)]
+    refs = [t.detach().double().requires_grad_() for t in (x, w, b, w2)]
+    ref = (torch.nn.functional.gelu(torch.nn.functional.linear(refs[0], refs[1], refs[2]), approximate="tanh")
+           @ refs[3]).sum()
+    ref.backward()
+    assert abs(loss.item() - ref.item()) <= 1e-4 * max(1.0, abs(ref.item()))
+    for g, r, name in zip(grads, refs, ("x", "w", "b", "w2")):
+        assert_close(g, r.grad, torch.float32, f"compiled grad {name}", 10)
