@@ -431,12 +431,12 @@ def _source(family):
 
 def test_norm_table_matches_the_kernels_defined_in_the_source():
     source = _source("norm")
-    ops = re.findall(r"^\s*RAWOPS_NORM\((\w+),\s*(true|false),\s*T,\s*suffix\)", source, flags=re.M)
+    ops = re.findall(r"^\s*RAWOPS_NORM\((\w+),\s*(true|false),\s*T,\s*suffix\b", source, flags=re.M)
     defined = {f"{op}_{direction}" for op, _ in ops for direction in ("fwd", "bwd")}
     helpers = set(re.findall(r'void __launch_bounds__\(\d+\)\s*\\?\s*(\w+)_##suffix\(', source))
     assert defined | helpers == set(norm.KERNELS)
     assert dict(ops) == {"layer_norm": "false", "rms_norm": "true"}, "the RMS flag of each op"
-    instantiated = re.findall(r"^RAWOPS_NORM_FAMILY\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
+    instantiated = re.findall(r"^RAWOPS_NORM_FAMILY\(([\w ]+),\s*(\w+)\b", source, flags=re.M)
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 
 
