@@ -19,7 +19,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import device_time_us, start, write_results  # noqa: E402
+from timing import device_time_us, graphed, start, write_results  # noqa: E402
 
 PEAK_TFLOPS = {torch.float32: 66.9, torch.float16: 989.0, torch.bfloat16: 989.0}
 NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -28,21 +28,6 @@ F = torch.nn.functional
 
 def _floors(flops, nbytes, dtype, ceiling):
     return flops / PEAK_TFLOPS[dtype] / 1e6, nbytes / ceiling / 1e6
-
-
-def graphed(fn):
-    """fn captured once in a CUDA graph; the returned callable replays it (device time
-    without the host's per-call cost)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def _error(out, ref):

@@ -19,7 +19,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import device_time_us, start, write_results  # noqa: E402
+from timing import device_time_us, graphed, start, write_results  # noqa: E402
 
 SEED_FLOPS = 2 * (100 * 128 + 128 * 64 + 64 * 10)  # forward, per sample
 # backward without dx: g2, g1 (2 x (10x64 + 64x128)) and the three weight gradients
@@ -32,21 +32,8 @@ TARGETS = {("seed", 32, "fwd"): 5.0, ("seed", 1 << 20, "fwd"): 2.0, ("tc", 1 << 
            ("tc", 1 << 20, "fwd+bwd"): 3.0}
 
 
-def _graphed(fn):
-    """fn captured once in a CUDA graph; the returned callable replays it."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
-def _sequential(sizes, dtype):
+def sequential(sizes, dtype):
+    """nn.Sequential of Linear layers with ReLU between them, on the GPU in dtype."""
     layers = []
     for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
         layers.append(torch.nn.Linear(a, b))
@@ -56,7 +43,7 @@ def _sequential(sizes, dtype):
 
 
 def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fwd, bytes_fwdbwd, graph):
-    net = _sequential(sizes, dtype)
+    net = sequential(sizes, dtype)
     fused = ta.FusedMLP.from_sequential(net)
     x = torch.randn(batch, sizes[0], device="cuda", dtype=dtype)
     dy = torch.randn(batch, sizes[-1], device="cuda", dtype=dtype)
@@ -83,9 +70,9 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
                 torch.autograd.grad(net(x), net_params, dy)
         us_ours = device_time_us(ours)
         us_eager = device_time_us(eager)
-        us_graph = device_time_us(_graphed(eager)) if graph and mode == "fwd" else float("nan")
+        us_graph = device_time_us(graphed(eager)) if graph and mode == "fwd" else float("nan")
         # our own call replayed from a CUDA graph: the kernel's time without the host's
-        us_ours_graph = device_time_us(_graphed(ours)) if mode == "fwd" else float("nan")
+        us_ours_graph = device_time_us(graphed(ours)) if mode == "fwd" else float("nan")
         us_streaming = float("nan")
         if name == "tc" and mode == "fwd":  # the streaming tile kernel beside the resident one
             import rawops.mlp as mlp

@@ -7,25 +7,22 @@ Runs the 64-wide 4-hidden float16 network at batch 2^20 (inference forward, trai
 forward, backward) and the source network at batch 32 and 2^20, once each after a warm-up
 outside the profiled range (ncu --launch-skip counts the warm-up launches).
 """
+import os
+import sys
+
 import torch
 
 from rawops import torch_adapter as ta
 
-
-def _sequential(sizes, dtype):
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers).cuda().to(dtype)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_mlp import sequential  # noqa: E402
 
 
 def main():
     cases = [((64,) * 6, torch.float16, 1 << 20), ((100, 128, 64, 10), torch.float32, 32),
              ((100, 128, 64, 10), torch.float32, 1 << 20)]
     for sizes, dtype, batch in cases:
-        fused = ta.FusedMLP.from_sequential(_sequential(sizes, dtype))
+        fused = ta.FusedMLP.from_sequential(sequential(sizes, dtype))
         x = torch.randn(batch, sizes[0], device="cuda", dtype=dtype)
         dy = torch.randn(batch, sizes[-1], device="cuda", dtype=dtype)
         with torch.no_grad():
