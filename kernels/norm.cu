@@ -91,7 +91,7 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
   for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
     const T* xr = x + row * n;
     Slice xs;
-    xs.load(xr, c, n, true);
+    xs.load(xr, c, n);
     // Summed relative to the row's first element: with a large common offset (1e4) a plain
     // float32 sum loses the mean to rounding (3e-4 relative error in y, measured).
     const float shift = RMS ? 0.f : to_float(xr[0]);
@@ -256,8 +256,8 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     for (int r = 0; r < R; ++r) {
       const int64_t row = row0 + r * c.step;
       const bool live = row < rows;  // a dead row is all zeros: it adds nothing and is not stored
-      xs[r].load(x + (live ? row : 0) * n, c, live ? n : 0, true);
-      ds[r].load(dy + (live ? row : 0) * n, c, live ? n : 0, true);  // dy = 0 past the row's end
+      xs[r].load(x + (live ? row : 0) * n, c, live ? n : 0);
+      ds[r].load(dy + (live ? row : 0) * n, c, live ? n : 0);  // dy = 0 past the row's end
       m[r] = RMS || !live ? 0.f : mean_in[row];
       rstd[r] = live ? rstd_in[row] : 0.f;
     }

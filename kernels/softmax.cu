@@ -74,7 +74,7 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
   for (int64_t row = c.row; row < rows; row += c.step) {
     const T* xr = x + row * n;
     Slice xs;
-    xs.load(xr, c, n, true);
+    xs.load(xr, c, n);
     float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)
@@ -148,8 +148,8 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
   using Slice = RowSlice<T, ITEMS>;
   for (int64_t row = c.row; row < rows; row += c.step) {
     Slice ds, ys;
-    ds.load(dy + row * n, c, n, true);  // 0 past the row's end: adds nothing
-    ys.load(y + row * n, c, n, true);
+    ds.load(dy + row * n, c, n);  // 0 past the row's end: adds nothing
+    ys.load(y + row * n, c, n);
     float t = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)

@@ -22,7 +22,7 @@ def _pow2_at_least(k):
     return 1 << max(0, k - 1).bit_length()
 
 
-def row_plan(rows, n, elems, itemsize, aligned, max_blocks=None):
+def row_plan(rows, n, elems, itemsize, aligned):
     """(mode, blocks, threads) for `rows` rows of `n` elements of `itemsize` bytes, `elems`
     per thread in registers; `aligned`: every operand's rows on 16-byte boundaries (vectors()).
 
@@ -30,8 +30,8 @@ def row_plan(rows, n, elems, itemsize, aligned, max_blocks=None):
     block of the fewest threads (a power of two, 64..512) that hold it, so that small blocks
     share an SM and one row's reductions overlap others' loads; then a 512-thread block per
     row streaming from memory. Rows off 16-byte boundaries always stream, in a block of about
-    one thread per 16 bytes of the row (32..512). `max_blocks` caps the grid (norm backward:
-    each block or warp accumulates dw/db over its rows, so fewer, longer-lived ones).
+    one thread per 16 bytes of the row (32..512). One block per row (warp mode: per 8 rows);
+    norm's backward caps the grid itself (norm.backward_plan).
     """
     need = -(-n // elems)
     if not aligned:
@@ -44,8 +44,6 @@ def row_plan(rows, n, elems, itemsize, aligned, max_blocks=None):
         mode, threads, blocks = BLOCK_PER_ROW, max(MIN_ROW_THREADS, _pow2_at_least(need)), rows
     else:
         mode, threads, blocks = STREAM_ROW, MAX_ROW_THREADS, rows
-    if max_blocks is not None:
-        blocks = min(blocks, max_blocks)
     return mode, max(1, min(blocks, MAX_GRID)), threads
 
 

@@ -42,10 +42,8 @@ def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx):
     grid fills each SM once (each block or warp accumulates dw/db over its rows); chunks is
     the number of partial rows of dweight / dbias."""
     aligned = _rows.vectors(n, itemsize, dy, x, weight, dx)
-    elems = _rows.BWD_BYTES // itemsize
-    _, _, threads = _rows.row_plan(rows, n, elems, itemsize, aligned)
-    mode, blocks, threads = _rows.row_plan(rows, n, elems, itemsize, aligned,
-                                           max_blocks=_rows.resident_blocks(sms, threads))
+    mode, blocks, threads = _rows.row_plan(rows, n, _rows.BWD_BYTES // itemsize, itemsize, aligned)
+    blocks = min(blocks, _rows.resident_blocks(sms, threads))
     return mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned
 
 

@@ -48,7 +48,8 @@ def test_row_plan_grid_covers_every_row_once(rows, n, blocks):
 
 
 def test_row_plan_caps_the_grid_and_never_exceeds_a_launchable_one():
-    assert _rows.row_plan(10 ** 6, 4096, 8, 4, 1, max_blocks=264) == (_rows.BLOCK_PER_ROW, 264, 512)
+    assert _rows.row_plan(10 ** 6, 4096, 8, 4, 1) == (_rows.BLOCK_PER_ROW, 10 ** 6, 512)
+    assert norm.backward_plan(10 ** 6, 4096, 4, 66, BASE, BASE, 0, BASE)[:3] == (_rows.BLOCK_PER_ROW, 264, 512)
     assert _rows.row_plan(1 << 40, 8, 16, 4, 1)[1] == _rows.MAX_GRID  # the kernels loop over the rest
 
 

@@ -138,16 +138,16 @@ struct RowSlice {
   }
   // Whether vector k lies inside the row (register modes read whole vectors: n % V == 0).
   __device__ __forceinline__ static bool valid(const RowCursor& c, int k, int64_t n) { return first(c, k) < n; }
-  // `vec`: 16-byte loads (the host guarantees alignment and n % V == 0).
-  __device__ __forceinline__ void load(const T* row, const RowCursor& c, int64_t n, bool vec) {
+  // 16-byte loads: register modes only see aligned rows with n % V == 0 (rawops/_rows.py).
+  __device__ __forceinline__ void load(const T* row, const RowCursor& c, int64_t n) {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t f = first(c, k);
-      if (vec && f < n) {
+      if (f < n) {
         raw[k] = load16(row + f);
       } else {
 #pragma unroll
-        for (int e = 0; e < V; ++e) raw[k].v[e] = !vec && f + e < n ? __ldg(row + f + e) : from_float<T>(0.f);
+        for (int e = 0; e < V; ++e) raw[k].v[e] = from_float<T>(0.f);
       }
     }
   }
