@@ -58,11 +58,31 @@ class BuildKernelsAndExtensions(build_ext):
         if only is not None:
             print(f"rawops: {nvcc_helpers.FAMILIES_ENV} set: building only {sorted(only)}")
             sources = [path for path in sources if os.path.splitext(os.path.basename(path))[0] in only]
+        # Families built for their own targets; kept for those this build leaves as they are.
+        specific = dict((nvcc_helpers.read_manifest(fatbin_dir) or {}).get("specific", {}))
         for cu_path in sources:
             family = os.path.splitext(os.path.basename(cu_path))[0]
             out_path = os.path.join(fatbin_dir, f"{family}.fatbin")
-            nvcc_helpers.compile_fatbin(nvcc, cu_path, include_dir, out_path, archs)
-        nvcc_helpers.write_manifest(fatbin_dir, archs, nvcc)
+            directive = nvcc_helpers.arch_directive(cu_path)
+            targets = nvcc_helpers.specific_targets(directive, archs) if directive else None
+            cutlass = nvcc_helpers.cutlass_include() if nvcc_helpers.uses_cutlass(cu_path) else None
+            skip = None
+            if directive and not targets:
+                skip = f"the build targets none of {directive}"
+            elif nvcc_helpers.uses_cutlass(cu_path) and cutlass is None:
+                skip = (f"no CuTe/CUTLASS headers (pip install nvidia-cutlass, or set "
+                        f"{nvcc_helpers.CUTLASS_ENV}); rawops uses its portable kernels instead")
+            if skip:
+                if os.path.exists(out_path):
+                    os.remove(out_path)  # never ship a stale fatbin as if freshly built
+                specific.pop(family, None)
+                print(f"rawops: skipping {family}: {skip}")
+                continue
+            nvcc_helpers.compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, targets=targets, cutlass=cutlass)
+            if targets:
+                specific[family] = [f"sm_{t}" for t in targets]
+        specific = {f: t for f, t in specific.items() if os.path.exists(os.path.join(fatbin_dir, f"{f}.fatbin"))}
+        nvcc_helpers.write_manifest(fatbin_dir, archs, nvcc, specific)
 
 
 extensions = cythonize(

@@ -8,6 +8,7 @@
 #   RAWOPS_TESTS="tests/test_norm.py ..."   which test files (default: all but packaging, nvrtc)
 #   RAWOPS_FAMILIES="norm softmax"   build only these kernel families (setup.py)
 #   RAWOPS_SKIP_BUILD=1   reuse the last build (a second call while the machine is warm)
+#   .whl/nvidia_cutlass-*.whl (carried): CuTe headers for the Hopper GEMM (no network there)
 # Each test file runs in its own pytest process: a kernel fault poisons the CUDA context
 # of its process only, so one broken family cannot fail the others' tests.
 set -o pipefail
@@ -19,6 +20,12 @@ if [ "${RAWOPS_BUNDLE:-0}" = 1 ]; then OUT=$(mktemp -d); fi
 LOG="$OUT/round.log"
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+# The Hopper GEMM's CuTe headers: the GPU machine has no network, so the nvidia-cutlass wheel
+# travels in .whl/ (carried) and its headers are unpacked from it.
+if [ -z "${RAWOPS_CUTLASS_INCLUDE:-}" ] && ls .whl/nvidia_cutlass-*.whl >/dev/null 2>&1; then
+  python3 -m zipfile -e "$(ls .whl/nvidia_cutlass-*.whl | head -1)" /tmp/cutlass-wheel \
+    && export RAWOPS_CUTLASS_INCLUDE=/tmp/cutlass-wheel/cutlass_library/source/include
+fi
 arch=$(python3 -c "import cupy; d=cupy.cuda.Device(0).compute_capability; print(d[:-1]+'.'+d[-1])")
 start=$(date +%s)
 if [ "${RAWOPS_SKIP_BUILD:-0}" = 1 ]; then  # a second call on the same warm machine

@@ -7,7 +7,8 @@ Arrays come in as CuPy arrays (read natively, the fast path), objects with
 cuLaunchKernel, resolved from libcuda at first use, so a call pays neither CuPy's nor
 torch's per-call argument handling. Policy and documentation live in the Python modules.
 """
-from libc.stdint cimport uintptr_t
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from posix.dlfcn cimport dlopen, dlsym, RTLD_NOW, RTLD_LOCAL
 
 import numpy
@@ -53,6 +54,8 @@ ctypedef CUresult (*EventCreate_t)(void**, unsigned) nogil
 ctypedef CUresult (*EventRecord_t)(void*, void*) nogil
 ctypedef CUresult (*StreamWaitEvent_t)(void*, void*, unsigned) nogil
 ctypedef CUresult (*EventDestroy_t)(void*) nogil
+ctypedef CUresult (*TensorMapEncodeTiled_t)(void*, int, uint32_t, void*, const uint64_t*, const uint64_t*,
+                                            const uint32_t*, const uint32_t*, int, int, int, int) nogil
 
 cdef LaunchKernel_t _cuLaunchKernel = NULL
 cdef PointerGetAttributes_t _cuPointerGetAttributes = NULL
@@ -61,6 +64,7 @@ cdef EventCreate_t _cuEventCreate = NULL
 cdef EventRecord_t _cuEventRecord = NULL
 cdef StreamWaitEvent_t _cuStreamWaitEvent = NULL
 cdef EventDestroy_t _cuEventDestroy = NULL
+cdef TensorMapEncodeTiled_t _cuTensorMapEncodeTiled = NULL  # CUDA 12+ drivers; NULL on older ones
 
 cdef enum:
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
@@ -83,7 +87,7 @@ cdef void* _symbol(void* handle, const char* name) except NULL:
 
 cdef int _load_driver() except -1:
     global _cuLaunchKernel, _cuPointerGetAttributes, _cuGetErrorName
-    global _cuEventCreate, _cuEventRecord, _cuStreamWaitEvent, _cuEventDestroy
+    global _cuEventCreate, _cuEventRecord, _cuStreamWaitEvent, _cuEventDestroy, _cuTensorMapEncodeTiled
     if _cuLaunchKernel != NULL:
         return 0
     cdef void* handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_LOCAL)
@@ -96,6 +100,7 @@ cdef int _load_driver() except -1:
     _cuEventRecord = <EventRecord_t>_symbol(handle, b"cuEventRecord")
     _cuStreamWaitEvent = <StreamWaitEvent_t>_symbol(handle, b"cuStreamWaitEvent")
     _cuEventDestroy = <EventDestroy_t>_symbol(handle, b"cuEventDestroy_v2")
+    _cuTensorMapEncodeTiled = <TensorMapEncodeTiled_t>dlsym(handle, b"cuTensorMapEncodeTiled")
     _cuLaunchKernel = <LaunchKernel_t>_symbol(handle, b"cuLaunchKernel")
     return 0
 
@@ -346,7 +351,8 @@ cdef int _launch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsi
 
 def launch(uintptr_t function, tuple grid, unsigned block, unsigned shared, uintptr_t stream,
            tuple args, str kinds, int device):
-    """Generic launch: `kinds` gives each argument's C type, 'p' pointer, 'q' int64, 'f' float."""
+    """Generic launch: `kinds` gives each argument's C type, 'p' pointer, 'q' int64, 'f' float,
+    'b' a struct passed by value, given as bytes (a TMA tensor map)."""
     if len(args) != len(kinds) or len(args) > 32:
         raise ValueError("launch: one kind per argument, at most 32 arguments")
     cdef unsigned long long slots[32]
@@ -357,11 +363,49 @@ def launch(uintptr_t function, tuple grid, unsigned block, unsigned shared, uint
         if kinds[i] == "f":
             fslots[i] = args[i]
             params[i] = &fslots[i]
+        elif kinds[i] == "b":
+            if type(args[i]) is not bytes:
+                raise TypeError(f"launch: argument {i} of kind 'b' must be bytes")
+            params[i] = PyBytes_AS_STRING(args[i])  # the driver copies the kernel's parameter size
         else:
             slots[i] = <unsigned long long>(<long long>args[i]) if kinds[i] == "q" else <unsigned long long>args[i]
             params[i] = &slots[i]
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
     return _launch(function, gx, gy, gz, block, shared, stream, params, device)
+
+
+# CUtensorMap enums (cuda.h)
+cdef enum:
+    TENSOR_MAP_BYTES = 128
+TENSOR_MAP_FLOAT16, TENSOR_MAP_BFLOAT16 = 6, 9
+TENSOR_MAP_SWIZZLE_128B = 3
+TENSOR_MAP_L2_256B = 3
+
+
+def encode_tensor_map_2d(int data_type, uintptr_t address, uint64_t inner, uint64_t outer,
+                         uint64_t row_bytes, uint32_t box_inner, uint32_t box_outer, int swizzle):
+    """A 2-D TMA descriptor (CUtensorMap, 128 bytes) of a row-major matrix: `outer` rows of
+    `inner` elements, rows `row_bytes` apart, read in boxes of box_outer x box_inner;
+    out-of-bounds elements read as zero. Built by the driver (cuTensorMapEncodeTiled)."""
+    _load_driver()
+    if _cuTensorMapEncodeTiled == NULL:
+        raise NoDeviceError("rawops: this CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)")
+    cdef uint64_t dims[2]
+    cdef uint64_t strides[1]
+    cdef uint32_t box[2]
+    cdef uint32_t steps[2]
+    dims[0], dims[1] = inner, outer
+    strides[0] = row_bytes
+    box[0], box[1] = box_inner, box_outer
+    steps[0], steps[1] = 1, 1
+    cdef char storage[TENSOR_MAP_BYTES + 64]
+    cdef char* map_ = <char*>((<uintptr_t>storage + 63) & ~(<uintptr_t>63))  # CUtensorMap is 64-byte aligned
+    cdef CUresult rc = _cuTensorMapEncodeTiled(map_, data_type, 2, <void*>address,
+                                               dims, strides, box, steps, 0, swizzle, TENSOR_MAP_L2_256B, 0)
+    if rc != 0:
+        raise ValueError(f"rawops: cuTensorMapEncodeTiled rejected a {outer} x {inner} matrix at {address:#x} "
+                         f"(row {row_bytes} bytes, box {box_outer} x {box_inner}): {_error_name(rc)}")
+    return PyBytes_FromStringAndSize(map_, TENSOR_MAP_BYTES)
 
 
 cdef inline long long _map_head(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b):

@@ -5,7 +5,9 @@ Where the code comes from, first match wins:
                      current GPU whenever its content hash changes (cached on disk);
   installed fatbin   rawops/_fatbin/<family>.fatbin, built by setup.py;
   NVRTC fallback     the shipped source compiled through CuPy at first use (one warning;
-                     CuPy caches the result on disk).
+                     CuPy caches the result on disk). Not for a family built for specific
+                     targets (`// rawops-arch: 90a`, CuTe headers): without its fatbin it
+                     is unavailable (FamilyUnavailable) and its callers use portable kernels.
 Kernels are looked up by their extern "C" names, `<op>_<direction>_<dtype>`.
 """
 import os
@@ -26,6 +28,10 @@ _modules = {}  # (family, device) -> cupy.RawModule
 _functions = {}  # (family, name, device) -> cupy.RawKernel, kept alive with its module
 _pointers = {}  # (family, name, device) -> its CUfunction handle
 _nvrtc_warned = set()
+
+
+class FamilyUnavailable(RuntimeError):
+    """A kernel family has no code for this GPU in this installation."""
 
 
 def _is_checkout_kernels(path):
@@ -65,6 +71,15 @@ def _dev_mode_fatbin(family, device):
     cu_path = os.path.join(source_dir, f"{family}.cu")
     include_dir = os.path.join(source_dir, "include")
     major, minor = cupy.cuda.Device(device).compute_capability
+    arch = (int(f"{major}{minor}"), False)
+    directive = _nvcc.arch_directive(cu_path)
+    targets = _nvcc.specific_targets(directive, [arch]) if directive else None
+    if directive and not targets:
+        raise FamilyUnavailable(f"rawops: '{family}' has no code for sm_{major}{minor} (only {directive})")
+    cutlass = _nvcc.cutlass_include() if _nvcc.uses_cutlass(cu_path) else None
+    if _nvcc.uses_cutlass(cu_path) and cutlass is None:
+        raise FamilyUnavailable(f"rawops: {DEV_ENV}=1 cannot rebuild '{family}' without CuTe headers "
+                                f"(pip install nvidia-cutlass, or set {_nvcc.CUTLASS_ENV})")
     digest = _nvcc.source_digest(cu_path, include_dir)
     out_path = os.path.join(DEV_CACHE, f"{family}-sm{major}{minor}-{digest}.fatbin")
     if not os.path.exists(out_path):
@@ -72,7 +87,7 @@ def _dev_mode_fatbin(family, device):
         if nvcc is None:
             raise RuntimeError(f"{DEV_ENV}=1 needs nvcc on PATH (or CUDA_HOME) to rebuild {cu_path}")
         tmp_path = f"{out_path}.{os.getpid()}.tmp"
-        _nvcc.compile_fatbin(nvcc, cu_path, include_dir, tmp_path, [(int(f"{major}{minor}"), False)])
+        _nvcc.compile_fatbin(nvcc, cu_path, include_dir, tmp_path, [arch], targets=targets, cutlass=cutlass)
         os.replace(tmp_path, out_path)  # atomic: concurrent processes never see half a file
     return out_path
 
@@ -115,6 +130,10 @@ def _load_module(family, device):
         if os.environ.get(DEV_ENV) == "1":
             return cupy.RawModule(path=_dev_mode_fatbin(family, device))
         path = fatbin_path(family)
+        if _nvcc.arch_directive(os.path.join(kernel_source_dir(), f"{family}.cu")):
+            if not os.path.exists(path):
+                raise FamilyUnavailable(f"rawops: '{family}' was not built in this installation")
+            return cupy.RawModule(path=path)
         if os.path.exists(path) and os.environ.get(FORCE_NVRTC_ENV) != "1":
             return cupy.RawModule(path=path)
         return _nvrtc_module(family)

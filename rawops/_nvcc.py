@@ -17,6 +17,12 @@ ARCH_ENV = "RAWOPS_CUDA_ARCH_LIST"
 # family; the others' fatbins are left as they are (absent on a fresh machine).
 FAMILIES_ENV = "RAWOPS_FAMILIES"
 NVCC_FLAGS = ("-O3", "-lineinfo", "-std=c++17", "--threads", "0")
+# A family that needs an architecture-specific target says so on its first line,
+# `// rawops-arch: 90a`: it is built only for those, when the build's list names their base.
+ARCH_DIRECTIVE = "// rawops-arch:"
+# CuTe/CUTLASS headers (the Hopper GEMM): this folder, else the nvidia-cutlass package's.
+CUTLASS_ENV = "RAWOPS_CUTLASS_INCLUDE"
+CUTLASS_FLAGS = ("--expt-relaxed-constexpr", "-DNDEBUG")
 
 
 def parse_arch_list(text):
@@ -59,6 +65,50 @@ def gencode_flags(archs):
     return flags
 
 
+def arch_directive(cu_path):
+    """The specific targets a kernel file asks for ('90a' -> ['90a']), or None."""
+    if not os.path.exists(cu_path):
+        return None
+    with open(cu_path) as f:
+        first = f.readline()
+    if not first.startswith(ARCH_DIRECTIVE):
+        return None
+    return first[len(ARCH_DIRECTIVE):].split()
+
+
+def specific_targets(directive, archs):
+    """The directive's targets whose base architecture the build targets: (['90a'], [(90, False)])
+    -> ['90a']; [] when the build targets none of them."""
+    bases = {sm for sm, _ in archs}
+    return [target for target in directive if int(target.rstrip("abf")) in bases]
+
+
+def specific_gencode_flags(targets):
+    return [f"-gencode=arch=compute_{t},code=sm_{t}" for t in targets]
+
+
+def uses_cutlass(cu_path):
+    with open(cu_path) as f:
+        return "#include <cute/" in f.read()
+
+
+def cutlass_include():
+    """The folder holding cute/ and cutlass/ headers, or None: $RAWOPS_CUTLASS_INCLUDE, else
+    the `nvidia-cutlass` package's (found without importing it: it imports heavy modules)."""
+    folder = os.environ.get(CUTLASS_ENV)
+    if not folder:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec("cutlass_library")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        folder = os.path.join(list(spec.submodule_search_locations)[0], "source", "include")
+    return folder if os.path.isfile(os.path.join(folder, "cute", "tensor.hpp")) else None
+
+
 def find_nvcc():
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc")):
@@ -76,10 +126,15 @@ def source_digest(cu_path, include_dir):
     return digest.hexdigest()[:16]
 
 
-def compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, log=print):
-    """nvcc -> out_path; raises RuntimeError with nvcc's output on failure."""
-    cmd = [nvcc, *NVCC_FLAGS, f"-I{include_dir}", "--fatbin", *gencode_flags(archs), cu_path, "-o", out_path]
-    names = " ".join(f"sm_{sm}" + ("+PTX" if ptx else "") for sm, ptx in archs)
+def compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, log=print, targets=None, cutlass=None):
+    """nvcc -> out_path; raises RuntimeError with nvcc's output on failure. `targets`
+    (['90a']) replaces `archs` for a file with an arch directive; `cutlass` adds that
+    include folder and the flags CuTe needs."""
+    gencode = specific_gencode_flags(targets) if targets else gencode_flags(archs)
+    extra = [f"-I{cutlass}", *CUTLASS_FLAGS] if cutlass else []
+    cmd = [nvcc, *NVCC_FLAGS, f"-I{include_dir}", *extra, "--fatbin", *gencode, cu_path, "-o", out_path]
+    names = (" ".join(f"sm_{t}" for t in targets) if targets
+             else " ".join(f"sm_{sm}" + ("+PTX" if ptx else "") for sm, ptx in archs))
     log(f"rawops: nvcc {os.path.basename(cu_path)} -> {os.path.basename(out_path)} [{names}]")
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -91,11 +146,13 @@ def compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, log=print):
 MANIFEST = "manifest.json"
 
 
-def write_manifest(fatbin_dir, archs, nvcc):
-    """Record what the build compiled, for `rawops info` and the build tests."""
+def write_manifest(fatbin_dir, archs, nvcc, specific=None):
+    """Record what the build compiled, for `rawops info` and the build tests; `specific`
+    maps a family built for its own targets to them ({'matmul_sm90': ['sm_90a']})."""
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     manifest = {"archs": [f"sm_{sm}" for sm, _ in archs], "ptx": [f"compute_{sm}" for sm, ptx in archs if ptx],
-                "nvcc": version[-1] if version else "unknown", "flags": list(NVCC_FLAGS)}
+                "nvcc": version[-1] if version else "unknown", "flags": list(NVCC_FLAGS),
+                "specific": specific or {}}
     with open(os.path.join(fatbin_dir, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
 

@@ -6,12 +6,13 @@ linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn
 linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
 float32 runs exact float32 math (FFMA, no tensor cores); float16 / bfloat16 run tensor cores
-(mma.sync, sm_80+) with float32 accumulation where the operands allow 16-byte loads, else
+with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
+kernel of rawops/_gemm_sm90.py when the output fills the GPU, else mma.sync, sm_80+), else
 the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
 the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
 """
 from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES, as_array, launch, sm_count, stream_pointer, wait_for_producer
-from . import _modules, _rows
+from . import _gemm_sm90, _modules, _rows
 
 FAMILY = "matmul"
 LAYOUTS = ("nn", "nt", "tn")  # b (K, N) | b given as (N, K) | a given as (K, M)
@@ -153,12 +154,20 @@ def _function(name, device, shared):
 _plans = {}  # (layout, dtype, m, n, k, a 16-byte aligned, b aligned, device) -> launch
 
 
-def _launch_plan(layout, dtype, m, n, k, a, b, device):
-    key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, device)
+def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE):
+    key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, device, flags & 3 == EPI_BIAS_GELU_GRAD)
     cached = _plans.get(key)
     if cached is None:
         sms = sm_count(device)
-        name, grid, block, shared, splits = plan(layout, dtype, m, n, k, compute_capability(device), a, b, sms)
+        cc = compute_capability(device)
+        if dtype != 0 and cc == _gemm_sm90.CC:
+            hopper = _gemm_sm90.plan(layout, dtype, m, n, k, cc, a, b, sms, _gemm_sm90.built(device), flags)
+            if hopper is not None:
+                name, grid, _, shared = hopper
+                cached = _plans[key] = (_gemm_sm90.function(name, device), grid, _gemm_sm90.THREADS, shared,
+                                        0, None)
+                return cached
+        name, grid, block, shared, splits = plan(layout, dtype, m, n, k, cc, a, b, sms)
         reduce = None
         if splits > 1:
             reduce = (_function(f"gemm_reduce_{FLOAT_SUFFIXES[dtype]}", device, 0), (reduce_blocks(m, n, sms),))
@@ -176,7 +185,11 @@ def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, 
     The plan is cached per shape: a repeated call costs a dict lookup and the launch."""
     if m == 0 or n == 0:
         return None
-    function, grid, block, shared, splits, reduce = _launch_plan(layout, dtype, m, n, k, a, b, device)
+    function, grid, block, shared, splits, reduce = _launch_plan(layout, dtype, m, n, k, a, b, device, flags)
+    if splits == 0:  # the Hopper kernel
+        _gemm_sm90.launch_gemm(function, grid, shared, device, layout, dtype, a, b, c, bias, aux, pre, m, n, k,
+                               flags, stream)
+        return None
     if splits == 1:
         launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
         return None

@@ -199,7 +199,8 @@ def test_manifest_round_trips_and_is_absent_when_not_written(tmp_path):
     fake_nvcc.chmod(0o755)
     _nvcc.write_manifest(str(tmp_path), [(80, False), (90, True)], str(fake_nvcc))
     assert _nvcc.read_manifest(str(tmp_path)) == {
-        "archs": ["sm_80", "sm_90"], "ptx": ["compute_90"], "nvcc": "Build cuda_99.9", "flags": list(_nvcc.NVCC_FLAGS)}
+        "archs": ["sm_80", "sm_90"], "ptx": ["compute_90"], "nvcc": "Build cuda_99.9", "flags": list(_nvcc.NVCC_FLAGS),
+        "specific": {}}
 
 
 def test_fatbin_info_reader_rejects_a_file_that_is_not_a_fatbin(tmp_path):

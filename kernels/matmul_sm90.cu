@@ -1,0 +1,271 @@
+// rawops-arch: 90a
+// Matrix family, Hopper path: C = epilogue(A B) for float16 / bfloat16 on sm_90a, with the
+// tensor-core main loop of CuTe (CUTLASS's headers): WGMMA fed by the TMA copy engine.
+//
+// Same contract as kernels/matmul.cu (layouts nn / nt / tn on row-major storage, the
+// epilogue of rawops/gemm_epilogue.cuh, float32 accumulation), for operands the copy engine
+// can read: 16-byte aligned, contiguous dim % 8 == 0 (rawops/_gemm_sm90.py checks).
+//
+// One persistent block per SM, 384 threads in three warpgroups:
+//   producer   one thread issues the TMA loads of a 128 x 64 A tile and a 256 x 64 B tile
+//              per stage into a 4-stage ring (48 KB a stage), each stage completing on its
+//              "full" mbarrier; the warpgroup gives its registers to the consumers.
+//   consumers  two warpgroups, 64 rows of the 128 x 256 output tile each: per stage four
+//              m64n256k16 WGMMAs straight from shared memory, one stage kept in flight
+//              while the previous one is released to the producer ("empty" mbarrier); then
+//              the epilogue from the 128 float32 accumulators each thread holds (modes 0, 1
+//              and 3 of rawops/gemm_epilogue.cuh: none, bias + GELU (+ pre-activation), bias).
+// Tiles are walked in groups of 8 tile-rows (A rows stay in L2 while B streams), the
+// producer running ahead into the next tile while the consumers store the last.
+// The tensor maps (TMA descriptors) are built on the host (cuTensorMapEncodeTiled) and
+// passed by value; shared-memory tiles use the 128-byte swizzle that both TMA and WGMMA read.
+#include <cuda.h>
+
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/bfloat16.h>
+#include <cutlass/half.h>
+
+#include "rawops/gemm_epilogue.cuh"
+
+namespace rawops {
+namespace sm90 {
+
+using namespace cute;
+
+constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
+constexpr int kThreads = 384;       // producer warpgroup + two consumer warpgroups
+constexpr int kGroupRows = 8;       // tile-rows per group of the tile order
+constexpr int kBox = 64;            // TMA box edge along a contiguous dim: 64 x 2 bytes = the swizzle span
+
+template <typename T> struct CuteType;
+template <> struct CuteType<__half> { using type = cutlass::half_t; };
+template <> struct CuteType<__nv_bfloat16> { using type = cutlass::bfloat16_t; };
+
+// Shared-memory layout of one operand, (rows, k, stage). K-major tiles stack 8-row swizzle
+// atoms along the rows (one TMA box of rows x 64 fills a stage); MN-major tiles put the
+// atoms' K first (Step<_2,_1>), so that each 64-wide column slab is one 64 x 64 TMA box.
+template <typename E, bool K_MAJOR, int ROWS>
+using SmemLayout = decltype(tile_to_shape(
+    conditional_t<K_MAJOR, GMMA::Layout_K_SW128_Atom<E>, GMMA::Layout_MN_SW128_Atom<E>>{},
+    make_shape(Int<ROWS>{}, Int<kBK>{}, Int<kStages>{}),
+    conditional_t<K_MAJOR, Step<_1, _2, _3>, Step<_2, _1, _3>>{}));
+
+template <typename T, bool A_KM, bool B_KM> struct Config {
+  using E = typename CuteType<T>::type;
+  static constexpr GMMA::Major kMajorA = A_KM ? GMMA::Major::K : GMMA::Major::MN;
+  static constexpr GMMA::Major kMajorB = B_KM ? GMMA::Major::K : GMMA::Major::MN;
+  using LayoutA = SmemLayout<E, A_KM, kBM>;
+  using LayoutB = SmemLayout<E, B_KM, kBN>;
+  // Two warpgroups side by side along M, each one m64n256k16 atom wide.
+  using Mma = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<E, E, float, Shape<Int<kBM>, Int<kBN>, Int<kBK>>, kMajorA, kMajorB>(),
+      Layout<Shape<_2, _1, _1>>{}));
+  static constexpr int kStageBytes = (kBM + kBN) * kBK * int(sizeof(E));
+};
+
+template <typename E> struct alignas(1024) Shared {
+  E a[kStages][kBM * kBK];  // 1024-byte aligned stages: the swizzle is taken from address bits
+  E b[kStages][kBN * kBK];
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+
+// Tile index -> (tile-row, tile-column), tile-rows grouped by kGroupRows.
+__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int per_group = kGroupRows * tiles_n;
+  const int group = tile / per_group, first = group * kGroupRows;
+  const int rows = min(tiles_m - first, kGroupRows);
+  const int in_group = tile - group * per_group;
+  tm = first + in_group % rows;
+  tn = in_group / rows;
+}
+
+// One stage of an operand: K-major, one box (k, rows); MN-major, rows / 64 boxes (mn, k).
+template <bool K_MAJOR, int ROWS, typename E>
+__device__ __forceinline__ void load_operand(const CUtensorMap* map, uint64_t* full, E* smem, int row0, int k0) {
+  if (K_MAJOR) {
+    SM90_TMA_LOAD_2D::copy(map, full, 0, smem, k0, row0);
+  } else {
+#pragma unroll
+    for (int j = 0; j < ROWS / kBox; ++j)
+      SM90_TMA_LOAD_2D::copy(map, full, 0, smem + j * kBox * kBK, row0 + j * kBox, k0);
+  }
+}
+
+// The epilogue, one activation per instantiation (ACT 0 none, 1 GELU tanh, 2 GELU erf), in
+// groups of 4 accumulators (a thread's two rows r, r + 8 at columns c, c + 1; pairs (i, i + 1)
+// are adjacent columns): bias added, the pre-activation stored, the activation applied, the
+// output stored, as 4-byte pairs when the tile is whole and rows are of even length. Short
+// per-element code matters: applying the whole Epilogue functor per element, unrolled 128
+// times, made ~55K instructions whose fetches cost more than the tile's main loop.
+template <typename T, int ACT, class Acc, class Coord>
+__device__ __forceinline__ void epilogue_pass(Acc& acc, const Coord& coord, T* __restrict__ c, T* __restrict__ pre,
+                                              const T* __restrict__ bias, int64_t row0, int64_t col0, int64_t M,
+                                              int64_t N) {
+  const int64_t r = row0 + get<0>(coord(0)), col = col0 + get<1>(coord(0));
+  const bool whole = row0 + kBM <= M && col0 + kBN <= N && N % 2 == 0;
+  T* out_row = c + r * N + col;  // this thread's first output; the rest at small fixed offsets
+  T* pre_row = pre != nullptr ? pre + r * N + col : nullptr;
+  static_assert(decltype(size(acc))::value % 4 == 0, "groups of 4 accumulators");
+#pragma unroll
+  for (int g = 0; g < size(acc); g += 4) {
+    float v[4];
+    int dr[4], dc[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      dr[u] = int(get<0>(coord(g + u))) - int(get<0>(coord(0)));
+      dc[u] = int(get<1>(coord(g + u))) - int(get<1>(coord(0)));
+      v[u] = acc(g + u);
+      if (bias != nullptr) v[u] += to_float(bias[min(col + dc[u], N - 1)]);
+    }
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {  // 0: the pre-activation (GELU only), 1: the output
+      T* base = pass == 0 ? pre_row : out_row;
+      if (pass == 0 && (ACT == 0 || base == nullptr)) continue;
+      if (pass == 1 && ACT != 0) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = gelu<T>(v[u], ACT == 2);
+      }
+      if (whole) {
+#pragma unroll
+        for (int u = 0; u < 4; u += 2) {
+          __align__(4) T pair[2] = {from_float<T>(v[u]), from_float<T>(v[u + 1])};
+          *reinterpret_cast<uint32_t*>(base + int64_t(dr[u]) * N + dc[u]) = *reinterpret_cast<const uint32_t*>(pair);
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+          if (r + dr[u] < M && col + dc[u] < N) base[int64_t(dr[u]) * N + dc[u]] = from_float<T>(v[u]);
+      }
+    }
+  }
+}
+
+// Modes 0 (none), 1 (bias + GELU, + pre-activation) and 3 (bias) of rawops/gemm_epilogue.cuh.
+// The GELU-gradient mode (2) is not compiled here: rawops/_gemm_sm90.py never plans it.
+template <typename T, class Acc, class Coord>
+__device__ __forceinline__ void store_tile(Acc& acc, const Coord& coord, T* c, const Epilogue<T>& epi, int64_t row0,
+                                           int64_t col0, int64_t M, int64_t N) {
+  const int mode = epi.flags & 3;
+  const T* bias = mode == kEpiNone ? nullptr : epi.bias;
+  if (mode != kEpiBiasGelu)
+    epilogue_pass<T, 0>(acc, coord, c, nullptr, bias, row0, col0, M, N);
+  else if (epi.flags & kEpiErf)
+    epilogue_pass<T, 2>(acc, coord, c, epi.pre, bias, row0, col0, M, N);
+  else
+    epilogue_pass<T, 1>(acc, coord, c, epi.pre, bias, row0, col0, M, N);
+}
+
+template <typename T, bool A_KM, bool B_KM>
+__device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_b, T* c,
+                                     const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
+  using C = Config<T, A_KM, B_KM>;
+  using E = typename C::E;
+  extern __shared__ char shared_raw[];
+  Shared<E>& smem = *reinterpret_cast<Shared<E>*>(
+      (reinterpret_cast<uintptr_t>(shared_raw) + 1023) / 1024 * 1024);
+
+  const int warpgroup = threadIdx.x / 128;
+  const int tiles_m = int((M + kBM - 1) / kBM), tiles_n = int((N + kBN - 1) / kBN);
+  const int tiles = tiles_m * tiles_n;
+  const int k_tiles = int((K + kBK - 1) / kBK);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.empty[s], 8);  // one arrival per consumer warp
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {  // ------------------------------------------------ producer
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x == 0) {
+      prefetch_tma_descriptor(map_a);
+      prefetch_tma_descriptor(map_b);
+      int stage = 0;
+      uint32_t phase = 1;  // a fresh "empty" barrier counts as released
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        int tm, tn;
+        tile_coords(tile, tiles_m, tiles_n, tm, tn);
+        for (int kt = 0; kt < k_tiles; ++kt) {
+          cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], C::kStageBytes);
+          load_operand<A_KM, kBM>(map_a, &smem.full[stage], smem.a[stage], tm * kBM, kt * kBK);
+          load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN, kt * kBK);
+          if (++stage == kStages) stage = 0, phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+  // ------------------------------------------------------------------------ consumers
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int thread = threadIdx.x - 128;
+  typename C::Mma mma;
+  auto thr = mma.get_slice(thread);
+  Tensor sA = make_tensor(make_smem_ptr(&smem.a[0][0]), typename C::LayoutA{});
+  Tensor sB = make_tensor(make_smem_ptr(&smem.b[0][0]), typename C::LayoutB{});
+  Tensor fA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, 1, K blocks, stage) descriptors
+  Tensor fB = thr.make_fragment_B(thr.partition_B(sB));
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBN>>{});
+  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kBM>, Int<kBN>>{}));
+  const bool lane0 = threadIdx.x % 32 == 0;
+
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int tm, tn;
+    tile_coords(tile, tiles_m, tiles_n, tm, tn);
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
+    int release = -1;  // the stage whose WGMMAs may still be reading it
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+#pragma unroll
+      for (int kb = 0; kb < size<2>(fA); ++kb) {
+        cute::gemm(mma, fA(_, _, kb, stage), fB(_, _, kb, stage), acc);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<1>();  // the previous stage's WGMMAs are done: hand it back
+      warpgroup_fence_operand(acc);
+      if (release >= 0 && lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[release]);
+      release = stage;
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+    if (release >= 0 && lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[release]);
+
+    store_tile<T>(acc, coord, c, epi, int64_t(tm) * kBM, int64_t(tn) * kBN, M, N);
+  }
+}
+
+}  // namespace sm90
+}  // namespace rawops
+
+// ---------------------------------------------------------------------------- entry points
+// (map_a, map_b, c, bias, aux, pre, m, n, k, flags): map_a / map_b are the operands' tensor
+// maps (rawops/_gemm_sm90.py builds them), the rest as in kernels/matmul.cu.
+#define RAWOPS_SM90(layout, A_KM, B_KM, T, suffix)                                                          \
+  extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) gemm_sm90_##layout##_##suffix(   \
+      const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, T* c,           \
+      const T* bias, const T* aux, T* pre, long long m, long long n, long long k, long long flags) {        \
+    rawops::sm90::gemm<T, A_KM, B_KM>(&map_a, &map_b, c, rawops::Epilogue<T>{bias, aux, pre, n, int(flags)}, \
+                                      m, n, k);                                                             \
+  }
+#define RAWOPS_SM90_FAMILY(T, suffix)      \
+  RAWOPS_SM90(nn, true, false, T, suffix)  \
+  RAWOPS_SM90(nt, true, true, T, suffix)   \
+  RAWOPS_SM90(tn, false, false, T, suffix)
+
+RAWOPS_SM90_FAMILY(__half, f16)
+RAWOPS_SM90_FAMILY(__nv_bfloat16, bf16)

@@ -1,0 +1,249 @@
+"""The Hopper GEMM (kernels/matmul_sm90.cu, rawops/_gemm_sm90.py): WGMMA + TMA on sm_90.
+
+Without a GPU: when the plan takes it, its launch shape, the kernel table against the source
+and the fatbin (one sm_90a ELF with every entry point), the arch directive of the build.
+With an sm_90 GPU (marker `gpu`): every layout and epilogue against torch in float64, with
+the tile threshold lowered so that small and odd shapes run through this kernel too.
+"""
+import importlib
+import os
+import re
+
+import pytest
+
+import rawops
+from rawops import _gemm_sm90 as hopper
+from rawops import _launch, _modules, _nvcc
+from test_build import elf_entry_symbols, list_elf_archs, list_ptx_archs, needs_cuobjdump
+from test_validation import BASE, OTHER
+
+mm = importlib.import_module("rawops.matmul")
+F32, F16, BF16 = 0, 1, 2
+SMS = 132
+
+
+# ------------------------------------------------------------------------------ plan (pure)
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_large_half_gemms_on_sm90_take_the_hopper_kernel_persistently(layout):
+    name, grid, block, shared = hopper.plan(layout, BF16, 8192, 8192, 8192, 90, BASE, OTHER, SMS)
+    assert name == f"gemm_sm90_{layout}_bf16" and block == 384
+    assert grid == (SMS,), "one persistent block per SM: 64 x 32 tiles of 128 x 256"
+    assert shared == 4 * (128 + 256) * 64 * 2 + 2048 and shared <= 227 * 1024
+    assert hopper.plan(layout, F16, 8192, 3072, 768, 90, BASE, OTHER, SMS)[0] == f"gemm_sm90_{layout}_f16"
+
+
+def test_the_grid_is_the_tile_count_when_tiles_are_fewer_than_sms():
+    # 8192 x 3072 -> 64 x 12 tiles (linear_gelu's forward); 1024 x 2048 -> 8 x 8 = 64 < 132.
+    assert hopper.plan("nt", BF16, 8192, 3072, 768, 90, BASE, OTHER, SMS)[1] == (SMS,)
+    assert hopper.plan("nn", BF16, 1152, 2048, 512, 90, BASE, OTHER, SMS)[1] == (72,)
+
+
+@pytest.mark.parametrize("why, args", [
+    ("float32 is exact FFMA math", ("nn", F32, 8192, 8192, 8192, 90, BASE, OTHER, SMS)),
+    ("sm_80 has no WGMMA", ("nn", BF16, 8192, 8192, 8192, 80, BASE, OTHER, SMS)),
+    ("sm_100 runs other tensor-core instructions", ("nn", BF16, 8192, 8192, 8192, 100, BASE, OTHER, SMS)),
+    ("K % 8: a's rows are not 16-byte multiples", ("nn", BF16, 8192, 8192, 8188, 90, BASE, OTHER, SMS)),
+    ("N % 8 in nn: b's rows", ("nn", BF16, 8192, 8190, 8192, 90, BASE, OTHER, SMS)),
+    ("M % 8 in tn: a's rows", ("tn", BF16, 8190, 8192, 8192, 90, BASE, OTHER, SMS)),
+    ("a off 16 bytes", ("nt", BF16, 8192, 8192, 8192, 90, BASE + 2, OTHER, SMS)),
+    ("b off 16 bytes", ("nt", BF16, 8192, 8192, 8192, 90, BASE, OTHER + 8, SMS)),
+    ("k == 0: nothing for the copy engine", ("nn", BF16, 8192, 8192, 0, 90, BASE, OTHER, SMS)),
+    ("empty output", ("nn", BF16, 0, 8192, 64, 90, BASE, OTHER, SMS)),
+    ("too few tiles to fill half the SMs: split-K elsewhere", ("nn", BF16, 32, 768, 3072, 90, BASE, OTHER, SMS)),
+])
+def test_everything_else_stays_on_the_portable_kernels(why, args):
+    assert hopper.plan(*args) is None, why
+
+
+def test_not_built_means_not_planned():
+    assert hopper.plan("nn", BF16, 8192, 8192, 8192, 90, BASE, OTHER, SMS, built=False) is None
+
+
+def test_the_gelu_gradient_epilogue_stays_on_the_portable_kernels():
+    assert hopper.EPI_BIAS_GELU_GRAD == mm.EPI_BIAS_GELU_GRAD
+    assert hopper.plan("nt", BF16, 8192, 3072, 768, 90, BASE, OTHER, SMS, flags=mm.EPI_BIAS_GELU_GRAD) is None
+    for flags in (mm.EPI_NONE, mm.EPI_BIAS, mm.EPI_BIAS_GELU, mm.EPI_BIAS_GELU | mm.EPI_ERF):
+        assert hopper.plan("nt", BF16, 8192, 3072, 768, 90, BASE, OTHER, SMS, flags=flags) is not None
+
+
+def test_operand_maps_read_k_major_tiles_in_one_box_and_mn_major_in_64_wide_slabs():
+    a, b = hopper.operand_maps("nt", 1000, 520, 256)
+    assert a == (256, 1000, 64, 128) and b == (256, 520, 64, 256)
+    a, b = hopper.operand_maps("nn", 1000, 520, 256)
+    assert b == (520, 256, 64, 64)
+    a, b = hopper.operand_maps("tn", 1000, 520, 256)
+    assert a == (1000, 256, 64, 64) and b == (520, 256, 64, 64)
+
+
+# ------------------------------------------------------------------------------ source, build
+def _source():
+    with open(os.path.join(_modules.kernel_source_dir(), "matmul_sm90.cu")) as f:
+        return f.read()
+
+
+def test_python_constants_match_the_kernel():
+    source = _source()
+    constants = dict(re.findall(r"\b(k\w+) = (\d+)", source))
+    assert (int(constants["kBM"]), int(constants["kBN"]), int(constants["kBK"]), int(constants["kStages"])) == (
+        hopper.TILE_M, hopper.TILE_N, hopper.TILE_K, hopper.STAGES)
+    assert int(constants["kThreads"]) == hopper.THREADS and int(constants["kBox"]) == hopper.BOX
+
+
+def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
+    source = _source()
+    params = re.search(r"gemm_sm90_##layout##_##suffix\((.*?)\)\s*\{", source, re.S).group(1)
+    params = [p.strip() for p in params.replace("\\", " ").split(",")]
+    kinds = "".join("b" if "CUtensorMap" in p else "p" if "*" in p else "q" for p in params)
+    assert kinds == hopper.KINDS
+    assert [p.split()[-1].lstrip("*") for p in params][2:] == list(mm.ARGS)[2:]
+    layouts = re.findall(r"^\s*RAWOPS_SM90\((\w+),", source, re.M)
+    assert sorted(layouts) == sorted(mm.LAYOUTS)
+    assert {f"gemm_sm90_{layout}_{s}" for layout in layouts for s in ("f16", "bf16")} == set(hopper.entry_points())
+
+
+def test_the_source_asks_for_sm90a_only():
+    path = os.path.join(_modules.kernel_source_dir(), "matmul_sm90.cu")
+    assert _nvcc.arch_directive(path) == ["90a"]
+    assert _nvcc.uses_cutlass(path)
+    assert _nvcc.arch_directive(os.path.join(_modules.kernel_source_dir(), "matmul.cu")) is None
+
+
+@pytest.mark.parametrize("archs, expected", [
+    ([(75, False), (90, False), (120, True)], ["90a"]),
+    ([(80, False), (86, False)], []),
+    ([(90, True)], ["90a"]),
+])
+def test_specific_targets_follow_the_build_list(archs, expected):
+    assert _nvcc.specific_targets(["90a"], archs) == expected
+    assert _nvcc.specific_gencode_flags(expected) == [f"-gencode=arch=compute_{t},code=sm_{t}" for t in expected]
+
+
+@needs_cuobjdump
+def test_fatbin_is_one_sm90a_elf_with_every_entry_point():
+    path = _modules.fatbin_path(hopper.FAMILY)
+    if not os.path.exists(path):
+        if os.environ.get("CI") and _nvcc.cutlass_include() is not None:
+            pytest.fail("CI has nvcc and the CuTe headers but the build made no matmul_sm90.fatbin")
+        pytest.skip(f"{path} absent (no CuTe headers, sm_90 not targeted, or RAWOPS_FAMILIES left it out)")
+    assert list_elf_archs(path) == ["sm_90a"] and list_ptx_archs(path) == []
+    assert {arch: sorted(names) for arch, names in elf_entry_symbols(path).items()} == {
+        "sm_90a": hopper.entry_points()}
+    manifest = _nvcc.read_manifest(_modules.FATBIN_DIR)
+    assert manifest["specific"][hopper.FAMILY] == ["sm_90a"]
+
+
+def test_launch_takes_tensor_maps_as_bytes_only():
+    with pytest.raises(TypeError, match="argument 0 of kind 'b' must be bytes"):
+        _launch.launch(0, (1,), 1, 0, 0, (1234,), "b", 0)
+
+
+# ------------------------------------------------------------------------------ on an H100
+def _need_sm90():
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() == 0:
+        pytest.skip("no GPU")
+    if int(cupy.cuda.Device(0).compute_capability) != 90:
+        pytest.skip("the Hopper kernel runs on sm_90 only")
+    if not hopper.built(0):
+        pytest.fail("sm_90 GPU but the Hopper kernels are not built (matmul_sm90.fatbin missing)")
+
+
+@pytest.fixture
+def every_shape_on_hopper(monkeypatch):
+    """Route every eligible half-type GEMM to the Hopper kernel, however few its tiles."""
+    _need_sm90()
+    monkeypatch.setattr(hopper, "MIN_TILES_PER_SM", 0)
+    mm._plans.clear()
+    yield
+    mm._plans.clear()
+
+
+def _assert_hopper_planned(layout, dtype, m, n, k):
+    plan = mm._launch_plan(layout, dtype, m, n, k, BASE, OTHER, 0)
+    assert plan[4] == 0, f"{layout} {m}x{n}x{k} did not take the Hopper kernel"
+
+
+# (M, K, N): one row, odd rows, K not a multiple of 64, one tile, many tiles per block
+# (176 tiles > 132 SMs), N not a multiple of 256.
+SHAPES = [(1, 64, 8), (33, 72, 40), (1000, 256, 520), (257, 1000, 264), (128, 4096, 256), (2000, 136, 2600),
+          (300, 8, 2056)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m, k, n", SHAPES)
+def test_matmul_nn_matches_float64(every_shape_on_hopper, dtype, m, k, n):
+    import torch
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    dt = getattr(torch, dtype)
+    _assert_hopper_planned("nn", 1 if dtype == "float16" else 2, m, n, k)
+    a, b = random((m, k), dt, 1.0), random((k, n), dt, 1.0)
+    poison_pool(m * n * 2)
+    c = rawops.matmul(to_cupy(a), to_cupy(b))
+    assert_close(c, a.double() @ b.double(), dt, f"hopper matmul {dtype} {m}x{k}x{n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m, k, n", SHAPES + [(1000, 64, 10), (77, 128, 1001)])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_linear_gelu_nt_with_its_epilogue_matches_float64(every_shape_on_hopper, dtype, m, k, n, approximate):
+    """x @ W^T (+ bias, GELU, the pre-activation kept): odd N exercises the unpaired stores."""
+    import torch
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    dt = getattr(torch, dtype)
+    if m > mm.SMALL_MAX_M:
+        _assert_hopper_planned("nt", 1 if dtype == "float16" else 2, m, n, k)
+    x, w, bias = random((m, k), dt, 1.0), random((n, k), dt, k ** -0.5), random((n,), dt, 1.0)
+    poison_pool(m * n * 2)
+    y, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), approximate, save_preactivation=True)
+    pre64 = torch.nn.functional.linear(x.double(), w.double(), bias.double())
+    assert_close(pre, pre64, dt, f"hopper pre-activation {dtype} {m}x{k}->{n}")
+    ref = torch.nn.functional.gelu(pre64, approximate=approximate)
+    assert_close(y, ref, dt, f"hopper linear_gelu {dtype} {m}x{k}->{n} {approximate}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m, k, n", [(1000, 256, 520), (2048, 512, 1024)])
+@pytest.mark.parametrize("saved", [True, False])
+def test_linear_backward_nn_and_tn_match_float64(every_shape_on_hopper, dtype, m, k, n, saved):
+    """dx = dpre @ W (nn) and dW = dpre^T @ x (tn) on the Hopper kernel; dpre from the saved
+    pre-activation, or recomputed by the portable kernel's GELU-gradient epilogue."""
+    import torch
+    from gpu_reference import assert_close, random, to_cupy
+
+    dt = getattr(torch, dtype)
+    code = 1 if dtype == "float16" else 2
+    _assert_hopper_planned("nn", code, m, k, n)
+    _assert_hopper_planned("tn", code, n, k, m)
+    x, w, bias = random((m, k), dt, 1.0), random((n, k), dt, k ** -0.5), random((n,), dt, 1.0)
+    dy = random((m, n), dt, 1.0)
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, bias))
+    torch.nn.functional.gelu(torch.nn.functional.linear(x64, w64, b64), approximate="tanh").backward(dy.double())
+    pre = None
+    if saved:
+        _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True)
+    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre)
+    assert_close(dx, x64.grad, dt, f"hopper dx {dtype}", 2)
+    assert_close(dw, w64.grad, dt, f"hopper dweight {dtype}", 2)
+    assert_close(db, b64.grad, dt, f"hopper dbias {dtype}", 2)
+
+
+@pytest.mark.gpu
+def test_large_gemm_takes_the_hopper_kernel_by_default_and_is_deterministic():
+    _need_sm90()
+    import torch
+    from gpu_reference import assert_close, random, to_cupy
+
+    mm._plans.clear()
+    m = n = k = 4096
+    _assert_hopper_planned("nn", 2, m, n, k)
+    a, b = random((m, k), torch.bfloat16, 1.0), random((k, n), torch.bfloat16, 1.0)
+    c1 = rawops.matmul(to_cupy(a), to_cupy(b))
+    c2 = rawops.matmul(to_cupy(a), to_cupy(b))
+    assert (c1 == c2).all(), "same input, same bits"
+    assert_close(c1, a.double() @ b.double(), torch.bfloat16, "hopper matmul 4096^3")
