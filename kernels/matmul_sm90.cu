@@ -14,7 +14,8 @@
 //              m64n256k16 WGMMAs straight from shared memory, one stage kept in flight
 //              while the previous one is released to the producer ("empty" mbarrier); then
 //              the epilogue from the 128 float32 accumulators each thread holds (modes 0, 1
-//              and 3 of rawops/gemm_epilogue.cuh: none, bias + GELU (+ pre-activation), bias).
+//              and 3 of rawops/gemm_epilogue.cuh: none, bias + GELU (+ pre-activation), bias),
+//              stored through shared memory by TMA stores that drain during the next tile.
 // Tiles are walked in groups of 8 tile-rows (A rows stay in L2 while B streams), the
 // producer running ahead into the next tile while the consumers store the last.
 // The tensor maps (TMA descriptors) are built on the host (cuTensorMapEncodeTiled) and
@@ -41,6 +42,8 @@ constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
 constexpr int kThreads = 384;       // producer warpgroup + two consumer warpgroups
 constexpr int kGroupRows = 8;       // tile-rows per group of the tile order
 constexpr int kBox = 64;            // TMA box edge along a contiguous dim: 64 x 2 bytes = the swizzle span
+constexpr int kConsumers = 256;     // the two consumer warpgroups
+constexpr int kEpilogueBarrier = 1; // named barrier of the consumers (0 is __syncthreads)
 
 template <typename T> struct CuteType;
 template <> struct CuteType<__half> { using type = cutlass::half_t; };
@@ -71,6 +74,8 @@ template <typename T, bool A_KM, bool B_KM> struct Config {
 template <typename E> struct alignas(1024) Shared {
   E a[kStages][kBM * kBK];  // 1024-byte aligned stages: the swizzle is taken from address bits
   E b[kStages][kBN * kBK];
+  E out[2][kBM * kBox];     // the epilogue's two 128 x 64 staging buffers for the TMA stores
+  float bias[kBN];          // the tile's bias
   uint64_t full[kStages];
   uint64_t empty[kStages];
 };
@@ -97,73 +102,78 @@ __device__ __forceinline__ void load_operand(const CUtensorMap* map, uint64_t* f
   }
 }
 
-// The epilogue, one activation per instantiation (ACT 0 none, 1 GELU tanh, 2 GELU erf), in
-// groups of 4 accumulators (a thread's two rows r, r + 8 at columns c, c + 1; pairs (i, i + 1)
-// are adjacent columns): bias added, the pre-activation stored, the activation applied, the
-// output stored, as 4-byte pairs when the tile is whole and rows are of even length. Short
-// per-element code matters: applying the whole Epilogue functor per element, unrolled 128
-// times, made ~55K instructions whose fetches cost more than the tile's main loop.
-template <typename T, int ACT, class Acc, class Coord>
-__device__ __forceinline__ void epilogue_pass(Acc& acc, const Coord& coord, T* __restrict__ c, T* __restrict__ pre,
-                                              const T* __restrict__ bias, int64_t row0, int64_t col0, int64_t M,
-                                              int64_t N) {
-  const int64_t r = row0 + get<0>(coord(0)), col = col0 + get<1>(coord(0));
-  const bool whole = row0 + kBM <= M && col0 + kBN <= N && N % 2 == 0;
-  T* out_row = c + r * N + col;  // this thread's first output; the rest at small fixed offsets
-  T* pre_row = pre != nullptr ? pre + r * N + col : nullptr;
-  static_assert(decltype(size(acc))::value % 4 == 0, "groups of 4 accumulators");
+__device__ __forceinline__ void consumers_sync() {
+  cutlass::arch::NamedBarrier::sync(kConsumers, kEpilogueBarrier);
+}
+
+// Stores the tile's values (acc, float32) through the copy engine: per 64-column quarter, the
+// consumers write it to a staging buffer in the 128-byte swizzle (conflict-free 4-byte
+// stores), then one thread issues the TMA store of the 128 x 64 box, which clips at the
+// matrix's edges; the two buffers alternate, so the stores drain while the next quarter is
+// written and while the next tile's main loop runs. `issued` counts the stores so far.
+// Accumulator i of a thread is row (t / 4) % 8 + 16 (t / 32) + 64 warpgroup + 8 ((i / 2) % 2),
+// column 2 (t % 4) + i % 2 + 8 (i / 4): CuTe's 64 x N GMMA C layout, ((4,8,4),(2,2,N/8)).
+template <typename T, typename E, class Acc>
+__device__ __forceinline__ void store_through_tma(const Acc& acc, Shared<E>& smem, const CUtensorMap* map, int thread,
+                                                  int row0, int col0, int& issued) {
+  const int row = 64 * (thread / 128) + 16 * (thread % 128 / 32) + thread % 32 / 4;
+  const int col_bytes = 4 * (thread % 4);
 #pragma unroll
-  for (int g = 0; g < size(acc); g += 4) {
-    float v[4];
-    int dr[4], dc[4];
+  for (int q = 0; q < kBN / kBox; ++q) {
+    const int buffer = issued & 1;
+    if (thread == 0) tma_store_wait<1>();  // the store that last read this buffer is done with it
+    consumers_sync();
+    char* base = reinterpret_cast<char*>(smem.out[buffer]);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      dr[u] = int(get<0>(coord(g + u))) - int(get<0>(coord(0)));
-      dc[u] = int(get<1>(coord(g + u))) - int(get<1>(coord(0)));
-      v[u] = acc(g + u);
-      if (bias != nullptr) v[u] += to_float(bias[min(col + dc[u], N - 1)]);
-    }
+    for (int jj = 0; jj < kBox / 8; ++jj) {
 #pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {  // 0: the pre-activation (GELU only), 1: the output
-      T* base = pass == 0 ? pre_row : out_row;
-      if (pass == 0 && (ACT == 0 || base == nullptr)) continue;
-      if (pass == 1 && ACT != 0) {
-#pragma unroll
-        for (int u = 0; u < 4; ++u) v[u] = gelu<T>(v[u], ACT == 2);
-      }
-      if (whole) {
-#pragma unroll
-        for (int u = 0; u < 4; u += 2) {
-          __align__(4) T pair[2] = {from_float<T>(v[u]), from_float<T>(v[u + 1])};
-          *reinterpret_cast<uint32_t*>(base + int64_t(dr[u]) * N + dc[u]) = *reinterpret_cast<const uint32_t*>(pair);
-        }
-      } else {
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-          if (r + dr[u] < M && col + dc[u] < N) base[int64_t(dr[u]) * N + dc[u]] = from_float<T>(v[u]);
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * (q * kBox / 8 + jj) + 2 * h;
+        const int r = row + 8 * h;
+        __align__(4) T pair[2] = {from_float<T>(acc(i)), from_float<T>(acc(i + 1))};
+        *reinterpret_cast<uint32_t*>(base + r * 128 + ((jj ^ (r & 7)) << 4) + col_bytes) =
+            *reinterpret_cast<const uint32_t*>(pair);
       }
     }
+    cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
+    consumers_sync();
+    if (thread == 0) {
+      SM90_TMA_STORE_2D::copy(map, smem.out[buffer], col0 + q * kBox, row0);
+      tma_store_arrive();
+    }
+    ++issued;
   }
 }
 
 // Modes 0 (none), 1 (bias + GELU, + pre-activation) and 3 (bias) of rawops/gemm_epilogue.cuh.
 // The GELU-gradient mode (2) is not compiled here: rawops/_gemm_sm90.py never plans it.
-template <typename T, class Acc, class Coord>
-__device__ __forceinline__ void store_tile(Acc& acc, const Coord& coord, T* c, const Epilogue<T>& epi, int64_t row0,
-                                           int64_t col0, int64_t M, int64_t N) {
-  const int mode = epi.flags & 3;
-  const T* bias = mode == kEpiNone ? nullptr : epi.bias;
-  if (mode != kEpiBiasGelu)
-    epilogue_pass<T, 0>(acc, coord, c, nullptr, bias, row0, col0, M, N);
-  else if (epi.flags & kEpiErf)
-    epilogue_pass<T, 2>(acc, coord, c, epi.pre, bias, row0, col0, M, N);
-  else
-    epilogue_pass<T, 1>(acc, coord, c, epi.pre, bias, row0, col0, M, N);
+template <typename T, typename E, class Acc>
+__device__ __forceinline__ void store_tile(Acc& acc, Shared<E>& smem, const CUtensorMap* map_c,
+                                           const CUtensorMap* map_pre, int flags, bool has_bias, bool has_pre,
+                                           int thread, int row0, int col0, int& issued) {
+  const int mode = flags & 3;
+  if (mode != kEpiNone && has_bias) {
+    const int col = 2 * (thread % 4);
+#pragma unroll
+    for (int i = 0; i < size(acc); ++i) acc(i) += smem.bias[col + i % 2 + 8 * (i / 4)];
+  }
+  if (mode == kEpiBiasGelu) {
+    if (has_pre) store_through_tma<T>(acc, smem, map_pre, thread, row0, col0, issued);
+    if (flags & kEpiErf) {
+#pragma unroll
+      for (int i = 0; i < size(acc); ++i) acc(i) = gelu<T>(acc(i), true);
+    } else {
+#pragma unroll
+      for (int i = 0; i < size(acc); ++i) acc(i) = gelu<T>(acc(i), false);
+    }
+  }
+  store_through_tma<T>(acc, smem, map_c, thread, row0, col0, issued);
 }
 
 template <typename T, bool A_KM, bool B_KM>
-__device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_b, T* c,
-                                     const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
+__device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_b, const CUtensorMap* map_c,
+                                     const CUtensorMap* map_pre, const T* __restrict__ bias, int flags, bool has_pre,
+                                     int64_t M, int64_t N, int64_t K) {
   using C = Config<T, A_KM, B_KM>;
   using E = typename C::E;
   extern __shared__ char shared_raw[];
@@ -215,14 +225,17 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   Tensor fA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, 1, K blocks, stage) descriptors
   Tensor fB = thr.make_fragment_B(thr.partition_B(sB));
   Tensor acc = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBN>>{});
-  Tensor coord = thr.partition_C(make_identity_tensor(Shape<Int<kBM>, Int<kBN>>{}));
   const bool lane0 = threadIdx.x % 32 == 0;
+  const bool has_bias = (flags & 3) != kEpiNone && bias != nullptr;
+  int issued = 0;  // TMA stores issued by this block (thread 0 waits on them)
 
   int stage = 0;
   uint32_t phase = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     int tm, tn;
     tile_coords(tile, tiles_m, tiles_n, tm, tn);
+    // The tile's bias, loaded now and parked in shared memory after the main loop.
+    const float bias_value = has_bias ? to_float(bias[min(int64_t(tn) * kBN + thread, N - 1)]) : 0.f;
     mma.accumulate_ = GMMA::ScaleOut::Zero;
     int release = -1;  // the stage whose WGMMAs may still be reading it
     for (int kt = 0; kt < k_tiles; ++kt) {
@@ -245,21 +258,28 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
     warpgroup_fence_operand(acc);
     if (release >= 0 && lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[release]);
 
-    store_tile<T>(acc, coord, c, epi, int64_t(tm) * kBM, int64_t(tn) * kBN, M, N);
+    if (has_bias) {  // every consumer is past the last tile's reads of smem.bias (its barriers)
+      smem.bias[thread] = bias_value;
+      consumers_sync();
+    }
+    store_tile<T>(acc, smem, map_c, map_pre, flags, has_bias, has_pre, thread, tm * kBM, tn * kBN, issued);
   }
+  if (thread == 0) tma_store_wait<0>();  // shared memory must outlive the stores reading it
 }
 
 }  // namespace sm90
 }  // namespace rawops
 
 // ---------------------------------------------------------------------------- entry points
-// (map_a, map_b, c, bias, aux, pre, m, n, k, flags): map_a / map_b are the operands' tensor
-// maps (rawops/_gemm_sm90.py builds them), the rest as in kernels/matmul.cu.
+// (map_a, map_b, map_c, map_pre, bias, m, n, k, flags): tensor maps of the operands, of c and
+// of the pre-activation (map_c again when none is stored: flags & 8 says one is), built by
+// rawops/_gemm_sm90.py; bias and flags as in kernels/matmul.cu.
 #define RAWOPS_SM90(layout, A_KM, B_KM, T, suffix)                                                          \
   extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) gemm_sm90_##layout##_##suffix(   \
-      const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, T* c,           \
-      const T* bias, const T* aux, T* pre, long long m, long long n, long long k, long long flags) {        \
-    rawops::sm90::gemm<T, A_KM, B_KM>(&map_a, &map_b, c, rawops::Epilogue<T>{bias, aux, pre, n, int(flags)}, \
+      const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,                 \
+      const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_pre, const T* bias, \
+      long long m, long long n, long long k, long long flags) {                                             \
+    rawops::sm90::gemm<T, A_KM, B_KM>(&map_a, &map_b, &map_c, &map_pre, bias, int(flags & 7), (flags & 8) != 0, \
                                       m, n, k);                                                             \
   }
 #define RAWOPS_SM90_FAMILY(T, suffix)      \

@@ -17,13 +17,16 @@ CC = 90
 TILE_M, TILE_N, TILE_K, STAGES = 128, 256, 64, 4  # kBM, kBN, kBK, kStages
 BOX = 64  # kBox: a TMA box's edge along an operand's contiguous dim (64 x 2 bytes: the swizzle span)
 THREADS = 384  # kThreads: producer warpgroup + two consumer warpgroups
-# Shared<E>: the stages of both operands, 2 x STAGES mbarriers, 1024-byte aligned; + 1024 to
-# align the dynamic shared memory base inside the kernel.
-SHARED_BYTES = STAGES * (TILE_M + TILE_N) * TILE_K * 2 + 1024 + 1024
+# Shared<E>: the stages of both operands, two 128 x 64 output staging buffers, the tile's bias
+# (float32) and 2 x STAGES mbarriers, rounded up to 1024 bytes; + 1024 to align the dynamic
+# shared memory base inside the kernel: 232448 bytes, all that sm_90 gives a block.
+SHARED_BYTES = -(-(STAGES * (TILE_M + TILE_N) * TILE_K * 2 + 2 * TILE_M * BOX * 2 + TILE_N * 4 + 2 * STAGES * 8)
+                 // 1024) * 1024 + 1024
 # Below this many output tiles per SM the portable kernels' split-K spreads the work better
 # (the Hopper kernel has no split-K yet: one block per tile).
 MIN_TILES_PER_SM = 0.5
-KINDS = "bbppppqqqq"
+KINDS = "bbbbpqqqq"  # map_a, map_b, map_c, map_pre, bias, m, n, k, flags
+FLAG_PRE = 8  # flags bit: a pre-activation is stored (through map_pre)
 EPI_BIAS_GELU_GRAD = 2  # rawops.matmul.EPI_BIAS_GELU_GRAD
 MAP_TYPES = {1: TENSOR_MAP_FLOAT16, 2: TENSOR_MAP_BFLOAT16}  # rawops dtype code -> CUtensorMap type
 DISABLE_ENV = "RAWOPS_NO_SM90"  # set to 1: always use the portable kernels (comparisons, debugging)
@@ -45,16 +48,17 @@ def operand_maps(layout, m, n, k):
     return a, b
 
 
-def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0):
+def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_ptr=0, pre_ptr=0):
     """(kernel name, grid, block, shared bytes) of the Hopper GEMM, or None when it does not
-    apply: not sm_90, float32, not built, operands the copy engine cannot read, k == 0, the
-    GELU-gradient epilogue (not compiled there), or too few output tiles to fill the GPU."""
+    apply: not sm_90, float32, not built, operands or outputs the copy engine cannot read or
+    write (16-byte rows and pointers), k == 0, the GELU-gradient epilogue (not compiled
+    there), or too few output tiles to fill the GPU."""
     if not built or cc != CC or dtype not in MAP_TYPES or m == 0 or n == 0 or k == 0:
         return None
     if flags & 3 == EPI_BIAS_GELU_GRAD:
         return None
     (a_inner, *_), (b_inner, *_) = operand_maps(layout, m, n, k)
-    if a_inner % 8 or b_inner % 8 or a_ptr % 16 or b_ptr % 16:
+    if a_inner % 8 or b_inner % 8 or n % 8 or a_ptr % 16 or b_ptr % 16 or c_ptr % 16 or pre_ptr % 16:
         return None
     tiles = _ceil(m, TILE_M) * _ceil(n, TILE_N)
     if tiles < MIN_TILES_PER_SM * sms:
@@ -105,8 +109,10 @@ def tensor_map(pointer, dtype, inner, outer, box_inner, box_outer):
     return found
 
 
-def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags,
-                stream):
+def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, bias, pre, m, n, k, flags, stream):
     map_a, map_b = operand_maps(layout, m, n, k)
-    args = (tensor_map(a, dtype, *map_a), tensor_map(b, dtype, *map_b), c, bias, aux, pre, m, n, k, flags)
+    map_c = tensor_map(c, dtype, n, m, BOX, TILE_M)  # written in 128 x 64 boxes
+    map_pre = tensor_map(pre, dtype, n, m, BOX, TILE_M) if pre else map_c
+    args = (tensor_map(a, dtype, *map_a), tensor_map(b, dtype, *map_b), map_c, map_pre, bias, m, n, k,
+            flags | (FLAG_PRE if pre else 0))
     launch(function_pointer, grid, THREADS, shared, stream, args, KINDS, device)

@@ -154,14 +154,15 @@ def _function(name, device, shared):
 _plans = {}  # (layout, dtype, m, n, k, a 16-byte aligned, b aligned, device) -> launch
 
 
-def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE):
-    key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, device, flags & 3 == EPI_BIAS_GELU_GRAD)
+def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=0):
+    key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, device, flags & 3 == EPI_BIAS_GELU_GRAD,
+           c % 16 == 0, pre % 16 == 0)
     cached = _plans.get(key)
     if cached is None:
         sms = sm_count(device)
         cc = compute_capability(device)
         if dtype != 0 and cc == _gemm_sm90.CC:
-            hopper = _gemm_sm90.plan(layout, dtype, m, n, k, cc, a, b, sms, _gemm_sm90.built(device), flags)
+            hopper = _gemm_sm90.plan(layout, dtype, m, n, k, cc, a, b, sms, _gemm_sm90.built(device), flags, c, pre)
             if hopper is not None:
                 name, grid, _, shared = hopper
                 cached = _plans[key] = (_gemm_sm90.function(name, device), grid, _gemm_sm90.THREADS, shared,
@@ -185,10 +186,10 @@ def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, 
     The plan is cached per shape: a repeated call costs a dict lookup and the launch."""
     if m == 0 or n == 0:
         return None
-    function, grid, block, shared, splits, reduce = _launch_plan(layout, dtype, m, n, k, a, b, device, flags)
+    function, grid, block, shared, splits, reduce = _launch_plan(layout, dtype, m, n, k, a, b, device, flags, c, pre)
     if splits == 0:  # the Hopper kernel
-        _gemm_sm90.launch_gemm(function, grid, shared, device, layout, dtype, a, b, c, bias, aux, pre, m, n, k,
-                               flags, stream)
+        _gemm_sm90.launch_gemm(function, grid, shared, device, layout, dtype, a, b, c, bias, pre, m, n, k, flags,
+                               stream)
         return None
     if splits == 1:
         launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
