@@ -154,6 +154,27 @@ def width_sweep(ta, ceiling, batch=1 << 20):
     return rows
 
 
+def warps_sweep(ta, batch=1 << 20):
+    """Printed only: the 64x4 f16 fast forward with at most 4..16 warps a block (RAWOPS_MLP_WARPS_SWEEP=1)."""
+    import rawops.mlp as mlp
+
+    net = sequential(TC_SIZES, torch.float16)
+    fused = ta.FusedMLP.from_sequential(net)
+    x = torch.randn(batch, 64, device="cuda", dtype=torch.float16)
+
+    def ours():
+        with torch.no_grad():
+            fused(x)
+
+    default = mlp.FAST_MAX_WARPS
+    for warps in (4, 8, 12, 16):
+        mlp.FAST_MAX_WARPS = warps
+        mlp._fast_fits.clear()
+        print(f"fast forward 64x4 f16, {warps:2d} warps a block: {device_time_us(ours):8.1f} us", flush=True)
+    mlp.FAST_MAX_WARPS = default
+    mlp._fast_fits.clear()
+
+
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -168,6 +189,8 @@ def main():
                       SEED_BYTES, 4 * (100 + 10 + 10 + 2 * 192 + 100), True)
     rows += _rows(ta, "tc", TC_SIZES, torch.float16, 1 << 20, ceiling, TC_FLOPS, 2 * TC_FLOPS - 2 * 64 * 64,
                   2 * (64 + 64), 2 * (64 + 64 + 64 + 64), True)
+    if os.environ.get("RAWOPS_MLP_WARPS_SWEEP"):
+        warps_sweep(ta)
     sweep = width_sweep(ta, ceiling)
     header = ["network", "batch", "pass", "rawops us", "rawops graph us", "rawops 3xTF32 us", "rawops tile us",
               "rawops streaming us",
