@@ -205,10 +205,10 @@ def main():
           "floors": f"compute: float32 at the FFMA peak {FP32_PEAK_TFLOPS} TFLOP/s, float16 at ~990 TFLOP/s dense "
                     "tensor cores; memory: x and y once (forward), plus dy and x again (f16 forward+backward) or "
                     "the kept activations written and read (f32), at the copy ceiling",
-          "columns": "rawops us: what fused_mlp runs (f16/bf16: the fast forward tc_mlp_w<W>_fwd where it fits); "
+          "columns": "rawops us: what fused_mlp runs (f16/bf16: the fast forward tc_mlp_w<W>_<act>_fwd where it fits); "
                      "tile us / streaming us: the WMMA tile kernels tc_mlp_nf*_fwd, weights resident / streamed"}),
         ("fast forward across widths (64 in, 4 hidden, 64 out, ReLU, batch 2^20, inference)", SWEEP_HEADER, sweep,
-         {"columns": "fast us: tc_mlp_w<W>_fwd; tile us: the WMMA tile kernel; eager: torch nn.Sequential"}),
+         {"columns": "fast us: tc_mlp_w<W>_<act>_fwd; tile us: the WMMA tile kernel; eager: torch nn.Sequential"}),
     ])
     print(text)
     return 0

@@ -55,7 +55,9 @@ for _nf in TC_NFS:
 # The forward with register-resident activations (mma.sync, sm_80+), one entry per hidden
 # width W: used wherever fast_fit finds room for every layer's weights and >= FAST_MIN_WARPS
 # warps' staging rows; the tile kernels above run the rest (and every backward).
-TC_FAST_KERNELS = {f"tc_mlp_w{_w}_fwd": _TC_FWD_ARGS for _w in (16, 32, 64, 128)}
+# One entry per width and hidden activation (each its own register allocation).
+FAST_ACTIVATIONS = ("none", "relu", "gelu")  # by activation code (ACTIVATIONS)
+TC_FAST_KERNELS = {f"tc_mlp_w{_w}_{_a}_fwd": _TC_FWD_ARGS for _w in (16, 32, 64, 128) for _a in FAST_ACTIVATIONS}
 
 
 def tc_nf(fragments):
@@ -238,12 +240,12 @@ def tc_smem_bytes(n_in, width, n_out, hidden=None):
 
 
 def fast_rows(width):
-    """Rows a warp of tc_mlp_w<width>_fwd owns (kRows = 16 * kMT)."""
+    """Rows a warp of tc_mlp_w<width>_<act>_fwd owns (kRows = 16 * kMT)."""
     return 16 if width == 128 else 32
 
 
 def fast_smem_bytes(n_in, width, n_out, hidden, warps):
-    """Dynamic shared memory of tc_mlp_w<width>_fwd (kernels/mlp.cu, fast_fwd): float biases
+    """Dynamic shared memory of tc_mlp_w<width>_<act>_fwd (kernels/mlp.cu, fast_fwd): float biases
     [hidden + 1][128], every layer's weights with rows padded by 8 elements ([width][in_p + 8],
     hidden - 1 x [width][width + 8], [out_p][width + 8]), and per warp its x rows
     [rows][in_p + 8] and y rows [rows][out_p + 8], 2-byte elements."""
@@ -360,6 +362,7 @@ def saved_shapes(plan, batch):
 
 
 _ready = {}  # (name, device, smem) -> True once the kernel may use that much dynamic shared memory
+_smem_set = {}  # (name, device) -> the kernel's dynamic shared-memory limit set so far (never lowered)
 _capability = {}
 
 
@@ -380,9 +383,12 @@ def _tc_function(name, plan, device, smem):
         if plan.dtype == 2 and compute_capability(device) < 80:
             raise RuntimeError(f"fused_mlp in bfloat16 needs sm_80+ (tensor-core bfloat16); device {device} is "
                                f"sm_{compute_capability(device)}: use float16")
-        if smem > 48 * 1024:
+        if smem > max(48 * 1024, _smem_set.get((full, device), 0)):
+            # Raised only: one kernel serves networks of different sizes, and lowering the
+            # limit for a smaller one would make the next launch of a larger one fail.
             kernel = _modules.get_function(FAMILY, full, device)
             kernel.max_dynamic_shared_size_bytes = smem
+            _smem_set[(full, device)] = smem
             try:
                 kernel.preferred_shared_memory_carveout = 100  # shared memory over L1: two blocks per SM
             except (AttributeError, ValueError):
@@ -475,7 +481,7 @@ def launch_forward(plan, device, x, weights, biases, y, batch, stream, saved=Non
     fast = fast_fit(plan, device) if USE_FAST else None
     if fast is not None:
         warps, smem = fast
-        name = f"tc_mlp_w{plan.width}_fwd"
+        name = f"tc_mlp_w{plan.width}_{FAST_ACTIVATIONS[plan.act]}_fwd"
         grid = tc_grid(name, plan, device, batch, True, smem, 32 * warps, fast_rows(plan.width))
         launch(_tc_function(name, plan, device, smem), (grid,), 32 * warps, smem, stream, args, TC_FWD_KINDS, device)
         return

@@ -355,17 +355,35 @@ def test_fast_forward_runs_where_its_weights_and_four_warps_fit(monkeypatch, siz
     assert mlp.fast_fit(mlp.make_plan(1, sizes, "relu", "none", True), 0) == fit
 
 
+def test_a_kernels_shared_memory_limit_is_only_ever_raised(monkeypatch):
+    # one kernel serves networks of different sizes: a smaller one must not lower the limit a
+    # larger one set (the next launch of the larger one would fail with CUDA_ERROR_INVALID_VALUE)
+    kernel = type("Kernel", (), {"max_dynamic_shared_size_bytes": 0, "preferred_shared_memory_carveout": 0})()
+    monkeypatch.setattr(mlp._modules, "get_function", lambda family, name, device: kernel)
+    monkeypatch.setattr(mlp._modules, "function_pointer", lambda family, name, device: name)
+    monkeypatch.setattr(mlp, "_ready", {})
+    monkeypatch.setattr(mlp, "_smem_set", {})
+    plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
+    for smem in (196096, 100000, 196096, 200000):
+        mlp._tc_function("tc_mlp_w64_relu_fwd", plan, 0, smem)
+        assert kernel.max_dynamic_shared_size_bytes >= smem
+    assert kernel.max_dynamic_shared_size_bytes == 200000
+
+
 def test_fast_forward_entries_match_the_table():
     source = open(__import__("os").path.join(__import__("os").path.dirname(__file__), "..", "kernels",
                                              "mlp.cu")).read()
-    assert "tc_mlp_w##W##_fwd_##suffix(" in source
-    widths = re.findall(r"^  RAWOPS_TC_FAST\(suffix, T, (\d+), (\d+)\)", source, flags=re.M)
-    assert {f"tc_mlp_w{w}_fwd" for w, _ in widths} == set(mlp.TC_FAST_KERNELS)
+    assert "tc_mlp_w##W##_##ACT##_fwd_##suffix(" in source
+    widths = re.findall(r"^  RAWOPS_TC_FAST_ACTS\(suffix, T, (\d+), (\d+)\)", source, flags=re.M)
+    acts = re.findall(r"^  RAWOPS_TC_FAST\(suffix, T, W, MT, (\w+), rawops::kAct(\w+)\)", source, flags=re.M)
+    assert all(name == code.lower() and mlp.FAST_ACTIVATIONS[mlp.ACTIVATIONS[name]] == name for name, code in acts)
+    assert {f"tc_mlp_w{w}_{a}_fwd" for w, _ in widths for a, _ in acts} == set(mlp.TC_FAST_KERNELS)
     assert all(int(mt) * 16 == mlp.fast_rows(int(w)) for w, mt in widths), "kMT x 16 = fast_rows(width)"
     assert all(args == mlp._TC_FWD_ARGS for args in mlp.TC_FAST_KERNELS.values())
     assert len(mlp.TC_FWD_KINDS) == len(mlp._TC_FWD_ARGS)
     for w in (16, 32, 64, 128):
-        assert f"tc_mlp_w{w}_fwd_f16" in mlp.ENTRY_POINTS and f"tc_mlp_w{w}_fwd_bf16" in mlp.ENTRY_POINTS
+        for a in ("relu", "gelu", "none"):
+            assert {f"tc_mlp_w{w}_{a}_fwd_f16", f"tc_mlp_w{w}_{a}_fwd_bf16"} <= mlp.ENTRY_POINTS
 
 
 @pytest.mark.parametrize("sizes, nf", [((64,) * 6, 4), ((3, 16, 16, 1), 4), ((17, 32, 5), 4), ((100, 128, 10), 8),
@@ -604,7 +622,7 @@ def test_tc_forward_matches_torch_float64(case, batch):
         _assert_like_torch(y, _reference(net, x), net(x), dtype, f"{sizes} batch {batch}")
 
 
-# The fast forward (tc_mlp_w<W>_fwd) on every width, 1..8 hidden layers, both half types and
+# The fast forward (tc_mlp_w<W>_<act>_fwd) on every width, 1..8 hidden layers, both half types and
 # every activation; n_in / n_out odd (element-wise x and y paths), 16-byte (cp.async and vector
 # stores), 128 wide. Each case also names whether fast_fit must pick the fast kernel on an H100.
 FAST_CASES = []
@@ -995,13 +1013,13 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     monkeypatch.setattr(mlp._modules, "get_function", lambda family, name, device: Kernel())
     monkeypatch.setattr(mlp, "_fast_fits", {})
     plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
-    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_w64_fwd", "f16", 0, 196096, 512), 1)
+    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_w64_relu_fwd", "f16", 0, 196096, 512), 1)
     monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_fwd", "f16", 0, 75264, 256), 2)
     monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_bwd", "f16", 0, 75264, 256), 2)
     # the fast forward: one block of 16 warps per SM, 32-row warp tiles, no resident flag
     mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1 << 20, 0, saved=[5])
     fn, grid, block, smem, ok, args = calls[-1]
-    assert (fn, grid, block, smem, ok) == ("tc_mlp_w64_fwd_f16", (132,), 512, 196096, True)
+    assert (fn, grid, block, smem, ok) == ("tc_mlp_w64_relu_fwd_f16", (132,), 512, 196096, True)
     assert args[-1] == 1 and args[2] == 5 and args[-5:-1] == (64, 64, 64, 4)
     mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1000, 0)
     assert calls[-1][1] == (2,)  # 32 tiles of 32 rows over 16 warps
