@@ -11,6 +11,7 @@ bias gradients (x needs none, for both), through torch.autograd.grad. CUDA event
 half types against the WMMA tile kernel and torch eager.
 
     python bench/bench_mlp.py [--out bench/results]
+    RAWOPS_MLP_WARPS_SWEEP=1 python bench/bench_mlp.py   # also print the fast forward at 4..16 warps a block
 """
 import copy
 import os
