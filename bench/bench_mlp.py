@@ -7,9 +7,11 @@ Targets (issue 4): source network >= 5x eager at 32, >= 2x at 2^20 (forward); 64
 >= 5x eager forward, >= 3x eager forward+backward. rawops through torch_adapter (FusedMLP
 built from the same nn.Sequential, one launch forward). Forward+backward: the weight and
 bias gradients (x needs none, for both), through torch.autograd.grad. CUDA events, median of
-50 after warm-up.
+50 after warm-up. A second table times the fast forward across hidden widths 16..128 in both
+half types against the WMMA tile kernel and torch eager.
 
     python bench/bench_mlp.py [--out bench/results]
+    RAWOPS_MLP_WARPS_SWEEP=1 python bench/bench_mlp.py   # also print the fast forward at 4..16 warps a block
 """
 import copy
 import os
@@ -73,17 +75,9 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
         us_graph = device_time_us(graphed(eager)) if graph and mode == "fwd" else float("nan")
         # our own call replayed from a CUDA graph: the kernel's time without the host's
         us_ours_graph = device_time_us(graphed(ours)) if mode == "fwd" else float("nan")
-        us_streaming = float("nan")
-        if name == "tc" and mode == "fwd":  # the streaming tile kernel beside the resident one
-            import rawops.mlp as mlp
-
-            saved_max, mlp.RESIDENT_MAX_SMEM = mlp.RESIDENT_MAX_SMEM, 0
-            mlp._plans.clear()
-            fused._fast_key = None
-            us_streaming = device_time_us(ours)
-            mlp.RESIDENT_MAX_SMEM = saved_max
-            mlp._plans.clear()
-            fused._fast_key = None
+        us_streaming = us_tile = float("nan")
+        if name == "tc" and mode == "fwd":  # the WMMA tile kernels (resident, streaming) beside the fast one
+            us_tile, us_streaming = tile_kernels_us(fused, ours)
         us_tf32 = float("nan")
         if name == "seed" and mode == "fwd" and batch > 4096:  # the 3xTF32 kernel beside FFMA (the default)
             import rawops.mlp as mlp
@@ -97,7 +91,7 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
         target = TARGETS.get((name, batch, mode))
         rows.append({"network": f"{'-'.join(map(str, sizes))} {str(dtype)[6:]}", "batch": batch, "pass": mode,
                      "rawops us": us_ours, "rawops graph us": us_ours_graph, "rawops 3xTF32 us": us_tf32,
-                     "rawops streaming us": us_streaming,
+                     "rawops tile us": us_tile, "rawops streaming us": us_streaming,
                      "torch eager us": us_eager, "torch graph us": us_graph,
                      "x eager": speedup, "x graph": us_graph / us_ours, "rawops TFLOP/s": flops / us_ours / 1e6,
                      "compute floor us": flops / (FP32_PEAK_TFLOPS if dtype == torch.float32 else 990.0) / 1e6,
@@ -109,6 +103,77 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
               f"graph {us_graph:9.1f} us | {speedup:5.2f}x eager | {r['rawops TFLOP/s']:6.1f} TFLOP/s | "
               f"err {error:.2g}", flush=True)
     return rows
+
+
+def tile_kernels_us(fused, ours):
+    """(resident, streaming) times of the WMMA tile kernels on the same call (fast forward off)."""
+    import rawops.mlp as mlp
+
+    def timed(resident_max):
+        saved_max, mlp.RESIDENT_MAX_SMEM, mlp.USE_FAST = mlp.RESIDENT_MAX_SMEM, resident_max, False
+        mlp._plans.clear()
+        fused._fast_key = None
+        try:
+            return device_time_us(ours)
+        finally:
+            mlp.RESIDENT_MAX_SMEM, mlp.USE_FAST = saved_max, True
+            mlp._plans.clear()
+            fused._fast_key = None
+
+    return timed(mlp.RESIDENT_MAX_SMEM), timed(0)
+
+
+SWEEP_HEADER = ["network", "fast us", "tile us", "torch eager us", "x eager", "x tile", "fast TB/s (x+y)"]
+
+
+def width_sweep(ta, ceiling, batch=1 << 20):
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16):
+        for width in (16, 32, 64, 128):
+            sizes = (64,) + (width,) * 4 + (64,)
+            net = sequential(sizes, dtype)
+            fused = ta.FusedMLP.from_sequential(net)
+            x = torch.randn(batch, 64, device="cuda", dtype=dtype)
+
+            def ours():
+                with torch.no_grad():
+                    fused(x)
+
+            def eager():
+                with torch.no_grad():
+                    net(x)
+
+            fast = device_time_us(ours)
+            tile = tile_kernels_us(fused, ours)[0]
+            us_eager = device_time_us(eager)
+            rows.append({"network": f"{'-'.join(map(str, sizes))} {str(dtype)[6:]}", "fast us": fast, "tile us": tile,
+                         "torch eager us": us_eager, "x eager": us_eager / fast, "x tile": tile / fast,
+                         "fast TB/s (x+y)": batch * 2 * 128 / fast / 1e6})
+            r = rows[-1]
+            print(f"{r['network']:24s} fast {fast:8.1f} us | tile {tile:8.1f} us | eager {us_eager:8.1f} us | "
+                  f"{r['x eager']:5.2f}x eager", flush=True)
+    return rows
+
+
+def warps_sweep(ta, batch=1 << 20):
+    """Printed only: the 64x4 f16 fast forward with at most 4..16 warps a block (RAWOPS_MLP_WARPS_SWEEP=1)."""
+    import rawops.mlp as mlp
+
+    net = sequential(TC_SIZES, torch.float16)
+    fused = ta.FusedMLP.from_sequential(net)
+    x = torch.randn(batch, 64, device="cuda", dtype=torch.float16)
+
+    def ours():
+        with torch.no_grad():
+            fused(x)
+
+    default = mlp.FAST_MAX_WARPS
+    for warps in (4, 8, 12, 16):
+        mlp.FAST_MAX_WARPS = warps
+        mlp._fast_fits.clear()
+        print(f"fast forward 64x4 f16, {warps:2d} warps a block: {device_time_us(ours):8.1f} us", flush=True)
+    mlp.FAST_MAX_WARPS = default
+    mlp._fast_fits.clear()
 
 
 def main():
@@ -125,7 +190,11 @@ def main():
                       SEED_BYTES, 4 * (100 + 10 + 10 + 2 * 192 + 100), True)
     rows += _rows(ta, "tc", TC_SIZES, torch.float16, 1 << 20, ceiling, TC_FLOPS, 2 * TC_FLOPS - 2 * 64 * 64,
                   2 * (64 + 64), 2 * (64 + 64 + 64 + 64), True)
-    header = ["network", "batch", "pass", "rawops us", "rawops graph us", "rawops 3xTF32 us", "rawops streaming us",
+    if os.environ.get("RAWOPS_MLP_WARPS_SWEEP"):
+        warps_sweep(ta)
+    sweep = width_sweep(ta, ceiling)
+    header = ["network", "batch", "pass", "rawops us", "rawops graph us", "rawops 3xTF32 us", "rawops tile us",
+              "rawops streaming us",
               "torch eager us", "torch graph us", "x eager", "x graph",
               "rawops TFLOP/s", "compute floor us", "memory floor us", "rel error vs f64", "target x eager",
               "meets target"]
@@ -136,7 +205,11 @@ def main():
                      "at 2^20: >= 5x eager forward, >= 3x eager forward+backward",
           "floors": f"compute: float32 at the FFMA peak {FP32_PEAK_TFLOPS} TFLOP/s, float16 at ~990 TFLOP/s dense "
                     "tensor cores; memory: x and y once (forward), plus dy and x again (f16 forward+backward) or "
-                    "the kept activations written and read (f32), at the copy ceiling"}),
+                    "the kept activations written and read (f32), at the copy ceiling",
+          "columns": "rawops us: what fused_mlp runs (f16/bf16: the fast forward tc_mlp_w<W>_<act>_fwd where it fits); "
+                     "tile us / streaming us: the WMMA tile kernels tc_mlp_nf*_fwd, weights resident / streamed"}),
+        ("fast forward across widths (64 in, 4 hidden, 64 out, ReLU, batch 2^20, inference)", SWEEP_HEADER, sweep,
+         {"columns": "fast us: tc_mlp_w<W>_<act>_fwd; tile us: the WMMA tile kernel; eager: torch nn.Sequential"}),
     ])
     print(text)
     return 0

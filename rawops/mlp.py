@@ -52,6 +52,14 @@ for _nf in TC_NFS:
     TC_KERNELS[f"tc_mlp_wgrad_nf{_nf}_bwd"] = _TC_WGRAD_ARGS
 
 
+# The forward with register-resident activations (mma.sync, sm_80+), one entry per hidden
+# width W: used wherever fast_fit finds room for every layer's weights and >= FAST_MIN_WARPS
+# warps' staging rows; the tile kernels above run the rest (and every backward).
+# One entry per width and hidden activation (each its own register allocation).
+FAST_ACTIVATIONS = ("none", "relu", "gelu")  # by activation code (ACTIVATIONS)
+TC_FAST_KERNELS = {f"tc_mlp_w{_w}_{_a}_fwd": _TC_FWD_ARGS for _w in (16, 32, 64, 128) for _a in FAST_ACTIVATIONS}
+
+
 def tc_nf(fragments):
     """The smallest NF in TC_NFS holding `fragments` accumulator fragments per warp."""
     return next(v for v in TC_NFS if v >= fragments)
@@ -60,7 +68,7 @@ def tc_nf(fragments):
 # Every extern "C" entry point of kernels/mlp.cu (tests/test_build.py checks the fatbin).
 ENTRY_POINTS = frozenset([f"{base}_f32" for base in KERNELS] + [f"{base}_{s}" for base in KERNELS_ALL_FLOATS
                                                                 for s in ("f32", "f16", "bf16")]
-                         + [f"{base}_{s}" for base in TC_KERNELS for s in ("f16", "bf16")])
+                         + [f"{base}_{s}" for base in {**TC_KERNELS, **TC_FAST_KERNELS} for s in ("f16", "bf16")])
 SEED_FWD_KINDS = "pppppppppp" + "qq"
 DGRAD_KINDS = "ppppp" + "qqq"
 WGRAD_KINDS = "pppp" + "q" * 8
@@ -94,6 +102,9 @@ TC_RESIDENT = 16  # flags bit (kResident): every layer's weights resident in sha
 # Weights resident when the whole kernel's shared memory stays under this (two forward blocks
 # per SM on an H100's 228 KB); beyond it the layers stream through one buffer.
 RESIDENT_MAX_SMEM = 112 * 1024
+FAST_MAX_WARPS = 16  # the fast forward's block: __launch_bounds__(512, 1), one block per SM
+FAST_MIN_WARPS = 4  # fewer warps' staging rows fit beside the weights: the tile kernels instead
+USE_FAST = True  # False: the WMMA tile kernels for every forward (bench/bench_mlp.py compares)
 DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 SUPPORTED_TEXT = ("fused_mlp supports: float32 with sizes (100, 128, 64, 10), activation 'relu' and biases "
                   "(the source network); float16/bfloat16 with n_in 1..128, 1..8 hidden layers of one width in "
@@ -228,6 +239,41 @@ def tc_smem_bytes(n_in, width, n_out, hidden=None):
     return (TC_THREADS // 32) * 256 * 4 + 128 * 4 * bias_layers + 2 * (TC_ROWS * act_ld + w_rows * w_ld)
 
 
+def fast_rows(width):
+    """Rows a warp of tc_mlp_w<width>_<act>_fwd owns (kRows = 16 * kMT)."""
+    return 16 if width == 128 else 32
+
+
+def fast_smem_bytes(n_in, width, n_out, hidden, warps):
+    """Dynamic shared memory of tc_mlp_w<width>_<act>_fwd (kernels/mlp.cu, fast_fwd): float biases
+    [hidden + 1][128], every layer's weights with rows padded by 8 elements ([width][in_p + 8],
+    hidden - 1 x [width][width + 8], [out_p][width + 8]), and per warp its x rows
+    [rows][in_p + 8] and y rows [rows][out_p + 8], 2-byte elements."""
+    in_p, out_p = round16(n_in), round16(n_out)
+    weights = width * (in_p + 8) + (hidden - 1) * width * (width + 8) + out_p * (width + 8)
+    return 4 * 128 * (hidden + 1) + 2 * weights + 2 * warps * fast_rows(width) * (in_p + 8 + out_p + 8)
+
+
+_fast_fits = {}
+
+
+def fast_fit(plan, device):
+    """(warps, shared memory bytes) of the fast forward on `device`, or None where it does not
+    run: before sm_80, or when fewer than FAST_MIN_WARPS warps fit beside the weights."""
+    key = (plan, device)
+    if key not in _fast_fits:
+        fit = None
+        if plan.regime == "tc" and compute_capability(device) >= 80:
+            limit = optin_smem(device)
+            for warps in range(FAST_MAX_WARPS, FAST_MIN_WARPS - 1, -1):
+                smem = fast_smem_bytes(plan.n_in, plan.width, plan.n_out, plan.hidden, warps)
+                if smem <= limit:
+                    fit = (warps, smem)
+                    break
+        _fast_fits[key] = fit
+    return _fast_fits[key]
+
+
 def tc_wgrad_smem_bytes(n, k):
     """Dynamic shared memory of tc_mlp_wgrad_bwd: two staged [64][x_p + 8] 2-byte tiles."""
     return 2 * WGRAD_TC_ROWS * (round16(n) + 8 + round16(k) + 8)
@@ -316,6 +362,7 @@ def saved_shapes(plan, batch):
 
 
 _ready = {}  # (name, device, smem) -> True once the kernel may use that much dynamic shared memory
+_smem_set = {}  # (name, device) -> the kernel's dynamic shared-memory limit set so far (never lowered)
 _capability = {}
 
 
@@ -336,9 +383,12 @@ def _tc_function(name, plan, device, smem):
         if plan.dtype == 2 and compute_capability(device) < 80:
             raise RuntimeError(f"fused_mlp in bfloat16 needs sm_80+ (tensor-core bfloat16); device {device} is "
                                f"sm_{compute_capability(device)}: use float16")
-        if smem > 48 * 1024:
+        if smem > max(48 * 1024, _smem_set.get((full, device), 0)):
+            # Raised only: one kernel serves networks of different sizes, and lowering the
+            # limit for a smaller one would make the next launch of a larger one fail.
             kernel = _modules.get_function(FAMILY, full, device)
             kernel.max_dynamic_shared_size_bytes = smem
+            _smem_set[(full, device)] = smem
             try:
                 kernel.preferred_shared_memory_carveout = 100  # shared memory over L1: two blocks per SM
             except (AttributeError, ValueError):
@@ -381,13 +431,14 @@ def tc_fit(plan, device):
 _per_sm = {}
 
 
-def tc_grid(name, plan, device, batch, resident, smem):
-    """Blocks of a tile-kernel launch: one per 128 rows when streaming; when resident, the
-    blocks that fit on the GPU at once (persistent warps loop over 16-row tiles), from the
-    kernel's registers and shared memory, never more than the tiles need."""
+def tc_grid(name, plan, device, batch, resident, smem, threads=TC_THREADS, rows=16):
+    """Blocks of a tile-kernel launch: one per 128 rows when streaming; when resident (and
+    for the fast forward: `threads` a block, `rows` a warp tile), the blocks that fit on the
+    GPU at once (persistent warps loop over their tiles), from the kernel's registers and
+    shared memory, never more than the tiles need."""
     if not resident:
         return -(-batch // TC_ROWS)
-    key = (name, plan.suffix, device, smem)
+    key = (name, plan.suffix, device, smem, threads)
     per_sm = _per_sm.get(key)
     if per_sm is None:
         import cupy
@@ -398,11 +449,11 @@ def tc_grid(name, plan, device, batch, resident, smem):
         except AttributeError:  # older CuPy: assume the worst, one block per SM
             regs = 255
         regs_per_warp = -(-regs * 32 // 256) * 256
-        by_regs = cupy.cuda.runtime.deviceGetAttribute(82, device) // (regs_per_warp * (TC_THREADS // 32))
+        by_regs = cupy.cuda.runtime.deviceGetAttribute(82, device) // (regs_per_warp * (threads // 32))
         by_smem = cupy.cuda.runtime.deviceGetAttribute(81, device) // (smem + 1024)
-        per_sm = _per_sm[key] = max(1, min(by_regs, by_smem, 2048 // TC_THREADS))
-    tiles = -(-batch // 16)
-    return max(1, min(-(-tiles // (TC_THREADS // 32)), per_sm * sm_count(device)))
+        per_sm = _per_sm[key] = max(1, min(by_regs, by_smem, 2048 // threads))
+    tiles = -(-batch // rows)
+    return max(1, min(-(-tiles // (threads // 32)), per_sm * sm_count(device)))
 
 
 def prepare(plan, device):
@@ -425,13 +476,20 @@ def launch_forward(plan, device, x, weights, biases, y, batch, stream, saved=Non
         return
     ws = list(weights) + [0] * (9 - len(weights))
     bs = (list(biases) if biases is not None else []) + [0] * (9 - (len(biases) if biases is not None else 0))
+    args = (x, y, saved[0] if saved is not None else 0, *ws, *bs, batch, plan.n_in, plan.width, plan.n_out,
+            plan.hidden, plan.act | (plan.out_act << 2))
+    fast = fast_fit(plan, device) if USE_FAST else None
+    if fast is not None:
+        warps, smem = fast
+        name = f"tc_mlp_w{plan.width}_{FAST_ACTIVATIONS[plan.act]}_fwd"
+        grid = tc_grid(name, plan, device, batch, True, smem, 32 * warps, fast_rows(plan.width))
+        launch(_tc_function(name, plan, device, smem), (grid,), 32 * warps, smem, stream, args, TC_FWD_KINDS, device)
+        return
     resident, smem = tc_fit(plan, device)
-    flags = plan.act | (plan.out_act << 2) | (TC_RESIDENT if resident else 0)
     name = f"tc_mlp_nf{plan.nf}_fwd"
     launch(_tc_function(name, plan, device, smem), (tc_grid(name, plan, device, batch, resident, smem),),
-           TC_THREADS, smem,
-           stream, (x, y, saved[0] if saved is not None else 0, *ws, *bs, batch, plan.n_in, plan.width, plan.n_out,
-                    plan.hidden, flags), TC_FWD_KINDS, device)
+           TC_THREADS, smem, stream, args[:-1] + (args[-1] | (TC_RESIDENT if resident else 0),), TC_FWD_KINDS,
+           device)
 
 
 def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiases, batch, stream, empty):

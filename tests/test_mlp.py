@@ -331,6 +331,61 @@ def test_bfloat16_before_sm80_is_refused_before_any_launch(monkeypatch):
         mlp.prepare(plan, 0)
 
 
+def test_fast_forward_shared_memory():
+    # 5 layers' float biases, weights with rows padded by 8 ([64][72] x 5), 16 warps x 32 rows
+    # of x and y staging ([32][72] each)
+    assert mlp.fast_smem_bytes(64, 64, 64, 4, 16) == 5 * 512 + 2 * 5 * 64 * 72 + 2 * 16 * 32 * 144 == 196096
+    # odd sizes pad to 16: [16][24] in, [16][24] out, one hidden layer (no hidden-to-hidden weights)
+    assert mlp.fast_smem_bytes(3, 16, 1, 1, 4) == 2 * 512 + 2 * (16 * 24 + 16 * 24) + 2 * 4 * 32 * 48
+    # 128 wide: 16-row warp tiles
+    assert mlp.fast_smem_bytes(128, 128, 128, 2, 1) == 3 * 512 + 2 * 3 * 128 * 136 + 2 * 16 * 272
+
+
+@pytest.mark.parametrize("sizes, cc, limit, fit", [
+    ((64,) * 6, 90, 232448, (16, 196096)),                     # H100: 16 warps
+    ((64,) * 6, 86, 101376, (5, 48640 + 5 * 9216)),            # sm_86's 99 KB: 5 warps
+    ((64,) * 6, 75, 65536, None),                              # no mma.sync m16n8k16 / cp.async
+    ((128,) * 10, 90, 232448, None),                           # 8 x 128 wide: the weights alone exceed it
+    ((128,) + (128,) * 4 + (128,), 90, 232448, (6, 5 * 512 + 2 * 5 * 128 * 136 + 6 * 8704)),
+])
+def test_fast_forward_runs_where_its_weights_and_four_warps_fit(monkeypatch, sizes, cc, limit, fit):
+    monkeypatch.setattr(mlp, "optin_smem", lambda device: limit)
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: cc)
+    monkeypatch.setattr(mlp, "_fast_fits", {})
+    assert mlp.fast_fit(mlp.make_plan(1, sizes, "relu", "none", True), 0) == fit
+
+
+def test_a_kernels_shared_memory_limit_is_only_ever_raised(monkeypatch):
+    # one kernel serves networks of different sizes: a smaller one must not lower the limit a
+    # larger one set (the next launch of the larger one would fail with CUDA_ERROR_INVALID_VALUE)
+    kernel = type("Kernel", (), {"max_dynamic_shared_size_bytes": 0, "preferred_shared_memory_carveout": 0})()
+    monkeypatch.setattr(mlp._modules, "get_function", lambda family, name, device: kernel)
+    monkeypatch.setattr(mlp._modules, "function_pointer", lambda family, name, device: name)
+    monkeypatch.setattr(mlp, "_ready", {})
+    monkeypatch.setattr(mlp, "_smem_set", {})
+    plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
+    for smem in (196096, 100000, 196096, 200000):
+        mlp._tc_function("tc_mlp_w64_relu_fwd", plan, 0, smem)
+        assert kernel.max_dynamic_shared_size_bytes >= smem
+    assert kernel.max_dynamic_shared_size_bytes == 200000
+
+
+def test_fast_forward_entries_match_the_table():
+    source = open(__import__("os").path.join(__import__("os").path.dirname(__file__), "..", "kernels",
+                                             "mlp.cu")).read()
+    assert "tc_mlp_w##W##_##ACT##_fwd_##suffix(" in source
+    widths = re.findall(r"^  RAWOPS_TC_FAST_ACTS\(suffix, T, (\d+), (\d+)\)", source, flags=re.M)
+    acts = re.findall(r"^  RAWOPS_TC_FAST\(suffix, T, W, MT, (\w+), rawops::kAct(\w+)\)", source, flags=re.M)
+    assert all(name == code.lower() and mlp.FAST_ACTIVATIONS[mlp.ACTIVATIONS[name]] == name for name, code in acts)
+    assert {f"tc_mlp_w{w}_{a}_fwd" for w, _ in widths for a, _ in acts} == set(mlp.TC_FAST_KERNELS)
+    assert all(int(mt) * 16 == mlp.fast_rows(int(w)) for w, mt in widths), "kMT x 16 = fast_rows(width)"
+    assert all(args == mlp._TC_FWD_ARGS for args in mlp.TC_FAST_KERNELS.values())
+    assert len(mlp.TC_FWD_KINDS) == len(mlp._TC_FWD_ARGS)
+    for w in (16, 32, 64, 128):
+        for a in ("relu", "gelu", "none"):
+            assert {f"tc_mlp_w{w}_{a}_fwd_f16", f"tc_mlp_w{w}_{a}_fwd_bf16"} <= mlp.ENTRY_POINTS
+
+
 @pytest.mark.parametrize("sizes, nf", [((64,) * 6, 4), ((3, 16, 16, 1), 4), ((17, 32, 5), 4), ((100, 128, 10), 8),
                                        ((128,) + (32,) * 8 + (128,), 8), ((48, 32, 32, 33), 4)])
 def test_the_tile_kernels_hold_the_widest_layer(sizes, nf):
@@ -565,6 +620,113 @@ def test_tc_forward_matches_torch_float64(case, batch):
     # float32 accumulation, activations rounded to the half type between layers, as torch does
     with torch.no_grad():
         _assert_like_torch(y, _reference(net, x), net(x), dtype, f"{sizes} batch {batch}")
+
+
+# The fast forward (tc_mlp_w<W>_<act>_fwd) on every width, 1..8 hidden layers, both half types and
+# every activation; n_in / n_out odd (element-wise x and y paths), 16-byte (cp.async and vector
+# stores), 128 wide. Each case also names whether fast_fit must pick the fast kernel on an H100.
+FAST_CASES = []
+for _i, (_w, _h) in enumerate([(w, h) for w in (16, 32, 64, 128) for h in (1, 2, 4, 8)]):
+    _n_in, _n_out = [(3, 1), (64, 64), (17, 5), (128, 128), (32, 16), (24, 40)][_i % 6]
+    _act = ("relu", "gelu", "none")[_i % 3]
+    FAST_CASES.append(((_n_in,) + (_w,) * _h + (_n_out,), _act, ("none", "relu")[_i % 2],
+                       ("float16", "bfloat16")[_i % 2], _i % 5 != 4))
+FAST_IDS = [f"{'-'.join(map(str, c[0][:2]))}x{len(c[0]) - 2}-{c[0][-1]}-{c[1]}-{c[2]}-{c[3]}" +
+            ("" if c[4] else "-nobias") for c in FAST_CASES]
+
+
+def _fast_on_this_gpu(sizes, dtype_code):
+    import cupy
+
+    plan = mlp.make_plan(dtype_code, sizes, "relu", "none", True)
+    return mlp.fast_fit(plan, cupy.cuda.Device().id) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [0, 1, 33, 1000, 65537])
+@pytest.mark.parametrize("case", FAST_CASES, ids=FAST_IDS)
+def test_fast_forward_matches_torch_float64(case, batch):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import DTYPES, poison_pool, random, to_cupy
+
+    sizes, act, out_act, dtype_name, bias = case
+    dtype = DTYPES[dtype_name]
+    if sizes[1] < 128 or len(sizes) < 8:  # 8 x 128-wide weights exceed any device's shared memory
+        assert _fast_on_this_gpu(sizes, 1 if dtype == torch.float16 else 2), "expected the fast forward here"
+    net = _sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = _net_params(net)
+    x = random((batch, sizes[0]), dtype, scale=1.0)
+    poison_pool(batch * sizes[-1] * 2)
+    y = rawops.fused_mlp(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases] if bias else None,
+                         act, out_act)
+    assert y.shape == (batch, sizes[-1])
+    with torch.no_grad():
+        _assert_like_torch(y, _reference(net, x), net(x), dtype, f"{sizes} batch {batch}")
+
+
+@pytest.mark.gpu
+def test_fast_forward_many_tiles_per_warp_and_the_saved_pre_activations():
+    """2^20 + 3 rows: every warp walks many tiles (the prefetch of the next x while the
+    current one computes), the last one partial; the training forward's kept z per layer."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import poison_pool, random, to_cupy, to_torch
+
+    sizes = (64,) * 6
+    net = _sequential(torch, sizes, "gelu", "relu", torch.float16)
+    weights, biases = _net_params(net)
+    batch = (1 << 20) + 3
+    x = random((batch, 64), torch.float16, scale=1.0)
+    poison_pool(batch * 64 * 2 * 5)
+    y, saved = rawops.fused_mlp_forward(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases],
+                                        "gelu", "relu")
+    with torch.no_grad():
+        _assert_like_torch(y, _reference(net, x), net(x), torch.float16, "y")
+        z = to_torch(saved[0])
+        h64, h16 = x.double(), x
+        for l in range(4):
+            w, b = weights[l], biases[l]
+            z64, z16 = h64 @ w.double().T + b.double(), torch.nn.functional.linear(h16, w, b)
+            _assert_like_torch(z[l], z64, z16, torch.float16, f"z{l}")
+            h64, h16 = torch.nn.functional.gelu(z64), torch.nn.functional.gelu(z16)
+    y2 = rawops.fused_mlp(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases], "gelu", "relu")
+    assert (y2 == y).all(), "inference and training forward compute the same numbers"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_in", [64, 24])
+def test_fast_forward_on_misaligned_views(n_in):
+    """x and out starting 2 bytes off 16-byte alignment (element-wise staging and stores)."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import random, to_cupy
+
+    net = _sequential(torch, (n_in, 32, 32, 16), "relu", "none", torch.bfloat16)
+    weights, biases = _net_params(net)
+    x = random((777 * n_in + 1,), torch.bfloat16, scale=1.0)[1:].view(777, n_in)
+    buffer = torch.full((777 * 16 + 9,), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = buffer[1: 1 + 777 * 16].view(777, 16)
+    rawops.fused_mlp(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases], out=to_cupy(out))
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        _assert_like_torch(out, _reference(net, x), net(x), torch.bfloat16, "misaligned")
+    assert torch.isnan(buffer[0]) and torch.isnan(buffer[1 + 777 * 16:]).all(), "wrote outside out"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", TC_CASES[:3], ids=TC_IDS[:3])
+def test_fast_and_tile_forwards_agree(case, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import DTYPES, assert_close, random, to_cupy, to_torch
+
+    sizes, act, out_act, dtype_name, bias = case
+    dtype = DTYPES[dtype_name]
+    net = _sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = _net_params(net)
+    args = ([to_cupy(w) for w in weights], [to_cupy(b) for b in biases] if bias else None, act, out_act)
+    x = to_cupy(random((5000, sizes[0]), dtype, scale=1.0))
+    fast = to_torch(rawops.fused_mlp(x, *args))
+    monkeypatch.setattr(mlp, "USE_FAST", False)
+    tile = to_torch(rawops.fused_mlp(x, *args))
+    assert_close(fast, tile.double(), dtype, "fast vs tile kernel")
 
 
 @pytest.mark.gpu
@@ -849,9 +1011,19 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
         preferred_shared_memory_carveout = 0
 
     monkeypatch.setattr(mlp._modules, "get_function", lambda family, name, device: Kernel())
+    monkeypatch.setattr(mlp, "_fast_fits", {})
     plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
-    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_fwd", "f16", 0, 75264), 2)
-    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_bwd", "f16", 0, 75264), 2)
+    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_w64_relu_fwd", "f16", 0, 196096, 512), 1)
+    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_fwd", "f16", 0, 75264, 256), 2)
+    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_bwd", "f16", 0, 75264, 256), 2)
+    # the fast forward: one block of 16 warps per SM, 32-row warp tiles, no resident flag
+    mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1 << 20, 0, saved=[5])
+    fn, grid, block, smem, ok, args = calls[-1]
+    assert (fn, grid, block, smem, ok) == ("tc_mlp_w64_relu_fwd_f16", (132,), 512, 196096, True)
+    assert args[-1] == 1 and args[2] == 5 and args[-5:-1] == (64, 64, 64, 4)
+    mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1000, 0)
+    assert calls[-1][1] == (2,)  # 32 tiles of 32 rows over 16 warps
+    monkeypatch.setattr(mlp, "USE_FAST", False)  # the WMMA tile kernel, as before
     mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1 << 20, 0, saved=[5])
     fn, grid, block, smem, ok, args = calls[-1]
     assert (fn, grid, block, smem, ok) == ("tc_mlp_nf4_fwd_f16", (264,), 256, 75264, True)
