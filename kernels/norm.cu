@@ -143,15 +143,16 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
 //   sums: [0] sum(x - m), [1] sum(g), [2] sum(g * (x - m)), m the forward's float32 mean.
 // x - mean is taken as (x - m) - r with r = mean(x - m): exact even near a 1e4 offset, where
 // m alone carries ~5e-4 of rounding. Then mean(g * xhat) = rstd * (sum(g (x - m)) - r sum(g)) / n.
+// inv_n = 1 / n, computed once: three IEEE divisions a row cost ~30 instructions a thread.
 struct NormRowTerms {
   float r, rstd, mean_g, mean_gx;
   template <bool RMS>
-  __device__ __forceinline__ static NormRowTerms from(const float (&sums)[3], float rstd, float n) {
+  __device__ __forceinline__ static NormRowTerms from(const float (&sums)[3], float rstd, float inv_n) {
     NormRowTerms t;
-    t.r = RMS ? 0.f : sums[0] / n;
+    t.r = RMS ? 0.f : sums[0] * inv_n;
     t.rstd = rstd;
-    t.mean_g = RMS ? 0.f : sums[1] / n;
-    t.mean_gx = rstd * (sums[2] - t.r * sums[1]) / n;
+    t.mean_g = RMS ? 0.f : sums[1] * inv_n;
+    t.mean_gx = rstd * (sums[2] - t.r * sums[1]) * inv_n;
     return t;
   }
   __device__ __forceinline__ float xhat(float x, float m) const { return ((x - m) - r) * rstd; }
@@ -201,7 +202,7 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
       }
     }
     reduce.reduce(sums, SumOp());
-    const NormRowTerms t = NormRowTerms::from<RMS>(sums, rstd_in[row], float(n));
+    const NormRowTerms t = NormRowTerms::from<RMS>(sums, rstd_in[row], 1.f / float(n));  // once a row: streaming rows are wide
     T* dxr = dx + row * n;
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float xv[V], gv[V], wv[V];
@@ -245,15 +246,26 @@ struct ColumnPartials {
     }
   }
   __device__ __forceinline__ static int slot(int q) { return q * blockDim.x + threadIdx.x; }
-  // p[vector k's V columns] += v
-  __device__ __forceinline__ static void add(float4* p, int k, const float (&v)[V]) {
+  // Vector k's columns of p += u * v (one rounding, as an fma), or += u.
+  __device__ __forceinline__ static void add(float4* p, int k, const float (&u)[V], const float (&v)[V]) {
 #pragma unroll
     for (int i = 0; i < V / 4; ++i) {
       float4 a = p[slot(k * V / 4 + i)];
-      a.x += v[4 * i];
-      a.y += v[4 * i + 1];
-      a.z += v[4 * i + 2];
-      a.w += v[4 * i + 3];
+      a.x = fmaf(u[4 * i], v[4 * i], a.x);
+      a.y = fmaf(u[4 * i + 1], v[4 * i + 1], a.y);
+      a.z = fmaf(u[4 * i + 2], v[4 * i + 2], a.z);
+      a.w = fmaf(u[4 * i + 3], v[4 * i + 3], a.w);
+      p[slot(k * V / 4 + i)] = a;
+    }
+  }
+  __device__ __forceinline__ static void add(float4* p, int k, const float (&u)[V]) {
+#pragma unroll
+    for (int i = 0; i < V / 4; ++i) {
+      float4 a = p[slot(k * V / 4 + i)];
+      a.x += u[4 * i];
+      a.y += u[4 * i + 1];
+      a.z += u[4 * i + 2];
+      a.w += u[4 * i + 3];
       p[slot(k * V / 4 + i)] = a;
     }
   }
@@ -263,6 +275,11 @@ struct ColumnPartials {
     for (int i = 0; i < V / 4; ++i) reinterpret_cast<float4*>(out)[i] = p[slot(k * V / 4 + i)];
   }
 };
+
+#ifndef RAWOPS_NORM_BWD_PREFETCH
+#define RAWOPS_NORM_BWD_PREFETCH 0
+#endif
+constexpr bool kBwdPrefetch = RAWOPS_NORM_BWD_PREFETCH;
 
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
@@ -282,27 +299,42 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   constexpr int K = RMS ? 1 : 3;  // sums a row reduces: sum(g (x - m)) [, sum(x - m), sum(g)]
   using Slice = RowSlice<T, ITEMS>;
   extern __shared__ float4 column_smem[];
+  const float inv_n = 1.f / float(n);
   const ColumnPartials<T> acc(column_smem, partial_dw != nullptr, partial_db != nullptr);
 
+  Slice xs, ds;  // this row's x and dy (dy = 0 past the row's end)
+  float m = 0.f, rstd = 0.f;
+  const auto fetch = [&](int64_t row, Slice& xa, Slice& da, float& ma, float& ra) {
+    xa.load(x + row * n, c, n);
+    da.load(dy + row * n, c, n);
+    ma = RMS ? 0.f : mean_in[row];
+    ra = rstd_in[row];
+  };
+  if (kBwdPrefetch && c.row < rows) fetch(c.row, xs, ds, m, rstd);
   for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
-    Slice xs, ds;
-    xs.load(x + row * n, c, n);
-    ds.load(dy + row * n, c, n);  // dy = 0 past the row's end
-    const float m = RMS ? 0.f : mean_in[row];
-    const float rstd = rstd_in[row];
+    const int64_t next = row + c.step;
+    Slice xn, dn;
+    float mn = 0.f, rn = 0.f;
+    if (!kBwdPrefetch)
+      fetch(row, xs, ds, m, rstd);
+    else if (next < rows)
+      fetch(next, xn, dn, mn, rn);  // in flight while this row is reduced
     float sums[K];
     {
       float s0 = 0.f, s1 = 0.f, s2 = 0.f;
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
-        float wv[V];
-        if (has_w) load_row(opaque(w), int64_t(k) * c.width + c.lane, n, true, 1.f, wv);
+        // A vector past the row's end adds nothing: skipped whole (one branch, not a select
+        // per element).
+        if (!Slice::valid(c, k, n)) break;
+        const uint4 wk = has_w ? __ldg(reinterpret_cast<const uint4*>(opaque(w)) + k * c.width + c.lane)
+                               : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           // g rounded once (__fmul_rn, no contraction into a later fma): the same g here and in
           // dx, so that g - mean(g) is exactly 0 for a one-element row, as in float64.
-          const float g = has_w ? __fmul_rn(ds.at(k, e), wv[e]) : ds.at(k, e);
-          const float d = Slice::valid(c, k, n) ? xs.at(k, e) - m : 0.f;
+          const float g = has_w ? __fmul_rn(ds.at(k, e), unpack<T>(wk, e)) : ds.at(k, e);
+          const float d = xs.at(k, e) - m;
           s0 += d;
           s1 += g;
           s2 = fmaf(g, d, s2);
@@ -319,24 +351,30 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     ds.refresh();
     reduce.reduce(sums, SumOp());
     const float row_sums[3] = {RMS ? 0.f : sums[1], RMS ? 0.f : sums[2], sums[0]};
-    const NormRowTerms t = NormRowTerms::from<RMS>(row_sums, rstd, float(n));
+    const NormRowTerms t = NormRowTerms::from<RMS>(row_sums, rstd, inv_n);
     T* dxr = dx + row * n;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
       if (j * V >= n) break;
-      float wv[V], o[V], pdw[V], pdb[V];
-      if (has_w) load_row(opaque(w), j, n, true, 1.f, wv);  // L1-resident: reloading beats holding it
+      // weight: L1-resident, reloading beats holding it in registers
+      const uint4 wk = has_w ? __ldg(reinterpret_cast<const uint4*>(opaque(w)) + j) : make_uint4(0, 0, 0, 0);
+      float o[V], xhat[V], dyv[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float dyv = ds.at(k, e), xhat = t.xhat(xs.at(k, e), m);
-        pdb[e] = dyv;
-        pdw[e] = dyv * xhat;
-        o[e] = t.dx<RMS>(has_w ? __fmul_rn(dyv, wv[e]) : dyv, xhat);
+        dyv[e] = ds.at(k, e);
+        xhat[e] = t.xhat(xs.at(k, e), m);
+        o[e] = t.dx<RMS>(has_w ? __fmul_rn(dyv[e], unpack<T>(wk, e)) : dyv[e], xhat[e]);
       }
+      if (acc.dw) acc.add(acc.dw, k, dyv, xhat);
+      if (acc.db) acc.add(acc.db, k, dyv);
       store_row(dxr, j, n, true, o);
-      if (acc.dw) acc.add(acc.dw, k, pdw);
-      if (acc.db) acc.add(acc.db, k, pdb);
+    }
+    if (kBwdPrefetch) {
+      xs = xn;
+      ds = dn;
+      m = mn;
+      rstd = rn;
     }
   }
 

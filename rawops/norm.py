@@ -80,6 +80,23 @@ def _allow_smem(name, device, smem):
     return True
 
 
+_resident = {}  # (kernel name, device, threads, smem) -> blocks on the whole device at once
+
+
+def resident(name, device, threads, smem):
+    """Blocks of kernel `name` that `device` runs at once (the occupancy API, per SM, times
+    the SMs); at least one per SM."""
+    key = (name, device, threads, smem)
+    blocks = _resident.get(key)
+    if blocks is None:
+        from cupy_backends.cuda.api import driver
+
+        pointer = _modules.function_pointer(FAMILY, name, device)
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(pointer, threads, smem)
+        blocks = _resident[key] = max(1, per_sm) * sm_count(device)
+    return blocks
+
+
 def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream):
     """One forward launch (op: 'layer_norm' or 'rms_norm'); pointers checked by the caller,
     0 for an absent weight / bias / mean. rows > 0 and n > 0."""
@@ -102,6 +119,11 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
         # The streaming mode keeps its partials in the global rows instead (one block per
         # chunk either way: the same partial buffers serve).
         mode, smem = _rows.STREAM_ROW, 0
+    # The plan's grid is an upper bound (BWD_THREADS_PER_SM); the grid launched is what the
+    # kernel's registers and shared memory let each SM hold at once, so that no block waits
+    # for a second wave; its partial rows, fewer, are the ones summed.
+    blocks = min(blocks, resident(name, device, threads, smem))
+    chunks = _rows.chunks(mode, blocks, threads)
     flags = aligned | (2 if weight else 0)
     launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, smem, stream,
            (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, flags), BWD_KINDS, device)
