@@ -349,7 +349,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     // Decoded x and dy are recomputed after the reduction, not held across it.
     xs.refresh();
     ds.refresh();
-    reduce.reduce(sums, SumOp());
+    reduce.reduce(sums, ShuffleSumOp());
     const float row_sums[3] = {RMS ? 0.f : sums[1], RMS ? 0.f : sums[2], sums[0]};
     const NormRowTerms t = NormRowTerms::from<RMS>(row_sums, rstd, inv_n);
     T* dxr = dx + row * n;
@@ -404,9 +404,21 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
   __shared__ float lanes[16][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const int64_t col = int64_t(blockIdx.x) * 32 + tx;
+  // Loads issued 8 at a time, then added in the same order: one adding loop waited for each
+  // load (~33 L2 round trips a lane, 10-14 us of a 150 us 16-bit backward, measured).
+  constexpr int kBatch = 8;
   float acc = 0.f;
-  if (col < n)
-    for (int64_t k = ty; k < chunks; k += 16) acc += partial[k * n + col];
+  if (col < n) {
+    int64_t k = ty;
+    for (; k + (kBatch - 1) * 16 < chunks; k += kBatch * 16) {
+      float v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) v[i] = __ldcs(partial + (k + i * 16) * n + col);  // read once
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) acc += v[i];
+    }
+    for (; k < chunks; k += 16) acc += __ldcs(partial + k * n + col);
+  }
   lanes[ty][tx] = acc;
   __syncthreads();
   if (ty == 0 && col < n) {
@@ -437,18 +449,20 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                              vec & 1, vec & 2);                                                             \
   }
 
-#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                                  \
-  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                            \
-  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                               \
+#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)            \
+  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS)                         \
+  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)                           \
   extern "C" __global__ void __launch_bounds__(512)                                                    \
       norm_param_grad_##suffix(const float* partial_dw, const float* partial_db, T* dw, T* db,         \
                                long long chunks, long long n) {                                        \
     rawops::norm_param_grad(partial_dw, partial_db, dw, db, chunks, n);                                \
   }
 
-// Register bounds (blocks of 512 per SM; 2 = 64 registers a thread). bfloat16's forward
-// needs ~90: held to 64 it spilled ~200 bytes a thread and ran at 2.0 TB/s (16384 x 4096).
-// The 16-bit backwards hold 16 float32 partials a thread and the prefetched next row.
-RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
-RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
-RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
+// Register bounds (blocks of 512 per SM; 2 = 64 registers a thread, 1 = what ptxas picks up
+// to 128); the backward's grid is what the occupancy API then reports (rawops/norm.py).
+// bfloat16's forward at 87 registers (its elements unpacked one a register) ran at 2.6 TB/s;
+// held as words it fits 64. 16-bit backward, 16384 x 4096 (bench/NOTES.md): layer_norm at 64
+// (four 256-thread blocks an SM) 156 us, at 79 (three) 162; rms_norm at 64 161 us, at 78 148.
+RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
+RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
+RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)

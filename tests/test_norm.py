@@ -109,7 +109,7 @@ def test_layer_norm_with_a_1e4_offset_stays_accurate(n, dtype):
     check(dw, rdw, dt, "dweight, offset 1e4", factor=SUM_FACTOR)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("n", [768, 4096, 65536])
 def test_backward_is_deterministic(op, n, dtype):
