@@ -13,10 +13,13 @@
 //   dw = sum over rows of dy * xhat, db = sum over rows of dy
 //   norm_bwd: each row's three sums (of x - m, g and g * (x - m)) in one reduction; each
 //   warp (warp mode) or block takes a fixed set of rows and keeps dw/db partials for its
-//   columns in registers, then writes one float32 row of partial_dw / partial_db [chunks, n]
-//   (chunks: the launch's warps or blocks). norm_param_grad sums those rows in a fixed
-//   order. x and dy are read once, dx written once; the partials are a few MB at most.
-// Launch: mode, block and grid from rawops/_rows.py (see rawops/rows.cuh).
+//   columns in dynamic shared memory (ColumnPartials; the streaming mode in its own global
+//   row), then writes one float32 row of partial_dw / partial_db [chunks, n] (chunks: the
+//   launch's warps or blocks). norm_param_grad sums those rows in a fixed order. x and dy
+//   are read once, dx written once; the partials are a few MB at most.
+// Launch: mode and block from rawops/_rows.py (see rawops/rows.cuh); the backward's grid is
+// what the occupancy API says the device holds at once, its shared memory from
+// rawops/norm.py (column_smem).
 #include "rawops/rows.cuh"
 
 namespace rawops {
@@ -276,11 +279,6 @@ struct ColumnPartials {
   }
 };
 
-#ifndef RAWOPS_NORM_BWD_PREFETCH
-#define RAWOPS_NORM_BWD_PREFETCH 0
-#endif
-constexpr bool kBwdPrefetch = RAWOPS_NORM_BWD_PREFETCH;
-
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                                          const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
@@ -302,23 +300,14 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   const float inv_n = 1.f / float(n);
   const ColumnPartials<T> acc(column_smem, partial_dw != nullptr, partial_db != nullptr);
 
-  Slice xs, ds;  // this row's x and dy (dy = 0 past the row's end)
-  float m = 0.f, rstd = 0.f;
-  const auto fetch = [&](int64_t row, Slice& xa, Slice& da, float& ma, float& ra) {
-    xa.load(x + row * n, c, n);
-    da.load(dy + row * n, c, n);
-    ma = RMS ? 0.f : mean_in[row];
-    ra = rstd_in[row];
-  };
-  if (kBwdPrefetch && c.row < rows) fetch(c.row, xs, ds, m, rstd);
   for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
-    const int64_t next = row + c.step;
-    Slice xn, dn;
-    float mn = 0.f, rn = 0.f;
-    if (!kBwdPrefetch)
-      fetch(row, xs, ds, m, rstd);
-    else if (next < rows)
-      fetch(next, xn, dn, mn, rn);  // in flight while this row is reduced
+    // Loading the next row before this one's reduction (software pipelining) cost 16 more
+    // registers: it spilled at 64, and at ~96 (two blocks an SM) ran slower (bench/NOTES.md).
+    Slice xs, ds;
+    xs.load(x + row * n, c, n);
+    ds.load(dy + row * n, c, n);  // dy = 0 past the row's end
+    const float m = RMS ? 0.f : mean_in[row];
+    const float rstd = rstd_in[row];
     float sums[K];
     {
       float s0 = 0.f, s1 = 0.f, s2 = 0.f;
@@ -370,12 +359,6 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
       if (acc.db) acc.add(acc.db, k, dyv);
       store_row(dxr, j, n, true, o);
     }
-    if (kBwdPrefetch) {
-      xs = xn;
-      ds = dn;
-      m = mn;
-      rstd = rn;
-    }
   }
 
   // One partial row per warp (warp mode) or block, each thread writing its own columns.
@@ -404,8 +387,8 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
   __shared__ float lanes[16][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const int64_t col = int64_t(blockIdx.x) * 32 + tx;
-  // Loads issued 8 at a time, then added in the same order: one adding loop waited for each
-  // load (~33 L2 round trips a lane, 10-14 us of a 150 us 16-bit backward, measured).
+  // Loads issued 8 at a time, added in the same order (the same bits as one at a time).
+  // Measured no faster than the plain loop (10-15 us either way at 528 x 4096 partial rows).
   constexpr int kBatch = 8;
   float acc = 0.f;
   if (col < n) {

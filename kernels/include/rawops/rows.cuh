@@ -38,7 +38,7 @@ constexpr int kMaxRowWarps = kMaxRowThreads / 32;
 // block over one row, so those registers bought nothing but lost occupancy.
 constexpr int kMinRowBlocks = 2;
 constexpr int kFwdVectors = 4;  // 16-byte vectors per thread held in registers, forward (_rows.FWD_VECTORS)
-constexpr int kBwdVectors = 2;  // backward holds two operands (and norm's dw/db partials)
+constexpr int kBwdVectors = 2;  // backward holds two operands
 enum RowMode { kWarpPerRow = 0, kBlockPerRow = 1, kStreamRow = 2 };
 
 struct SumOp {
@@ -146,6 +146,10 @@ __device__ __forceinline__ float unpack_word(unsigned w, int e, const __half*) {
   return e % 2 ? __high2float(h) : __low2float(h);
 }
 template <typename T>
+__device__ __forceinline__ uint4 words(const Vec16<T>& v) {  // load16's bits, as words
+  return *reinterpret_cast<const uint4*>(&v);
+}
+template <typename T>
 __device__ __forceinline__ float unpack(const uint4& r, int e) {
   return unpack_word(word_of(r, e * int(sizeof(T)) / 4), e, static_cast<const T*>(nullptr));
 }
@@ -169,7 +173,7 @@ struct RowSlice {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t f = first(c, k);
-      raw[k] = f < n ? __ldg(reinterpret_cast<const uint4*>(row + f)) : make_uint4(0, 0, 0, 0);
+      raw[k] = f < n ? words(load16(row + f)) : make_uint4(0, 0, 0, 0);
     }
   }
   // The words as the compiler cannot see through: values decoded before this point are
@@ -189,7 +193,7 @@ __device__ __forceinline__ void load_row(const T* row, int64_t j, int64_t n, boo
   const int64_t first = j * V;
   if (vec) {
     if (first < n) {
-      const uint4 r = __ldg(reinterpret_cast<const uint4*>(row + first));
+      const uint4 r = words(load16(row + first));
 #pragma unroll
       for (int e = 0; e < V; ++e) v[e] = unpack<T>(r, e);
     } else {
