@@ -13,10 +13,13 @@
 //   dw = sum over rows of dy * xhat, db = sum over rows of dy
 //   norm_bwd: each row's three sums (of x - m, g and g * (x - m)) in one reduction; each
 //   warp (warp mode) or block takes a fixed set of rows and keeps dw/db partials for its
-//   columns in registers, then writes one float32 row of partial_dw / partial_db [chunks, n]
-//   (chunks: the launch's warps or blocks). norm_param_grad sums those rows in a fixed
-//   order. x and dy are read once, dx written once; the partials are a few MB at most.
-// Launch: mode, block and grid from rawops/_rows.py (see rawops/rows.cuh).
+//   columns in dynamic shared memory (ColumnPartials; the streaming mode in its own global
+//   row), then writes one float32 row of partial_dw / partial_db [chunks, n] (chunks: the
+//   launch's warps or blocks). norm_param_grad sums those rows in a fixed order. x and dy
+//   are read once, dx written once; the partials are a few MB at most.
+// Launch: mode and block from rawops/_rows.py (see rawops/rows.cuh); the backward's grid is
+// what the occupancy API says the device holds at once, its shared memory from
+// rawops/norm.py (column_smem).
 #include "rawops/rows.cuh"
 
 namespace rawops {
@@ -101,6 +104,7 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
 #pragma unroll
       for (int e = 0; e < V; ++e)
         if (Slice::valid(c, k, n)) sum += xs.at(k, e) - shift;
+    xs.refresh();
     // x - mean is taken as (x - shift) - S1: mean itself, stored as float32 near a 1e4
     // offset, carries ~5e-4 of rounding, which would show in every output.
     const float S1 = RMS ? 0.f : reduce(sum, SumOp()) / float(n);
@@ -113,6 +117,7 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
         const float d = Slice::valid(c, k, n) ? (xs.at(k, e) - shift) - S1 : 0.f;
         sq = fmaf(d, d, sq);
       }
+    xs.refresh();
     const float rstd = rsqrtf(reduce(sq, SumOp()) / float(n) + eps);
     if (c.lane == 0) {
       if (!RMS) mean_out[row] = mean;
@@ -141,15 +146,16 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
 //   sums: [0] sum(x - m), [1] sum(g), [2] sum(g * (x - m)), m the forward's float32 mean.
 // x - mean is taken as (x - m) - r with r = mean(x - m): exact even near a 1e4 offset, where
 // m alone carries ~5e-4 of rounding. Then mean(g * xhat) = rstd * (sum(g (x - m)) - r sum(g)) / n.
+// inv_n = 1 / n, computed once: three IEEE divisions a row cost ~30 instructions a thread.
 struct NormRowTerms {
   float r, rstd, mean_g, mean_gx;
   template <bool RMS>
-  __device__ __forceinline__ static NormRowTerms from(const float (&sums)[3], float rstd, float n) {
+  __device__ __forceinline__ static NormRowTerms from(const float (&sums)[3], float rstd, float inv_n) {
     NormRowTerms t;
-    t.r = RMS ? 0.f : sums[0] / n;
+    t.r = RMS ? 0.f : sums[0] * inv_n;
     t.rstd = rstd;
-    t.mean_g = RMS ? 0.f : sums[1] / n;
-    t.mean_gx = rstd * (sums[2] - t.r * sums[1]) / n;
+    t.mean_g = RMS ? 0.f : sums[1] * inv_n;
+    t.mean_gx = rstd * (sums[2] - t.r * sums[1]) * inv_n;
     return t;
   }
   __device__ __forceinline__ float xhat(float x, float m) const { return ((x - m) - r) * rstd; }
@@ -199,7 +205,7 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
       }
     }
     reduce.reduce(sums, SumOp());
-    const NormRowTerms t = NormRowTerms::from<RMS>(sums, rstd_in[row], float(n));
+    const NormRowTerms t = NormRowTerms::from<RMS>(sums, rstd_in[row], 1.f / float(n));  // once a row: streaming rows are wide
     T* dxr = dx + row * n;
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float xv[V], gv[V], wv[V];
@@ -221,6 +227,58 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
   }
 }
 
+// The register modes' dw / db partials: each thread's running sums for the columns it holds,
+// in dynamic shared memory (registers held them before: 32 a thread in 16-bit types, which
+// with the row capped a 256-thread block at 2 per SM; see bench/NOTES.md). Only the owning
+// thread touches its slots, so no barrier, no atomics, a fixed order. float4 q of thread t
+// lies at [q][t]: a warp's 16-byte accesses are contiguous, free of bank conflicts.
+template <typename T>
+struct ColumnPartials {
+  static constexpr int V = Vec16<T>::size;
+  static constexpr int Q = kBwdVectors * V / 4;  // float4s a thread owns per partial
+  float4* dw;  // null when not wanted
+  float4* db;
+  __device__ __forceinline__ ColumnPartials(float4* smem, bool want_dw, bool want_db) {
+    dw = want_dw ? smem : nullptr;
+    db = want_db ? smem + (want_dw ? Q * blockDim.x : 0) : nullptr;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      if (dw) dw[slot(q)] = zero;
+      if (db) db[slot(q)] = zero;
+    }
+  }
+  __device__ __forceinline__ static int slot(int q) { return q * blockDim.x + threadIdx.x; }
+  // Vector k's columns of p += u * v (one rounding, as an fma), or += u.
+  __device__ __forceinline__ static void add(float4* p, int k, const float (&u)[V], const float (&v)[V]) {
+#pragma unroll
+    for (int i = 0; i < V / 4; ++i) {
+      float4 a = p[slot(k * V / 4 + i)];
+      a.x = fmaf(u[4 * i], v[4 * i], a.x);
+      a.y = fmaf(u[4 * i + 1], v[4 * i + 1], a.y);
+      a.z = fmaf(u[4 * i + 2], v[4 * i + 2], a.z);
+      a.w = fmaf(u[4 * i + 3], v[4 * i + 3], a.w);
+      p[slot(k * V / 4 + i)] = a;
+    }
+  }
+  __device__ __forceinline__ static void add(float4* p, int k, const float (&u)[V]) {
+#pragma unroll
+    for (int i = 0; i < V / 4; ++i) {
+      float4 a = p[slot(k * V / 4 + i)];
+      a.x += u[4 * i];
+      a.y += u[4 * i + 1];
+      a.z += u[4 * i + 2];
+      a.w += u[4 * i + 3];
+      p[slot(k * V / 4 + i)] = a;
+    }
+  }
+  // Vector k's columns of p to out (float32, a row of the global partials).
+  __device__ __forceinline__ static void flush(const float4* p, int k, float* out) {
+#pragma unroll
+    for (int i = 0; i < V / 4; ++i) reinterpret_cast<float4*>(out)[i] = p[slot(k * V / 4 + i)];
+  }
+};
+
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                                          const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
@@ -236,95 +294,83 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   }
   constexpr int V = Vec16<T>::size;
   constexpr int ITEMS = kBwdVectors;
-  using Slice = RowSlice<T, ITEMS>;
-  float acc_dw[ITEMS][V], acc_db[ITEMS][V];
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k)
-#pragma unroll
-    for (int e = 0; e < V; ++e) acc_dw[k][e] = acc_db[k][e] = 0.f;
-
-  // 16-bit types take two rows per step (this block's next two): one reduction (one barrier)
-  // for both, and both rows' loads in flight at once. A block works through its rows one
-  // after another, so each step's latency (loads, reduction) is paid in full; one row per
-  // step ran at 1.5 TB/s in 16-bit types, measured. float32 would spill with two.
-  constexpr int R = sizeof(T) == 2 ? 2 : 1;
   constexpr int K = RMS ? 1 : 3;  // sums a row reduces: sum(g (x - m)) [, sum(x - m), sum(g)]
-  for (int64_t row0 = c.row; row0 < rows; row0 += R * c.step) {
-    Slice xs[R], ds[R];
-    float m[R], rstd[R], sums[R * K];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = row0 + r * c.step;
-      const bool live = row < rows;  // a dead row is all zeros: it adds nothing and is not stored
-      xs[r].load(x + (live ? row : 0) * n, c, live ? n : 0);
-      ds[r].load(dy + (live ? row : 0) * n, c, live ? n : 0);  // dy = 0 past the row's end
-      m[r] = RMS || !live ? 0.f : mean_in[row];
-      rstd[r] = live ? rstd_in[row] : 0.f;
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
+  using Slice = RowSlice<T, ITEMS>;
+  extern __shared__ float4 column_smem[];
+  const float inv_n = 1.f / float(n);
+  const ColumnPartials<T> acc(column_smem, partial_dw != nullptr, partial_db != nullptr);
+
+  for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
+    // Loading the next row before this one's reduction (software pipelining) cost 16 more
+    // registers: it spilled at 64, and at ~96 (two blocks an SM) ran slower (bench/NOTES.md).
+    Slice xs, ds;
+    xs.load(x + row * n, c, n);
+    ds.load(dy + row * n, c, n);  // dy = 0 past the row's end
+    const float m = RMS ? 0.f : mean_in[row];
+    const float rstd = rstd_in[row];
+    float sums[K];
+    {
       float s0 = 0.f, s1 = 0.f, s2 = 0.f;
 #pragma unroll
       for (int k = 0; k < ITEMS; ++k) {
-        float wv[V];
-        if (has_w) load_row(opaque(w), int64_t(k) * c.width + c.lane, n, true, 1.f, wv);
+        // A vector past the row's end adds nothing: skipped whole (one branch, not a select
+        // per element).
+        if (!Slice::valid(c, k, n)) break;
+        const uint4 wk = has_w ? __ldg(reinterpret_cast<const uint4*>(opaque(w)) + k * c.width + c.lane)
+                               : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           // g rounded once (__fmul_rn, no contraction into a later fma): the same g here and in
           // dx, so that g - mean(g) is exactly 0 for a one-element row, as in float64.
-          const float g = has_w ? __fmul_rn(ds[r].at(k, e), wv[e]) : ds[r].at(k, e);
-          const float d = Slice::valid(c, k, n) ? xs[r].at(k, e) - m[r] : 0.f;
+          const float g = has_w ? __fmul_rn(ds.at(k, e), unpack<T>(wk, e)) : ds.at(k, e);
+          const float d = xs.at(k, e) - m;
           s0 += d;
           s1 += g;
           s2 = fmaf(g, d, s2);
         }
       }
-      sums[r * K] = s2;
+      sums[0] = s2;
       if (!RMS) {
-        sums[r * K + 1] = s0;
-        sums[r * K + 2] = s1;
+        sums[1] = s0;
+        sums[2] = s1;
       }
     }
-    reduce.reduce(sums, SumOp());
+    // Decoded x and dy are recomputed after the reduction, not held across it.
+    xs.refresh();
+    ds.refresh();
+    reduce.reduce(sums, ShuffleSumOp());
+    const float row_sums[3] = {RMS ? 0.f : sums[1], RMS ? 0.f : sums[2], sums[0]};
+    const NormRowTerms t = NormRowTerms::from<RMS>(row_sums, rstd, inv_n);
+    T* dxr = dx + row * n;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = row0 + r * c.step;
-      if (row >= rows) break;
-      const float row_sums[3] = {RMS ? 0.f : sums[r * K + 1], RMS ? 0.f : sums[r * K + 2], sums[r * K]};
-      const NormRowTerms t = NormRowTerms::from<RMS>(row_sums, rstd[r], float(n));
-      T* dxr = dx + row * n;
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t j = int64_t(k) * c.width + c.lane;
+      if (j * V >= n) break;
+      // weight: L1-resident, reloading beats holding it in registers
+      const uint4 wk = has_w ? __ldg(reinterpret_cast<const uint4*>(opaque(w)) + j) : make_uint4(0, 0, 0, 0);
+      float o[V], xhat[V], dyv[V];
 #pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        const int64_t j = int64_t(k) * c.width + c.lane;
-        if (j * V >= n) break;
-        float wv[V], o[V];
-        if (has_w) load_row(opaque(w), j, n, true, 1.f, wv);  // L1-resident: reloading beats holding it
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          const float dyv = ds[r].at(k, e), xhat = t.xhat(xs[r].at(k, e), m[r]);
-          acc_db[k][e] += dyv;
-          acc_dw[k][e] = fmaf(dyv, xhat, acc_dw[k][e]);
-          o[e] = t.dx<RMS>(has_w ? __fmul_rn(dyv, wv[e]) : dyv, xhat);
-        }
-        store_row(dxr, j, n, true, o);
+      for (int e = 0; e < V; ++e) {
+        dyv[e] = ds.at(k, e);
+        xhat[e] = t.xhat(xs.at(k, e), m);
+        o[e] = t.dx<RMS>(has_w ? __fmul_rn(dyv[e], unpack<T>(wk, e)) : dyv[e], xhat[e]);
       }
+      if (acc.dw) acc.add(acc.dw, k, dyv, xhat);
+      if (acc.db) acc.add(acc.db, k, dyv);
+      store_row(dxr, j, n, true, o);
     }
   }
 
   // One partial row per warp (warp mode) or block, each thread writing its own columns.
   const int64_t chunk = c.warp ? int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
-  float* pdw = partial_dw ? partial_dw + chunk * n : nullptr;
-  float* pdb = partial_db ? partial_db + chunk * n : nullptr;
 #pragma unroll
-  for (int k = 0; k < ITEMS; ++k)
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const int64_t col = (int64_t(k) * c.width + c.lane) * V + e;
-      if (col < n) {
-        if (pdw) pdw[col] = acc_dw[k][e];
-        if (pdb) pdb[col] = acc_db[k][e];
-      }
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t col = (int64_t(k) * c.width + c.lane) * V;
+    if (col < n) {
+      if (acc.dw) acc.flush(acc.dw, k, partial_dw + chunk * n + col);
+      if (acc.db) acc.flush(acc.db, k, partial_db + chunk * n + col);
     }
+  }
 }
 
 // dw[col] = sum over chunks of partial_dw[chunk, col] (blockIdx.y == 0), db likewise
@@ -341,9 +387,21 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
   __shared__ float lanes[16][33];
   const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
   const int64_t col = int64_t(blockIdx.x) * 32 + tx;
+  // Loads issued 8 at a time, added in the same order (the same bits as one at a time).
+  // Measured no faster than the plain loop (10-15 us either way at 528 x 4096 partial rows).
+  constexpr int kBatch = 8;
   float acc = 0.f;
-  if (col < n)
-    for (int64_t k = ty; k < chunks; k += 16) acc += partial[k * n + col];
+  if (col < n) {
+    int64_t k = ty;
+    for (; k + (kBatch - 1) * 16 < chunks; k += kBatch * 16) {
+      float v[kBatch];
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) v[i] = __ldcs(partial + (k + i * 16) * n + col);  // read once
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) acc += v[i];
+    }
+    for (; k < chunks; k += 16) acc += __ldcs(partial + k * n + col);
+  }
   lanes[ty][tx] = acc;
   __syncthreads();
   if (ty == 0 && col < n) {
@@ -374,18 +432,20 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                              vec & 1, vec & 2);                                                             \
   }
 
-#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                                  \
-  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                            \
-  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                               \
+#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)            \
+  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS)                         \
+  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)                           \
   extern "C" __global__ void __launch_bounds__(512)                                                    \
       norm_param_grad_##suffix(const float* partial_dw, const float* partial_db, T* dw, T* db,         \
                                long long chunks, long long n) {                                        \
     rawops::norm_param_grad(partial_dw, partial_db, dw, db, chunks, n);                                \
   }
 
-// Register bounds (blocks of 512 per SM; 2 = 64 registers a thread). bfloat16's forward
-// needs ~90: held to 64 it spilled ~200 bytes a thread and ran at 2.0 TB/s (16384 x 4096).
-// The 16-bit backwards hold 16 float32 partials a thread and the prefetched next row.
-RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
-RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, 1)
-RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, 1, 1)
+// Register bounds (blocks of 512 per SM; 2 = 64 registers a thread, 1 = what ptxas picks up
+// to 128); the backward's grid is what the occupancy API then reports (rawops/norm.py).
+// bfloat16's forward at 87 registers (its elements unpacked one a register) ran at 2.6 TB/s;
+// held as words it fits 64. 16-bit backward, 16384 x 4096 (bench/NOTES.md): layer_norm at 64
+// (four 256-thread blocks an SM) 156 us, at 79 (three) 162; rms_norm at 64 161 us, at 78 148.
+RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
+RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
+RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)

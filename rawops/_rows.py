@@ -47,9 +47,10 @@ def row_plan(rows, n, elems, itemsize, aligned):
     return mode, max(1, min(blocks, MAX_GRID)), threads
 
 
-def resident_blocks(sms, threads):
-    """Blocks of `threads` threads that fill every SM once (by the thread limit)."""
-    return sms * max(1, THREADS_PER_SM // threads)
+def resident_blocks(sms, threads, threads_per_sm=THREADS_PER_SM):
+    """Blocks of `threads` threads that fill every SM once, `threads_per_sm` of them fitting
+    an SM (by the thread limit unless the kernel's registers allow fewer)."""
+    return sms * max(1, threads_per_sm // threads)
 
 
 def chunks(mode, blocks, threads):

@@ -37,14 +37,64 @@ def forward_plan(rows, n, itemsize, aligned):
     return _rows.row_plan(rows, n, _rows.FWD_BYTES // itemsize, itemsize, aligned)
 
 
+# The backward kernels are bound to 64 registers a thread (kernels/norm.cu, __launch_bounds__
+# (512, 2)): 65536 / 64 of their threads fit an SM.
+BWD_THREADS_PER_SM = 1024
+STATIC_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a block gets without opting in
+_smem_allowed = {}  # (kernel name, device) -> dynamic shared memory bytes it was allowed
+
+
 def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx):
     """(mode, blocks, threads, chunks, aligned) for pointers dy, x, weight (0: none), dx: the
     grid fills each SM once (each block or warp accumulates dw/db over its rows); chunks is
     the number of partial rows of dweight / dbias."""
     aligned = _rows.vectors(n, itemsize, dy, x, weight, dx)
     mode, blocks, threads = _rows.row_plan(rows, n, _rows.BWD_BYTES // itemsize, itemsize, aligned)
-    blocks = min(blocks, _rows.resident_blocks(sms, threads))
+    blocks = min(blocks, _rows.resident_blocks(sms, threads, BWD_THREADS_PER_SM))
     return mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned
+
+
+def column_smem(mode, threads, itemsize, partials):
+    """Dynamic shared memory of a backward launch: in the register modes each thread keeps a
+    float32 running sum per column it holds for each of `partials` (dweight, dbias) wanted."""
+    if mode == _rows.STREAM_ROW:
+        return 0
+    return partials * threads * (_rows.BWD_BYTES // itemsize) * 4
+
+
+def _allow_smem(name, device, smem):
+    """Whether kernel `name` may take `smem` bytes of dynamic shared memory on `device`,
+    raising its limit when it needs more than the default 48 KB (16-bit rows of 4097 to 8192:
+    64 KB; more than sm_75's 64 KB a block once its reduction storage is added)."""
+    key = (name, device)
+    if smem <= max(STATIC_SMEM_LIMIT, _smem_allowed.get(key, 0)):
+        return True
+    import cupy
+
+    kernel = _modules.get_function(FAMILY, name, device)
+    optin = cupy.cuda.runtime.deviceGetAttribute(97, device)  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+    if smem + kernel.shared_size_bytes > optin:
+        return False
+    kernel.max_dynamic_shared_size_bytes = smem
+    _smem_allowed[key] = smem
+    return True
+
+
+_resident = {}  # (kernel name, device, threads, smem) -> blocks on the whole device at once
+
+
+def resident(name, device, threads, smem):
+    """Blocks of kernel `name` that `device` runs at once (the occupancy API, per SM, times
+    the SMs); at least one per SM."""
+    key = (name, device, threads, smem)
+    blocks = _resident.get(key)
+    if blocks is None:
+        from cupy_backends.cuda.api import driver
+
+        pointer = _modules.function_pointer(FAMILY, name, device)
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(pointer, threads, smem)
+        blocks = _resident[key] = max(1, per_sm) * sm_count(device)
+    return blocks
 
 
 def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream):
@@ -63,10 +113,20 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
     """dx, and dweight / dbias (0: not wanted) through partial buffers of plan[3] x n float32
     each (0 where not wanted), plan = backward_plan(...) of the same pointers. rows > 0, n > 0."""
     mode, blocks, threads, chunks, aligned = plan
+    name = _rows.kernel_name(f"{op}_bwd", dtype)
+    smem = column_smem(mode, threads, itemsize, bool(partial_dw) + bool(partial_db))
+    if not _allow_smem(name, device, smem):
+        # The streaming mode keeps its partials in the global rows instead (one block per
+        # chunk either way: the same partial buffers serve).
+        mode, smem = _rows.STREAM_ROW, 0
+    # The plan's grid is an upper bound (BWD_THREADS_PER_SM); the grid launched is what the
+    # kernel's registers and shared memory let each SM hold at once, so that no block waits
+    # for a second wave; its partial rows, fewer, are the ones summed.
+    blocks = min(blocks, resident(name, device, threads, smem))
+    chunks = _rows.chunks(mode, blocks, threads)
     flags = aligned | (2 if weight else 0)
-    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), threads,
-           0, stream, (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, flags), BWD_KINDS,
-           device)
+    launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, smem, stream,
+           (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, flags), BWD_KINDS, device)
     if dweight or dbias:
         launch(_modules.function_pointer(FAMILY, _rows.kernel_name("norm_param_grad", dtype), device),
                (-(-n // PARAM_GRAD_COLUMNS), 2), PARAM_GRAD_THREADS, 0, stream,

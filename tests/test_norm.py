@@ -1,5 +1,7 @@
 """The normalisation family's contract (layer_norm, rms_norm), through the CuPy API and the
 torch adapter, against torch in float64."""
+import importlib
+
 import cupy
 import pytest
 
@@ -10,6 +12,7 @@ import rawops  # noqa: E402
 from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy  # noqa: E402
 
 pytestmark = pytest.mark.gpu
+norm_module = importlib.import_module("rawops.norm")  # `rawops.norm` as an attribute is not the module
 
 WIDTHS = [1, 31, 768, 1000, 4096, 4097, 65536]
 # Every width at 0, 1 and 3 rows; 16384 rows where the width keeps the case under ~1 GB.
@@ -106,15 +109,36 @@ def test_layer_norm_with_a_1e4_offset_stays_accurate(n, dtype):
     check(dw, rdw, dt, "dweight, offset 1e4", factor=SUM_FACTOR)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("n", [768, 4096, 65536])
-def test_backward_is_deterministic(op, n):
-    x, dy, w, b = _inputs(4096 if n < 65536 else 256, n, torch.float32)
+def test_backward_is_deterministic(op, n, dtype):
+    x, dy, w, b = _inputs(4096 if n < 65536 else 256, n, DTYPES[dtype])
     first = _run(op, x, dy, w, b, 1e-5)
     second = _run(op, x, dy, w, b, 1e-5)
     for a, c, name in zip(first, second, ("y", "dx", "dweight", "dbias")):
         if a is not None:
             assert cupy.array_equal(a, c), f"{op} {name}: two runs differ"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_backward_of_the_widest_register_rows(op, dtype, monkeypatch):
+    """8192-wide 16-bit rows: 512-thread blocks whose dweight/dbias columns take 64 KB of
+    shared memory (over the 48 KB default: opted in); then the same rows as if the device
+    could not give it, which streams them through the same partial buffers."""
+    dt = DTYPES[dtype]
+    x, dy, w, b = _inputs(1000, 8192, dt)
+    ry, rdx, rdw, rdb = _reference(op, x, dy, w, b, 1e-5)
+    for streamed in (False, True):
+        if streamed:
+            monkeypatch.setattr(norm_module, "_allow_smem", lambda name, device, smem: smem == 0)
+        y, dx, dw, db = _run(op, x, dy, w, b, 1e-5)
+        how = "streamed" if streamed else "register mode"
+        check(dx, rdx, dt, f"{op} dx, {how}", factor=2)
+        check(dw, rdw, dt, f"{op} dweight, {how}", factor=SUM_FACTOR)
+        if op == "layer_norm":
+            check(db, rdb, dt, f"{op} dbias, {how}", factor=SUM_FACTOR)
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])

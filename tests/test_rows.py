@@ -49,20 +49,36 @@ def test_row_plan_grid_covers_every_row_once(rows, n, blocks):
 
 def test_row_plan_caps_the_grid_and_never_exceeds_a_launchable_one():
     assert _rows.row_plan(10 ** 6, 4096, 8, 4, 1) == (_rows.BLOCK_PER_ROW, 10 ** 6, 512)
-    assert norm.backward_plan(10 ** 6, 4096, 4, 66, BASE, BASE, 0, BASE)[:3] == (_rows.BLOCK_PER_ROW, 264, 512)
+    # The backward's 64-register bound fits 1024 of its threads an SM: two 512-thread blocks.
+    assert norm.backward_plan(10 ** 6, 4096, 4, 66, BASE, BASE, 0, BASE)[:3] == (_rows.BLOCK_PER_ROW, 132, 512)
     assert _rows.row_plan(1 << 40, 8, 16, 4, 1)[1] == _rows.MAX_GRID  # the kernels loop over the rest
 
 
-@pytest.mark.parametrize("n, threads, chunks", [(4096, 512, 132 * 4), (768, 128, 132 * 16), (100, 256, 132 * 8 * 8)])
-def test_norm_backward_fills_each_sm_once_with_one_partial_row_per_block_or_warp(n, threads, chunks):
-    mode, blocks, got_threads, got_chunks, aligned = norm.backward_plan(16384 * 8, n, 4, 132, BASE, BASE, 0, BASE)
-    assert got_threads == threads and blocks == 132 * (2048 // threads) and got_chunks == chunks and aligned
+@pytest.mark.parametrize("n, itemsize, threads, chunks", [
+    (4096, 4, 512, 132 * 2), (768, 4, 128, 132 * 8), (100, 4, 256, 132 * 4 * 8), (4096, 2, 256, 132 * 4)])
+def test_norm_backward_fills_each_sm_once_with_one_partial_row_per_block_or_warp(n, itemsize, threads, chunks):
+    # Resident by registers: 1024 threads of a 64-register kernel an SM (norm.BWD_THREADS_PER_SM).
+    mode, blocks, got_threads, got_chunks, aligned = norm.backward_plan(16384 * 8, n, itemsize, 132, BASE, BASE, 0,
+                                                                        BASE)
+    assert got_threads == threads and blocks == 132 * (1024 // threads) and got_chunks == chunks and aligned
     assert got_chunks == (blocks * threads // 32 if mode == _rows.WARP_PER_ROW else blocks)
 
 
 def test_norm_backward_plan_of_few_rows_has_a_block_or_warp_per_row_at_most():
     assert norm.backward_plan(3, 4096, 4, 132, BASE, BASE, BASE, BASE)[:4] == (_rows.BLOCK_PER_ROW, 3, 512, 3)
     assert norm.backward_plan(3, 64, 4, 132, BASE, BASE, 0, BASE)[:4] == (_rows.WARP_PER_ROW, 1, 256, 8)
+
+
+@pytest.mark.parametrize("mode, threads, itemsize, partials, smem", [
+    (_rows.BLOCK_PER_ROW, 256, 2, 2, 256 * 16 * 4 * 2), (_rows.BLOCK_PER_ROW, 512, 4, 1, 512 * 8 * 4),
+    (_rows.WARP_PER_ROW, 256, 2, 2, 256 * 16 * 4 * 2), (_rows.BLOCK_PER_ROW, 256, 2, 0, 0),
+    (_rows.STREAM_ROW, 512, 2, 2, 0)])
+def test_norm_backward_register_modes_keep_a_float32_sum_per_held_column_in_shared_memory(
+        mode, threads, itemsize, partials, smem):
+    # A thread holds BWD_BYTES of each row: 16 elements of a 16-bit type, 8 of float32.
+    assert norm.column_smem(mode, threads, itemsize, partials) == smem
+    # Widest register-mode block: 64 KB for 16-bit types, over the 48 KB default (opt-in).
+    assert norm.column_smem(_rows.BLOCK_PER_ROW, _rows.MAX_ROW_THREADS, 2, 2) == 64 * 1024
 
 
 def test_norm_backward_streams_when_an_operand_is_off_16_bytes():

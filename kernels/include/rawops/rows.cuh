@@ -38,12 +38,17 @@ constexpr int kMaxRowWarps = kMaxRowThreads / 32;
 // block over one row, so those registers bought nothing but lost occupancy.
 constexpr int kMinRowBlocks = 2;
 constexpr int kFwdVectors = 4;  // 16-byte vectors per thread held in registers, forward (_rows.FWD_VECTORS)
-constexpr int kBwdVectors = 2;  // backward holds two operands (and norm's dw/db partials)
+constexpr int kBwdVectors = 2;  // backward holds two operands
 enum RowMode { kWarpPerRow = 0, kBlockPerRow = 1, kStreamRow = 2 };
 
 struct SumOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };
+// CUB's warp reduction has a two-instruction step for float sums under cuda::std::plus
+// (shfl.down with its predicate, then a predicated add); any other functor, SumOp included,
+// takes the generic step (shuffle, add, two selects a level). Used by norm's backward, where
+// it was measured (156 vs 158 us, 16-bit layer_norm); elsewhere not yet compared.
+using ShuffleSumOp = ::cuda::std::plus<>;
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
@@ -126,12 +131,36 @@ __device__ __forceinline__ const T* opaque(const T* p) {
   return p;
 }
 
+// Element e of 16 bytes of T held as four 32-bit words, decoded with bit operations (e odd
+// in a 16-bit type: the word's high half). Kept as words, a row's elements cost one register
+// per two; as an array of __nv_bfloat16, nvcc gave each element its own register.
+__device__ __forceinline__ unsigned word_of(const uint4& r, int i) {
+  return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
+}
+__device__ __forceinline__ float unpack_word(unsigned w, int, const float*) { return __uint_as_float(w); }
+__device__ __forceinline__ float unpack_word(unsigned w, int e, const __nv_bfloat16*) {
+  return __uint_as_float(e % 2 ? w & 0xffff0000u : w << 16);  // bfloat16 is float's top half
+}
+__device__ __forceinline__ float unpack_word(unsigned w, int e, const __half*) {
+  const __half2 h = *reinterpret_cast<const __half2*>(&w);
+  return e % 2 ? __high2float(h) : __low2float(h);
+}
+template <typename T>
+__device__ __forceinline__ uint4 words(const Vec16<T>& v) {  // load16's bits, as words
+  return *reinterpret_cast<const uint4*>(&v);
+}
+template <typename T>
+__device__ __forceinline__ float unpack(const uint4& r, int e) {
+  return unpack_word(word_of(r, e * int(sizeof(T)) / 4), e, static_cast<const T*>(nullptr));
+}
+
 // A thread's share of a row, in registers, in the storage type: vector k holds elements
 // (k * width + lane) * V ... + V - 1; zero past the row's end (`valid` says which are real).
+// Held as 32-bit words, decoded on use (unpack).
 template <typename T, int ITEMS>
 struct RowSlice {
   static constexpr int V = Vec16<T>::size;
-  Vec16<T> raw[ITEMS];
+  uint4 raw[ITEMS];
 
   __device__ __forceinline__ static int64_t first(const RowCursor& c, int k) {
     return (int64_t(k) * c.width + c.lane) * V;
@@ -139,19 +168,22 @@ struct RowSlice {
   // Whether vector k lies inside the row (register modes read whole vectors: n % V == 0).
   __device__ __forceinline__ static bool valid(const RowCursor& c, int k, int64_t n) { return first(c, k) < n; }
   // 16-byte loads: register modes only see aligned rows with n % V == 0 (rawops/_rows.py).
+  // Past the row's end all-zero bits: 0.0 in every type.
   __device__ __forceinline__ void load(const T* row, const RowCursor& c, int64_t n) {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t f = first(c, k);
-      if (f < n) {
-        raw[k] = load16(row + f);
-      } else {
-#pragma unroll
-        for (int e = 0; e < V; ++e) raw[k].v[e] = from_float<T>(0.f);
-      }
+      raw[k] = f < n ? words(load16(row + f)) : make_uint4(0, 0, 0, 0);
     }
   }
-  __device__ __forceinline__ float at(int k, int e) const { return to_float(raw[k].v[e]); }
+  // The words as the compiler cannot see through: values decoded before this point are
+  // decoded again after it instead of being held in registers (across a reduction, say).
+  __device__ __forceinline__ void refresh() {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) asm volatile("" : "+r"(raw[k].x), "+r"(raw[k].y), "+r"(raw[k].z), "+r"(raw[k].w));
+  }
+  __device__ __forceinline__ float at(int k, int e) const { return unpack<T>(raw[k], e); }
+
 };
 
 // V elements from element j*V of a row (n wide); `pad` where past the row's end. `vec`:
@@ -161,9 +193,9 @@ __device__ __forceinline__ void load_row(const T* row, int64_t j, int64_t n, boo
   const int64_t first = j * V;
   if (vec) {
     if (first < n) {
-      const Vec16<T> r = load16(row + first);
+      const uint4 r = words(load16(row + first));
 #pragma unroll
-      for (int e = 0; e < V; ++e) v[e] = to_float(r.v[e]);
+      for (int e = 0; e < V; ++e) v[e] = unpack<T>(r, e);
     } else {
 #pragma unroll
       for (int e = 0; e < V; ++e) v[e] = pad;
