@@ -1,6 +1,7 @@
 """Build rawops: nvcc compiles kernels/*.cu into rawops/_fatbin/<family>.fatbin, Cython
 builds the launcher. Without nvcc the build still succeeds and ships the sources, which
 rawops then compiles at first use through NVRTC (see rawops/_modules.py)."""
+import concurrent.futures
 import glob
 import importlib.util
 import os
@@ -60,6 +61,7 @@ class BuildKernelsAndExtensions(build_ext):
             sources = [path for path in sources if os.path.splitext(os.path.basename(path))[0] in only]
         # Families built for their own targets; kept for those this build leaves as they are.
         specific = dict((nvcc_helpers.read_manifest(fatbin_dir) or {}).get("specific", {}))
+        jobs = []
         for cu_path in sources:
             family = os.path.splitext(os.path.basename(cu_path))[0]
             out_path = os.path.join(fatbin_dir, f"{family}.fatbin")
@@ -78,9 +80,15 @@ class BuildKernelsAndExtensions(build_ext):
                 specific.pop(family, None)
                 print(f"rawops: skipping {family}: {skip}")
                 continue
-            nvcc_helpers.compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, targets=targets, cutlass=cutlass)
+            jobs.append((cu_path, out_path, targets, cutlass))
             if targets:
                 specific[family] = [f"sm_{t}" for t in targets]
+        # One nvcc per family, side by side: each compiles its architectures in turn.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+            for done in [pool.submit(nvcc_helpers.compile_fatbin, nvcc, cu_path, include_dir, out_path, archs,
+                                     targets=targets, cutlass=cutlass)
+                         for cu_path, out_path, targets, cutlass in jobs]:
+                done.result()  # nvcc's error, if any, surfaces here
         specific = {f: t for f, t in specific.items() if os.path.exists(os.path.join(fatbin_dir, f"{f}.fatbin"))}
         nvcc_helpers.write_manifest(fatbin_dir, archs, nvcc, specific)
 
