@@ -154,7 +154,7 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
   __syncthreads();
   for (int64_t kt = 0; kt < tiles; ++kt) {
     const int s = int(kt & 1);
-    if (kt + 1 < tiles) load(kb + (kt + 1) * kSimtK);
+    load(kb + (kt + 1) * kSimtK);  // unconditional (predicated past ke): see gemm_simt_vec
 #pragma unroll
     for (int k = 0; k < kSimtK; ++k) {
       const float4 a0 = *reinterpret_cast<const float4*>(&As[s][k][ty * 4]);
@@ -168,7 +168,7 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
-    if (kt + 1 < tiles) store(s ^ 1);
+    store(s ^ 1);
     __syncthreads();
   }
 #pragma unroll
@@ -183,6 +183,173 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
         partial[m * N + n] = acc[i][j];
       else
         c[m * N + n] = from_float<T>(epi(acc[i][j], m, n));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- FFMA, 16-byte loads
+// float32 with every operand's contiguous dim % 4 == 0 and 16-byte aligned pointers (the
+// Python side checks; else gemm_simt): the same 128 x 128 block tile and 8 x 8 outputs per
+// thread, but BK = 16 (one barrier per 1024 FFMA per thread instead of 512), two float4
+// global loads per operand per K tile (was 4 scalar loads per 8 k), 32-bit offsets inside
+// the tile loop, and a warp tile of 64 x 32 (lanes 8 x 4) so that each LDS.128 of a
+// fragment reads at most 8 distinct float4 (one wavefront).
+//   K-major operand (a in nn/nt, b in nt): 128 rows x 16 k. Lanes 2r, 2r+1 read the 32
+//   bytes of row r; the transposing scalar stores S[k][r] hit 32 distinct banks (row
+//   stride 132 = 4 mod 32 words: k + 4 moves 16 banks, r moves 1).
+//   M/N-major operand: 16 k x 128 columns, float4 copied as is (STS.128).
+constexpr int kVecK = 16;
+
+template <bool KM>
+struct VecTile {
+  // This thread's two float4 of a 128 x 16 tile: (row, k) offsets of the first, and the
+  // step to the second (KM: +8 k; else +8 k rows).
+  int row, k;
+  __device__ __forceinline__ VecTile(int t) {
+    if (KM) {
+      row = (t / 32) * 16 + (t % 32) / 2;
+      k = (t % 2) * 4;
+    } else {
+      row = (t % 32) * 4;  // here: the column (M or N) of the float4's first element
+      k = t / 32;
+    }
+  }
+};
+
+template <bool A_KM, bool B_KM, bool WARP_TILES = true>
+__device__ __forceinline__ void gemm_simt_vec(const float* __restrict__ a, const float* __restrict__ b,
+                                              float* __restrict__ c, const Epilogue<float> epi, int64_t M,
+                                              int64_t N, int64_t K) {
+  int64_t kb = 0, ke = K;
+  float* partial = nullptr;
+  if (gridDim.z > 1) {
+    const int64_t kc = ((K + gridDim.z - 1) / gridDim.z + kVecK - 1) / kVecK * kVecK;
+    kb = int64_t(blockIdx.z) * kc;
+    ke = kb + kc < K ? kb + kc : K;
+    partial = c + int64_t(blockIdx.z) * M * N;
+  }
+  __shared__ __align__(16) float As[2][kVecK][kSimtStride];
+  __shared__ __align__(16) float Bs[2][kVecK][kSimtStride];
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int64_t m0 = int64_t(blockIdx.y) * kSimtTile, n0 = int64_t(blockIdx.x) * kSimtTile;
+
+  // Global reads: a pointer to this thread's first float4 of each operand; the second is
+  // `*_second` elements further, the next K tile `*_step` further.
+  const VecTile<A_KM> ta(t);
+  const VecTile<B_KM> tb(t);
+  // Rows (K-major) or column vectors (else) past the matrix read the last one instead: their
+  // sums land in outputs that are never stored, and no select per load is needed. With
+  // dims % 4 == 0 a float4 is wholly inside or wholly outside.
+  const int64_t a_rc = m0 + ta.row < M ? m0 + ta.row : (A_KM ? M - 1 : M - 4);
+  const int64_t b_rc = n0 + tb.row < N ? n0 + tb.row : (B_KM ? N - 1 : N - 4);
+  const float* pa = a + (A_KM ? a_rc * K + kb + ta.k : (kb + ta.k) * M + a_rc);
+  const float* pb = b + (B_KM ? b_rc * K + kb + tb.k : (kb + tb.k) * N + b_rc);
+  const int64_t a_second = A_KM ? 8 : 8 * M, a_step = A_KM ? kVecK : kVecK * M;
+  const int64_t b_second = B_KM ? 8 : 8 * N, b_step = B_KM ? kVecK : kVecK * N;
+  float4 ra[2], rb[2];
+  // k past ke reads the matrix's first vector instead (unpredicated loads: a predicated
+  // load must keep or zero its registers, ~100 MOV/CS2R per tile or 16 more registers live
+  // across the loop), and a tile that crosses ke (only the last) zeroes those registers.
+  auto load = [&](int64_t k0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      ra[i] = __ldg(reinterpret_cast<const float4*>(k0 + ta.k + 8 * i < ke ? pa + i * a_second : a));
+      rb[i] = __ldg(reinterpret_cast<const float4*>(k0 + tb.k + 8 * i < ke ? pb + i * b_second : b));
+    }
+    pa += a_step;
+    pb += b_step;
+    if (k0 + kVecK > ke) {
+      const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (k0 + ta.k + 8 * i >= ke) ra[i] = zero;
+        if (k0 + tb.k + 8 * i >= ke) rb[i] = zero;
+      }
+    }
+  };
+  auto store_tile = [&](float (*S)[kSimtStride], const float4* r, int row, int k, bool km) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (km) {
+        S[k + 8 * i + 0][row] = r[i].x;
+        S[k + 8 * i + 1][row] = r[i].y;
+        S[k + 8 * i + 2][row] = r[i].z;
+        S[k + 8 * i + 3][row] = r[i].w;
+      } else {
+        *reinterpret_cast<float4*>(&S[k + 8 * i][row]) = r[i];
+      }
+    }
+  };
+  auto store = [&](int s) {
+    store_tile(As[s], ra, ta.row, ta.k, A_KM);
+    store_tile(Bs[s], rb, tb.row, tb.k, B_KM);
+  };
+
+  // Compute layout: warps 2 (M) x 4 (N) of 64 x 32; lane (lm, ln) = (lane / 4, lane % 4)
+  // owns rows wm*64 + lm*4 + {0..3} + {0, 32} and columns wn*32 + ln*4 + {0..3} + {0, 16}.
+  // (WARP_TILES false: gemm_simt's layout, rows (t / 16)*4 + {0, 64}, columns (t % 16)*4 + {0, 64}.)
+  constexpr int R2 = WARP_TILES ? 32 : 64, C2 = WARP_TILES ? 16 : 64;
+  const int row = WARP_TILES ? (warp / 4) * 64 + (lane / 4) * 4 : (t / 16) * 4;
+  const int col = WARP_TILES ? (warp % 4) * 32 + (lane % 4) * 4 : (t % 16) * 4;
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+
+  auto compute = [&](int s, int k_begin) {
+#pragma unroll
+    for (int k = k_begin; k < k_begin + kVecK / 2; ++k) {
+      const float4 a0 = *reinterpret_cast<const float4*>(&As[s][k][row]);
+      const float4 a1 = *reinterpret_cast<const float4*>(&As[s][k][row + R2]);
+      const float4 b0 = *reinterpret_cast<const float4*>(&Bs[s][k][col]);
+      const float4 b1 = *reinterpret_cast<const float4*>(&Bs[s][k][col + C2]);
+      const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+  };
+
+  // One barrier per K tile. The next tile's global loads are issued first, unconditionally
+  // (past ke they are predicated off), and land in shared memory halfway through this
+  // tile's FMAs: buffer s ^ 1 is free since the last barrier. Behind an `if (more tiles)`
+  // the compiler sank the loads below the FMAs, exposing their latency every tile (SASS).
+  const int tiles = ke > kb ? int((ke - kb + kVecK - 1) / kVecK) : 0;
+  if (tiles > 0) {  // else K == 0 (or an empty split): a and b may hold nothing to read
+    load(kb);
+    store(0);
+  }
+  __syncthreads();
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int s = kt & 1;
+    load(kb + int64_t(kt + 1) * kVecK);
+    compute(s, 0);
+    store(s ^ 1);
+    compute(s, kVecK / 2);
+    __syncthreads();
+  }
+
+  // N % 4 == 0: each thread's 4 adjacent columns are wholly in or out; float4 stores.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t m = m0 + row + (i < 4 ? i : R2 + i - 4);
+    if (m >= M) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = n0 + col + C2 * h;
+      if (n >= N) continue;
+      float4 v;
+      if (partial != nullptr) {
+        v = make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        *reinterpret_cast<float4*>(partial + m * N + n) = v;
+      } else {
+        v = make_float4(epi(acc[i][4 * h], m, n), epi(acc[i][4 * h + 1], m, n + 1), epi(acc[i][4 * h + 2], m, n + 2),
+                        epi(acc[i][4 * h + 3], m, n + 3));
+        *reinterpret_cast<float4*>(c + m * N + n) = v;
+      }
     }
   }
 }
@@ -394,9 +561,17 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 }
 
 // ============================================================================ small batch (x @ W^T)
-constexpr int kSmallThreads = 64;  // 2 warps
-constexpr int kSmallFeatures = 4;  // output features per warp
-constexpr int kSmallRows = 32;     // rows per blockIdx.y
+// linear_small: y = epilogue(x @ W^T) for up to 32 rows per blockIdx.y. Bound by reading W
+// once from DRAM (9.4 MB at 32x768->3072 f32), so it needs many bytes in flight and many
+// warps: a block of KS warps owns 4 * FL output features and all 32 rows; lanes are 4
+// groups (one per FL features) x 8 lanes along K; warp w sums the K steps w, w + KS, ...
+// (a step: 8 lanes x one 16-byte vector). All of a warp's W vectors for U steps are
+// loaded before its first FMA (one DRAM latency per U steps, not one per step). x rows
+// come from L1, each load shared by the 4 groups (8 distinct vectors: one wavefront).
+// Sums: an 8-lane reduce-scatter (3 shuffle steps), then the KS warps' partials are added
+// in a fixed order through shared memory (deterministic), and stored feature-contiguous.
+constexpr int kSmallRows = 32;  // rows per blockIdx.y
+constexpr int kSmallLanesK = 8;  // lanes along K in a group; 32 / 8 = 4 groups per warp
 
 template <typename T> __device__ __forceinline__ void unpack(const uint4& raw, float* f) {
   const T* v = reinterpret_cast<const T*>(&raw);
@@ -404,9 +579,10 @@ template <typename T> __device__ __forceinline__ void unpack(const uint4& raw, f
   for (int i = 0; i < 16 / int(sizeof(T)); ++i) f[i] = to_float(v[i]);
 }
 
-// One step of a warp reduce-scatter: each lane keeps half of its HALF * 2 sums (the upper
-// half when its MASK bit is set) and adds its partner's copy of that half. After the steps
-// 16, 8, 4, 2, 1 of 128 sums, lane l holds the totals of sums 4l .. 4l + 3.
+// One step of a reduce-scatter among lanes that differ in the bits below 2 * MASK: each
+// lane keeps half of its HALF * 2 sums (the upper half when its MASK bit is set) and adds
+// its partner's copy of that half. After the steps 4, 2, 1 over 8 lanes, lane l (of its
+// group) holds the totals of sums l * S / 8 .. (l + 1) * S / 8 - 1 of its S.
 template <int MASK, int HALF> __device__ __forceinline__ void reduce_scatter(float* acc, int lane) {
   const bool upper = lane & MASK;
 #pragma unroll
@@ -418,57 +594,74 @@ template <int MASK, int HALF> __device__ __forceinline__ void reduce_scatter(flo
 }
 
 // K % (16 / sizeof(T)) == 0 and x, w 16-byte aligned (the Python side checks).
-template <typename T>
+template <typename T, int FL, int KS, int U>
 __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                                              const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
-  constexpr int V = 16 / sizeof(T);
-  const int lane = threadIdx.x % 32;
-  const int64_t n0 = (int64_t(blockIdx.x) * (kSmallThreads / 32) + threadIdx.x / 32) * kSmallFeatures;
+  constexpr int V = 16 / sizeof(T), STEP = kSmallLanesK * V;
+  constexpr int SUMS = FL * kSmallRows, OUT = SUMS / kSmallLanesK;  // per lane, before / after the reduce
+  constexpr int FEATURES = 32 / kSmallLanesK * FL;                 // per block
+  __shared__ float partials[KS][32 * OUT];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int kl = lane % kSmallLanesK, group = lane / kSmallLanesK;
+  const int64_t n_block = int64_t(blockIdx.x) * FEATURES, n_lane = n_block + group * FL;
   const int64_t row0 = int64_t(blockIdx.y) * kSmallRows;
   const int rows = int(M - row0 < kSmallRows ? M - row0 : kSmallRows);
   const T* xb = x + row0 * K;
-  float acc[kSmallFeatures * kSmallRows];
+  float acc[SUMS];
 #pragma unroll
-  for (int i = 0; i < kSmallFeatures * kSmallRows; ++i) acc[i] = 0.f;
+  for (int i = 0; i < SUMS; ++i) acc[i] = 0.f;
 
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 wnext[kSmallFeatures];
-  int64_t k = int64_t(lane) * V;
+  const int64_t steps = (K + STEP - 1) / STEP;
+  for (int64_t first = warp; first < steps; first += int64_t(KS) * U) {
+    uint4 wv[U][FL];
 #pragma unroll
-  for (int f = 0; f < kSmallFeatures; ++f)
-    wnext[f] = (k < K && n0 + f < N) ? __ldg(reinterpret_cast<const uint4*>(w + (n0 + f) * K + k)) : zero;
-  for (; k < K; k += 32 * V) {
-    float wv[kSmallFeatures][V];
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = (first + int64_t(KS) * u) * STEP + kl * V;
 #pragma unroll
-    for (int f = 0; f < kSmallFeatures; ++f) unpack<T>(wnext[f], wv[f]);
-    const int64_t kn = k + 32 * V;  // the next step's weights in flight during this step's FMAs
+      for (int f = 0; f < FL; ++f)
+        wv[u][f] = k < K && n_lane + f < N ? __ldg(reinterpret_cast<const uint4*>(w + (n_lane + f) * K + k)) : zero;
+    }
+    // Row-major over the chunk: per row, U independent x loads (not U * 32 at once, which
+    // ptxas hoisted into 255 registers) feeding FL * U * V FMAs. Steps past K have zero W.
+    int64_t kx[U];
 #pragma unroll
-    for (int f = 0; f < kSmallFeatures; ++f)
-      wnext[f] = (kn < K && n0 + f < N) ? __ldg(reinterpret_cast<const uint4*>(w + (n0 + f) * K + kn)) : zero;
-    // Rows past M re-read the last row instead of branching: a branch per row serialised
-    // the 32 loads (one L2 round trip each: 57 us at 32x768->3072 f32, measured), while
-    // branch-free they are all in flight together. Their sums are never stored.
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = (first + int64_t(KS) * u) * STEP + kl * V;
+      kx[u] = k < K ? k : -1;  // past K: x and W read as zeros (no 0 * inf from a real x)
+    }
 #pragma unroll
     for (int m = 0; m < kSmallRows; ++m) {
-      float xv[V];
-      unpack<T>(__ldg(reinterpret_cast<const uint4*>(xb + (m < rows ? m : rows - 1) * K + k)), xv);
+      const T* xr = xb + (m < rows ? m : rows - 1) * K;
 #pragma unroll
-      for (int f = 0; f < kSmallFeatures; ++f)
+      for (int u = 0; u < U; ++u) {
+        float xv[V], wf[V];
+        unpack<T>(kx[u] >= 0 ? __ldg(reinterpret_cast<const uint4*>(xr + kx[u])) : zero, xv);
 #pragma unroll
-        for (int v = 0; v < V; ++v) acc[f * kSmallRows + m] = fmaf(wv[f][v], xv[v], acc[f * kSmallRows + m]);
+        for (int f = 0; f < FL; ++f) {
+          unpack<T>(wv[u][f], wf);
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[f * kSmallRows + m] = fmaf(wf[v], xv[v], acc[f * kSmallRows + m]);
+        }
+      }
     }
   }
-  reduce_scatter<16, kSmallFeatures * kSmallRows / 2>(acc, lane);
-  reduce_scatter<8, kSmallFeatures * kSmallRows / 4>(acc, lane);
-  reduce_scatter<4, kSmallFeatures * kSmallRows / 8>(acc, lane);
-  reduce_scatter<2, kSmallFeatures * kSmallRows / 16>(acc, lane);
-  reduce_scatter<1, kSmallFeatures * kSmallRows / 32>(acc, lane);
+  reduce_scatter<4, SUMS / 2>(acc, lane);
+  reduce_scatter<2, SUMS / 4>(acc, lane);
+  reduce_scatter<1, SUMS / 8>(acc, lane);
 #pragma unroll
-  for (int v = 0; v < 4; ++v) {
-    const int i = lane * 4 + v;
-    const int f = i / kSmallRows, m = i % kSmallRows;
-    const int64_t n = n0 + f, gm = row0 + m;
-    if (m < rows && n < N) y[gm * N + n] = from_float<T>(epi(acc[v], gm, n));
+  for (int v = 0; v < OUT; ++v) partials[warp][lane * OUT + v] = acc[v];
+  __syncthreads();
+  // Output o = (row m, block feature fb), feature fastest: a warp stores whole row segments.
+  for (int o = threadIdx.x; o < kSmallRows * FEATURES; o += KS * 32) {
+    const int m = o / FEATURES, fb = o % FEATURES;
+    const int g = fb / FL, f = fb % FL, i = f * kSmallRows + m;  // sum i of group g
+    const int slot = (g * kSmallLanesK + i / OUT) * OUT + i % OUT;
+    float sum = 0.f;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) sum += partials[s][slot];
+    const int64_t n = n_block + fb, gm = row0 + m;
+    if (m < rows && n < N) y[gm * N + n] = from_float<T>(epi(sum, gm, n));
   }
 }
 
@@ -500,13 +693,23 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_simt_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
     rawops::gemm_simt<T, A_KM, B_KM>(a, b, c, RAWOPS_EPI(T), m, n, k);                                  \
   }
+#define RAWOPS_SIMT_VEC(layout, A_KM, B_KM)                                                           \
+  extern "C" __global__ void __launch_bounds__(256, 2) gemm_simt_vec_##layout##_f32(RAWOPS_GEMM_ARGS(float)) { \
+    rawops::gemm_simt_vec<A_KM, B_KM>(a, b, c, RAWOPS_EPI(float), m, n, k);                             \
+  }
 #define RAWOPS_MMA(layout, A_KM, B_KM, T, suffix)                                                       \
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_mma_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
     rawops::gemm_mma<T, A_KM, B_KM, 128>(a, b, c, RAWOPS_EPI(T), m, n, k);                              \
   }
+// linear_small: 2 features per lane group (8 per block), 4 warps splitting K, 6 steps of W
+// in flight per warp (K = 768 f32 in one round); rawops/matmul.py's SMALL_* must match.
+#define RAWOPS_SMALL_FL 2
+#define RAWOPS_SMALL_KS 4
+#define RAWOPS_SMALL_U 3
 #define RAWOPS_SMALL(T, suffix)                                                                          \
-  extern "C" __global__ void __launch_bounds__(64) linear_small_nt_##suffix(RAWOPS_GEMM_ARGS(T)) {      \
-    rawops::linear_small<T>(a, b, c, RAWOPS_EPI(T), m, n, k);                                           \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SMALL_KS * 32, 3)                                  \
+      linear_small_nt_##suffix(RAWOPS_GEMM_ARGS(T)) {                                                   \
+    rawops::linear_small<T, RAWOPS_SMALL_FL, RAWOPS_SMALL_KS, RAWOPS_SMALL_U>(a, b, c, RAWOPS_EPI(T), m, n, k); \
   }
 
 // gemm_reduce: a = the float32 partials, k = the number of splits; b unused.
@@ -527,6 +730,9 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
   RAWOPS_MMA(tn, false, false, T, suffix)
 
 RAWOPS_MATMUL_FAMILY(float, f32)
+RAWOPS_SIMT_VEC(nn, true, false)
+RAWOPS_SIMT_VEC(nt, true, true)
+RAWOPS_SIMT_VEC(tn, false, false)
 RAWOPS_MATMUL_FAMILY(__half, f16)
 RAWOPS_MATMUL_FAMILY(__nv_bfloat16, bf16)
 RAWOPS_MATMUL_MMA_FAMILY(__half, f16)
