@@ -94,22 +94,29 @@ def gemm_rows():
 
 SMALL = [("v3 linear_small (4 feat/warp, 2 warps)", "v3", "linear_small_nt_f32", 8, 64),
          ("shipped linear_small_nt_f32", "cur", "linear_small_nt_f32", 8, 128)]
-for fl, ks, u, minb in ((1, 4, 6, 4), (1, 4, 3, 4), (2, 4, 3, 1), (2, 4, 3, 3), (2, 4, 6, 3), (2, 8, 3, 1),
-                        (2, 2, 6, 3), (4, 4, 3, 2)):
+for fl, ks, u, minb in ((1, 4, 3, 4), (2, 4, 3, 3)):
     SMALL.append((f"FL={fl} KS={ks} U={u} minB={minb}", "cur", f"small_{fl}_{ks}_{u}_{minb}", 4 * fl, 32 * ks))
+SMALL += [("rows 32, W no L1 allocate", "cur", "small_r32_strue", 8, 128),
+          ("rows 16 (2 row blocks)", "cur", "small_r16_sfalse", 8, 128, 16),
+          ("rows 16, W no L1 allocate", "cur", "small_r16_strue", 8, 128, 16),
+          ("FL=4 rows 16, W no L1 allocate", "cur", "small_4_4_3_r16", 16, 128, 16)]
+SMALL_BF16 = [("v3 bf16", "v3", "linear_small_nt_bf16", 8, 64), ("shipped bf16", "cur", "linear_small_nt_bf16", 8, 128),
+              ("bf16 FL=2 KS=4 U=2", "cur", "small_bf16_2_4_2_3", 8, 128),
+              ("bf16 FL=1 KS=4 U=3", "cur", "small_bf16_1_4_3_4", 4, 128),
+              ("bf16 FL=2 KS=4 U=3 minB=2", "cur", "small_bf16_2_4_3_2", 8, 128)]
 
 
-def small_rows():
+def small_rows(dtype=torch.float32, variants=SMALL):
     mods = {"cur": module("matmul_variants.cubin"), "v3": module("matmul_v3.cubin")}
     m, k, n = 32, 768, 3072
-    x = torch.randn(m, k, device="cuda")
-    ws = [torch.randn(n, k, device="cuda") * k ** -0.5 for _ in range(8)]  # 75 MB: past L2 when rotated
-    bias = torch.randn(n, device="cuda")
-    y = torch.empty(m, n, device="cuda")
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype) for _ in range(8)]  # past L2 when rotated
+    bias = torch.randn(n, device="cuda").to(dtype)
+    y = torch.empty(m, n, device="cuda", dtype=dtype)
     ref = F.gelu(F.linear(x.double(), ws[0].double(), bias.double()), approximate="tanh")
-    print("\n| linear_small f32 32x768->3072 | graph us (same W) | graph us (8 W rotated) | rel err |\n|---|---|---|---|")
-    for label, mod, name, feats, block in SMALL:
-        go = launcher(mods[mod], name, (-(-n // feats), 1), block)
+    print(f"\n| linear_small {dtype} 32x768->3072 | graph us (same W) | graph us (8 W rotated) | rel err |\n|---|---|---|---|")
+    for label, mod, name, feats, block, *rows in variants:
+        go = launcher(mods[mod], name, (-(-n // feats), -(-m // (rows[0] if rows else 32))), block)
         y.fill_(float("nan"))
         go(x.data_ptr(), ws[0].data_ptr(), y.data_ptr(), bias.data_ptr(), m, n, k, 1)
         torch.cuda.synchronize()
@@ -153,5 +160,6 @@ if __name__ == "__main__":
     except Exception as e:  # the explorer must still time the kernels
         print("host rows failed:", repr(e))
     small_rows()
+    small_rows(torch.bfloat16, SMALL_BF16)
     if "--skip-gemm" not in sys.argv:
         gemm_rows()

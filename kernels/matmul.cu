@@ -593,19 +593,29 @@ template <int MASK, int HALF> __device__ __forceinline__ void reduce_scatter(flo
   }
 }
 
+// W is read once: W_STREAM reads it without allocating in L1, which keeps x's rows there.
+template <bool W_STREAM, typename T> __device__ __forceinline__ uint4 load_w(const T* p) {
+  if (!W_STREAM) return __ldg(reinterpret_cast<const uint4*>(p));
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
 // K % (16 / sizeof(T)) == 0 and x, w 16-byte aligned (the Python side checks).
-template <typename T, int FL, int KS, int U>
+template <typename T, int FL, int KS, int U, int ROWS = kSmallRows, bool W_STREAM = false>
 __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                                              const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
   constexpr int V = 16 / sizeof(T), STEP = kSmallLanesK * V;
-  constexpr int SUMS = FL * kSmallRows, OUT = SUMS / kSmallLanesK;  // per lane, before / after the reduce
+  constexpr int SUMS = FL * ROWS, OUT = SUMS / kSmallLanesK;  // per lane, before / after the reduce
   constexpr int FEATURES = 32 / kSmallLanesK * FL;                 // per block
   __shared__ float partials[KS][32 * OUT];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int kl = lane % kSmallLanesK, group = lane / kSmallLanesK;
   const int64_t n_block = int64_t(blockIdx.x) * FEATURES, n_lane = n_block + group * FL;
-  const int64_t row0 = int64_t(blockIdx.y) * kSmallRows;
-  const int rows = int(M - row0 < kSmallRows ? M - row0 : kSmallRows);
+  const int64_t row0 = int64_t(blockIdx.y) * ROWS;
+  const int rows = int(M - row0 < ROWS ? M - row0 : ROWS);
   const T* xb = x + row0 * K;
   float acc[SUMS];
 #pragma unroll
@@ -620,7 +630,7 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
       const int64_t k = (first + int64_t(KS) * u) * STEP + kl * V;
 #pragma unroll
       for (int f = 0; f < FL; ++f)
-        wv[u][f] = k < K && n_lane + f < N ? __ldg(reinterpret_cast<const uint4*>(w + (n_lane + f) * K + k)) : zero;
+        wv[u][f] = k < K && n_lane + f < N ? load_w<W_STREAM>(w + (n_lane + f) * K + k) : zero;
     }
     // Row-major over the chunk: per row, U independent x loads (not U * 32 at once, which
     // ptxas hoisted into 255 registers) feeding FL * U * V FMAs. Steps past K have zero W.
@@ -631,7 +641,7 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
       kx[u] = k < K ? k : -1;  // past K: x and W read as zeros (no 0 * inf from a real x)
     }
 #pragma unroll
-    for (int m = 0; m < kSmallRows; ++m) {
+    for (int m = 0; m < ROWS; ++m) {
       const T* xr = xb + (m < rows ? m : rows - 1) * K;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -641,7 +651,7 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
         for (int f = 0; f < FL; ++f) {
           unpack<T>(wv[u][f], wf);
 #pragma unroll
-          for (int v = 0; v < V; ++v) acc[f * kSmallRows + m] = fmaf(wf[v], xv[v], acc[f * kSmallRows + m]);
+          for (int v = 0; v < V; ++v) acc[f * ROWS + m] = fmaf(wf[v], xv[v], acc[f * ROWS + m]);
         }
       }
     }
@@ -653,9 +663,9 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
   for (int v = 0; v < OUT; ++v) partials[warp][lane * OUT + v] = acc[v];
   __syncthreads();
   // Output o = (row m, block feature fb), feature fastest: a warp stores whole row segments.
-  for (int o = threadIdx.x; o < kSmallRows * FEATURES; o += KS * 32) {
+  for (int o = threadIdx.x; o < ROWS * FEATURES; o += KS * 32) {
     const int m = o / FEATURES, fb = o % FEATURES;
-    const int g = fb / FL, f = fb % FL, i = f * kSmallRows + m;  // sum i of group g
+    const int g = fb / FL, f = fb % FL, i = f * ROWS + m;  // sum i of group g
     const int slot = (g * kSmallLanesK + i / OUT) * OUT + i % OUT;
     float sum = 0.f;
 #pragma unroll
