@@ -24,13 +24,16 @@ def module(name):
     return cupy.RawModule(path=os.path.join(HERE, "explore", name))
 
 
-def launcher(mod, name, grid, block):
+def launcher(mod, name, grid, block, shared=0):
     fn = mod.get_function(name)
+    if shared > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = shared
 
     def go(a, b, c, bias=0, m=0, n=0, k=0, flags=0):
         with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
             fn(grid, (block,), (cupy.uint64(a), cupy.uint64(b), cupy.uint64(c), cupy.uint64(bias), cupy.uint64(0),
-                                cupy.uint64(0), cupy.int64(m), cupy.int64(n), cupy.int64(k), cupy.int64(flags)))
+                                cupy.uint64(0), cupy.int64(m), cupy.int64(n), cupy.int64(k), cupy.int64(flags)),
+               shared_mem=shared)
     return go
 
 
@@ -62,8 +65,8 @@ def gemm_rows():
     flops = 2 * size ** 3
     rows = []
     for label, mod, name in (("v3 gemm_simt_nn", v3, "gemm_simt_nn_f32"), ("gemm_simt_nn, loads first", cur,
-                             "gemm_simt_nn_f32"), ("vec warp tiles", cur, "gemm_simt_vec_nn_f32"),
-                             ("vec old layout", cur, "vec_oldlayout_nn")):
+                             "gemm_simt_nn_f32"), ("shipped gemm_simt_vec_nn", cur, "gemm_simt_vec_nn_f32"),
+                             ("vec with 64x32 warp tiles", cur, "vec_warptiles_nn")):
         go = launcher(mod, name, (64, 64), 256)
         c.fill_(float("nan"))
         go(a.data_ptr(), b.data_ptr(), c.data_ptr(), 0, size, size, size, 0)
@@ -92,18 +95,12 @@ def gemm_rows():
         print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.1f} | {r[3]:.2e} | {r[4]} |")
 
 
-SMALL = [("v3 linear_small (4 feat/warp, 2 warps)", "v3", "linear_small_nt_f32", 8, 64),
-         ("shipped linear_small_nt_f32", "cur", "linear_small_nt_f32", 8, 128)]
-for fl, ks, u, minb in ((1, 4, 3, 4), (2, 4, 3, 3)):
-    SMALL.append((f"FL={fl} KS={ks} U={u} minB={minb}", "cur", f"small_{fl}_{ks}_{u}_{minb}", 4 * fl, 32 * ks))
-SMALL += [("rows 32, W no L1 allocate", "cur", "small_r32_strue", 8, 128),
-          ("rows 16 (2 row blocks)", "cur", "small_r16_sfalse", 8, 128, 16),
-          ("rows 16, W no L1 allocate", "cur", "small_r16_strue", 8, 128, 16),
-          ("FL=4 rows 16, W no L1 allocate", "cur", "small_4_4_3_r16", 16, 128, 16)]
-SMALL_BF16 = [("v3 bf16", "v3", "linear_small_nt_bf16", 8, 64), ("shipped bf16", "cur", "linear_small_nt_bf16", 8, 128),
-              ("bf16 FL=2 KS=4 U=2", "cur", "small_bf16_2_4_2_3", 8, 128),
-              ("bf16 FL=1 KS=4 U=3", "cur", "small_bf16_1_4_3_4", 4, 128),
-              ("bf16 FL=2 KS=4 U=3 minB=2", "cur", "small_bf16_2_4_3_2", 8, 128)]
+# (label, cubin, kernel, features per block, threads, dynamic shared bytes per element size)
+SMALL = [("v3 linear_small (4 features a warp, lanes along K)", "v3", "linear_small_nt_f32", 8, 64, 0),
+         ("shipped linear_small (x in shared memory, 24 features a block)", "cur", "linear_small_nt_f32", 24, 384,
+          32 * 768)]
+SMALL_BF16 = [("v3 bf16", "v3", "linear_small_nt_bf16", 8, 64, 0),
+              ("shipped bf16", "cur", "linear_small_nt_bf16", 24, 384, 32 * 768)]
 
 
 def small_rows(dtype=torch.float32, variants=SMALL):
@@ -115,8 +112,8 @@ def small_rows(dtype=torch.float32, variants=SMALL):
     y = torch.empty(m, n, device="cuda", dtype=dtype)
     ref = F.gelu(F.linear(x.double(), ws[0].double(), bias.double()), approximate="tanh")
     print(f"\n| linear_small {dtype} 32x768->3072 | graph us (same W) | graph us (8 W rotated) | rel err |\n|---|---|---|---|")
-    for label, mod, name, feats, block, *rows in variants:
-        go = launcher(mods[mod], name, (-(-n // feats), -(-m // (rows[0] if rows else 32))), block)
+    for label, mod, name, feats, block, shared in variants:
+        go = launcher(mods[mod], name, (-(-n // feats), 1), block, shared * x.element_size())
         y.fill_(float("nan"))
         go(x.data_ptr(), ws[0].data_ptr(), y.data_ptr(), bias.data_ptr(), m, n, k, 1)
         torch.cuda.synchronize()

@@ -191,9 +191,11 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
 // float32 with every operand's contiguous dim % 4 == 0 and 16-byte aligned pointers (the
 // Python side checks; else gemm_simt): the same 128 x 128 block tile and 8 x 8 outputs per
 // thread, but BK = 16 (one barrier per 1024 FFMA per thread instead of 512), two float4
-// global loads per operand per K tile (was 4 scalar loads per 8 k), 32-bit offsets inside
-// the tile loop, and a warp tile of 64 x 32 (lanes 8 x 4) so that each LDS.128 of a
-// fragment reads at most 8 distinct float4 (one wavefront).
+// global loads per operand per K tile (was 4 scalar loads per 8 k), issued before the FMAs
+// and stored to the other buffer halfway through them. 8192^3 on the H100: 46.0 TFLOP/s
+// (0.89x cuBLAS) with gemm_simt's thread grid (rows (t / 16) * 4 + {0, 64}); 64 x 32 warp
+// tiles (WARP_TILES, lanes 8 x 4: each fragment LDS.128 reads 8 distinct float4) measured
+// 44.7, and gemm_simt itself 35.8 before its loads moved ahead of the FMAs, 42.0 after.
 //   K-major operand (a in nn/nt, b in nt): 128 rows x 16 k. Lanes 2r, 2r+1 read the 32
 //   bytes of row r; the transposing scalar stores S[k][r] hit 32 distinct banks (row
 //   stride 132 = 4 mod 32 words: k + 4 moves 16 banks, r moves 1).
@@ -561,118 +563,116 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 }
 
 // ============================================================================ small batch (x @ W^T)
-// linear_small: y = epilogue(x @ W^T) for up to 32 rows per blockIdx.y. Bound by reading W
-// once from DRAM (9.4 MB at 32x768->3072 f32), so it needs many bytes in flight and many
-// warps: a block of KS warps owns 4 * FL output features and all 32 rows; lanes are 4
-// groups (one per FL features) x 8 lanes along K; warp w sums the K steps w, w + KS, ...
-// (a step: 8 lanes x one 16-byte vector). All of a warp's W vectors for U steps are
-// loaded before its first FMA (one DRAM latency per U steps, not one per step). x rows
-// come from L1, each load shared by the 4 groups (8 distinct vectors: one wavefront).
-// Sums: an 8-lane reduce-scatter (3 shuffle steps), then the KS warps' partials are added
-// in a fixed order through shared memory (deterministic), and stored feature-contiguous.
-constexpr int kSmallRows = 32;  // rows per blockIdx.y
-constexpr int kSmallLanesK = 8;  // lanes along K in a group; 32 / 8 = 4 groups per warp
+// linear_small: y = epilogue(x @ W^T) for up to 32 rows per blockIdx.y, sm_80+. Bound by
+// reading W once (9.4 MB at 32x768->3072 f32) and by issue: v3 (a warp per 4 features x 32
+// rows, lanes along K, x re-read through L1 per warp) ran 13.5 us at 0.4-0.55 issued warps per
+// scheduler, 9-18% occupancy, ~4 non-FMA instructions per x load (ncu, bench/NOTES.md).
+// Here a block of 384 threads owns 24 features (N / 24 blocks: 128 at N = 3072, one per SM):
+//   - x (32 rows x 768 of K) is staged once per block in shared memory by cp.async;
+//   - thread (f, g) = (t % 24, t / 24) holds W[f][...] for the 16-byte vectors c * 16 + g
+//     (c < 12 f32, < 6 f16/bf16) in registers, loaded before the x staging so that both
+//     latencies overlap;
+//   - each x vector read from shared memory (a warp reads 2 distinct vectors: a broadcast)
+//     feeds 16 / sizeof(T) FMAs into one of the thread's 32 row sums;
+//   - the 16 groups' partial sums meet in shared memory (reusing x's) and are added in a
+//     fixed order (deterministic); a warp stores 24-feature row segments.
+// K longer than one chunk (768) loops over chunks.
+constexpr int kSmallRows = 32;      // rows per blockIdx.y
+constexpr int kSmallFeatures = 24;  // output features per block
+constexpr int kSmallGroups = 16;    // threads sharing one feature, along K
+constexpr int kSmallK = 768;        // K per chunk: x chunk 96 KB f32, 48 KB f16/bf16
+constexpr int kSmallThreads = kSmallFeatures * kSmallGroups;
 
+// 16 bytes of T to floats from its 32-bit words (a bf16 is the high half of its float): one
+// instruction per value. Through a T* into the vector, nvcc split each 16-byte shared load
+// into eight 2-byte loads (3091 LDS in the bf16 kernel's SASS).
+__device__ __forceinline__ void unpack_word(unsigned w, float* f, const float*) { f[0] = __uint_as_float(w); }
+__device__ __forceinline__ void unpack_word(unsigned w, float* f, const __nv_bfloat16*) {
+  f[0] = __uint_as_float(w << 16);
+  f[1] = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack_word(unsigned w, float* f, const __half*) {
+  const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&w));
+  f[0] = p.x;
+  f[1] = p.y;
+}
 template <typename T> __device__ __forceinline__ void unpack(const uint4& raw, float* f) {
-  const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 16 / int(sizeof(T)); ++i) f[i] = to_float(v[i]);
-}
-
-// One step of a reduce-scatter among lanes that differ in the bits below 2 * MASK: each
-// lane keeps half of its HALF * 2 sums (the upper half when its MASK bit is set) and adds
-// its partner's copy of that half. After the steps 4, 2, 1 over 8 lanes, lane l (of its
-// group) holds the totals of sums l * S / 8 .. (l + 1) * S / 8 - 1 of its S.
-template <int MASK, int HALF> __device__ __forceinline__ void reduce_scatter(float* acc, int lane) {
-  const bool upper = lane & MASK;
-#pragma unroll
-  for (int i = 0; i < HALF; ++i) {
-    const float send = upper ? acc[i] : acc[i + HALF];
-    const float keep = upper ? acc[i + HALF] : acc[i];
-    acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, MASK);
-  }
-}
-
-// W is read once: W_STREAM reads it without allocating in L1, which keeps x's rows there.
-template <bool W_STREAM, typename T> __device__ __forceinline__ uint4 load_w(const T* p) {
-  if (!W_STREAM) return __ldg(reinterpret_cast<const uint4*>(p));
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
+  constexpr int per_word = 4 / sizeof(T);
+  unpack_word(raw.x, f, static_cast<const T*>(nullptr));
+  unpack_word(raw.y, f + per_word, static_cast<const T*>(nullptr));
+  unpack_word(raw.z, f + 2 * per_word, static_cast<const T*>(nullptr));
+  unpack_word(raw.w, f + 3 * per_word, static_cast<const T*>(nullptr));
 }
 
 // K % (16 / sizeof(T)) == 0 and x, w 16-byte aligned (the Python side checks).
-template <typename T, int FL, int KS, int U, int ROWS = kSmallRows, bool W_STREAM = false>
+template <typename T>
 __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                                              const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
-  constexpr int V = 16 / sizeof(T), STEP = kSmallLanesK * V;
-  constexpr int SUMS = FL * ROWS, OUT = SUMS / kSmallLanesK;  // per lane, before / after the reduce
-  constexpr int FEATURES = 32 / kSmallLanesK * FL;                 // per block
-  __shared__ float partials[KS][32 * OUT];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int kl = lane % kSmallLanesK, group = lane / kSmallLanesK;
-  const int64_t n_block = int64_t(blockIdx.x) * FEATURES, n_lane = n_block + group * FL;
-  const int64_t row0 = int64_t(blockIdx.y) * ROWS;
-  const int rows = int(M - row0 < ROWS ? M - row0 : ROWS);
-  const T* xb = x + row0 * K;
-  float acc[SUMS];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // 12 W vectors per thread for float32, 6 for half types (more hoisted loads spilled).
+  constexpr int V = 16 / sizeof(T), KC = kSmallK, VECTORS = KC / (kSmallGroups * V);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const xs = reinterpret_cast<T*>(smem_raw);          // [kSmallRows][KC]
+  float* const red = reinterpret_cast<float*>(smem_raw);  // [groups][rows][features], after the FMAs
+  const int t = threadIdx.x, f = t % kSmallFeatures, g = t / kSmallFeatures;
+  const int64_t n0 = int64_t(blockIdx.x) * kSmallFeatures, row0 = int64_t(blockIdx.y) * kSmallRows;
+  const int rows = int(M - row0 < kSmallRows ? M - row0 : kSmallRows);
+  // Features past N read the last row of W: their sums are never stored.
+  const T* const wf = w + (n0 + f < N ? n0 + f : N - 1) * K;
+  const T* const xb = x + row0 * K;
+  float acc[kSmallRows];
 #pragma unroll
-  for (int i = 0; i < SUMS; ++i) acc[i] = 0.f;
+  for (int m = 0; m < kSmallRows; ++m) acc[m] = 0.f;
 
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  const int64_t steps = (K + STEP - 1) / STEP;
-  for (int64_t first = warp; first < steps; first += int64_t(KS) * U) {
-    uint4 wv[U][FL];
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    const int kc = int(K - k0 < KC ? K - k0 : KC);  // columns of this chunk
+    uint4 wv[VECTORS];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t k = (first + int64_t(KS) * u) * STEP + kl * V;
-#pragma unroll
-      for (int f = 0; f < FL; ++f)
-        wv[u][f] = k < K && n_lane + f < N ? load_w<W_STREAM>(w + (n_lane + f) * K + k) : zero;
+    for (int c = 0; c < VECTORS; ++c) {
+      const int k = (c * kSmallGroups + g) * V;
+      wv[c] = k < kc ? __ldg(reinterpret_cast<const uint4*>(wf + k0 + k)) : make_uint4(0, 0, 0, 0);
     }
-    // Row-major over the chunk: per row, U independent x loads (not U * 32 at once, which
-    // ptxas hoisted into 255 registers) feeding FL * U * V FMAs. Steps past K have zero W.
-    int64_t kx[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t k = (first + int64_t(KS) * u) * STEP + kl * V;
-      kx[u] = k < K ? k : -1;  // past K: x and W read as zeros (no 0 * inf from a real x)
+    // Only rows < rows and columns < kc are staged: the FMAs below skip vectors past kc, and
+    // rows past M only feed sums that are never stored.
+    const int width = kc / V;
+    for (int i = t; i < rows * width; i += kSmallThreads) {
+      const int r = i / width, v = i % width;
+      cp_async16(xs + r * KC + v * V, xb + r * K + k0 + v * V, true);
     }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll
-    for (int m = 0; m < ROWS; ++m) {
-      const T* xr = xb + (m < rows ? m : rows - 1) * K;
+    for (int c = 0; c < VECTORS; ++c) {
+      const int k = (c * kSmallGroups + g) * V;
+      if (k < kc) {
+        float wc[V];
+        unpack<T>(wv[c], wc);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        float xv[V], wf[V];
-        unpack<T>(kx[u] >= 0 ? __ldg(reinterpret_cast<const uint4*>(xr + kx[u])) : zero, xv);
+        for (int m = 0; m < kSmallRows; ++m) {
+          float xv[V];
+          unpack<T>(*reinterpret_cast<const uint4*>(xs + m * KC + k), xv);
 #pragma unroll
-        for (int f = 0; f < FL; ++f) {
-          unpack<T>(wv[u][f], wf);
-#pragma unroll
-          for (int v = 0; v < V; ++v) acc[f * ROWS + m] = fmaf(wf[v], xv[v], acc[f * ROWS + m]);
+          for (int v = 0; v < V; ++v) acc[m] = fmaf(wc[v], xv[v], acc[m]);
         }
       }
     }
+    __syncthreads();  // xs is rewritten by the next chunk, or reused for the partial sums
   }
-  reduce_scatter<4, SUMS / 2>(acc, lane);
-  reduce_scatter<2, SUMS / 4>(acc, lane);
-  reduce_scatter<1, SUMS / 8>(acc, lane);
 #pragma unroll
-  for (int v = 0; v < OUT; ++v) partials[warp][lane * OUT + v] = acc[v];
+  for (int m = 0; m < kSmallRows; ++m) red[(g * kSmallRows + m) * kSmallFeatures + f] = acc[m];
   __syncthreads();
-  // Output o = (row m, block feature fb), feature fastest: a warp stores whole row segments.
-  for (int o = threadIdx.x; o < ROWS * FEATURES; o += KS * 32) {
-    const int m = o / FEATURES, fb = o % FEATURES;
-    const int g = fb / FL, f = fb % FL, i = f * ROWS + m;  // sum i of group g
-    const int slot = (g * kSmallLanesK + i / OUT) * OUT + i % OUT;
+  for (int o = t; o < kSmallRows * kSmallFeatures; o += kSmallThreads) {
+    const int m = o / kSmallFeatures, fo = o % kSmallFeatures;
     float sum = 0.f;
 #pragma unroll
-    for (int s = 0; s < KS; ++s) sum += partials[s][slot];
-    const int64_t n = n_block + fb, gm = row0 + m;
+    for (int s = 0; s < kSmallGroups; ++s) sum += red[(s * kSmallRows + m) * kSmallFeatures + fo];
+    const int64_t n = n0 + fo, gm = row0 + m;
     if (m < rows && n < N) y[gm * N + n] = from_float<T>(epi(sum, gm, n));
   }
+#else
+  __trap();  // the Python side never launches it below sm_80
+#endif
 }
 
 // ============================================================================ split-K reduction
@@ -705,21 +705,17 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
   }
 #define RAWOPS_SIMT_VEC(layout, A_KM, B_KM)                                                           \
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_simt_vec_##layout##_f32(RAWOPS_GEMM_ARGS(float)) { \
-    rawops::gemm_simt_vec<A_KM, B_KM>(a, b, c, RAWOPS_EPI(float), m, n, k);                             \
+    rawops::gemm_simt_vec<A_KM, B_KM, false>(a, b, c, RAWOPS_EPI(float), m, n, k);                      \
   }
 #define RAWOPS_MMA(layout, A_KM, B_KM, T, suffix)                                                       \
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_mma_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
     rawops::gemm_mma<T, A_KM, B_KM, 128>(a, b, c, RAWOPS_EPI(T), m, n, k);                              \
   }
-// linear_small: 2 features per lane group (8 per block), 4 warps splitting K, 6 steps of W
-// in flight per warp (K = 768 f32 in one round); rawops/matmul.py's SMALL_* must match.
-#define RAWOPS_SMALL_FL 2
-#define RAWOPS_SMALL_KS 4
-#define RAWOPS_SMALL_U 3
+// linear_small: 384 threads, 96 KB of dynamic shared memory (rawops/matmul.py: SMALL_*).
 #define RAWOPS_SMALL(T, suffix)                                                                          \
-  extern "C" __global__ void __launch_bounds__(RAWOPS_SMALL_KS * 32, 3)                                  \
+  extern "C" __global__ void __launch_bounds__(rawops::kSmallThreads, 1)                                \
       linear_small_nt_##suffix(RAWOPS_GEMM_ARGS(T)) {                                                   \
-    rawops::linear_small<T, RAWOPS_SMALL_FL, RAWOPS_SMALL_KS, RAWOPS_SMALL_U>(a, b, c, RAWOPS_EPI(T), m, n, k); \
+    rawops::linear_small<T>(a, b, c, RAWOPS_EPI(T), m, n, k);                                           \
   }
 
 // gemm_reduce: a = the float32 partials, k = the number of splits; b unused.

@@ -24,9 +24,11 @@ SIMT_TILE, SIMT_THREADS = 128, 256  # kSimtTile, kSimtThreads (gemm_simt and gem
 SIMT_VEC_K = 16  # kVecK: gemm_simt_vec's K tile
 MMA_TILE, MMA_K, MMA_STAGES, MMA_THREADS = 128, 32, 3, 256  # kMmaTile, kMmaK, kMmaStages, kMmaThreads
 KMAJOR_STRIDE, MNMAJOR_STRIDE = MMA_K + 8, MMA_TILE + 8  # kKMajorStride, kMNMajorStride
-# linear_small: RAWOPS_SMALL_KS warps of 32 threads per block, 4 lane groups x RAWOPS_SMALL_FL
-# features per block, kSmallRows rows per blockIdx.y.
-SMALL_THREADS, SMALL_FEATURES, SMALL_ROWS = 4 * 32, 4 * 2, 32
+# linear_small: kSmallFeatures x kSmallGroups threads, kSmallRows rows per blockIdx.y, x staged
+# kSmallK columns at a time in dynamic shared memory (cp.async: sm_80+).
+SMALL_FEATURES, SMALL_GROUPS, SMALL_ROWS, SMALL_K = 24, 16, 32, 768
+SMALL_THREADS = SMALL_FEATURES * SMALL_GROUPS
+SMALL_MIN_CC = 80
 SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
 MAX_GRID_Y = 65535
 MMA_MIN_CC = 80
@@ -73,6 +75,12 @@ def mma_shared_bytes(layout, bn=MMA_TILE):
     return MMA_STAGES * (tile(a_kmajor, MMA_TILE) + tile(b_kmajor, bn)) * 2
 
 
+def small_shared_bytes(itemsize):
+    """linear_small's dynamic shared memory: one chunk of x, SMALL_ROWS x SMALL_K elements
+    (also holds the SMALL_GROUPS x SMALL_ROWS x SMALL_FEATURES float32 partial sums)."""
+    return SMALL_ROWS * SMALL_K * itemsize
+
+
 def contiguous_dims(layout, m, n, k):
     """The length of the contiguous (innermost) dim of a and of b in this layout."""
     return (k if layout[0] == "n" else m), (k if layout[1] == "t" else n)
@@ -104,7 +112,7 @@ def vector_ffma(layout, dtype, m, n, k, a_ptr, b_ptr, c_ptr):
 def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0):
     """(kernel name, grid, block, dynamic shared bytes, K splits) of C (m, n) = A B in `layout`.
 
-    linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows; tensor cores
+    linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows on sm_80+; tensor cores
     for half types on sm_80+ when both operands allow 16-byte loads; float32 with 16-byte
     rows everywhere gemm_simt_vec (float4 loads, BK = 16); else the FFMA kernel gemm_simt.
     Either GEMM is split along K (then gemm_reduce applies the epilogue) when its tiles
@@ -115,9 +123,10 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0):
     itemsize = 4 if dtype == 0 else 2
     vector = 16 // itemsize
     splits = 1
-    if layout == "nt" and m <= SMALL_MAX_M and k % vector == 0 and a_ptr % 16 == 0 and b_ptr % 16 == 0:
+    if (layout == "nt" and m <= SMALL_MAX_M and cc >= SMALL_MIN_CC and k % vector == 0 and a_ptr % 16 == 0
+            and b_ptr % 16 == 0):
         name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_FEATURES), _ceil(m, SMALL_ROWS)),
-                                     SMALL_THREADS, 0)
+                                     SMALL_THREADS, small_shared_bytes(itemsize))
     else:
         a_dim, b_dim = contiguous_dims(layout, m, n, k)
         if (dtype != 0 and cc >= MMA_MIN_CC and a_dim % 8 == 0 and b_dim % 8 == 0

@@ -22,10 +22,12 @@ F32, F16, BF16 = 0, 1, 2
 # ------------------------------------------------------------------------------ launch plan
 def test_small_batch_linear_splits_the_output_features_over_the_whole_gpu():
     name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER)
-    assert name == "linear_small_nt_f32" and block == 128 and shared == 0 and splits == 1
-    assert grid == (3072 // 8, 1), "8 features per block of 4 warps splitting K, all 32 rows"
-    assert mm.plan("nt", F32, 33, 10, 100, 90, BASE, OTHER)[1] == (2, 2), "rows past 32: a second blockIdx.y"
-    assert mm.plan("nt", BF16, 128, 3072, 768, 90, BASE, OTHER)[0] == "linear_small_nt_bf16"
+    assert name == "linear_small_nt_f32" and block == 384 and splits == 1
+    assert grid == (3072 // 24, 1), "24 features per block: 128 blocks, one per SM"
+    assert shared == 32 * 768 * 4 == 96 * 1024, "one 768-wide chunk of x's 32 rows"
+    assert mm.plan("nt", F32, 33, 10, 100, 90, BASE, OTHER)[1] == (1, 2), "rows past 32: a second blockIdx.y"
+    name, grid, block, shared, splits = mm.plan("nt", BF16, 128, 3072, 768, 90, BASE, OTHER)
+    assert name == "linear_small_nt_bf16" and grid == (128, 4) and shared == 48 * 1024
 
 
 @pytest.mark.parametrize("why, args", [
@@ -33,6 +35,7 @@ def test_small_batch_linear_splits_the_output_features_over_the_whole_gpu():
     ("K not a multiple of 4 floats", ("nt", F32, 32, 3072, 766, 90, BASE, OTHER)),
     ("x off 16 bytes", ("nt", F32, 32, 3072, 768, 90, BASE + 4, OTHER)),
     ("not x @ W^T", ("nn", F32, 32, 3072, 768, 90, BASE, OTHER)),
+    ("sm_75: no cp.async", ("nt", F32, 32, 3072, 768, 75, BASE, OTHER)),
 ])
 def test_small_batch_path_only_where_its_16_byte_loads_are_legal(why, args):
     assert not mm.plan(*args)[0].startswith("linear_small"), why
@@ -128,10 +131,12 @@ def _source():
 
 def test_small_batch_launch_shape_matches_the_kernel_macros():
     source = _source()
-    macro = lambda name: int(re.search(rf"#define {name} (\d+)", source).group(1))  # noqa: E731
-    assert mm.SMALL_THREADS == 32 * macro("RAWOPS_SMALL_KS")
-    assert mm.SMALL_FEATURES == 4 * macro("RAWOPS_SMALL_FL"), "4 lane groups of FL features"
-    assert mm.SIMT_VEC_K == int(re.search(r"kVecK = (\d+);", source).group(1))
+    constant = lambda name: int(re.search(rf"constexpr int {name} = (\d+);", source).group(1))  # noqa: E731
+    assert (mm.SMALL_FEATURES, mm.SMALL_GROUPS) == (constant("kSmallFeatures"), constant("kSmallGroups"))
+    assert (mm.SMALL_ROWS, mm.SMALL_K) == (constant("kSmallRows"), constant("kSmallK"))
+    assert mm.SIMT_VEC_K == constant("kVecK")
+    partial_sums = mm.SMALL_GROUPS * mm.SMALL_ROWS * mm.SMALL_FEATURES * 4
+    assert partial_sums <= mm.small_shared_bytes(2) <= mm.small_shared_bytes(4) <= 99 * 1024, "fits sm_86/89"
 
 
 def test_every_entry_point_has_the_table_signature():

@@ -13,10 +13,11 @@ w = torch.randn(n, k, device="cuda") * k ** -0.5
 b = torch.randn(n, device="cuda")
 y = torch.empty(m, n, device="cuda")
 for spec in sys.argv[1:]:
-    cubin, name, feats, block = spec.split(":")
+    cubin, name, feats, block, shared = spec.split(":")
     fn = cupy.RawModule(path=os.path.join(HERE, cubin)).get_function(name)
+    fn.max_dynamic_shared_size_bytes = int(shared)
     args = tuple(cupy.uint64(p) for p in (x.data_ptr(), w.data_ptr(), y.data_ptr(), b.data_ptr(), 0, 0)) + tuple(
         cupy.int64(v) for v in (m, n, k, 1))
     for _ in range(2):  # the second launch is the one to read (warm L2 for W, like the benchmark)
-        fn((-(-n // int(feats)), 1), (int(block),), args)
+        fn((-(-n // int(feats)), 1), (int(block),), args, shared_mem=int(shared))
 torch.cuda.synchronize()
