@@ -6,7 +6,6 @@ events; plus the host cost of the torch adapter's linear_gelu paths.
     python bench/explore_matmul.py [--skip-gemm]
 """
 import os
-import statistics
 import sys
 
 import cupy
@@ -111,7 +110,8 @@ def small_rows(dtype=torch.float32, variants=SMALL):
     bias = torch.randn(n, device="cuda").to(dtype)
     y = torch.empty(m, n, device="cuda", dtype=dtype)
     ref = F.gelu(F.linear(x.double(), ws[0].double(), bias.double()), approximate="tanh")
-    print(f"\n| linear_small {dtype} 32x768->3072 | graph us (same W) | graph us (8 W rotated) | rel err |\n|---|---|---|---|")
+    print(f"\n| linear_small {dtype} 32x768->3072 | graph us (same W) | graph us (8 W rotated) | rel err |")
+    print("|---|---|---|---|")
     for label, mod, name, feats, block, shared in variants:
         go = launcher(mods[mod], name, (-(-n // feats), 1), block, shared * x.element_size())
         y.fill_(float("nan"))
@@ -119,7 +119,6 @@ def small_rows(dtype=torch.float32, variants=SMALL):
         torch.cuda.synchronize()
         err = rel(y, ref) if not torch.isnan(y).any() else float("nan")
         same = graph_us(lambda: go(x.data_ptr(), ws[0].data_ptr(), y.data_ptr(), bias.data_ptr(), m, n, k, 1))
-        state = {"i": 0}
 
         def rotating():
             for w in ws:

@@ -14,21 +14,20 @@
 //   gemm_simt_*     any shape and alignment, any arch: 128x128x8 block tiles, 256 threads,
 //                   8x8 outputs per thread in registers, double-buffered shared memory; FFMA
 //                   (exact float32 math; half types convert on load). 4 LDS.128 per 64 FFMA.
+//   gemm_simt_vec_*_f32  float32 whose rows are all whole float4 (16-byte aligned, contiguous
+//                   dims % 4 == 0): the same tiles with BK = 16 and float4 global loads.
 //   gemm_reduce_*   split-K: adds the float32 partials of the splits in order, then the epilogue.
 //   gemm_mma_*      float16 / bfloat16 on sm_80+: mma.sync m16n8k16 tensor cores, 128x128x32
 //                   block tiles, 8 warps of 64x32, 3-stage cp.async pipeline (60 KB of dynamic
 //                   shared memory), ldmatrix (.trans for M/N-major operands). Needs each
 //                   operand's contiguous dim % 8 == 0 and 16-byte aligned pointers (the Python
 //                   side checks; else gemm_simt). Older archs compile an empty body that traps.
-//                   Both GEMMs split K over gridDim.z (float32 partials + gemm_reduce) when
+//                   The GEMMs split K over gridDim.z (float32 partials + gemm_reduce) when
 //                   the output has too few tiles for the GPU (rawops/matmul.py: plan).
-// Measured on the H100 (bench/NOTES.md): bf16 8192^3 265 TFLOP/s (0.34x cuBLAS), f32 35.7
-// (0.69x), linear_gelu f32 32x768->3072 19.5 us of device time (3.3 us floor).
-//   linear_small_*  nt with M <= 32 rows per blockIdx.y (x @ W^T, small batch): weight
-//                   bandwidth-bound (W read once from DRAM: 9.4 MB at 32x768->3072 f32), so
-//                   the grid splits N over the whole GPU: a warp owns 4 output features and
-//                   all 32 rows, lanes stride K with 16-byte loads of W and x (x stays in L1),
-//                   one reduce-scatter butterfly at the end (124 shuffles for 128 sums).
+//   linear_small_*  nt with M <= 32 rows per blockIdx.y (x @ W^T, small batch), sm_80+: x
+//                   staged in shared memory, 24 output features per block (details below).
+// Measured on the H100 (bench/NOTES.md): bf16 8192^3 ~270 TFLOP/s (0.35x cuBLAS), f32 45.6
+// (0.88x), linear_gelu f32 32x768->3072 12.8 us of kernel time (3.3 us floor).
 #include "rawops/dtype.cuh"
 
 namespace rawops {
@@ -567,7 +566,8 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 // reading W once (9.4 MB at 32x768->3072 f32) and by issue: v3 (a warp per 4 features x 32
 // rows, lanes along K, x re-read through L1 per warp) ran 13.5 us at 0.4-0.55 issued warps per
 // scheduler, 9-18% occupancy, ~4 non-FMA instructions per x load (ncu, bench/NOTES.md).
-// Here a block of 384 threads owns 24 features (N / 24 blocks: 128 at N = 3072, one per SM):
+// v5 (12.8 us, not the hoped ~5: see the end of this comment): a block of 384 threads owns
+// 24 features (N / 24 blocks: 128 at N = 3072, one per SM):
 //   - x (32 rows x 768 of K) is staged once per block in shared memory by cp.async;
 //   - thread (f, g) = (t % 24, t / 24) holds W[f][...] for the 16-byte vectors c * 16 + g
 //     (c < 12 f32, < 6 f16/bf16) in registers, loaded before the x staging so that both
@@ -576,7 +576,10 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 //     feeds 16 / sizeof(T) FMAs into one of the thread's 32 row sums;
 //   - the 16 groups' partial sums meet in shared memory (reusing x's) and are added in a
 //     fixed order (deterministic); a warp stores 24-feature row segments.
-// K longer than one chunk (768) loops over chunks.
+// K longer than one chunk (768) loops over chunks. Measured limit (ncu: shared-memory pipe 63%,
+// 0.37 issued warps per scheduler): a 16-byte shared load costs its 16 bytes per lane even as
+// a broadcast (128 B per SM cycle), and each x value a thread receives feeds 1 FMA per float,
+// a quarter of what FFMA throughput needs. Next: 4 features x 16 rows per thread.
 constexpr int kSmallRows = 32;      // rows per blockIdx.y
 constexpr int kSmallFeatures = 24;  // output features per block
 constexpr int kSmallGroups = 16;    // threads sharing one feature, along K
