@@ -14,21 +14,20 @@
 //   gemm_simt_*     any shape and alignment, any arch: 128x128x8 block tiles, 256 threads,
 //                   8x8 outputs per thread in registers, double-buffered shared memory; FFMA
 //                   (exact float32 math; half types convert on load). 4 LDS.128 per 64 FFMA.
+//   gemm_simt_vec_*_f32  float32 whose rows are all whole float4 (16-byte aligned, contiguous
+//                   dims % 4 == 0): the same tiles with BK = 16 and float4 global loads.
 //   gemm_reduce_*   split-K: adds the float32 partials of the splits in order, then the epilogue.
 //   gemm_mma_*      float16 / bfloat16 on sm_80+: mma.sync m16n8k16 tensor cores, 128x128x32
 //                   block tiles, 8 warps of 64x32, 3-stage cp.async pipeline (60 KB of dynamic
 //                   shared memory), ldmatrix (.trans for M/N-major operands). Needs each
 //                   operand's contiguous dim % 8 == 0 and 16-byte aligned pointers (the Python
 //                   side checks; else gemm_simt). Older archs compile an empty body that traps.
-//                   Both GEMMs split K over gridDim.z (float32 partials + gemm_reduce) when
+//                   The GEMMs split K over gridDim.z (float32 partials + gemm_reduce) when
 //                   the output has too few tiles for the GPU (rawops/matmul.py: plan).
-// Measured on the H100 (bench/NOTES.md): bf16 8192^3 265 TFLOP/s (0.34x cuBLAS), f32 35.7
-// (0.69x), linear_gelu f32 32x768->3072 19.5 us of device time (3.3 us floor).
-//   linear_small_*  nt with M <= 32 rows per blockIdx.y (x @ W^T, small batch): weight
-//                   bandwidth-bound (W read once from DRAM: 9.4 MB at 32x768->3072 f32), so
-//                   the grid splits N over the whole GPU: a warp owns 4 output features and
-//                   all 32 rows, lanes stride K with 16-byte loads of W and x (x stays in L1),
-//                   one reduce-scatter butterfly at the end (124 shuffles for 128 sums).
+//   linear_small_*  nt with M <= 32 rows per blockIdx.y (x @ W^T, small batch), sm_80+: x
+//                   staged in shared memory, 24 output features per block (details below).
+// Measured on the H100 (bench/NOTES.md): bf16 8192^3 ~270 TFLOP/s (0.35x cuBLAS), f32 45.6
+// (0.88x), linear_gelu f32 32x768->3072 12.8 us of kernel time (3.3 us floor).
 #include "rawops/dtype.cuh"
 #include "rawops/gemm_epilogue.cuh"
 
@@ -102,7 +101,7 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
   __syncthreads();
   for (int64_t kt = 0; kt < tiles; ++kt) {
     const int s = int(kt & 1);
-    if (kt + 1 < tiles) load(kb + (kt + 1) * kSimtK);
+    load(kb + (kt + 1) * kSimtK);  // unconditional (predicated past ke): see gemm_simt_vec
 #pragma unroll
     for (int k = 0; k < kSimtK; ++k) {
       const float4 a0 = *reinterpret_cast<const float4*>(&As[s][k][ty * 4]);
@@ -116,7 +115,7 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
-    if (kt + 1 < tiles) store(s ^ 1);
+    store(s ^ 1);
     __syncthreads();
   }
 #pragma unroll
@@ -131,6 +130,175 @@ __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __re
         partial[m * N + n] = acc[i][j];
       else
         c[m * N + n] = from_float<T>(epi(acc[i][j], m, n));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- FFMA, 16-byte loads
+// float32 with every operand's contiguous dim % 4 == 0 and 16-byte aligned pointers (the
+// Python side checks; else gemm_simt): the same 128 x 128 block tile and 8 x 8 outputs per
+// thread, but BK = 16 (one barrier per 1024 FFMA per thread instead of 512), two float4
+// global loads per operand per K tile (was 4 scalar loads per 8 k), issued before the FMAs
+// and stored to the other buffer halfway through them. 8192^3 on the H100: 46.0 TFLOP/s
+// (0.89x cuBLAS) with gemm_simt's thread grid (rows (t / 16) * 4 + {0, 64}); 64 x 32 warp
+// tiles (WARP_TILES, lanes 8 x 4: each fragment LDS.128 reads 8 distinct float4) measured
+// 44.7, and gemm_simt itself 35.8 before its loads moved ahead of the FMAs, 42.0 after.
+//   K-major operand (a in nn/nt, b in nt): 128 rows x 16 k. Lanes 2r, 2r+1 read the 32
+//   bytes of row r; the transposing scalar stores S[k][r] hit 32 distinct banks (row
+//   stride 132 = 4 mod 32 words: k + 4 moves 16 banks, r moves 1).
+//   M/N-major operand: 16 k x 128 columns, float4 copied as is (STS.128).
+constexpr int kVecK = 16;
+
+template <bool KM>
+struct VecTile {
+  // This thread's two float4 of a 128 x 16 tile: (row, k) offsets of the first, and the
+  // step to the second (KM: +8 k; else +8 k rows).
+  int row, k;
+  __device__ __forceinline__ VecTile(int t) {
+    if (KM) {
+      row = (t / 32) * 16 + (t % 32) / 2;
+      k = (t % 2) * 4;
+    } else {
+      row = (t % 32) * 4;  // here: the column (M or N) of the float4's first element
+      k = t / 32;
+    }
+  }
+};
+
+template <bool A_KM, bool B_KM, bool WARP_TILES = true>
+__device__ __forceinline__ void gemm_simt_vec(const float* __restrict__ a, const float* __restrict__ b,
+                                              float* __restrict__ c, const Epilogue<float> epi, int64_t M,
+                                              int64_t N, int64_t K) {
+  int64_t kb = 0, ke = K;
+  float* partial = nullptr;
+  if (gridDim.z > 1) {
+    const int64_t kc = ((K + gridDim.z - 1) / gridDim.z + kVecK - 1) / kVecK * kVecK;
+    kb = int64_t(blockIdx.z) * kc;
+    ke = kb + kc < K ? kb + kc : K;
+    partial = c + int64_t(blockIdx.z) * M * N;
+  }
+  __shared__ __align__(16) float As[2][kVecK][kSimtStride];
+  __shared__ __align__(16) float Bs[2][kVecK][kSimtStride];
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int64_t m0 = int64_t(blockIdx.y) * kSimtTile, n0 = int64_t(blockIdx.x) * kSimtTile;
+
+  // Global reads: a pointer to this thread's first float4 of each operand; the second is
+  // `*_second` elements further, the next K tile `*_step` further.
+  const VecTile<A_KM> ta(t);
+  const VecTile<B_KM> tb(t);
+  // Rows (K-major) or column vectors (else) past the matrix read the last one instead: their
+  // sums land in outputs that are never stored, and no select per load is needed. With
+  // dims % 4 == 0 a float4 is wholly inside or wholly outside.
+  const int64_t a_rc = m0 + ta.row < M ? m0 + ta.row : (A_KM ? M - 1 : M - 4);
+  const int64_t b_rc = n0 + tb.row < N ? n0 + tb.row : (B_KM ? N - 1 : N - 4);
+  const float* pa = a + (A_KM ? a_rc * K + kb + ta.k : (kb + ta.k) * M + a_rc);
+  const float* pb = b + (B_KM ? b_rc * K + kb + tb.k : (kb + tb.k) * N + b_rc);
+  const int64_t a_second = A_KM ? 8 : 8 * M, a_step = A_KM ? kVecK : kVecK * M;
+  const int64_t b_second = B_KM ? 8 : 8 * N, b_step = B_KM ? kVecK : kVecK * N;
+  float4 ra[2], rb[2];
+  // k past ke reads the matrix's first vector instead (unpredicated loads: a predicated
+  // load must keep or zero its registers, ~100 MOV/CS2R per tile or 16 more registers live
+  // across the loop), and a tile that crosses ke (only the last) zeroes those registers.
+  auto load = [&](int64_t k0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      ra[i] = __ldg(reinterpret_cast<const float4*>(k0 + ta.k + 8 * i < ke ? pa + i * a_second : a));
+      rb[i] = __ldg(reinterpret_cast<const float4*>(k0 + tb.k + 8 * i < ke ? pb + i * b_second : b));
+    }
+    pa += a_step;
+    pb += b_step;
+    if (k0 + kVecK > ke) {
+      const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (k0 + ta.k + 8 * i >= ke) ra[i] = zero;
+        if (k0 + tb.k + 8 * i >= ke) rb[i] = zero;
+      }
+    }
+  };
+  auto store_tile = [&](float (*S)[kSimtStride], const float4* r, int row, int k, bool km) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (km) {
+        S[k + 8 * i + 0][row] = r[i].x;
+        S[k + 8 * i + 1][row] = r[i].y;
+        S[k + 8 * i + 2][row] = r[i].z;
+        S[k + 8 * i + 3][row] = r[i].w;
+      } else {
+        *reinterpret_cast<float4*>(&S[k + 8 * i][row]) = r[i];
+      }
+    }
+  };
+  auto store = [&](int s) {
+    store_tile(As[s], ra, ta.row, ta.k, A_KM);
+    store_tile(Bs[s], rb, tb.row, tb.k, B_KM);
+  };
+
+  // Compute layout: warps 2 (M) x 4 (N) of 64 x 32; lane (lm, ln) = (lane / 4, lane % 4)
+  // owns rows wm*64 + lm*4 + {0..3} + {0, 32} and columns wn*32 + ln*4 + {0..3} + {0, 16}.
+  // (WARP_TILES false: gemm_simt's layout, rows (t / 16)*4 + {0, 64}, columns (t % 16)*4 + {0, 64}.)
+  constexpr int R2 = WARP_TILES ? 32 : 64, C2 = WARP_TILES ? 16 : 64;
+  const int row = WARP_TILES ? (warp / 4) * 64 + (lane / 4) * 4 : (t / 16) * 4;
+  const int col = WARP_TILES ? (warp % 4) * 32 + (lane % 4) * 4 : (t % 16) * 4;
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.f;
+
+  auto compute = [&](int s, int k_begin) {
+#pragma unroll
+    for (int k = k_begin; k < k_begin + kVecK / 2; ++k) {
+      const float4 a0 = *reinterpret_cast<const float4*>(&As[s][k][row]);
+      const float4 a1 = *reinterpret_cast<const float4*>(&As[s][k][row + R2]);
+      const float4 b0 = *reinterpret_cast<const float4*>(&Bs[s][k][col]);
+      const float4 b1 = *reinterpret_cast<const float4*>(&Bs[s][k][col + C2]);
+      const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+  };
+
+  // One barrier per K tile. The next tile's global loads are issued first, unconditionally
+  // (past ke they are predicated off), and land in shared memory halfway through this
+  // tile's FMAs: buffer s ^ 1 is free since the last barrier. Behind an `if (more tiles)`
+  // the compiler sank the loads below the FMAs, exposing their latency every tile (SASS).
+  const int tiles = ke > kb ? int((ke - kb + kVecK - 1) / kVecK) : 0;
+  if (tiles > 0) {  // else K == 0 (or an empty split): a and b may hold nothing to read
+    load(kb);
+    store(0);
+  }
+  __syncthreads();
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int s = kt & 1;
+    load(kb + int64_t(kt + 1) * kVecK);
+    compute(s, 0);
+    store(s ^ 1);
+    compute(s, kVecK / 2);
+    __syncthreads();
+  }
+
+  // N % 4 == 0: each thread's 4 adjacent columns are wholly in or out; float4 stores.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t m = m0 + row + (i < 4 ? i : R2 + i - 4);
+    if (m >= M) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = n0 + col + C2 * h;
+      if (n >= N) continue;
+      float4 v;
+      if (partial != nullptr) {
+        v = make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        *reinterpret_cast<float4*>(partial + m * N + n) = v;
+      } else {
+        v = make_float4(epi(acc[i][4 * h], m, n), epi(acc[i][4 * h + 1], m, n + 1), epi(acc[i][4 * h + 2], m, n + 2),
+                        epi(acc[i][4 * h + 3], m, n + 3));
+        *reinterpret_cast<float4*>(c + m * N + n) = v;
+      }
     }
   }
 }
@@ -342,82 +510,120 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 }
 
 // ============================================================================ small batch (x @ W^T)
-constexpr int kSmallThreads = 64;  // 2 warps
-constexpr int kSmallFeatures = 4;  // output features per warp
-constexpr int kSmallRows = 32;     // rows per blockIdx.y
+// linear_small: y = epilogue(x @ W^T) for up to 32 rows per blockIdx.y, sm_80+. Bound by
+// reading W once (9.4 MB at 32x768->3072 f32) and by issue: v3 (a warp per 4 features x 32
+// rows, lanes along K, x re-read through L1 per warp) ran 13.5 us at 0.4-0.55 issued warps per
+// scheduler, 9-18% occupancy, ~4 non-FMA instructions per x load (ncu, bench/NOTES.md).
+// v5 (12.8 us, not the hoped ~5: see the end of this comment): a block of 384 threads owns
+// 24 features (N / 24 blocks: 128 at N = 3072, one per SM):
+//   - x (32 rows x 768 of K) is staged once per block in shared memory by cp.async;
+//   - thread (f, g) = (t % 24, t / 24) holds W[f][...] for the 16-byte vectors c * 16 + g
+//     (c < 12 f32, < 6 f16/bf16) in registers, loaded before the x staging so that both
+//     latencies overlap;
+//   - each x vector read from shared memory (a warp reads 2 distinct vectors: a broadcast)
+//     feeds 16 / sizeof(T) FMAs into one of the thread's 32 row sums;
+//   - the 16 groups' partial sums meet in shared memory (reusing x's) and are added in a
+//     fixed order (deterministic); a warp stores 24-feature row segments.
+// K longer than one chunk (768) loops over chunks. Measured limit (ncu: shared-memory pipe 63%,
+// 0.37 issued warps per scheduler): a 16-byte shared load costs its 16 bytes per lane even as
+// a broadcast (128 B per SM cycle), and each x value a thread receives feeds 1 FMA per float,
+// a quarter of what FFMA throughput needs. Next: 4 features x 16 rows per thread.
+constexpr int kSmallRows = 32;      // rows per blockIdx.y
+constexpr int kSmallFeatures = 24;  // output features per block
+constexpr int kSmallGroups = 16;    // threads sharing one feature, along K
+constexpr int kSmallK = 768;        // K per chunk: x chunk 96 KB f32, 48 KB f16/bf16
+constexpr int kSmallThreads = kSmallFeatures * kSmallGroups;
 
-template <typename T> __device__ __forceinline__ void unpack(const uint4& raw, float* f) {
-  const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 16 / int(sizeof(T)); ++i) f[i] = to_float(v[i]);
+// 16 bytes of T to floats from its 32-bit words (a bf16 is the high half of its float): one
+// instruction per value. Through a T* into the vector, nvcc split each 16-byte shared load
+// into eight 2-byte loads (3091 LDS in the bf16 kernel's SASS).
+__device__ __forceinline__ void unpack_word(unsigned w, float* f, const float*) { f[0] = __uint_as_float(w); }
+__device__ __forceinline__ void unpack_word(unsigned w, float* f, const __nv_bfloat16*) {
+  f[0] = __uint_as_float(w << 16);
+  f[1] = __uint_as_float(w & 0xffff0000u);
 }
-
-// One step of a warp reduce-scatter: each lane keeps half of its HALF * 2 sums (the upper
-// half when its MASK bit is set) and adds its partner's copy of that half. After the steps
-// 16, 8, 4, 2, 1 of 128 sums, lane l holds the totals of sums 4l .. 4l + 3.
-template <int MASK, int HALF> __device__ __forceinline__ void reduce_scatter(float* acc, int lane) {
-  const bool upper = lane & MASK;
-#pragma unroll
-  for (int i = 0; i < HALF; ++i) {
-    const float send = upper ? acc[i] : acc[i + HALF];
-    const float keep = upper ? acc[i + HALF] : acc[i];
-    acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, MASK);
-  }
+__device__ __forceinline__ void unpack_word(unsigned w, float* f, const __half*) {
+  const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&w));
+  f[0] = p.x;
+  f[1] = p.y;
+}
+template <typename T> __device__ __forceinline__ void unpack(const uint4& raw, float* f) {
+  constexpr int per_word = 4 / sizeof(T);
+  unpack_word(raw.x, f, static_cast<const T*>(nullptr));
+  unpack_word(raw.y, f + per_word, static_cast<const T*>(nullptr));
+  unpack_word(raw.z, f + 2 * per_word, static_cast<const T*>(nullptr));
+  unpack_word(raw.w, f + 3 * per_word, static_cast<const T*>(nullptr));
 }
 
 // K % (16 / sizeof(T)) == 0 and x, w 16-byte aligned (the Python side checks).
 template <typename T>
 __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                                              const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
-  constexpr int V = 16 / sizeof(T);
-  const int lane = threadIdx.x % 32;
-  const int64_t n0 = (int64_t(blockIdx.x) * (kSmallThreads / 32) + threadIdx.x / 32) * kSmallFeatures;
-  const int64_t row0 = int64_t(blockIdx.y) * kSmallRows;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  // 12 W vectors per thread for float32, 6 for half types (more hoisted loads spilled).
+  constexpr int V = 16 / sizeof(T), KC = kSmallK, VECTORS = KC / (kSmallGroups * V);
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const xs = reinterpret_cast<T*>(smem_raw);          // [kSmallRows][KC]
+  float* const red = reinterpret_cast<float*>(smem_raw);  // [groups][rows][features], after the FMAs
+  const int t = threadIdx.x, f = t % kSmallFeatures, g = t / kSmallFeatures;
+  const int64_t n0 = int64_t(blockIdx.x) * kSmallFeatures, row0 = int64_t(blockIdx.y) * kSmallRows;
   const int rows = int(M - row0 < kSmallRows ? M - row0 : kSmallRows);
-  const T* xb = x + row0 * K;
-  float acc[kSmallFeatures * kSmallRows];
+  // Features past N read the last row of W: their sums are never stored.
+  const T* const wf = w + (n0 + f < N ? n0 + f : N - 1) * K;
+  const T* const xb = x + row0 * K;
+  float acc[kSmallRows];
 #pragma unroll
-  for (int i = 0; i < kSmallFeatures * kSmallRows; ++i) acc[i] = 0.f;
+  for (int m = 0; m < kSmallRows; ++m) acc[m] = 0.f;
 
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4 wnext[kSmallFeatures];
-  int64_t k = int64_t(lane) * V;
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    const int kc = int(K - k0 < KC ? K - k0 : KC);  // columns of this chunk
+    uint4 wv[VECTORS];
 #pragma unroll
-  for (int f = 0; f < kSmallFeatures; ++f)
-    wnext[f] = (k < K && n0 + f < N) ? __ldg(reinterpret_cast<const uint4*>(w + (n0 + f) * K + k)) : zero;
-  for (; k < K; k += 32 * V) {
-    float wv[kSmallFeatures][V];
-#pragma unroll
-    for (int f = 0; f < kSmallFeatures; ++f) unpack<T>(wnext[f], wv[f]);
-    const int64_t kn = k + 32 * V;  // the next step's weights in flight during this step's FMAs
-#pragma unroll
-    for (int f = 0; f < kSmallFeatures; ++f)
-      wnext[f] = (kn < K && n0 + f < N) ? __ldg(reinterpret_cast<const uint4*>(w + (n0 + f) * K + kn)) : zero;
-    // Rows past M re-read the last row instead of branching: a branch per row serialised
-    // the 32 loads (one L2 round trip each: 57 us at 32x768->3072 f32, measured), while
-    // branch-free they are all in flight together. Their sums are never stored.
-#pragma unroll
-    for (int m = 0; m < kSmallRows; ++m) {
-      float xv[V];
-      unpack<T>(__ldg(reinterpret_cast<const uint4*>(xb + (m < rows ? m : rows - 1) * K + k)), xv);
-#pragma unroll
-      for (int f = 0; f < kSmallFeatures; ++f)
-#pragma unroll
-        for (int v = 0; v < V; ++v) acc[f * kSmallRows + m] = fmaf(wv[f][v], xv[v], acc[f * kSmallRows + m]);
+    for (int c = 0; c < VECTORS; ++c) {
+      const int k = (c * kSmallGroups + g) * V;
+      wv[c] = k < kc ? __ldg(reinterpret_cast<const uint4*>(wf + k0 + k)) : make_uint4(0, 0, 0, 0);
     }
-  }
-  reduce_scatter<16, kSmallFeatures * kSmallRows / 2>(acc, lane);
-  reduce_scatter<8, kSmallFeatures * kSmallRows / 4>(acc, lane);
-  reduce_scatter<4, kSmallFeatures * kSmallRows / 8>(acc, lane);
-  reduce_scatter<2, kSmallFeatures * kSmallRows / 16>(acc, lane);
-  reduce_scatter<1, kSmallFeatures * kSmallRows / 32>(acc, lane);
+    // Only rows < rows and columns < kc are staged: the FMAs below skip vectors past kc, and
+    // rows past M only feed sums that are never stored.
+    const int width = kc / V;
+    for (int i = t; i < rows * width; i += kSmallThreads) {
+      const int r = i / width, v = i % width;
+      cp_async16(xs + r * KC + v * V, xb + r * K + k0 + v * V, true);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll
-  for (int v = 0; v < 4; ++v) {
-    const int i = lane * 4 + v;
-    const int f = i / kSmallRows, m = i % kSmallRows;
-    const int64_t n = n0 + f, gm = row0 + m;
-    if (m < rows && n < N) y[gm * N + n] = from_float<T>(epi(acc[v], gm, n));
+    for (int c = 0; c < VECTORS; ++c) {
+      const int k = (c * kSmallGroups + g) * V;
+      if (k < kc) {
+        float wc[V];
+        unpack<T>(wv[c], wc);
+#pragma unroll
+        for (int m = 0; m < kSmallRows; ++m) {
+          float xv[V];
+          unpack<T>(*reinterpret_cast<const uint4*>(xs + m * KC + k), xv);
+#pragma unroll
+          for (int v = 0; v < V; ++v) acc[m] = fmaf(wc[v], xv[v], acc[m]);
+        }
+      }
+    }
+    __syncthreads();  // xs is rewritten by the next chunk, or reused for the partial sums
   }
+#pragma unroll
+  for (int m = 0; m < kSmallRows; ++m) red[(g * kSmallRows + m) * kSmallFeatures + f] = acc[m];
+  __syncthreads();
+  for (int o = t; o < kSmallRows * kSmallFeatures; o += kSmallThreads) {
+    const int m = o / kSmallFeatures, fo = o % kSmallFeatures;
+    float sum = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSmallGroups; ++s) sum += red[(s * kSmallRows + m) * kSmallFeatures + fo];
+    const int64_t n = n0 + fo, gm = row0 + m;
+    if (m < rows && n < N) y[gm * N + n] = from_float<T>(epi(sum, gm, n));
+  }
+#else
+  __trap();  // the Python side never launches it below sm_80
+#endif
 }
 
 // ============================================================================ split-K reduction
@@ -448,12 +654,18 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_simt_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
     rawops::gemm_simt<T, A_KM, B_KM>(a, b, c, RAWOPS_EPI(T), m, n, k);                                  \
   }
+#define RAWOPS_SIMT_VEC(layout, A_KM, B_KM)                                                           \
+  extern "C" __global__ void __launch_bounds__(256, 2) gemm_simt_vec_##layout##_f32(RAWOPS_GEMM_ARGS(float)) { \
+    rawops::gemm_simt_vec<A_KM, B_KM, false>(a, b, c, RAWOPS_EPI(float), m, n, k);                      \
+  }
 #define RAWOPS_MMA(layout, A_KM, B_KM, T, suffix)                                                       \
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_mma_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
     rawops::gemm_mma<T, A_KM, B_KM, 128>(a, b, c, RAWOPS_EPI(T), m, n, k);                              \
   }
+// linear_small: 384 threads, 96 KB of dynamic shared memory (rawops/matmul.py: SMALL_*).
 #define RAWOPS_SMALL(T, suffix)                                                                          \
-  extern "C" __global__ void __launch_bounds__(64) linear_small_nt_##suffix(RAWOPS_GEMM_ARGS(T)) {      \
+  extern "C" __global__ void __launch_bounds__(rawops::kSmallThreads, 1)                                \
+      linear_small_nt_##suffix(RAWOPS_GEMM_ARGS(T)) {                                                   \
     rawops::linear_small<T>(a, b, c, RAWOPS_EPI(T), m, n, k);                                           \
   }
 
@@ -475,6 +687,9 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
   RAWOPS_MMA(tn, false, false, T, suffix)
 
 RAWOPS_MATMUL_FAMILY(float, f32)
+RAWOPS_SIMT_VEC(nn, true, false)
+RAWOPS_SIMT_VEC(nt, true, true)
+RAWOPS_SIMT_VEC(tn, false, false)
 RAWOPS_MATMUL_FAMILY(__half, f16)
 RAWOPS_MATMUL_FAMILY(__nv_bfloat16, bf16)
 RAWOPS_MATMUL_MMA_FAMILY(__half, f16)

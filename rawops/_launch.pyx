@@ -675,3 +675,103 @@ cdef class MapKernel:
         params[6] = &inner
         params[7] = &alpha
         return _launch(function, <unsigned>blocks, 1, 1, MAP_THREADS, 0, stream, params, device)
+
+
+# ---------------------------------------------------------------------------- torch GEMM fast path
+# The matrix family's no-grad torch calls (rawops.torch_adapter.linear_gelu, matmul): checks,
+# the cached launch plan, the output from torch's allocator and the launch, in one typed call.
+# Anything unusual (a failed check, a split-K plan that needs scratch, grad needed) returns
+# None and the adapter's Python path handles it, raising its errors there: one place words them.
+cdef object _torch_grad_enabled = None
+cdef object _gemm_planner = None
+cdef dict _gemm_plans = {}
+
+
+def register_torch_gemm(grad_enabled, planner):
+    """grad_enabled() -> bool; planner(layout, dtype, m, n, k, a_ptr, b_ptr, c_aligned, device)
+    -> (function, grid, block, shared, splits)."""
+    global _torch_grad_enabled, _gemm_planner
+    _torch_grad_enabled = grad_enabled
+    _gemm_planner = planner
+
+
+cdef inline bint _plain_operand(object t, object dtype, int device):
+    # One dtype, one GPU, dense (the dtype itself was checked on x).
+    return isinstance(t, _Tensor) and t.dtype is dtype and t.get_device() == device and t.is_contiguous()
+
+
+cdef tuple _gemm_plan(str layout, int code, long long m, long long n, long long k, uintptr_t a, uintptr_t b,
+                      int device):
+    # Outputs come fresh from torch's allocator: 16-byte aligned.
+    key = (layout, code, m, n, k, a % 16 == 0, b % 16 == 0, device)
+    cached = _gemm_plans.get(key)
+    if cached is None:
+        if len(_gemm_plans) > 4096:
+            _gemm_plans.clear()
+        function, grid, block, shared, splits = _gemm_planner(layout, code, m, n, k, a, b, 0, device)
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        cached = _gemm_plans[key] = (function, gx, gy, gz, block, shared, splits)
+    return cached
+
+
+def torch_linear(x, weight, bias, long long flags):
+    """epilogue(x @ weight^T + bias) as a new tensor (..., N), launched on torch's current
+    stream; None when this fast path does not apply (the caller takes the full path)."""
+    # Each torch accessor costs ~0.3 us on a slow host: every one is read once.
+    if not isinstance(x, _Tensor):
+        return None
+    dt = x.dtype
+    cdef int code = F32 if dt is _torch_f32 else F16 if dt is _torch_f16 else BF16 if dt is _torch_bf16 else -1
+    if code < 0:
+        return None
+    cdef int device = x.get_device()
+    if device < 0 or not x.is_contiguous() or not _plain_operand(weight, dt, device):
+        return None
+    cdef bint has_bias = bias is not None
+    if has_bias and not _plain_operand(bias, dt, device):
+        return None
+    if _torch_grad_enabled() and (x.requires_grad or weight.requires_grad or (has_bias and bias.requires_grad)):
+        return None
+    shape = x.shape
+    cdef Py_ssize_t nd = len(shape)
+    wshape = weight.shape
+    if nd == 0 or len(wshape) != 2:
+        return None
+    cdef long long k = shape[nd - 1], n = wshape[0]
+    if wshape[1] != k or k == 0:
+        return None
+    if has_bias:
+        bshape = bias.shape
+        if len(bshape) != 1 or bshape[0] != n:
+            return None
+    cdef long long m = 1
+    cdef Py_ssize_t i
+    for i in range(nd - 1):
+        m *= <long long>shape[i]
+    if m == 0 or n == 0:
+        return None
+    cdef uintptr_t pa = x.data_ptr(), pb = weight.data_ptr()
+    cdef tuple p = _gemm_plan("nt", code, m, n, k, pa, pb, device)
+    if p[6] != 1:
+        return None
+    out = x.new_empty((m, n) if nd == 2 else tuple(shape[:nd - 1]) + (n,))
+    cdef uintptr_t pc = out.data_ptr(), pbias = bias.data_ptr() if has_bias else 0
+    cdef uintptr_t zero = 0
+    cdef void* params[10]
+    params[0] = &pa
+    params[1] = &pb
+    params[2] = &pc
+    params[3] = &pbias
+    params[4] = &zero
+    params[5] = &zero
+    params[6] = &m
+    params[7] = &n
+    params[8] = &k
+    params[9] = &flags
+    if device == _torch_current_device():
+        _launch(<uintptr_t>p[0], p[1], p[2], p[3], p[4], p[5], <uintptr_t>_torch_raw_stream(device), params, device)
+    else:
+        with _torch_device_guard(device):
+            _launch(<uintptr_t>p[0], p[1], p[2], p[3], p[4], p[5], <uintptr_t>_torch_raw_stream(device), params,
+                    device)
+    return out

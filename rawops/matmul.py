@@ -21,10 +21,15 @@ MMA_SUFFIXES = ("f16", "bf16")
 ARGS = ("a", "b", "c", "bias", "aux", "pre", "m", "n", "k", "flags")
 KINDS = "ppppppqqqq"
 
-SIMT_TILE, SIMT_THREADS = 128, 256  # kSimtTile, kSimtThreads
+SIMT_TILE, SIMT_THREADS = 128, 256  # kSimtTile, kSimtThreads (gemm_simt and gemm_simt_vec)
+SIMT_VEC_K = 16  # kVecK: gemm_simt_vec's K tile
 MMA_TILE, MMA_K, MMA_STAGES, MMA_THREADS = 128, 32, 3, 256  # kMmaTile, kMmaK, kMmaStages, kMmaThreads
 KMAJOR_STRIDE, MNMAJOR_STRIDE = MMA_K + 8, MMA_TILE + 8  # kKMajorStride, kMNMajorStride
-SMALL_THREADS, SMALL_FEATURES, SMALL_ROWS = 64, 4, 32  # kSmallThreads, kSmallFeatures, kSmallRows
+# linear_small: kSmallFeatures x kSmallGroups threads, kSmallRows rows per blockIdx.y, x staged
+# kSmallK columns at a time in dynamic shared memory (cp.async: sm_80+).
+SMALL_FEATURES, SMALL_GROUPS, SMALL_ROWS, SMALL_K = 24, 16, 32, 768
+SMALL_THREADS = SMALL_FEATURES * SMALL_GROUPS
+SMALL_MIN_CC = 80
 SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
 MAX_GRID_Y = 65535
 MMA_MIN_CC = 80
@@ -44,6 +49,7 @@ GELU_FLAGS = {"tanh": 0, "none": EPI_ERF}
 def entry_points():
     """Every extern "C" kernel the fatbin must hold, on every architecture."""
     names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
+    names += [f"gemm_simt_vec_{layout}_f32" for layout in LAYOUTS]
     names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
     names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
     return sorted(names)
@@ -70,6 +76,12 @@ def mma_shared_bytes(layout, bn=MMA_TILE):
     return MMA_STAGES * (tile(a_kmajor, MMA_TILE) + tile(b_kmajor, bn)) * 2
 
 
+def small_shared_bytes(itemsize):
+    """linear_small's dynamic shared memory: one chunk of x, SMALL_ROWS x SMALL_K elements
+    (also holds the SMALL_GROUPS x SMALL_ROWS x SMALL_FEATURES float32 partial sums)."""
+    return SMALL_ROWS * SMALL_K * itemsize
+
+
 def contiguous_dims(layout, m, n, k):
     """The length of the contiguous (innermost) dim of a and of b in this layout."""
     return (k if layout[0] == "n" else m), (k if layout[1] == "t" else n)
@@ -90,11 +102,20 @@ def mma_split_count(blocks, k, sms):
     return max(1, min(_ceil(3 * slots, blocks), k // MMA_SPLIT_CHUNK, MMA_MAX_SPLITS))
 
 
-def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132):
+def vector_ffma(layout, dtype, m, n, k, a_ptr, b_ptr, c_ptr):
+    """Whether gemm_simt_vec may run: float32 with every row of a, b and c a whole number of
+    16-byte vectors (contiguous dims and N % 4 == 0, pointers 16-byte aligned)."""
+    a_dim, b_dim = contiguous_dims(layout, m, n, k)
+    return (dtype == 0 and a_dim % 4 == 0 and b_dim % 4 == 0 and n % 4 == 0
+            and a_ptr % 16 == 0 and b_ptr % 16 == 0 and c_ptr % 16 == 0)
+
+
+def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0):
     """(kernel name, grid, block, dynamic shared bytes, K splits) of C (m, n) = A B in `layout`.
 
-    linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows; tensor cores
-    for half types on sm_80+ when both operands allow 16-byte loads; else the FFMA kernel.
+    linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows on sm_80+; tensor cores
+    for half types on sm_80+ when both operands allow 16-byte loads; float32 with 16-byte
+    rows everywhere gemm_simt_vec (float4 loads, BK = 16); else the FFMA kernel gemm_simt.
     Either GEMM is split along K (then gemm_reduce applies the epilogue) when its tiles
     would leave SMs idle."""
     if layout not in LAYOUTS:
@@ -103,9 +124,10 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132):
     itemsize = 4 if dtype == 0 else 2
     vector = 16 // itemsize
     splits = 1
-    if layout == "nt" and m <= SMALL_MAX_M and k % vector == 0 and a_ptr % 16 == 0 and b_ptr % 16 == 0:
-        name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_THREADS // 32 * SMALL_FEATURES),
-                                     _ceil(m, SMALL_ROWS)), SMALL_THREADS, 0)
+    if (layout == "nt" and m <= SMALL_MAX_M and cc >= SMALL_MIN_CC and k % vector == 0 and a_ptr % 16 == 0
+            and b_ptr % 16 == 0):
+        name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_FEATURES), _ceil(m, SMALL_ROWS)),
+                                     SMALL_THREADS, small_shared_bytes(itemsize))
     else:
         a_dim, b_dim = contiguous_dims(layout, m, n, k)
         if (dtype != 0 and cc >= MMA_MIN_CC and a_dim % 8 == 0 and b_dim % 8 == 0
@@ -114,7 +136,8 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132):
             grid = (_ceil(n, MMA_TILE), _ceil(m, MMA_TILE))
             splits = mma_split_count(grid[0] * grid[1], k, sms)
         else:
-            name, block, shared = f"gemm_simt_{layout}_{suffix}", SIMT_THREADS, 0
+            vec = vector_ffma(layout, dtype, m, n, k, a_ptr, b_ptr, c_ptr)
+            name, block, shared = f"gemm_simt_{'vec_' if vec else ''}{layout}_{suffix}", SIMT_THREADS, 0
             grid = (_ceil(n, SIMT_TILE), _ceil(m, SIMT_TILE))
             splits = split_count(grid[0] * grid[1], k, sms)
         if splits > 1:
@@ -151,24 +174,24 @@ def _function(name, device, shared):
     return pointer
 
 
-_plans = {}  # (layout, dtype, m, n, k, a 16-byte aligned, b aligned, device) -> launch
+_plans = {}  # (layout, dtype, m, n, k, a, b, c 16-byte aligned, device, gelu-gradient, pre aligned) -> launch
 
 
 def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=0):
-    key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, device, flags & 3 == EPI_BIAS_GELU_GRAD,
-           c % 16 == 0, pre % 16 == 0)
+    key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device,
+           flags & 3 == EPI_BIAS_GELU_GRAD, pre % 16 == 0)
     cached = _plans.get(key)
     if cached is None:
         sms = sm_count(device)
         cc = compute_capability(device)
         if dtype != 0 and cc == _gemm_sm90.CC:
             hopper = _gemm_sm90.plan(layout, dtype, m, n, k, cc, a, b, sms, _gemm_sm90.built(device), flags, c, pre)
-            if hopper is not None:
+            if hopper is not None:  # splits == 0 marks the Hopper kernel (other arguments)
                 name, grid, _, shared = hopper
                 cached = _plans[key] = (_gemm_sm90.function(name, device), grid, _gemm_sm90.THREADS, shared,
                                         0, None)
                 return cached
-        name, grid, block, shared, splits = plan(layout, dtype, m, n, k, cc, a, b, sms)
+        name, grid, block, shared, splits = plan(layout, dtype, m, n, k, cc, a, b, sms, c)
         reduce = None
         if splits > 1:
             reduce = (_function(f"gemm_reduce_{FLOAT_SUFFIXES[dtype]}", device, 0), (reduce_blocks(m, n, sms),))
@@ -176,6 +199,12 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
             _plans.clear()
         cached = _plans[key] = (_function(name, device, shared), grid, block, shared, splits, reduce)
     return cached
+
+
+def launch_plan(layout, dtype, m, n, k, a, b, c, device):
+    """(function pointer, grid, block, shared, splits) of a launch, cached per shape: the
+    torch adapter's Cython fast path (_launch.torch_linear) asks for it on a cache miss."""
+    return _launch_plan(layout, dtype, m, n, k, a, b, device, EPI_NONE, c)[:5]
 
 
 def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, stream, workspace):

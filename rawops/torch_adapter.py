@@ -12,7 +12,7 @@ Everything is capturable in torch.cuda.graph: launches only, no allocation outsi
 import torch
 
 from . import elementwise as _ew
-from ._launch import register_torch, sm_count, tensor_code
+from ._launch import register_torch, register_torch_gemm, sm_count, tensor_code, torch_linear
 
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -986,6 +986,10 @@ def seed_mlp(x, weights, biases, output_activation="none"):
 # forward also writes the pre-activation (one extra store from the same kernel) so that the
 # backward is one elementwise pass + two GEMMs, instead of recomputing x @ W^T (a third GEMM).
 _mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
+# No-grad linear_gelu goes through the launcher's typed path (checks, cached plan, output,
+# launch in one call); it answers None for anything else and the Python path below runs.
+register_torch_gemm(torch.is_grad_enabled, _mm.launch_plan)
+_LINEAR_GELU_FLAGS = {approximate: flags | _mm.EPI_BIAS_GELU for approximate, flags in _mm.GELU_FLAGS.items()}
 
 
 def _gemm(device, layout, code, a, b, c, m, n, k, bias=0, aux=0, pre=0, flags=_mm.EPI_NONE):
@@ -1183,6 +1187,11 @@ def matmul(a, b, tf32=False):
 def linear_gelu(x, weight, bias=None, approximate="tanh"):
     """F.gelu(F.linear(x, weight, bias), approximate=approximate) in one kernel, with autograd
     (the backward uses the pre-activation the forward stores when a gradient is needed)."""
+    flags = _LINEAR_GELU_FLAGS.get(approximate) if isinstance(approximate, str) else None
+    if flags is not None and not _compiling():
+        y = torch_linear(x, weight, bias, flags)
+        if y is not None:
+            return y
     if _compiling():
         return _linear_gelu_op(x, weight, bias, approximate)[0]
     if _needs_grad(x, weight, bias):

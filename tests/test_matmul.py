@@ -22,10 +22,12 @@ F32, F16, BF16 = 0, 1, 2
 # ------------------------------------------------------------------------------ launch plan
 def test_small_batch_linear_splits_the_output_features_over_the_whole_gpu():
     name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER)
-    assert name == "linear_small_nt_f32" and block == 64 and shared == 0 and splits == 1
-    assert grid == (3072 // 8, 1), "a warp per 4 features, 2 warps per block, all 32 rows"
-    assert mm.plan("nt", F32, 33, 10, 100, 90, BASE, OTHER)[1] == (2, 2), "rows past 32: a second blockIdx.y"
-    assert mm.plan("nt", BF16, 128, 3072, 768, 90, BASE, OTHER)[0] == "linear_small_nt_bf16"
+    assert name == "linear_small_nt_f32" and block == 384 and splits == 1
+    assert grid == (3072 // 24, 1), "24 features per block: 128 blocks, one per SM"
+    assert shared == 32 * 768 * 4 == 96 * 1024, "one 768-wide chunk of x's 32 rows"
+    assert mm.plan("nt", F32, 33, 10, 100, 90, BASE, OTHER)[1] == (1, 2), "rows past 32: a second blockIdx.y"
+    name, grid, block, shared, splits = mm.plan("nt", BF16, 128, 3072, 768, 90, BASE, OTHER)
+    assert name == "linear_small_nt_bf16" and grid == (128, 4) and shared == 48 * 1024
 
 
 @pytest.mark.parametrize("why, args", [
@@ -33,6 +35,7 @@ def test_small_batch_linear_splits_the_output_features_over_the_whole_gpu():
     ("K not a multiple of 4 floats", ("nt", F32, 32, 3072, 766, 90, BASE, OTHER)),
     ("x off 16 bytes", ("nt", F32, 32, 3072, 768, 90, BASE + 4, OTHER)),
     ("not x @ W^T", ("nn", F32, 32, 3072, 768, 90, BASE, OTHER)),
+    ("sm_75: no cp.async", ("nt", F32, 32, 3072, 768, 75, BASE, OTHER)),
 ])
 def test_small_batch_path_only_where_its_16_byte_loads_are_legal(why, args):
     assert not mm.plan(*args)[0].startswith("linear_small"), why
@@ -51,7 +54,7 @@ def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned():
 def test_skinny_outputs_split_k_over_the_gpu_and_reduce_in_order():
     # linear backward dx at batch 32: (32, 768) = dpre (32, 3072) @ W, 6 tiles of 128 x 128.
     name, grid, block, shared, splits = mm.plan("nn", F32, 32, 768, 3072, 90, BASE, OTHER, sms=132)
-    assert name == "gemm_simt_nn_f32" and splits == 3072 // mm.SPLIT_MIN_K and grid == (6, 1, splits)
+    assert name == "gemm_simt_vec_nn_f32" and splits == 3072 // mm.SPLIT_MIN_K and grid == (6, 1, splits)
     name, grid, _, _, splits = mm.plan("nn", BF16, 32, 768, 3072, 90, BASE, OTHER, sms=132)
     assert name == "gemm_mma_nn_bf16" and splits == 12 and grid == (6, 1, 12)
     # dW = dpre^T x at 8192 tokens, 768 -> 3072: 144 tiles for 264 slots, K = 8192.
@@ -64,6 +67,27 @@ def test_skinny_outputs_split_k_over_the_gpu_and_reduce_in_order():
     assert mm.split_count(1, 1 << 20, 132) == mm.MAX_SPLITS
     assert mm.mma_split_count(1, 1 << 20, 132) == mm.MMA_MAX_SPLITS
     assert mm.reduce_blocks(32, 768, 132) == 96 and mm.reduce_blocks(8192, 8192, 132) == 132 * 8
+
+
+def test_float32_with_16_byte_rows_takes_the_vector_ffma_kernel():
+    for layout in mm.LAYOUTS:
+        name, grid, block, shared, splits = mm.plan(layout, F32, 8192, 8192, 8192, 90, BASE, OTHER)
+        assert name == f"gemm_simt_vec_{layout}_f32" and grid == (64, 64) and block == 256 and shared == 0
+    assert mm.plan("nt", F32, 8192, 3072, 768, 90, BASE, OTHER)[0] == "gemm_simt_vec_nt_f32"
+
+
+@pytest.mark.parametrize("why, args", [
+    ("K % 4: a's rows not 16-byte multiples", ("nn", F32, 1000, 512, 102, 90, BASE, OTHER)),
+    ("N % 4: b's and c's rows", ("nn", F32, 1000, 514, 256, 90, BASE, OTHER)),
+    ("N % 4 in nt: c's rows (b's are K-long)", ("nt", F32, 1000, 514, 256, 90, BASE, OTHER)),
+    ("M % 4 in tn: a's rows", ("tn", F32, 1002, 512, 256, 90, BASE, OTHER)),
+    ("a off 16 bytes", ("nn", F32, 1000, 512, 256, 90, BASE + 4, OTHER)),
+    ("c off 16 bytes", ("nn", F32, 1000, 512, 256, 90, BASE, OTHER, 132, BASE + 8)),
+    ("half types never: their fallback is gemm_simt", ("nn", BF16, 1000, 512, 100, 90, BASE, OTHER)),
+])
+def test_vector_ffma_only_where_every_row_is_whole_16_byte_vectors(why, args):
+    name = mm.plan(*args)[0]
+    assert name.startswith("gemm_simt_") and "_vec_" not in name, why
 
 
 @pytest.mark.parametrize("why, args", [
@@ -103,6 +127,16 @@ def _source():
 
     with open(os.path.join(_modules.kernel_source_dir(), "matmul.cu")) as f:
         return f.read()
+
+
+def test_small_batch_launch_shape_matches_the_kernel_macros():
+    source = _source()
+    constant = lambda name: int(re.search(rf"constexpr int {name} = (\d+);", source).group(1))  # noqa: E731
+    assert (mm.SMALL_FEATURES, mm.SMALL_GROUPS) == (constant("kSmallFeatures"), constant("kSmallGroups"))
+    assert (mm.SMALL_ROWS, mm.SMALL_K) == (constant("kSmallRows"), constant("kSmallK"))
+    assert mm.SIMT_VEC_K == constant("kVecK")
+    partial_sums = mm.SMALL_GROUPS * mm.SMALL_ROWS * mm.SMALL_FEATURES * 4
+    assert partial_sums <= mm.small_shared_bytes(2) <= mm.small_shared_bytes(4) <= 99 * 1024, "fits sm_86/89"
 
 
 def test_every_entry_point_has_the_table_signature():
@@ -221,10 +255,11 @@ DTYPES = ["float32", "float16", "bfloat16"]
 # (M, K, N): odd sizes, one-row and one-column, empty, and aligned ones that take the
 # tensor-core path for half types.
 # (32, 3072, 768) and (7, 5000, 9) split K; half types take tensor cores on the aligned ones,
-# (300, 2048, 264) with split K.
+# (300, 2048, 264) with split K. float32 with K, N % 4 == 0 takes gemm_simt_vec: (257, 252, 132)
+# and (130, 36, 1028) end inside a 16-wide K tile and inside a 128-wide block tile.
 MATMUL_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (33, 64, 40), (257, 255, 129), (0, 5, 7),
                  (5, 0, 7), (5, 7, 0), (128, 128, 128), (1000, 256, 520), (300, 2048, 264), (1000, 256, 136),
-                 (32, 3072, 768), (7, 5000, 9)]
+                 (32, 3072, 768), (7, 5000, 9), (257, 252, 132), (130, 36, 1028)]
 LINEAR_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (32, 768, 3072), (128, 64, 200), (129, 64, 200),
                  (1000, 256, 520), (0, 64, 16), (7, 64, 0), (5, 0, 9)]
 
@@ -435,3 +470,44 @@ def test_adapter_ops_compile_with_fullgraph_and_keep_their_gradients():
     assert abs(loss.item() - ref.item()) <= 1e-4 * max(1.0, abs(ref.item()))
     for g, r, name in zip(grads, refs, ("x", "w", "b", "w2")):
         assert_close(g, r.grad, torch.float32, f"compiled grad {name}", 10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, n", [((32, 768), 3072), ((2, 3, 100), 10), ((1, 64), 200), ((200, 96), 136)])
+def test_adapter_no_grad_linear_gelu_fast_path_matches_float64(dtype, shape, n):
+    """The launcher's typed no-grad path (checks, cached plan, output, launch in one call)."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_pool, random
+    from rawops import _launch
+    from rawops import torch_adapter as ta
+
+    dt = _torch_dtype(dtype)
+    k = shape[-1]
+    x, w, b = random(shape, dt, 1.0), random((n, k), dt, k ** -0.5), random((n,), dt, 1.0)
+    flags = ta._LINEAR_GELU_FLAGS["tanh"]
+    for bias in (b, None):
+        poison_pool(x.numel() // k * n * x.element_size())
+        with torch.no_grad():
+            y = _launch.torch_linear(x, w, bias, flags)
+        assert y is not None and y.shape == shape[:-1] + (n,) and y.dtype == dt
+        ref = torch.nn.functional.linear(x.double(), w.double(), None if bias is None else bias.double())
+        assert_close(y, torch.nn.functional.gelu(ref, approximate="tanh"), dt, f"fast path {dtype} {shape}->{n}")
+        assert_close(ta.linear_gelu(x, w, bias), torch.nn.functional.gelu(ref, approximate="tanh"), dt, "adapter")
+
+
+@pytest.mark.gpu
+def test_adapter_fast_path_declines_what_the_full_path_must_handle():
+    torch = pytest.importorskip("torch")
+    from rawops import _launch
+
+    x, w = torch.randn(4, 8, device="cuda"), torch.randn(16, 8, device="cuda")
+    b = torch.randn(16, device="cuda")
+    with torch.no_grad():
+        assert _launch.torch_linear(x.t().contiguous().t(), w, b, 1) is None, "not contiguous"
+        assert _launch.torch_linear(x.double(), w, b, 1) is None, "dtype"
+        assert _launch.torch_linear(x, w.half(), b, 1) is None, "mixed dtypes"
+        assert _launch.torch_linear(x, w, b[:8], 1) is None, "bias shape"
+        assert _launch.torch_linear(x, w[:, :4].contiguous(), b, 1) is None, "in_features"
+        assert _launch.torch_linear(x.cpu(), w, b, 1) is None, "host tensor"
+    assert _launch.torch_linear(x, w.requires_grad_(), b, 1) is None, "autograd needs the full path"

@@ -1,0 +1,161 @@
+"""Side-by-side timings of the matrix family's FFMA variants (not the shipped benchmark):
+the cubins under bench/explore/ (compiled off the GPU machine: `bash bench/explore/build.sh`)
+loaded through CuPy, launched on torch's stream, checked against float64 and timed with CUDA
+events; plus the host cost of the torch adapter's linear_gelu paths.
+
+    python bench/explore_matmul.py [--skip-gemm]
+"""
+import os
+import sys
+
+import cupy
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from timing import device_time_us, host_times_us  # noqa: E402
+
+F = torch.nn.functional
+KINDS = "ppppppqqqq"
+
+
+def module(name):
+    return cupy.RawModule(path=os.path.join(HERE, "explore", name))
+
+
+def launcher(mod, name, grid, block, shared=0):
+    fn = mod.get_function(name)
+    if shared > 48 * 1024:
+        fn.max_dynamic_shared_size_bytes = shared
+
+    def go(a, b, c, bias=0, m=0, n=0, k=0, flags=0):
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            fn(grid, (block,), (cupy.uint64(a), cupy.uint64(b), cupy.uint64(c), cupy.uint64(bias), cupy.uint64(0),
+                                cupy.uint64(0), cupy.int64(m), cupy.int64(n), cupy.int64(k), cupy.int64(flags)),
+               shared_mem=shared)
+    return go
+
+
+def graph_us(fn, per_graph=20, reps=20):
+    """Device time per call of fn, from a CUDA graph of `per_graph` calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(per_graph):
+            fn()
+    return device_time_us(g.replay, warmup=3, reps=reps) / per_graph
+
+
+def rel(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def gemm_rows():
+    cur, v3 = module("matmul_variants.cubin"), module("matmul_v3.cubin")
+    size = 8192
+    a = torch.randn(size, size, device="cuda")
+    b = torch.randn(size, size, device="cuda")
+    c = torch.empty(size, size, device="cuda")
+    ref = a[:64].double() @ b.double()
+    flops = 2 * size ** 3
+    rows = []
+    for label, mod, name in (("v3 gemm_simt_nn", v3, "gemm_simt_nn_f32"), ("gemm_simt_nn, loads first", cur,
+                             "gemm_simt_nn_f32"), ("shipped gemm_simt_vec_nn", cur, "gemm_simt_vec_nn_f32"),
+                             ("vec with 64x32 warp tiles", cur, "vec_warptiles_nn")):
+        go = launcher(mod, name, (64, 64), 256)
+        c.fill_(float("nan"))
+        go(a.data_ptr(), b.data_ptr(), c.data_ptr(), 0, size, size, size, 0)
+        torch.cuda.synchronize()
+        err = rel(c[:64], ref)
+        nan = bool(torch.isnan(c).any())
+        us = device_time_us(lambda: go(a.data_ptr(), b.data_ptr(), c.data_ptr(), 0, size, size, size, 0), 2, 10)
+        rows.append((label, us, flops / us / 1e6, err, nan))
+    us = device_time_us(lambda: torch.matmul(a, b), 2, 10)
+    rows.append(("torch.matmul", us, flops / us / 1e6, 0.0, False))
+    # nt (linear forward f32 8192x768->3072) through the vector kernel
+    x = torch.randn(8192, 768, device="cuda")
+    w = torch.randn(3072, 768, device="cuda") * 768 ** -0.5
+    y = torch.empty(8192, 3072, device="cuda")
+    for label, mod, name in (("nt v3", v3, "gemm_simt_nt_f32"), ("nt vec", cur, "gemm_simt_vec_nt_f32")):
+        go = launcher(mod, name, (24, 64), 256)
+        go(x.data_ptr(), w.data_ptr(), y.data_ptr(), 0, 8192, 3072, 768, 0)
+        torch.cuda.synchronize()
+        err = rel(y, x.double() @ w.double().t())
+        us = device_time_us(lambda: go(x.data_ptr(), w.data_ptr(), y.data_ptr(), 0, 8192, 3072, 768, 0), 3, 20)
+        rows.append((label, us, 2 * 8192 * 768 * 3072 / us / 1e6, err, False))
+    us = device_time_us(lambda: x @ w.t(), 3, 20)
+    rows.append(("nt torch", us, 2 * 8192 * 768 * 3072 / us / 1e6, 0.0, False))
+    print("\n| gemm f32 | us | TFLOP/s | rel err | NaN |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.1f} | {r[3]:.2e} | {r[4]} |")
+
+
+# (label, cubin, kernel, features per block, threads, dynamic shared bytes per element size)
+SMALL = [("v3 linear_small (4 features a warp, lanes along K)", "v3", "linear_small_nt_f32", 8, 64, 0),
+         ("shipped linear_small (x in shared memory, 24 features a block)", "cur", "linear_small_nt_f32", 24, 384,
+          32 * 768)]
+SMALL_BF16 = [("v3 bf16", "v3", "linear_small_nt_bf16", 8, 64, 0),
+              ("shipped bf16", "cur", "linear_small_nt_bf16", 24, 384, 32 * 768)]
+
+
+def small_rows(dtype=torch.float32, variants=SMALL):
+    mods = {"cur": module("matmul_variants.cubin"), "v3": module("matmul_v3.cubin")}
+    m, k, n = 32, 768, 3072
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype) for _ in range(8)]  # past L2 when rotated
+    bias = torch.randn(n, device="cuda").to(dtype)
+    y = torch.empty(m, n, device="cuda", dtype=dtype)
+    ref = F.gelu(F.linear(x.double(), ws[0].double(), bias.double()), approximate="tanh")
+    print(f"\n| linear_small {dtype} 32x768->3072 | graph us (same W) | graph us (8 W rotated) | rel err |")
+    print("|---|---|---|---|")
+    for label, mod, name, feats, block, shared in variants:
+        go = launcher(mods[mod], name, (-(-n // feats), 1), block, shared * x.element_size())
+        y.fill_(float("nan"))
+        go(x.data_ptr(), ws[0].data_ptr(), y.data_ptr(), bias.data_ptr(), m, n, k, 1)
+        torch.cuda.synchronize()
+        err = rel(y, ref) if not torch.isnan(y).any() else float("nan")
+        same = graph_us(lambda: go(x.data_ptr(), ws[0].data_ptr(), y.data_ptr(), bias.data_ptr(), m, n, k, 1))
+
+        def rotating():
+            for w in ws:
+                go(x.data_ptr(), w.data_ptr(), y.data_ptr(), bias.data_ptr(), m, n, k, 1)
+        rot = graph_us(rotating, per_graph=3) / len(ws)
+        print(f"| {label} | {same:.2f} | {rot:.2f} | {err:.2e} |", flush=True)
+    eager = graph_us(lambda: F.gelu(F.linear(x, ws[0], bias), approximate="tanh"))
+    print(f"| torch eager (graph) | {eager:.2f} | | |")
+
+
+def host_rows():
+    from rawops import torch_adapter as ta
+
+    x = torch.randn(32, 768, device="cuda")
+    w = torch.randn(3072, 768, device="cuda") * 768 ** -0.5
+    b = torch.randn(3072, device="cuda")
+    with torch.no_grad():
+        fns = {"ta.linear_gelu (fast path)": lambda: ta.linear_gelu(x, w, b),
+               "ta._linear_gelu_fwd (v3 path)": lambda: ta._linear_gelu_fwd(x, w, b, "tanh", False),
+               "eager F.gelu(F.linear)": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
+               "x.new_empty((32, 3072))": lambda: x.new_empty((32, 3072)),
+               "torch.empty(shape, dtype, device)": lambda: torch.empty((32, 3072), dtype=x.dtype, device=x.device)}
+        host = host_times_us(fns, calls=300, rounds=7)
+        ev = {"ta.linear_gelu events": device_time_us(lambda: ta.linear_gelu(x, w, b)),
+              "eager events": device_time_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))}
+    print("\n| host path | us per call |\n|---|---|")
+    for name, us in {**host, **ev}.items():
+        print(f"| {name} | {us:.2f} |")
+
+
+if __name__ == "__main__":
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        host_rows()
+    except Exception as e:  # the explorer must still time the kernels
+        print("host rows failed:", repr(e))
+    small_rows()
+    small_rows(torch.bfloat16, SMALL_BF16)
+    if "--skip-gemm" not in sys.argv:
+        gemm_rows()
