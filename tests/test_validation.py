@@ -17,8 +17,11 @@ import rawops
 from rawops import NoDeviceError, as_array
 from rawops._launch import stream_pointer
 
-BASE = 0x7F0000000000  # 256-byte aligned, like a cudaMalloc pointer
-OTHER = 0x7F0000100000  # a second, disjoint allocation
+# 256-byte aligned like a cudaMalloc pointer, far below where CUDA's allocations have been seen
+# here: on the H100 machine 0x7F0000000000 fell inside a real pool block once, so a fake
+# "valid" call passed the pointer check and launched instead of raising.
+BASE = 0x100000000000
+OTHER = 0x100000100000  # a second, disjoint allocation
 _ABSENT = object()
 
 
