@@ -1376,6 +1376,29 @@ __device__ __forceinline__ void chunk_to_a(const float (&acc)[kMT][2][4], unsign
 // One width -> width layer on the warp's rows, activations in registers both sides: `in` are
 // the A fragments (k16 slice kk of m16 tile m), `out` the next layer's; wb the lane's
 // ldmatrix address into the layer's [kW][kW + 8] weights.
+// acc = a (the warp's kMT 16-row tiles, kKT k-fragments each) @ the 16 weight columns whose
+// first row (of `ld` elements) starts at shared address wb: kKT ldmatrix.x4 of B fragments,
+// each feeding 2 mma.sync per row tile.
+template <typename T, int kMT, int kKT>
+__device__ __forceinline__ void mma_16_columns(float (&acc)[kMT][2][4], const unsigned (&a)[kMT][kKT][4], unsigned wb) {
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][h][i] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kKT; ++kk) {
+    unsigned b[4];
+    ldsm_x4(b, wb + 2u * unsigned(kk * 16));
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+      Mma<T>::mma(acc[m][0], a[m][kk], b[0], b[1]);
+      Mma<T>::mma(acc[m][1], a[m][kk], b[2], b[3]);
+    }
+  }
+}
+
 template <typename T, int kW, int kMT, int kAct>
 __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][4], unsigned (&out)[kMT][kW / 16][4],
                                              unsigned wb, const float* bias, T* z, int rows_valid, int lane) {
@@ -1383,22 +1406,7 @@ __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][
 #pragma unroll
   for (int j = 0; j < kKT; ++j) {
     float acc[kMT][2][4];
-#pragma unroll
-    for (int m = 0; m < kMT; ++m)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[m][h][i] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kKT; ++kk) {
-      unsigned b[4];
-      ldsm_x4(b, wb + 2u * unsigned(j * 16 * kLdw + kk * 16));
-#pragma unroll
-      for (int m = 0; m < kMT; ++m) {
-        Mma<T>::mma(acc[m][0], in[m][kk], b[0], b[1]);
-        Mma<T>::mma(acc[m][1], in[m][kk], b[2], b[3]);
-      }
-    }
+    mma_16_columns<T, kMT, kKT>(acc, in, wb + 2u * unsigned(j * 16 * kLdw));
     unsigned chunk[kMT][4];
     chunk_to_a<T, kMT, kAct>(acc, chunk, bias, z, rows_valid, kW, j * 16, lane);
 #pragma unroll
@@ -1529,22 +1537,7 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
     const float* bl = bias + 128 * hidden;
     for (int j = 0; j < out_p / 16; ++j) {
       float acc[kMT][2][4];
-#pragma unroll
-      for (int m = 0; m < kMT; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[m][h][i] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < kKT; ++kk) {
-        unsigned b[4];
-        ldsm_x4(b, wl_b + 2u * unsigned(j * 16 * ldw + kk * 16));
-#pragma unroll
-        for (int m = 0; m < kMT; ++m) {
-          Mma<T>::mma(acc[m][0], a[m][kk], b[0], b[1]);
-          Mma<T>::mma(acc[m][1], a[m][kk], b[2], b[3]);
-        }
-      }
+      mma_16_columns<T, kMT, kKT>(acc, a, wl_b + 2u * unsigned(j * 16 * ldw));
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int c = j * 16 + h * 8 + 2 * t;
