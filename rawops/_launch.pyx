@@ -775,3 +775,58 @@ def torch_linear(x, weight, bias, long long flags):
             _launch(<uintptr_t>p[0], p[1], p[2], p[3], p[4], p[5], <uintptr_t>_torch_raw_stream(device), params,
                     device)
     return out
+
+
+# ---------------------------------------------------------------------------- torch source-network fast path
+def torch_seed_forward(x, list params, tuple state):
+    """FusedMLP's inference of the source network (100-128-64-10) in one typed call: x's
+    checks, y from torch's allocator, the launch. `params` = [w1, b1, w2, b2, w3, b3] as the
+    module holds them now; `state` = (dtype, device, their pointers when the module validated
+    them, flags, {batch: launch}, planner(batch) -> (function, grid, block, shared)). None
+    when anything differs (parameters replaced, another dtype, device or shape): the caller's
+    Python path then checks everything and raises its errors."""
+    if not isinstance(x, _Tensor):
+        return None
+    dtype, device_obj, ptrs, flags_obj, plans, planner = state
+    if x.dtype is not dtype:
+        return None
+    cdef Py_ssize_t i
+    for i in range(6):
+        if params[i].data_ptr() != ptrs[i]:
+            return None
+    cdef int device = device_obj
+    if x.get_device() != device or not x.is_contiguous():
+        return None
+    shape = x.shape
+    if len(shape) != 2 or shape[1] != 100:
+        return None
+    cdef long long batch = shape[0]
+    if batch <= 0:
+        return None
+    plan = plans.get(batch)
+    if plan is None:
+        if len(plans) > 256:
+            plans.clear()
+        plan = plans[batch] = planner(batch)
+    out = x.new_empty((batch, 10))
+    cdef uintptr_t slots[10]
+    slots[0] = x.data_ptr()
+    for i in range(6):
+        slots[i + 1] = <uintptr_t>ptrs[i]
+    slots[7] = out.data_ptr()
+    slots[8] = 0
+    slots[9] = 0
+    cdef long long flags = flags_obj
+    cdef void* args[12]
+    for i in range(10):
+        args[i] = &slots[i]
+    args[10] = &batch
+    args[11] = &flags
+    function, grid, block, shared = plan
+    if device == _torch_current_device():
+        _launch(<uintptr_t>function, grid, 1, 1, block, shared, <uintptr_t>_torch_raw_stream(device), args, device)
+    else:
+        with _torch_device_guard(device):
+            _launch(<uintptr_t>function, grid, 1, 1, block, shared, <uintptr_t>_torch_raw_stream(device), args,
+                    device)
+    return out

@@ -154,14 +154,20 @@ def seed_kernel(batch, tf32):
     return "seed_mlp_fwd_f32", seed_blocks(batch), SEED_THREADS, 0
 
 
+def seed_launch(batch, device):
+    """(function pointer, grid, block, shared bytes) of the source network's forward."""
+    tf32 = sm_count(device) if batch > SMALL_BATCH_MAX and USE_TF32 and tf32_available(device) else None
+    function, grid, block, smem = seed_kernel(batch, tf32)
+    return _modules.function_pointer(FAMILY, function, device), grid, block, smem
+
+
 def launch_seed_forward(device, x, w1, b1, w2, b2, w3, b3, y, batch, flags, stream, h1s=0, h2s=0):
     """One launch on pointers checked by the caller (float32, contiguous, one device);
     batch > 0. h1s / h2s (training): [batch, 128] and [batch, 64] float32 buffers that get
     the post-ReLU activations the backward needs; 0 in inference."""
-    tf32 = sm_count(device) if batch > SMALL_BATCH_MAX and USE_TF32 and tf32_available(device) else None
-    function, grid, block, smem = seed_kernel(batch, tf32)
-    launch(_modules.function_pointer(FAMILY, function, device), (grid,), block, smem, stream,
-           (x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags), SEED_FWD_KINDS, device)
+    function, grid, block, smem = seed_launch(batch, device)
+    launch(function, (grid,), block, smem, stream, (x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags),
+           SEED_FWD_KINDS, device)
 
 
 # ------------------------------------------------------------------------------ CuPy API

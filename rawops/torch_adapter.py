@@ -12,7 +12,7 @@ Everything is capturable in torch.cuda.graph: launches only, no allocation outsi
 import torch
 
 from . import elementwise as _ew
-from ._launch import register_torch, register_torch_gemm, sm_count, tensor_code, torch_linear
+from ._launch import register_torch, register_torch_gemm, sm_count, tensor_code, torch_linear, torch_seed_forward
 
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -932,6 +932,7 @@ class FusedMLP(torch.nn.Module):
 
     _fast_key = None  # inference fast path: the parameters last validated (dtype, device, pointers)
     _fast_plan = None
+    _seed_state = None  # the source network's typed fast path (_launch.torch_seed_forward)
 
     def forward(self, x):
         # ParameterList's own iteration costs microseconds per call; its dict does not.
@@ -939,6 +940,11 @@ class FusedMLP(torch.nn.Module):
         biases = list(self.biases._parameters.values()) if self.biases is not None else None
         if _compiling() or (_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))):
             return fused_mlp(x, weights, biases, self.activation, self.output_activation)
+        if self._seed_state is not None:  # the source network, validated before: one typed call
+            y = torch_seed_forward(x, [weights[0], biases[0], weights[1], biases[1], weights[2], biases[2]],
+                                   self._seed_state)
+            if y is not None:
+                return y
         # Inference: the parameters are validated once per (dtype, device, pointers), then only
         # x is checked per call (its dtype and device against the weights', its width).
         first = weights[0]
@@ -952,6 +958,13 @@ class FusedMLP(torch.nn.Module):
         else:
             plan = _mlp_plan(x, weights, biases, self.activation, self.output_activation)
             self._fast_key, self._fast_plan = key, plan
+            self._seed_state = None
+            if plan.regime == "seed" and biases is not None:
+                device = first.get_device()
+                pointers = (weights[0].data_ptr(), biases[0].data_ptr(), weights[1].data_ptr(), biases[1].data_ptr(),
+                            weights[2].data_ptr(), biases[2].data_ptr())
+                self._seed_state = (first.dtype, device, pointers, plan.out_act, {},
+                                    lambda batch: _mlp.seed_launch(batch, device))
         return _mlp_forward(x, weights, biases, plan, False)[0]
 
     def extra_repr(self):

@@ -983,6 +983,13 @@ def test_fused_mlp_module_inference_fast_path_rechecks_what_changes():
     with torch.no_grad():
         first = module(x)
         assert torch.equal(module(x), first)  # second call: the cached plan
+        assert module._seed_state is not None, "the source network takes the typed fast path"
+        state, module._seed_state = module._seed_state, None
+        assert torch.equal(module(x), first), "the Python path and the typed one agree"
+        module._seed_state = state
+        big = random((5000, 100), torch.float32)  # past the small-batch kernel
+        assert_close(module(big), _reference(net, big), torch.float32, "typed fast path, batch 5000")
+        assert_close(first, _reference(net, x), torch.float32, "typed fast path, batch 33")
         with pytest.raises(ValueError, match=r"^x has shape \(33, 99\), expected \(batch, 100\)"):
             module(x[:, :99].contiguous())
         with pytest.raises(TypeError, match=r"^x has dtype torch.float16"):
