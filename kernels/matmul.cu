@@ -30,6 +30,7 @@
 // (0.88x), linear_gelu f32 32x768->3072 12.8 us of kernel time (3.3 us floor).
 #include "rawops/dtype.cuh"
 #include "rawops/gemm_epilogue.cuh"
+#include "rawops/mma_sync.cuh"
 
 namespace rawops {
 namespace {
@@ -315,28 +316,6 @@ template <bool KM, int ROWS> struct TileShape {
   static constexpr int elems = KM ? ROWS * kKMajorStride : kMmaK * (ROWS + 8);
 };
 
-template <typename T> struct MmaOp;
-template <> struct MmaOp<__half> {
-  __device__ static void run(float* d, const unsigned* a, const unsigned* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-  }
-};
-template <> struct MmaOp<__nv_bfloat16> {
-  __device__ static void run(float* d, const unsigned* a, const unsigned* b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-  }
-};
-
 __device__ __forceinline__ unsigned smem_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
@@ -476,7 +455,7 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni) MmaOp<T>::run(acc[mi][ni], af[mi], bf[ni]);
+        for (int ni = 0; ni < NI; ++ni) mma_m16n8k16<T>(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
     }
   }
   cp_async_wait<0>();

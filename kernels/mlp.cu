@@ -20,6 +20,7 @@
 // (sm_80+: > 100 KB) with 128-sample tiles is the next step if L2 or the per-chunk
 // __syncthreads show up in the profile (bench/NOTES.md).
 #include "rawops/dtype.cuh"
+#include "rawops/mma_sync.cuh"
 
 namespace rawops {
 namespace {
@@ -1260,11 +1261,7 @@ template <> struct Mma<__half> {
 #endif
   }
   __device__ static __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_m16n8k16<__half>(d, a, b0, b1);
   }
 };
 template <> struct Mma<__nv_bfloat16> {
@@ -1282,11 +1279,7 @@ template <> struct Mma<__nv_bfloat16> {
 #endif
   }
   __device__ static __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_m16n8k16<__nv_bfloat16>(d, a, b0, b1);
   }
 };
 
