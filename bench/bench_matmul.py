@@ -34,13 +34,22 @@ def _error(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
+# linear_gelu's shapes (dtype, M, K, N): the issue's small and large batch, both dtypes.
+LINEAR_SHAPES = ((torch.float32, 32, 768, 3072), (torch.bfloat16, 32, 768, 3072),
+                 (torch.float32, 8192, 768, 3072), (torch.bfloat16, 8192, 768, 3072))
+
+
+def _linear_operands(dtype, m, k, n):
+    """Fresh x (m, k), weight (n, k) scaled like nn.Linear's outputs, bias (n,)."""
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype)
+    return x, w, torch.randn(n, device="cuda").to(dtype)
+
+
 def linear_rows(ta, ceiling):
     rows = []
-    for dtype, m, k, n in ((torch.float32, 32, 768, 3072), (torch.bfloat16, 32, 768, 3072),
-                           (torch.float32, 8192, 768, 3072), (torch.bfloat16, 8192, 768, 3072)):
-        x = torch.randn(m, k, device="cuda").to(dtype)
-        w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype)
-        b = torch.randn(n, device="cuda").to(dtype)
+    for dtype, m, k, n in LINEAR_SHAPES:
+        x, w, b = _linear_operands(dtype, m, k, n)
         ref = F.gelu(F.linear(x.double(), w.double(), b.double()), approximate="tanh")
         with torch.no_grad():
             error = _error(ta.linear_gelu(x, w, b), ref)
@@ -93,11 +102,8 @@ def backward_rows(ta, ceiling):
     """The backward alone, both sides as CUDA graphs: rawops (dpre from the saved
     pre-activation, dx and dW GEMMs, column sum) against aten's gelu_backward + 2 matmuls + sum."""
     rows = []
-    for dtype, m, k, n in ((torch.float32, 32, 768, 3072), (torch.bfloat16, 32, 768, 3072),
-                           (torch.float32, 8192, 768, 3072), (torch.bfloat16, 8192, 768, 3072)):
-        x = torch.randn(m, k, device="cuda").to(dtype)
-        w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype)
-        b = torch.randn(n, device="cuda").to(dtype)
+    for dtype, m, k, n in LINEAR_SHAPES:
+        x, w, b = _linear_operands(dtype, m, k, n)
         dy = torch.randn(m, n, device="cuda").to(dtype)
         pre = F.linear(x, w, b)
 
