@@ -349,6 +349,16 @@ cdef int _launch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsi
     return _check(rc, "kernel launch")
 
 
+cdef int _launch_torch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
+                       void** params, int device) except -1:
+    """_launch on torch's current stream of `device`. The function belongs to that device's
+    context, so torch's current device is switched around the launch when it differs."""
+    if device == _torch_current_device():
+        return _launch(function, gx, gy, gz, bx, shared, <uintptr_t>_torch_raw_stream(device), params, device)
+    with _torch_device_guard(device):
+        return _launch(function, gx, gy, gz, bx, shared, <uintptr_t>_torch_raw_stream(device), params, device)
+
+
 def launch(uintptr_t function, tuple grid, unsigned block, unsigned shared, uintptr_t stream,
            tuple args, str kinds, int device):
     """Generic launch: `kinds` gives each argument's C type, 'p' pointer, 'q' int64, 'f' float,
@@ -447,36 +457,38 @@ cdef object _torch_f32 = None
 cdef object _torch_f16 = None
 cdef object _torch_bf16 = None
 cdef object _torch_empty_like = None
-cdef object _torch_contiguous_format = None
 cdef object _torch_raw_stream = None
 cdef object _torch_current_device = None
 cdef object _torch_device_guard = None
 
 
-def register_torch(tensor_type, float_dtypes, empty_like, contiguous_format, raw_stream, current_device,
-                   device_guard):
-    global _Tensor, _torch_f32, _torch_f16, _torch_bf16, _torch_empty_like, _torch_contiguous_format
+def register_torch(tensor_type, float_dtypes, empty_like, raw_stream, current_device, device_guard):
+    global _Tensor, _torch_f32, _torch_f16, _torch_bf16, _torch_empty_like
     global _torch_raw_stream, _torch_current_device, _torch_device_guard
     _Tensor = tensor_type
     _torch_f32, _torch_f16, _torch_bf16 = float_dtypes
     _torch_empty_like = empty_like
-    _torch_contiguous_format = contiguous_format
     _torch_raw_stream = raw_stream
     _torch_current_device = current_device
     _torch_device_guard = device_guard
 
 
-cdef int _tensor_code(object t, str name) except -1:
+cdef int _tensor_code(object t, str name, int* device=NULL) except -1:
+    """The dtype code after the checks every launch makes; `device` (when given) receives
+    the tensor's GPU, so the hot path asks torch for it once."""
     if not isinstance(t, _Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     dt = t.dtype
     cdef int code = F32 if dt is _torch_f32 else F16 if dt is _torch_f16 else BF16 if dt is _torch_bf16 else -1
     if code < 0:
         raise TypeError(f"{name} has dtype {dt}; rawops supports float32, float16, bfloat16")
-    if t.get_device() < 0:
+    cdef int index = t.get_device()
+    if index < 0:
         raise ValueError(f"{name} is on {t.device}; rawops runs on CUDA tensors")
     if not t.is_contiguous():
         raise ValueError(f"{name} is not contiguous; rawops never copies behind your back: pass {name}.contiguous()")
+    if device != NULL:
+        device[0] = index
     return code
 
 
@@ -617,7 +629,8 @@ cdef class MapKernel:
         """The same op on torch tensors, on torch's current stream; returns out (a new
         tensor unless given)."""
         cdef tuple names = self.arg_names
-        cdef int code = _tensor_code(a, names[0])
+        cdef int device = -1
+        cdef int code = _tensor_code(a, names[0], &device)
         if self.reads_b:
             _tensor_like(b, names[1], a, names[0])
             if b.shape != a.shape:
@@ -628,8 +641,9 @@ cdef class MapKernel:
                 raise ValueError(f"{names[len(names) - 1]} has shape {tuple(c.shape)}, expected one value per "
                                  f"element of {names[0]}'s last dim ({a.shape[a.dim() - 1] if a.dim() else '?'},)")
         if out is None:
-            # Inputs are contiguous, so this equals preserve_format, minus its stride logic.
-            out = _torch_empty_like(a, memory_format=_torch_contiguous_format)
+            # `a` is contiguous, so preserve_format (the default) gives a contiguous tensor too;
+            # leaving out the keyword saves torch's argument parsing (~0.3 us a call).
+            out = _torch_empty_like(a)
         else:
             _tensor_like(out, "out", a, names[0])
             if out.shape != a.shape:
@@ -642,23 +656,21 @@ cdef class MapKernel:
         cdef long long n = a.numel()
         if n == 0:
             return out
-        cdef int device = a.get_device()
         cdef uintptr_t pb = b.data_ptr() if self.reads_b else 0
         cdef uintptr_t pc = c.data_ptr() if self.reads_c else 0
         cdef long long inner = c.numel() if self.reads_c else 1
-        if device == _torch_current_device():
-            self.launch_pointers(device, code, a.data_ptr(), pb, pc, out.data_ptr(), n, inner, alpha,
-                                 _torch_raw_stream(device))
-        else:
-            with _torch_device_guard(device):
-                self.launch_pointers(device, code, a.data_ptr(), pb, pc, out.data_ptr(), n, inner, alpha,
-                                     _torch_raw_stream(device))
+        self._launch_map(device, code, a.data_ptr(), pb, pc, out.data_ptr(), n, inner, alpha, 0, True)
         return out
 
     cpdef int launch_pointers(self, int device, int dtype, uintptr_t a, uintptr_t b, uintptr_t c,
                               uintptr_t out, long long n, long long inner, float alpha,
                               uintptr_t stream) except -1:
         """Launch on raw pointers already checked by the caller (the torch adapter's path)."""
+        return self._launch_map(device, dtype, a, b, c, out, n, inner, alpha, stream, False)
+
+    cdef int _launch_map(self, int device, int dtype, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t out,
+                         long long n, long long inner, float alpha, uintptr_t stream, bint on_torch) except -1:
+        # on_torch: on torch's current stream of `device` (`stream` unused)
         cdef uintptr_t function = self.function(device, dtype)
         cdef int itemsize = 4 if dtype == F32 else 2
         cdef long long head = _map_head(n, itemsize, out, a, b if self.reads_b else 0)
@@ -674,6 +686,8 @@ cdef class MapKernel:
         params[5] = &head
         params[6] = &inner
         params[7] = &alpha
+        if on_torch:
+            return _launch_torch(function, <unsigned>blocks, 1, 1, MAP_THREADS, 0, params, device)
         return _launch(function, <unsigned>blocks, 1, 1, MAP_THREADS, 0, stream, params, device)
 
 
@@ -754,7 +768,7 @@ def torch_linear(x, weight, bias, long long flags):
     cdef tuple p = _gemm_plan("nt", code, m, n, k, pa, pb, device)
     if p[6] != 1:
         return None
-    out = x.new_empty((m, n) if nd == 2 else tuple(shape[:nd - 1]) + (n,))
+    out = x.new_empty(m, n) if nd == 2 else x.new_empty(tuple(shape[:nd - 1]) + (n,))  # ints parse faster
     cdef uintptr_t pc = out.data_ptr(), pbias = bias.data_ptr() if has_bias else 0
     cdef uintptr_t zero = 0
     cdef void* params[10]
@@ -768,12 +782,7 @@ def torch_linear(x, weight, bias, long long flags):
     params[7] = &n
     params[8] = &k
     params[9] = &flags
-    if device == _torch_current_device():
-        _launch(<uintptr_t>p[0], p[1], p[2], p[3], p[4], p[5], <uintptr_t>_torch_raw_stream(device), params, device)
-    else:
-        with _torch_device_guard(device):
-            _launch(<uintptr_t>p[0], p[1], p[2], p[3], p[4], p[5], <uintptr_t>_torch_raw_stream(device), params,
-                    device)
+    _launch_torch(<uintptr_t>p[0], p[1], p[2], p[3], p[4], p[5], params, device)
     return out
 
 
@@ -808,7 +817,7 @@ def torch_seed_forward(x, list params, tuple state):
         if len(plans) > 256:
             plans.clear()
         plan = plans[batch] = planner(batch)
-    out = x.new_empty((batch, 10))
+    out = x.new_empty(batch, 10)  # sizes as separate ints: torch parses them faster than a tuple
     cdef uintptr_t slots[10]
     slots[0] = x.data_ptr()
     for i in range(6):
@@ -823,10 +832,5 @@ def torch_seed_forward(x, list params, tuple state):
     args[10] = &batch
     args[11] = &flags
     function, grid, block, shared = plan
-    if device == _torch_current_device():
-        _launch(<uintptr_t>function, grid, 1, 1, block, shared, <uintptr_t>_torch_raw_stream(device), args, device)
-    else:
-        with _torch_device_guard(device):
-            _launch(<uintptr_t>function, grid, 1, 1, block, shared, <uintptr_t>_torch_raw_stream(device), args,
-                    device)
+    _launch_torch(<uintptr_t>function, grid, 1, 1, block, shared, args, device)
     return out
