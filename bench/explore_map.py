@@ -31,9 +31,9 @@ KERNELS = [  # (name, dtype, reads b, reads c (row of 4096), bytes moved per ele
 ]
 
 
-def build(unroll, variant, arch, out_dir, index32=1):
-    path = os.path.join(out_dir, f"elementwise_u{unroll}_{variant}_i{index32}.cubin")
-    flags = [f"-DRAWOPS_MAP_UNROLL={unroll}", "-DRAWOPS_MAP_MAX_THREADS=512", f"-DRAWOPS_MAP_INDEX32={index32}"]
+def build(unroll, variant, arch, out_dir):
+    path = os.path.join(out_dir, f"elementwise_u{unroll}_{variant}.cubin")
+    flags = [f"-DRAWOPS_MAP_UNROLL={unroll}", "-DRAWOPS_MAP_MAX_THREADS=512"]
     flags += {"nc": [], "plain": ["-DRAWOPS_PLAIN_LOADS"], "cs": ["-DRAWOPS_STREAMING_HINTS"]}[variant]
     subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
                     *flags, f"{ROOT}/kernels/elementwise.cu", "-o", path], check=True)
@@ -87,9 +87,8 @@ def main():
     buffers = {}
     rows = []
     torch_us = torch_times()
-    for unroll, loads, index32 in ((1, "nc", 1), (1, "nc", 0), (2, "nc", 1), (1, "cs", 1)):
-        module = build(unroll, loads, f"{major}{minor}", "/tmp", index32)
-        loads = f"{loads}/i{32 if index32 else 64}"
+    for unroll, loads in ((1, "nc"), (1, "cs"), (2, "nc")):
+        module = build(unroll, loads, f"{major}{minor}", "/tmp")
         for name, dtype, reads_b, reads_c, units in KERNELS:
             dtype = numpy.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else numpy.dtype(dtype)
             if dtype not in buffers:
@@ -111,14 +110,14 @@ def main():
                         continue
                     tbps = units * N * dtype.itemsize / us / 1e6
                     rows.append((name, unroll, block, loads, grid, us, tbps, torch_us[name] / us))
-                    print(f"{name:26s} U{unroll} B{block:4d} {loads:7s} grid {grid:6d} {us:8.1f} us {tbps:5.3f} TB/s "
+                    print(f"{name:26s} U{unroll} B{block:4d} {loads:5s} grid {grid:6d} {us:8.1f} us {tbps:5.3f} TB/s "
                           f"{torch_us[name] / us:5.3f}x torch", flush=True)
     best = {}
     for row in rows:
         if row[0] not in best or row[6] > best[row[0]][6]:
             best[row[0]] = row
     lines = ["torch eager us (same run): " + ", ".join(f"{k} {v:.1f}" for k, v in torch_us.items()), "",
-             "| kernel | unroll | block | loads/index | grid | us | TB/s | x torch |", "|---|---|---|---|---|---|---|---|"]
+             "| kernel | unroll | block | loads | grid | us | TB/s | x torch |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]:.1f} | {r[6]:.3f} | {r[7]:.3f} |" for r in rows]
     lines += ["", "best per kernel:"] + [f"- {k}: U{r[1]} B{r[2]} {r[3]} {r[6]:.3f} TB/s {r[7]:.3f}x torch"
                                          for k, r in best.items()]

@@ -142,23 +142,21 @@ __device__ __forceinline__ void map_scalar(const T* a, const T* b, const T* c, T
   out[i] = from_float<T>(Op::f(to_float(a[i]), bv, cv, alpha));
 }
 
-// I: the index type of the vector loop, 32-bit when the tensor allows (fewer instructions per
-// 16 bytes: the half types move 8 elements per vector and are closest to issue-bound).
-template <class Op, typename T, typename I>
-__device__ __forceinline__ void map_indexed(const T* __restrict__ a, const T* __restrict__ b,
-                                            const T* __restrict__ c, T* __restrict__ out, I n,
-                                            I head, int64_t inner, float alpha) {
+template <class Op, typename T>
+__device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict__ b,
+                                    const T* __restrict__ c, T* __restrict__ out, int64_t n,
+                                    int64_t head, int64_t inner, float alpha) {
   constexpr int V = Vec16<T>::size;
-  const I tid = I(blockIdx.x) * I(blockDim.x) + I(threadIdx.x);
-  const I nthreads = I(gridDim.x) * I(blockDim.x);
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t nthreads = int64_t(gridDim.x) * blockDim.x;
 
   if (head < 0) {  // operands misaligned relative to each other: scalar everywhere
-    for (I i = tid; i < n; i += nthreads) map_scalar<Op>(a, b, c, out, i, inner, alpha);
+    for (int64_t i = tid; i < n; i += nthreads) map_scalar<Op>(a, b, c, out, i, inner, alpha);
     return;
   }
   // Scalar head (before 16-byte alignment) and tail (after the last whole vector).
-  const I nvec = (n - head) / V;
-  const I tail = head + nvec * V;
+  const int64_t nvec = (n - head) / V;
+  const int64_t tail = head + nvec * V;
   if (blockIdx.x == 0) {
     if (threadIdx.x < head) map_scalar<Op>(a, b, c, out, threadIdx.x, inner, alpha);
     if (threadIdx.x < n - tail) map_scalar<Op>(a, b, c, out, tail + threadIdx.x, inner, alpha);
@@ -168,17 +166,17 @@ __device__ __forceinline__ void map_indexed(const T* __restrict__ a, const T* __
   const bool c_vectors = Op::C && head == 0 && inner % V == 0 && (reinterpret_cast<size_t>(c) & 15) == 0;
   // Work comes in chunks of kUnroll * blockDim consecutive vectors; a block takes chunks
   // blockIdx.x, blockIdx.x + gridDim.x, ... (one chunk each when the grid covers them all).
-  const I chunk_size = I(blockDim.x) * kUnroll;
+  const int64_t chunk_size = int64_t(blockDim.x) * kUnroll;
   // Consecutive vectors of a thread are blockDim * V elements apart: their columns advance
   // by a fixed step modulo inner, so only the first needs a division.
   const int64_t col_step = Op::C ? column_of(int64_t(blockDim.x) * V, inner) : 0;
-  for (I chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {
-    const I first_vec = chunk * chunk_size + I(threadIdx.x);
+  for (int64_t chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {
+    const int64_t first_vec = chunk * chunk_size + threadIdx.x;
     int64_t col = Op::C ? column_of(head + first_vec * V, inner) : 0;
     Vec16<T> va[kUnroll], vb[kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {  // every load in flight before any math
-      const I j = first_vec + k * I(blockDim.x);
+      const int64_t j = first_vec + k * blockDim.x;
       if (j < nvec) {
         va[k] = load16(a + head + j * V);
         if (Op::B) vb[k] = load16(b + head + j * V);
@@ -186,9 +184,9 @@ __device__ __forceinline__ void map_indexed(const T* __restrict__ a, const T* __
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
-      const I j = first_vec + k * I(blockDim.x);
+      const int64_t j = first_vec + k * blockDim.x;
       if (j < nvec) {
-        const I first = head + j * V;
+        const int64_t first = head + j * V;
         float cv[V];
         if (Op::C) row_values(c, col, inner, c_vectors, cv);
         Vec16<T> r;
@@ -205,20 +203,6 @@ __device__ __forceinline__ void map_indexed(const T* __restrict__ a, const T* __
       }
     }
   }
-}
-
-#ifndef RAWOPS_MAP_INDEX32
-#define RAWOPS_MAP_INDEX32 1  // 0: 64-bit indices everywhere (bench/explore_map.py compares)
-#endif
-template <class Op, typename T>
-__device__ __forceinline__ void map(const T* a, const T* b, const T* c, T* out, int64_t n, int64_t head,
-                                    int64_t inner, float alpha) {
-  // Below 2^30 elements no index of the loop (chunk * chunk_size reaches at most twice n)
-  // can overflow 32 bits; larger tensors take the 64-bit copy of the same loop.
-  if (RAWOPS_MAP_INDEX32 && n < (int64_t(1) << 30))
-    map_indexed<Op, T, int>(a, b, c, out, int(n), int(head), inner, alpha);
-  else
-    map_indexed<Op, T, int64_t>(a, b, c, out, n, head, inner, alpha);
 }
 
 // Deterministic column sums of a (rows x cols) matrix, in two launches (no atomics, so the

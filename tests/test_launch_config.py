@@ -163,28 +163,24 @@ def test_simulation_mirrors_the_kernel_source():
     # Tripwire: if the kernel's indexing changes, simulate_map must change with it.
     source = _kernel_source()
     lines = [
-        "for (I i = tid; i < n; i += nthreads) map_scalar<Op>(a, b, c, out, i, inner, alpha);",
-        "const I nvec = (n - head) / V;",
-        "const I tail = head + nvec * V;",
+        "for (int64_t i = tid; i < n; i += nthreads) map_scalar<Op>(a, b, c, out, i, inner, alpha);",
+        "const int64_t nvec = (n - head) / V;",
+        "const int64_t tail = head + nvec * V;",
         "if (blockIdx.x == 0) {",
         "if (threadIdx.x < head) map_scalar<Op>(a, b, c, out, threadIdx.x, inner, alpha);",
         "if (threadIdx.x < n - tail) map_scalar<Op>(a, b, c, out, tail + threadIdx.x, inner, alpha);",
-        "const I j = first_vec + k * I(blockDim.x);",
-        "const I first = head + j * V;",
+        "const int64_t j = first_vec + k * blockDim.x;",
+        "const int64_t first = head + j * V;",
         "__launch_bounds__(RAWOPS_MAP_MAX_THREADS)",
     ]
     if CHUNK_LOOP:
         lines += [
-            "const I chunk_size = I(blockDim.x) * kUnroll;",
-            "for (I chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {",
-            "const I first_vec = chunk * chunk_size + I(threadIdx.x);",
+            "const int64_t chunk_size = int64_t(blockDim.x) * kUnroll;",
+            "for (int64_t chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {",
+            "const int64_t first_vec = chunk * chunk_size + threadIdx.x;",
         ]
     else:
         lines += ["const int64_t first_vec = int64_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;"]
-    # I is int below 2^30 elements, int64_t from there (simulate_map computes in int64).
-    lines += ["if (RAWOPS_MAP_INDEX32 && n < (int64_t(1) << 30))",
-              "map_indexed<Op, T, int>(a, b, c, out, int(n), int(head), inner, alpha);",
-              "map_indexed<Op, T, int64_t>(a, b, c, out, n, head, inner, alpha);"]
     for line in lines:
         assert line in source, f"kernels/elementwise.cu no longer has: {line}"
     unroll = re.search(r"(?:constexpr int kUnroll = |#define RAWOPS_MAP_UNROLL )(\d+)", source)
@@ -281,20 +277,3 @@ def test_generic_launch_takes_at_most_32_arguments():
 def test_sm_count_refuses_out_of_range_devices_before_asking_the_gpu(device):
     with pytest.raises(ValueError, match=f"device {device} is out of range"):
         sm_count(device)
-
-
-@pytest.mark.parametrize("itemsize", [4, 2])
-def test_the_32_bit_index_path_cannot_overflow(itemsize):
-    # The kernel indexes in 32 bits below 2^30 elements: every value its loop computes, up to
-    # the loop test after a block's last chunk, must stay below 2^31 there.
-    n = 2 ** 30 - 1
-    for head_phase in (0, 2):
-        blocks, head = map_launch_config(n, itemsize, BASE + head_phase, BASE + head_phase, 0, 132)
-        nvec = (n - head) // (16 // itemsize)
-        chunk_size = THREADS * UNROLL
-        last_test = (blocks - 1 + blocks) * chunk_size  # chunk * chunk_size after the last chunk
-        last_element = head + (nvec - 1) * (16 // itemsize)
-        assert max(last_test, last_element, blocks * THREADS) < 2 ** 31
-    # the scalar path (operands out of phase): i + nthreads on a bounded grid
-    blocks, head = map_launch_config(n, itemsize, BASE, BASE + itemsize, 0, 132)
-    assert head == -1 and n + blocks * THREADS < 2 ** 31

@@ -889,14 +889,36 @@ def test_adapter_gradcheck_small_source_network():
 
     net = _network(torch)
     weights, biases = _net_params(net)
-    x = torch.randn(3, 100, device="cuda", requires_grad=True)
+    eps = 1e-3
+    x = _x_away_from_relu_kinks(torch, weights, biases, 3, eps)
     b3 = biases[2].clone().requires_grad_(True)
     b1 = biases[0].clone().requires_grad_(True)
 
     def f(x, b1, b3):
         return ta.fused_mlp(x, weights, [b1, biases[1], b3])
 
-    assert torch.autograd.gradcheck(f, (x, b1, b3), eps=1e-2, atol=2e-2, rtol=2e-2, nondet_tol=1e-6)
+    assert torch.autograd.gradcheck(f, (x, b1, b3), eps=eps, atol=2e-2, rtol=2e-2, nondet_tol=1e-6)
+
+
+def _x_away_from_relu_kinks(torch, weights, biases, batch, eps):
+    """Fresh random x whose hidden pre-activations all lie farther from 0 than twice what a
+    gradcheck step (one element of x or b1 moved by eps) can shift them: finite differences
+    across a ReLU kink disagree with any correct gradient (a flaky failure otherwise)."""
+    w1, w2 = weights[0].double(), weights[1].double()
+    b1, b2 = biases[0].double(), biases[1].double()
+    for _ in range(1000):
+        x = torch.randn(batch, w1.shape[1], device="cuda")
+        z1 = x.double() @ w1.T + b1
+        mask1 = (z1 > 0).double()
+        z2 = torch.relu(z1) @ w2.T + b2
+        shift1 = eps * max(1.0, w1.abs().max().item())
+        # z2's shift through z1: by x[k] (all of column k of W1) or by b1[j] (one unit)
+        through_x = ((w2 * mask1[:, None, :]) @ w1).abs().amax(dim=2)  # (batch, units of layer 2)
+        through_b1 = (w2 * mask1[:, None, :]).abs().amax(dim=2)
+        shift2 = eps * torch.maximum(through_x, through_b1)
+        if (z1.abs() > 2 * shift1).all() and (z2.abs() > 2 * shift2).all():
+            return x.requires_grad_(True)
+    raise AssertionError("no x away from the ReLU kinks in 1000 draws")
 
 
 @pytest.mark.gpu
