@@ -84,15 +84,10 @@ def built(device):
     return ok
 
 
-_opted_in = set()
-
-
 def function(name, device):
-    pointer = _modules.function_pointer(FAMILY, name, device)
-    if (name, device) not in _opted_in:  # above 48 KB of dynamic shared memory a kernel must opt in
-        _modules.get_function(FAMILY, name, device).max_dynamic_shared_size_bytes = SHARED_BYTES
-        _opted_in.add((name, device))
-    return pointer
+    if not _modules.allow_dynamic_shared(FAMILY, name, device, SHARED_BYTES):
+        raise RuntimeError(f"{name} needs {SHARED_BYTES} bytes of shared memory; device {device} has less")
+    return _modules.function_pointer(FAMILY, name, device)
 
 
 _maps = {}  # (pointer, dtype, inner, outer, box) -> CUtensorMap bytes

@@ -174,5 +174,29 @@ def function_pointer(family, name, device):
     return pointer
 
 
+DEFAULT_DYNAMIC_SHARED = 48 * 1024  # what every kernel may take without opting in
+_shared_allowed = {}  # (family, name, device) -> the dynamic shared memory a kernel is allowed so far
+
+
+def allow_dynamic_shared(family, name, device, nbytes):
+    """Let a kernel launch with `nbytes` of dynamic shared memory on `device`: False when the
+    device's per-block opt-in cannot hold that beside the kernel's static shared memory.
+    Above 48 KB a kernel must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize). The limit
+    is only ever raised: one kernel serves launches of different sizes, and lowering it for a
+    smaller one would make the next launch of a larger one fail."""
+    key = (family, name, device)
+    if nbytes <= max(DEFAULT_DYNAMIC_SHARED, _shared_allowed.get(key, 0)):
+        return True
+    import cupy
+
+    kernel = get_function(family, name, device)
+    optin = cupy.cuda.runtime.deviceGetAttribute(97, device)  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+    if nbytes + kernel.shared_size_bytes > optin:
+        return False
+    kernel.max_dynamic_shared_size_bytes = nbytes
+    _shared_allowed[key] = nbytes
+    return True
+
+
 def loaded_functions():
     return sorted(_functions)

@@ -40,8 +40,6 @@ def forward_plan(rows, n, itemsize, aligned):
 # The backward kernels are bound to 64 registers a thread (kernels/norm.cu, __launch_bounds__
 # (512, 2)): 65536 / 64 of their threads fit an SM.
 BWD_THREADS_PER_SM = 1024
-STATIC_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a block gets without opting in
-_smem_allowed = {}  # (kernel name, device) -> dynamic shared memory bytes it was allowed
 
 
 def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx):
@@ -63,21 +61,10 @@ def column_smem(mode, threads, itemsize, partials):
 
 
 def _allow_smem(name, device, smem):
-    """Whether kernel `name` may take `smem` bytes of dynamic shared memory on `device`,
-    raising its limit when it needs more than the default 48 KB (16-bit rows of 4097 to 8192:
-    64 KB; more than sm_75's 64 KB a block once its reduction storage is added)."""
-    key = (name, device)
-    if smem <= max(STATIC_SMEM_LIMIT, _smem_allowed.get(key, 0)):
-        return True
-    import cupy
-
-    kernel = _modules.get_function(FAMILY, name, device)
-    optin = cupy.cuda.runtime.deviceGetAttribute(97, device)  # cudaDevAttrMaxSharedMemoryPerBlockOptin
-    if smem + kernel.shared_size_bytes > optin:
-        return False
-    kernel.max_dynamic_shared_size_bytes = smem
-    _smem_allowed[key] = smem
-    return True
+    """Whether kernel `name` may take `smem` bytes of dynamic shared memory on `device`
+    (16-bit rows of 4097 to 8192: 64 KB; more than sm_75's 64 KB a block once its reduction
+    storage is added)."""
+    return _modules.allow_dynamic_shared(FAMILY, name, device, smem)
 
 
 _resident = {}  # (kernel name, device, threads, smem) -> blocks on the whole device at once

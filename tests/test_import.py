@@ -128,3 +128,22 @@ def test_families_list_fatbins_and_sources(tmp_path, monkeypatch):
     monkeypatch.setattr(_modules, "CHECKOUT_KERNELS", str(sources))
     assert _modules.families() == ["alpha", "beta"]
     assert _modules.fatbin_path("alpha") == str(fatbins / "alpha.fatbin")
+
+
+def test_a_kernels_dynamic_shared_memory_limit_is_only_raised_and_checked_against_the_device(monkeypatch):
+    # One kernel serves launches of different sizes: a smaller launch must not lower the limit
+    # a larger one set (its next launch would fail with CUDA_ERROR_INVALID_VALUE), and a size
+    # the device cannot hold is refused before any launch.
+    import cupy
+
+    kernel = type("Kernel", (), {"max_dynamic_shared_size_bytes": 0, "shared_size_bytes": 1024})()
+    monkeypatch.setattr(_modules, "get_function", lambda family, name, device: kernel)
+    monkeypatch.setattr(cupy.cuda.runtime, "deviceGetAttribute", lambda attribute, device: 232448)
+    monkeypatch.setattr(_modules, "_shared_allowed", {})
+    assert _modules.allow_dynamic_shared("f", "k", 0, 40000) and kernel.max_dynamic_shared_size_bytes == 0
+    for nbytes in (196096, 100000, 196096, 200000):
+        assert _modules.allow_dynamic_shared("f", "k", 0, nbytes)
+        assert kernel.max_dynamic_shared_size_bytes >= nbytes
+    assert kernel.max_dynamic_shared_size_bytes == 200000
+    assert not _modules.allow_dynamic_shared("f", "k", 0, 232448)  # + 1 KB static: over the opt-in
+    assert kernel.max_dynamic_shared_size_bytes == 200000
