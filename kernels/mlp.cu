@@ -1766,6 +1766,7 @@ __device__ __forceinline__ void chain_product(float (&acc)[2][kW / 8][4], unsign
     for (int q = 0; q < kW / 8; ++q)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][q][i] = 0.f;
+#pragma unroll 2
   for (int kk = 0; kk < k_p / 16; ++kk) {
     unsigned a[2][4];
 #pragma unroll
@@ -2009,8 +2010,37 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
   }
 }
 
+// The fused backward's partials of every layer reduced in one launch (blockIdx.y = layer):
+// the per-layer sum of wgrad_reduce at the layer's offset in a block's row (the layout of
+// write_partials: [n_p][k_p] then [n_p] floats per layer).
+template <typename T>
+__device__ __forceinline__ void wgrad_reduce_layers(const float* __restrict__ ws, int64_t chunks, int64_t stride,
+                                                    int n_in, int width, int n_out, int hidden, T* const* dw,
+                                                    T* const* db) {
+  const int l = blockIdx.y;
+  auto n_p_of = [&](int i) { return i == hidden ? round16(n_out) : width; };
+  auto k_p_of = [&](int i) { return i == 0 ? round16(n_in) : width; };
+  int64_t offset = 0;
+  for (int i = 0; i < l; ++i) offset += int64_t(n_p_of(i)) * (k_p_of(i) + 1);
+  const int N = l == hidden ? n_out : width, K = l == 0 ? n_in : width;
+  wgrad_reduce<T>(ws + offset, chunks, stride, N, K, k_p_of(l), int64_t(n_p_of(l)) * k_p_of(l), dw[l], db[l]);
+}
+
 }  // namespace
 }  // namespace rawops
+
+#define RAWOPS_REDUCE_LAYERS(suffix, T)                                                                        \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      mlp_wgrad_reduce_layers_bwd_##suffix(const float* ws, long long chunks, long long stride, long long n_in, \
+                                           long long width, long long n_out, long long hidden, T* dw0, T* dw1,  \
+                                           T* dw2, T* dw3, T* dw4, T* dw5, T* dw6, T* dw7, T* dw8, T* db0,      \
+                                           T* db1, T* db2, T* db3, T* db4, T* db5, T* db6, T* db7, T* db8) {    \
+    T* const dw[rawops::kTcMaxLayers] = {dw0, dw1, dw2, dw3, dw4, dw5, dw6, dw7, dw8};                          \
+    T* const db[rawops::kTcMaxLayers] = {db0, db1, db2, db3, db4, db5, db6, db7, db8};                          \
+    rawops::wgrad_reduce_layers<T>(ws, chunks, stride, int(n_in), int(width), int(n_out), int(hidden), dw, db); \
+  }
+RAWOPS_REDUCE_LAYERS(f16, __half)
+RAWOPS_REDUCE_LAYERS(bf16, __nv_bfloat16)
 
 // One entry per hidden width W and hidden activation, like the fast forward; 8 warps at
 // most, one block per SM (the accumulators and weights take most of the shared memory).

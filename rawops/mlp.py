@@ -76,7 +76,8 @@ def tc_nf(fragments):
 # Every extern "C" entry point of kernels/mlp.cu (tests/test_build.py checks the fatbin).
 ENTRY_POINTS = frozenset([f"{base}_f32" for base in KERNELS] + [f"{base}_{s}" for base in KERNELS_ALL_FLOATS
                                                                 for s in ("f32", "f16", "bf16")]
-                         + [f"{base}_{s}" for base in {**TC_KERNELS, **TC_FAST_KERNELS, **TC_FAST_BWD_KERNELS}
+                         + [f"{base}_{s}" for base in {**TC_KERNELS, **TC_FAST_KERNELS, **TC_FAST_BWD_KERNELS,
+                                                       "mlp_wgrad_reduce_layers_bwd": None}
                             for s in ("f16", "bf16")])
 SEED_FWD_KINDS = "pppppppppp" + "qq"
 DGRAD_KINDS = "ppppp" + "qqq"
@@ -86,6 +87,7 @@ TC_FWD_KINDS = "ppp" + "p" * 18 + "q" * 6
 TC_BWD_KINDS = "ppppp" + "p" * 9 + "q" * 6
 TC_WGRAD_KINDS = "pppp" + "q" * 7
 TC_FAST_BWD_KINDS = "pppppp" + "p" * 9 + "q" * 6
+REDUCE_LAYERS_KINDS = "p" + "q" * 6 + "p" * 18
 
 SEED_SIZES = (100, 128, 64, 10)  # input, hidden, hidden, output
 SEED_TILE = 64  # kTile: samples per block
@@ -651,12 +653,14 @@ def _launch_fast_backward(plan, device, dy, x, y, save, weights, dx, dweights, d
     launch(_tc_function(name, plan, device, smem), (grid,), 32 * warps, smem, stream,
            (dy, y if plan.out_act == OUTPUT_RELU else 0, x, save, dx or 0, ws, *ws9, batch, plan.n_in, plan.n_out,
             plan.hidden, plan.act | (plan.out_act << 2), stride), TC_FAST_BWD_KINDS, device)
-    reduce = _modules.function_pointer(FAMILY, f"mlp_wgrad_reduce_bwd_{plan.suffix}", device)
-    for l, (offset, n, k, n_p, k_p) in enumerate(layout):
-        db = dbiases[l] if dbiases is not None else 0
-        total = n * k + (n if db else 0)
-        launch(reduce, (-(-total // 256),), 256, 0, stream,
-               (ws + 4 * offset, grid, stride, n, k, k_p, n_p * k_p, dweights[l], db), REDUCE_KINDS, device)
+    # every layer's sum in one launch (blockIdx.y = layer), partials added in block order
+    reduce = _modules.function_pointer(FAMILY, f"mlp_wgrad_reduce_layers_bwd_{plan.suffix}", device)
+    largest = max(n * k + n for _, n, k, _, _ in layout)
+    dws = list(dweights) + [0] * (9 - len(dweights))
+    dbs = (list(dbiases) if dbiases is not None else []) + [0] * (9 - (len(dbiases) if dbiases is not None else 0))
+    launch(reduce, (-(-largest // 256), len(layout)), 256, 0, stream,
+           (ws, grid, stride, plan.n_in, plan.width, plan.n_out, plan.hidden, *dws, *dbs), REDUCE_LAYERS_KINDS,
+           device)
 
 
 # ------------------------------------------------------------------------------ CuPy API: the general network
