@@ -1716,7 +1716,10 @@ template <typename T, int kMaxCols> __device__ __forceinline__ bool in_flight_ok
 // block's accumulators acc (fragment order: [groups][2][32 lanes] float4, then the db
 // slots [out_p / 16][32 lanes] float4).
 // Each warp takes 16x32 blocks (m16 tile mt, the two 16-input pairs np0, np0 + 1): one
-// ldmatrix of G^T feeds both pairs' B fragments (3 ldmatrix per 4 mma).
+// ldmatrix of G^T feeds both pairs' B fragments (3 ldmatrix per 4 mma). The db mma (ones as
+// B) of an m16 tile is shared by the warps of its nquads blocks, k steps dealt round robin,
+// each into its own slot (summed in order by write_partials): one warp doing all of it made
+// the others wait for it at the next barrier.
 template <typename T>
 __device__ __forceinline__ void wgrad_tile(float* __restrict__ acc, unsigned g_t, unsigned a_t, int gld, int ald,
                                            int out_p, int in_p, int ksteps, int warp, int warps, int lane) {
@@ -1725,9 +1728,10 @@ __device__ __forceinline__ void wgrad_tile(float* __restrict__ acc, unsigned g_t
   float4* frag = reinterpret_cast<float4*>(acc);
   float4* dbs = frag + (out_p / 16) * npairs * 64;
   for (int f = warp; f < blocks; f += warps) {
-    const int mt = f / nquads, np0 = 2 * (f - mt * nquads);
-    const bool second = np0 + 1 < npairs, with_db = np0 == 0;
+    const int mt = f / nquads, quad = f - mt * nquads, np0 = 2 * quad;
+    const bool second = np0 + 1 < npairs;
     float d[5][4] = {};
+    int db_turn = 0;  // ks % nquads without a division
 #pragma unroll 4
     for (int ks = 0; ks < ksteps; ++ks) {
       unsigned a[4], b[4], c[4];
@@ -1740,13 +1744,13 @@ __device__ __forceinline__ void wgrad_tile(float* __restrict__ acc, unsigned g_t
         Mma<T>::mma(d[2], a, c[0], c[1]);
         Mma<T>::mma(d[3], a, c[2], c[3]);
       }
-      if (with_db) Mma<T>::mma(d[4], a, ones, ones);
+      if (db_turn == quad) Mma<T>::mma(d[4], a, ones, ones);
+      db_turn = db_turn + 1 == nquads ? 0 : db_turn + 1;
     }
 #pragma unroll
     for (int h = 0; h < 5; ++h) {
       if ((h == 2 || h == 3) && !second) continue;
-      if (h == 4 && !with_db) continue;
-      float4* p = h < 4 ? frag + ((mt * npairs + np0) * 2 + h) * 32 + lane : dbs + mt * 32 + lane;
+      float4* p = h < 4 ? frag + ((mt * npairs + np0) * 2 + h) * 32 + lane : dbs + f * 32 + lane;
       float4 s = *p;
       s.x += d[h][0], s.y += d[h][1], s.z += d[h][2], s.w += d[h][3];
       *p = s;
@@ -1866,13 +1870,24 @@ __device__ __forceinline__ void write_partials(const float* acc, float* __restri
     *reinterpret_cast<float2*>(ws + (r + 8) * in_p + c) = make_float2(v.z, v.w);
   }
   const float4* dbs = frag + groups * 64;
+  const int nquads = (npairs + 1) / 2;
   for (int e = threadIdx.x; e < (out_p / 16) * 32; e += blockDim.x) {
     const int mt = e / 32, lane = e % 32;
     if (lane % 4 != 0) continue;
-    const float4 v = dbs[e];  // column 0 of the ones product: the row sums of g^T
-    ws[out_p * in_p + mt * 16 + lane / 4] = v.x;
-    ws[out_p * in_p + mt * 16 + lane / 4 + 8] = v.z;
+    float lo = 0.f, hi = 0.f;  // column 0 of the ones products: the row sums of g^T
+    for (int q = 0; q < nquads; ++q) {
+      const float4 v = dbs[(mt * nquads + q) * 32 + lane];
+      lo += v.x, hi += v.z;
+    }
+    ws[out_p * in_p + mt * 16 + lane / 4] = lo;
+    ws[out_p * in_p + mt * 16 + lane / 4 + 8] = hi;
   }
+}
+
+// Floats of one layer's accumulators: the [out_p][in_p] weight gradient in fragment order
+// and a db slot (8 floats a row) per 16x32 block.
+__host__ __device__ constexpr int accumulator_floats(int out_p, int in_p) {
+  return out_p * (in_p + 8 * ((in_p + 31) / 32));
 }
 
 template <typename T, int kW, int kAct>
@@ -1889,12 +1904,13 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
   auto out_p_of = [&](int l) { return l == hidden ? out_p : kW; };
   auto in_p_of = [&](int l) { return l == 0 ? in_p : kW; };
   // Layout (rawops/mlp.py fast_bwd_smem_bytes): float accumulators of every layer
-  // ([out_p][in_p + 8] floats each), weights like fast_fwd's (no biases), G [rows][gld],
+  // (accumulator_floats each), weights like fast_fwd's (no biases), G [rows][gld],
   // A [rows][ald] (2-byte elements).
   auto acc_of = [&](int l) {
-    return reinterpret_cast<float*>(tc_smem) + (l == 0 ? 0 : kW * (in_p + 8) + (l - 1) * kW * (kW + 8));
+    return reinterpret_cast<float*>(tc_smem) +
+           (l == 0 ? 0 : accumulator_floats(kW, in_p) + (l - 1) * accumulator_floats(kW, kW));
   };
-  T* w0 = reinterpret_cast<T*>(acc_of(hidden) + out_p * (kW + 8));
+  T* w0 = reinterpret_cast<T*>(acc_of(hidden) + accumulator_floats(out_p, kW));
   T* wh = w0 + kW * ld0;
   T* wl = wh + (hidden - 1) * kW * ldw;
   T* G = wl + out_p * ldw;
@@ -2013,17 +2029,38 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
 // The fused backward's partials of every layer reduced in one launch (blockIdx.y = layer):
 // the per-layer sum of wgrad_reduce at the layer's offset in a block's row (the layout of
 // write_partials: [n_p][k_p] then [n_p] floats per layer).
+// A block of 256 threads takes 32 outputs; each output's chunks are split into 8 fixed runs
+// summed in order by 8 threads, the 8 run sums then added in run order (deterministic): one
+// thread walking all 132 chunks was latency-bound (21 us for the 64x4 network's 5 layers).
+constexpr int kReduceOutputs = 32, kReduceRuns = 8;
 template <typename T>
 __device__ __forceinline__ void wgrad_reduce_layers(const float* __restrict__ ws, int64_t chunks, int64_t stride,
                                                     int n_in, int width, int n_out, int hidden, T* const* dw,
                                                     T* const* db) {
-  const int l = blockIdx.y;
+  __shared__ float runs[kReduceRuns][kReduceOutputs];
+  const int l = blockIdx.y, lane = threadIdx.x % kReduceOutputs, run = threadIdx.x / kReduceOutputs;
   auto n_p_of = [&](int i) { return i == hidden ? round16(n_out) : width; };
   auto k_p_of = [&](int i) { return i == 0 ? round16(n_in) : width; };
   int64_t offset = 0;
   for (int i = 0; i < l; ++i) offset += int64_t(n_p_of(i)) * (k_p_of(i) + 1);
-  const int N = l == hidden ? n_out : width, K = l == 0 ? n_in : width;
-  wgrad_reduce<T>(ws + offset, chunks, stride, N, K, k_p_of(l), int64_t(n_p_of(l)) * k_p_of(l), dw[l], db[l]);
+  const int N = l == hidden ? n_out : width, K = l == 0 ? n_in : width, k_p = k_p_of(l);
+  const int64_t nk = int64_t(N) * K, total = nk + (db[l] != nullptr ? N : 0);
+  const int64_t e = int64_t(blockIdx.x) * kReduceOutputs + lane;
+  float s = 0.f;
+  if (e < total) {
+    const int64_t src = offset + (e < nk ? (e / K) * k_p + e % K : int64_t(n_p_of(l)) * k_p + (e - nk));
+    const int64_t per = (chunks + kReduceRuns - 1) / kReduceRuns, c1 = min(chunks, (run + 1) * per);
+#pragma unroll 4
+    for (int64_t c = run * per; c < c1; ++c) s += ws[c * stride + src];
+  }
+  runs[run][lane] = s;
+  __syncthreads();
+  if (run != 0 || e >= total) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int r = 0; r < kReduceRuns; ++r) sum += runs[r][lane];
+  if (e < nk) dw[l][e] = from_float<T>(sum);
+  else db[l][e - nk] = from_float<T>(sum);
 }
 
 }  // namespace

@@ -303,11 +303,11 @@ def fast_bwd_layer_shapes(n_in, width, n_out, hidden):
 
 def fast_bwd_smem_bytes(n_in, width, n_out, hidden, warps):
     """Dynamic shared memory of tc_mlp_w<width>_<act>_bwd (kernels/mlp.cu, fast_bwd): float
-    accumulators per layer ([out_p][in_p + 8]: the weight gradient and 8 db slots a row), the
+    accumulators per layer ([out_p][in_p] and 8 db floats a row per 32 inputs), the
     weights as the fast forward keeps them, and per warp 32 rows of G ([max(out_p, width) + 8])
     and of A ([max(in_p, width) + 8]), 2-byte elements."""
     in_p, out_p = round16(n_in), round16(n_out)
-    accumulators = sum(o * (i + 8) for o, i in fast_bwd_layer_shapes(n_in, width, n_out, hidden))
+    accumulators = sum(o * (i + 8 * -(-i // 32)) for o, i in fast_bwd_layer_shapes(n_in, width, n_out, hidden))
     weights = width * (in_p + 8) + (hidden - 1) * width * (width + 8) + out_p * (width + 8)
     staging = FAST_BWD_ROWS * (max(out_p, width) + 8 + max(in_p, width) + 8)
     return 4 * accumulators + 2 * weights + 2 * warps * staging
@@ -655,10 +655,10 @@ def _launch_fast_backward(plan, device, dy, x, y, save, weights, dx, dweights, d
             plan.hidden, plan.act | (plan.out_act << 2), stride), TC_FAST_BWD_KINDS, device)
     # every layer's sum in one launch (blockIdx.y = layer), partials added in block order
     reduce = _modules.function_pointer(FAMILY, f"mlp_wgrad_reduce_layers_bwd_{plan.suffix}", device)
-    largest = max(n * k + n for _, n, k, _, _ in layout)
+    largest = max(n * k + n for _, n, k, _, _ in layout)  # outputs of the largest layer, 32 a block
     dws = list(dweights) + [0] * (9 - len(dweights))
     dbs = (list(dbiases) if dbiases is not None else []) + [0] * (9 - (len(dbiases) if dbiases is not None else 0))
-    launch(reduce, (-(-largest // 256), len(layout)), 256, 0, stream,
+    launch(reduce, (-(-largest // 32), len(layout)), 256, 0, stream,
            (ws, grid, stride, plan.n_in, plan.width, plan.n_out, plan.hidden, *dws, *dbs), REDUCE_LAYERS_KINDS,
            device)
 
