@@ -852,7 +852,7 @@ def test_fused_backward_matches_torch_float64(case, batch, need_dx):
     # a ReLU kink (or of the output ReLU's) flips its mask between any half-type forward and
     # the float64 one, which would test the forward's rounding, not the backward.
     dx64, dw64, db64 = _backward64_on(to_torch(saved[0]).double(), to_torch(y).double(), x, dy, weights, act,
-                                      out_act)
+                                      out_act, dtype)
     if need_dx:
         assert_close(dx, dx64, dtype, "dx", factor=4)
     else:
@@ -866,9 +866,15 @@ def test_fused_backward_matches_torch_float64(case, batch, need_dx):
         assert dbs is None
 
 
-def _backward64_on(z, y, x, dy, weights, act, out_act):
-    """dx, [dW], [db] in float64 given the kept pre-activations z [hidden][batch][width] and y."""
+def _backward64_on(z, y, x, dy, weights, act, out_act, dtype):
+    """dx, [dW], [db] in float64 given the kept pre-activations z [hidden][batch][width] and y,
+    with g and act(z) rounded to dtype where the kernel keeps them in it (as torch does): a
+    sum over rows of a rank-one g (n_out = 1) cancels, and then the roundings alone left
+    db 1% off the unrounded float64 sum (batch 33, H100 round of 02:38)."""
     import torch
+
+    def rounded(v):
+        return v.to(dtype).double()
 
     def act_of(v):
         return torch.relu(v) if act == "relu" else torch.nn.functional.gelu(v) if act == "gelu" else v
@@ -883,9 +889,9 @@ def _backward64_on(z, y, x, dy, weights, act, out_act):
     g = dy.double() * (y > 0) if out_act == "relu" else dy.double()
     dws, dbs = [None] * len(weights), [None] * len(weights)
     for l in range(len(weights) - 1, -1, -1):
-        a = x.double() if l == 0 else act_of(z[l - 1])
+        a = x.double() if l == 0 else rounded(act_of(z[l - 1]))
         dws[l], dbs[l] = g.T @ a, g.sum(0)
-        g = g @ weights[l].double() * (grad_of(z[l - 1]) if l > 0 else 1)
+        g = rounded(g @ weights[l].double() * grad_of(z[l - 1])) if l > 0 else g @ weights[0].double()
     return g, dws, dbs
 
 
