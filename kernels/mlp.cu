@@ -1643,7 +1643,7 @@ RAWOPS_TC_FAST_ENTRIES(bf16, __nv_bfloat16)
 // plus 12.5%-occupancy GEMMs); here nothing but dy, z, x (and dx) crosses device memory.
 // Launch: persistent, one block of `warps` (<= 8) warps per SM, tiles of 32 x warps rows.
 // Per tile and layer every warp stages its 32 rows of g_l (G) and a_{l-1} (A) in shared
-// memory; after a barrier each warp accumulates its fixed share of dW_l (16x16 blocks,
+// memory; after a barrier each warp accumulates its fixed share of dW_l (16x32 blocks,
 // round robin; db through an mma with a ones B operand) over the tile's rows with A = G^T
 // and B = A, both by ldmatrix.trans, and adds it to the block's float32 accumulators in
 // shared memory (fragment order: conflict-free float4); then it runs the chain for its own
