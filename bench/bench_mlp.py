@@ -78,6 +78,12 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
         us_streaming = us_tile = float("nan")
         if name == "tc" and mode == "fwd":  # the WMMA tile kernels (resident, streaming) beside the fast one
             us_tile, us_streaming = tile_kernels_us(fused, ours)
+        if name == "tc" and mode == "fwd+bwd":  # the chain + wgrad tile kernels beside the fused backward
+            import rawops.mlp as mlp
+
+            mlp.USE_FAST_BWD = False
+            us_tile = device_time_us(ours)
+            mlp.USE_FAST_BWD = True
         us_tf32 = float("nan")
         if name == "seed" and mode == "fwd" and batch > 4096:  # the 3xTF32 kernel beside FFMA (the default)
             import rawops.mlp as mlp
@@ -207,7 +213,9 @@ def main():
                     "tensor cores; memory: x and y once (forward), plus dy and x again (f16 forward+backward) or "
                     "the kept activations written and read (f32), at the copy ceiling",
           "columns": "rawops us: what fused_mlp runs (f16/bf16: the fast forward tc_mlp_w<W>_<act>_fwd where it fits); "
-                     "tile us / streaming us: the WMMA tile kernels tc_mlp_nf*_fwd, weights resident / streamed"}),
+                     "tile us / streaming us: the WMMA tile kernels tc_mlp_nf*_fwd, weights resident / streamed; "
+                     "fwd+bwd tile us: the backward through tc_mlp_nf*_bwd + tc_mlp_wgrad_nf*_bwd instead of the fused "
+                     "tc_mlp_w<W>_<act>_bwd"}),
         ("fast forward across widths (64 in, 4 hidden, 64 out, ReLU, batch 2^20, inference)", SWEEP_HEADER, sweep,
          {"columns": "fast us: tc_mlp_w<W>_<act>_fwd; tile us: the WMMA tile kernel; eager: torch nn.Sequential"}),
     ])

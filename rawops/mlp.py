@@ -58,6 +58,14 @@ for _nf in TC_NFS:
 # One entry per width and hidden activation (each its own register allocation).
 FAST_ACTIVATIONS = ("none", "relu", "gelu")  # by activation code (ACTIVATIONS)
 TC_FAST_KERNELS = {f"tc_mlp_w{_w}_{_a}_fwd": _TC_FWD_ARGS for _w in (16, 32, 64, 128) for _a in FAST_ACTIVATIONS}
+# The fused backward (chain, weight and bias gradients in one kernel, sm_80+): one entry per
+# hidden width in FAST_BWD_WIDTHS and activation; per-block float32 partials in ws, summed by
+# mlp_wgrad_reduce_bwd. Where fast_bwd_fit finds no room, the tile kernels above run instead.
+FAST_BWD_WIDTHS = (16, 32, 64)
+_TC_FAST_BWD_ARGS = ("dy", "y", "x", "save", "dx", "ws", *(f"w{i}" for i in range(9)), "batch", "n_in", "n_out",
+                     "hidden", "flags", "ws_stride")
+TC_FAST_BWD_KERNELS = {f"tc_mlp_w{_w}_{_a}_bwd": _TC_FAST_BWD_ARGS for _w in FAST_BWD_WIDTHS
+                       for _a in FAST_ACTIVATIONS}
 
 
 def tc_nf(fragments):
@@ -68,7 +76,9 @@ def tc_nf(fragments):
 # Every extern "C" entry point of kernels/mlp.cu (tests/test_build.py checks the fatbin).
 ENTRY_POINTS = frozenset([f"{base}_f32" for base in KERNELS] + [f"{base}_{s}" for base in KERNELS_ALL_FLOATS
                                                                 for s in ("f32", "f16", "bf16")]
-                         + [f"{base}_{s}" for base in {**TC_KERNELS, **TC_FAST_KERNELS} for s in ("f16", "bf16")])
+                         + [f"{base}_{s}" for base in {**TC_KERNELS, **TC_FAST_KERNELS, **TC_FAST_BWD_KERNELS,
+                                                       "mlp_wgrad_reduce_layers_bwd": None}
+                            for s in ("f16", "bf16")])
 SEED_FWD_KINDS = "pppppppppp" + "qq"
 DGRAD_KINDS = "ppppp" + "qqq"
 WGRAD_KINDS = "pppp" + "q" * 8
@@ -76,6 +86,8 @@ REDUCE_KINDS = "p" + "q" * 6 + "pp"
 TC_FWD_KINDS = "ppp" + "p" * 18 + "q" * 6
 TC_BWD_KINDS = "ppppp" + "p" * 9 + "q" * 6
 TC_WGRAD_KINDS = "pppp" + "q" * 7
+TC_FAST_BWD_KINDS = "pppppp" + "p" * 9 + "q" * 6
+REDUCE_LAYERS_KINDS = "p" + "q" * 6 + "p" * 18
 
 SEED_SIZES = (100, 128, 64, 10)  # input, hidden, hidden, output
 SEED_TILE = 64  # kTile: samples per block
@@ -105,6 +117,10 @@ RESIDENT_MAX_SMEM = 112 * 1024
 FAST_MAX_WARPS = 16  # the fast forward's block: __launch_bounds__(512, 1), one block per SM
 FAST_MIN_WARPS = 4  # fewer warps' staging rows fit beside the weights: the tile kernels instead
 USE_FAST = True  # False: the WMMA tile kernels for every forward (bench/bench_mlp.py compares)
+FAST_BWD_MAX_WARPS = 8  # the fused backward's block: __launch_bounds__(256, 1)
+FAST_BWD_MIN_WARPS = 2
+FAST_BWD_ROWS = 32  # kBwdRows: rows a warp owns in a tile
+USE_FAST_BWD = True  # False: the chain + wgrad tile kernels for every backward
 DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 SUPPORTED_TEXT = ("fused_mlp supports: float32 with sizes (100, 128, 64, 10), activation 'relu' and biases "
                   "(the source network); float16/bfloat16 with n_in 1..128, 1..8 hidden layers of one width in "
@@ -278,6 +294,54 @@ def fast_fit(plan, device):
                     break
         _fast_fits[key] = fit
     return _fast_fits[key]
+
+
+def fast_bwd_layer_shapes(n_in, width, n_out, hidden):
+    """(out_p, in_p) of each layer's padded weight gradient in the fused backward."""
+    return [(width if l < hidden else round16(n_out), round16(n_in) if l == 0 else width) for l in range(hidden + 1)]
+
+
+def fast_bwd_smem_bytes(n_in, width, n_out, hidden, warps):
+    """Dynamic shared memory of tc_mlp_w<width>_<act>_bwd (kernels/mlp.cu, fast_bwd): float
+    accumulators per layer ([out_p][in_p] and 8 db floats a row per 32 inputs), the
+    weights as the fast forward keeps them, and per warp 32 rows of G ([max(out_p, width) + 8])
+    and of A ([max(in_p, width) + 8]), 2-byte elements."""
+    in_p, out_p = round16(n_in), round16(n_out)
+    accumulators = sum(o * (i + 8 * -(-i // 32)) for o, i in fast_bwd_layer_shapes(n_in, width, n_out, hidden))
+    weights = width * (in_p + 8) + (hidden - 1) * width * (width + 8) + out_p * (width + 8)
+    staging = FAST_BWD_ROWS * (max(out_p, width) + 8 + max(in_p, width) + 8)
+    return 4 * accumulators + 2 * weights + 2 * warps * staging
+
+
+_fast_bwd_fits = {}
+
+
+def fast_bwd_fit(plan, device):
+    """(warps, shared memory bytes) of the fused backward on `device`, or None where it does
+    not run: before sm_80, widths outside FAST_BWD_WIDTHS, or fewer than FAST_BWD_MIN_WARPS
+    warps' rows fitting beside the accumulators and weights."""
+    key = (plan, device)
+    if key not in _fast_bwd_fits:
+        fit = None
+        if plan.regime == "tc" and plan.width in FAST_BWD_WIDTHS and compute_capability(device) >= 80:
+            limit = optin_smem(device)
+            for warps in range(FAST_BWD_MAX_WARPS, FAST_BWD_MIN_WARPS - 1, -1):
+                smem = fast_bwd_smem_bytes(plan.n_in, plan.width, plan.n_out, plan.hidden, warps)
+                if smem <= limit:
+                    fit = (warps, smem)
+                    break
+        _fast_bwd_fits[key] = fit
+    return _fast_bwd_fits[key]
+
+
+def fast_bwd_partials(plan):
+    """Per layer (offset, n, k, n_p, k_p) of its [n_p][k_p] + [n_p] floats in a block's
+    partials, and the floats per block (the stride)."""
+    layout, offset = [], 0
+    for l, (n_p, k_p) in enumerate(fast_bwd_layer_shapes(plan.n_in, plan.width, plan.n_out, plan.hidden)):
+        layout.append((offset, plan.sizes[l + 1], plan.sizes[l], n_p, k_p))
+        offset += n_p * k_p + n_p
+    return layout, offset
 
 
 def tc_wgrad_smem_bytes(n, k):
@@ -529,6 +593,9 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
         grads = [(g1, 0, x, 0), (g2, 0, h1, 0), (dy, gm, h2, 0)]
         chunks, rows = wgrad_plan(batch, 2 * sm_count(device), WGRAD_ROWS)
         partial = _modules.function_pointer(FAMILY, "mlp_wgrad_bwd_f32", device)
+    elif batch and USE_FAST_BWD and fast_bwd_fit(plan, device) is not None:
+        _launch_fast_backward(plan, device, dy, x, y, saved[0], weights, dx, dweights, dbiases, batch, stream, tmp)
+        return keep
     else:
         save = saved[0]
         width = plan.width
@@ -572,6 +639,28 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
         launch(reduce, (-(-total // 256),), 256, 0, stream,
                (ws, chunks, stride, n, k, k_p, db_offset, dweights[l], db), REDUCE_KINDS, device)
     return keep
+
+
+def _launch_fast_backward(plan, device, dy, x, y, save, weights, dx, dweights, dbiases, batch, stream, tmp):
+    """The fused backward (one block per SM, its partial weight and bias gradients in ws),
+    then one ordered reduce per layer; batch > 0."""
+    warps, smem = fast_bwd_fit(plan, device)
+    name = f"tc_mlp_w{plan.width}_{FAST_ACTIVATIONS[plan.act]}_bwd"
+    grid = tc_grid(name, plan, device, batch, True, smem, 32 * warps, FAST_BWD_ROWS)
+    layout, stride = fast_bwd_partials(plan)
+    ws = tmp((grid, stride), "float32")
+    ws9 = list(weights) + [0] * (9 - len(weights))
+    launch(_tc_function(name, plan, device, smem), (grid,), 32 * warps, smem, stream,
+           (dy, y if plan.out_act == OUTPUT_RELU else 0, x, save, dx or 0, ws, *ws9, batch, plan.n_in, plan.n_out,
+            plan.hidden, plan.act | (plan.out_act << 2), stride), TC_FAST_BWD_KINDS, device)
+    # every layer's sum in one launch (blockIdx.y = layer), partials added in block order
+    reduce = _modules.function_pointer(FAMILY, f"mlp_wgrad_reduce_layers_bwd_{plan.suffix}", device)
+    largest = max(n * k + n for _, n, k, _, _ in layout)  # outputs of the largest layer, 32 a block
+    dws = list(dweights) + [0] * (9 - len(dweights))
+    dbs = (list(dbiases) if dbiases is not None else []) + [0] * (9 - (len(dbiases) if dbiases is not None else 0))
+    launch(reduce, (-(-largest // 32), len(layout)), 256, 0, stream,
+           (ws, grid, stride, plan.n_in, plan.width, plan.n_out, plan.hidden, *dws, *dbs), REDUCE_LAYERS_KINDS,
+           device)
 
 
 # ------------------------------------------------------------------------------ CuPy API: the general network

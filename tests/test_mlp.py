@@ -386,6 +386,53 @@ def test_fast_forward_entries_match_the_table():
             assert {f"tc_mlp_w{w}_{a}_fwd_f16", f"tc_mlp_w{w}_{a}_fwd_bf16"} <= mlp.ENTRY_POINTS
 
 
+def test_fused_backward_shared_memory():
+    # float accumulators [64][64 + 2 x 8 db slots] x 5, weights [64][72] x 5, 8 warps x 32 rows of
+    # G and A ([72] each)
+    assert mlp.fast_bwd_smem_bytes(64, 64, 64, 4, 8) == 4 * 5 * 64 * 80 + 2 * 5 * 64 * 72 + 2 * 8 * 32 * 144 == 222208
+    # inputs and outputs wider than the hidden width: layer 0 [32][128 + 4 x 8], output layer
+    # [128][32 + 8]; G and A rows as wide as the widest side
+    assert mlp.fast_bwd_smem_bytes(128, 32, 128, 2, 2) == (4 * (32 * 160 + 32 * 40 + 128 * 40)
+                                                           + 2 * (32 * 136 + 32 * 40 + 128 * 40) + 2 * 2 * 32 * 272)
+    layout, stride = mlp.fast_bwd_partials(mlp.make_plan(1, (17, 32, 5), "relu", "none", True))
+    assert layout == [(0, 32, 17, 32, 32), (32 * 32 + 32, 5, 32, 16, 32)] and stride == 32 * 33 + 16 * 33
+
+
+@pytest.mark.parametrize("sizes, cc, limit, fit", [
+    ((64,) * 6, 90, 232448, (8, 222208)),                      # H100: 8 warps, one block per SM
+    ((64,) * 6, 86, 101376, None),                             # sm_86's 99 KB: not even the accumulators
+    ((64,) * 6, 75, 65536, None),                              # no mma.sync m16n8k16
+    ((64, 128, 128, 64), 90, 232448, None),                    # 128 wide: the tile kernels
+    ((128,) + (32,) * 8 + (128,), 90, 232448, (6, 218112)),     # 6 warps beside 8 hidden layers' accumulators
+    ((64,) + (64,) * 8 + (64,), 90, 232448, None),             # 8 hidden layers of 64: 9 accumulators too many
+])
+def test_fused_backward_runs_where_its_accumulators_and_two_warps_fit(monkeypatch, sizes, cc, limit, fit):
+    monkeypatch.setattr(mlp, "optin_smem", lambda device: limit)
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: cc)
+    monkeypatch.setattr(mlp, "_fast_bwd_fits", {})
+    assert mlp.fast_bwd_fit(mlp.make_plan(1, sizes, "relu", "none", True), 0) == fit
+
+
+def test_fused_backward_entries_match_the_table():
+    source = open(__import__("os").path.join(__import__("os").path.dirname(__file__), "..", "kernels",
+                                             "mlp.cu")).read()
+    assert "tc_mlp_w##W##_##ACT##_bwd_##suffix(" in source
+    widths = re.findall(r"^  RAWOPS_TC_FAST_BWD_ACTS\(suffix, T, (\d+)\)", source, flags=re.M)
+    acts = re.findall(r"^  RAWOPS_TC_FAST_BWD\(suffix, T, W, (\w+), rawops::kAct(\w+)\)", source, flags=re.M)
+    assert all(name == code.lower() for name, code in acts)
+    assert {f"tc_mlp_w{w}_{a}_bwd" for w in widths for a, _ in acts} == set(mlp.TC_FAST_BWD_KERNELS)
+    assert tuple(int(w) for w in widths) == mlp.FAST_BWD_WIDTHS
+    signature = re.search(r"tc_mlp_w##W##_##ACT##_bwd_##suffix\((.*?)\)\s*\{", source.replace("\\\n", " "),
+                          flags=re.S).group(1)
+    params = [p.strip() for p in signature.replace("RAWOPS_TC_PARAMS(T)", ", ".join(f"const T *w{i}" for i in range(9)))
+              .split(",")]
+    assert [p.split()[-1].lstrip("*") for p in params] == list(mlp._TC_FAST_BWD_ARGS)
+    assert "".join("p" if "*" in p else "q" for p in params) == mlp.TC_FAST_BWD_KINDS
+    for w in mlp.FAST_BWD_WIDTHS:
+        for a in ("relu", "gelu", "none"):
+            assert {f"tc_mlp_w{w}_{a}_bwd_f16", f"tc_mlp_w{w}_{a}_bwd_bf16"} <= mlp.ENTRY_POINTS
+
+
 @pytest.mark.parametrize("sizes, nf", [((64,) * 6, 4), ((3, 16, 16, 1), 4), ((17, 32, 5), 4), ((100, 128, 10), 8),
                                        ((128,) + (32,) * 8 + (128,), 8), ((48, 32, 32, 33), 4)])
 def test_the_tile_kernels_hold_the_widest_layer(sizes, nf):
@@ -759,6 +806,115 @@ def test_tc_backward_matches_torch_float64(case, batch):
         assert dbs is None
 
 
+# The fused backward (tc_mlp_w<W>_<act>_bwd) on widths 16/32/64, every activation, both half
+# types, odd n_in / n_out (element-wise staging, dx stored element by element), inputs or
+# outputs wider than the hidden width (synchronous staging, dx in two column blocks), an
+# output ReLU, no biases, 1 to 4 hidden layers; and 128 wide, which the tile kernels keep.
+FAST_BWD_CASES = [  # (sizes, activation, output_activation, dtype, bias)
+    ((64,) * 6, "relu", "none", "float16", True),
+    ((64,) * 6, "gelu", "relu", "bfloat16", True),
+    ((3, 16, 16, 1), "none", "none", "float16", True),
+    ((17, 32, 32, 5), "relu", "relu", "bfloat16", False),
+    ((128, 32, 32, 32, 128), "gelu", "none", "float16", True),
+    ((24, 64, 40), "none", "relu", "bfloat16", True),
+    ((100, 64, 64, 10), "relu", "none", "bfloat16", True),
+    ((64, 128, 128, 64), "relu", "none", "float16", True),
+]
+FAST_BWD_IDS = ["-".join(map(str, c[0])) + f"-{c[1]}-{c[2]}-{c[3]}" + ("" if c[4] else "-nobias")
+                for c in FAST_BWD_CASES]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("need_dx", [True, False], ids=["dx", "no-dx"])
+@pytest.mark.parametrize("batch", [1, 33, 1000, 70001])
+@pytest.mark.parametrize("case", FAST_BWD_CASES, ids=FAST_BWD_IDS)
+def test_fused_backward_matches_torch_float64(case, batch, need_dx):
+    """Fresh random weights and data each case; outputs poisoned (NaN) before the launch."""
+    torch = pytest.importorskip("torch")
+    import cupy
+    from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy, to_torch
+
+    sizes, act, out_act, dtype_name, bias = case
+    dtype = DTYPES[dtype_name]
+    plan = mlp.make_plan(1 if dtype == torch.float16 else 2, sizes, act, out_act, bias)
+    assert (mlp.fast_bwd_fit(plan, cupy.cuda.Device().id) is not None) == (sizes[1] <= 64)
+    net = _sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = _net_params(net)
+    x = random((batch, sizes[0]), dtype, scale=1.0)
+    dy = random((batch, sizes[-1]), dtype, scale=1.0)
+    cw = [to_cupy(w) for w in weights]
+    cb = [to_cupy(b) for b in biases] if bias else None
+    y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, act, out_act)
+    poison_pool(batch * sizes[0] * 2)
+    dx, dws, dbs = rawops.fused_mlp_backward(to_cupy(dy), to_cupy(x), y, saved, cw, cb, act, out_act,
+                                             need_dx=need_dx)
+    # Against float64 math on our own forward's z and y: a pre-activation within rounding of
+    # a ReLU kink (or of the output ReLU's) flips its mask between any half-type forward and
+    # the float64 one, which would test the forward's rounding, not the backward.
+    dx64, dw64, db64 = _backward64_on(to_torch(saved[0]).double(), to_torch(y).double(), x, dy, weights, act,
+                                      out_act, dtype)
+    if need_dx:
+        assert_close(dx, dx64, dtype, "dx", factor=4)
+    else:
+        assert dx is None
+    for i, (got, ref) in enumerate(zip(dws, dw64)):
+        assert_close(got, ref, dtype, f"dW{i}", factor=4)
+    if bias:
+        for i, (got, ref) in enumerate(zip(dbs, db64)):
+            assert_close(got, ref, dtype, f"db{i}", factor=4)
+    else:
+        assert dbs is None
+
+
+def _backward64_on(z, y, x, dy, weights, act, out_act, dtype):
+    """dx, [dW], [db] in float64 given the kept pre-activations z [hidden][batch][width] and y,
+    with g and act(z) rounded to dtype where the kernel keeps them in it (as torch does): a
+    sum over rows of a rank-one g (n_out = 1) cancels, and then the roundings alone left
+    db 1% off the unrounded float64 sum (batch 33, H100 round of 02:38)."""
+    import torch
+
+    def rounded(v):
+        return v.to(dtype).double()
+
+    def act_of(v):
+        return torch.relu(v) if act == "relu" else torch.nn.functional.gelu(v) if act == "gelu" else v
+
+    def grad_of(v):
+        if act == "relu":
+            return (v > 0).double()
+        if act == "gelu":
+            return 0.5 * (1 + torch.erf(v / 2 ** 0.5)) + v * torch.exp(-0.5 * v * v) / (2 * torch.pi) ** 0.5
+        return torch.ones_like(v)
+
+    g = dy.double() * (y > 0) if out_act == "relu" else dy.double()
+    dws, dbs = [None] * len(weights), [None] * len(weights)
+    for l in range(len(weights) - 1, -1, -1):
+        a = x.double() if l == 0 else rounded(act_of(z[l - 1]))
+        dws[l], dbs[l] = g.T @ a, g.sum(0)
+        g = rounded(g @ weights[l].double() * grad_of(z[l - 1])) if l > 0 else g @ weights[0].double()
+    return g, dws, dbs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", FAST_BWD_CASES[:2], ids=FAST_BWD_IDS[:2])
+def test_fused_and_tile_backwards_agree(case, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from gpu_reference import DTYPES, assert_close, random, to_cupy, to_torch
+
+    sizes, act, out_act, dtype_name, bias = case
+    dtype = DTYPES[dtype_name]
+    net = _sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = _net_params(net)
+    cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
+    x, dy = to_cupy(random((5000, sizes[0]), dtype, scale=1.0)), to_cupy(random((5000, sizes[-1]), dtype, scale=1.0))
+    y, saved = rawops.fused_mlp_forward(x, cw, cb, act, out_act)
+    fused = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb, act, out_act)
+    monkeypatch.setattr(mlp, "USE_FAST_BWD", False)
+    tile = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb, act, out_act)
+    for i, (a, b) in enumerate(zip([fused[0]] + fused[1] + fused[2], [tile[0]] + tile[1] + tile[2])):
+        assert_close(a, to_torch(b).double(), dtype, f"gradient {i}: fused vs tile kernels", factor=4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [0, 1, 33, 1000, 4096, 4097, 70000])
 @pytest.mark.parametrize("output_activation", ["none", "relu"])
@@ -1058,6 +1214,21 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     assert (fn, grid, block, smem, ok) == ("tc_mlp_nf4_fwd_f16", (264,), 256, 75264, True)
     assert args[-1] == 1 | mlp.TC_RESIDENT and args[2] == 5
     calls.clear()
+    # the fused backward: one block of 8 warps per SM, then one ordered reduce per layer
+    monkeypatch.setattr(mlp, "_fast_bwd_fits", {})
+    monkeypatch.setitem(mlp._per_sm, ("tc_mlp_w64_relu_bwd", "f16", 0, 222208, 256), 1)
+    keep = mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 0, [20 + i for i in range(5)],
+                               [30 + i for i in range(5)], 1 << 20, 0, lambda shape, dt: (shape, 1000))
+    fn, grid, block, smem, ok, args = calls[0]
+    assert (fn, grid, block, smem, ok) == ("tc_mlp_w64_relu_bwd_f16", (132,), 256, 222208, True)
+    assert args[:6] == (10, 0, 11, 13, 0, 1000) and args[-6:] == (1 << 20, 64, 64, 4, 1, 5 * 64 * 65)
+    assert keep == [(132, 5 * 64 * 65)]  # the partials: one row of floats per block
+    fn, grid, block, smem, ok, args = calls[1]  # one reduce for every layer
+    assert (fn, grid, block, ok, len(calls)) == ("mlp_wgrad_reduce_layers_bwd_f16", (130, 5), 256, True, 2)
+    assert args[:7] == (1000, 132, 5 * 64 * 65, 64, 64, 64, 4)
+    assert args[7:] == (20, 21, 22, 23, 24, 0, 0, 0, 0, 30, 31, 32, 33, 34, 0, 0, 0, 0)
+    calls.clear()
+    monkeypatch.setattr(mlp, "USE_FAST_BWD", False)  # the chain + wgrad tile kernels, as before
     keep = mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 14, [20 + i for i in range(5)],
                                [30 + i for i in range(5)], 1000, 0, lambda shape, dt: (shape, 100))
     names = [c[0] for c in calls]
