@@ -1484,8 +1484,10 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
   const unsigned wl_b = smem_addr(wl) + 2u * unsigned(b_row * ldw + b_k);
   const int g = lane / 4, t = lane % 4;
 
+  // Tiles dealt warp-major (tile = warp * gridDim + block): a last, partial round then lands on
+  // a few warps of every SM rather than on every warp of a few SMs.
   const int64_t tiles = (batch + kRows - 1) / kRows, step = int64_t(gridDim.x) * warps;
-  int64_t tile = int64_t(blockIdx.x) * warps + warp;
+  int64_t tile = int64_t(warp) * gridDim.x + blockIdx.x;
   auto rows_of = [&](int64_t tl) { return int(batch - tl * kRows < kRows ? batch - tl * kRows : kRows); };
   if (tile < tiles) fetch_x<T, kRows>(xs, ld0, x + tile * kRows * n_in, rows_of(tile), n_in, in_p, x_cpr, xvec, lane);
   for (; tile < tiles; tile += step) {
@@ -1942,8 +1944,15 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
     const T* base = l == 0 ? w0 : l == hidden ? wl : wh + (l - 1) * kW * ldw;
     return smem_addr(base) + 2u * unsigned(b_k * (l == 0 ? ld0 : ldw) + b_n);
   };
+  // Each block owns one contiguous range of whole 32-row warp units, as equal as the grid
+  // allows, walked in tiles of `rows` (its last one short). Tiles dealt round robin left the
+  // last round to a few blocks: 2^20 rows are 4096 tiles over 132 SMs, 32 rounds on 4 of them
+  // and 31 on the rest; a range is 31 tiles and one of 32 rows.
+  const int64_t units = (batch + kBwdRows - 1) / kBwdRows, per_block = (units + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = min(batch, int64_t(blockIdx.x) * per_block * kBwdRows);
+  const int64_t end = min(batch, begin + per_block * kBwdRows);
   auto warp_rows = [&](int64_t row0) {  // valid rows of this warp in the tile at row0
-    const int64_t v = batch - row0 - warp * kBwdRows;
+    const int64_t v = end - row0 - warp * kBwdRows;
     return int(v < 0 ? 0 : v < kBwdRows ? v : kBwdRows);
   };
   auto z_rows = [&](int l, int64_t row0) { return save + (int64_t(l) * batch + row0 + warp * kBwdRows) * kW; };
@@ -1958,16 +1967,14 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
   };
 
   RowsInFlight<T, kW> next_a, next_g;
-  int64_t tile = blockIdx.x;
-  const int64_t tiles = (batch + rows - 1) / rows;
-  if (tile < tiles) {
-    stage_dy(tile * rows);
-    stage_z(hidden - 1, tile * rows);
+  if (begin < end) {
+    stage_dy(begin);
+    stage_z(hidden - 1, begin);
   }
-  for (; tile < tiles; tile += gridDim.x) {
-    const int64_t row0 = tile * rows, next = tile + gridDim.x;
+  for (int64_t row0 = begin; row0 < end; row0 += rows) {
+    const int64_t next = row0 + rows;  // the next tile's first row (none at end)
     const int rows_valid = warp_rows(row0);
-    const int tile_rows = int(batch - row0 < rows ? batch - row0 : rows);
+    const int tile_rows = int(end - row0 < rows ? end - row0 : rows);
     for (int l = hidden; l >= 0; --l) {
       __syncthreads();  // G = g_l and A = a_{l-1} staged by every warp
       // The next step's rows in flight while this one computes.
@@ -1975,13 +1982,16 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
         next_a.load(z_rows(l - 2, row0), kW, z_cpr, rows_valid, lane);
       } else if (l == 1) {
         if (x_fly) next_a.load(x + (row0 + warp * kBwdRows) * n_in, n_in, x_cpr, rows_valid, lane);
-      } else if (next < tiles) {
-        next_a.load(z_rows(hidden - 1, next * rows), kW, z_cpr, warp_rows(next * rows), lane);
-        if (dy_fly) next_g.load(dy + (next * rows + warp * kBwdRows) * n_out, n_out, dy_cpr, warp_rows(next * rows), lane);
+      } else if (next < end) {
+        next_a.load(z_rows(hidden - 1, next), kW, z_cpr, warp_rows(next), lane);
+        if (dy_fly) next_g.load(dy + (next + warp * kBwdRows) * n_out, n_out, dy_cpr, warp_rows(next), lane);
       }
       wgrad_tile<T>(acc_of(l), g_t, a_t, gld, ald, out_p_of(l), in_p_of(l), (tile_rows + 15) / 16, warp, warps, lane);
+      // A warp with no rows in a short tile skips the chain (its G rows are never read: the
+      // weight gradient's k steps end at the tile's last row rounded to 16).
       unsigned gn[2][kW / 8][2];
-      if (l >= 1) {
+      if (rows_valid == 0) {
+      } else if (l >= 1) {
         float acc[2][kW / 8][4];
         chain_product<T, kW>(acc, g_a, gld, w_b(l), ldw, out_p_of(l), kW);
         chain_epilogue<T, kW, kAct>(acc, gn, aw, ald, z_rows(l - 1, row0), rows_valid, lane);
@@ -1995,13 +2005,14 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
       __syncthreads();  // every warp done reading G and A
       if (l >= 1) {
         const int g = lane / 4, t = lane % 4;
+        if (rows_valid > 0)
 #pragma unroll
-        for (int m = 0; m < 2; ++m)
+          for (int m = 0; m < 2; ++m)
 #pragma unroll
-          for (int q = 0; q < kW / 8; ++q)
+            for (int q = 0; q < kW / 8; ++q)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<unsigned*>(gw + (m * 16 + g + 8 * h) * gld + q * 8 + 2 * t) = gn[m][q][h];
+              for (int h = 0; h < 2; ++h)
+                *reinterpret_cast<unsigned*>(gw + (m * 16 + g + 8 * h) * gld + q * 8 + 2 * t) = gn[m][q][h];
         if (l >= 2) {
           next_a.template store<kAct>(aw, ald, z_cpr, lane);
         } else if (x_fly) {
@@ -2010,10 +2021,10 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
           load_rows<T>(aw, ald, x + (row0 + warp * kBwdRows) * n_in, n_in, rows_valid, kBwdRows, n_in, in_p, nullptr,
                        kActNone, lane, 32);
         }
-      } else if (next < tiles) {
+      } else if (next < end) {
         next_a.template store<kAct>(aw, ald, z_cpr, lane);
         if (dy_fly) next_g.template store<kActNone>(gw, gld, dy_cpr, lane);
-        else stage_dy(next * rows);
+        else stage_dy(next);
       }
       __syncwarp();
     }
