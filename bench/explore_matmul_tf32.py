@@ -15,9 +15,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SOURCE = os.path.join(ROOT, "kernels", "matmul_tf32.cu")
-# name -> (kTf32K, kTf32Stages, kTf32Group); the shipped kernel is (16, 4, 8).
-VARIANTS = {"bk16_s4_g8": (16, 4, 8), "bk16_s4_g1": (16, 4, 1), "bk16_s5_g8": (16, 5, 8),
-            "bk32_s3_g8": (32, 3, 8), "bk32_s4_g8": (32, 4, 8)}
+# name -> (kTf32K, kTf32Stages, kTf32WideStages, kTf32Group, kernels timed); shipped: (16, 4, 4, 8).
+# Round 1 (H100, 8192^3, 128 x 128 kernel only, TFLOP/s nn/nt/tn): bk16 s4 g8 96.8/119.6/94.3,
+# g1 99.3/104.3/86.4, bk16 s5 93.5/112.4/92.7, bk32 s3 101.8/123.1/100.0, bk32 s4 85.4/101.0/87.3.
+VARIANTS = {"shipped": (16, 4, 4, 8, ("", "wide_")), "wide_s3": (16, 4, 3, 8, ("wide_",)),
+            "wide_s5": (16, 4, 5, 8, ("wide_",)), "wide_g1": (16, 4, 4, 1, ("wide_",)),
+            "wide_bk32_s3": (32, 4, 3, 8, ("wide_",))}
 
 
 def cubin(name):
@@ -28,9 +31,10 @@ def build():
     text = open(SOURCE).read()
 
     def one(item):
-        name, (bk, stages, group) = item
+        name, (bk, stages, wide_stages, group, _) = item
         src = text
-        for constant, value in (("kTf32K", bk), ("kTf32Stages", stages), ("kTf32Group", group)):
+        for constant, value in (("kTf32K", bk), ("kTf32Stages", stages), ("kTf32WideStages", wide_stages),
+                                ("kTf32Group", group)):
             src, count = re.subn(rf"constexpr int {constant} = \d+;", f"constexpr int {constant} = {value};", src)
             assert count == 1, constant
         path = f"/tmp/tf32_{name}.cu"
@@ -45,9 +49,9 @@ def build():
             print("built", cubin(name))
 
 
-def shared_bytes(layout, bk, stages):
-    tile = lambda kmajor: 128 * (bk + 4) if kmajor else bk * 136  # noqa: E731
-    return stages * (tile(layout[0] == "n") + tile(layout[1] == "t")) * 4
+def shared_bytes(layout, bk, stages, bn):
+    tile = lambda kmajor, rows: rows * (bk + 4) if kmajor else bk * (rows + 8)  # noqa: E731
+    return stages * (tile(layout[0] == "n", 128) + tile(layout[1] == "t", bn)) * 4
 
 
 def main(size):
@@ -58,7 +62,7 @@ def main(size):
     from timing import device_time_us
 
     import rawops
-    from rawops import _launch
+    from rawops import _gemm_tf32, _launch
 
     m = n = k = size
     flops = 2 * m * n * k
@@ -79,6 +83,9 @@ def main(size):
     with cupy.cuda.ExternalStream(stream):
         run = lambda: rawops.matmul(ca, cb, tf32=True, out=cc)  # noqa: E731
         report("rawops tf32 (shipped, nn)", device_time_us(run, warmup=3, reps=10), torch.from_dlpack(cc))
+        _gemm_tf32.WIDE, _gemm_tf32._plans = False, {}
+        report("rawops tf32 narrow (nn)", device_time_us(run, warmup=3, reps=10), torch.from_dlpack(cc))
+        _gemm_tf32.WIDE, _gemm_tf32._plans = True, {}
         run = lambda: rawops.matmul(ca, cb, out=cc)  # noqa: E731
         report("rawops exact FFMA (nn)", device_time_us(run, warmup=2, reps=5), torch.from_dlpack(cc))
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -89,23 +96,26 @@ def main(size):
     at, bt = a.t().contiguous(), b.t().contiguous()
     operands = {"nn": (a, b), "nt": (a, bt), "tn": (at, b)}
     c = torch.empty(m, n, device="cuda")
-    for name, (bk, stages, group) in VARIANTS.items():
+    for name, (bk, stages, wide_stages, group, kinds) in VARIANTS.items():
         if not os.path.exists(cubin(name)):
             print(f"{name}: no cubin (run --build)")
             continue
         mod = cupy.RawModule(path=cubin(name))
-        for layout, (x, y) in operands.items():
-            fn = mod.get_function(f"gemm_tf32_{layout}_f32")
-            shared = shared_bytes(layout, bk, stages)
-            fn.max_dynamic_shared_size_bytes = shared
-            pointer = fn.kernel.ptr if hasattr(fn, "kernel") else fn.ptr
-            args = (x.data_ptr(), y.data_ptr(), c.data_ptr(), 0, 0, 0, m, n, k, 0)
-            grid = (-(-n // 128), -(-m // 128))
+        for kind in kinds:
+            bn = 256 if kind else 128
+            for layout, (x, y) in operands.items():
+                fn = mod.get_function(f"gemm_tf32_{kind}{layout}_f32")
+                shared = shared_bytes(layout, bk, wide_stages if kind else stages, bn)
+                fn.max_dynamic_shared_size_bytes = shared
+                pointer = fn.kernel.ptr
+                args = (x.data_ptr(), y.data_ptr(), c.data_ptr(), 0, 0, 0, m, n, k, 0)
+                grid = (-(-n // bn), -(-m // 128))
 
-            def launch():
-                _launch.launch(pointer, grid, 256, shared, stream, args, "ppppppqqqq", 0)
+                def launch():
+                    _launch.launch(pointer, grid, 256, shared, stream, args, "ppppppqqqq", 0)
 
-            report(f"{name} {layout}", device_time_us(launch, warmup=3, reps=10), c)
+                c.fill_(float("nan"))
+                report(f"{name} {kind or 'narrow_'}{layout}", device_time_us(launch, warmup=3, reps=10), c)
     return rows
 
 

@@ -10,7 +10,8 @@
 // gemm_tf32_<layout>_f32, sm_80+: mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32, 128 x 128 block
 // tiles, 8 warps of 64 x 32, BK = 16 floats (64 bytes per operand row, as gemm_mma's 32 halves),
 // 4-stage cp.async pipeline (80 KB of dynamic shared memory at most: fits sm_86/89/120's 99 KB,
-// 2 blocks per SM on sm_80/90). Split K over gridDim.z as the other GEMMs (float32 partials,
+// 2 blocks per SM on sm_80/90). gemm_tf32_wide_<layout>_f32: the same with 128 x 256 tiles, warps
+// of 64 x 64 (120 KB, one block per SM; sm_80/90/100 only), for outputs that fill the GPU. Split K over gridDim.z as the other GEMMs (float32 partials,
 // matmul's gemm_reduce_f32 applies the epilogue). Needs every operand's contiguous dim % 4 == 0,
 // N % 4 == 0 when b is N-major, 16-byte aligned pointers (rawops/_gemm_tf32.py checks; else
 // the exact FFMA kernels). Older archs compile a body that traps; the planner never picks it.
@@ -37,13 +38,14 @@ constexpr int kTf32Threads = 256;
 constexpr int kTf32Tile = 128;  // BM = BN
 constexpr int kTf32K = 16;      // floats of K per stage
 constexpr int kTf32Stages = 4;
+constexpr int kTf32WideStages = 4;  // gemm_tf32_wide: 128 x 256 tiles, 120 KB (sm_80/90/100 only)
 constexpr int kTf32Group = 8;  // block tiles walk 8 tile-rows at a time (L2 reuse of B's panels)
-constexpr int kTf32KMajorStride = kTf32K + 4;       // [rows][16 + 4]
-constexpr int kTf32MNMajorStride = kTf32Tile + 8;  // [16 k][128 + 8]
+constexpr int kTf32KMajorStride = kTf32K + 4;  // [rows][16 + 4]
+// [16 k][rows + 8] when the operand is M- or N-contiguous (rows + 8 = 8 mod 32 banks).
 
-template <bool KM> struct Tf32Tile {
-  static constexpr int stride = KM ? kTf32KMajorStride : kTf32MNMajorStride;
-  static constexpr int elems = KM ? kTf32Tile * kTf32KMajorStride : kTf32K * kTf32MNMajorStride;
+template <bool KM, int ROWS> struct Tf32Tile {
+  static constexpr int stride = KM ? kTf32KMajorStride : ROWS + 8;
+  static constexpr int elems = KM ? ROWS * kTf32KMajorStride : kTf32K * (ROWS + 8);
 };
 
 // cp.async / ldmatrix as in kernels/matmul.cu (kept local: that file's helpers are file-private).
@@ -99,11 +101,11 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float* d, const unsigned* a, un
 // KM: element (r, k) at g[r * K + k], stored [r][k]; else at g[k * R + r], stored [k][r].
 // Chunks at or past kend (or past R) are zero-filled: with K % 4 == 0 and R % 4 == 0 (M/N-major)
 // a chunk is wholly inside or outside.
-template <bool KM>
+template <bool KM, int ROWS>
 __device__ __forceinline__ void tf32_load_tile(float* s, const float* __restrict__ g, int64_t r0, int64_t k0,
                                                int64_t R, int64_t K, int64_t kend, int t) {
-  constexpr int stride = Tf32Tile<KM>::stride;
-  constexpr int kChunks = kTf32Tile * kTf32K / 4;  // of 4 floats
+  constexpr int stride = Tf32Tile<KM, ROWS>::stride;
+  constexpr int kChunks = ROWS * kTf32K / 4;  // of 4 floats
 #pragma unroll
   for (int i = 0; i < kChunks / kTf32Threads; ++i) {
     const int c = t + i * kTf32Threads;
@@ -112,25 +114,29 @@ __device__ __forceinline__ void tf32_load_tile(float* s, const float* __restrict
       const bool valid = r0 + r < R && k0 + k < kend;
       tf32_cp_async16(s + r * stride + k, valid ? g + (r0 + r) * K + k0 + k : g, valid);
     } else {
-      const int k = c / (kTf32Tile / 4), r = (c % (kTf32Tile / 4)) * 4;
+      const int k = c / (ROWS / 4), r = (c % (ROWS / 4)) * 4;
       const bool valid = k0 + k < kend && r0 + r < R;
       tf32_cp_async16(s + k * stride + r, valid ? g + (k0 + k) * R + r0 + r : g, valid);
     }
   }
 }
 
+// BN = 128: warps of 64 x 32, 2 blocks per SM. BN = 256 (gemm_tf32_wide): warps of 64 x 64, half
+// the shared-memory and L2 bytes per MAC of BN = 128 (which ran at ~100-120 TFLOP/s on the H100,
+// near what 32 FLOP per L2 byte allows), one block per SM.
 // Split K (gridDim.z > 1): block z sums k in [z kc, (z + 1) kc) into partial[z][M][N] (raw sums).
-template <bool A_KM, bool B_KM>
+template <bool A_KM, bool B_KM, int BN, int STAGES>
 __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const float* __restrict__ b,
                                           float* __restrict__ c, const Epilogue<float> epi, int64_t M, int64_t N,
                                           int64_t K) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  constexpr int kA = Tf32Tile<A_KM>::elems, kB = Tf32Tile<B_KM>::elems;
-  constexpr int kAStride = Tf32Tile<A_KM>::stride, kBStride = Tf32Tile<B_KM>::stride;
+  constexpr int kA = Tf32Tile<A_KM, kTf32Tile>::elems, kB = Tf32Tile<B_KM, BN>::elems;
+  constexpr int kAStride = Tf32Tile<A_KM, kTf32Tile>::stride, kBStride = Tf32Tile<B_KM, BN>::stride;
+  constexpr int WN = BN / 4, NI = WN / 8;
   float* const smem = reinterpret_cast<float*>(smem_raw);
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-  const int wm = warp / 4, wn = warp % 4;  // warp tile: rows wm*64 + [0, 64), cols wn*32 + [0, 32)
+  const int wm = warp / 4, wn = warp % 4;  // warp tile: rows wm*64 + [0, 64), cols wn*WN + [0, WN)
   const int g = lane / 4, q = lane % 4;    // fragment group and thread-in-group
   // Tile (ty, tx) of the block: column-major within groups of kTf32Group tile-rows, so that the
   // blocks resident together share B's column panels and a few of A's row panels in L2.
@@ -142,7 +148,7 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
     ty = first + (id % per_group) % rows;
     tx = (id % per_group) / rows;
   }
-  const int64_t m0 = int64_t(ty) * kTf32Tile, n0 = int64_t(tx) * kTf32Tile;
+  const int64_t m0 = int64_t(ty) * kTf32Tile, n0 = int64_t(tx) * BN;
   int64_t kb = 0, ke = K;
   float* partial = nullptr;
   if (gridDim.z > 1) {
@@ -153,38 +159,38 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
   }
   const int tiles = ke > kb ? int((ke - kb + kTf32K - 1) / kTf32K) : 0;
 
-  float acc[4][4][4];
+  float acc[4][NI][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < NI; ++j)
 #pragma unroll
       for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
 
 #pragma unroll
-  for (int s = 0; s < kTf32Stages - 1; ++s) {
+  for (int s = 0; s < STAGES - 1; ++s) {
     if (s < tiles) {
-      tf32_load_tile<A_KM>(smem + s * (kA + kB), a, m0, kb + int64_t(s) * kTf32K, M, K, ke, t);
-      tf32_load_tile<B_KM>(smem + s * (kA + kB) + kA, b, n0, kb + int64_t(s) * kTf32K, N, K, ke, t);
+      tf32_load_tile<A_KM, kTf32Tile>(smem + s * (kA + kB), a, m0, kb + int64_t(s) * kTf32K, M, K, ke, t);
+      tf32_load_tile<B_KM, BN>(smem + s * (kA + kB) + kA, b, n0, kb + int64_t(s) * kTf32K, N, K, ke, t);
     }
     tf32_cp_async_commit();
   }
   const int j = lane / 8, r = lane % 8;
   for (int kt = 0; kt < tiles; ++kt) {
-    tf32_cp_async_wait<kTf32Stages - 2>();
+    tf32_cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile kt visible to all; stage (kt - 1) % S free for the next load
-    const int next = kt + kTf32Stages - 1;
+    const int next = kt + STAGES - 1;
     if (next < tiles) {
-      float* st = smem + (next % kTf32Stages) * (kA + kB);
-      tf32_load_tile<A_KM>(st, a, m0, kb + int64_t(next) * kTf32K, M, K, ke, t);
-      tf32_load_tile<B_KM>(st + kA, b, n0, kb + int64_t(next) * kTf32K, N, K, ke, t);
+      float* st = smem + (next % STAGES) * (kA + kB);
+      tf32_load_tile<A_KM, kTf32Tile>(st, a, m0, kb + int64_t(next) * kTf32K, M, K, ke, t);
+      tf32_load_tile<B_KM, BN>(st + kA, b, n0, kb + int64_t(next) * kTf32K, N, K, ke, t);
     }
     tf32_cp_async_commit();
-    const float* As = smem + (kt % kTf32Stages) * (kA + kB);
+    const float* As = smem + (kt % STAGES) * (kA + kB);
     const float* Bs = As + kA;
 #pragma unroll
     for (int kk = 0; kk < kTf32K; kk += 8) {
-      unsigned af[4][4], bf[4][2];
+      unsigned af[4][4], bf[NI][2];
       if (A_KM) {
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
@@ -207,23 +213,27 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
       }
       if (B_KM) {
 #pragma unroll
-        for (int p = 0; p < 2; ++p) {
+        for (int p = 0; p < NI / 2; ++p) {
           unsigned x[4];
-          tf32_ldmatrix_x4(x, Bs + (wn * 32 + p * 16 + r + (j / 2) * 8) * kBStride + kk + (j % 2) * 4);
+          tf32_ldmatrix_x4(x, Bs + (wn * WN + p * 16 + r + (j / 2) * 8) * kBStride + kk + (j % 2) * 4);
           bf[2 * p][0] = x[0];
           bf[2 * p][1] = x[1];
           bf[2 * p + 1][0] = x[2];
           bf[2 * p + 1][1] = x[3];
         }
       } else {
-        const int col = wn * 32 + 4 * g;
-        const float4 lo = *reinterpret_cast<const float4*>(Bs + (kk + q) * kBStride + col);
-        const float4 hi = *reinterpret_cast<const float4*>(Bs + (kk + q + 4) * kBStride + col);
-        const float l[4] = {lo.x, lo.y, lo.z, lo.w}, h[4] = {hi.x, hi.y, hi.z, hi.w};
+        // 32 columns per pair of float4: physical column 32 (ni / 4) + 4 g + ni % 4.
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
-          bf[ni][0] = __float_as_uint(l[ni]);
-          bf[ni][1] = __float_as_uint(h[ni]);
+        for (int h = 0; h < NI / 4; ++h) {
+          const int col = wn * WN + 32 * h + 4 * g;
+          const float4 lo = *reinterpret_cast<const float4*>(Bs + (kk + q) * kBStride + col);
+          const float4 hi = *reinterpret_cast<const float4*>(Bs + (kk + q + 4) * kBStride + col);
+          const float l[4] = {lo.x, lo.y, lo.z, lo.w}, u[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            bf[4 * h + i][0] = __float_as_uint(l[i]);
+            bf[4 * h + i][1] = __float_as_uint(u[i]);
+          }
         }
       }
 #pragma unroll
@@ -231,14 +241,14 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
 #pragma unroll
         for (int v = 0; v < 4; ++v) af[mi][v] = to_tf32(af[mi][v]);
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
+      for (int ni = 0; ni < NI; ++ni) {
         bf[ni][0] = to_tf32(bf[ni][0]);
         bf[ni][1] = to_tf32(bf[ni][1]);
       }
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) mma_m16n8k8_tf32(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+        for (int ni = 0; ni < NI; ++ni) mma_m16n8k8_tf32(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
     }
   }
   tf32_cp_async_wait<0>();
@@ -252,15 +262,17 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
       const int64_t m = m0 + row;
       if (m >= M) continue;
       if (!B_KM) {
-        // Logical column 2 q + e of ni is physical 4 (2 q + e) + ni: this lane's 8 values of the
-        // row are columns 8 q .. 8 q + 7, two float4 (N % 4 == 0: each wholly in or out).
+        // Logical column 2 q + e of ni is physical 32 (ni / 4) + 4 (2 q + e) + ni % 4: this lane's
+        // values of the row are columns 32 h + 8 q .. + 7, float4 pairs (N % 4 == 0: each wholly
+        // in or out).
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t n = n0 + wn * 32 + 8 * q + 4 * e;
+        for (int he = 0; he < NI / 2; ++he) {
+          const int h = he / 2, e = he % 2;
+          const int64_t n = n0 + wn * WN + 32 * h + 8 * q + 4 * e;
           if (n >= N) continue;
           float v[4];
 #pragma unroll
-          for (int ni = 0; ni < 4; ++ni) v[ni] = acc[mi][ni][2 * half + e];
+          for (int i = 0; i < 4; ++i) v[i] = acc[mi][4 * h + i][2 * half + e];
           if (partial == nullptr) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) v[i] = epi(v[i], m, n + i);
@@ -269,8 +281,8 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
         }
       } else {
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
-          const int64_t n = n0 + wn * 32 + ni * 8 + 2 * q;
+        for (int ni = 0; ni < NI; ++ni) {
+          const int64_t n = n0 + wn * WN + ni * 8 + 2 * q;
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             if (n + e >= N) continue;
@@ -297,9 +309,14 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
 #define RAWOPS_TF32_GEMM_ARGS                                                                            \
   const float *a, const float *b, float *c, const float *bias, const float *aux, float *pre, long long m, \
       long long n, long long k, long long flags
-#define RAWOPS_TF32(layout, A_KM, B_KM)                                                                   \
-  extern "C" __global__ void __launch_bounds__(256, 2) gemm_tf32_##layout##_f32(RAWOPS_TF32_GEMM_ARGS) { \
-    rawops::gemm_tf32<A_KM, B_KM>(a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k); \
+#define RAWOPS_TF32(layout, A_KM, B_KM)                                                                      \
+  extern "C" __global__ void __launch_bounds__(256, 2) gemm_tf32_##layout##_f32(RAWOPS_TF32_GEMM_ARGS) {    \
+    rawops::gemm_tf32<A_KM, B_KM, 128, rawops::kTf32Stages>(                                               \
+        a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k);                           \
+  }                                                                                                         \
+  extern "C" __global__ void __launch_bounds__(256, 1) gemm_tf32_wide_##layout##_f32(RAWOPS_TF32_GEMM_ARGS) { \
+    rawops::gemm_tf32<A_KM, B_KM, 256, rawops::kTf32WideStages>(                                           \
+        a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k);                           \
   }
 
 RAWOPS_TF32(nn, true, false)

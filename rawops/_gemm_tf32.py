@@ -3,7 +3,9 @@
 sm_80+. The opt-in behind rawops.matmul(..., tf32=True) and the torch adapter's
 matmul(..., tf32=True).
 
-`plan` (pure, tested without a GPU) takes what the kernel can: float32 on sm_80+, every
+`plan` (pure, tested without a GPU) picks gemm_tf32_wide (128 x 256 tiles) for outputs that
+fill the GPU with them on sm_80/90/100, else gemm_tf32 (128 x 128, split K when the tiles are
+few), and takes what the kernels can: float32 on sm_80+, every
 operand's contiguous dim % 4 == 0 (16-byte cp.async rows), N % 4 == 0 where b is N-major
 (nn, tn: float4 stores of c), a, b and c 16-byte aligned. Everything else (odd sizes,
 misaligned views, pre-sm_80 GPUs) gets None and its caller runs the exact FFMA kernels of
@@ -17,7 +19,14 @@ FAMILY = "matmul_tf32"
 LAYOUTS = ("nn", "nt", "tn")  # as rawops.matmul: b (K, N) | b given as (N, K) | a given as (K, M)
 MIN_CC = 80  # mma.sync .tf32, cp.async
 TILE, TILE_K, STAGES, THREADS = 128, 16, 4, 256  # kTf32Tile, kTf32K, kTf32Stages, kTf32Threads
-KMAJOR_STRIDE, MNMAJOR_STRIDE = TILE_K + 4, TILE + 8  # kTf32KMajorStride, kTf32MNMajorStride
+KMAJOR_STRIDE = TILE_K + 4  # kTf32KMajorStride; an M/N-major tile is [TILE_K][rows + 8]
+# gemm_tf32_wide: 128 x 256 tiles (warps of 64 x 64, one block per SM), kTf32WideStages stages,
+# 120 KB of shared memory: only where a block may have that much (sm_80, sm_90, sm_100), and
+# only for outputs of at least one 128 x 256 tile per SM (else the 128 x 128 kernel, split K).
+WIDE = True
+WIDE_N, WIDE_STAGES = 256, 4  # kTf32WideStages
+WIDE_MIN_TILES_PER_SM = 1.0
+WIDE_CCS = (80, 90, 100)
 # Split K as rawops.matmul's tensor-core GEMM (mma_split_count): only for K >= SPLIT_MIN_K when
 # the tiles would leave block slots (2 per SM) idle, aiming at ~3 waves.
 SPLIT_MIN_K, SPLIT_CHUNK, MAX_SPLITS = 1024, 256, 16
@@ -28,18 +37,19 @@ KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.matmul
 
 def entry_points():
     """Every extern "C" kernel the fatbin must hold, on every architecture."""
-    return sorted(f"gemm_tf32_{layout}_f32" for layout in LAYOUTS)
+    return sorted(f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in LAYOUTS)
 
 
 def _ceil(a, b):
     return -(-a // b)
 
 
-def shared_bytes(layout):
-    """Dynamic shared memory: STAGES stages of an A and a B tile (128 rows of M or N, 16 of K),
-    each stored [128][16 + 4] when K-contiguous, else [16][128 + 8]; 4-byte elements."""
-    tile = lambda kmajor: TILE * KMAJOR_STRIDE if kmajor else TILE_K * MNMAJOR_STRIDE  # noqa: E731
-    return STAGES * (tile(layout[0] == "n") + tile(layout[1] == "t")) * 4
+def shared_bytes(layout, bn=TILE, stages=STAGES):
+    """Dynamic shared memory: `stages` stages of an A tile (128 rows of M, 16 of K) and a B tile
+    (bn rows of N), each stored [rows][16 + 4] when K-contiguous, else [16][rows + 8]; 4-byte
+    elements."""
+    tile = lambda kmajor, rows: rows * KMAJOR_STRIDE if kmajor else TILE_K * (rows + 8)  # noqa: E731
+    return stages * (tile(layout[0] == "n", TILE) + tile(layout[1] == "t", bn)) * 4
 
 
 def contiguous_dims(layout, m, n, k):
@@ -67,9 +77,12 @@ def plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132):
     # b_dim is N where b is N-major (nn, tn): then c's rows are whole float4 too (float4 stores).
     if a_dim % 4 or b_dim % 4 or a_ptr % 16 or b_ptr % 16 or c_ptr % 16:
         return None
-    grid = (_ceil(n, TILE), _ceil(m, TILE))
-    if grid[1] > MAX_GRID_Y or grid[0] * grid[1] >= MAX_BLOCKS:  # the kernel's tile order is 32-bit
+    if _ceil(m, TILE) > MAX_GRID_Y or _ceil(n, TILE) * _ceil(m, TILE) >= MAX_BLOCKS:  # 32-bit tile order
         return None
+    if WIDE and cc in WIDE_CCS and _ceil(n, WIDE_N) * _ceil(m, TILE) >= WIDE_MIN_TILES_PER_SM * sms:
+        return (f"gemm_tf32_wide_{layout}_f32", (_ceil(n, WIDE_N), _ceil(m, TILE)), THREADS,
+                shared_bytes(layout, WIDE_N, WIDE_STAGES), 1)
+    grid = (_ceil(n, TILE), _ceil(m, TILE))
     splits = split_count(grid[0] * grid[1], k, sms)
     if splits > 1:
         grid = grid + (splits,)

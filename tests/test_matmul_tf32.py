@@ -24,21 +24,39 @@ EXACT_TOLERANCE = 1e-5  # exact float32 FFMA at these K: ~1e-7
 
 
 # ------------------------------------------------------------------------------ plan
-def test_aligned_float32_on_sm80_and_later_takes_the_tf32_kernel_in_every_layout():
+def test_large_outputs_take_the_wide_kernel_where_a_block_may_have_120_kb():
     for layout in tf.LAYOUTS:
         name, grid, block, shared, splits = tf.plan(layout, 8192, 8192, 8192, 90, BASE, OTHER, C_PTR)
-        assert name == f"gemm_tf32_{layout}_f32" and grid == (64, 64) and block == 256 and splits == 1
+        assert name == f"gemm_tf32_wide_{layout}_f32" and grid == (32, 64) and block == 256 and splits == 1
+        assert shared == tf.shared_bytes(layout, 256, tf.WIDE_STAGES)
+        for cc in (80, 100):
+            assert tf.plan(layout, 8192, 8192, 8192, cc, BASE, OTHER, C_PTR)[0] == name
+        for cc in (86, 89, 120):  # 99 KB a block
+            name, grid, _, shared, _ = tf.plan(layout, 8192, 8192, 8192, cc, BASE, OTHER, C_PTR)
+            assert name == f"gemm_tf32_{layout}_f32" and grid == (64, 64) and shared == tf.shared_bytes(layout)
+    # 16 x 8 = 128 wide tiles for 132 SMs: the 128 x 128 kernel (256 tiles) fills the GPU better.
+    assert tf.plan("nn", 1024, 4096, 1024, 90, BASE, OTHER, C_PTR)[0] == "gemm_tf32_nn_f32"
+    assert tf.plan("nn", 1024, 4096, 1024, 90, BASE, OTHER, C_PTR, sms=128)[0] == "gemm_tf32_wide_nn_f32"
+
+
+def test_aligned_float32_on_sm80_and_later_takes_the_tf32_kernel_in_every_layout():
+    for layout in tf.LAYOUTS:
+        name, grid, block, shared, splits = tf.plan(layout, 1000, 1000, 256, 90, BASE, OTHER, C_PTR)
+        assert name == f"gemm_tf32_{layout}_f32" and grid == (8, 8) and block == 256 and splits == 1
         assert shared == tf.shared_bytes(layout)
     assert tf.plan("nn", 1000, 520, 256, 80, BASE, OTHER, C_PTR)[1] == (5, 8), "sm_80, partial tiles"
     assert tf.plan("nt", 33, 10, 100, 120, BASE, OTHER, C_PTR)[0] == "gemm_tf32_nt_f32", "nt: N is free"
 
 
-def test_shared_memory_is_four_stages_of_padded_tiles_and_fits_every_sm80_plus_gpu():
+def test_shared_memory_is_stages_of_padded_tiles_and_fits_the_gpus_each_kernel_runs_on():
     kmajor, mnmajor = 128 * 20 * 4, 16 * 136 * 4
     assert tf.shared_bytes("nt") == 4 * 2 * kmajor == 81920
     assert tf.shared_bytes("nn") == 4 * (kmajor + mnmajor)
     assert tf.shared_bytes("tn") == 4 * 2 * mnmajor
     assert all(tf.shared_bytes(layout) <= 99 * 1024 for layout in tf.LAYOUTS), "sm_86/89/120 give 99 KB a block"
+    wide = {layout: tf.shared_bytes(layout, 256, tf.WIDE_STAGES) for layout in tf.LAYOUTS}
+    assert wide["nt"] == 4 * (kmajor + 256 * 20 * 4) == 122880 and wide["tn"] == 4 * (mnmajor + 16 * 264 * 4)
+    assert all(99 * 1024 < size <= 163 * 1024 for size in wide.values()), "sm_80's 163 KB, not sm_86's 99"
 
 
 @pytest.mark.parametrize("why, args", [
@@ -106,9 +124,11 @@ def _source():
 def test_planner_constants_match_the_kernel():
     source = _source()
     constant = lambda name: int(re.search(rf"constexpr int {name} = (\d+);", source).group(1))  # noqa: E731
-    assert (tf.TILE, tf.TILE_K, tf.STAGES, tf.THREADS) == (
-        constant("kTf32Tile"), constant("kTf32K"), constant("kTf32Stages"), constant("kTf32Threads"))
-    assert "kTf32KMajorStride = kTf32K + 4;" in source and "kTf32MNMajorStride = kTf32Tile + 8;" in source
+    assert (tf.TILE, tf.TILE_K, tf.STAGES, tf.THREADS, tf.WIDE_STAGES) == (
+        constant("kTf32Tile"), constant("kTf32K"), constant("kTf32Stages"), constant("kTf32Threads"),
+        constant("kTf32WideStages"))
+    assert "kTf32KMajorStride = kTf32K + 4;" in source and "KM ? kTf32KMajorStride : ROWS + 8;" in source
+    assert "gemm_tf32<A_KM, B_KM, 256, rawops::kTf32WideStages>" in source, "the wide kernel's tile"
 
 
 def test_entry_points_take_the_matrix_family_arguments():
@@ -118,7 +138,8 @@ def test_entry_points_take_the_matrix_family_arguments():
     assert [p.split()[-1].lstrip("*") for p in params] == list(mm.ARGS)
     assert "".join("p" if "*" in p else "q" for p in params) == mm.KINDS == tf.KINDS
     layouts = re.findall(r"^RAWOPS_TF32\((\w+),", source, re.M)
-    assert sorted(f"gemm_tf32_{layout}_f32" for layout in layouts) == tf.entry_points()
+    assert sorted(f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in layouts) == \
+        tf.entry_points()
     assert tf.REDUCE_KERNEL in mm.entry_points(), "split K reuses matmul's reduction"
 
 
@@ -179,14 +200,27 @@ def _relative_error(torch, out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
+@pytest.fixture(params=["narrow", "wide"])
+def kernel(request, monkeypatch):
+    """Every shape through gemm_tf32 (WIDE off), then through gemm_tf32_wide wherever it runs."""
+    monkeypatch.setattr(tf, "WIDE", request.param == "wide")
+    monkeypatch.setattr(tf, "WIDE_MIN_TILES_PER_SM", 0)
+    monkeypatch.setattr(tf, "_plans", {})
+    return request.param
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
-@pytest.mark.parametrize("m, k, n", TF32_SHAPES + EXACT_SHAPES)
-def test_tf32_gemm_matches_float64_within_tf32_and_is_really_tf32(layout, m, k, n):
+@pytest.mark.parametrize("m, k, n", TF32_SHAPES + EXACT_SHAPES + [(2048, 256, 4096)])
+def test_tf32_gemm_matches_float64_within_tf32_and_is_really_tf32(kernel, layout, m, k, n):
     torch = pytest.importorskip("torch")
     a, b, ref = _operands(torch, layout, m, k, n)
     c, taken = _run(layout, a, b, m, n, k)
-    expected = tf.plan(layout, m, n, k, 90, a.data_ptr(), b.data_ptr(), 0) is not None
+    cc = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]
+    planned = tf.plan(layout, m, n, k, cc, a.data_ptr(), b.data_ptr(), 0)
+    expected = planned is not None
+    if planned is not None:
+        assert ("_wide_" in planned[0]) == (kernel == "wide" and cc in tf.WIDE_CCS)
     assert taken == expected, f"{layout} {m}x{k}x{n}: routed {'to' if taken else 'away from'} TF32"
     error = _relative_error(torch, c, ref)
     what = f"{layout} {m}x{k}x{n} ({'tf32' if taken else 'exact'}): relative error {error:.3g}"
@@ -203,7 +237,7 @@ def test_tf32_gemm_matches_float64_within_tf32_and_is_really_tf32(layout, m, k, 
 @pytest.mark.parametrize("flags", [mm.EPI_BIAS, mm.EPI_BIAS_GELU, mm.EPI_BIAS_GELU | mm.EPI_ERF,
                                    mm.EPI_BIAS_GELU_GRAD])
 @pytest.mark.parametrize("m, k, n", [(1000, 256, 520), (32, 3072, 768)])
-def test_tf32_gemm_epilogues_match_the_matrix_family(layout, flags, m, k, n):
+def test_tf32_gemm_epilogues_match_the_matrix_family(kernel, layout, flags, m, k, n):
     torch = pytest.importorskip("torch")
     from gpu_reference import random
 
@@ -327,3 +361,22 @@ def test_adapter_matmul_tf32_forward_and_backward(m, k, n):
     with torch.no_grad():
         c2 = ta.matmul(a, b, tf32=True)
     assert _relative_error(torch, c2, (a64 @ b64).detach()) < TF32_TOLERANCE
+
+
+@pytest.mark.gpu
+def test_adapter_matmul_tf32_compiles_with_fullgraph_and_keeps_tf32_in_the_backward():
+    torch = pytest.importorskip("torch")
+    from gpu_reference import random
+    from rawops import torch_adapter as ta
+
+    a = random((256, 128), torch.float32, 1.0).requires_grad_()
+    b = random((128, 96), torch.float32, 1.0).requires_grad_()
+    dy = random((256, 96), torch.float32, 1.0)
+    compiled = torch.compile(lambda x, y: ta.matmul(x, y, tf32=True), fullgraph=True)
+    c = compiled(a, b)
+    c.backward(dy)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    (a64 @ b64).backward(dy.double())
+    for what, out, ref in (("c", c.detach(), (a64 @ b64).detach()), ("da", a.grad, a64.grad), ("db", b.grad, b64.grad)):
+        error = _relative_error(torch, out, ref)
+        assert 2e-5 < error < TF32_TOLERANCE, f"compiled {what}: {error:.3g} (TF32 expected)"
