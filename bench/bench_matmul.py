@@ -4,7 +4,8 @@
 torch: F.gelu(F.linear(x, w, b), approximate="tanh") eager, the cuBLASLt GELU epilogue
 torch._addmm_activation(b, x, w.t(), use_gelu=True), and torch.matmul (float32 with TF32 off,
 torch's default; the `f32 tf32` rows: rawops matmul(tf32=True) against torch with
-torch.backends.cuda.matmul.allow_tf32 = True, cuBLAS TF32, in the same run). rawops through torch_adapter (raw pointers, torch's stream). Issue targets
+torch.backends.cuda.matmul.allow_tf32 = True, cuBLAS TF32, in the same run). rawops through
+torch_adapter (raw pointers, torch's stream). Issue targets
 (H100): linear_gelu f32 32x768->3072 >= 3x eager (42 us); bf16 8192x768->3072 >= 1.2x eager
 (99 us) and >= 0.9x the epilogue (71 us); matmul 8192^3 >= 0.8x torch (688 TFLOP/s bf16,
 51.6 f32). CUDA events, median of 50 after warm-up. Floors: compute at the H100 SXM dense

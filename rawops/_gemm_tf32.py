@@ -21,9 +21,12 @@ MIN_CC = 80  # mma.sync .tf32, cp.async
 TILE, TILE_K, STAGES, THREADS = 128, 16, 4, 256  # kTf32Tile, kTf32K, kTf32Stages, kTf32Threads
 KMAJOR_STRIDE = TILE_K + 4  # kTf32KMajorStride; an M/N-major tile is [TILE_K][rows + 8]
 # gemm_tf32_wide: 128 x 256 tiles (warps of 64 x 64, one block per SM), kTf32WideStages stages,
-# 120 KB of shared memory: only where a block may have that much (sm_80, sm_90, sm_100), and
-# only for outputs of at least one 128 x 256 tile per SM (else the 128 x 128 kernel, split K).
+# 120 KB of shared memory: only where a block may have that much (sm_80, sm_90, sm_100), only
+# for outputs of at least one 128 x 256 tile per SM (else the 128 x 128 kernel, split K), and
+# only in nn (matmul's forward): measured at 8192^3 on the H100 (bench/NOTES.md), wide against
+# 128 x 128 ran nn 121.6 / 98.3 TFLOP/s, nt 110.2 / 120.3, tn 93.8 / 94.9.
 WIDE = True
+WIDE_LAYOUTS = ("nn",)
 WIDE_N, WIDE_STAGES = 256, 4  # kTf32WideStages
 WIDE_MIN_TILES_PER_SM = 1.0
 WIDE_CCS = (80, 90, 100)
@@ -79,7 +82,8 @@ def plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132):
         return None
     if _ceil(m, TILE) > MAX_GRID_Y or _ceil(n, TILE) * _ceil(m, TILE) >= MAX_BLOCKS:  # 32-bit tile order
         return None
-    if WIDE and cc in WIDE_CCS and _ceil(n, WIDE_N) * _ceil(m, TILE) >= WIDE_MIN_TILES_PER_SM * sms:
+    wide_tiles = _ceil(n, WIDE_N) * _ceil(m, TILE)
+    if WIDE and layout in WIDE_LAYOUTS and cc in WIDE_CCS and wide_tiles >= WIDE_MIN_TILES_PER_SM * sms:
         return (f"gemm_tf32_wide_{layout}_f32", (_ceil(n, WIDE_N), _ceil(m, TILE)), THREADS,
                 shared_bytes(layout, WIDE_N, WIDE_STAGES), 1)
     grid = (_ceil(n, TILE), _ceil(m, TILE))

@@ -5,7 +5,8 @@ matmul(a, b)                       a (M, K) @ b (K, N)
 linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn.Linear layout
 linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
-float32 runs exact float32 math (FFMA, no tensor cores); float16 / bfloat16 run tensor cores
+float32 runs exact float32 math (FFMA, no tensor cores) unless matmul's `tf32=True` asks for
+TF32 tensor cores (rawops/_gemm_tf32.py, kernels/matmul_tf32.cu); float16 / bfloat16 run tensor cores
 with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
 kernel of rawops/_gemm_sm90.py when the output fills the GPU, else mma.sync, sm_80+), else
 the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks

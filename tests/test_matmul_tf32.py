@@ -24,7 +24,11 @@ EXACT_TOLERANCE = 1e-5  # exact float32 FFMA at these K: ~1e-7
 
 
 # ------------------------------------------------------------------------------ plan
-def test_large_outputs_take_the_wide_kernel_where_a_block_may_have_120_kb():
+def test_large_nn_outputs_take_the_wide_kernel_where_a_block_may_have_120_kb(monkeypatch):
+    for layout in ("nt", "tn"):  # measured faster (nt) or as fast (tn) with 128 x 128 tiles
+        assert tf.plan(layout, 8192, 8192, 8192, 90, BASE, OTHER, C_PTR)[0] == f"gemm_tf32_{layout}_f32"
+    assert tf.WIDE_LAYOUTS == ("nn",)
+    monkeypatch.setattr(tf, "WIDE_LAYOUTS", tf.LAYOUTS)
     for layout in tf.LAYOUTS:
         name, grid, block, shared, splits = tf.plan(layout, 8192, 8192, 8192, 90, BASE, OTHER, C_PTR)
         assert name == f"gemm_tf32_wide_{layout}_f32" and grid == (32, 64) and block == 256 and splits == 1
@@ -204,6 +208,7 @@ def _relative_error(torch, out, ref):
 def kernel(request, monkeypatch):
     """Every shape through gemm_tf32 (WIDE off), then through gemm_tf32_wide wherever it runs."""
     monkeypatch.setattr(tf, "WIDE", request.param == "wide")
+    monkeypatch.setattr(tf, "WIDE_LAYOUTS", tf.LAYOUTS)
     monkeypatch.setattr(tf, "WIDE_MIN_TILES_PER_SM", 0)
     monkeypatch.setattr(tf, "_plans", {})
     return request.param
