@@ -3,7 +3,9 @@
 
 torch: F.gelu(F.linear(x, w, b), approximate="tanh") eager, the cuBLASLt GELU epilogue
 torch._addmm_activation(b, x, w.t(), use_gelu=True), and torch.matmul (float32 with TF32 off,
-torch's default). rawops through torch_adapter (raw pointers, torch's stream). Issue targets
+torch's default; the `f32 tf32` rows: rawops matmul(tf32=True) against torch with
+torch.backends.cuda.matmul.allow_tf32 = True, cuBLAS TF32, in the same run). rawops through
+torch_adapter (raw pointers, torch's stream). Issue targets
 (H100): linear_gelu f32 32x768->3072 >= 3x eager (42 us); bf16 8192x768->3072 >= 1.2x eager
 (99 us) and >= 0.9x the epilogue (71 us); matmul 8192^3 >= 0.8x torch (688 TFLOP/s bf16,
 51.6 f32). CUDA events, median of 50 after warm-up. Floors: compute at the H100 SXM dense
@@ -22,6 +24,7 @@ sys.path.insert(0, HERE)
 from timing import device_time_us, graphed, start, write_results  # noqa: E402
 
 PEAK_TFLOPS = {torch.float32: 66.9, torch.float16: 989.0, torch.bfloat16: 989.0}
+PEAK_TF32_TFLOPS = 495.0
 NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 F = torch.nn.functional
 
@@ -126,20 +129,29 @@ def backward_rows(ta, ceiling):
 
 
 def matmul_rows(ta, ceiling):
+    """tf32 rows: rawops matmul(tf32=True) against torch.matmul with allow_tf32 on (cuBLAS TF32),
+    timed in the same run; the others against torch's default (TF32 off)."""
     rows = []
-    for dtype, size in ((torch.bfloat16, 8192), (torch.float16, 8192), (torch.float32, 8192),
-                        (torch.bfloat16, 4096), (torch.float32, 4096)):
+    for dtype, size, tf32 in ((torch.bfloat16, 8192, False), (torch.float16, 8192, False),
+                              (torch.float32, 8192, False), (torch.float32, 8192, True),
+                              (torch.bfloat16, 4096, False), (torch.float32, 4096, False),
+                              (torch.float32, 4096, True)):
         a = torch.randn(size, size, device="cuda").to(dtype)
         b = torch.randn(size, size, device="cuda").to(dtype)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
         with torch.no_grad():
-            c = ta.matmul(a, b)
+            c = ta.matmul(a, b, tf32=tf32)
             probe = slice(0, 64)  # a float64 reference of 64 rows keeps the check cheap
             error = _error(c[probe], a[probe].double() @ b.double())
-            us = device_time_us(lambda: ta.matmul(a, b), warmup=3, reps=20)
+            us = device_time_us(lambda: ta.matmul(a, b, tf32=tf32), warmup=3, reps=20)
             us_torch = device_time_us(lambda: torch.matmul(a, b), warmup=3, reps=20)
+        torch.backends.cuda.matmul.allow_tf32 = False
         flops = 2 * size ** 3
         compute, memory = _floors(flops, 3 * size * size * a.element_size(), dtype, ceiling)
-        rows.append({"op": f"matmul {NAMES[dtype]}", "shape": f"{size}^3", "rawops us": us, "torch us": us_torch,
+        if tf32:
+            compute = flops / PEAK_TF32_TFLOPS / 1e6
+        rows.append({"op": f"matmul {NAMES[dtype]}{' tf32' if tf32 else ''}", "shape": f"{size}^3", "rawops us": us,
+                     "torch us": us_torch,
                      "x torch": us_torch / us, "rawops TFLOP/s": flops / us / 1e6,
                      "torch TFLOP/s": flops / us_torch / 1e6, "compute floor us": compute,
                      "memory floor us": memory, "rel error vs f64": error})
@@ -172,7 +184,8 @@ def main():
                     "gelu' (no pre stored)", "flops": "2 GEMMs of 2MKN (dx, dW)"}),
         ("matmul", ["op", "shape", "rawops us", "torch us", "x torch", "rawops TFLOP/s", "torch TFLOP/s",
                     "compute floor us", "memory floor us", "rel error vs f64"], matmul_rows(ta, ceiling),
-         {"targets": ">= 0.8x torch at 8192^3 bf16 and f32", "peaks": "bf16/f16 989, FFMA 66.9 TFLOP/s"}),
+         {"targets": ">= 0.8x torch at 8192^3 bf16 and f32; tf32: none set (torch with allow_tf32)",
+          "peaks": "bf16/f16 989, tf32 495, FFMA 66.9 TFLOP/s"}),
     ]
     text = write_results(out_dir, "matmul", "python bench/bench_matmul.py", sections)
     print(text)

@@ -5,14 +5,15 @@ matmul(a, b)                       a (M, K) @ b (K, N)
 linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn.Linear layout
 linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
-float32 runs exact float32 math (FFMA, no tensor cores); float16 / bfloat16 run tensor cores
+float32 runs exact float32 math (FFMA, no tensor cores) unless matmul's `tf32=True` asks for
+TF32 tensor cores (rawops/_gemm_tf32.py, kernels/matmul_tf32.cu); float16 / bfloat16 run tensor cores
 with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
 kernel of rawops/_gemm_sm90.py when the output fills the GPU, else mma.sync, sm_80+), else
 the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
 the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
 """
 from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES, as_array, launch, sm_count, stream_pointer, wait_for_producer
-from . import _gemm_sm90, _modules, _rows
+from . import _gemm_sm90, _gemm_tf32, _modules, _rows
 
 FAMILY = "matmul"
 LAYOUTS = ("nn", "nt", "tn")  # b (K, N) | b given as (N, K) | a given as (K, M)
@@ -286,8 +287,10 @@ def _on_stream(stream, s):
 
 def matmul(a, b, *, tf32=False, out=None, stream=None):
     """a (M, K) @ b (K, N) -> (M, N), C-contiguous float32 / float16 / bfloat16 arrays of one
-    dtype; float32 accumulation. float32 is exact float32 math (FFMA); `tf32=True` allows
-    TF32 tensor cores (today it still runs the exact kernel: no TF32 kernel yet)."""
+    dtype; float32 accumulation. float32 is exact float32 math (FFMA); `tf32=True` lets
+    float32 run on TF32 tensor cores (operands rounded to 10 mantissa bits, ~1e-3 relative
+    error; rawops/_gemm_tf32.py) on sm_80+ where K and N are multiples of 4 and the arrays
+    16-byte aligned, else the exact kernel. Half types ignore it."""
     import cupy
 
     if not isinstance(tf32, bool):
@@ -303,8 +306,11 @@ def matmul(a, b, *, tf32=False, out=None, stream=None):
         s = _prepare(stream, device, (A, B))
         with _on_stream(stream, s):
             c = O.obj if O is not None else cupy.ndarray((m, n), NUMPY_DTYPES[A.dtype])
-            launch_gemm(device, "nn", A.dtype, A.ptr, B.ptr, O.ptr if O is not None else c.data.ptr, 0, 0, 0,
-                        m, n, k, EPI_NONE, s, _cupy_workspace)
+            c_ptr = O.ptr if O is not None else c.data.ptr
+            if not (tf32 and A.dtype == 0 and _gemm_tf32.launch_gemm(
+                    device, "nn", A.ptr, B.ptr, c_ptr, 0, 0, 0, m, n, k, EPI_NONE, s, _cupy_workspace)[0]):
+                launch_gemm(device, "nn", A.dtype, A.ptr, B.ptr, c_ptr, 0, 0, 0, m, n, k, EPI_NONE, s,
+                            _cupy_workspace)
     return c
 
 

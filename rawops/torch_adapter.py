@@ -1002,17 +1002,22 @@ def seed_mlp(x, weights, biases, output_activation="none"):
 # forward also writes the pre-activation (one extra store from the same kernel) so that the
 # backward is one elementwise pass + two GEMMs, instead of recomputing x @ W^T (a third GEMM).
 _mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
+from . import _gemm_tf32  # noqa: E402
 # No-grad linear_gelu goes through the launcher's typed path (checks, cached plan, output,
 # launch in one call); it answers None for anything else and the Python path below runs.
 register_torch_gemm(torch.is_grad_enabled, _mm.launch_plan)
 _LINEAR_GELU_FLAGS = {approximate: flags | _mm.EPI_BIAS_GELU for approximate, flags in _mm.GELU_FLAGS.items()}
 
 
-def _gemm(device, layout, code, a, b, c, m, n, k, bias=0, aux=0, pre=0, flags=_mm.EPI_NONE):
+def _gemm(device, layout, code, a, b, c, m, n, k, bias=0, aux=0, pre=0, flags=_mm.EPI_NONE, tf32=False):
+    """tf32: float32 on the TF32 tensor-core GEMM where its plan takes the shape, else exact."""
     def workspace(nbytes):  # split-K partials, from torch's allocator on the launch stream
         scratch = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
         return scratch.data_ptr(), scratch
 
+    if tf32 and code == 0 and _on_device(device, _gemm_tf32.launch_gemm, device, layout, a, b, c, bias, aux, pre,
+                                         m, n, k, flags, _raw_stream(device), workspace)[0]:
+        return
     _on_device(device, _mm.launch_gemm, device, layout, code, a, b, c, bias, aux, pre, m, n, k, flags,
                _raw_stream(device), workspace)
 
@@ -1027,16 +1032,16 @@ def _matmul_operands(a, b):
     return code, a.shape[0], b.shape[1], a.shape[1]
 
 
-def _matmul_fwd(a, b):
+def _matmul_fwd(a, b, tf32=False):
     code, m, n, k = _matmul_operands(a, b)
     c = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m and n:
-        _gemm(a.get_device(), "nn", code, a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k)
+        _gemm(a.get_device(), "nn", code, a.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, tf32=tf32)
     return c
 
 
-def _matmul_bwd(dy, a, b):
-    """(da, db) = (dy @ b^T, a^T @ dy)."""
+def _matmul_bwd(dy, a, b, tf32=False):
+    """(da, db) = (dy @ b^T, a^T @ dy); tf32 as the forward's (nt and tn TF32 kernels)."""
     dy = _contiguous(dy)
     code, m, n, k = _matmul_operands(a, b)
     _rows_code(dy, "dy", like=a, like_name="a")
@@ -1046,9 +1051,9 @@ def _matmul_bwd(dy, a, b):
     db = torch.empty((k, n), dtype=a.dtype, device=a.device)
     device = a.get_device()
     if m and k:
-        _gemm(device, "nt", code, dy.data_ptr(), b.data_ptr(), da.data_ptr(), m, k, n)
+        _gemm(device, "nt", code, dy.data_ptr(), b.data_ptr(), da.data_ptr(), m, k, n, tf32=tf32)
     if k and n:
-        _gemm(device, "tn", code, a.data_ptr(), dy.data_ptr(), db.data_ptr(), k, n, m)
+        _gemm(device, "tn", code, a.data_ptr(), dy.data_ptr(), db.data_ptr(), k, n, m, tf32=tf32)
     return da, db
 
 
@@ -1120,13 +1125,14 @@ def _linear_gelu_bwd(dy, x, weight, bias, pre, approximate, need_dx=True, need_d
 
 class _Matmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b):
+    def forward(ctx, a, b, tf32):
         ctx.save_for_backward(a, b)
-        return _matmul_fwd(a, b)
+        ctx.tf32 = tf32
+        return _matmul_fwd(a, b, tf32)
 
     @staticmethod
     def backward(ctx, dy):
-        return _matmul_bwd(dy, *ctx.saved_tensors)
+        return (*_matmul_bwd(dy, *ctx.saved_tensors, ctx.tf32), None)
 
 
 class _LinearGELU(torch.autograd.Function):
@@ -1152,6 +1158,14 @@ _matmul_op = _custom_op(
     "matmul", "(Tensor a, Tensor b) -> Tensor", _matmul_fwd,
     lambda a, b: a.new_empty((a.shape[0], b.shape[1])),
     lambda ctx, dy: _matmul_bwd_op(dy, *ctx.saved_tensors), _save_inputs)
+# tf32=True under torch.compile: its own ops (the flag is part of what the op computes).
+_matmul_tf32_bwd_op = _custom_op("matmul_tf32_backward", "(Tensor dy, Tensor a, Tensor b) -> (Tensor, Tensor)",
+                                 lambda dy, a, b: _matmul_bwd(dy, a, b, True),
+                                 lambda dy, a, b: (torch.empty_like(a), torch.empty_like(b)))
+_matmul_tf32_op = _custom_op(
+    "matmul_tf32", "(Tensor a, Tensor b) -> Tensor", lambda a, b: _matmul_fwd(a, b, True),
+    lambda a, b: a.new_empty((a.shape[0], b.shape[1])),
+    lambda ctx, dy: _matmul_tf32_bwd_op(dy, *ctx.saved_tensors), _save_inputs)
 
 
 def _linear_gelu_setup(ctx, inputs, output):
@@ -1192,12 +1206,16 @@ _linear_gelu_op = _custom_op(
 
 def matmul(a, b, tf32=False):
     """a (M, K) @ b (K, N) on rawops kernels, with autograd. float32 is exact float32 math;
-    tf32=True allows TF32 (today it runs the exact kernel too)."""
+    tf32=True runs float32 on TF32 tensor cores (~1e-3 relative error, like torch's
+    allow_tf32) on sm_80+ where the contiguous dims are multiples of 4 and the tensors 16-byte
+    aligned, else exact; the backward's two GEMMs follow the same flag. Half types ignore it."""
+    if not isinstance(tf32, bool):
+        raise TypeError(f"tf32 must be a bool, got {type(tf32).__name__}")
     if _compiling():
-        return _matmul_op(a, b)
+        return _matmul_tf32_op(a, b) if tf32 else _matmul_op(a, b)
     if _needs_grad(a, b):
-        return _Matmul.apply(a, b)
-    return _matmul_fwd(a, b)
+        return _Matmul.apply(a, b, tf32)
+    return _matmul_fwd(a, b, tf32)
 
 
 def linear_gelu(x, weight, bias=None, approximate="tanh"):

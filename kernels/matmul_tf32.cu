@@ -1,0 +1,329 @@
+// TF32 tensor-core GEMM for float32 operands: C = A B with the matrix family's epilogue, for
+// rawops.matmul(a, b, tf32=True) and the torch adapter's matmul(tf32=True) (forward and backward).
+//
+//   C[m][n] = epilogue(sum_k tf32(A(m, k)) tf32(B(k, n))),  float32 accumulation.
+// tf32(x) rounds x to 10 mantissa bits (cvt.rna.tf32.f32, nearest, ties away): each product
+// carries ~2^-11 relative error, the sum ~1e-4..1e-3 relative to its norm (torch's
+// allow_tf32 precision). Layouts and epilogue exactly as kernels/matmul.cu (nn a (M, K) b (K, N);
+// nt a (M, K) b (N, K); tn a (K, M) b (K, N); flags & 3: none / bias+GELU / bias+GELU' / bias).
+//
+// gemm_tf32_<layout>_f32, sm_80+: mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32, 128 x 128 block
+// tiles, 8 warps of 64 x 32, BK = 16 floats (64 bytes per operand row, as gemm_mma's 32 halves),
+// 4-stage cp.async pipeline (80 KB of dynamic shared memory at most: fits sm_86/89/120's 99 KB,
+// 2 blocks per SM on sm_80/90). gemm_tf32_wide_<layout>_f32: the same with 128 x 256 tiles, warps
+// of 64 x 64 (120 KB, one block per SM; sm_80/90/100 only), for outputs that fill the GPU.
+// Split K over gridDim.z as the other GEMMs (float32 partials,
+// matmul's gemm_reduce_f32 applies the epilogue). Needs every operand's contiguous dim % 4 == 0,
+// N % 4 == 0 when b is N-major, 16-byte aligned pointers (rawops/_gemm_tf32.py checks; else
+// the exact FFMA kernels). Older archs compile a body that traps; the planner never picks it.
+//
+// Fragments (PTX m16n8k8 .tf32: lane = 4 g + t; a0 (g, t) a1 (g + 8, t) a2 (g, t + 4) a3 (g + 8,
+// t + 4); b0 (k t, n g) b1 (k t + 4, n g)):
+//   K-major operand, stored [rows][16 + 4 k]: ldmatrix.x4 (b16). An 8 x 8 b16 matrix is 8 rows x
+//     4 floats and lane i receives row i / 4, float i % 4: exactly (g, t). Rows 80 bytes apart:
+//     conflict-free.
+//   M/N-major operand, stored [16 k][128 + 8]: ldmatrix.trans moves 16-bit elements only, so
+//     plain LDS.128. The warp's rows (columns) are permuted so that one float4 at [k][4 g] holds
+//     a lane's values for four fragments: A, logical row g / g + 8 of mi = 2P / 2P + 1 is
+//     physical row 32 P + 4 g + {0, 1, 2, 3}; B, logical column g of ni is physical 4 g + ni.
+//     The epilogue maps back (a lane then owns 8 adjacent columns: float4 stores). Row stride
+//     136 floats = 8 mod 32 banks: each 8-lane phase of an LDS.128 hits 32 distinct banks.
+// Per 8 k and warp (64 x 32): 16 mma, 24 cvt (2 instructions each in SASS), 2-4 ldmatrix.x4 or
+// 2-4 LDS.128 per operand.
+// Measured on the H100 at 8192^3 (bench/NOTES.md): 121.6 TFLOP/s nn (wide), 120.3 nt, 94.9 tn
+// (128 x 128); cuBLAS TF32 ~360-417 in the same run; exact FFMA 48.
+#include "rawops/dtype.cuh"
+#include "rawops/gemm_epilogue.cuh"
+
+namespace rawops {
+namespace {
+
+constexpr int kTf32Threads = 256;
+constexpr int kTf32Tile = 128;  // BM = BN
+constexpr int kTf32K = 16;      // floats of K per stage
+constexpr int kTf32Stages = 4;
+constexpr int kTf32WideStages = 4;  // gemm_tf32_wide: 128 x 256 tiles, 120 KB (sm_80/90/100 only)
+constexpr int kTf32Group = 8;  // block tiles walk 8 tile-rows at a time (L2 reuse of B's panels)
+constexpr int kTf32KMajorStride = kTf32K + 4;  // [rows][16 + 4]
+// [16 k][rows + 8] when the operand is M- or N-contiguous (rows + 8 = 8 mod 32 banks).
+
+template <bool KM, int ROWS> struct Tf32Tile {
+  static constexpr int stride = KM ? kTf32KMajorStride : ROWS + 8;
+  static constexpr int elems = KM ? ROWS * kTf32KMajorStride : kTf32K * (ROWS + 8);
+};
+
+// cp.async / ldmatrix as in kernels/matmul.cu (kept local: that file's helpers are file-private).
+__device__ __forceinline__ unsigned tf32_smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void tf32_cp_async16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tf32_smem_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void tf32_cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void tf32_cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+__device__ __forceinline__ void tf32_ldmatrix_x4(unsigned* r, const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(tf32_smem_address(p)));
+#endif
+}
+
+// float32 bits -> tf32 (round to nearest, ties away from zero), still in a 32-bit register.
+__device__ __forceinline__ unsigned to_tf32(unsigned x) {
+  unsigned r = x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ void mma_m16n8k8_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// One operand tile (128 rows of M or N, 16 of K) from global, 16 bytes per cp.async, 2 per thread
+// (kTf32K / 8 for other K tiles).
+// KM: element (r, k) at g[r * K + k], stored [r][k]; else at g[k * R + r], stored [k][r].
+// Chunks at or past kend (or past R) are zero-filled: with K % 4 == 0 and R % 4 == 0 (M/N-major)
+// a chunk is wholly inside or outside.
+template <bool KM, int ROWS>
+__device__ __forceinline__ void tf32_load_tile(float* s, const float* __restrict__ g, int64_t r0, int64_t k0,
+                                               int64_t R, int64_t K, int64_t kend, int t) {
+  constexpr int stride = Tf32Tile<KM, ROWS>::stride;
+  constexpr int kChunks = ROWS * kTf32K / 4;  // of 4 floats
+#pragma unroll
+  for (int i = 0; i < kChunks / kTf32Threads; ++i) {
+    const int c = t + i * kTf32Threads;
+    if (KM) {
+      const int r = c / (kTf32K / 4), k = (c % (kTf32K / 4)) * 4;
+      const bool valid = r0 + r < R && k0 + k < kend;
+      tf32_cp_async16(s + r * stride + k, valid ? g + (r0 + r) * K + k0 + k : g, valid);
+    } else {
+      const int k = c / (ROWS / 4), r = (c % (ROWS / 4)) * 4;
+      const bool valid = k0 + k < kend && r0 + r < R;
+      tf32_cp_async16(s + k * stride + r, valid ? g + (k0 + k) * R + r0 + r : g, valid);
+    }
+  }
+}
+
+// BN = 128: warps of 64 x 32, 2 blocks per SM. BN = 256 (gemm_tf32_wide): warps of 64 x 64, half
+// the shared-memory and L2 bytes per MAC of BN = 128 (which ran at ~100-120 TFLOP/s on the H100,
+// near what 32 FLOP per L2 byte allows), one block per SM.
+// Split K (gridDim.z > 1): block z sums k in [z kc, (z + 1) kc) into partial[z][M][N] (raw sums).
+template <bool A_KM, bool B_KM, int BN, int STAGES>
+__device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const float* __restrict__ b,
+                                          float* __restrict__ c, const Epilogue<float> epi, int64_t M, int64_t N,
+                                          int64_t K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kA = Tf32Tile<A_KM, kTf32Tile>::elems, kB = Tf32Tile<B_KM, BN>::elems;
+  constexpr int kAStride = Tf32Tile<A_KM, kTf32Tile>::stride, kBStride = Tf32Tile<B_KM, BN>::stride;
+  constexpr int WN = BN / 4, NI = WN / 8;
+  float* const smem = reinterpret_cast<float*>(smem_raw);
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+  const int wm = warp / 4, wn = warp % 4;  // warp tile: rows wm*64 + [0, 64), cols wn*WN + [0, WN)
+  const int g = lane / 4, q = lane % 4;    // fragment group and thread-in-group
+  // Tile (ty, tx) of the block: column-major within groups of kTf32Group tile-rows, so that the
+  // blocks resident together share B's column panels and a few of A's row panels in L2.
+  // (gridDim.x * gridDim.y < 2^31: the planner checks.)
+  int ty = blockIdx.y, tx = blockIdx.x;
+  if (kTf32Group > 1) {
+    const int id = blockIdx.y * gridDim.x + blockIdx.x, per_group = kTf32Group * gridDim.x;
+    const int first = id / per_group * kTf32Group, rows = min(int(gridDim.y) - first, kTf32Group);
+    ty = first + (id % per_group) % rows;
+    tx = (id % per_group) / rows;
+  }
+  const int64_t m0 = int64_t(ty) * kTf32Tile, n0 = int64_t(tx) * BN;
+  int64_t kb = 0, ke = K;
+  float* partial = nullptr;
+  if (gridDim.z > 1) {
+    const int64_t kc = ((K + gridDim.z - 1) / gridDim.z + kTf32K - 1) / kTf32K * kTf32K;
+    kb = int64_t(blockIdx.z) * kc;
+    ke = kb + kc < K ? kb + kc : K;
+    partial = c + int64_t(blockIdx.z) * M * N;
+  }
+  const int tiles = ke > kb ? int((ke - kb + kTf32K - 1) / kTf32K) : 0;
+
+  float acc[4][NI][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < tiles) {
+      tf32_load_tile<A_KM, kTf32Tile>(smem + s * (kA + kB), a, m0, kb + int64_t(s) * kTf32K, M, K, ke, t);
+      tf32_load_tile<B_KM, BN>(smem + s * (kA + kB) + kA, b, n0, kb + int64_t(s) * kTf32K, N, K, ke, t);
+    }
+    tf32_cp_async_commit();
+  }
+  const int j = lane / 8, r = lane % 8;
+  for (int kt = 0; kt < tiles; ++kt) {
+    tf32_cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile kt visible to all; stage (kt - 1) % S free for the next load
+    const int next = kt + STAGES - 1;
+    if (next < tiles) {
+      float* st = smem + (next % STAGES) * (kA + kB);
+      tf32_load_tile<A_KM, kTf32Tile>(st, a, m0, kb + int64_t(next) * kTf32K, M, K, ke, t);
+      tf32_load_tile<B_KM, BN>(st + kA, b, n0, kb + int64_t(next) * kTf32K, N, K, ke, t);
+    }
+    tf32_cp_async_commit();
+    const float* As = smem + (kt % STAGES) * (kA + kB);
+    const float* Bs = As + kA;
+#pragma unroll
+    for (int kk = 0; kk < kTf32K; kk += 8) {
+      unsigned af[4][4], bf[NI][2];
+      if (A_KM) {
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi)
+          tf32_ldmatrix_x4(af[mi], As + (wm * 64 + mi * 16 + lane % 16) * kAStride + kk + (lane / 16) * 4);
+      } else {
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          const int col = wm * 64 + p * 32 + 4 * g;
+          const float4 lo = *reinterpret_cast<const float4*>(As + (kk + q) * kAStride + col);
+          const float4 hi = *reinterpret_cast<const float4*>(As + (kk + q + 4) * kAStride + col);
+          af[2 * p][0] = __float_as_uint(lo.x);
+          af[2 * p][1] = __float_as_uint(lo.y);
+          af[2 * p][2] = __float_as_uint(hi.x);
+          af[2 * p][3] = __float_as_uint(hi.y);
+          af[2 * p + 1][0] = __float_as_uint(lo.z);
+          af[2 * p + 1][1] = __float_as_uint(lo.w);
+          af[2 * p + 1][2] = __float_as_uint(hi.z);
+          af[2 * p + 1][3] = __float_as_uint(hi.w);
+        }
+      }
+      if (B_KM) {
+#pragma unroll
+        for (int p = 0; p < NI / 2; ++p) {
+          unsigned x[4];
+          tf32_ldmatrix_x4(x, Bs + (wn * WN + p * 16 + r + (j / 2) * 8) * kBStride + kk + (j % 2) * 4);
+          bf[2 * p][0] = x[0];
+          bf[2 * p][1] = x[1];
+          bf[2 * p + 1][0] = x[2];
+          bf[2 * p + 1][1] = x[3];
+        }
+      } else {
+        // 32 columns per pair of float4: physical column 32 (ni / 4) + 4 g + ni % 4.
+#pragma unroll
+        for (int h = 0; h < NI / 4; ++h) {
+          const int col = wn * WN + 32 * h + 4 * g;
+          const float4 lo = *reinterpret_cast<const float4*>(Bs + (kk + q) * kBStride + col);
+          const float4 hi = *reinterpret_cast<const float4*>(Bs + (kk + q + 4) * kBStride + col);
+          const float l[4] = {lo.x, lo.y, lo.z, lo.w}, u[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            bf[4 * h + i][0] = __float_as_uint(l[i]);
+            bf[4 * h + i][1] = __float_as_uint(u[i]);
+          }
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) af[mi][v] = to_tf32(af[mi][v]);
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni) {
+        bf[ni][0] = to_tf32(bf[ni][0]);
+        bf[ni][1] = to_tf32(bf[ni][1]);
+      }
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) mma_m16n8k8_tf32(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+    }
+  }
+  tf32_cp_async_wait<0>();
+
+  // acc[mi][ni][2 half + e]: logical row g + 8 half of mi, logical column 2 q + e of ni.
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = A_KM ? wm * 64 + mi * 16 + g + 8 * half : wm * 64 + (mi / 2) * 32 + 4 * g + (mi % 2) * 2 + half;
+      const int64_t m = m0 + row;
+      if (m >= M) continue;
+      if (!B_KM) {
+        // Logical column 2 q + e of ni is physical 32 (ni / 4) + 4 (2 q + e) + ni % 4: this lane's
+        // values of the row are columns 32 h + 8 q .. + 7, float4 pairs (N % 4 == 0: each wholly
+        // in or out).
+#pragma unroll
+        for (int he = 0; he < NI / 2; ++he) {
+          const int h = he / 2, e = he % 2;
+          const int64_t n = n0 + wn * WN + 32 * h + 8 * q + 4 * e;
+          if (n >= N) continue;
+          float v[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[i] = acc[mi][4 * h + i][2 * half + e];
+          if (partial == nullptr) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = epi(v[i], m, n + i);
+          }
+          float* const out = partial != nullptr ? partial : c;
+          *reinterpret_cast<float4*>(out + m * N + n) = make_float4(v[0], v[1], v[2], v[3]);
+        }
+      } else {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+          const int64_t n = n0 + wn * WN + ni * 8 + 2 * q;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (n + e >= N) continue;
+            const float v = acc[mi][ni][2 * half + e];
+            if (partial != nullptr)
+              partial[m * N + n + e] = v;
+            else
+              c[m * N + n + e] = epi(v, m, n + e);
+          }
+        }
+      }
+    }
+#else
+  __trap();  // the Python side never launches it below sm_80
+#endif
+}
+
+}  // namespace
+}  // namespace rawops
+
+// ---------------------------------------------------------------------------- entry points
+// Every entry: (a, b, c, bias, aux, pre, m, n, k, flags), as kernels/matmul.cu; grids in
+// rawops/_gemm_tf32.py.
+#define RAWOPS_TF32_GEMM_ARGS                                                                            \
+  const float *a, const float *b, float *c, const float *bias, const float *aux, float *pre, long long m, \
+      long long n, long long k, long long flags
+#define RAWOPS_TF32(layout, A_KM, B_KM)                                                                      \
+  extern "C" __global__ void __launch_bounds__(256, 2) gemm_tf32_##layout##_f32(RAWOPS_TF32_GEMM_ARGS) {    \
+    rawops::gemm_tf32<A_KM, B_KM, 128, rawops::kTf32Stages>(                                               \
+        a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k);                           \
+  }                                                                                                         \
+  extern "C" __global__ void __launch_bounds__(256, 1) gemm_tf32_wide_##layout##_f32(RAWOPS_TF32_GEMM_ARGS) { \
+    rawops::gemm_tf32<A_KM, B_KM, 256, rawops::kTf32WideStages>(                                           \
+        a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k);                           \
+  }
+
+RAWOPS_TF32(nn, true, false)
+RAWOPS_TF32(nt, true, true)
+RAWOPS_TF32(tn, false, false)

@@ -1,0 +1,158 @@
+"""The TF32 tensor-core GEMM (kernels/matmul_tf32.cu): float32 operands rounded to TF32
+(10 mantissa bits) and multiplied on mma.sync m16n8k8 tensor cores, float32 accumulation,
+sm_80+. The opt-in behind rawops.matmul(..., tf32=True) and the torch adapter's
+matmul(..., tf32=True).
+
+`plan` (pure, tested without a GPU) picks gemm_tf32_wide (128 x 256 tiles) for outputs that
+fill the GPU with them on sm_80/90/100, else gemm_tf32 (128 x 128, split K when the tiles are
+few), and takes what the kernels can: float32 on sm_80+, every
+operand's contiguous dim % 4 == 0 (16-byte cp.async rows), N % 4 == 0 where b is N-major
+(nn, tn: float4 stores of c), a, b and c 16-byte aligned. Everything else (odd sizes,
+misaligned views, pre-sm_80 GPUs) gets None and its caller runs the exact FFMA kernels of
+kernels/matmul.cu: more precise than asked, never wrong. Small outputs split K like the
+half-type tensor-core GEMM, the partials summed in order by matmul's gemm_reduce_f32.
+"""
+from ._launch import launch, sm_count
+from . import _modules
+
+FAMILY = "matmul_tf32"
+LAYOUTS = ("nn", "nt", "tn")  # as rawops.matmul: b (K, N) | b given as (N, K) | a given as (K, M)
+MIN_CC = 80  # mma.sync .tf32, cp.async
+TILE, TILE_K, STAGES, THREADS = 128, 16, 4, 256  # kTf32Tile, kTf32K, kTf32Stages, kTf32Threads
+KMAJOR_STRIDE = TILE_K + 4  # kTf32KMajorStride; an M/N-major tile is [TILE_K][rows + 8]
+# gemm_tf32_wide: 128 x 256 tiles (warps of 64 x 64, one block per SM), kTf32WideStages stages,
+# 120 KB of shared memory: only where a block may have that much (sm_80, sm_90, sm_100), only
+# for outputs of at least one 128 x 256 tile per SM (else the 128 x 128 kernel, split K), and
+# only in nn (matmul's forward): measured at 8192^3 on the H100 (bench/NOTES.md), wide against
+# 128 x 128 ran nn 121.6 / 98.3 TFLOP/s, nt 110.2 / 120.3, tn 93.8 / 94.9.
+WIDE = True
+WIDE_LAYOUTS = ("nn",)
+WIDE_N, WIDE_STAGES = 256, 4  # kTf32WideStages
+WIDE_MIN_TILES_PER_SM = 1.0
+WIDE_CCS = (80, 90, 100)
+# Split K as rawops.matmul's tensor-core GEMM (mma_split_count): only for K >= SPLIT_MIN_K when
+# the tiles would leave block slots (2 per SM) idle, aiming at ~3 waves.
+SPLIT_MIN_K, SPLIT_CHUNK, MAX_SPLITS = 1024, 256, 16
+MAX_BLOCKS, MAX_GRID_Y = 1 << 31, 65535
+REDUCE_FAMILY, REDUCE_KERNEL, REDUCE_THREADS = "matmul", "gemm_reduce_f32", 256
+KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.matmul.KINDS
+
+
+def entry_points():
+    """Every extern "C" kernel the fatbin must hold, on every architecture."""
+    return sorted(f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in LAYOUTS)
+
+
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def shared_bytes(layout, bn=TILE, stages=STAGES):
+    """Dynamic shared memory: `stages` stages of an A tile (128 rows of M, 16 of K) and a B tile
+    (bn rows of N), each stored [rows][16 + 4] when K-contiguous, else [16][rows + 8]; 4-byte
+    elements."""
+    tile = lambda kmajor, rows: rows * KMAJOR_STRIDE if kmajor else TILE_K * (rows + 8)  # noqa: E731
+    return stages * (tile(layout[0] == "n", TILE) + tile(layout[1] == "t", bn)) * 4
+
+
+def contiguous_dims(layout, m, n, k):
+    """The length of the contiguous (innermost) dim of a and of b in this layout."""
+    return (k if layout[0] == "n" else m), (k if layout[1] == "t" else n)
+
+
+def split_count(blocks, k, sms):
+    slots = 2 * sms
+    if blocks >= slots or k < SPLIT_MIN_K:
+        return 1
+    return max(1, min(_ceil(3 * slots, blocks), k // SPLIT_CHUNK, MAX_SPLITS))
+
+
+def plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132):
+    """(kernel name, grid, block, dynamic shared bytes, K splits) of the TF32 GEMM for a float32
+    C (m, n) = A B in `layout`, or None where it does not apply (the caller then runs the exact
+    kernels): below sm_80, a contiguous dim % 4, N % 4 with b N-major, a pointer off 16 bytes,
+    an empty output, or k == 0 (nothing to multiply)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if cc < MIN_CC or m <= 0 or n <= 0 or k <= 0:
+        return None
+    a_dim, b_dim = contiguous_dims(layout, m, n, k)
+    # b_dim is N where b is N-major (nn, tn): then c's rows are whole float4 too (float4 stores).
+    if a_dim % 4 or b_dim % 4 or a_ptr % 16 or b_ptr % 16 or c_ptr % 16:
+        return None
+    if _ceil(m, TILE) > MAX_GRID_Y or _ceil(n, TILE) * _ceil(m, TILE) >= MAX_BLOCKS:  # 32-bit tile order
+        return None
+    wide_tiles = _ceil(n, WIDE_N) * _ceil(m, TILE)
+    if WIDE and layout in WIDE_LAYOUTS and cc in WIDE_CCS and wide_tiles >= WIDE_MIN_TILES_PER_SM * sms:
+        return (f"gemm_tf32_wide_{layout}_f32", (_ceil(n, WIDE_N), _ceil(m, TILE)), THREADS,
+                shared_bytes(layout, WIDE_N, WIDE_STAGES), 1)
+    grid = (_ceil(n, TILE), _ceil(m, TILE))
+    splits = split_count(grid[0] * grid[1], k, sms)
+    if splits > 1:
+        grid = grid + (splits,)
+    return f"gemm_tf32_{layout}_f32", grid, THREADS, shared_bytes(layout), splits
+
+
+def reduce_blocks(m, n, sms):
+    return max(1, min(_ceil(m * n, REDUCE_THREADS), sms * 8))
+
+
+# ------------------------------------------------------------------------------ launches on raw pointers
+_compute_capability = {}
+_opted_in = set()
+_plans = {}  # (layout, m, n, k, a, b, c 16-byte aligned, device) -> launch, or None
+
+
+def compute_capability(device):
+    cc = _compute_capability.get(device)
+    if cc is None:
+        import cupy
+
+        cc = _compute_capability[device] = int(cupy.cuda.Device(device).compute_capability)
+    return cc
+
+
+def _function(name, device, shared):
+    pointer = _modules.function_pointer(FAMILY, name, device)
+    if shared > 48 * 1024 and (name, device) not in _opted_in:  # above 48 KB a kernel must opt in
+        _modules.get_function(FAMILY, name, device).max_dynamic_shared_size_bytes = shared
+        _opted_in.add((name, device))
+    return pointer
+
+
+def _launch_plan(layout, m, n, k, a, b, c, device):
+    key = (layout, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device)
+    if key in _plans:
+        return _plans[key]
+    sms = sm_count(device)
+    found = plan(layout, m, n, k, compute_capability(device), a, b, c, sms)
+    cached = None
+    if found is not None:
+        name, grid, block, shared, splits = found
+        reduce = None
+        if splits > 1:
+            reduce = (_modules.function_pointer(REDUCE_FAMILY, REDUCE_KERNEL, device), (reduce_blocks(m, n, sms),))
+        cached = (_function(name, device, shared), grid, block, shared, splits, reduce)
+    if len(_plans) > 4096:  # shapes of a long-running process: keep the cache bounded
+        _plans.clear()
+    _plans[key] = cached
+    return cached
+
+
+def launch_gemm(device, layout, a, b, c, bias, aux, pre, m, n, k, flags, stream, workspace):
+    """c (m, n) = epilogue(tf32(A) tf32(B)) for float32 pointers checked by the caller, as
+    rawops.matmul.launch_gemm. Returns (taken, owner): taken False when `plan` refuses the
+    shape (nothing launched: the caller runs the exact kernel); owner keeps split-K scratch
+    from `workspace(nbytes)` alive until the launches are queued."""
+    found = _launch_plan(layout, m, n, k, a, b, c, device)
+    if found is None:
+        return False, None
+    function, grid, block, shared, splits, reduce = found
+    if splits == 1:
+        launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
+        return True, None
+    partial, owner = workspace(splits * m * n * 4)
+    launch(function, grid, block, shared, stream, (a, b, partial, 0, 0, 0, m, n, k, 0), KINDS, device)
+    launch(reduce[0], reduce[1], REDUCE_THREADS, 0, stream, (partial, 0, c, bias, aux, pre, m, n, splits, flags),
+           KINDS, device)
+    return True, owner
