@@ -103,7 +103,9 @@ SMALL = [("v5 linear_small (x in shared memory, 24 features a block)", "cur", "l
          ("v6 cluster C8 W4, 58 KB", "cur", "cluster_c8_w4", 384, 128, 58 * 1024),
          ("v6 cluster C8 W4, 40.5 KB", "cur", "cluster_c8_w4", 384, 128, CLUSTER_RING),
          ("v6 cluster C4 W2, 58 KB (192 CTAs)", "cur", "cluster_c4_w2", 192, 64, 58 * 1024),
-         ("v6 cluster C4 W4, 58 KB (192 CTAs)", "cur", "cluster_c4_w4", 192, 128, 58 * 1024)]
+         ("v6 cluster C4 W4, 58 KB (192 CTAs)", "cur", "cluster_c4_w4", 192, 128, 58 * 1024),
+         ("v6 cluster C4 W4, 40.5 KB", "cur", "cluster_c4_w4", 192, 128, CLUSTER_RING),
+         ("v6 cluster C2 W4, 58 KB (96 CTAs)", "cur", "cluster_c2_w4", 96, 128, 58 * 1024)]
 SMALL_ROWS_OTHER = [SMALL[0], SMALL[1]]
 SMALL_BF16 = [("shipped bf16 (v5)", "cur", "linear_small_nt_bf16", 128, 384, 32 * 768 * 2)]
 
@@ -170,7 +172,8 @@ if __name__ == "__main__":
         print("host rows failed:", repr(e))
     small_rows()
     for rows in (8, 128):
-        small_rows(variants=SMALL_ROWS_OTHER, m=rows)
+        if "--skip-rows" not in sys.argv:
+            small_rows(variants=SMALL_ROWS_OTHER, m=rows)
     small_rows(torch.bfloat16, SMALL_BF16)
     if "--skip-gemm" not in sys.argv:
         gemm_rows()

@@ -646,16 +646,22 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 __device__ __forceinline__ int64_t clamp_last(int64_t i, int64_t count) { return i < count ? i : count - 1; }
-// 16 bytes at the same shared-memory offset as `p`, in the cluster's CTA `rank`.
-__device__ __forceinline__ float4 load_peer_float4(const float* p, unsigned rank) {
+// The address of shared-memory location `p` in the cluster's CTA `rank`.
+__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
+  unsigned remote = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(p)), "r"(rank));
+#endif
+  return remote;
+}
+// 16 bytes of a peer's shared memory. No "memory" clobber: the loads of one reduction issue
+// back to back (cluster_barrier orders them against the writes).
+__device__ __forceinline__ float4 load_peer_float4(unsigned remote) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(p)), "r"(rank));
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
+               : "r"(remote));
 #endif
   return v;
 }
@@ -747,17 +753,22 @@ __device__ __forceinline__ void linear_small_cluster(const float* __restrict__ x
   constexpr int kRowsPerCta = kClusterRows / C, kQuads = kClusterFeatures / 4;
   for (int o = t; o < kRowsPerCta * kQuads; o += kThreads) {
     const int row = int(rank) * kRowsPerCta + o / kQuads, f = (o % kQuads) * 4;
+    const float* const mine_first = partials + row * kClusterPartialStride + f;
+    float4 p[C * WARPS];  // every load in flight before the first add
+#pragma unroll
+    for (int r = 0; r < C; ++r) {
+      const unsigned remote = peer_address(mine_first, r);
+#pragma unroll
+      for (int ww = 0; ww < WARPS; ++ww) p[r * WARPS + ww] = load_peer_float4(remote + ww * kClusterPartialFloats * 4);
+    }
     float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int r = 0; r < C; ++r)
-#pragma unroll
-      for (int ww = 0; ww < WARPS; ++ww) {
-        const float4 p = load_peer_float4(partials + ww * kClusterPartialFloats + row * kClusterPartialStride + f, r);
-        sum[0] += p.x;
-        sum[1] += p.y;
-        sum[2] += p.z;
-        sum[3] += p.w;
-      }
+    for (int i = 0; i < C * WARPS; ++i) {
+      sum[0] += p[i].x;
+      sum[1] += p[i].y;
+      sum[2] += p[i].z;
+      sum[3] += p[i].w;
+    }
     const int64_t m = row0 + row;
     if (m < M) {
 #pragma unroll
