@@ -506,12 +506,30 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 // K longer than one chunk (768) loops over chunks. Measured limit (ncu: shared-memory pipe 63%,
 // 0.37 issued warps per scheduler): a 16-byte shared load costs its 16 bytes per lane even as
 // a broadcast (128 B per SM cycle), and each x value a thread receives feeds 1 FMA per float,
-// a quarter of what FFMA throughput needs. Next: 4 features x 16 rows per thread.
+// a quarter of what FFMA throughput needs. v5.1: x staged in 4 cp.async groups along K; each
+// column block of FMAs waits only for the part it reads (ncu of v5: no FMA before all 96 KB of x
+// had landed, 0.37 issued warps per scheduler). v6 (K split over the CTAs of a cluster, 8 x 8
+// outputs per thread) measured no faster: bench/explore/matmul_variants.cu, bench/NOTES.md.
 constexpr int kSmallRows = 32;      // rows per blockIdx.y
 constexpr int kSmallFeatures = 24;  // output features per block
 constexpr int kSmallGroups = 16;    // threads sharing one feature, along K
 constexpr int kSmallK = 768;        // K per chunk: x chunk 96 KB f32, 48 KB f16/bf16
 constexpr int kSmallThreads = kSmallFeatures * kSmallGroups;
+constexpr int kSmallParts = 4;      // cp.async groups x is staged in, along K
+
+// The first vector column of part p of a row of `width` vectors (p = kSmallParts: the end).
+__device__ __forceinline__ int small_part_begin(int width, int p) { return width * p / kSmallParts; }
+// cp.async.wait_group with a count known at run time (0 .. kSmallParts - 1).
+__device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
+  if (pending >= 3)
+    cp_async_wait<3>();
+  else if (pending == 2)
+    cp_async_wait<2>();
+  else if (pending == 1)
+    cp_async_wait<1>();
+  else
+    cp_async_wait<0>();
+}
 
 // 16 bytes of T to floats from its 32-bit words (a bf16 is the high half of its float): one
 // instruction per value. Through a T* into the vector, nvcc split each 16-byte shared load
@@ -563,17 +581,30 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
       wv[c] = k < kc ? __ldg(reinterpret_cast<const uint4*>(wf + k0 + k)) : make_uint4(0, 0, 0, 0);
     }
     // Only rows < rows and columns < kc are staged: the FMAs below skip vectors past kc, and
-    // rows past M only feed sums that are never stored.
+    // rows past M only feed sums that are never stored. x goes in kSmallParts cp.async groups
+    // along K, so that the FMAs on the first columns start while the rest is in flight.
     const int width = kc / V;
-    for (int i = t; i < rows * width; i += kSmallThreads) {
-      const int r = i / width, v = i % width;
-      cp_async16(xs + r * KC + v * V, xb + r * K + k0 + v * V, true);
+#pragma unroll
+    for (int p = 0; p < kSmallParts; ++p) {
+      const int vb = small_part_begin(width, p), pw = small_part_begin(width, p + 1) - vb;
+      for (int i = t; i < rows * pw; i += kSmallThreads) {
+        const int r = i / pw, v = vb + i % pw;
+        cp_async16(xs + r * KC + v * V, xb + r * K + k0 + v * V, true);
+      }
+      cp_async_commit();
     }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
+    int landed = 0;  // parts complete and visible to every thread
 #pragma unroll
     for (int c = 0; c < VECTORS; ++c) {
+      // Column block c reads vectors c * 16 .. c * 16 + 15: wait for the part of its last one.
+      const int last = ((c + 1) * kSmallGroups < width ? (c + 1) * kSmallGroups : width) - 1;
+      int need = 0;
+      while (small_part_begin(width, need + 1) <= last) ++need;
+      if (need >= landed) {  // uniform over the block
+        cp_async_wait_dynamic(kSmallParts - 1 - need);
+        __syncthreads();
+        landed = need + 1;
+      }
       const int k = (c * kSmallGroups + g) * V;
       if (k < kc) {
         float wc[V];
@@ -602,185 +633,6 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
   }
 #else
   __trap();  // the Python side never launches it below sm_80
-#endif
-}
-
-// ============================================================================ small batch, float32, sm_90 (v6)
-// linear_small_cluster: y = epilogue(x @ W^T) in float32 for up to 32 rows per blockIdx.y, on
-// sm_90 thread-block clusters. v5 gave every block all of K, so each of its 128 blocks staged
-// all of x (12 MB of L2 reads, more than W's 9.4 MB) before its first FMA, and fed each x value
-// it read from shared memory to one feature. v6:
-//   - a cluster of C CTAs owns 64 output features; CTA r of it sums the r-th slice of K (96 at
-//     K = 768, C = 8), so x is read from L2 once per cluster, not once per block: 384 CTAs of
-//     64 threads at 32x768->3072, 3 per SM;
-//   - the slice streams through a 3-stage cp.async ring of 32-k chunks (x rows 0..31, then
-//     the 64 W rows, 144-byte rows: conflict-free for the reads below), so FMAs start once
-//     the first chunk lands;
-//   - lane (fg, rg) = (lane % 8, lane / 8) of warp w sums features fg + 8j and rows rg + 4i
-//     (8 x 8 in registers) over the k steps w * 4 / WARPS .. of each chunk: per 4 k one
-//     16-byte x read feeds 32 FMAs and one W read 32 (a half-warp reads <= 8 distinct vectors);
-//   - the warps' partial tiles meet in shared memory, then through distributed shared memory
-//     CTA r adds the C x WARPS partials of its 1/C of the 64 x 32 outputs in a fixed order
-//     (deterministic) and applies the epilogue.
-// Built for every arch (the entry point must exist everywhere); only sm_90+ runs it.
-constexpr int kClusterFeatures = 64;  // output features per cluster (each CTA's partial tile)
-constexpr int kClusterRows = 32;      // rows per blockIdx.y
-constexpr int kClusterChunk = 32;     // k per pipeline stage
-constexpr int kClusterStages = 3;
-constexpr int kClusterStride = kClusterChunk + 4;  // floats per staged row (144 B: 16 mod 128)
-constexpr int kClusterStageFloats = (kClusterRows + kClusterFeatures) * kClusterStride;
-constexpr int kClusterPartialStride = kClusterFeatures + 8;  // [row][feature]: a warp's stores hit 32 banks
-constexpr int kClusterPartialFloats = kClusterRows * kClusterPartialStride;
-
-__device__ __forceinline__ unsigned cluster_rank() {
-  unsigned r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-  return r;
-}
-// Every thread of every CTA of the cluster; orders shared-memory writes before and reads after.
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ int64_t clamp_last(int64_t i, int64_t count) { return i < count ? i : count - 1; }
-// The address of shared-memory location `p` in the cluster's CTA `rank`.
-__device__ __forceinline__ unsigned peer_address(const void* p, unsigned rank) {
-  unsigned remote = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(p)), "r"(rank));
-#endif
-  return remote;
-}
-// 16 bytes of a peer's shared memory. No "memory" clobber: the loads of one reduction issue
-// back to back (cluster_barrier orders them against the writes).
-__device__ __forceinline__ float4 load_peer_float4(unsigned remote) {
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote));
-#endif
-  return v;
-}
-
-// K % 4 == 0 and x, w 16-byte aligned (the Python side checks). gridDim.x = C * ceil(N / 64).
-template <int C, int WARPS>
-__device__ __forceinline__ void linear_small_cluster(const float* __restrict__ x, const float* __restrict__ w,
-                                                     float* __restrict__ y, const Epilogue<float> epi, int64_t M,
-                                                     int64_t N, int64_t K) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  static_assert(WARPS * kClusterPartialFloats <= kClusterStages * kClusterStageFloats, "partials reuse the ring");
-  constexpr int kThreads = WARPS * 32, kSteps = kClusterChunk / 4 / WARPS;  // 4-k steps per warp per chunk
-  constexpr int kLoads = (kClusterRows + kClusterFeatures) * (kClusterChunk / 4) / kThreads;  // cp.async a chunk
-  static_assert(kLoads * kThreads == (kClusterRows + kClusterFeatures) * (kClusterChunk / 4), "whole chunks");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  float* const ring = reinterpret_cast<float*>(smem_raw);  // [stage][x rows, then W rows][kClusterStride]
-  float* const partials = ring;                            // [warp][row][kClusterPartialStride], after the FMAs
-  const int t = threadIdx.x, lane = t % 32, warp = t / 32, fg = lane % 8, rg = lane / 8;
-  const unsigned rank = cluster_rank();
-  const int64_t n0 = int64_t(blockIdx.x / C) * kClusterFeatures, row0 = int64_t(blockIdx.y) * kClusterRows;
-  // This CTA's slice of K, whole 16-byte vectors; the last slices may be short or empty.
-  const int64_t slice = (K + 4 * C - 1) / (4 * C) * 4;
-  const int64_t kb = int64_t(rank) * slice < K ? int64_t(rank) * slice : K, ke = kb + slice < K ? kb + slice : K;
-  const int chunks = int((ke - kb + kClusterChunk - 1) / kClusterChunk);
-
-  // Chunk c into stage s: 96 rows of 8 vectors. Rows past M or N read the last one (their
-  // sums are never stored); k past ke is zero-filled in x and W alike.
-  auto load_chunk = [&](int s, int c) {
-    float* const st = ring + s * kClusterStageFloats;
-    const int64_t k0 = kb + int64_t(c) * kClusterChunk;
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int i = t + u * kThreads, r = i / (kClusterChunk / 4), v = i % (kClusterChunk / 4);
-      const int64_t k = k0 + v * 4;
-      const float* src = r < kClusterRows ? x + clamp_last(row0 + r, M) * K : w + clamp_last(n0 + r - kClusterRows, N) * K;
-      cp_async16(st + r * kClusterStride + v * 4, k < ke ? src + k : x, k < ke);
-    }
-  };
-
-  float acc[8][8];  // [feature j: fg + 8j][row i: rg + 4i]
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[j][i] = 0.f;
-
-#pragma unroll
-  for (int s = 0; s < kClusterStages - 1; ++s) {
-    if (s < chunks) load_chunk(s, s);
-    cp_async_commit();
-  }
-  for (int c = 0; c < chunks; ++c) {
-    cp_async_wait<kClusterStages - 2>();
-    __syncthreads();  // chunk c visible to all; stage (c - 1) % S free for the next load
-    if (c + kClusterStages - 1 < chunks) load_chunk((c + kClusterStages - 1) % kClusterStages, c + kClusterStages - 1);
-    cp_async_commit();
-    const float* const xs = ring + (c % kClusterStages) * kClusterStageFloats;
-    const float* const ws = xs + kClusterRows * kClusterStride;
-#pragma unroll
-    for (int q = 0; q < kSteps; ++q) {
-      const int k = (warp * kSteps + q) * 4;
-      float4 wv[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) wv[j] = *reinterpret_cast<const float4*>(ws + (fg + 8 * j) * kClusterStride + k);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float4 xv = *reinterpret_cast<const float4*>(xs + (rg + 4 * i) * kClusterStride + k);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          acc[j][i] = fmaf(wv[j].x, xv.x, acc[j][i]);
-          acc[j][i] = fmaf(wv[j].y, xv.y, acc[j][i]);
-          acc[j][i] = fmaf(wv[j].z, xv.z, acc[j][i]);
-          acc[j][i] = fmaf(wv[j].w, xv.w, acc[j][i]);
-        }
-      }
-    }
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // the ring is reused for the partial tiles
-
-  float* const mine = partials + warp * kClusterPartialFloats;
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) mine[(rg + 4 * i) * kClusterPartialStride + fg + 8 * j] = acc[j][i];
-  cluster_barrier();  // every CTA's partials written and visible cluster-wide
-
-  // CTA `rank` finishes rows [rank * 32 / C, (rank + 1) * 32 / C): 4 adjacent features a thread,
-  // summed over the cluster's CTAs, then warps, in order.
-  constexpr int kRowsPerCta = kClusterRows / C, kQuads = kClusterFeatures / 4;
-  for (int o = t; o < kRowsPerCta * kQuads; o += kThreads) {
-    const int row = int(rank) * kRowsPerCta + o / kQuads, f = (o % kQuads) * 4;
-    const float* const mine_first = partials + row * kClusterPartialStride + f;
-    float4 p[C * WARPS];  // every load in flight before the first add
-#pragma unroll
-    for (int r = 0; r < C; ++r) {
-      const unsigned remote = peer_address(mine_first, r);
-#pragma unroll
-      for (int ww = 0; ww < WARPS; ++ww) p[r * WARPS + ww] = load_peer_float4(remote + ww * kClusterPartialFloats * 4);
-    }
-    float sum[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < C * WARPS; ++i) {
-      sum[0] += p[i].x;
-      sum[1] += p[i].y;
-      sum[2] += p[i].z;
-      sum[3] += p[i].w;
-    }
-    const int64_t m = row0 + row;
-    if (m < M) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t n = n0 + f + e;
-        if (n < N) y[m * N + n] = epi(sum[e], m, n);
-      }
-    }
-  }
-  cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer still reads it
-#else
-  __trap();  // the Python side launches it on sm_90 and later only
 #endif
 }
 
@@ -827,20 +679,6 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
     rawops::linear_small<T>(a, b, c, RAWOPS_EPI(T), m, n, k);                                           \
   }
 
-// linear_small_cluster (float32, sm_90): clusters of C CTAs along x, WARPS * 32 threads, the
-// 3-stage ring in dynamic shared memory (rawops/matmul.py: CLUSTER_*). The cluster shape is
-// compiled in (a plain cuLaunchKernel honours it); older archs get a trapping body.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define RAWOPS_CLUSTER_DIMS(C)
-#else
-#define RAWOPS_CLUSTER_DIMS(C) __cluster_dims__(C, 1, 1)
-#endif
-#define RAWOPS_SMALL_CLUSTER(name, C, WARPS)                                                          \
-  extern "C" __global__ void __launch_bounds__(WARPS * 32) RAWOPS_CLUSTER_DIMS(C)                    \
-      name(RAWOPS_GEMM_ARGS(float)) {                                                                   \
-    rawops::linear_small_cluster<C, WARPS>(a, b, c, RAWOPS_EPI(float), m, n, k);                        \
-  }
-
 // gemm_reduce: a = the float32 partials, k = the number of splits; b unused.
 #define RAWOPS_REDUCE(T, suffix)                                                                         \
   extern "C" __global__ void __launch_bounds__(256) gemm_reduce_##suffix(RAWOPS_GEMM_ARGS(T)) {         \
@@ -862,7 +700,6 @@ RAWOPS_MATMUL_FAMILY(float, f32)
 RAWOPS_SIMT_VEC(nn, true, false)
 RAWOPS_SIMT_VEC(nt, true, true)
 RAWOPS_SIMT_VEC(tn, false, false)
-RAWOPS_SMALL_CLUSTER(linear_small_cluster_nt_f32, 8, 2)
 RAWOPS_MATMUL_FAMILY(__half, f16)
 RAWOPS_MATMUL_FAMILY(__nv_bfloat16, bf16)
 RAWOPS_MATMUL_MMA_FAMILY(__half, f16)

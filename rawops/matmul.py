@@ -31,15 +31,6 @@ SMALL_FEATURES, SMALL_GROUPS, SMALL_ROWS, SMALL_K = 24, 16, 32, 768
 SMALL_THREADS = SMALL_FEATURES * SMALL_GROUPS
 SMALL_MIN_CC = 80
 SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
-# linear_small_cluster (float32, sm_90): clusters of CLUSTER_CTAS CTAs along K, each cluster
-# CLUSTER_FEATURES output features x CLUSTER_ROWS rows, CLUSTER_WARPS warps per CTA, a ring of
-# CLUSTER_STAGES chunks of CLUSTER_CHUNK k (x rows then W rows, CLUSTER_CHUNK + 4 floats each).
-CLUSTER_CTAS, CLUSTER_FEATURES, CLUSTER_ROWS, CLUSTER_WARPS = 8, 64, 32, 2
-CLUSTER_CHUNK, CLUSTER_STAGES = 32, 3
-CLUSTER_MIN_CC = 90
-# The ring needs 40.5 KB; asking for 58 KB caps an SM at 3 CTAs (228 KB, 1 KB reserved per CTA),
-# so that the 384 CTAs of 32x768->3072 spread over 128 SMs instead of piling onto fewer.
-CLUSTER_SHARED = 58 * 1024
 MAX_GRID_Y = 65535
 MMA_MIN_CC = 80
 # Split K (+ gemm_reduce) when the output has too few tiles to fill the GPU. FFMA: at least
@@ -58,7 +49,7 @@ GELU_FLAGS = {"tanh": 0, "none": EPI_ERF}
 def entry_points():
     """Every extern "C" kernel the fatbin must hold, on every architecture."""
     names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
-    names += [f"gemm_simt_vec_{layout}_f32" for layout in LAYOUTS] + ["linear_small_cluster_nt_f32"]
+    names += [f"gemm_simt_vec_{layout}_f32" for layout in LAYOUTS]
     names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
     names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
     return sorted(names)
@@ -89,11 +80,6 @@ def small_shared_bytes(itemsize):
     """linear_small's dynamic shared memory: one chunk of x, SMALL_ROWS x SMALL_K elements
     (also holds the SMALL_GROUPS x SMALL_ROWS x SMALL_FEATURES float32 partial sums)."""
     return SMALL_ROWS * SMALL_K * itemsize
-
-
-def cluster_ring_bytes():
-    """linear_small_cluster's cp.async ring (also holds the warps' partial tiles afterwards)."""
-    return CLUSTER_STAGES * (CLUSTER_ROWS + CLUSTER_FEATURES) * (CLUSTER_CHUNK + 4) * 4
 
 
 def contiguous_dims(layout, m, n, k):
@@ -127,8 +113,7 @@ def vector_ffma(layout, dtype, m, n, k, a_ptr, b_ptr, c_ptr):
 def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0):
     """(kernel name, grid, block, dynamic shared bytes, K splits) of C (m, n) = A B in `layout`.
 
-    linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows on sm_80+ (float32 on
-    sm_90+: linear_small_cluster, K split over the CTAs of a thread-block cluster); tensor cores
+    linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows on sm_80+; tensor cores
     for half types on sm_80+ when both operands allow 16-byte loads; float32 with 16-byte
     rows everywhere gemm_simt_vec (float4 loads, BK = 16); else the FFMA kernel gemm_simt.
     Either GEMM is split along K (then gemm_reduce applies the epilogue) when its tiles
@@ -139,13 +124,8 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0):
     itemsize = 4 if dtype == 0 else 2
     vector = 16 // itemsize
     splits = 1
-    small = (layout == "nt" and m <= SMALL_MAX_M and cc >= SMALL_MIN_CC and k % vector == 0 and a_ptr % 16 == 0
-             and b_ptr % 16 == 0)
-    if small and dtype == 0 and cc >= CLUSTER_MIN_CC:
-        name, grid, block, shared = ("linear_small_cluster_nt_f32",
-                                     (_ceil(n, CLUSTER_FEATURES) * CLUSTER_CTAS, _ceil(m, CLUSTER_ROWS)),
-                                     CLUSTER_WARPS * 32, CLUSTER_SHARED)
-    elif small:
+    if (layout == "nt" and m <= SMALL_MAX_M and cc >= SMALL_MIN_CC and k % vector == 0 and a_ptr % 16 == 0
+            and b_ptr % 16 == 0):
         name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_FEATURES), _ceil(m, SMALL_ROWS)),
                                      SMALL_THREADS, small_shared_bytes(itemsize))
     else:

@@ -21,22 +21,11 @@ F32, F16, BF16 = 0, 1, 2
 
 # ------------------------------------------------------------------------------ launch plan
 def test_small_batch_linear_splits_the_output_features_over_the_whole_gpu():
-    name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 80, BASE, OTHER)
+    name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER)
     assert name == "linear_small_nt_f32" and block == 384 and splits == 1
     assert grid == (3072 // 24, 1), "24 features per block: 128 blocks, one per SM"
     assert shared == 32 * 768 * 4 == 96 * 1024, "one 768-wide chunk of x's 32 rows"
-    assert mm.plan("nt", F32, 33, 10, 100, 80, BASE, OTHER)[1] == (1, 2), "rows past 32: a second blockIdx.y"
-
-
-def test_small_batch_float32_on_sm90_splits_k_over_a_cluster():
-    name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER)
-    assert name == "linear_small_cluster_nt_f32" and block == 64 and splits == 1
-    assert grid == (3072 // 64 * 8, 1), "48 clusters of 8 CTAs: 384 CTAs, 3 per SM on 128 SMs"
-    assert mm.cluster_ring_bytes() <= shared and 3 * (shared + 1024) <= 228 * 1024 < 4 * (shared + 1024), \
-        "3 CTAs per SM at most (228 KB of shared memory, 1 KB reserved per CTA)"
-    assert mm.plan("nt", F32, 33, 10, 100, 90, BASE, OTHER)[1] == (8, 2), "one cluster; rows past 32: blockIdx.y"
-    assert mm.plan("nt", F32, 128, 3072, 768, 120, BASE, OTHER)[0] == "linear_small_cluster_nt_f32"
-    assert mm.plan("nt", BF16, 32, 3072, 768, 90, BASE, OTHER)[0] == "linear_small_nt_bf16", "half types: v5"
+    assert mm.plan("nt", F32, 33, 10, 100, 90, BASE, OTHER)[1] == (1, 2), "rows past 32: a second blockIdx.y"
     name, grid, block, shared, splits = mm.plan("nt", BF16, 128, 3072, 768, 90, BASE, OTHER)
     assert name == "linear_small_nt_bf16" and grid == (128, 4) and shared == 48 * 1024
 
@@ -146,10 +135,6 @@ def test_small_batch_launch_shape_matches_the_kernel_macros():
     assert (mm.SMALL_FEATURES, mm.SMALL_GROUPS) == (constant("kSmallFeatures"), constant("kSmallGroups"))
     assert (mm.SMALL_ROWS, mm.SMALL_K) == (constant("kSmallRows"), constant("kSmallK"))
     assert mm.SIMT_VEC_K == constant("kVecK")
-    assert (mm.CLUSTER_FEATURES, mm.CLUSTER_ROWS) == (constant("kClusterFeatures"), constant("kClusterRows"))
-    assert (mm.CLUSTER_CHUNK, mm.CLUSTER_STAGES) == (constant("kClusterChunk"), constant("kClusterStages"))
-    entry = re.search(r"^RAWOPS_SMALL_CLUSTER\(linear_small_cluster_nt_f32, (\d+), (\d+)\)", source, re.M)
-    assert (mm.CLUSTER_CTAS, mm.CLUSTER_WARPS) == (int(entry.group(1)), int(entry.group(2)))
     partial_sums = mm.SMALL_GROUPS * mm.SMALL_ROWS * mm.SMALL_FEATURES * 4
     assert partial_sums <= mm.small_shared_bytes(2) <= mm.small_shared_bytes(4) <= 99 * 1024, "fits sm_86/89"
 
