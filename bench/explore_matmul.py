@@ -96,23 +96,21 @@ def gemm_rows():
 
 # (label, cubin, kernel, blocks along x at N = 3072, threads, dynamic shared bytes)
 CLUSTER_RING = 3 * 96 * 36 * 4  # v6: 3 stages x (32 x rows + 64 W rows) x 36 floats
-V5 = ("v5 linear_small (all of x staged, then the FMAs)", "v5", "linear_small_nt_f32", 128, 384, 32 * 768 * 4)
-SHIPPED = ("v5.1 linear_small (x staged in 4 parts along K) [shipped]", "cur", "linear_small_nt_f32", 128, 384,
+SHIPPED = ("v5 linear_small (all of x staged, then the FMAs) [shipped]", "cur", "linear_small_nt_f32", 128, 384,
            32 * 768 * 4)
 C4W4 = ("v6 cluster C4 W4, 40.5 KB (192 CTAs)", "cur", "cluster_c4_w4", 192, 128, CLUSTER_RING)
-SMALL = [V5, SHIPPED,
+SMALL = [SHIPPED,
          ("v6 cluster C8 W2, 58 KB (3 CTAs/SM: 45 clusters fit)", "cur", "cluster_c8_w2", 384, 64, 58 * 1024),
          ("v6 cluster C8 W2, 40.5 KB", "cur", "cluster_c8_w2", 384, 64, CLUSTER_RING),
          ("v6 cluster C8 W4, 40.5 KB", "cur", "cluster_c8_w4", 384, 128, CLUSTER_RING),
          ("v6 cluster C4 W2, 40.5 KB (192 CTAs)", "cur", "cluster_c4_w2", 192, 64, CLUSTER_RING), C4W4,
          ("v6 cluster C2 W4, 40.5 KB (96 CTAs)", "cur", "cluster_c2_w4", 96, 128, CLUSTER_RING)]
-SMALL_ROWS_OTHER = [V5, SHIPPED, C4W4]
-SMALL_BF16 = [("v5 bf16", "v5", "linear_small_nt_bf16", 128, 384, 32 * 768 * 2),
-              ("v5.1 bf16 [shipped]", "cur", "linear_small_nt_bf16", 128, 384, 32 * 768 * 2)]
+SMALL_ROWS_OTHER = [SHIPPED, C4W4]
+SMALL_BF16 = [("v5 bf16 [shipped]", "cur", "linear_small_nt_bf16", 128, 384, 32 * 768 * 2)]
 
 
 def small_rows(dtype=torch.float32, variants=SMALL, m=32):
-    mods = {"cur": module("matmul_variants.cubin"), "v5": module("matmul_v5.cubin")}
+    mods = {"cur": module("matmul_variants.cubin")}
     k, n = 768, 3072
     x = torch.randn(m, k, device="cuda").to(dtype)
     ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype) for _ in range(8)]  # past L2 when rotated

@@ -506,30 +506,14 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 // K longer than one chunk (768) loops over chunks. Measured limit (ncu: shared-memory pipe 63%,
 // 0.37 issued warps per scheduler): a 16-byte shared load costs its 16 bytes per lane even as
 // a broadcast (128 B per SM cycle), and each x value a thread receives feeds 1 FMA per float,
-// a quarter of what FFMA throughput needs. v5.1: x staged in 4 cp.async groups along K; each
-// column block of FMAs waits only for the part it reads (ncu of v5: no FMA before all 96 KB of x
-// had landed, 0.37 issued warps per scheduler). v6 (K split over the CTAs of a cluster, 8 x 8
-// outputs per thread) measured no faster: bench/explore/matmul_variants.cu, bench/NOTES.md.
+// a quarter of what FFMA throughput needs. Tried since (bench/NOTES.md, "Small batch, v5.1/v6"):
+// x staged in 4 parts along K (slower: 14.3 us), K split over the CTAs of a cluster with 8 x 8
+// outputs per thread (bench/explore/matmul_variants.cu: 12.2 us at 32 rows, 38 us at 128).
 constexpr int kSmallRows = 32;      // rows per blockIdx.y
 constexpr int kSmallFeatures = 24;  // output features per block
 constexpr int kSmallGroups = 16;    // threads sharing one feature, along K
 constexpr int kSmallK = 768;        // K per chunk: x chunk 96 KB f32, 48 KB f16/bf16
 constexpr int kSmallThreads = kSmallFeatures * kSmallGroups;
-constexpr int kSmallParts = 4;      // cp.async groups x is staged in, along K
-
-// The first vector column of part p of a row of `width` vectors (p = kSmallParts: the end).
-__device__ __forceinline__ int small_part_begin(int width, int p) { return width * p / kSmallParts; }
-// cp.async.wait_group with a count known at run time (0 .. kSmallParts - 1).
-__device__ __forceinline__ void cp_async_wait_dynamic(int pending) {
-  if (pending >= 3)
-    cp_async_wait<3>();
-  else if (pending == 2)
-    cp_async_wait<2>();
-  else if (pending == 1)
-    cp_async_wait<1>();
-  else
-    cp_async_wait<0>();
-}
 
 // 16 bytes of T to floats from its 32-bit words (a bf16 is the high half of its float): one
 // instruction per value. Through a T* into the vector, nvcc split each 16-byte shared load
@@ -581,30 +565,17 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
       wv[c] = k < kc ? __ldg(reinterpret_cast<const uint4*>(wf + k0 + k)) : make_uint4(0, 0, 0, 0);
     }
     // Only rows < rows and columns < kc are staged: the FMAs below skip vectors past kc, and
-    // rows past M only feed sums that are never stored. x goes in kSmallParts cp.async groups
-    // along K, so that the FMAs on the first columns start while the rest is in flight.
+    // rows past M only feed sums that are never stored.
     const int width = kc / V;
-#pragma unroll
-    for (int p = 0; p < kSmallParts; ++p) {
-      const int vb = small_part_begin(width, p), pw = small_part_begin(width, p + 1) - vb;
-      for (int i = t; i < rows * pw; i += kSmallThreads) {
-        const int r = i / pw, v = vb + i % pw;
-        cp_async16(xs + r * KC + v * V, xb + r * K + k0 + v * V, true);
-      }
-      cp_async_commit();
+    for (int i = t; i < rows * width; i += kSmallThreads) {
+      const int r = i / width, v = i % width;
+      cp_async16(xs + r * KC + v * V, xb + r * K + k0 + v * V, true);
     }
-    int landed = 0;  // parts complete and visible to every thread
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll
     for (int c = 0; c < VECTORS; ++c) {
-      // Column block c reads vectors c * 16 .. c * 16 + 15: wait for the part of its last one.
-      const int last = ((c + 1) * kSmallGroups < width ? (c + 1) * kSmallGroups : width) - 1;
-      int need = 0;
-      while (small_part_begin(width, need + 1) <= last) ++need;
-      if (need >= landed) {  // uniform over the block
-        cp_async_wait_dynamic(kSmallParts - 1 - need);
-        __syncthreads();
-        landed = need + 1;
-      }
       const int k = (c * kSmallGroups + g) * V;
       if (k < kc) {
         float wc[V];
