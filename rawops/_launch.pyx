@@ -779,6 +779,8 @@ def torch_linear(x, weight, bias, long long flags):
         _last_linear.a_aligned, _last_linear.b_aligned = pa % 16 == 0, pb % 16 == 0
         _last_linear.gx, _last_linear.gy, _last_linear.gz, _last_linear.block, _last_linear.shared = p[1:6]
         _last_linear.function = <uintptr_t>p[0]
+    # A private copy before any torch call: x.new_empty may let another thread replace the cache.
+    cdef LinearLaunch l = _last_linear
     out = x.new_empty((m, n) if nd == 2 else tuple(shape[:nd - 1]) + (n,))
     cdef uintptr_t pc = out.data_ptr(), pbias = bias.data_ptr() if has_bias else 0
     cdef uintptr_t zero = 0
@@ -793,7 +795,6 @@ def torch_linear(x, weight, bias, long long flags):
     params[7] = &n
     params[8] = &k
     params[9] = &flags
-    cdef LinearLaunch l = _last_linear
     if device == _torch_current_device():
         _launch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, <uintptr_t>_torch_raw_stream(device), params, device)
     else:
