@@ -55,7 +55,7 @@ def rel(out, ref):
 
 
 def gemm_rows():
-    cur, v3 = module("matmul_variants.cubin"), module("matmul_v3.cubin")
+    cur, v3 = module("matmul_variants.cubin"), module("matmul_v3.cubin")  # bash bench/explore/build.sh --v3
     size = 8192
     a = torch.randn(size, size, device="cuda")
     b = torch.randn(size, size, device="cuda")
@@ -94,26 +94,33 @@ def gemm_rows():
         print(f"| {r[0]} | {r[1]:.0f} | {r[2]:.1f} | {r[3]:.2e} | {r[4]} |")
 
 
-# (label, cubin, kernel, features per block, threads, dynamic shared bytes per element size)
-SMALL = [("v3 linear_small (4 features a warp, lanes along K)", "v3", "linear_small_nt_f32", 8, 64, 0),
-         ("shipped linear_small (x in shared memory, 24 features a block)", "cur", "linear_small_nt_f32", 24, 384,
-          32 * 768)]
-SMALL_BF16 = [("v3 bf16", "v3", "linear_small_nt_bf16", 8, 64, 0),
-              ("shipped bf16", "cur", "linear_small_nt_bf16", 24, 384, 32 * 768)]
+# (label, cubin, kernel, blocks along x at N = 3072, threads, dynamic shared bytes)
+CLUSTER_RING = 3 * 96 * 36 * 4  # v6: 3 stages x (32 x rows + 64 W rows) x 36 floats
+SHIPPED = ("v5 linear_small (all of x staged, then the FMAs) [shipped]", "cur", "linear_small_nt_f32", 128, 384,
+           32 * 768 * 4)
+C4W4 = ("v6 cluster C4 W4, 40.5 KB (192 CTAs)", "cur", "cluster_c4_w4", 192, 128, CLUSTER_RING)
+SMALL = [SHIPPED,
+         ("v6 cluster C8 W2, 58 KB (3 CTAs/SM: 45 clusters fit)", "cur", "cluster_c8_w2", 384, 64, 58 * 1024),
+         ("v6 cluster C8 W2, 40.5 KB", "cur", "cluster_c8_w2", 384, 64, CLUSTER_RING),
+         ("v6 cluster C8 W4, 40.5 KB", "cur", "cluster_c8_w4", 384, 128, CLUSTER_RING),
+         ("v6 cluster C4 W2, 40.5 KB (192 CTAs)", "cur", "cluster_c4_w2", 192, 64, CLUSTER_RING), C4W4,
+         ("v6 cluster C2 W4, 40.5 KB (96 CTAs)", "cur", "cluster_c2_w4", 96, 128, CLUSTER_RING)]
+SMALL_ROWS_OTHER = [SHIPPED, C4W4]
+SMALL_BF16 = [("v5 bf16 [shipped]", "cur", "linear_small_nt_bf16", 128, 384, 32 * 768 * 2)]
 
 
-def small_rows(dtype=torch.float32, variants=SMALL):
-    mods = {"cur": module("matmul_variants.cubin"), "v3": module("matmul_v3.cubin")}
-    m, k, n = 32, 768, 3072
+def small_rows(dtype=torch.float32, variants=SMALL, m=32):
+    mods = {"cur": module("matmul_variants.cubin")}
+    k, n = 768, 3072
     x = torch.randn(m, k, device="cuda").to(dtype)
     ws = [(torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype) for _ in range(8)]  # past L2 when rotated
     bias = torch.randn(n, device="cuda").to(dtype)
     y = torch.empty(m, n, device="cuda", dtype=dtype)
     ref = F.gelu(F.linear(x.double(), ws[0].double(), bias.double()), approximate="tanh")
-    print(f"\n| linear_small {dtype} 32x768->3072 | graph us (same W) | graph us (8 W rotated) | rel err |")
+    print(f"\n| linear_small {dtype} {m}x768->3072 | graph us (same W) | graph us (8 W rotated) | rel err |")
     print("|---|---|---|---|")
-    for label, mod, name, feats, block, shared in variants:
-        go = launcher(mods[mod], name, (-(-n // feats), 1), block, shared * x.element_size())
+    for label, mod, name, blocks, block, shared in variants:
+        go = launcher(mods[mod], name, (blocks, -(-m // 32)), block, shared)
         y.fill_(float("nan"))
         go(x.data_ptr(), ws[0].data_ptr(), y.data_ptr(), bias.data_ptr(), m, n, k, 1)
         torch.cuda.synchronize()
@@ -135,8 +142,15 @@ def host_rows():
     x = torch.randn(32, 768, device="cuda")
     w = torch.randn(3072, 768, device="cuda") * 768 ** -0.5
     b = torch.randn(3072, device="cuda")
+    x2 = torch.randn(32, 512, device="cuda")
+    w2 = torch.randn(3072, 512, device="cuda") * 512 ** -0.5
+
+    def two_shapes():  # each call misses the last-launch cache: the dict of plans (v5's path)
+        ta.linear_gelu(x, w, b)
+        ta.linear_gelu(x2, w2, b)
     with torch.no_grad():
         fns = {"ta.linear_gelu (fast path)": lambda: ta.linear_gelu(x, w, b),
+               "ta.linear_gelu x2, two shapes alternating": two_shapes,
                "ta._linear_gelu_fwd (v3 path)": lambda: ta._linear_gelu_fwd(x, w, b, "tanh", False),
                "eager F.gelu(F.linear)": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
                "x.new_empty((32, 3072))": lambda: x.new_empty((32, 3072)),
@@ -156,6 +170,9 @@ if __name__ == "__main__":
     except Exception as e:  # the explorer must still time the kernels
         print("host rows failed:", repr(e))
     small_rows()
+    for rows in (8, 128):
+        if "--skip-rows" not in sys.argv:
+            small_rows(variants=SMALL_ROWS_OTHER, m=rows)
     small_rows(torch.bfloat16, SMALL_BF16)
     if "--skip-gemm" not in sys.argv:
         gemm_rows()

@@ -506,7 +506,9 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
 // K longer than one chunk (768) loops over chunks. Measured limit (ncu: shared-memory pipe 63%,
 // 0.37 issued warps per scheduler): a 16-byte shared load costs its 16 bytes per lane even as
 // a broadcast (128 B per SM cycle), and each x value a thread receives feeds 1 FMA per float,
-// a quarter of what FFMA throughput needs. Next: 4 features x 16 rows per thread.
+// a quarter of what FFMA throughput needs. Tried since (bench/NOTES.md, "Small batch, v5.1/v6"):
+// x staged in 4 parts along K (slower: 14.3 us), K split over the CTAs of a cluster with 8 x 8
+// outputs per thread (bench/explore/matmul_variants.cu: 12.2 us at 32 rows, 38 us at 128).
 constexpr int kSmallRows = 32;      // rows per blockIdx.y
 constexpr int kSmallFeatures = 24;  // output features per block
 constexpr int kSmallGroups = 16;    // threads sharing one feature, along K

@@ -714,6 +714,24 @@ cdef inline bint _plain_operand(object t, object dtype, int device):
     return isinstance(t, _Tensor) and t.dtype is dtype and t.get_device() == device and t.is_contiguous()
 
 
+# The last x @ W^T launch of torch_linear, in C fields: a model calling one layer shape after
+# another finds its plan without building a key tuple or touching Python objects.
+cdef struct LinearLaunch:
+    int code, device, a_aligned, b_aligned
+    long long m, n, k
+    uintptr_t function
+    unsigned gx, gy, gz, block, shared
+cdef LinearLaunch _last_linear
+_last_linear.function = 0
+
+
+cdef inline bint _same_linear(int code, long long m, long long n, long long k, uintptr_t a, uintptr_t b,
+                              int device):
+    return (_last_linear.function != 0 and _last_linear.m == m and _last_linear.n == n and _last_linear.k == k
+            and _last_linear.code == code and _last_linear.device == device
+            and _last_linear.a_aligned == (a % 16 == 0) and _last_linear.b_aligned == (b % 16 == 0))
+
+
 cdef tuple _gemm_plan(str layout, int code, long long m, long long n, long long k, uintptr_t a, uintptr_t b,
                       int device):
     # Outputs come fresh from torch's allocator: 16-byte aligned.
@@ -765,9 +783,18 @@ def torch_linear(x, weight, bias, long long flags):
     if m == 0 or n == 0:
         return None
     cdef uintptr_t pa = x.data_ptr(), pb = weight.data_ptr()
-    cdef tuple p = _gemm_plan("nt", code, m, n, k, pa, pb, device)
-    if p[6] != 1:
-        return None
+    cdef tuple p
+    if not _same_linear(code, m, n, k, pa, pb, device):
+        p = _gemm_plan("nt", code, m, n, k, pa, pb, device)
+        if p[6] != 1:
+            return None
+        _last_linear.function = 0  # invalid while its fields change
+        _last_linear.code, _last_linear.device, _last_linear.m, _last_linear.n, _last_linear.k = code, device, m, n, k
+        _last_linear.a_aligned, _last_linear.b_aligned = pa % 16 == 0, pb % 16 == 0
+        _last_linear.gx, _last_linear.gy, _last_linear.gz, _last_linear.block, _last_linear.shared = p[1:6]
+        _last_linear.function = <uintptr_t>p[0]
+    # A private copy before any torch call: x.new_empty may let another thread replace the cache.
+    cdef LinearLaunch l = _last_linear
     out = x.new_empty(m, n) if nd == 2 else x.new_empty(tuple(shape[:nd - 1]) + (n,))  # ints parse faster
     cdef uintptr_t pc = out.data_ptr(), pbias = bias.data_ptr() if has_bias else 0
     cdef uintptr_t zero = 0
@@ -782,7 +809,7 @@ def torch_linear(x, weight, bias, long long flags):
     params[7] = &n
     params[8] = &k
     params[9] = &flags
-    _launch_torch(<uintptr_t>p[0], p[1], p[2], p[3], p[4], p[5], params, device)
+    _launch_torch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, params, device)
     return out
 
 

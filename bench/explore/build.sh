@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Cubins for bench/explore_matmul.py, built where nvcc is (sm_90): the current kernels plus
-# extra variants, and v3 (the matrix family before the float4 FFMA / new small-batch kernels).
+# extra variants (v6 of the small-batch kernel among them), and v3 (the matrix family before the
+# float4 FFMA / new small-batch kernels).
 set -e
 cd "$(dirname "$0")"
 nvcc -std=c++17 -O3 -arch=sm_90 -cubin -I../../kernels/include matmul_variants.cu -o matmul_variants.cubin
