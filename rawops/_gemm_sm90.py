@@ -85,9 +85,7 @@ def built(device):
 
 
 def function(name, device):
-    if not _modules.allow_dynamic_shared(FAMILY, name, device, SHARED_BYTES):
-        raise RuntimeError(f"{name} needs {SHARED_BYTES} bytes of shared memory; device {device} has less")
-    return _modules.function_pointer(FAMILY, name, device)
+    return _modules.function_with_shared(FAMILY, name, device, SHARED_BYTES)
 
 
 _maps = {}  # (pointer, dtype, inner, outer, box) -> CUtensorMap bytes

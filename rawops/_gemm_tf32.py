@@ -99,7 +99,6 @@ def reduce_blocks(m, n, sms):
 
 # ------------------------------------------------------------------------------ launches on raw pointers
 _compute_capability = {}
-_opted_in = set()
 _plans = {}  # (layout, m, n, k, a, b, c 16-byte aligned, device) -> launch, or None
 
 
@@ -113,11 +112,7 @@ def compute_capability(device):
 
 
 def _function(name, device, shared):
-    pointer = _modules.function_pointer(FAMILY, name, device)
-    if shared > 48 * 1024 and (name, device) not in _opted_in:  # above 48 KB a kernel must opt in
-        _modules.get_function(FAMILY, name, device).max_dynamic_shared_size_bytes = shared
-        _opted_in.add((name, device))
-    return pointer
+    return _modules.function_with_shared(FAMILY, name, device, shared)
 
 
 def _launch_plan(layout, m, n, k, a, b, c, device):

@@ -198,5 +198,13 @@ def allow_dynamic_shared(family, name, device, nbytes):
     return True
 
 
+def function_with_shared(family, name, device, nbytes):
+    """function_pointer of a kernel allowed `nbytes` of dynamic shared memory (RuntimeError
+    when the device cannot give that much: the planners never ask it there)."""
+    if not allow_dynamic_shared(family, name, device, nbytes):
+        raise RuntimeError(f"{name} needs {nbytes} bytes of dynamic shared memory; device {device} allows less")
+    return function_pointer(family, name, device)
+
+
 def loaded_functions():
     return sorted(_functions)

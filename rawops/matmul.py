@@ -154,7 +154,6 @@ def reduce_blocks(m, n, sms):
 
 # ------------------------------------------------------------------------------ launches on raw pointers
 _compute_capability = {}
-_opted_in = set()
 
 
 def compute_capability(device):
@@ -167,12 +166,7 @@ def compute_capability(device):
 
 
 def _function(name, device, shared):
-    pointer = _modules.function_pointer(FAMILY, name, device)
-    if shared > 48 * 1024 and (name, device) not in _opted_in:
-        # Above 48 KB of dynamic shared memory a kernel must opt in, once per function.
-        _modules.get_function(FAMILY, name, device).max_dynamic_shared_size_bytes = shared
-        _opted_in.add((name, device))
-    return pointer
+    return _modules.function_with_shared(FAMILY, name, device, shared)
 
 
 _plans = {}  # (layout, dtype, m, n, k, a, b, c 16-byte aligned, device, gelu-gradient, pre aligned) -> launch
