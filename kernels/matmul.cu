@@ -30,6 +30,7 @@
 // (0.88x), linear_gelu f32 32x768->3072 12.8 us of kernel time (3.3 us floor).
 #include "rawops/dtype.cuh"
 #include "rawops/gemm_epilogue.cuh"
+#include "rawops/cp_async.cuh"
 #include "rawops/mma_sync.cuh"
 
 namespace rawops {
@@ -315,40 +316,6 @@ template <bool KM, int ROWS> struct TileShape {
   static constexpr int stride = KM ? kKMajorStride : ROWS + 8;
   static constexpr int elems = KM ? ROWS * kKMajorStride : kMmaK * (ROWS + 8);
 };
-
-__device__ __forceinline__ unsigned smem_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
-template <bool TRANS> __device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if (TRANS)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_address(p)));
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_address(p)));
-#endif
-}
 
 // One operand tile (ROWS rows of M or N, 32 of K) of stage memory from global, 16 B per cp.async.
 // KM: element (r, k) at g[r * K + k], stored [r][k]; else at g[k * R + r], stored [k][r].

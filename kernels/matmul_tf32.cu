@@ -33,6 +33,7 @@
 // Measured on the H100 at 8192^3 (bench/NOTES.md): 121.6 TFLOP/s nn (wide), 120.3 nt, 94.9 tn
 // (128 x 128); cuBLAS TF32 ~360-417 in the same run; exact FFMA 48.
 #include "rawops/dtype.cuh"
+#include "rawops/cp_async.cuh"
 #include "rawops/gemm_epilogue.cuh"
 
 namespace rawops {
@@ -51,36 +52,6 @@ template <bool KM, int ROWS> struct Tf32Tile {
   static constexpr int stride = KM ? kTf32KMajorStride : ROWS + 8;
   static constexpr int elems = KM ? ROWS * kTf32KMajorStride : kTf32K * (ROWS + 8);
 };
-
-// cp.async / ldmatrix as in kernels/matmul.cu (kept local: that file's helpers are file-private).
-__device__ __forceinline__ unsigned tf32_smem_address(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void tf32_cp_async16(void* dst, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(tf32_smem_address(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-#endif
-}
-__device__ __forceinline__ void tf32_cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N> __device__ __forceinline__ void tf32_cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
-__device__ __forceinline__ void tf32_ldmatrix_x4(unsigned* r, const void* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(tf32_smem_address(p)));
-#endif
-}
 
 // float32 bits -> tf32 (round to nearest, ties away from zero), still in a 32-bit register.
 __device__ __forceinline__ unsigned to_tf32(unsigned x) {
@@ -116,11 +87,11 @@ __device__ __forceinline__ void tf32_load_tile(float* s, const float* __restrict
     if (KM) {
       const int r = c / (kTf32K / 4), k = (c % (kTf32K / 4)) * 4;
       const bool valid = r0 + r < R && k0 + k < kend;
-      tf32_cp_async16(s + r * stride + k, valid ? g + (r0 + r) * K + k0 + k : g, valid);
+      cp_async16(s + r * stride + k, valid ? g + (r0 + r) * K + k0 + k : g, valid);
     } else {
       const int k = c / (ROWS / 4), r = (c % (ROWS / 4)) * 4;
       const bool valid = k0 + k < kend && r0 + r < R;
-      tf32_cp_async16(s + k * stride + r, valid ? g + (k0 + k) * R + r0 + r : g, valid);
+      cp_async16(s + k * stride + r, valid ? g + (k0 + k) * R + r0 + r : g, valid);
     }
   }
 }
@@ -177,11 +148,11 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
       tf32_load_tile<A_KM, kTf32Tile>(smem + s * (kA + kB), a, m0, kb + int64_t(s) * kTf32K, M, K, ke, t);
       tf32_load_tile<B_KM, BN>(smem + s * (kA + kB) + kA, b, n0, kb + int64_t(s) * kTf32K, N, K, ke, t);
     }
-    tf32_cp_async_commit();
+    cp_async_commit();
   }
   const int j = lane / 8, r = lane % 8;
   for (int kt = 0; kt < tiles; ++kt) {
-    tf32_cp_async_wait<STAGES - 2>();
+    cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile kt visible to all; stage (kt - 1) % S free for the next load
     const int next = kt + STAGES - 1;
     if (next < tiles) {
@@ -189,7 +160,7 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
       tf32_load_tile<A_KM, kTf32Tile>(st, a, m0, kb + int64_t(next) * kTf32K, M, K, ke, t);
       tf32_load_tile<B_KM, BN>(st + kA, b, n0, kb + int64_t(next) * kTf32K, N, K, ke, t);
     }
-    tf32_cp_async_commit();
+    cp_async_commit();
     const float* As = smem + (kt % STAGES) * (kA + kB);
     const float* Bs = As + kA;
 #pragma unroll
@@ -198,7 +169,7 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
       if (A_KM) {
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
-          tf32_ldmatrix_x4(af[mi], As + (wm * 64 + mi * 16 + lane % 16) * kAStride + kk + (lane / 16) * 4);
+          ldmatrix_x4<false>(af[mi], As + (wm * 64 + mi * 16 + lane % 16) * kAStride + kk + (lane / 16) * 4);
       } else {
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
@@ -219,7 +190,7 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
 #pragma unroll
         for (int p = 0; p < NI / 2; ++p) {
           unsigned x[4];
-          tf32_ldmatrix_x4(x, Bs + (wn * WN + p * 16 + r + (j / 2) * 8) * kBStride + kk + (j % 2) * 4);
+          ldmatrix_x4<false>(x, Bs + (wn * WN + p * 16 + r + (j / 2) * 8) * kBStride + kk + (j % 2) * 4);
           bf[2 * p][0] = x[0];
           bf[2 * p][1] = x[1];
           bf[2 * p + 1][0] = x[2];
@@ -255,7 +226,7 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
         for (int ni = 0; ni < NI; ++ni) mma_m16n8k8_tf32(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
     }
   }
-  tf32_cp_async_wait<0>();
+  cp_async_wait<0>();
 
   // acc[mi][ni][2 half + e]: logical row g + 8 half of mi, logical column 2 q + e of ni.
 #pragma unroll

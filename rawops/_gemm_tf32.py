@@ -98,17 +98,8 @@ def reduce_blocks(m, n, sms):
 
 
 # ------------------------------------------------------------------------------ launches on raw pointers
-_compute_capability = {}
 _plans = {}  # (layout, m, n, k, a, b, c 16-byte aligned, device) -> launch, or None
-
-
-def compute_capability(device):
-    cc = _compute_capability.get(device)
-    if cc is None:
-        import cupy
-
-        cc = _compute_capability[device] = int(cupy.cuda.Device(device).compute_capability)
-    return cc
+compute_capability = _modules.compute_capability  # module-level: tests replace it here
 
 
 def _function(name, device, shared):

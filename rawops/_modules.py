@@ -174,6 +174,19 @@ def function_pointer(family, name, device):
     return pointer
 
 
+_capabilities = {}  # device -> compute capability as an int (90 for sm_90)
+
+
+def compute_capability(device):
+    """The device's compute capability as an int (75, 80, 90, ...), asked once per device."""
+    cc = _capabilities.get(device)
+    if cc is None:
+        import cupy
+
+        cc = _capabilities[device] = int(cupy.cuda.Device(device).compute_capability)
+    return cc
+
+
 DEFAULT_DYNAMIC_SHARED = 48 * 1024  # what every kernel may take without opting in
 _shared_allowed = {}  # (family, name, device) -> the dynamic shared memory a kernel is allowed so far
 

@@ -153,16 +153,7 @@ def reduce_blocks(m, n, sms):
 
 
 # ------------------------------------------------------------------------------ launches on raw pointers
-_compute_capability = {}
-
-
-def compute_capability(device):
-    cc = _compute_capability.get(device)
-    if cc is None:
-        import cupy
-
-        cc = _compute_capability[device] = int(cupy.cuda.Device(device).compute_capability)
-    return cc
+compute_capability = _modules.compute_capability  # module-level: tests replace it here
 
 
 def _function(name, device, shared):

@@ -276,6 +276,16 @@ def fast_smem_bytes(n_in, width, n_out, hidden, warps):
     return 4 * 128 * (hidden + 1) + 2 * weights + 2 * warps * fast_rows(width) * (in_p + 8 + out_p + 8)
 
 
+def _most_warps(smem_of, most, least, limit):
+    """(warps, shared memory bytes) for the most warps in most..least whose smem_of(warps)
+    fits in `limit`, or None."""
+    for warps in range(most, least - 1, -1):
+        smem = smem_of(warps)
+        if smem <= limit:
+            return warps, smem
+    return None
+
+
 _fast_fits = {}
 
 
@@ -286,12 +296,8 @@ def fast_fit(plan, device):
     if key not in _fast_fits:
         fit = None
         if plan.regime == "tc" and compute_capability(device) >= 80:
-            limit = optin_smem(device)
-            for warps in range(FAST_MAX_WARPS, FAST_MIN_WARPS - 1, -1):
-                smem = fast_smem_bytes(plan.n_in, plan.width, plan.n_out, plan.hidden, warps)
-                if smem <= limit:
-                    fit = (warps, smem)
-                    break
+            fit = _most_warps(lambda warps: fast_smem_bytes(plan.n_in, plan.width, plan.n_out, plan.hidden, warps),
+                              FAST_MAX_WARPS, FAST_MIN_WARPS, optin_smem(device))
         _fast_fits[key] = fit
     return _fast_fits[key]
 
@@ -324,12 +330,8 @@ def fast_bwd_fit(plan, device):
     if key not in _fast_bwd_fits:
         fit = None
         if plan.regime == "tc" and plan.width in FAST_BWD_WIDTHS and compute_capability(device) >= 80:
-            limit = optin_smem(device)
-            for warps in range(FAST_BWD_MAX_WARPS, FAST_BWD_MIN_WARPS - 1, -1):
-                smem = fast_bwd_smem_bytes(plan.n_in, plan.width, plan.n_out, plan.hidden, warps)
-                if smem <= limit:
-                    fit = (warps, smem)
-                    break
+            fit = _most_warps(lambda warps: fast_bwd_smem_bytes(plan.n_in, plan.width, plan.n_out, plan.hidden, warps),
+                              FAST_BWD_MAX_WARPS, FAST_BWD_MIN_WARPS, optin_smem(device))
         _fast_bwd_fits[key] = fit
     return _fast_bwd_fits[key]
 
@@ -433,16 +435,7 @@ def saved_shapes(plan, batch):
 
 _ready = {}  # (name, device, smem) -> True once the kernel may use that much dynamic shared memory
 _smem_set = {}  # (name, device) -> the kernel's dynamic shared-memory limit set so far (never lowered)
-_capability = {}
-
-
-def compute_capability(device):
-    cc = _capability.get(device)
-    if cc is None:
-        import cupy
-
-        cc = _capability[device] = int(cupy.cuda.Device(device).compute_capability)
-    return cc
+compute_capability = _modules.compute_capability  # module-level: tests replace it here
 
 
 def _tc_function(name, plan, device, smem):
