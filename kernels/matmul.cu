@@ -317,26 +317,11 @@ template <bool KM, int ROWS> struct TileShape {
   static constexpr int elems = KM ? ROWS * kKMajorStride : kMmaK * (ROWS + 8);
 };
 
-// One operand tile (ROWS rows of M or N, 32 of K) of stage memory from global, 16 B per cp.async.
-// KM: element (r, k) at g[r * K + k], stored [r][k]; else at g[k * R + r], stored [k][r].
-// Columns k0 .. k0 + 31 of K, those at or past kend zero-filled.
+// One operand tile (ROWS rows of M or N, 32 of K) of stage memory (rawops/cp_async.cuh).
 template <typename T, bool KM, int ROWS>
 __device__ __forceinline__ void load_tile(T* s, const T* __restrict__ g, int64_t r0, int64_t k0, int64_t R,
                                           int64_t K, int64_t kend, int t) {
-  constexpr int stride = TileShape<KM, ROWS>::stride;
-#pragma unroll
-  for (int i = 0; i < ROWS / 64; ++i) {
-    const int c = t + i * kMmaThreads;  // ROWS * 4 chunks of 8 elements
-    if (KM) {
-      const int r = c / 4, k = (c % 4) * 8;
-      const bool valid = r0 + r < R && k0 + k < kend;
-      cp_async16(s + r * stride + k, valid ? g + (r0 + r) * K + k0 + k : g, valid);
-    } else {
-      const int k = c / (ROWS / 8), r = (c % (ROWS / 8)) * 8;
-      const bool valid = k0 + k < kend && r0 + r < R;
-      cp_async16(s + k * stride + r, valid ? g + (k0 + k) * R + r0 + r : g, valid);
-    }
-  }
+  stage_tile<T, KM, ROWS, kMmaK, TileShape<KM, ROWS>::stride, kMmaThreads>(s, g, r0, k0, R, K, kend, t);
 }
 
 // BN = 128: warps of 64x32 (6 ldmatrix.x4 per 16 mma). BN = 256 (warps of 64x64, 8 per 32,

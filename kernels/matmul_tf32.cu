@@ -79,21 +79,7 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float* d, const unsigned* a, un
 template <bool KM, int ROWS>
 __device__ __forceinline__ void tf32_load_tile(float* s, const float* __restrict__ g, int64_t r0, int64_t k0,
                                                int64_t R, int64_t K, int64_t kend, int t) {
-  constexpr int stride = Tf32Tile<KM, ROWS>::stride;
-  constexpr int kChunks = ROWS * kTf32K / 4;  // of 4 floats
-#pragma unroll
-  for (int i = 0; i < kChunks / kTf32Threads; ++i) {
-    const int c = t + i * kTf32Threads;
-    if (KM) {
-      const int r = c / (kTf32K / 4), k = (c % (kTf32K / 4)) * 4;
-      const bool valid = r0 + r < R && k0 + k < kend;
-      cp_async16(s + r * stride + k, valid ? g + (r0 + r) * K + k0 + k : g, valid);
-    } else {
-      const int k = c / (ROWS / 4), r = (c % (ROWS / 4)) * 4;
-      const bool valid = k0 + k < kend && r0 + r < R;
-      cp_async16(s + k * stride + r, valid ? g + (k0 + k) * R + r0 + r : g, valid);
-    }
-  }
+  stage_tile<float, KM, ROWS, kTf32K, Tf32Tile<KM, ROWS>::stride, kTf32Threads>(s, g, r0, k0, R, K, kend, t);
 }
 
 // BN = 128: warps of 64 x 32, 2 blocks per SM. BN = 256 (gemm_tf32_wide): warps of 64 x 64, half
