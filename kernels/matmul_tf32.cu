@@ -266,6 +266,16 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
 }  // namespace rawops
 
 // ---------------------------------------------------------------------------- entry points
+// The wide kernels are planned only on sm_80, sm_90 and sm_100 (rawops/_gemm_tf32.py
+// WIDE_CCS: a block needs 120 KB of shared memory); elsewhere their entries trap, which
+// spares nvcc half of this family's code for the other targets.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 800 && __CUDA_ARCH__ != 900 && __CUDA_ARCH__ != 1000
+#define RAWOPS_TF32_WIDE(A_KM, B_KM) __trap()
+#else
+#define RAWOPS_TF32_WIDE(A_KM, B_KM)                               \
+  rawops::gemm_tf32<A_KM, B_KM, 256, rawops::kTf32WideStages>(     \
+      a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k)
+#endif
 // Every entry: (a, b, c, bias, aux, pre, m, n, k, flags), as kernels/matmul.cu; grids in
 // rawops/_gemm_tf32.py.
 #define RAWOPS_TF32_GEMM_ARGS                                                                            \
@@ -277,8 +287,7 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
         a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k);                           \
   }                                                                                                         \
   extern "C" __global__ void __launch_bounds__(256, 1) gemm_tf32_wide_##layout##_f32(RAWOPS_TF32_GEMM_ARGS) { \
-    rawops::gemm_tf32<A_KM, B_KM, 256, rawops::kTf32WideStages>(                                           \
-        a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k);                           \
+    RAWOPS_TF32_WIDE(A_KM, B_KM);                                                                           \
   }
 
 RAWOPS_TF32(nn, true, false)

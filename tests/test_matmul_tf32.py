@@ -24,6 +24,17 @@ EXACT_TOLERANCE = 1e-5  # exact float32 FFMA at these K: ~1e-7
 
 
 # ------------------------------------------------------------------------------ plan
+def test_wide_kernels_are_compiled_exactly_where_the_planner_may_pick_them():
+    # kernels/matmul_tf32.cu traps in the wide entries for every other target (build time):
+    # its list of architectures must be the planner's WIDE_CCS.
+    path = os.path.join(os.path.dirname(__file__), "..", "kernels", "matmul_tf32.cu")
+    source = open(path).read()
+    guard = re.search(r"#if defined\(__CUDA_ARCH__\)((?: && __CUDA_ARCH__ != \d+)+)\n"
+                      r"#define RAWOPS_TF32_WIDE\(A_KM, B_KM\) __trap\(\)", source)
+    assert guard, "kernels/matmul_tf32.cu no longer guards the wide entries by architecture"
+    assert sorted(int(a) // 10 for a in re.findall(r"!= (\d+)", guard.group(1))) == sorted(tf.WIDE_CCS)
+
+
 def test_large_nn_outputs_take_the_wide_kernel_where_a_block_may_have_120_kb(monkeypatch):
     for layout in ("nt", "tn"):  # measured faster (nt) or as fast (tn) with 128 x 128 tiles
         assert tf.plan(layout, 8192, 8192, 8192, 90, BASE, OTHER, C_PTR)[0] == f"gemm_tf32_{layout}_f32"
