@@ -48,14 +48,9 @@ constexpr int kSimtStride = kSimtTile + 4;  // conflict-free transposing stores,
 template <typename T, bool A_KM, bool B_KM>
 __device__ __forceinline__ void gemm_simt(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c,
                                           const Epilogue<T> epi, int64_t M, int64_t N, int64_t K) {
-  int64_t kb = 0, ke = K;
-  float* partial = nullptr;
-  if (gridDim.z > 1) {
-    const int64_t kc = ((K + gridDim.z - 1) / gridDim.z + kSimtK - 1) / kSimtK * kSimtK;
-    kb = int64_t(blockIdx.z) * kc;
-    ke = kb + kc < K ? kb + kc : K;
-    partial = reinterpret_cast<float*>(c) + int64_t(blockIdx.z) * M * N;
-  }
+  int64_t kb, ke;
+  float* partial;
+  split_k_range<kSimtK>(M, N, K, reinterpret_cast<float*>(c), kb, ke, partial);
   __shared__ __align__(16) float As[2][kSimtK][kSimtStride];
   __shared__ __align__(16) float Bs[2][kSimtK][kSimtStride];
   const int t = threadIdx.x;
@@ -171,14 +166,9 @@ template <bool A_KM, bool B_KM, bool WARP_TILES = true>
 __device__ __forceinline__ void gemm_simt_vec(const float* __restrict__ a, const float* __restrict__ b,
                                               float* __restrict__ c, const Epilogue<float> epi, int64_t M,
                                               int64_t N, int64_t K) {
-  int64_t kb = 0, ke = K;
-  float* partial = nullptr;
-  if (gridDim.z > 1) {
-    const int64_t kc = ((K + gridDim.z - 1) / gridDim.z + kVecK - 1) / kVecK * kVecK;
-    kb = int64_t(blockIdx.z) * kc;
-    ke = kb + kc < K ? kb + kc : K;
-    partial = c + int64_t(blockIdx.z) * M * N;
-  }
+  int64_t kb, ke;
+  float* partial;
+  split_k_range<kVecK>(M, N, K, c, kb, ke, partial);
   __shared__ __align__(16) float As[2][kVecK][kSimtStride];
   __shared__ __align__(16) float Bs[2][kVecK][kSimtStride];
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
@@ -340,6 +330,8 @@ __device__ __forceinline__ void gemm_mma(const T* __restrict__ a, const T* __res
   const int t = threadIdx.x, lane = t % 32, warp = t / 32;
   const int wm = warp / 4, wn = warp % 4;  // warp tile: rows wm*64 + [0, 64), cols wn*WN + [0, WN)
   const int64_t m0 = int64_t(blockIdx.y) * kMmaTile, n0 = int64_t(blockIdx.x) * BN;
+  // split_k_range's arithmetic written out: through the helper ptxas allocates this kernel's
+  // registers differently (same instruction count, sm_90), and it is timed only as it is.
   int64_t kb = 0, ke = K;
   float* partial = nullptr;
   if (gridDim.z > 1) {

@@ -110,14 +110,9 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
     tx = (id % per_group) / rows;
   }
   const int64_t m0 = int64_t(ty) * kTf32Tile, n0 = int64_t(tx) * BN;
-  int64_t kb = 0, ke = K;
-  float* partial = nullptr;
-  if (gridDim.z > 1) {
-    const int64_t kc = ((K + gridDim.z - 1) / gridDim.z + kTf32K - 1) / kTf32K * kTf32K;
-    kb = int64_t(blockIdx.z) * kc;
-    ke = kb + kc < K ? kb + kc : K;
-    partial = c + int64_t(blockIdx.z) * M * N;
-  }
+  int64_t kb, ke;
+  float* partial;
+  split_k_range<kTf32K>(M, N, K, c, kb, ke, partial);
   const int tiles = ke > kb ? int((ke - kb + kTf32K - 1) / kTf32K) : 0;
 
   float acc[4][NI][4];

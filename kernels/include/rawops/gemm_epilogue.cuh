@@ -63,4 +63,19 @@ template <typename T> struct Epilogue {
   }
 };
 
+// Split K (gridDim.z > 1): block z sums k in [kb, ke), chunks of whole KT-wide tiles, and
+// stores its raw float32 sums to partial = c + z M N (the split's slab; gemm_reduce adds the
+// slabs in order). Without a split: [0, K) and partial null (the epilogue writes c).
+template <int KT>
+__device__ __forceinline__ void split_k_range(int64_t M, int64_t N, int64_t K, float* c, int64_t& kb, int64_t& ke,
+                                              float*& partial) {
+  kb = 0, ke = K, partial = nullptr;
+  if (gridDim.z > 1) {
+    const int64_t kc = ((K + gridDim.z - 1) / gridDim.z + KT - 1) / KT * KT;
+    kb = int64_t(blockIdx.z) * kc;
+    ke = kb + kc < K ? kb + kc : K;
+    partial = c + int64_t(blockIdx.z) * M * N;
+  }
+}
+
 }  // namespace rawops
