@@ -35,6 +35,7 @@
 #include "rawops/dtype.cuh"
 #include "rawops/cp_async.cuh"
 #include "rawops/gemm_epilogue.cuh"
+#include "rawops/mma_sync.cuh"
 
 namespace rawops {
 namespace {
@@ -52,24 +53,6 @@ template <bool KM, int ROWS> struct Tf32Tile {
   static constexpr int stride = KM ? kTf32KMajorStride : ROWS + 8;
   static constexpr int elems = KM ? ROWS * kTf32KMajorStride : kTf32K * (ROWS + 8);
 };
-
-// float32 bits -> tf32 (round to nearest, ties away from zero), still in a 32-bit register.
-__device__ __forceinline__ unsigned to_tf32(unsigned x) {
-  unsigned r = x;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
-#endif
-  return r;
-}
-
-__device__ __forceinline__ void mma_m16n8k8_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
 
 // One operand tile (128 rows of M or N, 16 of K) from global, 16 bytes per cp.async, 2 per thread
 // (kTf32K / 8 for other K tiles).
