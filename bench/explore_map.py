@@ -2,6 +2,7 @@
 block size and grid policy, timed at 64M elements on the GPU it runs on. Needs nvcc.
 
     python bench/explore_map.py [--out DIR]
+    python bench/explore_map.py --sweep [--out DIR]   # only: rawops vs torch across sizes (same tensors)
 
 Each variant is the real kernel built with -DRAWOPS_MAP_UNROLL=U (and -DRAWOPS_PLAIN_LOADS
 for ld.global instead of ld.global.nc, -DRAWOPS_STREAMING_HINTS for evict-first ld/st.cs),
@@ -76,11 +77,43 @@ def torch_times():
     return result
 
 
+def size_sweep(out_dir):
+    """The shipped kernels through the torch adapter against torch's op on the same input, each
+    allocating its output, interleaved, across sizes: a constant gap in us is a fixed cost
+    (launch, first wave, tail), a constant ratio a streaming-rate difference."""
+    import torch
+    import torch.nn.functional as F
+
+    from rawops import torch_adapter as ta
+
+    ops = {"relu": (ta.relu, F.relu), "gelu_tanh": (lambda a: ta.gelu(a, "tanh"), lambda a: F.gelu(a, approximate="tanh"))}
+    lines = ["| op | dtype | elements | rawops us | torch us | x torch | rawops - torch us |", "|---|---|---|---|---|---|---|"]
+    for dtype in (torch.float16, torch.float32):
+        for n in (1 << 22, 1 << 24, 1 << 26, 1 << 28):
+            a = torch.randn(n, device="cuda", dtype=dtype)
+            for name, (ours, theirs) in ops.items():
+                samples = {"ours": [], "torch": []}
+                for _ in range(5):  # interleaved rounds: drift falls on both
+                    for key, fn in (("ours", ours), ("torch", theirs)):
+                        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+                        with stream:
+                            samples[key].append(time_us(lambda: fn(a), reps=20))
+                us, ref = statistics.median(samples["ours"]), statistics.median(samples["torch"])
+                lines.append(f"| {name} | {str(dtype)[6:]} | {n} | {us:.2f} | {ref:.2f} | {ref / us:.4f} | {us - ref:+.2f} |")
+                print(lines[-1], flush=True)
+            del a
+    with open(os.path.join(out_dir, "explore_map_sweep.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="/tmp/rawops_explore")
+    parser.add_argument("--sweep", action="store_true", help="only the size sweep of the shipped kernels vs torch")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.sweep:
+        return size_sweep(args.out)
     import ml_dtypes
 
     major, minor = cupy.cuda.Device().compute_capability

@@ -217,8 +217,10 @@ extern "C" __global__ void __launch_bounds__(rawops::kThreads, RAWOPS_SEED_MIN_B
 // The tiled kernel above gives one block all of a small batch (batch 32: one block, 60 us,
 // latency-bound on its ten staged weight chunks). Here a block of 8 warps takes
 // kSmallTile = 2 samples, so a batch of 32 spreads over 16 SMs; each warp owns units and
-// reads their weight rows straight from L2 (coalesced: lane k reads W[u][k + 32 i]), the
-// partial dot products summed by a fixed butterfly (deterministic). Three barriers in all.
+// reads their weight rows straight from L2 (coalesced: lane k reads W[u][k + 32 i]). A warp's
+// partial dot products (units x samples per lane) are summed by one reduce-scatter over the
+// lanes (deterministic, 31 shuffles for 32 sums where a butterfly per sum takes 160). Three
+// barriers in all.
 // =====================================================================================
 namespace rawops {
 namespace {
@@ -226,20 +228,49 @@ namespace {
 constexpr int kSmallTile = 2;
 constexpr int kSmallThreads = 256;
 
-__device__ __forceinline__ float warp_sum(float v) {
+constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
+
+// Sums each of a lane's V values over the warp's 32 lanes (V a power of two <= 32). Each
+// halving exchange sends the half of the values the partner keeps and adds the half it
+// receives, so after log2 V of them a lane holds one value summed over 2^(log2 V) lanes: index
+// lane >> (5 - log2 V). Plain exchanges finish the sum over the lanes that share that index.
+// The order of every addition is fixed: the same inputs give the same bits.
+template <int C, int V> __device__ __forceinline__ void halving_exchanges(float (&v)[V], int lane) {
+  if constexpr (C > 1) {
+    constexpr int m = 16 * C / V;  // the lane bit this exchange splits on: 16, 8, ...
+    const bool upper = (lane & m) != 0;
 #pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
+    for (int i = 0; i < C / 2; ++i) {
+      const float send = upper ? v[i] : v[i + C / 2];
+      const float keep = upper ? v[i + C / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+    }
+    halving_exchanges<C / 2>(v, lane);
+  }
+}
+
+template <int V> __device__ __forceinline__ float warp_reduce_scatter(float (&v)[V], int lane) {
+  static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "V must be a power of two <= 32");
+  halving_exchanges<V>(v, lane);
+  float r = v[0];
+#pragma unroll
+  for (int m = 16 / V; m >= 1; m /= 2) r += __shfl_xor_sync(0xffffffffu, r, m);
+  return r;
 }
 
 // A warp's share of one dense layer for kSmallTile samples: units u = warp + 8 j (j <
-// kUnitsPerWarp, u < kN), lane k reading W[u][k + 32 i]. Every weight and bias of the warp's
-// units is loaded into registers at the kernel's start (Weights::load), so the three layers
-// pay one L2 latency together instead of one each.
+// kUnitsPerWarp, u < kN), lane k reading W[u][k + 32 i]. Every weight of the warp's units, and
+// the one bias of the sum this lane finishes, is loaded into registers at the kernel's start
+// (load), so the three layers pay one L2 latency together instead of one each.
 template <int kK, int kN, int kUnitsPerWarp> struct SmallWeights {
   static constexpr int kSteps = (kK + 31) / 32;
+  static constexpr int kSums = kUnitsPerWarp * kSmallTile;  // index j * kSmallTile + s
+  static constexpr int kLanesPerSum = 32 / kSums;
+  static constexpr int kSumShift = 5 - log2_of(kSums);  // lane >> kSumShift: the sum a lane finishes
   float w[kUnitsPerWarp][kSteps];
-  float b[kUnitsPerWarp];
+  float bias;  // of unit_of(lane)
+  __device__ __forceinline__ static int sum_of(int lane) { return lane >> kSumShift; }
+  __device__ __forceinline__ static int unit_of(int lane, int warp) { return warp + 8 * (sum_of(lane) / kSmallTile); }
   __device__ __forceinline__ void load(const float* __restrict__ W, const float* __restrict__ B, int warp, int lane) {
 #pragma unroll
     for (int j = 0; j < kUnitsPerWarp; ++j) {
@@ -249,42 +280,37 @@ template <int kK, int kN, int kUnitsPerWarp> struct SmallWeights {
         const int k = lane + 32 * i;
         w[j][i] = (u < kN && k < kK) ? __ldg(W + u * kK + k) : 0.f;
       }
-      b[j] = u < kN ? __ldg(B + u) : 0.f;
     }
+    const int u = unit_of(lane, warp);
+    bias = u < kN ? __ldg(B + u) : 0.f;
   }
-  // out[s][u] = act(b[u] + sum_k in[s][k] w[u][k]) (in/out in shared memory; partial dot
-  // products summed by a fixed butterfly: deterministic).
+  // out[s][u] = act(b[u] + sum_k in[s][k] w[u][k]) (in/out in shared memory).
   __device__ __forceinline__ void apply(const float* __restrict__ in, float* __restrict__ out,
                                         float* __restrict__ save, int64_t first, int64_t batch, bool relu_out,
                                         float* __restrict__ y_global, int warp, int lane) const {
-    float acc[kUnitsPerWarp][kSmallTile];
+    float acc[kSums];
 #pragma unroll
     for (int j = 0; j < kUnitsPerWarp; ++j)
 #pragma unroll
       for (int s = 0; s < kSmallTile; ++s) {
-        acc[j][s] = 0.f;
+        float a = 0.f;
 #pragma unroll
         for (int i = 0; i < kSteps; ++i) {
           const int k = lane + 32 * i;
-          if (k < kK) acc[j][s] = fmaf(in[s * kK + k], w[j][i], acc[j][s]);
+          if (k < kK) a = fmaf(in[s * kK + k], w[j][i], a);
         }
+        acc[j * kSmallTile + s] = a;
       }
-#pragma unroll
-    for (int j = 0; j < kUnitsPerWarp; ++j) {
-      const int u = warp + 8 * j;
-#pragma unroll
-      for (int s = 0; s < kSmallTile; ++s) {
-        const float v = warp_sum(acc[j][s]);
-        if (u < kN && lane == s) {
-          float r = v + b[j];
-          if (relu_out) r = relu(r);
-          const int64_t sample = first + s;
-          if (out != nullptr) out[s * kN + u] = r;
-          if (sample < batch) {
-            if (save != nullptr) save[sample * kN + u] = r;
-            if (y_global != nullptr) y_global[sample * kN + u] = r;
-          }
-        }
+    const float v = warp_reduce_scatter(acc, lane);
+    const int u = unit_of(lane, warp), s = sum_of(lane) % kSmallTile;
+    if (u < kN && lane % kLanesPerSum == 0) {
+      float r = v + bias;
+      if (relu_out) r = relu(r);
+      const int64_t sample = first + s;
+      if (out != nullptr) out[s * kN + u] = r;
+      if (sample < batch) {
+        if (save != nullptr) save[sample * kN + u] = r;
+        if (y_global != nullptr) y_global[sample * kN + u] = r;
       }
     }
   }

@@ -7,6 +7,7 @@ Arrays come in as CuPy arrays (read natively, the fast path), objects with
 cuLaunchKernel, resolved from libcuda at first use, so a call pays neither CuPy's nor
 torch's per-call argument handling. Policy and documentation live in the Python modules.
 """
+cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from posix.dlfcn cimport dlopen, dlsym, RTLD_NOW, RTLD_LOCAL
@@ -460,17 +461,22 @@ cdef object _torch_empty_like = None
 cdef object _torch_raw_stream = None
 cdef object _torch_current_device = None
 cdef object _torch_device_guard = None
+cdef object _torch_grad_enabled = None  # torch.is_grad_enabled
+cdef object _torch_compiler = None  # torch.compiler: _is_compiling_flag is set while exporting
 
 
-def register_torch(tensor_type, float_dtypes, empty_like, raw_stream, current_device, device_guard):
+def register_torch(tensor_type, float_dtypes, empty_like, raw_stream, current_device, device_guard, grad_enabled,
+                   compiler_module):
     global _Tensor, _torch_f32, _torch_f16, _torch_bf16, _torch_empty_like
-    global _torch_raw_stream, _torch_current_device, _torch_device_guard
+    global _torch_raw_stream, _torch_current_device, _torch_device_guard, _torch_grad_enabled, _torch_compiler
     _Tensor = tensor_type
     _torch_f32, _torch_f16, _torch_bf16 = float_dtypes
     _torch_empty_like = empty_like
     _torch_raw_stream = raw_stream
     _torch_current_device = current_device
     _torch_device_guard = device_guard
+    _torch_grad_enabled = grad_enabled
+    _torch_compiler = compiler_module
 
 
 cdef int _tensor_code(object t, str name, int* device=NULL) except -1:
@@ -628,6 +634,9 @@ cdef class MapKernel:
     def torch_call(self, a, b=None, c=None, float alpha=0.0, out=None):
         """The same op on torch tensors, on torch's current stream; returns out (a new
         tensor unless given)."""
+        return self._torch_call(a, b, c, alpha, out)
+
+    cdef object _torch_call(self, a, b, c, float alpha, out):
         cdef tuple names = self.arg_names
         cdef int device = -1
         cdef int code = _tensor_code(a, names[0], &device)
@@ -691,21 +700,93 @@ cdef class MapKernel:
         return _launch(function, <unsigned>blocks, 1, 1, MAP_THREADS, 0, stream, params, device)
 
 
+# ---------------------------------------------------------------------------- torch eager entries
+# The torch adapter's elementwise functions as C-level callables: each public function is a
+# bound method of a TorchMapEntry (a builtin, not a Python function), whose no-grad eager call
+# goes straight to the kernel's _torch_call. A Python wrapper's frames cost ~0.3 us a call,
+# the whole margin to torch's own op on a ~9 us call. Everything else (a gradient needed, an
+# export trace) goes to `fallback`, the adapter's Python function; dynamo traces that function
+# in the entry's place (the adapter registers it with torch.compiler.substitute_in_graph).
+cdef class TorchMapEntry:
+    """One elementwise op of the torch adapter. `kernels`: {mode: MapKernel} (gelu's 'tanh' /
+    'none'; the key None for ops without a mode); `fallback(*args)`: the Python function
+    with the same signature, for grad, tracing and errors."""
+    cdef dict kernels
+    cdef MapKernel plain  # kernels[None], when the op has no mode
+    cdef readonly object fallback
+
+    def __init__(self, dict kernels, fallback):
+        self.kernels = kernels
+        self.plain = kernels.get(None)
+        self.fallback = fallback
+
+    cdef inline bint _tracing(self):
+        return _torch_compiler._is_compiling_flag
+
+    cdef inline MapKernel _mode(self, approximate):
+        return self.kernels.get(approximate)
+
+    @cython.binding(False)
+    def gelu(self, x, approximate="tanh"):
+        """gelu(x, approximate="tanh"): torch.nn.functional.gelu on rawops kernels ('tanh' or 'none')."""
+        cdef MapKernel kernel = self._mode(approximate)
+        if kernel is None or self._tracing() or (getattr(x, "requires_grad", False) and _torch_grad_enabled()):
+            return self.fallback(x, approximate)
+        return kernel._torch_call(x, None, None, 0.0, None)
+
+    @cython.binding(False)
+    def relu(self, x):
+        """relu(x): torch.relu on rawops kernels."""
+        if self._tracing() or (getattr(x, "requires_grad", False) and _torch_grad_enabled()):
+            return self.fallback(x)
+        return self.plain._torch_call(x, None, None, 0.0, None)
+
+    @cython.binding(False)
+    def relu_scale(self, x, alpha):
+        """relu_scale(x, alpha): relu(x) * alpha in one kernel."""
+        if self._tracing() or (getattr(x, "requires_grad", False) and _torch_grad_enabled()):
+            return self.fallback(x, alpha)
+        return self.plain._torch_call(x, None, None, float(alpha), None)
+
+    @cython.binding(False)
+    def relu_scale_add(self, x, alpha, y):
+        """relu_scale_add(x, alpha, y): relu(x) * alpha + y in one kernel."""
+        if self._tracing() or ((getattr(x, "requires_grad", False) or getattr(y, "requires_grad", False))
+                               and _torch_grad_enabled()):
+            return self.fallback(x, alpha, y)
+        return self.plain._torch_call(x, y, None, float(alpha), None)
+
+    @cython.binding(False)
+    def add(self, a, b):
+        """add(a, b): a + b (same shape) in one kernel."""
+        if self._tracing() or ((getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False))
+                               and _torch_grad_enabled()):
+            return self.fallback(a, b)
+        return self.plain._torch_call(a, b, None, 0.0, None)
+
+    @cython.binding(False)
+    def bias_gelu(self, x, bias, approximate="tanh"):
+        """bias_gelu(x, bias, approximate="tanh"): gelu(x + bias), bias broadcast over the last dim, in one kernel."""
+        cdef MapKernel kernel = self._mode(approximate)
+        if kernel is None or self._tracing() or (
+                (getattr(x, "requires_grad", False) or getattr(bias, "requires_grad", False)) and _torch_grad_enabled()):
+            return self.fallback(x, bias, approximate)
+        return kernel._torch_call(x, None, bias, 0.0, None)
+
+
 # ---------------------------------------------------------------------------- torch GEMM fast path
 # The matrix family's no-grad torch calls (rawops.torch_adapter.linear_gelu, matmul): checks,
 # the cached launch plan, the output from torch's allocator and the launch, in one typed call.
 # Anything unusual (a failed check, a split-K plan that needs scratch, grad needed) returns
 # None and the adapter's Python path handles it, raising its errors there: one place words them.
-cdef object _torch_grad_enabled = None
 cdef object _gemm_planner = None
 cdef dict _gemm_plans = {}
 
 
-def register_torch_gemm(grad_enabled, planner):
-    """grad_enabled() -> bool; planner(layout, dtype, m, n, k, a_ptr, b_ptr, c_aligned, device)
-    -> (function, grid, block, shared, splits)."""
-    global _torch_grad_enabled, _gemm_planner
-    _torch_grad_enabled = grad_enabled
+def register_torch_gemm(planner):
+    """planner(layout, dtype, m, n, k, a_ptr, b_ptr, c_aligned, device) -> (function, grid,
+    block, shared, splits)."""
+    global _gemm_planner
     _gemm_planner = planner
 
 

@@ -9,10 +9,16 @@ DLPack round trip, nothing copied. Three paths, cheapest first:
                                   (meta) kernels and registered autograd, so fullgraph works.
 Everything is capturable in torch.cuda.graph: launches only, no allocation outside torch.
 """
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
 import torch
 
 from . import elementwise as _ew
-from ._launch import register_torch, register_torch_gemm, sm_count, tensor_code, torch_linear, torch_seed_forward
+from ._launch import (TorchMapEntry, register_torch, register_torch_gemm, sm_count, tensor_code, torch_linear,
+                      torch_seed_forward)
 
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -21,7 +27,7 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 # The tensor checks and launches run in the Cython launcher (MapKernel.torch_call); it gets
 # torch's types and entry points from here, so that rawops itself never imports torch.
 register_torch(torch.Tensor, (torch.float32, torch.float16, torch.bfloat16), torch.empty_like, _raw_stream,
-               _current_device, torch.cuda.device)
+               _current_device, torch.cuda.device, torch.is_grad_enabled, torch.compiler)
 
 
 def _column_sum(x):
@@ -249,7 +255,7 @@ def _needs_grad(*tensors):
     return _grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
 
 
-def gelu(x, approximate="tanh"):
+def _gelu_python(x, approximate="tanh"):
     """torch.nn.functional.gelu(x, approximate) on rawops kernels ('tanh' or 'none')."""
     if _compiling():
         return _gelu_op(x, approximate)
@@ -262,7 +268,7 @@ def gelu(x, approximate="tanh"):
     return forward_kernel.torch_call(x)
 
 
-def relu(x):
+def _relu_python(x):
     if _compiling():
         return _relu_op(x)
     if getattr(x, "requires_grad", False) and _grad_enabled():
@@ -270,7 +276,7 @@ def relu(x):
     return _RELU.torch_call(x)
 
 
-def relu_scale(x, alpha):
+def _relu_scale_python(x, alpha):
     """relu(x) * alpha in one kernel."""
     alpha = float(alpha)
     if _compiling():
@@ -280,7 +286,7 @@ def relu_scale(x, alpha):
     return _RELU_SCALE.torch_call(x, alpha=alpha)
 
 
-def relu_scale_add(x, alpha, y):
+def _relu_scale_add_python(x, alpha, y):
     """relu(x) * alpha + y in one kernel."""
     alpha = float(alpha)
     if _compiling():
@@ -290,7 +296,7 @@ def relu_scale_add(x, alpha, y):
     return _RELU_SCALE_ADD.torch_call(x, y, alpha=alpha)
 
 
-def add(a, b):
+def _add_python(a, b):
     if _compiling():
         return _add_op(a, b)
     if _needs_grad(a, b):
@@ -298,13 +304,63 @@ def add(a, b):
     return _ADD.torch_call(a, b)
 
 
-def bias_gelu(x, bias, approximate="tanh"):
+def _bias_gelu_python(x, bias, approximate="tanh"):
     """gelu(x + bias), bias broadcast over the last dim, in one kernel."""
     if _compiling():
         return _bias_gelu_op(x, bias, approximate)
     if _needs_grad(x, bias):
         return _bias_gelu_apply(x, bias, approximate)
     return _gelu_kernel(approximate, "fwd", bias=True).torch_call(x, c=bias)
+
+
+# The public functions: bound methods of _launch.TorchMapEntry (C-level callables: their no-grad
+# eager call is one C call into the kernel's launch, no Python frame). Gradients, torch.compile
+# and errors go to the Python functions above, which dynamo traces in the entries' place.
+gelu = TorchMapEntry(dict(_GELU_FWD), _gelu_python).gelu
+relu = TorchMapEntry({None: _RELU}, _relu_python).relu
+relu_scale = TorchMapEntry({None: _RELU_SCALE}, _relu_scale_python).relu_scale
+relu_scale_add = TorchMapEntry({None: _RELU_SCALE_ADD}, _relu_scale_add_python).relu_scale_add
+add = TorchMapEntry({None: _ADD}, _add_python).add
+bias_gelu = TorchMapEntry({a: _gelu_kernel(a, "fwd", bias=True) for a in _ew._GELU_MODES},
+                          _bias_gelu_python).bias_gelu
+_ENTRIES = (gelu, relu, relu_scale, relu_scale_add, add, bias_gelu)
+
+
+def _register_polyfills():
+    """Tell dynamo to trace each entry's Python function in its place (an entry is a builtin
+    that dynamo cannot look into)."""
+    try:
+        for entry in _ENTRIES:
+            torch.compiler.substitute_in_graph(entry, skip_signature_check=True)(entry.__self__.fallback)
+    except Exception as error:  # a torch whose dynamo lacks this: torch.compile graph-breaks on them
+        warnings.warn(f"rawops.torch_adapter: torch.compile cannot trace the elementwise ops ({error})")
+
+
+class _AfterDynamoImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Registers the polyfills when torch._dynamo is first imported (torch.compile imports it):
+    importing it here would add ~1.5 s to importing the adapter."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._dynamo":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        self._loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__spec__.loader = module.__loader__ = self._loader
+        self._loader.exec_module(module)
+        _register_polyfills()
+
+
+if "torch._dynamo" in sys.modules:
+    _register_polyfills()
+else:
+    sys.meta_path.insert(0, _AfterDynamoImport())
 
 
 # ------------------------------------------------------------------- modules
@@ -1005,7 +1061,7 @@ _mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is
 from . import _gemm_tf32  # noqa: E402
 # No-grad linear_gelu goes through the launcher's typed path (checks, cached plan, output,
 # launch in one call); it answers None for anything else and the Python path below runs.
-register_torch_gemm(torch.is_grad_enabled, _mm.launch_plan)
+register_torch_gemm(_mm.launch_plan)
 _LINEAR_GELU_FLAGS = {approximate: flags | _mm.EPI_BIAS_GELU for approximate, flags in _mm.GELU_FLAGS.items()}
 
 

@@ -157,3 +157,57 @@ def test_adapter_refuses_cpu_and_integer_tensors():
         ta.relu([1.0, 2.0])
     with pytest.raises(ValueError, match="approximate"):
         ta.GELU("fast")
+
+
+def test_entries_are_builtins_that_dynamo_traces_into_the_custom_ops_in_one_graph():
+    """The public elementwise functions are C-level entries (no Python frame on the eager
+    path); torch.compile must still see the custom ops, in one graph, with torch._dynamo
+    imported after the adapter (the polyfills register on that import). Runs in a fresh
+    interpreter; the compiled graph is recorded, not run, so no GPU is needed."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import sys, types, torch
+        import rawops.torch_adapter as ta
+        assert "torch._dynamo" not in sys.modules, "importing the adapter imported dynamo"
+        assert all(isinstance(f, types.BuiltinFunctionType) for f in ta._ENTRIES)
+        graphs = []
+
+        def backend(gm, inputs):
+            graphs.append(gm)
+            return lambda *args: (torch.zeros(4),)
+
+        def fn(x, b, y):
+            return (ta.gelu(x, "none") + ta.gelu(x) + ta.relu(x) + ta.relu_scale(x, 2.0)
+                    + ta.relu_scale_add(x, 0.5, y) + ta.add(x, y) + ta.bias_gelu(x, b, "tanh"))
+
+        x, b, y = torch.randn(4), torch.randn(4), torch.randn(4)
+        torch.compile(fn, backend=backend, fullgraph=True)(x, b, y)
+        ops = sorted(str(n.target) for n in graphs[0].graph.nodes if "rawops" in str(n.target))
+        print(len(graphs), ops)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == ("1 ['rawops.add.default', 'rawops.bias_gelu.default', 'rawops.gelu.default', "
+                                     "'rawops.gelu.default', 'rawops.relu.default', 'rawops.relu_scale.default', "
+                                     "'rawops.relu_scale_add.default']"), result.stdout
+
+
+def test_entries_send_grad_and_bad_modes_to_the_python_path(monkeypatch):
+    """No GPU: a tensor that needs a gradient goes to the autograd path, a bad mode to the
+    Python function's error, a CPU tensor to the launcher's check; each names its problem."""
+    x = torch.randn(4)
+    with pytest.raises(ValueError, match="approximate"):
+        ta.gelu(x, "fast")
+    with pytest.raises(ValueError, match="CUDA"):
+        ta.gelu(x)
+    with pytest.raises(ValueError, match="CUDA"):
+        ta.relu_scale_add(x, 2.0, x)
+    seen = []
+    monkeypatch.setattr(ta, "_gelu_c_apply", lambda *args: seen.append(args) or "autograd")
+    assert ta.gelu(x.requires_grad_(), "tanh") == "autograd" and len(seen) == 1
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="CUDA"):  # no grad needed: the launch path again
+            ta.gelu(x)
