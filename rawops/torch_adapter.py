@@ -17,8 +17,8 @@ import warnings
 import torch
 
 from . import elementwise as _ew
-from ._launch import (TorchMapEntry, register_torch, register_torch_gemm, sm_count, tensor_code, torch_linear,
-                      torch_seed_forward)
+from ._launch import (TorchMapEntry, register_torch, register_torch_gemm, register_torch_modules, sm_count,
+                      tensor_code, torch_linear, torch_seed_forward, torch_seed_module_call)
 
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -326,12 +326,17 @@ bias_gelu = TorchMapEntry({a: _gelu_kernel(a, "fwd", bias=True) for a in _ew._GE
 _ENTRIES = (gelu, relu, relu_scale, relu_scale_add, add, bias_gelu)
 
 
+def _no_typed_module_call(module, args, kwargs):
+    return None  # what dynamo sees of torch_seed_module_call: FusedMLP goes through nn.Module.__call__
+
+
 def _register_polyfills():
     """Tell dynamo to trace each entry's Python function in its place (an entry is a builtin
     that dynamo cannot look into)."""
     try:
         for entry in _ENTRIES:
             torch.compiler.substitute_in_graph(entry, skip_signature_check=True)(entry.__self__.fallback)
+        torch.compiler.substitute_in_graph(torch_seed_module_call, skip_signature_check=True)(_no_typed_module_call)
     except Exception as error:  # a torch whose dynamo lacks this: torch.compile graph-breaks on them
         warnings.warn(f"rawops.torch_adapter: torch.compile cannot trace the elementwise ops ({error})")
 
@@ -990,6 +995,15 @@ class FusedMLP(torch.nn.Module):
     _fast_plan = None
     _seed_state = None  # the source network's typed fast path (_launch.torch_seed_forward)
 
+    def __call__(self, *args, **kwargs):
+        # The source network's inference, when nothing needs nn.Module.__call__ (no hooks, no
+        # gradient, not tracing: the C call checks), is one C call; everything else goes
+        # through nn.Module.__call__ and forward.
+        y = torch_seed_module_call(self, args, kwargs)
+        if y is not None:
+            return y
+        return super().__call__(*args, **kwargs)
+
     def forward(self, x):
         # ParameterList's own iteration costs microseconds per call; its dict does not. The
         # lists are read from _modules directly: Module.__getattr__ costs ~0.5 us each.
@@ -1062,6 +1076,10 @@ from . import _gemm_tf32  # noqa: E402
 # No-grad linear_gelu goes through the launcher's typed path (checks, cached plan, output,
 # launch in one call); it answers None for anything else and the Python path below runs.
 register_torch_gemm(_mm.launch_plan)
+_module_globals = importlib.import_module("torch.nn.modules.module")
+register_torch_modules(tuple(getattr(_module_globals, name, {None: None}) for name in (
+    "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks", "_global_forward_pre_hooks")),
+    torch._C._get_tracing_state)
 _LINEAR_GELU_FLAGS = {approximate: flags | _mm.EPI_BIAS_GELU for approximate, flags in _mm.GELU_FLAGS.items()}
 
 

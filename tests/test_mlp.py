@@ -1130,6 +1130,49 @@ def test_fused_mlp_under_torch_compile_fullgraph():
 
 
 @pytest.mark.gpu
+def test_fused_mlp_typed_call_keeps_module_semantics():
+    """FusedMLP.__call__'s one-C-call path (source network, no grad) must behave exactly like
+    nn.Module.__call__: hooks (the module's and the global ones) run, a gradient goes through
+    autograd, torch.compile traces the module, and the output is the forward's."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random
+    from rawops import torch_adapter as ta
+    from rawops import _launch
+
+    net = _network(torch)
+    module = ta.FusedMLP.from_sequential(net)
+    x = random((33, 100), torch.float32)
+    want = _reference(net, x)
+    with torch.no_grad():
+        module(x)  # validates the parameters once: the typed path is armed
+        assert module._seed_state is not None
+        assert_close(_launch.torch_seed_module_call(module, (x,), {}), want, torch.float32, "typed call")
+        seen = []
+        handle = module.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+        assert _launch.torch_seed_module_call(module, (x,), {}) is None  # a hook: nn.Module.__call__
+        assert_close(module(x), want, torch.float32, "with a hook")
+        handle.remove()
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: seen.append("pre"))
+        try:
+            assert _launch.torch_seed_module_call(module, (x,), {}) is None
+            module(x)
+        finally:
+            handle.remove()
+        assert seen == [(33, 10), "pre"]
+        assert _launch.torch_seed_module_call(module, (x,), {}) is not None
+        assert _launch.torch_seed_module_call(module, (x, x), {}) is None
+        assert _launch.torch_seed_module_call(module, (), {"x": x}) is None
+        assert_close(module(x=x), want, torch.float32, "keyword x")
+    assert _launch.torch_seed_module_call(module, (x,), {}) is None  # grad mode: autograd decides
+    y = module(x)
+    assert y.requires_grad and y.grad_fn is not None
+    y.sum().backward()
+    assert all(w.grad is not None for w in module.weights)
+    with torch.no_grad():
+        assert_close(torch.compile(module, fullgraph=True)(x), want, torch.float32, "compiled")
+
+
+@pytest.mark.gpu
 def test_fused_mlp_captures_in_a_cuda_graph():
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close
