@@ -34,6 +34,14 @@ template <typename T> __device__ __forceinline__ Vec16<T> load16(const T* p) {
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
 #elif defined(RAWOPS_STREAMING_HINTS)
   const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(p));  // evict-first: read once
+#elif defined(RAWOPS_L2_256B) || defined(RAWOPS_L1_NO_ALLOCATE)  // bench/explore_map.py variants
+  uint4 raw;
+#if defined(RAWOPS_L2_256B)
+  asm volatile("ld.global.nc.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+#else
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+#endif
+               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w) : "l"(p));
 #else
   // Read-only path. In place (out == input) is still safe: each element is read, then
   // written, by the same thread, and no line is read again after its write.
