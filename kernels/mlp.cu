@@ -1945,7 +1945,7 @@ RAWOPS_TC_FAST_BWD_ENTRIES(bf16, __nv_bfloat16)
 // through mma.sync m16n8k8 (sm_80+, inference: h1s and h2s must be null; the training
 // forward keeps the exact FFMA kernel, bench/NOTES.md says why). Same arguments as
 // seed_mlp_fwd_f32. Each product is big_a big_b + big_a small_b + small_a big_b (big =
-// tf32(v), small = tf32(v - big): split_tf32), accumulated in float32: ~1e-6 relative.
+// tf32(v), small = v - big: split_tf32_fast), accumulated in float32: ~1e-6 relative.
 // Why this shape (the WMMA 3xTF32 kernel it replaces ran at FFMA speed: every fragment went
 // through shared memory and was split after each load): a warp owns kRows = 16 kMT rows and
 // walks all three layers with its activations in registers. K is permuted inside each k8
@@ -1977,6 +1977,15 @@ __device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int src
 
 __device__ __forceinline__ float2 lds2(const float* p) { return *reinterpret_cast<const float2*>(p); }
 
+// relu(v + b), NaN kept (torch.relu): one max.NaN (sm_80+) instead of relu()'s compare and select.
+__device__ __forceinline__ float bias_relu(float v, float b) {
+  float r = v + b;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("max.NaN.f32 %0, %0, 0f00000000;\n" : "+f"(r));
+#endif
+  return r;
+}
+
 // A fragment of one k8 slice, split: a0 = (row g, column 2t), a1 = (g + 8, 2t), a2 = (g, 2t + 1),
 // a3 = (g + 8, 2t + 1) in the permuted order.
 struct SplitA {
@@ -1985,7 +1994,7 @@ struct SplitA {
     const float v[4] = {a0, a1, a2, a3};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const Tf32Split s = split_tf32(v[i]);
+      const Tf32Split s = split_tf32_fast(v[i]);
       big[i] = s.big;
       small[i] = s.small;
     }
@@ -1997,7 +2006,7 @@ struct SplitA {
 template <int kMT, int kN>
 __device__ __forceinline__ void mma_slice(float (&d)[kMT][kN][4], int n, const SplitA (&a)[kMT], const float* w) {
   const float2 v = lds2(w);
-  const Tf32Split s0 = split_tf32(v.x), s1 = split_tf32(v.y);
+  const Tf32Split s0 = split_tf32_fast(v.x), s1 = split_tf32_fast(v.y);
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
     mma_m16n8k8_tf32x3(d[m][n], a[m].big, a[m].small, s0.big, s1.big, s0.small, s1.small);
@@ -2114,8 +2123,8 @@ __device__ void seed_tc_fwd(const float* __restrict__ x, const float* __restrict
         SplitA a[kMT];
 #pragma unroll
         for (int m = 0; m < kMT; ++m)
-          a[m].set(relu(acc1[m][j][0] + bb.x), relu(acc1[m][j][2] + bb.x), relu(acc1[m][j][1] + bb.y),
-                   relu(acc1[m][j][3] + bb.y));
+          a[m].set(bias_relu(acc1[m][j][0], bb.x), bias_relu(acc1[m][j][2], bb.x), bias_relu(acc1[m][j][1], bb.y),
+                   bias_relu(acc1[m][j][3], bb.y));
 #pragma unroll
         for (int n = 0; n < kH2 / 8; ++n) mma_slice(acc2, n, a, w2b + 8 * n * kStLd2 + c0 + 8 * j);
       }
@@ -2135,8 +2144,8 @@ __device__ void seed_tc_fwd(const float* __restrict__ x, const float* __restrict
       SplitA a[kMT];
 #pragma unroll
       for (int m = 0; m < kMT; ++m)
-        a[m].set(relu(acc2[m][kk][0] + bb.x), relu(acc2[m][kk][2] + bb.x), relu(acc2[m][kk][1] + bb.y),
-                 relu(acc2[m][kk][3] + bb.y));
+        a[m].set(bias_relu(acc2[m][kk][0], bb.x), bias_relu(acc2[m][kk][2], bb.x), bias_relu(acc2[m][kk][1], bb.y),
+                 bias_relu(acc2[m][kk][3], bb.y));
 #pragma unroll
       for (int n = 0; n < 2; ++n) mma_slice(acc3, n, a, w3b + 8 * n * kStLd3 + 8 * kk);
     }
