@@ -114,19 +114,26 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
     return rows
 
 
+def drop_launch_cache(fused):
+    """Forget FusedMLP's validated plan and the source network's per-batch launches (its typed
+    fast path runs before any plan check), so the next call asks the planner again."""
+    fused._fast_key = None
+    fused._seed_state = None
+
+
 def with_exact_ffma(fused, fn):
     """fn() with the source network's large-batch forward forced to the exact FFMA kernel
-    (mlp.USE_SEED_TC off). FusedMLP caches its launch per batch, so the cache is dropped on
-    both sides of the switch (the old bench flipped USE_TF32 without it and timed FFMA twice)."""
+    (mlp.USE_SEED_TC off), the launch cache dropped on both sides of the switch (the old bench
+    flipped USE_TF32 without that and timed the FFMA kernel in both columns)."""
     import rawops.mlp as mlp
 
     mlp.USE_SEED_TC = False
-    fused._fast_key = None
+    drop_launch_cache(fused)
     try:
         return fn()
     finally:
         mlp.USE_SEED_TC = True
-        fused._fast_key = None
+        drop_launch_cache(fused)
 
 
 def tile_kernels_us(fused, ours):
@@ -136,13 +143,13 @@ def tile_kernels_us(fused, ours):
     def timed(resident_max):
         saved_max, mlp.RESIDENT_MAX_SMEM, mlp.USE_FAST = mlp.RESIDENT_MAX_SMEM, resident_max, False
         mlp._plans.clear()
-        fused._fast_key = None
+        drop_launch_cache(fused)
         try:
             return device_time_us(ours)
         finally:
             mlp.RESIDENT_MAX_SMEM, mlp.USE_FAST = saved_max, True
             mlp._plans.clear()
-            fused._fast_key = None
+            drop_launch_cache(fused)
 
     return timed(mlp.RESIDENT_MAX_SMEM), timed(0)
 
@@ -230,12 +237,14 @@ def seed_variants(ta, batch=1 << 20):
         for warps in sorted({most, most // 2, 8} - {0}, reverse=True):
             mlp.SEED_TC, mlp.SEED_TC_VARIANTS[variant] = variant, (rows, warps)
             mlp._seed_tc_fits.clear()
-            fused._fast_key = None
-            print(f"source f32 2^20: {variant} {warps:2d} warps {device_time_us(ours):8.1f} us, err {error(ours()):.2g}",
-                  flush=True)
+            drop_launch_cache(fused)
+            us = device_time_us(ours)
+            launched = fused._seed_state[4][batch][1:]  # (grid, block, shared bytes) FusedMLP launched
+            print(f"source f32 2^20: {variant} {warps:2d} warps {us:8.1f} us, err {error(ours()):.2g}, "
+                  f"launch {launched}", flush=True)
     mlp.SEED_TC, mlp.SEED_TC_VARIANTS = default_variant, variants
     mlp._seed_tc_fits.clear()
-    fused._fast_key = None
+    drop_launch_cache(fused)
 
 
 def main():
