@@ -31,6 +31,7 @@ KERNELS = {
     "seed_mlp_small_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
     "seed_mlp_tc16_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
     "seed_mlp_tc32_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
+    "seed_mlp_tc32c64_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
     "mlp_dgrad_bwd": ("G", "Gm", "W", "H", "out", "batch", "N", "K"),
     "mlp_wgrad_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "k_p", "db_offset", "stride", "a_act",
                       "rows_per_chunk"),
@@ -102,11 +103,14 @@ SMALL_BATCH_MAX = 4096  # up to here seed_mlp_small_fwd (2 samples per block), b
 SMALL_TILE = 2  # kSmallTile
 # Beyond SMALL_BATCH_MAX on sm_80+, inference: 3xTF32 on mma.sync (seed_mlp_tc*_fwd), persistent
 # blocks holding the weights; variant -> (rows a warp owns, most warps a block: __launch_bounds__).
-SEED_TC_VARIANTS = {"seed_mlp_tc16_fwd": (16, 16), "seed_mlp_tc32_fwd": (32, 10)}
-SEED_TC = "seed_mlp_tc16_fwd"  # the variant launched (bench/NOTES.md has both measured)
+# Warps a block in multiples of 4: each SM quarter has its own tensor core, and an uneven
+# count leaves the SM waiting on its busiest quarter (10 warps ran slower than 8).
+SEED_TC_VARIANTS = {"seed_mlp_tc16_fwd": (16, 16), "seed_mlp_tc32_fwd": (32, 8), "seed_mlp_tc32c64_fwd": (32, 8)}
+SEED_TC = "seed_mlp_tc32_fwd"  # the variant launched (bench/NOTES.md has each measured)
 SEED_TC_WEIGHT_BYTES = 4 * (128 * 104 + 64 * 136 + 16 * 72 + 128 + 64 + 16)  # kStX floats: 93,504 bytes
 SEED_TC_LDX = 104  # kStLdx: floats per staged x row
 SEED_TC_MIN_WARPS = 4  # fewer fit beside the weights (sm_86/89/120's ~100 KB): the FFMA kernel
+SEED_TC_WARP_STEP = 4  # warps a block come in multiples of this (the SM's four schedulers)
 USE_SEED_TC = True  # False: the exact FFMA kernel (seed_mlp_fwd) for every forward beyond SMALL_BATCH_MAX
 SMALL_THREADS = 256  # kSmallThreads
 GRAD_THREADS = 256  # kGradThreads
@@ -162,14 +166,16 @@ _seed_tc_fits = {}
 def seed_tc_fit(device, variant=None):
     """(warps, shared memory bytes) of the 3xTF32 forward `variant` (default SEED_TC) on
     `device`, or None where it does not run: before sm_80, or where fewer than
-    SEED_TC_MIN_WARPS warps fit beside the weights. Sets the kernel's shared-memory limit once."""
+    SEED_TC_MIN_WARPS warps fit beside the weights; the most warps in steps of
+    SEED_TC_WARP_STEP. Sets the kernel's shared-memory limit once."""
     variant = variant or SEED_TC
     key = (variant, device)
     if key not in _seed_tc_fits:
         rows, most = SEED_TC_VARIANTS[variant]
         fit = None
         if compute_capability(device) >= 80:
-            fit = _most_warps(lambda warps: seed_tc_smem(rows, warps), most, SEED_TC_MIN_WARPS, optin_smem(device))
+            fit = _most_warps(lambda warps: seed_tc_smem(rows, warps), most, SEED_TC_MIN_WARPS, optin_smem(device),
+                              SEED_TC_WARP_STEP)
         if fit is not None:
             _modules.get_function(FAMILY, f"{variant}_f32", device).max_dynamic_shared_size_bytes = fit[1]
         _seed_tc_fits[key] = fit
@@ -301,10 +307,10 @@ def fast_smem_bytes(n_in, width, n_out, hidden, warps):
     return 4 * 128 * (hidden + 1) + 2 * weights + 2 * warps * fast_rows(width) * (in_p + 8 + out_p + 8)
 
 
-def _most_warps(smem_of, most, least, limit):
-    """(warps, shared memory bytes) for the most warps in most..least whose smem_of(warps)
-    fits in `limit`, or None."""
-    for warps in range(most, least - 1, -1):
+def _most_warps(smem_of, most, least, limit, step=1):
+    """(warps, shared memory bytes) for the most warps in most..least (every `step`-th from
+    most) whose smem_of(warps) fits in `limit`, or None."""
+    for warps in range(most, least - 1, -step):
         smem = smem_of(warps)
         if smem <= limit:
             return warps, smem

@@ -470,7 +470,7 @@ def test_shared_memory_of_the_3xtf32_source_kernels():
     # W1 [128][104], W2 [64][136], W3 [16][72], biases 128 + 64 + 16, floats; x rows [rows][104] a warp
     assert mlp.SEED_TC_WEIGHT_BYTES == 4 * 23376 == 93504
     assert mlp.seed_tc_smem(16, 16) == 93504 + 16 * 16 * 416 == 200000
-    assert mlp.seed_tc_smem(32, 10) == 226624 <= 232448  # the H100's opt-in
+    assert mlp.seed_tc_smem(32, 8) == 200000 <= 232448  # the H100's opt-in
 
 
 def _route(monkeypatch, cc, limit, sms=132):
@@ -488,9 +488,9 @@ def _route(monkeypatch, cc, limit, sms=132):
 @pytest.mark.parametrize("batch, cc, limit, expected", [
     (1, 90, 232448, ("seed_mlp_small_fwd_f32", 1, 256, 0)),
     (4096, 90, 232448, ("seed_mlp_small_fwd_f32", 2048, 256, 0)),
-    (4097, 90, 232448, ("seed_mlp_tc16_fwd_f32", 17, 512, 200000)),         # 257 tiles of 16 rows / 16 warps
-    (1 << 20, 90, 232448, ("seed_mlp_tc16_fwd_f32", 132, 512, 200000)),     # H100: persistent, one block per SM
-    (1 << 20, 80, 166912, ("seed_mlp_tc16_fwd_f32", 132, 352, 93504 + 11 * 6656)),  # A100's 163 KB: 11 warps
+    (4097, 90, 232448, ("seed_mlp_tc32_fwd_f32", 17, 256, 200000)),          # 129 tiles of 32 rows / 8 warps
+    (1 << 20, 90, 232448, ("seed_mlp_tc32_fwd_f32", 132, 256, 200000)),      # H100: persistent, one block per SM
+    (1 << 20, 80, 166912, ("seed_mlp_tc32_fwd_f32", 132, 128, 93504 + 4 * 13312)),  # A100's 163 KB: 4 warps, not 5
     (1 << 20, 86, 101376, ("seed_mlp_fwd_f32", 1 << 14, 128, 0)),          # ~99 KB: no room beside the weights
     (1 << 20, 75, 65536, ("seed_mlp_fwd_f32", 1 << 14, 128, 0)),           # no tf32 mma.sync / cp.async
 ])
@@ -508,13 +508,13 @@ def test_the_training_forward_and_the_switch_keep_the_exact_ffma_kernel(monkeypa
     monkeypatch.setattr(mlp, "launch", lambda function, *args: launched.append(function))
     mlp.launch_seed_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0, h1s=9, h2s=10)
     mlp.launch_seed_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0)
-    assert launched == ["seed_mlp_fwd_f32", "seed_mlp_tc16_fwd_f32"]
+    assert launched == ["seed_mlp_fwd_f32", "seed_mlp_tc32_fwd_f32"]
     monkeypatch.setattr(mlp, "USE_SEED_TC", False)
     assert mlp.seed_launch(1 << 20, 0)[0] == "seed_mlp_fwd_f32"
 
 
-@pytest.mark.parametrize("variant, batch, grid", [("seed_mlp_tc16_fwd", 4097, 17), ("seed_mlp_tc32_fwd", 4097, 13),
-                                                  ("seed_mlp_tc32_fwd", 1 << 20, 132)])
+@pytest.mark.parametrize("variant, batch, grid", [("seed_mlp_tc16_fwd", 4097, 17), ("seed_mlp_tc16_fwd", 1 << 20, 132),
+                                                  ("seed_mlp_tc32c64_fwd", 4097, 17), ("seed_mlp_tc32_fwd", 40000, 132)])
 def test_both_3xtf32_variants_launch_with_their_own_tiles(monkeypatch, variant, batch, grid):
     _route(monkeypatch, 90, 232448)
     monkeypatch.setattr(mlp, "SEED_TC", variant)
@@ -525,7 +525,7 @@ def test_both_3xtf32_variants_launch_with_their_own_tiles(monkeypatch, variant, 
 def test_3xtf32_entries_match_the_table_and_trap_before_sm80():
     source = open(__import__("os").path.join(__import__("os").path.dirname(__file__), "..", "kernels",
                                              "mlp.cu")).read()
-    entries = re.findall(r"__launch_bounds__\((\d+), 1\)\s+(seed_mlp_tc\d+_fwd)_f32\(.*?seed_tc_fwd<(\d+), (\d+)>",
+    entries = re.findall(r"__launch_bounds__\((\d+), 1\)\s+(seed_mlp_tc\w+?_fwd)_f32\(.*?seed_tc_fwd<(\d+), (\d+)>",
                          source, flags=re.S)
     assert {name for _, name, _, _ in entries} == set(mlp.SEED_TC_VARIANTS)
     for threads, name, mt, chunk in entries:
