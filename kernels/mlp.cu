@@ -2182,31 +2182,25 @@ __device__ void seed_tc_fwd(const float* __restrict__ x, const float* __restrict
 }  // namespace
 }  // namespace rawops
 
-// Variants measured side by side (bench/NOTES.md): 16-row warp tiles, 16 warps (<= 128
-// registers), layer 1 in two 64-column chunks; 32-row tiles, 8 warps, 32- or 64-column chunks.
-// Warps a block: multiples of 4 (each SM quarter has its own tensor core; 10 warps ran
-// slower than 8).
+// Two variants, measured side by side (bench/NOTES.md): 32-row warp tiles, 8 warps, 204
+// registers (the default: each B fragment's split serves 2 row tiles); 16-row tiles, 16 warps,
+// <= 128 registers. Layer 1 in 64-column chunks (32: 2% slower, x re-split 4 times). Warps a
+// block in multiples of 4: each SM quarter has its own tensor core (10 warps ran slower than 8).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define RAWOPS_SEED_TC_CALL(call) call
 #else
 #define RAWOPS_SEED_TC_CALL(call) __trap()  // mma.sync tf32 and cp.async need sm_80; rawops/mlp.py never launches it there
 #endif
+extern "C" __global__ void __launch_bounds__(256, 1)
+    seed_mlp_tc32_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                          const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                          long long flags) {
+  RAWOPS_SEED_TC_CALL((rawops::seed_tc_fwd<2, 64>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
+}
 extern "C" __global__ void __launch_bounds__(512, 1)
     seed_mlp_tc16_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
                           const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
                           long long flags) {
   RAWOPS_SEED_TC_CALL((rawops::seed_tc_fwd<1, 64>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
-}
-extern "C" __global__ void __launch_bounds__(256, 1)
-    seed_mlp_tc32_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
-                          const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
-                          long long flags) {
-  RAWOPS_SEED_TC_CALL((rawops::seed_tc_fwd<2, 32>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
-}
-extern "C" __global__ void __launch_bounds__(256, 1)
-    seed_mlp_tc32c64_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
-                             const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
-                             long long flags) {
-  RAWOPS_SEED_TC_CALL((rawops::seed_tc_fwd<2, 64>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
 }
 #undef RAWOPS_SEED_TC_CALL

@@ -514,7 +514,7 @@ def test_the_training_forward_and_the_switch_keep_the_exact_ffma_kernel(monkeypa
 
 
 @pytest.mark.parametrize("variant, batch, grid", [("seed_mlp_tc16_fwd", 4097, 17), ("seed_mlp_tc16_fwd", 1 << 20, 132),
-                                                  ("seed_mlp_tc32c64_fwd", 4097, 17), ("seed_mlp_tc32_fwd", 40000, 132)])
+                                                  ("seed_mlp_tc32_fwd", 4097, 17), ("seed_mlp_tc32_fwd", 40000, 132)])
 def test_both_3xtf32_variants_launch_with_their_own_tiles(monkeypatch, variant, batch, grid):
     _route(monkeypatch, 90, 232448)
     monkeypatch.setattr(mlp, "SEED_TC", variant)
