@@ -105,7 +105,7 @@ SMALL_TILE = 2  # kSmallTile
 # Warps a block in multiples of 4: each SM quarter has its own tensor core, and an uneven
 # count leaves the SM waiting on its busiest quarter (10 warps ran slower than 8).
 SEED_TC_VARIANTS = {"seed_mlp_tc32_fwd": (32, 8), "seed_mlp_tc16_fwd": (16, 16)}
-SEED_TC = "seed_mlp_tc32_fwd"  # the variant launched: 681 vs 732 us at 2^20 on the H100 (bench/NOTES.md)
+SEED_TC = "seed_mlp_tc32_fwd"  # the variant launched: 675 vs 731 us at 2^20 on the H100 (bench/NOTES.md)
 SEED_TC_WEIGHT_BYTES = 4 * (128 * 104 + 64 * 136 + 16 * 72 + 128 + 64 + 16)  # kStX floats: 93,504 bytes
 SEED_TC_LDX = 104  # kStLdx: floats per staged x row
 SEED_TC_MIN_WARPS = 4  # fewer fit beside the weights (sm_86/89/120's ~100 KB): the FFMA kernel
