@@ -12,6 +12,7 @@ half types against the WMMA tile kernel and torch eager.
 
     python bench/bench_mlp.py [--out bench/results]
     RAWOPS_MLP_WARPS_SWEEP=1 python bench/bench_mlp.py   # also print the fast forward at 4..16 warps a block
+    RAWOPS_MLP_SEED_SWEEP=1 python bench/bench_mlp.py    # also print each 3xTF32 source-network variant
 """
 import copy
 import os
@@ -52,6 +53,10 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
     with torch.no_grad():
         ref = copy.deepcopy(net).double()(x.double())
         error = ((fused(x).double() - ref).norm() / ref.norm()).item()
+        torch_error = ((net(x).double() - ref).norm() / ref.norm()).item()  # torch's own, same data
+        ffma_error = float("nan")
+        if name == "seed" and batch > 4096:
+            ffma_error = ((with_exact_ffma(fused, lambda: fused(x)).double() - ref).norm() / ref.norm()).item()
     rows = []
     for mode in ("fwd", "fwd+bwd"):
         if mode == "fwd":
@@ -84,31 +89,51 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
             mlp.USE_FAST_BWD = False
             us_tile = device_time_us(ours)
             mlp.USE_FAST_BWD = True
-        us_tf32 = float("nan")
-        if name == "seed" and mode == "fwd" and batch > 4096:  # the 3xTF32 kernel beside FFMA (the default)
-            import rawops.mlp as mlp
-
-            mlp.USE_TF32 = True
-            us_tf32 = device_time_us(ours)
-            mlp.USE_TF32 = False
+        us_ffma = float("nan")
+        if name == "seed" and mode == "fwd" and batch > 4096:  # the exact FFMA kernel beside 3xTF32 (the default)
+            us_ffma = with_exact_ffma(fused, lambda: device_time_us(ours))
         flops = (flops_fwd + (flops_bwd if mode == "fwd+bwd" else 0)) * batch
         moved = (bytes_fwd if mode == "fwd" else bytes_fwdbwd) * batch
         speedup = us_eager / us_ours
         target = TARGETS.get((name, batch, mode))
         rows.append({"network": f"{'-'.join(map(str, sizes))} {str(dtype)[6:]}", "batch": batch, "pass": mode,
-                     "rawops us": us_ours, "rawops graph us": us_ours_graph, "rawops 3xTF32 us": us_tf32,
+                     "rawops us": us_ours, "rawops graph us": us_ours_graph, "rawops FFMA us": us_ffma,
                      "rawops tile us": us_tile, "rawops streaming us": us_streaming,
                      "torch eager us": us_eager, "torch graph us": us_graph,
                      "x eager": speedup, "x graph": us_graph / us_ours, "rawops TFLOP/s": flops / us_ours / 1e6,
                      "compute floor us": flops / (FP32_PEAK_TFLOPS if dtype == torch.float32 else 990.0) / 1e6,
                      "memory floor us": moved / ceiling / 1e6, "rel error vs f64": error,
+                     "FFMA rel error vs f64": ffma_error, "torch rel error vs f64": torch_error,
                      "target x eager": target if target else "-",
                      "meets target": (speedup >= target) if target else "-"})
         r = rows[-1]
         print(f"{r['network']:24s} batch {batch:8d} {mode:8s}: rawops {us_ours:9.1f} us (graph {us_ours_graph:7.1f}) | eager {us_eager:9.1f} us | "
               f"graph {us_graph:9.1f} us | {speedup:5.2f}x eager | {r['rawops TFLOP/s']:6.1f} TFLOP/s | "
-              f"err {error:.2g}", flush=True)
+              f"err {error:.2g} (torch {torch_error:.2g})"
+              + (f" | exact FFMA {us_ffma:.1f} us, err {ffma_error:.2g}" if us_ffma == us_ffma else ""), flush=True)
     return rows
+
+
+def drop_launch_cache(fused):
+    """Forget FusedMLP's validated plan and the source network's per-batch launches (its typed
+    fast path runs before any plan check), so the next call asks the planner again."""
+    fused._fast_key = None
+    fused._seed_state = None
+
+
+def with_exact_ffma(fused, fn):
+    """fn() with the source network's large-batch forward forced to the exact FFMA kernel
+    (mlp.USE_SEED_TC off), the launch cache dropped on both sides of the switch (the old bench
+    flipped USE_TF32 without that and timed the FFMA kernel in both columns)."""
+    import rawops.mlp as mlp
+
+    mlp.USE_SEED_TC = False
+    drop_launch_cache(fused)
+    try:
+        return fn()
+    finally:
+        mlp.USE_SEED_TC = True
+        drop_launch_cache(fused)
 
 
 def tile_kernels_us(fused, ours):
@@ -118,13 +143,13 @@ def tile_kernels_us(fused, ours):
     def timed(resident_max):
         saved_max, mlp.RESIDENT_MAX_SMEM, mlp.USE_FAST = mlp.RESIDENT_MAX_SMEM, resident_max, False
         mlp._plans.clear()
-        fused._fast_key = None
+        drop_launch_cache(fused)
         try:
             return device_time_us(ours)
         finally:
             mlp.RESIDENT_MAX_SMEM, mlp.USE_FAST = saved_max, True
             mlp._plans.clear()
-            fused._fast_key = None
+            drop_launch_cache(fused)
 
     return timed(mlp.RESIDENT_MAX_SMEM), timed(0)
 
@@ -182,6 +207,46 @@ def warps_sweep(ta, batch=1 << 20):
     mlp._fast_fits.clear()
 
 
+def seed_variants(ta, batch=1 << 20):
+    """Printed only (RAWOPS_MLP_SEED_SWEEP=1): the source network's forward at 2^20 through each
+    3xTF32 variant and warp count, the exact FFMA kernel and torch eager, in one run."""
+    import rawops.mlp as mlp
+
+    net = sequential((100, 128, 64, 10), torch.float32)
+    fused = ta.FusedMLP.from_sequential(net)
+    x = torch.randn(batch, 100, device="cuda")
+    with torch.no_grad():
+        ref = copy.deepcopy(net).double()(x.double())
+
+    def ours():
+        with torch.no_grad():
+            return fused(x)
+
+    def error(y):
+        return ((y.double() - ref).norm() / ref.norm()).item()
+
+    def eager():
+        with torch.no_grad():
+            return net(x)
+
+    print(f"source f32 2^20: torch eager {device_time_us(eager):8.1f} us, err {error(eager()):.2g}", flush=True)
+    print(f"source f32 2^20: exact FFMA  {with_exact_ffma(fused, lambda: device_time_us(ours)):8.1f} us, "
+          f"err {with_exact_ffma(fused, lambda: error(ours())):.2g}", flush=True)
+    default_variant, variants = mlp.SEED_TC, dict(mlp.SEED_TC_VARIANTS)
+    for variant, (rows, most) in variants.items():
+        for warps in sorted({most, most // 2, 8} - {0}, reverse=True):
+            mlp.SEED_TC, mlp.SEED_TC_VARIANTS[variant] = variant, (rows, warps)
+            mlp._seed_tc_fits.clear()
+            drop_launch_cache(fused)
+            us = device_time_us(ours)
+            launched = fused._seed_state[4][batch][1:]  # (grid, block, shared bytes) FusedMLP launched
+            print(f"source f32 2^20: {variant} {warps:2d} warps {us:8.1f} us, err {error(ours()):.2g}, "
+                  f"launch {launched}", flush=True)
+    mlp.SEED_TC, mlp.SEED_TC_VARIANTS = default_variant, variants
+    mlp._seed_tc_fits.clear()
+    drop_launch_cache(fused)
+
+
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -198,11 +263,14 @@ def main():
                   2 * (64 + 64), 2 * (64 + 64 + 64 + 64), True)
     if os.environ.get("RAWOPS_MLP_WARPS_SWEEP"):
         warps_sweep(ta)
+    if os.environ.get("RAWOPS_MLP_SEED_SWEEP"):
+        seed_variants(ta)
     sweep = width_sweep(ta, ceiling)
-    header = ["network", "batch", "pass", "rawops us", "rawops graph us", "rawops 3xTF32 us", "rawops tile us",
+    header = ["network", "batch", "pass", "rawops us", "rawops graph us", "rawops FFMA us", "rawops tile us",
               "rawops streaming us",
               "torch eager us", "torch graph us", "x eager", "x graph",
-              "rawops TFLOP/s", "compute floor us", "memory floor us", "rel error vs f64", "target x eager",
+              "rawops TFLOP/s", "compute floor us", "memory floor us", "rel error vs f64", "FFMA rel error vs f64",
+              "torch rel error vs f64", "target x eager",
               "meets target"]
     text = write_results(out_dir, "mlp", "python bench/bench_mlp.py", [
         ("fused_mlp against torch nn.Sequential", header, rows,
@@ -212,7 +280,10 @@ def main():
           "floors": f"compute: float32 at the FFMA peak {FP32_PEAK_TFLOPS} TFLOP/s, float16 at ~990 TFLOP/s dense "
                     "tensor cores; memory: x and y once (forward), plus dy and x again (f16 forward+backward) or "
                     "the kept activations written and read (f32), at the copy ceiling",
-          "columns": "rawops us: what fused_mlp runs (f16/bf16: the fast forward tc_mlp_w<W>_<act>_fwd where it fits); "
+          "columns": "rawops us: what fused_mlp runs (f16/bf16: the fast forward tc_mlp_w<W>_<act>_fwd where it fits; "
+                     "source network beyond batch 4096: 3xTF32 seed_mlp_tc*_fwd); FFMA us / FFMA rel error: the exact "
+                     "FFMA kernel seed_mlp_fwd on the same call (mlp.USE_SEED_TC = False); torch rel error: "
+                     "nn.Sequential's own float32 output against float64; "
                      "tile us / streaming us: the WMMA tile kernels tc_mlp_nf*_fwd, weights resident / streamed; "
                      "fwd+bwd tile us: the backward through tc_mlp_nf*_bwd + tc_mlp_wgrad_nf*_bwd instead of the fused "
                      "tc_mlp_w<W>_<act>_bwd"}),

@@ -1013,185 +1013,6 @@ __device__ void tc_wgrad(const T* __restrict__ G, const T* __restrict__ Gm, cons
 }  // namespace
 }  // namespace rawops
 
-// =====================================================================================
-// The source network at large batches on tensor cores, 3xTF32: seed_mlp_tf32_fwd_f32.
-// Each product a*b is computed as a_hi*b_hi + a_hi*b_lo + a_lo*b_hi with hi = tf32(v),
-// lo = tf32(v - hi): float32-level accuracy (~1e-6 relative; the dropped lo*lo term is
-// 2^-22 of the product) at tensor-core rate, float32 accumulation. sm_80+ (TF32 WMMA) with
-// 162 KB of shared memory per block (sm_80, sm_90, sm_100); rawops/mlp.py falls back to the
-// FFMA kernel elsewhere. One block of 8 warps per SM: the weights (transposed nowhere: the
-// [out][in] rows are the col-major B operand) stay resident; each warp loops over 16-sample
-// tiles, its activations in its own 16 rows of shared memory, no block barrier after the
-// weights are loaded.
-// =====================================================================================
-namespace rawops {
-namespace {
-
-constexpr int kTfWarps = 8, kTfThreads = 32 * kTfWarps;
-constexpr int kTfW1Ld = 108, kTfW2Ld = 132, kTfW3Ld = 68, kTfActLd = 132;  // row strides (floats)
-constexpr int kTfK1 = 104;  // layer 1's K, 100 padded to the k-step of 8
-constexpr int kTfW2Off = kH1 * kTfW1Ld, kTfW3Off = kTfW2Off + kH2 * kTfW2Ld, kTfB1Off = kTfW3Off + 16 * kTfW3Ld;
-constexpr int kTfB2Off = kTfB1Off + kH1, kTfB3Off = kTfB2Off + kH2, kTfActOff = kTfB3Off + 16;
-constexpr int kTfSmemFloats = kTfActOff + kTfWarps * 16 * kTfActLd;  // 161,856 bytes
-static_assert(kTfActOff % 8 == 0, "activation rows 32-byte aligned");
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-using TfA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 8, nvcuda::wmma::precision::tf32,
-                                   nvcuda::wmma::row_major>;
-using TfB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 8, nvcuda::wmma::precision::tf32,
-                                   nvcuda::wmma::col_major>;
-using TfC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 8, float>;
-
-template <typename Frag> __device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
-#pragma unroll
-  for (int i = 0; i < hi.num_elements; ++i) {
-    const float v = hi.x[i];
-    const float h = nvcuda::wmma::__float_to_tf32(v);
-    hi.x[i] = h;
-    lo.x[i] = nvcuda::wmma::__float_to_tf32(v - h);
-  }
-}
-
-// acc[nf] (nf < kN / 16) = a (16 x kK, row stride kTfActLd) times w^T (w: [kN][ld], col-major B).
-template <int kK, int kN, int kLd>
-__device__ __forceinline__ void tf32x3_gemm(TfC (&acc)[8], const float* a, const float* w) {
-  using namespace nvcuda;
-#pragma unroll
-  for (int nf = 0; nf < kN / 16; ++nf) wmma::fill_fragment(acc[nf], 0.f);
-#pragma unroll 1
-  for (int kf = 0; kf < kK / 8; ++kf) {
-    TfA a_hi, a_lo;
-    wmma::load_matrix_sync(a_hi, a + kf * 8, kTfActLd);
-    split_tf32(a_hi, a_lo);
-#pragma unroll
-    for (int nf = 0; nf < kN / 16; ++nf) {
-      TfB b_hi, b_lo;
-      wmma::load_matrix_sync(b_hi, w + nf * 16 * kLd + kf * 8, kLd);
-      split_tf32(b_hi, b_lo);
-      wmma::mma_sync(acc[nf], a_lo, b_hi, acc[nf]);
-      wmma::mma_sync(acc[nf], a_hi, b_lo, acc[nf]);
-      wmma::mma_sync(acc[nf], a_hi, b_hi, acc[nf]);
-    }
-  }
-}
-
-// Stores acc into the warp's rows (outputs overwrite inputs: every product is done), adds the
-// bias and applies ReLU in place; keeps the result for the backward when asked.
-template <int kN>
-__device__ __forceinline__ void tf32_epilogue(TfC (&acc)[8], float* a, const float* bias, float* save, int64_t row0,
-                                              int64_t batch, int lane) {
-  using namespace nvcuda;
-  __syncwarp();
-#pragma unroll
-  for (int nf = 0; nf < kN / 16; ++nf) wmma::store_matrix_sync(a + nf * 16, acc[nf], kTfActLd, wmma::mem_row_major);
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < 16 * kN / 4 / 32; ++i) {
-    const int e = lane + 32 * i, r = e / (kN / 4), c = (e % (kN / 4)) * 4;
-    float4 v = *reinterpret_cast<float4*>(a + r * kTfActLd + c);
-    v.x = relu(v.x + bias[c]);
-    v.y = relu(v.y + bias[c + 1]);
-    v.z = relu(v.z + bias[c + 2]);
-    v.w = relu(v.w + bias[c + 3]);
-    *reinterpret_cast<float4*>(a + r * kTfActLd + c) = v;
-    if (save != nullptr && row0 + r < batch) {
-      float* p = save + (row0 + r) * kN + c;
-      p[0] = v.x;
-      p[1] = v.y;
-      p[2] = v.z;
-      p[3] = v.w;
-    }
-  }
-  __syncwarp();
-}
-
-__device__ void seed_tf32_fwd(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1,
-                              const float* __restrict__ w2, const float* __restrict__ b2,
-                              const float* __restrict__ w3, const float* __restrict__ b3, float* __restrict__ y,
-                              float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch, int64_t flags) {
-  extern __shared__ __align__(128) unsigned char tc_smem[];
-  float* sm = reinterpret_cast<float*>(tc_smem);
-  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-  for (int e = t; e < kH1 * kTfW1Ld; e += kTfThreads) {
-    const int u = e / kTfW1Ld, k = e % kTfW1Ld;
-    sm[e] = k < kIn ? __ldg(w1 + u * kIn + k) : 0.f;
-  }
-  for (int e = t; e < kH2 * kTfW2Ld; e += kTfThreads) {
-    const int u = e / kTfW2Ld, k = e % kTfW2Ld;
-    sm[kTfW2Off + e] = k < kH1 ? __ldg(w2 + u * kH1 + k) : 0.f;
-  }
-  for (int e = t; e < 16 * kTfW3Ld; e += kTfThreads) {
-    const int u = e / kTfW3Ld, k = e % kTfW3Ld;
-    sm[kTfW3Off + e] = (u < kOut && k < kH2) ? __ldg(w3 + u * kH2 + k) : 0.f;
-  }
-  for (int e = t; e < kH1 + kH2 + 16; e += kTfThreads)
-    sm[kTfB1Off + e] = e < kH1 ? __ldg(b1 + e) : e < kH1 + kH2 ? __ldg(b2 + e - kH1) : e - kH1 - kH2 < kOut ? __ldg(b3 + e - kH1 - kH2) : 0.f;
-  __syncthreads();
-  float* a = sm + kTfActOff + warp * 16 * kTfActLd;
-  const bool vec = (reinterpret_cast<size_t>(x) % 16) == 0;
-  const int64_t tiles = (batch + 15) / 16;
-  for (int64_t tile = int64_t(blockIdx.x) * kTfWarps + warp; tile < tiles; tile += int64_t(gridDim.x) * kTfWarps) {
-    const int64_t row0 = tile * 16;
-    // x rows -> a[r][0..104): 16 x 26 float4 (the last of each row is the zero padding)
-    if (vec) {
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        float4 v[7];
-#pragma unroll
-        for (int i = 0; i < 7; ++i) {
-          const int e = lane + 32 * (b * 7 + i), r = e / 26, c = (e % 26) * 4;
-          v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (e < 16 * 26 && c < kIn && row0 + r < batch)
-            v[i] = __ldg(reinterpret_cast<const float4*>(x + (row0 + r) * kIn + c));
-        }
-#pragma unroll
-        for (int i = 0; i < 7; ++i) {
-          const int e = lane + 32 * (b * 7 + i), r = e / 26, c = (e % 26) * 4;
-          if (e < 16 * 26) *reinterpret_cast<float4*>(a + r * kTfActLd + c) = v[i];
-        }
-      }
-    } else {
-      for (int e = lane; e < 16 * kTfK1; e += 32) {
-        const int r = e / kTfK1, c = e % kTfK1;
-        a[r * kTfActLd + c] = (c < kIn && row0 + r < batch) ? x[(row0 + r) * kIn + c] : 0.f;
-      }
-    }
-    __syncwarp();
-    TfC acc[8];
-    tf32x3_gemm<kTfK1, kH1, kTfW1Ld>(acc, a, sm);
-    tf32_epilogue<kH1>(acc, a, sm + kTfB1Off, h1s, row0, batch, lane);
-    tf32x3_gemm<kH1, kH2, kTfW2Ld>(acc, a, sm + kTfW2Off);
-    tf32_epilogue<kH2>(acc, a, sm + kTfB2Off, h2s, row0, batch, lane);
-    tf32x3_gemm<kH2, 16, kTfW3Ld>(acc, a, sm + kTfW3Off);
-    __syncwarp();
-    nvcuda::wmma::store_matrix_sync(a, acc[0], kTfActLd, nvcuda::wmma::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 16 * kOut; e += 32) {
-      const int r = e / kOut, c = e % kOut;
-      if (row0 + r < batch) {
-        const float v = a[r * kTfActLd + c] + sm[kTfB3Off + c];
-        y[(row0 + r) * kOut + c] = (flags & 1) ? relu(v) : v;
-      }
-    }
-    __syncwarp();
-  }
-}
-#endif
-
-}  // namespace
-}  // namespace rawops
-
-extern "C" __global__ void __launch_bounds__(rawops::kTfThreads, 1)
-    seed_mlp_tf32_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
-                          const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
-                          long long flags) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  rawops::seed_tf32_fwd(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags);
-#else
-  __trap();  // rawops/mlp.py launches it on sm_80+ only
-#endif
-}
-
 #define RAWOPS_TC_PARAMS(T)                                                                                     \
   const T *w0, const T *w1, const T *w2, const T *w3, const T *w4, const T *w5, const T *w6, const T *w7,      \
       const T *w8
@@ -2144,3 +1965,268 @@ RAWOPS_REDUCE_LAYERS(bf16, __nv_bfloat16)
 RAWOPS_TC_FAST_BWD_ENTRIES(f16, __half)
 RAWOPS_TC_FAST_BWD_ENTRIES(bf16, __nv_bfloat16)
 #undef RAWOPS_TC_FAST_CALL
+
+// =====================================================================================
+// The source network at large batches on the tensor pipe: seed_mlp_tc_fwd_f32, 3xTF32
+// through mma.sync m16n8k8 (sm_80+, inference: h1s and h2s must be null; the training
+// forward keeps the exact FFMA kernel, bench/NOTES.md says why). Same arguments as
+// seed_mlp_fwd_f32. Each product is big_a big_b + big_a small_b + small_a big_b (big =
+// tf32(v), small = v - big: split_tf32_fast), accumulated in float32: ~1e-6 relative.
+// Why this shape (the WMMA 3xTF32 kernel it replaces ran at FFMA speed: every fragment went
+// through shared memory and was split after each load): a warp owns kRows = 16 kMT rows and
+// walks all three layers with its activations in registers. K is permuted inside each k8
+// slice (A slot t <- column 2t, slot t + 4 <- column 2t + 1; B the same), so the C fragment
+// of an n8 tile (columns 2t, 2t + 1 of rows g, g + 8), plus bias, ReLU and split, is the A
+// fragment of one k8 slice of the next layer, and a lane's two B values are adjacent floats
+// of a weight row: one 8-byte load from the resident [out][in] rows (row strides = 8 mod 32
+// floats: conflict-free). Layer 1 runs in column chunks of kC, each chunk fed into layer 2's
+// accumulators at once (registers stay bounded). x is staged per warp by cp.async (zero-
+// filled to K = 104 and past the batch), the next tile's fetch issued once layer 1 has read
+// it. Weights (93.5 KB, float) resident per block, split when loaded into fragments;
+// persistent warps, no block barrier after the weight load. Estimate, measurements:
+// bench/NOTES.md.
+// =====================================================================================
+namespace rawops {
+namespace {
+
+constexpr int kStK1 = 104;                                   // layer 1's K: 100 padded to 13 k8 slices
+constexpr int kStLd1 = 104, kStLd2 = 136, kStLd3 = 72;       // weight row strides (floats), all 8 mod 32
+constexpr int kStLdx = 104;                                  // x staging rows (8 mod 32 too)
+constexpr int kStW2 = kH1 * kStLd1, kStW3 = kStW2 + kH2 * kStLd2, kStB1 = kStW3 + 16 * kStLd3;
+constexpr int kStB2 = kStB1 + kH1, kStB3 = kStB2 + kH2, kStX = kStB3 + 16;  // 23,376 floats = 93,504 bytes
+static_assert(kStX % 4 == 0 && kStLdx % 4 == 0, "x staging rows 16-byte aligned");
+static_assert(kStLd1 % 32 == 8 && kStLd2 % 32 == 8 && kStLd3 % 32 == 8 && kStLdx % 32 == 8, "conflict-free");
+
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ float2 lds2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// relu(v + b), NaN kept (torch.relu): one max.NaN (sm_80+) instead of relu()'s compare and select.
+__device__ __forceinline__ float bias_relu(float v, float b) {
+  float r = v + b;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("max.NaN.f32 %0, %0, 0f00000000;\n" : "+f"(r));
+#endif
+  return r;
+}
+
+// A fragment of one k8 slice, split: a0 = (row g, column 2t), a1 = (g + 8, 2t), a2 = (g, 2t + 1),
+// a3 = (g + 8, 2t + 1) in the permuted order.
+struct SplitA {
+  unsigned big[4], small[4];
+  __device__ __forceinline__ void set(float a0, float a1, float a2, float a3) {
+    const float v[4] = {a0, a1, a2, a3};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const Tf32Split s = split_tf32_fast(v[i]);
+      big[i] = s.big;
+      small[i] = s.small;
+    }
+  }
+};
+
+// d[m][n] += a[m] W^T for one k8 slice and n8 tile, w the lane's address in the tile's weight
+// rows (row g, column 2t of the slice): one 8-byte load, split once for the kMT row tiles.
+template <int kMT, int kN>
+__device__ __forceinline__ void mma_slice(float (&d)[kMT][kN][4], int n, const SplitA (&a)[kMT], const float* w) {
+  const float2 v = lds2(w);
+  const Tf32Split s0 = split_tf32_fast(v.x), s1 = split_tf32_fast(v.y);
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+    mma_m16n8k8_tf32x3(d[m][n], a[m].big, a[m].small, s0.big, s1.big, s0.small, s1.small);
+}
+
+// The warp's kRows x rows into its staging rows [kRows][kStLdx]: 16-byte cp.async when x is
+// 16-byte aligned (rows are 400 bytes), else 4-byte; columns 100..103 and rows past the batch zero.
+template <int kRows>
+__device__ __forceinline__ void seed_fetch_x(float* xs, const float* __restrict__ xt, int rows_valid, bool vec,
+                                             int lane) {
+  const unsigned base = smem_addr(xs);
+  if (vec) {
+    constexpr int kCpr = kStK1 / 4;  // 26 chunks a row, the last one zeros
+    for (int e = lane; e < kRows * kCpr; e += 32) {
+      const int r = e / kCpr, c = (e - r * kCpr) * 4;
+      const bool ok = r < rows_valid && c < kIn;
+      cp_async16(base + 4u * unsigned(r * kStLdx + c), ok ? xt + r * kIn + c : xt, ok ? 16 : 0);
+    }
+  } else {
+    for (int e = lane; e < kRows * kStK1; e += 32) {
+      const int r = e / kStK1, c = e - r * kStK1;
+      const bool ok = r < rows_valid && c < kIn;
+      cp_async4(base + 4u * unsigned(r * kStLdx + c), ok ? xt + r * kIn + c : xt, ok ? 4 : 0);
+    }
+  }
+  cp_async_commit();
+}
+
+template <int kMT, int kC>
+__device__ void seed_tc_fwd(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1,
+                            const float* __restrict__ w2, const float* __restrict__ b2,
+                            const float* __restrict__ w3, const float* __restrict__ b3, float* __restrict__ y,
+                            int64_t batch, int64_t flags) {
+  constexpr int kRows = 16 * kMT, kJ = kC / 8;
+  static_assert(kH1 % kC == 0 && kC % 8 == 0, "layer-1 chunks of whole n8 tiles");
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  float* sm = reinterpret_cast<float*>(tc_smem);
+  // Weights [out][in] with zero padding (W1 columns 100..103 meet x's zero columns; W3 rows
+  // 10..15 give the unused output columns), then the biases.
+  for (int e = threadIdx.x; e < kH1 * kStLd1; e += blockDim.x) {
+    const int u = e / kStLd1, k = e - u * kStLd1;
+    sm[e] = k < kIn ? __ldg(w1 + u * kIn + k) : 0.f;
+  }
+  for (int e = threadIdx.x; e < kH2 * kStLd2; e += blockDim.x) {
+    const int u = e / kStLd2, k = e - u * kStLd2;
+    sm[kStW2 + e] = k < kH1 ? __ldg(w2 + u * kH1 + k) : 0.f;
+  }
+  for (int e = threadIdx.x; e < 16 * kStLd3; e += blockDim.x) {
+    const int u = e / kStLd3, k = e - u * kStLd3;
+    sm[kStW3 + e] = (u < kOut && k < kH2) ? __ldg(w3 + u * kH2 + k) : 0.f;
+  }
+  for (int e = threadIdx.x; e < kH1 + kH2 + 16; e += blockDim.x)
+    sm[kStB1 + e] = e < kH1 ? __ldg(b1 + e) : e < kH1 + kH2 ? __ldg(b2 + e - kH1) : e - kH1 - kH2 < kOut ? __ldg(b3 + e - kH1 - kH2) : 0.f;
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  float* xs = sm + kStX + warp * kRows * kStLdx;
+  const float* xa = xs + g * kStLdx + 2 * t;  // the lane's A reads: rows 16 m + g (+ 8), columns 8 kk + 2t (+ 1)
+  const float* w1b = sm + g * kStLd1 + 2 * t;  // its B reads: row (unit) g of each n8 tile, the same columns
+  const float* w2b = sm + kStW2 + g * kStLd2 + 2 * t;
+  const float* w3b = sm + kStW3 + g * kStLd3 + 2 * t;
+  const bool xvec = reinterpret_cast<size_t>(x) % 16 == 0;
+  const bool yvec = reinterpret_cast<size_t>(y) % 8 == 0;
+  const bool out_relu = flags & 1;
+
+  // Tiles dealt warp-major (as the fast forward): a last partial round lands on a few warps of every SM.
+  const int64_t tiles = (batch + kRows - 1) / kRows, step = int64_t(gridDim.x) * warps;
+  int64_t tile = int64_t(warp) * gridDim.x + blockIdx.x;
+  auto rows_of = [&](int64_t tl) { return int(batch - tl * kRows < kRows ? batch - tl * kRows : kRows); };
+  if (tile < tiles) seed_fetch_x<kRows>(xs, x + tile * kRows * kIn, rows_of(tile), xvec, lane);
+  for (; tile < tiles; tile += step) {
+    const int64_t row0 = tile * kRows;
+    cp_async_wait_all();
+    __syncwarp();  // every lane's x rows landed
+
+    float acc2[kMT][kH2 / 8][4];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m)
+#pragma unroll
+      for (int n = 0; n < kH2 / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc2[m][n][i] = 0.f;
+#pragma unroll 1
+    for (int c0 = 0; c0 < kH1; c0 += kC) {
+      // Layer 1, columns c0 .. c0 + kC: 13 k8 slices of the staged x.
+      float acc1[kMT][kJ][4];
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+#pragma unroll
+        for (int j = 0; j < kJ; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc1[m][j][i] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kStK1 / 8; ++kk) {
+        SplitA a[kMT];
+#pragma unroll
+        for (int m = 0; m < kMT; ++m) {
+          const float2 lo = lds2(xa + 16 * m * kStLdx + 8 * kk), hi = lds2(xa + (16 * m + 8) * kStLdx + 8 * kk);
+          a[m].set(lo.x, hi.x, lo.y, hi.y);
+        }
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) mma_slice(acc1, j, a, w1b + (c0 + 8 * j) * kStLd1 + 8 * kk);
+      }
+      if (c0 + kC == kH1) {
+        __syncwarp();  // every lane has read its x rows: the next tile's fetch may overwrite them
+        if (tile + step < tiles)
+          seed_fetch_x<kRows>(xs, x + (tile + step) * kRows * kIn, rows_of(tile + step), xvec, lane);
+      }
+      // Bias, ReLU, split: each n8 tile of the chunk is one k8 slice of layer 2.
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        const float2 bb = lds2(sm + kStB1 + c0 + 8 * j + 2 * t);
+        SplitA a[kMT];
+#pragma unroll
+        for (int m = 0; m < kMT; ++m)
+          a[m].set(bias_relu(acc1[m][j][0], bb.x), bias_relu(acc1[m][j][2], bb.x), bias_relu(acc1[m][j][1], bb.y),
+                   bias_relu(acc1[m][j][3], bb.y));
+#pragma unroll
+        for (int n = 0; n < kH2 / 8; ++n) mma_slice(acc2, n, a, w2b + 8 * n * kStLd2 + c0 + 8 * j);
+      }
+    }
+
+    // Layer 3: 8 k8 slices from layer 2's accumulators, 2 n8 tiles (columns 10..15 unused).
+    float acc3[kMT][2][4];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc3[m][n][i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kH2 / 8; ++kk) {
+      const float2 bb = lds2(sm + kStB2 + 8 * kk + 2 * t);
+      SplitA a[kMT];
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+        a[m].set(bias_relu(acc2[m][kk][0], bb.x), bias_relu(acc2[m][kk][2], bb.x), bias_relu(acc2[m][kk][1], bb.y),
+                 bias_relu(acc2[m][kk][3], bb.y));
+#pragma unroll
+      for (int n = 0; n < 2; ++n) mma_slice(acc3, n, a, w3b + 8 * n * kStLd3 + 8 * kk);
+    }
+    // y: lane holds columns 8n + 2t, + 1 of rows 16 m + g (+ 8).
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int col = 8 * n + 2 * t;
+      if (col >= kOut) continue;
+      const float2 bb = lds2(sm + kStB3 + col);
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = row0 + 16 * m + g + 8 * h;
+          if (r >= batch) continue;
+          float v0 = acc3[m][n][2 * h] + bb.x, v1 = acc3[m][n][2 * h + 1] + bb.y;
+          if (out_relu) {
+            v0 = relu(v0);
+            v1 = relu(v1);
+          }
+          float* p = y + r * kOut + col;
+          if (yvec) {
+            *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+          } else {
+            p[0] = v0;
+            p[1] = v1;
+          }
+        }
+    }
+  }
+  cp_async_wait_all();  // nothing may be in flight into shared memory when the block exits
+}
+
+}  // namespace
+}  // namespace rawops
+
+// Two variants, measured side by side (bench/NOTES.md): 32-row warp tiles, 8 warps, 204
+// registers (the default: each B fragment's split serves 2 row tiles); 16-row tiles, 16 warps,
+// <= 128 registers. Layer 1 in 64-column chunks (32: 2% slower, x re-split 4 times). Warps a
+// block in multiples of 4: each SM quarter has its own tensor core (10 warps ran slower than 8).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define RAWOPS_SEED_TC_CALL(call) call
+#else
+#define RAWOPS_SEED_TC_CALL(call) __trap()  // mma.sync tf32 and cp.async need sm_80; rawops/mlp.py never launches it there
+#endif
+extern "C" __global__ void __launch_bounds__(256, 1)
+    seed_mlp_tc32_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                          const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                          long long flags) {
+  RAWOPS_SEED_TC_CALL((rawops::seed_tc_fwd<2, 64>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
+}
+extern "C" __global__ void __launch_bounds__(512, 1)
+    seed_mlp_tc16_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                          const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                          long long flags) {
+  RAWOPS_SEED_TC_CALL((rawops::seed_tc_fwd<1, 64>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
+}
+#undef RAWOPS_SEED_TC_CALL

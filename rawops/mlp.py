@@ -5,7 +5,9 @@ torch.nn.Linear layout (weight [out, in], bias [out]),
     h = x; h = act(h W_l^T + b_l) for each hidden layer; y = output_act(h W_L^T + b_L)
 in one kernel; the hidden activations never reach device memory (inference). Two regimes:
   * float32, the source network 100-128-64-10 with ReLU: exact float32 FFMA kernels (a
-    small-batch kernel up to SMALL_BATCH_MAX samples, a register-tiled one beyond);
+    small-batch kernel up to SMALL_BATCH_MAX samples, a register-tiled one beyond); beyond
+    SMALL_BATCH_MAX on sm_80+ the inference forward runs 3xTF32 on tensor cores instead
+    (float32-level error, ~1e-6 relative; USE_SEED_TC = False forces the exact FFMA kernel);
   * float16 / bfloat16, tiny-cuda-nn-style networks on tensor cores (float32 accumulation):
     n_in 1..128, 1..8 hidden layers of one width in (16, 32, 64, 128), n_out 1..128.
 Anything else is a ValueError naming what is supported. seed_mlp(x, w1, b1, ...) is the
@@ -27,7 +29,8 @@ SUFFIXES = ("f32",)  # the dtypes each table kernel exists in (<name>_<suffix>)
 KERNELS = {
     "seed_mlp_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
     "seed_mlp_small_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
-    "seed_mlp_tf32_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
+    "seed_mlp_tc32_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
+    "seed_mlp_tc16_fwd": ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags"),
     "mlp_dgrad_bwd": ("G", "Gm", "W", "H", "out", "batch", "N", "K"),
     "mlp_wgrad_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "k_p", "db_offset", "stride", "a_act",
                       "rows_per_chunk"),
@@ -97,8 +100,17 @@ OUTPUT_ACTIVATIONS = {"none": 0, "relu": OUTPUT_RELU}
 ACTIVATIONS = {"none": 0, "relu": 1, "gelu": 2}  # kActNone / kActRelu / kActGelu (exact erf GELU)
 SMALL_BATCH_MAX = 4096  # up to here seed_mlp_small_fwd (2 samples per block), beyond it the tiled kernel
 SMALL_TILE = 2  # kSmallTile
-TF32_THREADS = 256  # kTfThreads: 8 warps, one block per SM
-TF32_SMEM = 4 * (128 * 108 + 64 * 132 + 16 * 68 + 128 + 64 + 16 + 8 * 16 * 132)  # kTfSmemFloats: 161,856 bytes
+# Beyond SMALL_BATCH_MAX on sm_80+, inference: 3xTF32 on mma.sync (seed_mlp_tc*_fwd), persistent
+# blocks holding the weights; variant -> (rows a warp owns, most warps a block: __launch_bounds__).
+# Warps a block in multiples of 4: each SM quarter has its own tensor core, and an uneven
+# count leaves the SM waiting on its busiest quarter (10 warps ran slower than 8).
+SEED_TC_VARIANTS = {"seed_mlp_tc32_fwd": (32, 8), "seed_mlp_tc16_fwd": (16, 16)}
+SEED_TC = "seed_mlp_tc32_fwd"  # the variant launched: 675 vs 731 us at 2^20 on the H100 (bench/NOTES.md)
+SEED_TC_WEIGHT_BYTES = 4 * (128 * 104 + 64 * 136 + 16 * 72 + 128 + 64 + 16)  # kStX floats: 93,504 bytes
+SEED_TC_LDX = 104  # kStLdx: floats per staged x row
+SEED_TC_MIN_WARPS = 4  # fewer fit beside the weights (sm_86/89/120's ~100 KB): the FFMA kernel
+SEED_TC_WARP_STEP = 4  # warps a block come in multiples of this (the SM's four schedulers)
+USE_SEED_TC = True  # False: the exact FFMA kernel (seed_mlp_fwd) for every forward beyond SMALL_BATCH_MAX
 SMALL_THREADS = 256  # kSmallThreads
 GRAD_THREADS = 256  # kGradThreads
 DGRAD_ROWS = 64  # kDgradRows
@@ -141,39 +153,57 @@ def small_blocks(batch):
     return -(-batch // SMALL_TILE)
 
 
-_tf32_ok = {}
-USE_TF32 = False  # measured slower than FFMA on the H100 (bench/NOTES.md); True: 3xTF32 beyond SMALL_BATCH_MAX
+def seed_tc_smem(rows, warps):
+    """Dynamic shared memory of seed_mlp_tc*_fwd: the resident weights and biases, then each
+    warp's staged x rows [rows][SEED_TC_LDX] (float32)."""
+    return SEED_TC_WEIGHT_BYTES + 4 * warps * rows * SEED_TC_LDX
 
 
-def tf32_available(device):
-    """Whether seed_mlp_tf32_fwd runs here (sm_80+ with 162 KB of shared memory per block:
-    A100, H100, B200; not sm_86/89/120), its shared-memory attribute set once."""
-    ok = _tf32_ok.get(device)
-    if ok is None:
-        import cupy
-
-        ok = compute_capability(device) >= 80 and cupy.cuda.runtime.deviceGetAttribute(97, device) >= TF32_SMEM
-        if ok:
-            _modules.get_function(FAMILY, "seed_mlp_tf32_fwd_f32", device).max_dynamic_shared_size_bytes = TF32_SMEM
-        _tf32_ok[device] = ok
-    return ok
+_seed_tc_fits = {}
 
 
-def seed_kernel(batch, tf32):
+def seed_tc_fit(device, variant=None):
+    """(warps, shared memory bytes) of the 3xTF32 forward `variant` (default SEED_TC) on
+    `device`, or None where it does not run: before sm_80, or where fewer than
+    SEED_TC_MIN_WARPS warps fit beside the weights; the most warps in steps of
+    SEED_TC_WARP_STEP. Sets the kernel's shared-memory limit once."""
+    variant = variant or SEED_TC
+    key = (variant, device)
+    if key not in _seed_tc_fits:
+        rows, most = SEED_TC_VARIANTS[variant]
+        fit = None
+        if compute_capability(device) >= 80:
+            fit = _most_warps(lambda warps: seed_tc_smem(rows, warps), most, SEED_TC_MIN_WARPS, optin_smem(device),
+                              SEED_TC_WARP_STEP)
+        if fit is not None:
+            _modules.get_function(FAMILY, f"{variant}_f32", device).max_dynamic_shared_size_bytes = fit[1]
+        _seed_tc_fits[key] = fit
+    return _seed_tc_fits[key]
+
+
+def seed_kernel(batch, tc=None):
     """(kernel, grid, block, dynamic shared memory) of the source network's forward: the
-    small-batch kernel up to SMALL_BATCH_MAX, beyond it 3xTF32 tensor cores where available
-    (one block per SM, persistent), else the FFMA tiled kernel."""
+    small-batch kernel up to SMALL_BATCH_MAX; beyond it the 3xTF32 kernel when `tc` =
+    (variant, warps, shared bytes, SM count) is given (persistent: at most one block per
+    SM, never more than its warps' tiles need), else the FFMA tiled kernel."""
     if batch <= SMALL_BATCH_MAX:
         return "seed_mlp_small_fwd_f32", small_blocks(batch), SMALL_THREADS, 0
-    if tf32 is not None:
-        return "seed_mlp_tf32_fwd_f32", min(-(-batch // (16 * TF32_THREADS // 32)), tf32), TF32_THREADS, TF32_SMEM
+    if tc is not None:
+        variant, warps, smem, sms = tc
+        tiles = -(-batch // SEED_TC_VARIANTS[variant][0])
+        return f"{variant}_f32", min(-(-tiles // warps), sms), 32 * warps, smem
     return "seed_mlp_fwd_f32", seed_blocks(batch), SEED_THREADS, 0
 
 
-def seed_launch(batch, device):
-    """(function pointer, grid, block, shared bytes) of the source network's forward."""
-    tf32 = sm_count(device) if batch > SMALL_BATCH_MAX and USE_TF32 and tf32_available(device) else None
-    function, grid, block, smem = seed_kernel(batch, tf32)
+def seed_launch(batch, device, training=False):
+    """(function pointer, grid, block, shared bytes) of the source network's forward. The
+    training forward (which keeps h1, h2) always takes the exact FFMA kernels."""
+    tc = None
+    if batch > SMALL_BATCH_MAX and USE_SEED_TC and not training:
+        fit = seed_tc_fit(device)
+        if fit is not None:
+            tc = (SEED_TC, *fit, sm_count(device))
+    function, grid, block, smem = seed_kernel(batch, tc)
     return _modules.function_pointer(FAMILY, function, device), grid, block, smem
 
 
@@ -181,7 +211,7 @@ def launch_seed_forward(device, x, w1, b1, w2, b2, w3, b3, y, batch, flags, stre
     """One launch on pointers checked by the caller (float32, contiguous, one device);
     batch > 0. h1s / h2s (training): [batch, 128] and [batch, 64] float32 buffers that get
     the post-ReLU activations the backward needs; 0 in inference."""
-    function, grid, block, smem = seed_launch(batch, device)
+    function, grid, block, smem = seed_launch(batch, device, training=bool(h1s))
     launch(function, (grid,), block, smem, stream, (x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags),
            SEED_FWD_KINDS, device)
 
@@ -276,10 +306,10 @@ def fast_smem_bytes(n_in, width, n_out, hidden, warps):
     return 4 * 128 * (hidden + 1) + 2 * weights + 2 * warps * fast_rows(width) * (in_p + 8 + out_p + 8)
 
 
-def _most_warps(smem_of, most, least, limit):
-    """(warps, shared memory bytes) for the most warps in most..least whose smem_of(warps)
-    fits in `limit`, or None."""
-    for warps in range(most, least - 1, -1):
+def _most_warps(smem_of, most, least, limit, step=1):
+    """(warps, shared memory bytes) for the most warps in most..least (every `step`-th from
+    most) whose smem_of(warps) fits in `limit`, or None."""
+    for warps in range(most, least - 1, -step):
         smem = smem_of(warps)
         if smem <= limit:
             return warps, smem

@@ -479,7 +479,7 @@ def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signature
     signatures = dict(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*(\w+)\(([^)]*)\)', source))
     assert set(signatures) == {f"{base}_f32" for base in mlp.KERNELS}
     kinds = {"seed_mlp_fwd": mlp.SEED_FWD_KINDS, "seed_mlp_small_fwd": mlp.SEED_FWD_KINDS,
-             "seed_mlp_tf32_fwd": mlp.SEED_FWD_KINDS,
+             **{variant: mlp.SEED_FWD_KINDS for variant in mlp.SEED_TC_VARIANTS},
              "mlp_dgrad_bwd": mlp.DGRAD_KINDS, "mlp_wgrad_bwd": mlp.WGRAD_KINDS}
     assert set(kinds) == set(mlp.KERNELS)
     for base, expected_kinds in kinds.items():

@@ -466,14 +466,74 @@ def test_small_batches_take_the_small_kernel(batch, kernel):
     assert mlp.small_blocks(batch) == -(-batch // 2)
 
 
-@pytest.mark.parametrize("batch, tf32, kernel, grid", [
-    (1, 132, "seed_mlp_small_fwd_f32", 1), (4096, 132, "seed_mlp_small_fwd_f32", 2048),
-    (4097, 132, "seed_mlp_tf32_fwd_f32", 33), (1 << 20, 132, "seed_mlp_tf32_fwd_f32", 132),
-    (1 << 20, None, "seed_mlp_fwd_f32", 1 << 14)])
-def test_the_source_network_picks_its_kernel_by_batch_and_device(batch, tf32, kernel, grid):
-    name, blocks, threads, smem = mlp.seed_kernel(batch, tf32)
-    assert (name, blocks) == (kernel, grid)
-    assert smem == (mlp.TF32_SMEM if "tf32" in name else 0) and mlp.TF32_SMEM == 161856
+def test_shared_memory_of_the_3xtf32_source_kernels():
+    # W1 [128][104], W2 [64][136], W3 [16][72], biases 128 + 64 + 16, floats; x rows [rows][104] a warp
+    assert mlp.SEED_TC_WEIGHT_BYTES == 4 * 23376 == 93504
+    assert mlp.seed_tc_smem(16, 16) == 93504 + 16 * 16 * 416 == 200000
+    assert mlp.seed_tc_smem(32, 8) == 200000 <= 232448  # the H100's opt-in
+
+
+def _route(monkeypatch, cc, limit, sms=132):
+    """seed_launch on a fake device: (kernel name, grid, block, shared bytes)."""
+    kernel = type("Kernel", (), {"max_dynamic_shared_size_bytes": 0})()
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: cc)
+    monkeypatch.setattr(mlp, "optin_smem", lambda device: limit)
+    monkeypatch.setattr(mlp, "sm_count", lambda device: sms)
+    monkeypatch.setattr(mlp, "_seed_tc_fits", {})
+    monkeypatch.setattr(mlp._modules, "get_function", lambda family, name, device: kernel)
+    monkeypatch.setattr(mlp._modules, "function_pointer", lambda family, name, device: name)
+    return kernel
+
+
+@pytest.mark.parametrize("batch, cc, limit, expected", [
+    (1, 90, 232448, ("seed_mlp_small_fwd_f32", 1, 256, 0)),
+    (4096, 90, 232448, ("seed_mlp_small_fwd_f32", 2048, 256, 0)),
+    (4097, 90, 232448, ("seed_mlp_tc32_fwd_f32", 17, 256, 200000)),          # 129 tiles of 32 rows / 8 warps
+    (1 << 20, 90, 232448, ("seed_mlp_tc32_fwd_f32", 132, 256, 200000)),      # H100: persistent, one block per SM
+    (1 << 20, 80, 166912, ("seed_mlp_tc32_fwd_f32", 132, 128, 93504 + 4 * 13312)),  # A100's 163 KB: 4 warps, not 5
+    (1 << 20, 86, 101376, ("seed_mlp_fwd_f32", 1 << 14, 128, 0)),          # ~99 KB: no room beside the weights
+    (1 << 20, 75, 65536, ("seed_mlp_fwd_f32", 1 << 14, 128, 0)),           # no tf32 mma.sync / cp.async
+])
+def test_the_source_network_picks_its_kernel_by_batch_and_device(monkeypatch, batch, cc, limit, expected):
+    kernel = _route(monkeypatch, cc, limit)
+    assert mlp.seed_launch(batch, 0) == expected
+    if "tc" in expected[0]:
+        assert kernel.max_dynamic_shared_size_bytes == expected[3], "the shared-memory limit is set before launch"
+
+
+def test_the_training_forward_and_the_switch_keep_the_exact_ffma_kernel(monkeypatch):
+    _route(monkeypatch, 90, 232448)
+    assert mlp.seed_launch(1 << 20, 0, training=True)[0] == "seed_mlp_fwd_f32"  # keeps h1, h2 for the backward
+    launched = []
+    monkeypatch.setattr(mlp, "launch", lambda function, *args: launched.append(function))
+    mlp.launch_seed_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0, h1s=9, h2s=10)
+    mlp.launch_seed_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0)
+    assert launched == ["seed_mlp_fwd_f32", "seed_mlp_tc32_fwd_f32"]
+    monkeypatch.setattr(mlp, "USE_SEED_TC", False)
+    assert mlp.seed_launch(1 << 20, 0)[0] == "seed_mlp_fwd_f32"
+
+
+@pytest.mark.parametrize("variant, batch, grid", [("seed_mlp_tc16_fwd", 4097, 17), ("seed_mlp_tc16_fwd", 1 << 20, 132),
+                                                  ("seed_mlp_tc32_fwd", 4097, 17), ("seed_mlp_tc32_fwd", 40000, 132)])
+def test_both_3xtf32_variants_launch_with_their_own_tiles(monkeypatch, variant, batch, grid):
+    _route(monkeypatch, 90, 232448)
+    monkeypatch.setattr(mlp, "SEED_TC", variant)
+    rows, warps = mlp.SEED_TC_VARIANTS[variant]
+    assert mlp.seed_launch(batch, 0) == (f"{variant}_f32", grid, 32 * warps, mlp.seed_tc_smem(rows, warps))
+
+
+def test_3xtf32_entries_match_the_table_and_trap_before_sm80():
+    source = open(__import__("os").path.join(__import__("os").path.dirname(__file__), "..", "kernels",
+                                             "mlp.cu")).read()
+    entries = re.findall(r"__launch_bounds__\((\d+), 1\)\s+(seed_mlp_tc\w+?_fwd)_f32\(.*?seed_tc_fwd<(\d+), (\d+)>",
+                         source, flags=re.S)
+    assert {name for _, name, _, _ in entries} == set(mlp.SEED_TC_VARIANTS)
+    for threads, name, mt, chunk in entries:
+        rows, warps = mlp.SEED_TC_VARIANTS[name]
+        assert (int(threads), int(mt) * 16) == (32 * warps, rows), name
+        assert 128 % int(chunk) == 0
+    assert re.search(r"__CUDA_ARCH__ >= 800\n#define RAWOPS_SEED_TC_CALL\(call\) call\n#else\n"
+                     r"#define RAWOPS_SEED_TC_CALL\(call\) __trap\(\)", source), "sm_80+ only, a trap below"
 
 
 def test_fused_mlp_valid_calls_get_past_validation():
@@ -948,21 +1008,101 @@ def test_seed_backward_matches_torch_float64(batch, output_activation):
     assert_close(dx, dx64, torch.float32, "dx vs the float64 network", factor=300)
 
 
+def _launched_kernels(monkeypatch):
+    """Names of the mlp kernels launched from now on (the routing the GPU tests rely on)."""
+    import rawops._modules as modules
+
+    names, launch = [], mlp.launch
+    by_pointer = {}
+
+    def recording(function, *args):
+        if not by_pointer:
+            for name in mlp.ENTRY_POINTS:
+                if name.startswith("seed_mlp"):
+                    by_pointer[modules.function_pointer(mlp.FAMILY, name, args[-1])] = name
+        names.append(by_pointer.get(function, function))
+        return launch(function, *args)
+
+    monkeypatch.setattr(mlp, "launch", recording)
+    return names
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [4097, 70001])
-@pytest.mark.parametrize("use_tf32", [True, False])
-def test_both_large_batch_source_kernels_match_torch_float64(batch, use_tf32, monkeypatch):
+@pytest.mark.parametrize("batch", [1, 33, 4097, 70000])
+@pytest.mark.parametrize("output_activation", ["none", "relu"])
+@pytest.mark.parametrize("variant", sorted(mlp.SEED_TC_VARIANTS))
+def test_3xtf32_forward_matches_torch_float64(variant, batch, output_activation, monkeypatch):
+    # Every batch through the 3xTF32 kernel (SMALL_BATCH_MAX 0): one row, a partial tile, one
+    # row past a whole number of tiles, more tiles than the grid's warps. 1e-5 is the float32
+    # tolerance: a single TF32 product (no split) is off by ~1e-3.
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
-    monkeypatch.setattr(mlp, "USE_TF32", use_tf32)
+    monkeypatch.setattr(mlp, "SMALL_BATCH_MAX", 0)
+    monkeypatch.setattr(mlp, "SEED_TC", variant)
+    names = _launched_kernels(monkeypatch)
+    net = _network(torch, output_activation == "relu")
+    x = random((batch, 100), torch.float32)
+    poison_pool(batch * 40)
+    y = rawops.seed_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), output_activation=output_activation)
+    assert names == [f"{variant}_f32"]
+    assert_close(y, _reference(net, x), torch.float32, f"{variant} batch {batch}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", sorted(mlp.SEED_TC_VARIANTS))
+def test_3xtf32_forward_on_misaligned_views_nan_and_out(variant, monkeypatch):
+    """x off 16-byte alignment (the 4-byte cp.async path), y 4-byte aligned (scalar stores),
+    weights in one flat buffer, a NaN in two rows of different tiles: NaN stays in its row."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random, to_cupy
+
+    monkeypatch.setattr(mlp, "SEED_TC", variant)
+    names = _launched_kernels(monkeypatch)
+    net = _network(torch)
+    flat = torch.cat([torch.zeros(1, device="cuda")] + [t.reshape(-1) for t in _weights(net)])
+    views, offset = [], 1
+    for t in _weights(net):
+        views.append(flat[offset: offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    batch = 5003
+    x = random((batch * 100 + 1,), torch.float32)[1:].view(batch, 100)
+    x[3, 7] = float("nan")
+    x[4999, 99] = float("nan")
+    buffer = torch.full((batch * 10 + 1 + 64,), float("nan"), device="cuda")
+    out = buffer[1: 1 + batch * 10].view(batch, 10)
+    rawops.seed_mlp(to_cupy(x), *(to_cupy(v) for v in views), out=to_cupy(out))
+    torch.cuda.synchronize()
+    assert names == [f"{variant}_f32"]
+    assert torch.isnan(buffer[1 + batch * 10:]).all() and torch.isnan(buffer[0]), "wrote outside out"
+    nan_rows = torch.zeros(batch, dtype=torch.bool, device="cuda")
+    nan_rows[[3, 4999]] = True
+    assert torch.isnan(out[nan_rows]).all()
+    assert_close(out[~nan_rows], _reference(net, x)[~nan_rows], torch.float32, "misaligned")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [4097, 70001])
+@pytest.mark.parametrize("use_tc", [True, False])
+def test_large_batch_forwards_match_torch_float64(batch, use_tc, monkeypatch):
+    """Inference takes the 3xTF32 kernel unless switched off; the training forward (h1, h2
+    kept) takes the exact FFMA kernel either way."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    monkeypatch.setattr(mlp, "USE_SEED_TC", use_tc)
+    names = _launched_kernels(monkeypatch)
     net = _network(torch, True)
     weights, biases = _net_params(net)
     x = random((batch, 100), torch.float32)
-    poison_pool(batch * 40)
     cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
+    poison_pool(batch * 40)
+    y = rawops.fused_mlp(to_cupy(x), cw, cb, "relu", "relu")
+    assert_close(y, _reference(net, x), torch.float32, f"inference, tc={use_tc}")
+    poison_pool(batch * 40)
     y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, "relu", "relu")
-    assert_close(y, _reference(net, x), torch.float32, f"tf32={use_tf32}")
+    assert names == [f"{mlp.SEED_TC}_f32" if use_tc else "seed_mlp_fwd_f32", "seed_mlp_fwd_f32"]
+    assert_close(y, _reference(net, x), torch.float32, "training")
     h1 = torch.relu(x.double() @ weights[0].double().T + biases[0].double())
     assert_close(saved[0], h1, torch.float32, "kept h1")
     assert_close(saved[1], torch.relu(h1 @ weights[1].double().T + biases[1].double()), torch.float32, "kept h2")

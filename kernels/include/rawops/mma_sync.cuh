@@ -63,6 +63,17 @@ __device__ __forceinline__ Tf32Split split_tf32(float v) {
   return {big, to_tf32(__float_as_uint(v - __uint_as_float(big)))};
 }
 
+// The same split in 3 instructions instead of 8 (cvt.rna.tf32 is emulated on sm_90: 4 each),
+// for values that go straight into mma.sync: the tensor core reads a tf32 operand's top 19 bits
+// and ignores the low 13 (CUTLASS's fast 3xTF32 relies on it too). big = the bits plus half a
+// tf32 ulp, masked (cvt.rna's result for finite v); small = v - big, exact in float32, is left
+// for the tensor core to truncate: off by < 2^-10 of itself, 2^-21 |v| (split_tf32: 2^-22).
+// NaN stays NaN in small; inf gives big = inf, small = NaN, as split_tf32 does.
+__device__ __forceinline__ Tf32Split split_tf32_fast(float v) {
+  const unsigned big = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+  return {big, __float_as_uint(v - __uint_as_float(big))};
+}
+
 // d += a b in 3xTF32, the small cross terms first (they are the smaller addends).
 __device__ __forceinline__ void mma_m16n8k8_tf32x3(float* d, const unsigned* a_big, const unsigned* a_small,
                                                    unsigned b0_big, unsigned b1_big, unsigned b0_small,
