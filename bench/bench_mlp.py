@@ -7,7 +7,7 @@ Targets (issue 4): source network >= 5x eager at 32, >= 2x at 2^20 (forward); 64
 >= 5x eager forward, >= 3x eager forward+backward. rawops through torch_adapter (FusedMLP
 built from the same nn.Sequential, one launch forward). Forward+backward: the weight and
 bias gradients (x needs none, for both), through torch.autograd.grad. CUDA events, median of
-50 after warm-up. A second table times the fast forward across hidden widths 16..128 in both
+100 after warm-up, rawops and torch eager timed in 5 interleaved rounds of 20. A second table times the fast forward across hidden widths 16..128 in both
 half types against the WMMA tile kernel and torch eager.
 
     python bench/bench_mlp.py [--out bench/results]
@@ -22,7 +22,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import device_time_us, graphed, start, write_results  # noqa: E402
+from timing import device_time_us, device_times_us, graphed, start, write_results  # noqa: E402
 
 SEED_FLOPS = 2 * (100 * 128 + 128 * 64 + 64 * 10)  # forward, per sample
 # backward without dx: g2, g1 (2 x (10x64 + 64x128)) and the three weight gradients
@@ -75,8 +75,8 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
 
             def eager():
                 torch.autograd.grad(net(x), net_params, dy)
-        us_ours = device_time_us(ours)
-        us_eager = device_time_us(eager)
+        timed = device_times_us({"ours": ours, "eager": eager})  # interleaved: drift falls on both
+        us_ours, us_eager = timed["ours"], timed["eager"]
         us_graph = device_time_us(graphed(eager)) if graph and mode == "fwd" else float("nan")
         # our own call replayed from a CUDA graph: the kernel's time without the host's
         us_ours_graph = device_time_us(graphed(ours)) if mode == "fwd" else float("nan")

@@ -109,6 +109,38 @@ def size_sweep(out_dir):
         f.write("\n".join(lines) + "\n")
 
 
+def torch_launch_configs(out_dir):
+    """The kernel torch runs for each explored op at 64M elements, with its grid and block
+    (torch.profiler's trace): the launch shape to compare ours with."""
+    import json
+
+    import torch
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    lines = ["| op | torch kernel | grid | block |", "|---|---|---|---|"]
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        a, b = torch.randn(N, device="cuda", dtype=dtype), torch.randn(N, device="cuda", dtype=dtype)
+        for name, op in (("relu", lambda: F.relu(a)), ("gelu_tanh", lambda: F.gelu(a, approximate="tanh")),
+                         ("add", lambda: a + b)):
+            op()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                op()
+                torch.cuda.synchronize()
+            path = os.path.join(out_dir, "trace.json")
+            prof.export_chrome_trace(path)
+            for event in json.load(open(path))["traceEvents"]:
+                if event.get("cat") == "kernel":
+                    args = event.get("args", {})
+                    lines.append(f"| {name} {str(dtype)[6:]} | {event['name'][:90]} | {args.get('grid')} | "
+                                 f"{args.get('block')} |")
+                    print(lines[-1], flush=True)
+            os.remove(path)
+    with open(os.path.join(out_dir, "explore_map_torch.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="/tmp/rawops_explore")
@@ -116,6 +148,7 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.sweep:
+        torch_launch_configs(args.out)
         return size_sweep(args.out)
     import ml_dtypes
 

@@ -6,6 +6,9 @@
 Runs the 64-wide 4-hidden float16 network at batch 2^20 (inference forward, training
 forward, backward) and the source network at batch 32 and 2^20, once each after a warm-up
 outside the profiled range (ncu --launch-skip counts the warm-up launches).
+
+    python bench/profile_mlp.py --breakdown   # no ncu: every kernel of the 64x4 float16
+                                              # forward+backward at 2^20, device us per call
 """
 import os
 import sys
@@ -31,5 +34,34 @@ def main():
     torch.cuda.synchronize()
 
 
+def breakdown(calls=10):
+    """torch.profiler's view of the 64x4 float16 forward+backward (the bench's fwd+bwd row):
+    each kernel's device time and launches per call, and the call's time by events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from timing import device_time_us
+
+    fused = ta.FusedMLP.from_sequential(sequential((64,) * 6, torch.float16))
+    x = torch.randn(1 << 20, 64, device="cuda", dtype=torch.float16)
+    dy = torch.randn(1 << 20, 64, device="cuda", dtype=torch.float16)
+    params = list(fused.parameters())
+
+    def step():
+        torch.autograd.grad(fused(x), params, dy)
+
+    print(f"fwd+bwd by events: {device_time_us(step):.1f} us")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    totals = {}
+    for e in prof.events():
+        if e.device_time > 0:
+            t, n = totals.get(e.name, (0.0, 0))
+            totals[e.name] = (t + e.device_time, n + 1)
+    for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
+        print(f"{t / calls:9.1f} us  {n / calls:4.1f} launches  {name[:110]}")
+
+
 if __name__ == "__main__":
-    main()
+    breakdown() if "--breakdown" in sys.argv else main()

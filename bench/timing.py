@@ -38,6 +38,30 @@ def device_time_us(fn, warmup=10, reps=50):
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
+def device_times_us(fns, warmup=10, reps=20, rounds=5):
+    """{name: median device time in us} of each callable (one event pair around each call),
+    measured in interleaved rounds (A, B, A, B, ...) so that drift in the host's or the GPU's
+    speed during the run falls on every candidate alike: timed one after the other, a small
+    call's row moved by 30% between runs on the same machine (bench/NOTES.md)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            fn()  # once more after the other candidates' calls
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(reps)]
+            for start, end in events:
+                start.record()
+                fn()
+                end.record()
+            torch.cuda.synchronize()
+            samples[name] += [s.elapsed_time(e) * 1e3 for s, e in events]
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def host_times_us(fns, calls=1000, rounds=15):
     """{name: median host time per call in us} for a dict of callables, measured in
     interleaved rounds (A, B, C, A, B, C, ...) so that drift in the host's speed, which is
