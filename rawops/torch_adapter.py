@@ -1005,7 +1005,7 @@ _mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is
 from . import _gemm_tf32  # noqa: E402
 # No-grad linear_gelu goes through the launcher's typed path (checks, cached plan, output,
 # launch in one call); it answers None for anything else and the Python path below runs.
-register_torch_gemm(torch.is_grad_enabled, _mm.launch_plan)
+register_torch_gemm(torch.is_grad_enabled, _mm.linear_launch_plan, _mm)
 _LINEAR_GELU_FLAGS = {approximate: flags | _mm.EPI_BIAS_GELU for approximate, flags in _mm.GELU_FLAGS.items()}
 
 
