@@ -117,9 +117,8 @@ def tf32_variant(label, name, c, nwn, nt, nwk):
 TF32_SHIPPED = tf32_variant("v7 linear_small_tf32 C2 N1 T6 K8 (128 CTAs) [ships]", "linear_small_tf32_nt_f32",
                             2, 1, 6, 8)
 TF32 = [TF32_SHIPPED,
-        tf32_variant("v7 C4 N2 T6 K4 (128 CTAs, 96 features a cluster)", "tf32_c4_n2_t6_k4", 4, 2, 6, 4),
-        tf32_variant("v7 C4 N2 T3 K4 (256 CTAs, 2/SM)", "tf32_c4_n2_t3_k4", 4, 2, 3, 4),
         tf32_variant("v7 C2 N1 T3 K8 (256 CTAs, 2/SM)", "tf32_c2_n1_t3_k8", 2, 1, 3, 8),
+        tf32_variant("v7 C2 N2 T3 K8 (128 CTAs of 512)", "tf32_c2_n2_t3_k8", 2, 2, 3, 8),
         tf32_variant("v7 C1 N1 T3 K16 (128 CTAs of 512, no cluster)", "tf32_c1_n1_t3_k16", 1, 1, 3, 16)]
 SMALL += TF32
 SMALL_ROWS_OTHER = [SHIPPED, C4W4] + TF32
@@ -153,6 +152,11 @@ def small_rows(dtype=torch.float32, variants=SMALL, m=32):
     eager = graph_us(lambda: F.gelu(F.linear(x, ws[0], bias), approximate="tanh"))
     err = rel(F.gelu(F.linear(x, ws[0], bias), approximate="tanh"), ref)  # torch's own float32 error
     print(f"| torch eager (graph) | {eager:.2f} | | {err:.2e} |")
+    if dtype == torch.float32:  # what one TF32 product per term gives (the tests' 1e-5 must fail it)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        err = rel(F.gelu(F.linear(x, ws[0], bias), approximate="tanh"), ref)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        print(f"| torch with allow_tf32 (1xTF32, error only) | | | {err:.2e} |")
 
 
 def host_rows():

@@ -580,6 +580,9 @@ struct SmallTf32 {
   static constexpr int kSlab = kSmallRows * kStride;
 };
 constexpr int kTf32Steps = 3;  // 16-wide K steps loaded per round (all in flight)
+template <bool B> struct BoolConstant {
+  static constexpr bool value = B;
+};
 
 // K % 4 == 0 and x, w 16-byte aligned (the Python side checks).
 template <int C, int NWN, int NT, int NWK>
@@ -619,13 +622,18 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
 
-  for (int64_t k0 = kb; k0 < ke; k0 += 16 * kTf32Steps) {
+  // One round: kTf32Steps 16-wide steps from k0, every load issued before the first split.
+  // Whole rounds load unpredicated; only a tail round (TAIL) checks k against ke (behind a
+  // check per load nvcc branched around each one and recomputed its address: ~25 instructions
+  // per LDG).
+  auto round = [&](int64_t k0, auto tail) {
+    constexpr bool TAIL = decltype(tail)::value;
     float4 xv[kTf32Steps][4], wv[kTf32Steps][NT];
     const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < kTf32Steps; ++s) {
       const int64_t k = k0 + 16 * s;
-      const bool ok = k + 4 * q < ke;  // K % 4 == 0: a vector is wholly inside or outside
+      const bool ok = !TAIL || k + 4 * q < ke;  // K % 4 == 0: a vector is wholly inside or outside
 #pragma unroll
       for (int i = 0; i < 4; ++i) xv[s][i] = ok ? __ldg(reinterpret_cast<const float4*>(xr[i] + k)) : zero;
 #pragma unroll
@@ -647,16 +655,29 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
             as[mt][e] = p.small;
           }
         }
+        unsigned bb[NT][2], bs[NT][2];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           const Tf32Split b0 = split_tf32(h ? wv[s][j].z : wv[s][j].x);
           const Tf32Split b1 = split_tf32(h ? wv[s][j].w : wv[s][j].y);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-            mma_m16n8k8_tf32x3(acc[mt][j], ab[mt], as[mt], b0.big, b1.big, b0.small, b1.small);
+          bb[j][0] = b0.big, bb[j][1] = b1.big, bs[j][0] = b0.small, bs[j][1] = b1.small;
         }
+        // 3xTF32 as three passes over the 2 x NT accumulators (small terms first): the mma
+        // asm is volatile, so mma_m16n8k8_tf32x3's three back-to-back mma on one accumulator
+        // would wait out the tensor pipe's latency twice per call (9.1 us at 32x768->3072).
+#pragma unroll
+        for (int term = 0; term < 3; ++term)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+              mma_m16n8k8_tf32(acc[mt][j], term == 0 ? as[mt] : ab[mt],
+                               term == 1 ? bs[j][0] : bb[j][0], term == 1 ? bs[j][1] : bb[j][1]);
       }
-  }
+  };
+  int64_t k0 = kb;
+  for (; k0 + 16 * kTf32Steps <= ke; k0 += 16 * kTf32Steps) round(k0, BoolConstant<false>());
+  if (k0 < ke) round(k0, BoolConstant<true>());
 
   // Accumulator e of tile (mt, j): row mt * 16 + g + 8 (e / 2), feature (wn NT + j) 8 + 2t + e % 2.
   float* const mine = red + wk * S::kSlab;
