@@ -114,12 +114,11 @@ def tf32_variant(label, name, c, nwn, nt, nwk):
     return (label, "cur", name, c * -(-3072 // feat), nwn * nwk * 32, nwk * 32 * stride * 4)
 
 
-TF32_SHIPPED = tf32_variant("v7 linear_small_tf32 C2 N1 T6 K8 (128 CTAs) [ships]", "linear_small_tf32_nt_f32",
-                            2, 1, 6, 8)
+TF32_SHIPPED = tf32_variant("v7 linear_small_tf32 C1 N1 T3 K16 (128 CTAs of 512, no cluster) [ships]",
+                            "linear_small_tf32_nt_f32", 1, 1, 3, 16)
 TF32 = [TF32_SHIPPED,
-        tf32_variant("v7 C2 N1 T3 K8 (256 CTAs, 2/SM)", "tf32_c2_n1_t3_k8", 2, 1, 3, 8),
-        tf32_variant("v7 C2 N2 T3 K8 (128 CTAs of 512)", "tf32_c2_n2_t3_k8", 2, 2, 3, 8),
-        tf32_variant("v7 C1 N1 T3 K16 (128 CTAs of 512, no cluster)", "tf32_c1_n1_t3_k16", 1, 1, 3, 16)]
+        tf32_variant("v7 C2 N1 T6 K8 (128 CTAs of 256, clusters of 2)", "tf32_c2_n1_t6_k8", 2, 1, 6, 8),
+        tf32_variant("v7 C2 N1 T3 K8 (256 CTAs, 2/SM)", "tf32_c2_n1_t3_k8", 2, 1, 3, 8)]
 SMALL += TF32
 SMALL_ROWS_OTHER = [SHIPPED, C4W4] + TF32
 SMALL_BF16 = [("v5 bf16 [shipped]", "cur", "linear_small_nt_bf16", 128, 384, 32 * 768 * 2)]

@@ -26,8 +26,10 @@
 //                   the output has too few tiles for the GPU (rawops/matmul.py: plan).
 //   linear_small_*  nt with M <= 32 rows per blockIdx.y (x @ W^T, small batch), sm_80+: x
 //                   staged in shared memory, 24 output features per block (details below).
+//   linear_small_tf32_nt_f32  the same for float32 linear_gelu on sm_90+ in 3xTF32 on the
+//                   tensor pipe (float32-level error; rawops.matmul.LINEAR_TF32 switches it off).
 // Measured on the H100 (bench/NOTES.md): bf16 8192^3 ~270 TFLOP/s (0.35x cuBLAS), f32 45.6
-// (0.88x), linear_gelu f32 32x768->3072 12.8 us of kernel time (3.3 us floor).
+// (0.88x), linear_gelu f32 32x768->3072 12.5 us of kernel time exact (v5), 7.6 in 3xTF32 (v7).
 #include "rawops/dtype.cuh"
 #include "rawops/gemm_epilogue.cuh"
 #include "rawops/cp_async.cuh"
@@ -554,22 +556,25 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
 
 // ============================================================================ small batch, 3xTF32 (sm_90)
 // linear_small_tf32: y = epilogue(x @ W^T) in float32 for up to 32 rows per blockIdx.y, on the
-// tensor pipe in 3xTF32 (kernels/include/rawops/mma_sync.cuh: ~1e-6 relative, float32-level)
-// for linear_gelu only; matmul stays exact FFMA. The FFMA kernels (v3-v6) stalled at ~12 us at
-// 32x768->3072 on shared-memory bandwidth and latency; here no operand goes through shared
-// memory and every SM streams its 1/128 of W (72 KB) once:
-//   - a cluster of C CTAs owns kFeat = NWN * NT * 8 output features; CTA r of it, warp
-//     (wn, wk), sums NT n8 tiles x both m16 tiles over K-part r * NWK + wk (K split into
-//     C * NWK parts of whole 16-wide steps: 48 of K at K = 768);
+// tensor pipe in 3xTF32 (kernels/include/rawops/mma_sync.cuh: ~3e-7 relative measured, as
+// torch's float32) for linear_gelu only; matmul stays exact FFMA. The FFMA kernels (v3-v6)
+// stalled at ~12 us at 32x768->3072 (shared-memory bandwidth, latency); here no operand goes
+// through shared memory and every SM streams its 1/128 of W (72 KB) once:
+//   - a cluster of C CTAs (C = 1 ships: no cluster) owns kFeat = NWN * NT * 8 output
+//     features; CTA r of it, warp (wn, wk), sums NT n8 tiles x both m16 tiles over K-part
+//     r * NWK + wk (K split into C * NWK parts of whole 16-wide steps: 48 of K at K = 768);
 //   - fragments come straight from global memory (L2): inside each 16-wide step lane (g, t)
 //     loads x[row][k0 + 4t .. 4t + 3] for rows g + 8i and W[n][k0 + 4t .. 4t + 3] for n8 tile
 //     rows g, one LDG.128 each (8 rows x 64 contiguous bytes a warp: whole sectors); the step
 //     is two k8 mma slices with K permuted the same way for A and B (slice h: tf32 slot t <->
 //     k0 + 4t + 2h, slot t + 4 <-> k0 + 4t + 2h + 1), so no shuffle is needed. A warp's loads
 //     for up to 3 steps are all issued before the first split (latency is the enemy here);
-//   - each warp's partial tile goes to shared memory; after a cluster barrier CTA r adds, in a
-//     fixed order (deterministic), the C x NWK partials of its 32 / C rows through distributed
-//     shared memory and applies the epilogue.
+//   - each warp's partial tile goes to shared memory; after a (cluster) barrier CTA r adds, in
+//     a fixed order (deterministic), the C x NWK partials of its 32 / C rows (through
+//     distributed shared memory when C > 1) and applies the epilogue.
+// Shipped: C1 NWN1 NT3 NWK16 (128 CTAs of 512 threads at N = 3072, 128 registers). H100, CUDA
+// graph of 20 (bench/NOTES.md, "Small batch, v7"): 7.6 us at 32x768->3072 (v5 12.5); clusters
+// of 2 with 6 n8 tiles a warp 8.0, clusters of 4 15-18 (their CTAs did not all fit at once).
 // Launch: gridDim.x = C * ceil(N / kFeat) (clusters compiled in: __cluster_dims__),
 // NWN * NWK warps, small_tf32_shared_bytes of dynamic shared memory (rawops/matmul.py).
 template <int NWN, int NT, int NWK>
@@ -664,7 +669,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
         }
         // 3xTF32 as three passes over the 2 x NT accumulators (small terms first): the mma
         // asm is volatile, so mma_m16n8k8_tf32x3's three back-to-back mma on one accumulator
-        // would wait out the tensor pipe's latency twice per call (9.1 us at 32x768->3072).
+        // would wait out the tensor pipe's latency twice per call (C2 T6 K8: 9.1 -> 8.0 us).
 #pragma unroll
         for (int term = 0; term < 3; ++term)
 #pragma unroll
@@ -809,7 +814,7 @@ RAWOPS_MATMUL_FAMILY(float, f32)
 RAWOPS_SIMT_VEC(nn, true, false)
 RAWOPS_SIMT_VEC(nt, true, true)
 RAWOPS_SIMT_VEC(tn, false, false)
-RAWOPS_SMALL_TF32(linear_small_tf32_nt_f32, 2, 1, 6, 8, 1)
+RAWOPS_SMALL_TF32(linear_small_tf32_nt_f32, 1, 1, 3, 16, 1)
 RAWOPS_MATMUL_FAMILY(__half, f16)
 RAWOPS_MATMUL_FAMILY(__nv_bfloat16, bf16)
 RAWOPS_MATMUL_MMA_FAMILY(__half, f16)

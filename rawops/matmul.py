@@ -6,7 +6,10 @@ linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn
 linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
 float32 runs exact float32 math (FFMA, no tensor cores) unless matmul's `tf32=True` asks for
-TF32 tensor cores (rawops/_gemm_tf32.py, kernels/matmul_tf32.cu); float16 / bfloat16 run tensor cores
+TF32 tensor cores (rawops/_gemm_tf32.py, kernels/matmul_tf32.cu), with one exception: float32
+linear_gelu's forward at <= SMALL_MAX_M rows on sm_90+ runs 3xTF32 (three TF32 products per
+term, float32-level error: ~3e-7 relative against float64 at 32x768->3072, as torch's float32;
+LINEAR_TF32 = False forces the exact kernel); float16 / bfloat16 run tensor cores
 with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
 kernel of rawops/_gemm_sm90.py when the output fills the GPU, else mma.sync, sm_80+), else
 the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
@@ -32,10 +35,10 @@ SMALL_FEATURES, SMALL_GROUPS, SMALL_ROWS, SMALL_K = 24, 16, 32, 768
 SMALL_THREADS = SMALL_FEATURES * SMALL_GROUPS
 SMALL_MIN_CC = 80
 SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
-# linear_small_tf32 (sm_90+, float32 linear_gelu forward only, 3xTF32 on the tensor pipe):
-# clusters of SMALL_TF32_CLUSTER CTAs own SMALL_TF32_FEATURES features, each CTA
+# linear_small_tf32 (sm_90+, float32 linear_gelu forward only, 3xTF32 on the tensor pipe): a
+# CTA (a cluster of SMALL_TF32_CLUSTER CTAs; 1 ships) owns SMALL_TF32_FEATURES features, its
 # SMALL_TF32_WARPS warps splitting K (kernels/matmul.cu: RAWOPS_SMALL_TF32 arguments C, 1, NT, NWK).
-SMALL_TF32_CLUSTER, SMALL_TF32_TILES, SMALL_TF32_WARPS = 2, 6, 8
+SMALL_TF32_CLUSTER, SMALL_TF32_TILES, SMALL_TF32_WARPS = 1, 3, 16
 SMALL_TF32_FEATURES = SMALL_TF32_TILES * 8
 SMALL_TF32_THREADS = 32 * SMALL_TF32_WARPS
 SMALL_TF32_MIN_CC = 90  # thread-block clusters
@@ -362,7 +365,12 @@ def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False
 
     x (..., in_features), weight (out_features, in_features), bias (out_features,) or None,
     one dtype. Returns y (..., out_features); with save_preactivation=True, (y, pre) where
-    pre = x @ weight.T + bias is written by the same kernel for the backward."""
+    pre = x @ weight.T + bias is written by the same kernel for the backward.
+
+    float32 at <= 128 rows (in_features % 4 == 0, 16-byte aligned x and weight) on sm_90+
+    runs 3xTF32 tensor-core math, float32-level (~3e-7 relative error against float64, as
+    torch's float32 GEMM); `rawops.matmul`'s module flag LINEAR_TF32 = False forces exact FFMA
+    (~1e-7). Every other float32 shape is exact FFMA."""
     import cupy
 
     flags = gelu_flags(approximate) | EPI_BIAS_GELU

@@ -43,10 +43,10 @@ def test_small_batch_path_only_where_its_16_byte_loads_are_legal(why, args):
 
 def test_float32_linear_gelu_at_small_batch_takes_3xtf32_on_sm90():
     name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER, tf32_linear=True)
-    assert name == "linear_small_tf32_nt_f32" and block == 256 and splits == 1
-    assert grid == (2 * 3072 // 48, 1), "clusters of 2 CTAs over 48 features: 128 CTAs"
-    assert shared == mm.small_tf32_shared_bytes() == 8 * 32 * 56 * 4, "8 warps' padded 32 x 48 partial tiles"
-    assert mm.plan("nt", F32, 128, 10, 100, 100, BASE, OTHER, tf32_linear=True)[1] == (2, 4), "N = 10: one cluster"
+    assert name == "linear_small_tf32_nt_f32" and block == 512 and splits == 1
+    assert grid == (3072 // 24, 1), "24 features per CTA: 128 CTAs, one per SM"
+    assert shared == mm.small_tf32_shared_bytes() == 16 * 32 * 40 * 4, "16 warps' padded 32 x 24 partial tiles"
+    assert mm.plan("nt", F32, 128, 10, 100, 100, BASE, OTHER, tf32_linear=True)[1] == (1, 4), "N = 10: one CTA"
     assert mm.plan("nt", F32, 1, 3072, 768, 90, BASE, OTHER, tf32_linear=True)[0] == "linear_small_tf32_nt_f32"
 
 
