@@ -370,7 +370,8 @@ def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False
     float32 at <= 128 rows (in_features % 4 == 0, 16-byte aligned x and weight) on sm_90+
     runs 3xTF32 tensor-core math, float32-level (~3e-7 relative error against float64, as
     torch's float32 GEMM); `rawops.matmul`'s module flag LINEAR_TF32 = False forces exact FFMA
-    (~1e-7). Every other float32 shape is exact FFMA."""
+    (~1e-7). Every other float32 shape is exact FFMA. (3xTF32 splits each value into two TF32
+    parts: an infinite input gives NaN there.)"""
     import cupy
 
     flags = gelu_flags(approximate) | EPI_BIAS_GELU
