@@ -105,7 +105,22 @@ SMALL = [SHIPPED,
          ("v6 cluster C8 W4, 40.5 KB", "cur", "cluster_c8_w4", 384, 128, CLUSTER_RING),
          ("v6 cluster C4 W2, 40.5 KB (192 CTAs)", "cur", "cluster_c4_w2", 192, 64, CLUSTER_RING), C4W4,
          ("v6 cluster C2 W4, 40.5 KB (96 CTAs)", "cur", "cluster_c2_w4", 96, 128, CLUSTER_RING)]
-SMALL_ROWS_OTHER = [SHIPPED, C4W4]
+# linear_small_tf32 (3xTF32, sm_90): (C, NWN, NT, NWK) as kernels/matmul.cu's RAWOPS_SMALL_TF32.
+
+
+def tf32_variant(label, name, c, nwn, nt, nwk):
+    feat = nwn * nt * 8
+    stride = feat + 16 if feat % 32 == 24 else feat + 8
+    return (label, "cur", name, c * -(-3072 // feat), nwn * nwk * 32, nwk * 32 * stride * 4)
+
+
+TF32_SHIPPED = tf32_variant("v7 linear_small_tf32 C1 N1 T3 K16 (128 CTAs of 512, no cluster) [ships]",
+                            "linear_small_tf32_nt_f32", 1, 1, 3, 16)
+TF32 = [TF32_SHIPPED,
+        tf32_variant("v7 C2 N1 T6 K8 (128 CTAs of 256, clusters of 2)", "tf32_c2_n1_t6_k8", 2, 1, 6, 8),
+        tf32_variant("v7 C2 N1 T3 K8 (256 CTAs, 2/SM)", "tf32_c2_n1_t3_k8", 2, 1, 3, 8)]
+SMALL += TF32
+SMALL_ROWS_OTHER = [SHIPPED, C4W4] + TF32
 SMALL_BF16 = [("v5 bf16 [shipped]", "cur", "linear_small_nt_bf16", 128, 384, 32 * 768 * 2)]
 
 
@@ -124,6 +139,7 @@ def small_rows(dtype=torch.float32, variants=SMALL, m=32):
         y.fill_(float("nan"))
         go(x.data_ptr(), ws[0].data_ptr(), y.data_ptr(), bias.data_ptr(), m, n, k, 1)
         torch.cuda.synchronize()
+        torch.cuda.synchronize()
         err = rel(y, ref) if not torch.isnan(y).any() else float("nan")
         same = graph_us(lambda: go(x.data_ptr(), ws[0].data_ptr(), y.data_ptr(), bias.data_ptr(), m, n, k, 1))
 
@@ -133,7 +149,13 @@ def small_rows(dtype=torch.float32, variants=SMALL, m=32):
         rot = graph_us(rotating, per_graph=3) / len(ws)
         print(f"| {label} | {same:.2f} | {rot:.2f} | {err:.2e} |", flush=True)
     eager = graph_us(lambda: F.gelu(F.linear(x, ws[0], bias), approximate="tanh"))
-    print(f"| torch eager (graph) | {eager:.2f} | | |")
+    err = rel(F.gelu(F.linear(x, ws[0], bias), approximate="tanh"), ref)  # torch's own float32 error
+    print(f"| torch eager (graph) | {eager:.2f} | | {err:.2e} |")
+    if dtype == torch.float32:  # what one TF32 product per term gives (the tests' 1e-5 must fail it)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        err = rel(F.gelu(F.linear(x, ws[0], bias), approximate="tanh"), ref)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        print(f"| torch with allow_tf32 (1xTF32, error only) | | | {err:.2e} |")
 
 
 def host_rows():
@@ -156,8 +178,12 @@ def host_rows():
                "x.new_empty((32, 3072))": lambda: x.new_empty((32, 3072)),
                "torch.empty(shape, dtype, device)": lambda: torch.empty((32, 3072), dtype=x.dtype, device=x.device)}
         host = host_times_us(fns, calls=300, rounds=7)
-        ev = {"ta.linear_gelu events": device_time_us(lambda: ta.linear_gelu(x, w, b)),
+        ev = {"ta.linear_gelu events (3xTF32)": device_time_us(lambda: ta.linear_gelu(x, w, b)),
               "eager events": device_time_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))}
+        ta._mm.LINEAR_TF32 = False  # the exact FFMA path (v5), same run
+        ev["ta.linear_gelu events (LINEAR_TF32 = False: v5)"] = device_time_us(lambda: ta.linear_gelu(x, w, b))
+        ta._mm.LINEAR_TF32 = True
+        ev["ta.linear_gelu events (3xTF32), again"] = device_time_us(lambda: ta.linear_gelu(x, w, b))
     print("\n| host path | us per call |\n|---|---|")
     for name, us in {**host, **ev}.items():
         print(f"| {name} | {us:.2f} |")

@@ -26,12 +26,15 @@
 //                   the output has too few tiles for the GPU (rawops/matmul.py: plan).
 //   linear_small_*  nt with M <= 32 rows per blockIdx.y (x @ W^T, small batch), sm_80+: x
 //                   staged in shared memory, 24 output features per block (details below).
+//   linear_small_tf32_nt_f32  the same for float32 linear_gelu on sm_90+ in 3xTF32 on the
+//                   tensor pipe (float32-level error; rawops.matmul.LINEAR_TF32 switches it off).
 // Measured on the H100 (bench/NOTES.md): bf16 8192^3 ~270 TFLOP/s (0.35x cuBLAS), f32 45.6
-// (0.88x), linear_gelu f32 32x768->3072 12.8 us of kernel time (3.3 us floor).
+// (0.88x), linear_gelu f32 32x768->3072 12.5 us of kernel time exact (v5), 7.6 in 3xTF32 (v7).
 #include "rawops/dtype.cuh"
 #include "rawops/gemm_epilogue.cuh"
 #include "rawops/cp_async.cuh"
 #include "rawops/mma_sync.cuh"
+#include "rawops/cluster.cuh"
 
 namespace rawops {
 namespace {
@@ -551,6 +554,188 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
 #endif
 }
 
+// ============================================================================ small batch, 3xTF32 (sm_90)
+// linear_small_tf32: y = epilogue(x @ W^T) in float32 for up to 32 rows per blockIdx.y, on the
+// tensor pipe in 3xTF32 (kernels/include/rawops/mma_sync.cuh: ~3e-7 relative measured, as
+// torch's float32) for linear_gelu only; matmul stays exact FFMA. The FFMA kernels (v3-v6)
+// stalled at ~12 us at 32x768->3072 (shared-memory bandwidth, latency); here no operand goes
+// through shared memory and every SM streams its 1/128 of W (72 KB) once:
+//   - a cluster of C CTAs (C = 1 ships: no cluster) owns kFeat = NWN * NT * 8 output
+//     features; CTA r of it, warp (wn, wk), sums NT n8 tiles x both m16 tiles over K-part
+//     r * NWK + wk (K split into C * NWK parts of whole 16-wide steps: 48 of K at K = 768);
+//   - fragments come straight from global memory (L2): inside each 16-wide step lane (g, t)
+//     loads x[row][k0 + 4t .. 4t + 3] for rows g + 8i and W[n][k0 + 4t .. 4t + 3] for n8 tile
+//     rows g, one LDG.128 each (8 rows x 64 contiguous bytes a warp: whole sectors); the step
+//     is two k8 mma slices with K permuted the same way for A and B (slice h: tf32 slot t <->
+//     k0 + 4t + 2h, slot t + 4 <-> k0 + 4t + 2h + 1), so no shuffle is needed. A warp's loads
+//     for up to 3 steps are all issued before the first split (latency is the enemy here);
+//   - each warp's partial tile goes to shared memory; after a (cluster) barrier CTA r adds, in
+//     a fixed order (deterministic), the C x NWK partials of its 32 / C rows (through
+//     distributed shared memory when C > 1) and applies the epilogue.
+// Shipped: C1 NWN1 NT3 NWK16 (128 CTAs of 512 threads at N = 3072, 128 registers). H100, CUDA
+// graph of 20 (bench/NOTES.md, "Small batch, v7"): 7.6 us at 32x768->3072 (v5 12.5); clusters
+// of 2 with 6 n8 tiles a warp 8.0, clusters of 4 15-18 (their CTAs did not all fit at once).
+// Launch: gridDim.x = C * ceil(N / kFeat) (clusters compiled in: __cluster_dims__),
+// NWN * NWK warps, small_tf32_shared_bytes of dynamic shared memory (rawops/matmul.py).
+template <int NWN, int NT, int NWK>
+struct SmallTf32 {
+  static constexpr int kFeat = NWN * NT * 8, kThreads = NWN * NWK * 32;
+  // [wk][row][kStride]: float2 stores of lanes g = 0..3 (one half-warp phase) hit 32 banks.
+  static constexpr int kStride = kFeat % 32 == 24 ? kFeat + 16 : kFeat + 8;
+  static constexpr int kSlab = kSmallRows * kStride;
+};
+constexpr int kTf32Steps = 3;  // 16-wide K steps loaded per round (all in flight)
+template <bool B> struct BoolConstant {
+  static constexpr bool value = B;
+};
+
+// K % 4 == 0 and x, w 16-byte aligned (the Python side checks).
+template <int C, int NWN, int NT, int NWK>
+__device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, const float* __restrict__ w,
+                                                  float* __restrict__ y, const Epilogue<float> epi, int64_t M,
+                                                  int64_t N, int64_t K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using S = SmallTf32<NWN, NT, NWK>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* const red = reinterpret_cast<float*>(smem_raw);  // [NWK][kSmallRows][kStride]
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, q = lane % 4;
+  const int wn = warp % NWN, wk = warp / NWN;
+  const unsigned rank = C > 1 ? cluster_rank() : 0u;
+  const int64_t n0 = int64_t(blockIdx.x / C) * S::kFeat, row0 = int64_t(blockIdx.y) * kSmallRows;
+  const int64_t steps = (K + 15) / 16, per = (steps + C * NWK - 1) / (C * NWK);
+  const int64_t kb = (int64_t(rank) * NWK + wk) * per * 16, ke = kb + per * 16 < K ? kb + per * 16 : K;
+
+  // Rows past M and features past N read the last one: their sums are never stored.
+  const float* xr[4];
+  const float* wr[NT];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = row0 + g + 8 * i;
+    xr[i] = x + (r < M ? r : M - 1) * K + 4 * q;
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int64_t n = n0 + (wn * NT + j) * 8 + g;
+    wr[j] = w + (n < N ? n : N - 1) * K + 4 * q;
+  }
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+
+  // One round: kTf32Steps 16-wide steps from k0, every load issued before the first split.
+  // Whole rounds load unpredicated; only a tail round (TAIL) checks k against ke (behind a
+  // check per load nvcc branched around each one and recomputed its address: ~25 instructions
+  // per LDG).
+  auto round = [&](int64_t k0, auto tail) {
+    constexpr bool TAIL = decltype(tail)::value;
+    float4 xv[kTf32Steps][4], wv[kTf32Steps][NT];
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kTf32Steps; ++s) {
+      const int64_t k = k0 + 16 * s;
+      const bool ok = !TAIL || k + 4 * q < ke;  // K % 4 == 0: a vector is wholly inside or outside
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xv[s][i] = ok ? __ldg(reinterpret_cast<const float4*>(xr[i] + k)) : zero;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) wv[s][j] = ok ? __ldg(reinterpret_cast<const float4*>(wr[j] + k)) : zero;
+    }
+#pragma unroll
+    for (int s = 0; s < kTf32Steps; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        unsigned ab[2][4], as[2][4];  // A fragments of both m16 tiles: rows g, g + 8 (+16 mt)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const float4 lo = xv[s][2 * mt], hi = xv[s][2 * mt + 1];
+          const float v[4] = {h ? lo.z : lo.x, h ? hi.z : hi.x, h ? lo.w : lo.y, h ? hi.w : hi.y};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const Tf32Split p = split_tf32(v[e]);
+            ab[mt][e] = p.big;
+            as[mt][e] = p.small;
+          }
+        }
+        unsigned bb[NT][2], bs[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const Tf32Split b0 = split_tf32(h ? wv[s][j].z : wv[s][j].x);
+          const Tf32Split b1 = split_tf32(h ? wv[s][j].w : wv[s][j].y);
+          bb[j][0] = b0.big, bb[j][1] = b1.big, bs[j][0] = b0.small, bs[j][1] = b1.small;
+        }
+        // 3xTF32 as three passes over the 2 x NT accumulators (small terms first): the mma
+        // asm is volatile, so mma_m16n8k8_tf32x3's three back-to-back mma on one accumulator
+        // would wait out the tensor pipe's latency twice per call (C2 T6 K8: 9.1 -> 8.0 us).
+#pragma unroll
+        for (int term = 0; term < 3; ++term)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+              mma_m16n8k8_tf32(acc[mt][j], term == 0 ? as[mt] : ab[mt],
+                               term == 1 ? bs[j][0] : bb[j][0], term == 1 ? bs[j][1] : bb[j][1]);
+      }
+  };
+  int64_t k0 = kb;
+  for (; k0 + 16 * kTf32Steps <= ke; k0 += 16 * kTf32Steps) round(k0, BoolConstant<false>());
+  if (k0 < ke) round(k0, BoolConstant<true>());
+
+  // Accumulator e of tile (mt, j): row mt * 16 + g + 8 (e / 2), feature (wn NT + j) 8 + 2t + e % 2.
+  float* const mine = red + wk * S::kSlab;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+        *reinterpret_cast<float2*>(mine + (mt * 16 + g + 8 * hr) * S::kStride + (wn * NT + j) * 8 + 2 * q) =
+            make_float2(acc[mt][j][2 * hr], acc[mt][j][2 * hr + 1]);
+  if (C > 1)
+    cluster_barrier();  // every CTA's partials written and visible cluster-wide
+  else
+    __syncthreads();
+
+  // CTA `rank` finishes rows [rank * 32 / C, (rank + 1) * 32 / C): 4 adjacent features a
+  // thread, summed over the cluster's CTAs, then warps, in order; every load before the adds.
+  constexpr int kRows = kSmallRows / C, kQuads = S::kFeat / 4;
+  for (int o = t; o < kRows * kQuads; o += S::kThreads) {
+    const int row = int(rank) * kRows + o / kQuads, f = (o % kQuads) * 4;
+    const int64_t m = row0 + row;
+    if (m >= M) continue;
+    const float* const first = red + row * S::kStride + f;
+    float4 p[C * NWK];
+#pragma unroll
+    for (int r = 0; r < C; ++r) {
+      const unsigned remote = C > 1 ? peer_address(first, r) : 0u;
+#pragma unroll
+      for (int u = 0; u < NWK; ++u)
+        p[r * NWK + u] = C > 1 ? load_peer_float4(remote + u * S::kSlab * 4)
+                               : *reinterpret_cast<const float4*>(first + u * S::kSlab);
+    }
+    float sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < C * NWK; ++i) {
+      sum[0] += p[i].x;
+      sum[1] += p[i].y;
+      sum[2] += p[i].z;
+      sum[3] += p[i].w;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t n = n0 + f + e;
+      if (n < N) y[m * N + n] = epi(sum[e], m, n);
+    }
+  }
+  if (C > 1) cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer reads it
+#else
+  __trap();  // the Python side launches it on sm_90 and later only
+#endif
+}
+
 // ============================================================================ split-K reduction
 // c[m][n] = epilogue(sum over z in order of partial[z][m][n]): deterministic, one thread
 // per output (grid-stride), reads splits x 4 B and writes one element per output.
@@ -594,6 +779,20 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
     rawops::linear_small<T>(a, b, c, RAWOPS_EPI(T), m, n, k);                                           \
   }
 
+// linear_small_tf32: clusters of C CTAs along x (compiled in: a plain launch honours them),
+// MIN_BLOCKS CTAs per SM (the register cap), dynamic shared memory for the partial tiles (rawops/matmul.py:
+// SMALL_TF32_*). Below sm_90 the body traps and carries no cluster shape.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define RAWOPS_CLUSTER_DIMS(C)
+#else
+#define RAWOPS_CLUSTER_DIMS(C) __cluster_dims__(C, 1, 1)
+#endif
+#define RAWOPS_SMALL_TF32(name, C, NWN, NT, NWK, MIN_BLOCKS)                                          \
+  extern "C" __global__ void __launch_bounds__(NWN * NWK * 32, MIN_BLOCKS) RAWOPS_CLUSTER_DIMS(C)      \
+      name(RAWOPS_GEMM_ARGS(float)) {                                                                   \
+    rawops::linear_small_tf32<C, NWN, NT, NWK>(a, b, c, RAWOPS_EPI(float), m, n, k);                    \
+  }
+
 // gemm_reduce: a = the float32 partials, k = the number of splits; b unused.
 #define RAWOPS_REDUCE(T, suffix)                                                                         \
   extern "C" __global__ void __launch_bounds__(256) gemm_reduce_##suffix(RAWOPS_GEMM_ARGS(T)) {         \
@@ -615,6 +814,7 @@ RAWOPS_MATMUL_FAMILY(float, f32)
 RAWOPS_SIMT_VEC(nn, true, false)
 RAWOPS_SIMT_VEC(nt, true, true)
 RAWOPS_SIMT_VEC(tn, false, false)
+RAWOPS_SMALL_TF32(linear_small_tf32_nt_f32, 1, 1, 3, 16, 1)
 RAWOPS_MATMUL_FAMILY(__half, f16)
 RAWOPS_MATMUL_FAMILY(__nv_bfloat16, bf16)
 RAWOPS_MATMUL_MMA_FAMILY(__half, f16)

@@ -1890,7 +1890,7 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
 // A block of 256 threads takes 32 outputs; each output's chunks are split into 8 fixed runs
 // summed in order by 8 threads, the 8 run sums then added in run order (deterministic): one
 // thread walking all 132 chunks was latency-bound (21 us for the 64x4 network's 5 layers).
-constexpr int kReduceOutputs = 32, kReduceRuns = 8;
+constexpr int kReduceOutputs = 32, kReduceRuns = 8, kReduceInFlight = 24;
 template <typename T>
 __device__ __forceinline__ void wgrad_reduce_layers(const float* __restrict__ ws, int64_t chunks, int64_t stride,
                                                     int n_in, int width, int n_out, int hidden, T* const* dw,
@@ -1907,9 +1907,19 @@ __device__ __forceinline__ void wgrad_reduce_layers(const float* __restrict__ ws
   float s = 0.f;
   if (e < total) {
     const int64_t src = offset + (e < nk ? (e / K) * k_p + e % K : int64_t(n_p_of(l)) * k_p + (e - nk));
-    const int64_t per = (chunks + kReduceRuns - 1) / kReduceRuns, c1 = min(chunks, (run + 1) * per);
-#pragma unroll 4
-    for (int64_t c = run * per; c < c1; ++c) s += ws[c * stride + src];
+    const int64_t per = (chunks + kReduceRuns - 1) / kReduceRuns, c0 = run * per, c1 = min(chunks, c0 + per);
+    if (c1 - c0 <= kReduceInFlight) {
+      // Every load of the run in flight at once (a loop unrolled by 4 waited on L2 five times
+      // at 132 chunks: 11.8 us for the 64x4 network's five layers), then summed in chunk order.
+      float v[kReduceInFlight];
+#pragma unroll
+      for (int i = 0; i < kReduceInFlight; ++i) v[i] = c0 + i < c1 ? ws[(c0 + i) * stride + src] : 0.f;
+#pragma unroll
+      for (int i = 0; i < kReduceInFlight; ++i) s += v[i];
+    } else {
+#pragma unroll 8
+      for (int64_t c = c0; c < c1; ++c) s += ws[c * stride + src];
+    }
   }
   runs[run][lane] = s;
   __syncthreads();

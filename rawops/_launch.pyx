@@ -780,14 +780,17 @@ cdef class TorchMapEntry:
 # Anything unusual (a failed check, a split-K plan that needs scratch, grad needed) returns
 # None and the adapter's Python path handles it, raising its errors there: one place words them.
 cdef object _gemm_planner = None
+cdef object _gemm_options = None
 cdef dict _gemm_plans = {}
 
 
-def register_torch_gemm(planner):
-    """planner(layout, dtype, m, n, k, a_ptr, b_ptr, c_aligned, device) -> (function, grid,
-    block, shared, splits)."""
-    global _gemm_planner
+def register_torch_gemm(planner, options):
+    """planner(layout, dtype, m, n, k, a_ptr, b_ptr, c_aligned, device, flags) -> (function,
+    grid, block, shared, splits); options: the object whose LINEAR_TF32 the planner reads
+    (rawops.matmul), read again on every float32 call so that plans cached here follow it."""
+    global _gemm_planner, _gemm_options
     _gemm_planner = planner
+    _gemm_options = options
 
 
 cdef inline bint _plain_operand(object t, object dtype, int device):
@@ -798,7 +801,7 @@ cdef inline bint _plain_operand(object t, object dtype, int device):
 # The last x @ W^T launch of torch_linear, in C fields: a model calling one layer shape after
 # another finds its plan without building a key tuple or touching Python objects.
 cdef struct LinearLaunch:
-    int code, device, a_aligned, b_aligned
+    int code, device, a_aligned, b_aligned, tf32  # tf32: the switch + 2 x the epilogue mode
     long long m, n, k
     uintptr_t function
     unsigned gx, gy, gz, block, shared
@@ -807,21 +810,22 @@ _last_linear.function = 0
 
 
 cdef inline bint _same_linear(int code, long long m, long long n, long long k, uintptr_t a, uintptr_t b,
-                              int device):
+                              int device, int tf32):
     return (_last_linear.function != 0 and _last_linear.m == m and _last_linear.n == n and _last_linear.k == k
-            and _last_linear.code == code and _last_linear.device == device
+            and _last_linear.code == code and _last_linear.device == device and _last_linear.tf32 == tf32
             and _last_linear.a_aligned == (a % 16 == 0) and _last_linear.b_aligned == (b % 16 == 0))
 
 
 cdef tuple _gemm_plan(str layout, int code, long long m, long long n, long long k, uintptr_t a, uintptr_t b,
-                      int device):
-    # Outputs come fresh from torch's allocator: 16-byte aligned.
-    key = (layout, code, m, n, k, a % 16 == 0, b % 16 == 0, device)
+                      int device, int tf32, long long flags):
+    # Outputs come fresh from torch's allocator: 16-byte aligned. The planner sees flags' mode
+    # (bias + GELU or not) and LINEAR_TF32 itself; tf32 (what they give) keys the cache.
+    key = (layout, code, m, n, k, a % 16 == 0, b % 16 == 0, device, tf32, flags & 3)
     cached = _gemm_plans.get(key)
     if cached is None:
         if len(_gemm_plans) > 4096:
             _gemm_plans.clear()
-        function, grid, block, shared, splits = _gemm_planner(layout, code, m, n, k, a, b, 0, device)
+        function, grid, block, shared, splits = _gemm_planner(layout, code, m, n, k, a, b, 0, device, flags)
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         cached = _gemm_plans[key] = (function, gx, gy, gz, block, shared, splits)
     return cached
@@ -864,13 +868,16 @@ def torch_linear(x, weight, bias, long long flags):
     if m == 0 or n == 0:
         return None
     cdef uintptr_t pa = x.data_ptr(), pb = weight.data_ptr()
+    # The planner's switch, as it reads it: 3xTF32 for float32 bias + GELU (linear_gelu) only.
+    cdef int tf32 = code == F32 and (flags & 3) == 1 and _gemm_options.LINEAR_TF32 is True
     cdef tuple p
-    if not _same_linear(code, m, n, k, pa, pb, device):
-        p = _gemm_plan("nt", code, m, n, k, pa, pb, device)
+    if not _same_linear(code, m, n, k, pa, pb, device, tf32 + 2 * (flags & 3)):
+        p = _gemm_plan("nt", code, m, n, k, pa, pb, device, tf32, flags)
         if p[6] != 1:
             return None
         _last_linear.function = 0  # invalid while its fields change
         _last_linear.code, _last_linear.device, _last_linear.m, _last_linear.n, _last_linear.k = code, device, m, n, k
+        _last_linear.tf32 = tf32 + 2 * (flags & 3)
         _last_linear.a_aligned, _last_linear.b_aligned = pa % 16 == 0, pb % 16 == 0
         _last_linear.gx, _last_linear.gy, _last_linear.gz, _last_linear.block, _last_linear.shared = p[1:6]
         _last_linear.function = <uintptr_t>p[0]

@@ -6,7 +6,10 @@ linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn
 linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
 float32 runs exact float32 math (FFMA, no tensor cores) unless matmul's `tf32=True` asks for
-TF32 tensor cores (rawops/_gemm_tf32.py, kernels/matmul_tf32.cu); float16 / bfloat16 run tensor cores
+TF32 tensor cores (rawops/_gemm_tf32.py, kernels/matmul_tf32.cu), with one exception: float32
+linear_gelu's forward at <= SMALL_MAX_M rows on sm_90+ runs 3xTF32 (three TF32 products per
+term, float32-level error: ~3e-7 relative against float64 at 32x768->3072, as torch's float32;
+LINEAR_TF32 = False forces the exact kernel); float16 / bfloat16 run tensor cores
 with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
 kernel of rawops/_gemm_sm90.py when the output fills the GPU, else mma.sync, sm_80+), else
 the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
@@ -32,6 +35,18 @@ SMALL_FEATURES, SMALL_GROUPS, SMALL_ROWS, SMALL_K = 24, 16, 32, 768
 SMALL_THREADS = SMALL_FEATURES * SMALL_GROUPS
 SMALL_MIN_CC = 80
 SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
+# linear_small_tf32 (sm_90+, float32 linear_gelu forward only, 3xTF32 on the tensor pipe): a
+# CTA (a cluster of SMALL_TF32_CLUSTER CTAs; 1 ships) owns SMALL_TF32_FEATURES features, its
+# SMALL_TF32_WARPS warps splitting K (kernels/matmul.cu: RAWOPS_SMALL_TF32 arguments C, 1, NT, NWK).
+SMALL_TF32_CLUSTER, SMALL_TF32_TILES, SMALL_TF32_WARPS = 1, 3, 16
+SMALL_TF32_FEATURES = SMALL_TF32_TILES * 8
+SMALL_TF32_THREADS = 32 * SMALL_TF32_WARPS
+SMALL_TF32_MIN_CC = 90  # thread-block clusters
+# The switch: True lets float32 linear_gelu at <= SMALL_MAX_M rows run linear_small_tf32 (3xTF32:
+# ~1e-6 relative against float64 where the exact FFMA kernel gives ~1e-7, both at float32 level);
+# False forces exact FFMA everywhere. matmul (and every other GEMM) never takes it. Read when a
+# shape is planned; plans are cached per value: `importlib.import_module("rawops.matmul").LINEAR_TF32 = False`.
+LINEAR_TF32 = True
 MAX_GRID_Y = 65535
 MMA_MIN_CC = 80
 # Split K (+ gemm_reduce) when the output has too few tiles to fill the GPU. FFMA: at least
@@ -52,6 +67,7 @@ def entry_points():
     names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
     names += [f"gemm_simt_vec_{layout}_f32" for layout in LAYOUTS]
     names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
+    names += ["linear_small_tf32_nt_f32"]
     names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
     return sorted(names)
 
@@ -83,6 +99,14 @@ def small_shared_bytes(itemsize):
     return SMALL_ROWS * SMALL_K * itemsize
 
 
+def small_tf32_shared_bytes():
+    """linear_small_tf32's dynamic shared memory: a float32 partial tile of SMALL_ROWS rows per
+    warp, rows padded to a 32-bank-clean stride (kernels/matmul.cu: SmallTf32::kStride)."""
+    f = SMALL_TF32_FEATURES
+    stride = f + 16 if f % 32 == 24 else f + 8
+    return SMALL_TF32_WARPS * SMALL_ROWS * stride * 4
+
+
 def contiguous_dims(layout, m, n, k):
     """The length of the contiguous (innermost) dim of a and of b in this layout."""
     return (k if layout[0] == "n" else m), (k if layout[1] == "t" else n)
@@ -111,10 +135,12 @@ def vector_ffma(layout, dtype, m, n, k, a_ptr, b_ptr, c_ptr):
             and a_ptr % 16 == 0 and b_ptr % 16 == 0 and c_ptr % 16 == 0)
 
 
-def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0):
+def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear=False):
     """(kernel name, grid, block, dynamic shared bytes, K splits) of C (m, n) = A B in `layout`.
 
-    linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows on sm_80+; tensor cores
+    `tf32_linear`: the caller is float32 linear_gelu's forward with LINEAR_TF32 on; then x @ W^T
+    with at most SMALL_MAX_M rows and 16-byte rows on sm_90+ runs linear_small_tf32 (3xTF32).
+    Else linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows on sm_80+; tensor cores
     for half types on sm_80+ when both operands allow 16-byte loads; float32 with 16-byte
     rows everywhere gemm_simt_vec (float4 loads, BK = 16); else the FFMA kernel gemm_simt.
     Either GEMM is split along K (then gemm_reduce applies the epilogue) when its tiles
@@ -125,8 +151,13 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0):
     itemsize = 4 if dtype == 0 else 2
     vector = 16 // itemsize
     splits = 1
-    if (layout == "nt" and m <= SMALL_MAX_M and cc >= SMALL_MIN_CC and k % vector == 0 and a_ptr % 16 == 0
-            and b_ptr % 16 == 0):
+    small = (layout == "nt" and m <= SMALL_MAX_M and cc >= SMALL_MIN_CC and k % vector == 0 and a_ptr % 16 == 0
+             and b_ptr % 16 == 0)
+    if small and tf32_linear and dtype == 0 and cc >= SMALL_TF32_MIN_CC:
+        name, grid, block, shared = ("linear_small_tf32_nt_f32",
+                                     (SMALL_TF32_CLUSTER * _ceil(n, SMALL_TF32_FEATURES), _ceil(m, SMALL_ROWS)),
+                                     SMALL_TF32_THREADS, small_tf32_shared_bytes())
+    elif small:
         name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_FEATURES), _ceil(m, SMALL_ROWS)),
                                      SMALL_THREADS, small_shared_bytes(itemsize))
     else:
@@ -160,12 +191,14 @@ def _function(name, device, shared):
     return _modules.function_with_shared(FAMILY, name, device, shared)
 
 
-_plans = {}  # (layout, dtype, m, n, k, a, b, c 16-byte aligned, device, gelu-gradient, pre aligned) -> launch
+# (layout, dtype, m, n, k, a, b, c 16-byte aligned, device, gelu-gradient, pre aligned, tf32_linear) -> launch
+_plans = {}
 
 
 def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=0):
+    tf32_linear = flags & 3 == EPI_BIAS_GELU and LINEAR_TF32 is True
     key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device,
-           flags & 3 == EPI_BIAS_GELU_GRAD, pre % 16 == 0)
+           flags & 3 == EPI_BIAS_GELU_GRAD, pre % 16 == 0, tf32_linear)
     cached = _plans.get(key)
     if cached is None:
         sms = sm_count(device)
@@ -177,7 +210,7 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
                 cached = _plans[key] = (_gemm_sm90.function(name, device), grid, _gemm_sm90.THREADS, shared,
                                         0, None)
                 return cached
-        name, grid, block, shared, splits = plan(layout, dtype, m, n, k, cc, a, b, sms, c)
+        name, grid, block, shared, splits = plan(layout, dtype, m, n, k, cc, a, b, sms, c, tf32_linear)
         reduce = None
         if splits > 1:
             reduce = (_function(f"gemm_reduce_{FLOAT_SUFFIXES[dtype]}", device, 0), (reduce_blocks(m, n, sms),))
@@ -187,10 +220,11 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
     return cached
 
 
-def launch_plan(layout, dtype, m, n, k, a, b, c, device):
-    """(function pointer, grid, block, shared, splits) of a launch, cached per shape: the
-    torch adapter's Cython fast path (_launch.torch_linear) asks for it on a cache miss."""
-    return _launch_plan(layout, dtype, m, n, k, a, b, device, EPI_NONE, c)[:5]
+def linear_launch_plan(layout, dtype, m, n, k, a, b, c, device, flags):
+    """(function pointer, grid, block, shared, splits) of a launch with epilogue `flags`
+    (linear_gelu's bias + GELU: LINEAR_TF32 applies), cached per shape: the torch adapter's
+    Cython fast path (_launch.torch_linear) asks for it on a cache miss."""
+    return _launch_plan(layout, dtype, m, n, k, a, b, device, flags, c)[:5]
 
 
 def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, stream, workspace):
@@ -331,7 +365,13 @@ def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False
 
     x (..., in_features), weight (out_features, in_features), bias (out_features,) or None,
     one dtype. Returns y (..., out_features); with save_preactivation=True, (y, pre) where
-    pre = x @ weight.T + bias is written by the same kernel for the backward."""
+    pre = x @ weight.T + bias is written by the same kernel for the backward.
+
+    float32 at <= 128 rows (in_features % 4 == 0, 16-byte aligned x and weight) on sm_90+
+    runs 3xTF32 tensor-core math, float32-level (~3e-7 relative error against float64, as
+    torch's float32 GEMM); `rawops.matmul`'s module flag LINEAR_TF32 = False forces exact FFMA
+    (~1e-7). Every other float32 shape is exact FFMA. (3xTF32 splits each value into two TF32
+    parts: an infinite input gives NaN there.)"""
     import cupy
 
     flags = gelu_flags(approximate) | EPI_BIAS_GELU

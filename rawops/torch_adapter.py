@@ -1075,7 +1075,7 @@ _mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is
 from . import _gemm_tf32  # noqa: E402
 # No-grad linear_gelu goes through the launcher's typed path (checks, cached plan, output,
 # launch in one call); it answers None for anything else and the Python path below runs.
-register_torch_gemm(_mm.launch_plan)
+register_torch_gemm(_mm.linear_launch_plan, _mm)
 _module_globals = importlib.import_module("torch.nn.modules.module")
 register_torch_modules(tuple(getattr(_module_globals, name, {None: None}) for name in (
     "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks", "_global_forward_pre_hooks")),
@@ -1294,7 +1294,9 @@ def matmul(a, b, tf32=False):
 
 def linear_gelu(x, weight, bias=None, approximate="tanh"):
     """F.gelu(F.linear(x, weight, bias), approximate=approximate) in one kernel, with autograd
-    (the backward uses the pre-activation the forward stores when a gradient is needed)."""
+    (the backward uses the pre-activation the forward stores when a gradient is needed).
+    float32 at <= 128 rows on sm_90+ runs 3xTF32 (float32-level error), unless
+    rawops.matmul's LINEAR_TF32 is False (see rawops.linear_gelu)."""
     flags = _LINEAR_GELU_FLAGS.get(approximate) if isinstance(approximate, str) else None
     if flags is not None and not _compiling():
         y = torch_linear(x, weight, bias, flags)

@@ -41,6 +41,62 @@ def test_small_batch_path_only_where_its_16_byte_loads_are_legal(why, args):
     assert not mm.plan(*args)[0].startswith("linear_small"), why
 
 
+def test_float32_linear_gelu_at_small_batch_takes_3xtf32_on_sm90():
+    name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER, tf32_linear=True)
+    assert name == "linear_small_tf32_nt_f32" and block == 512 and splits == 1
+    assert grid == (3072 // 24, 1), "24 features per CTA: 128 CTAs, one per SM"
+    assert shared == mm.small_tf32_shared_bytes() == 16 * 32 * 40 * 4, "16 warps' padded 32 x 24 partial tiles"
+    assert mm.plan("nt", F32, 128, 10, 100, 100, BASE, OTHER, tf32_linear=True)[1] == (1, 4), "N = 10: one CTA"
+    assert mm.plan("nt", F32, 1, 3072, 768, 90, BASE, OTHER, tf32_linear=True)[0] == "linear_small_tf32_nt_f32"
+
+
+@pytest.mark.parametrize("why, args", [
+    ("plain matmul / any other GEMM: exact float32", ("nt", F32, 32, 3072, 768, 90, BASE, OTHER)),
+    ("sm_80: no clusters (v5 instead)", ("nt", F32, 32, 3072, 768, 80, BASE, OTHER, 132, 0, True)),
+    ("half types keep linear_small", ("nt", BF16, 32, 3072, 768, 90, BASE, OTHER, 132, 0, True)),
+    ("more rows than SMALL_MAX_M", ("nt", F32, 129, 3072, 768, 90, BASE, OTHER, 132, 0, True)),
+    ("K % 4: W's rows not 16-byte vectors", ("nt", F32, 32, 3072, 765, 90, BASE, OTHER, 132, 0, True)),
+    ("W off 16 bytes", ("nt", F32, 32, 3072, 768, 90, BASE, OTHER + 8, 132, 0, True)),
+    ("not x @ W^T", ("nn", F32, 32, 3072, 768, 90, BASE, OTHER, 132, 0, True)),
+])
+def test_3xtf32_small_batch_only_where_allowed(why, args):
+    assert mm.plan(*args)[0] != "linear_small_tf32_nt_f32", why
+
+
+@pytest.fixture
+def planned_names(monkeypatch):
+    """_launch_plan with a fake GPU (sm_90, 132 SMs): records the kernel names it picks."""
+    names = []
+    monkeypatch.setattr(mm, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(mm, "sm_count", lambda device: 132)
+    monkeypatch.setattr(mm, "_function", lambda name, device, shared: names.append(name) or name)
+    mm._plans.clear()
+    yield names
+    mm._plans.clear()
+
+
+def test_only_linear_gelu_forward_takes_3xtf32_and_the_switch_turns_it_off(planned_names, monkeypatch):
+    args = (F32, 32, 3072, 768, BASE, OTHER, 0)
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_tf32_nt_f32"
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU | mm.EPI_ERF)[0] == "linear_small_tf32_nt_f32"
+    assert mm._launch_plan("nt", *args, mm.EPI_NONE)[0] == "linear_small_nt_f32", "matmul's backward da = dy b^T"
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS)[0] == "linear_small_nt_f32"
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU_GRAD)[0] == "linear_small_nt_f32", "backward recompute"
+    assert mm.linear_launch_plan("nt", F32, 32, 3072, 768, BASE, OTHER, 0, 0, mm.EPI_BIAS_GELU)[0] == \
+        "linear_small_tf32_nt_f32", "the torch fast path's planner"
+    monkeypatch.setattr(mm, "LINEAR_TF32", False)
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_nt_f32", "a cached plan must not win"
+    monkeypatch.setattr(mm, "LINEAR_TF32", True)
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_tf32_nt_f32"
+
+
+def test_plain_matmul_float32_never_plans_3xtf32(planned_names):
+    for m, n, k in [(32, 3072, 768), (1, 8, 4), (128, 64, 64), (7, 5000, 9)]:
+        for layout in mm.LAYOUTS:
+            mm._launch_plan(layout, F32, m, n, k, BASE, OTHER, 0)
+    assert planned_names and "linear_small_tf32_nt_f32" not in planned_names
+
+
 def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned():
     for layout in mm.LAYOUTS:
         name, grid, block, shared, splits = mm.plan(layout, BF16, 8192, 8192, 8192, 90, BASE, OTHER)
@@ -137,6 +193,17 @@ def test_small_batch_launch_shape_matches_the_kernel_macros():
     assert mm.SIMT_VEC_K == constant("kVecK")
     partial_sums = mm.SMALL_GROUPS * mm.SMALL_ROWS * mm.SMALL_FEATURES * 4
     assert partial_sums <= mm.small_shared_bytes(2) <= mm.small_shared_bytes(4) <= 99 * 1024, "fits sm_86/89"
+
+
+def test_3xtf32_small_batch_shape_matches_its_entry_and_traps_below_sm90():
+    source = _source()
+    entry = re.search(r"^RAWOPS_SMALL_TF32\(linear_small_tf32_nt_f32, (\d+), (\d+), (\d+), (\d+), (\d+)\)", source,
+                      re.M)
+    c, nwn, nt, nwk, _ = map(int, entry.groups())
+    assert (c, nwn, nt, nwk) == (mm.SMALL_TF32_CLUSTER, 1, mm.SMALL_TF32_TILES, mm.SMALL_TF32_WARPS)
+    body = source[source.index("__device__ __forceinline__ void linear_small_tf32("):]
+    assert body.index("__CUDA_ARCH__ >= 900") < body.index("__trap()"), "sm_80..89 compile a trap"
+    assert mm.SMALL_TF32_MIN_CC == 90 and mm.small_tf32_shared_bytes() <= 99 * 1024, "fits sm_120's 99 KB"
 
 
 def test_every_entry_point_has_the_table_signature():
@@ -339,6 +406,79 @@ def test_linear_gelu_matches_torch_float64(dtype, m, k, n, approximate):
     y2 = rawops.linear_gelu(to_cupy(x), to_cupy(w), None, approximate)  # no bias, no pre-activation
     ref2 = _gelu64(torch, x.double() @ w.double().t(), approximate)
     assert_close(y2, ref2, dt, f"linear_gelu without bias {dtype} {m}x{k}->{n}")
+
+
+def _device_cc():
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
+
+
+def _tf32_runs_here():
+    return _device_cc() >= mm.SMALL_TF32_MIN_CC
+
+
+def _relative_error(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 32, 33, 128])
+@pytest.mark.parametrize("k, n", [(768, 3072), (768, 10), (100, 3072), (765, 40)])
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_linear_gelu_float32_small_batch_3xtf32_matches_float64(m, k, n, approximate):
+    """float32 linear_gelu at <= 128 rows takes 3xTF32 on sm_90+ (K % 4 == 0; K = 765 goes to
+    the FFMA kernel): held to float32's 1e-5, which one TF32 product (~3e-4) would fail."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    expect_tf32 = k % 4 == 0 and _tf32_runs_here()
+    name = mm.plan("nt", F32, m, n, k, _device_cc(), BASE, OTHER, tf32_linear=True)[0]
+    assert (name == "linear_small_tf32_nt_f32") == expect_tf32
+    x, w = random((m, k), torch.float32, 1.0), random((n, k), torch.float32, k ** -0.5)
+    bias = random((n,), torch.float32)
+    pre64 = torch.nn.functional.linear(x.double(), w.double(), bias.double())
+    y64 = _gelu64(torch, pre64, approximate)
+    what = f"{m}x{k}->{n} {approximate}"
+    for save in (True, False):
+        poison_pool(m * n * 4)
+        out = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), approximate, save_preactivation=save)
+        y = out[0] if save else out
+        if save:
+            assert_close(out[1], pre64, torch.float32, f"pre-activation {what}")
+        assert_close(y, y64, torch.float32, f"linear_gelu {what} save={save}")
+    poison_pool(m * n * 4)
+    y = rawops.linear_gelu(to_cupy(x), to_cupy(w), None, approximate)
+    assert_close(y, _gelu64(torch, x.double() @ w.double().t(), approximate), torch.float32, f"no bias {what}")
+
+
+@pytest.mark.gpu
+def test_linear_tf32_switch_forces_the_exact_kernel_in_both_paths(monkeypatch):
+    """LINEAR_TF32 = False: the exact FFMA kernel, also through the adapter's cached fast path;
+    3xTF32 stays at float32 level next to it (both printed with -s)."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import random, to_cupy
+    from rawops import _launch
+
+    if not _tf32_runs_here():
+        pytest.skip("3xTF32 small-batch kernel: sm_90+")
+    x, w, b = random((32, 768), torch.float32, 1.0), random((3072, 768), torch.float32, 768 ** -0.5), \
+        random((3072,), torch.float32)
+    ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()), approximate="tanh")
+    flags = mm.EPI_BIAS_GELU
+    with torch.no_grad():
+        fast_tf32 = _launch.torch_linear(x, w, b, flags)
+        api_tf32 = torch.from_dlpack(rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b)))
+        monkeypatch.setattr(mm, "LINEAR_TF32", False)
+        fast_exact = _launch.torch_linear(x, w, b, flags)
+        api_exact = torch.from_dlpack(rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b)))
+        torch_f32 = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate="tanh")
+    torch.cuda.synchronize()
+    assert torch.equal(fast_tf32, api_tf32) and torch.equal(fast_exact, api_exact), "one kernel per setting"
+    assert not torch.equal(fast_tf32, fast_exact), "the switch reached the fast path's cached plan"
+    e_tf32, e_exact, e_torch = (_relative_error(t, ref) for t in (fast_tf32, fast_exact, torch_f32))
+    print(f"relative error vs float64: 3xTF32 {e_tf32:.2e}, exact FFMA {e_exact:.2e}, torch float32 {e_torch:.2e}")
+    assert e_exact < 1e-6 and e_tf32 < 1e-5
 
 
 @pytest.mark.gpu
