@@ -56,11 +56,9 @@ def elementwise_host(ta, lines):
 def seed_batch32(ta, lines):
     from rawops._launch import torch_seed_forward
 
-    sizes = (100, 128, 64, 10)
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers += [torch.nn.Linear(a, b)] + ([torch.nn.ReLU()] if i < 2 else [])
-    net = torch.nn.Sequential(*layers).cuda()
+    from bench_mlp import sequential
+
+    net = sequential((100, 128, 64, 10), torch.float32)
     fused = ta.FusedMLP.from_sequential(net)
     x = torch.randn(32, 100, device="cuda")
     with torch.no_grad():

@@ -136,6 +136,17 @@ def _weights(net):
     return [t.detach() for m in linears for t in (m.weight, m.bias)]
 
 
+def _offset_weight_views(torch, net):
+    """The network's weights and biases as views into one flat buffer, one float past its
+    start: 4-byte aligned, off 16-byte alignment."""
+    flat = torch.cat([torch.zeros(1, device="cuda")] + [t.reshape(-1) for t in _weights(net)])
+    views, offset = [], 1
+    for t in _weights(net):
+        views.append(flat[offset: offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    return views
+
+
 def _reference(net, x):
     """float64 on the same float32 numbers."""
     import copy
@@ -182,11 +193,7 @@ def test_seed_mlp_on_offset_views_and_a_given_stream():
     from gpu_reference import assert_close, random, to_cupy
 
     net = _network(torch)
-    flat = torch.cat([torch.zeros(1, device="cuda")] + [t.reshape(-1) for t in _weights(net)])
-    views, offset = [], 1
-    for t in _weights(net):
-        views.append(flat[offset: offset + t.numel()].view(t.shape))
-        offset += t.numel()
+    views = _offset_weight_views(torch, net)
     x = random((77 * 100 + 1,), torch.float32)[1:].view(77, 100)
     stream = cupy.cuda.Stream(non_blocking=True)
     y = rawops.seed_mlp(to_cupy(x), *(to_cupy(v) for v in views), stream=stream)
@@ -1060,11 +1067,7 @@ def test_3xtf32_forward_on_misaligned_views_nan_and_out(variant, monkeypatch):
     monkeypatch.setattr(mlp, "SEED_TC", variant)
     names = _launched_kernels(monkeypatch)
     net = _network(torch)
-    flat = torch.cat([torch.zeros(1, device="cuda")] + [t.reshape(-1) for t in _weights(net)])
-    views, offset = [], 1
-    for t in _weights(net):
-        views.append(flat[offset: offset + t.numel()].view(t.shape))
-        offset += t.numel()
+    views = _offset_weight_views(torch, net)
     batch = 5003
     x = random((batch * 100 + 1,), torch.float32)[1:].view(batch, 100)
     x[3, 7] = float("nan")
