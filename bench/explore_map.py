@@ -7,7 +7,8 @@ block size and grid policy, timed at 64M elements on the GPU it runs on. Needs n
 Each variant is the real kernel built with -DRAWOPS_MAP_UNROLL=U (and -DRAWOPS_PLAIN_LOADS
 for ld.global instead of ld.global.nc, -DRAWOPS_STREAMING_HINTS for evict-first ld/st.cs,
 -DRAWOPS_L2_256B for loads that fetch 256-byte L2 lines, -DRAWOPS_L1_NO_ALLOCATE for loads
-that skip L1),
+that skip L1, -DRAWOPS_MAP_MINIMAL for torch's kernel structure: 32-bit index, no head, tail
+or loop),
 launched with one block per chunk of U x block vectors. (An earlier round also tried a resident grid-stride grid: 5-15% slower everywhere.)
 The winner goes into rawops/_launch.pyx; the table goes into bench/NOTES.md.
 """
@@ -38,7 +39,8 @@ def build(unroll, variant, arch, out_dir):
     path = os.path.join(out_dir, f"elementwise_u{unroll}_{variant}.cubin")
     flags = [f"-DRAWOPS_MAP_UNROLL={unroll}", "-DRAWOPS_MAP_MAX_THREADS=512"]
     flags += {"nc": [], "plain": ["-DRAWOPS_PLAIN_LOADS"], "cs": ["-DRAWOPS_STREAMING_HINTS"],
-              "l2_256": ["-DRAWOPS_L2_256B"], "noalloc": ["-DRAWOPS_L1_NO_ALLOCATE"]}[variant]
+              "l2_256": ["-DRAWOPS_L2_256B"], "noalloc": ["-DRAWOPS_L1_NO_ALLOCATE"],
+              "minimal": ["-DRAWOPS_MAP_MINIMAL"], "minimal_plain": ["-DRAWOPS_MAP_MINIMAL", "-DRAWOPS_PLAIN_LOADS"]}[variant]
     subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
                     *flags, f"{ROOT}/kernels/elementwise.cu", "-o", path], check=True)
     return cupy.RawModule(path=path)
@@ -156,7 +158,7 @@ def main():
     buffers = {}
     rows = []
     torch_us = torch_times()
-    for unroll, loads in ((1, "nc"), (1, "l2_256"), (1, "noalloc")):
+    for unroll, loads in ((1, "nc"), (1, "minimal"), (1, "minimal_plain"), (1, "nc")):
         module = build(unroll, loads, f"{major}{minor}", "/tmp")
         for name, dtype, reads_b, reads_c, units in KERNELS:
             dtype = numpy.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else numpy.dtype(dtype)

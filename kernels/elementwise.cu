@@ -147,6 +147,22 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
                                     const T* __restrict__ c, T* __restrict__ out, int64_t n,
                                     int64_t head, int64_t inner, float alpha) {
   constexpr int V = Vec16<T>::size;
+#ifdef RAWOPS_MAP_MINIMAL
+  // bench/explore_map.py only: torch's structure (32-bit index, one vector a thread, no head,
+  // tail or loop) for aligned inputs of whole vectors below 2^31 elements, no row vector.
+  if (!Op::C) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < int(n / V)) {
+      const Vec16<T> va = load16(a + i * V);
+      Vec16<T> vb, r;
+      if (Op::B) vb = load16(b + i * V);
+#pragma unroll
+      for (int e = 0; e < V; ++e) r.v[e] = from_float<T>(Op::f(to_float(va.v[e]), Op::B ? to_float(vb.v[e]) : 0.f, 0.f, alpha));
+      store16(out + i * V, r);
+    }
+    return;
+  }
+#endif
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nthreads = int64_t(gridDim.x) * blockDim.x;
 
