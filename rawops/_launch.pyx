@@ -27,11 +27,27 @@ cdef enum:
     N_FLOAT = 3
     MAX_DEVICES = 64
     MAP_THREADS = 256
+    MAP_CAPPED_THREADS = 128
+    MAP_CAPPED_SMEM = 16384
     MAP_UNROLL = 1   # must match RAWOPS_MAP_UNROLL in kernels/elementwise.cu
     MAP_BLOCKS_PER_SM = 8
 
 # The map kernels' launch shape, for tests and tools (the kernel's RAWOPS_MAP_UNROLL must match).
 MAP_SHAPE = {"threads": MAP_THREADS, "unroll": MAP_UNROLL}
+# The light ops' shape on sm_90: blocks of 128 with 16 KB of dynamic shared memory they never
+# touch, so that an SM holds 13 blocks (52 warps) instead of 64 warps. Measured on the H100
+# (bench/explore_map.py --occupancy, bench/NOTES.md): relu f16 0.993 -> 1.001x torch, add f16
+# 0.994 -> 1.009x, gelu tanh bwd bf16 0.997 -> 1.005x; the compute-heavier erf GELU and
+# bias_gelu got slower, so they keep the default. Other architectures were not measured.
+MAP_CAPPED_SHAPE = {"threads": MAP_CAPPED_THREADS, "shared": MAP_CAPPED_SMEM, "cc": 90}
+
+
+def map_shape(bint capped, int cc):
+    """(threads, dynamic shared bytes) of a map kernel's launch on a GPU of compute
+    capability cc (major * 10 + minor)."""
+    if capped and cc == 90:
+        return MAP_CAPPED_THREADS, MAP_CAPPED_SMEM
+    return MAP_THREADS, 0
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "uint8", "uint16")
 FLOAT_SUFFIXES = ("f32", "f16", "bf16")
@@ -428,19 +444,20 @@ cdef inline long long _map_head(long long n, int itemsize, uintptr_t out, uintpt
     return min(<long long>(((16 - phase) % 16) // itemsize), n)
 
 
-cdef inline long long _map_blocks(long long n, long long head, int itemsize, int sms):
-    """Vector path: one block per MAP_THREADS * MAP_UNROLL vectors (not persistent: many
+cdef inline long long _map_blocks(long long n, long long head, int itemsize, int sms, int threads):
+    """Vector path: one block per threads * MAP_UNROLL vectors (not persistent: many
     short blocks balance better). Scalar path: a grid-stride loop over a bounded grid."""
-    cdef long long per_block = MAP_THREADS * MAP_UNROLL
+    cdef long long per_block = threads * MAP_UNROLL
     if head >= 0:
         return max(1, ((n - head) // (16 // itemsize) + per_block - 1) // per_block)
     return max(1, min((n + per_block - 1) // per_block, <long long>sms * 32))
 
 
-def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b, int sms):
+def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b, int sms,
+                      int threads=MAP_THREADS):
     """(blocks, head) of a map launch; pure arithmetic, testable without a GPU."""
     cdef long long head = _map_head(n, itemsize, out, a, b)
-    return _map_blocks(n, head, itemsize, sms), head
+    return _map_blocks(n, head, itemsize, sms, threads), head
 
 
 cdef int _check_element_aligned(DeviceArray x) except -1:
@@ -531,14 +548,19 @@ cdef class MapKernel:
     cdef readonly tuple arg_names
     cdef readonly bint reads_b
     cdef readonly bint reads_c
+    cdef readonly bint capped  # the light ops' launch shape where measured (map_shape)
     cdef uintptr_t _functions[MAX_DEVICES][N_FLOAT]
+    cdef unsigned _threads[MAX_DEVICES]
+    cdef unsigned _shared[MAX_DEVICES]
 
-    def __init__(self, str family, str name, tuple arg_names, bint reads_b=False, bint reads_c=False):
+    def __init__(self, str family, str name, tuple arg_names, bint reads_b=False, bint reads_c=False,
+                 bint capped=False):
         self.family = family
         self.name = name
         self.arg_names = arg_names
         self.reads_b = reads_b
         self.reads_c = reads_c
+        self.capped = capped
 
     def kernel_names(self):
         return [f"{self.name}_{s}" for s in FLOAT_SUFFIXES]
@@ -548,9 +570,17 @@ cdef class MapKernel:
             raise ValueError(f"device {device} is out of range")
         if self._functions[device][dtype] == 0:
             _load_driver()
+            if self._threads[device] == 0:
+                threads, shared = map_shape(self.capped, _modules.compute_capability(device))
+                self._threads[device], self._shared[device] = threads, shared
             self._functions[device][dtype] = _modules.function_pointer(
                 self.family, f"{self.name}_{FLOAT_SUFFIXES[dtype]}", device)
         return self._functions[device][dtype]
+
+    def launch_shape(self, int device):
+        """(threads, dynamic shared bytes) of this op's launches on `device`."""
+        self.function(device, F32)
+        return self._threads[device], self._shared[device]
 
     def __call__(self, a, b=None, c=None, float alpha=0.0, out=None, stream=None):
         cdef DeviceArray A = as_array(a, self.arg_names[0])
@@ -683,7 +713,8 @@ cdef class MapKernel:
         cdef uintptr_t function = self.function(device, dtype)
         cdef int itemsize = 4 if dtype == F32 else 2
         cdef long long head = _map_head(n, itemsize, out, a, b if self.reads_b else 0)
-        cdef long long blocks = _map_blocks(n, head, itemsize, sm_count(device))
+        cdef unsigned threads = self._threads[device], shared = self._shared[device]
+        cdef long long blocks = _map_blocks(n, head, itemsize, sm_count(device), threads)
         if blocks > 0x7FFFFFFF:
             raise ValueError(f"{self.name}: {n} elements exceed one launch's grid")
         cdef void* params[8]
@@ -696,8 +727,8 @@ cdef class MapKernel:
         params[6] = &inner
         params[7] = &alpha
         if on_torch:
-            return _launch_torch(function, <unsigned>blocks, 1, 1, MAP_THREADS, 0, params, device)
-        return _launch(function, <unsigned>blocks, 1, 1, MAP_THREADS, 0, stream, params, device)
+            return _launch_torch(function, <unsigned>blocks, 1, 1, threads, shared, params, device)
+        return _launch(function, <unsigned>blocks, 1, 1, threads, shared, stream, params, device)
 
 
 # ---------------------------------------------------------------------------- torch eager entries

@@ -277,3 +277,42 @@ def test_generic_launch_takes_at_most_32_arguments():
 def test_sm_count_refuses_out_of_range_devices_before_asking_the_gpu(device):
     with pytest.raises(ValueError, match=f"device {device} is out of range"):
         sm_count(device)
+
+
+# ------------------------------------------------------------------------------ capped shape (sm_90)
+def test_light_ops_take_the_capped_shape_on_sm90_only():
+    from rawops._launch import MAP_CAPPED_SHAPE, map_shape
+
+    capped = (MAP_CAPPED_SHAPE["threads"], MAP_CAPPED_SHAPE["shared"])
+    assert map_shape(True, 90) == capped == (128, 16384)
+    for cc in (75, 80, 86, 89, 100, 120):
+        assert map_shape(True, cc) == (THREADS, 0)
+    assert map_shape(False, 90) == (THREADS, 0)
+    # 16 KB needs no opt-in attribute (the default dynamic limit is 48 KB), and the block fits
+    # the kernels' launch bounds
+    assert MAP_CAPPED_SHAPE["shared"] <= 48 * 1024 and MAP_CAPPED_SHAPE["threads"] <= THREADS
+
+
+def test_which_ops_are_capped():
+    from rawops import elementwise
+
+    capped = {name for name, kernel in elementwise.MAP.items() if kernel.capped}
+    assert capped == {"gelu_tanh_fwd", "gelu_tanh_bwd", "relu_fwd", "relu_bwd", "relu_scale_fwd", "relu_scale_bwd",
+                      "relu_scale_add_fwd", "add_fwd"}  # erf GELU and bias_gelu measured slower capped
+
+
+@pytest.mark.parametrize("n", [1, 1023, 1 << 20, (1 << 26) + 5])
+def test_capped_blocks_cover_the_vectors_with_128_threads(n):
+    blocks, head = map_launch_config(n, 2, BASE, BASE, 0, 132, 128)
+    assert head == 0 and blocks == max(1, math.ceil((n // 8) / 128))
+    assert blocks * 128 * 8 >= n - n % 8
+
+
+@pytest.mark.gpu
+def test_a_capped_op_launches_in_the_shape_its_device_gets():
+    from rawops import elementwise
+    from rawops._launch import map_shape
+
+    cc = _modules.compute_capability(0)
+    assert elementwise.MAP["relu_fwd"].launch_shape(0) == map_shape(True, cc)
+    assert elementwise.MAP["gelu_erf_fwd"].launch_shape(0) == (THREADS, 0)
