@@ -228,7 +228,7 @@ namespace {
 constexpr int kSmallTile = 2;
 constexpr int kSmallThreads = 256;
 
-constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
+__host__ __device__ constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
 
 // Sums each of a lane's V values over the warp's 32 lanes (V a power of two <= 32). Each
 // halving exchange sends the half of the values the partner keeps and adds the half it
