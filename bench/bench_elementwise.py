@@ -35,7 +35,11 @@ def _cases(ta, x, y, dy, bias):
         "bias_gelu": (lambda: ta.bias_gelu(x2, bias, "tanh"), lambda: F.gelu(x2 + bias, approximate="tanh"), 2, True),
         "add": (lambda: ta.add(x, y), lambda: x + y, 3, True),
         "gelu tanh bwd": (lambda: ta._gelu_bwd(dy, x, "tanh"), lambda: gelu_bwd(dy, x, approximate="tanh"), 3, False),
+        "gelu erf bwd": (lambda: ta._gelu_bwd(dy, x, "none"), lambda: gelu_bwd(dy, x), 3, False),
         "relu bwd": (lambda: ta._relu_bwd(dy, x), lambda: torch.ops.aten.threshold_backward(dy, x, 0), 3, False),
+        # relu_scale_add's x gradient is this one (its y gradient is dy itself: no kernel).
+        "relu_scale bwd": (lambda: ta._relu_scale_bwd(dy, x, ALPHA),
+                           lambda: torch.ops.aten.threshold_backward(dy, x, 0) * ALPHA, 3, False),
         "bias_gelu bwd (dx+dbias)": (lambda: ta._bias_gelu_bwd(dy2, x2, bias, "tanh"),
                                      lambda: _torch_bias_gelu_bwd(dy2, x2, bias), 3, False),
     }
@@ -57,7 +61,9 @@ def device_rows(ta, ceiling):
             tbps = nbytes / us_ours / 1e6
             speedup = us_torch / us_ours
             needs_fused_win = name in ("relu_scale", "relu_scale_add", "bias_gelu")
-            meets = (tbps >= 0.95 * ceiling and speedup >= (1.9 if needs_fused_win else 1.0)) if forward else speedup >= 1.0
+            # The bar holds for every op, backwards included: >= 95% of the copy ceiling
+            # and >= 1.0x torch (1.9x for the fused forwards, which torch runs as 2-3 kernels).
+            meets = tbps >= 0.95 * ceiling and speedup >= (1.9 if needs_fused_win else 1.0)
             rows.append({"op": name, "dtype": dtype_name, "rawops us": us_ours, "torch us": us_torch,
                          "rawops TB/s": tbps, "torch TB/s": nbytes / us_torch / 1e6,
                          "of copy ceiling": tbps / ceiling, "x torch": speedup, "meets target": meets})
@@ -156,7 +162,7 @@ def main():
     text = write_results(out_dir, "elementwise", command, [
         ("Device time, 64M elements", header, rows,
          {"copy ceiling TB/s": round(ceiling, 3),
-          "targets": "forward >= 95% of copy ceiling and >= 1.0x torch (fused ops >= 1.9x); backward >= 1.0x torch"}),
+          "targets": "every row (backwards included) >= 95% of the copy ceiling and >= 1.0x torch (the fused forwards relu_scale, relu_scale_add, bias_gelu >= 1.9x)"}),
         ("Host time per call, 1K elements", ["call (1K elements, float32)", "host us", "target", "meets target"],
          h_rows, {"method": "perf_counter over 1000 back-to-back calls, 15 rounds interleaved across all "
                             "rows, median"}),

@@ -223,7 +223,7 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
 
 // Deterministic column sums of a (rows x cols) matrix, in two launches (no atomics, so the
 // same input gives the same bits): partial[chunk, col] over a chunk of rows, then the chunks
-// summed in order. Used for dbias. Reads the matrix once, coalesced along a row.
+// summed in a fixed order. Used for dbias. Reads the matrix once, coalesced along a row.
 template <typename T>
 __device__ __forceinline__ void column_sum_part(const T* __restrict__ x, float* __restrict__ partial,
                                                 int64_t rows, int64_t cols, int64_t rows_per_chunk) {
@@ -236,14 +236,91 @@ __device__ __forceinline__ void column_sum_part(const T* __restrict__ x, float* 
   partial[int64_t(blockIdx.y) * cols + col] = acc;
 }
 
+// Blocks of kFinalColumns x kFinalGroups threads: group g sums chunks g, g + kFinalGroups, ...
+// of its column in order, then group 0 adds the groups in order. One thread a column (the
+// first version) waited on L2 once per chunk: ~10 us for 132 chunks of 4096 columns.
+constexpr int kFinalColumns = 32, kFinalGroups = 8;
 template <typename T>
 __device__ __forceinline__ void column_sum_final(const float* __restrict__ partial, T* __restrict__ out,
                                                  int64_t chunks, int64_t cols) {
-  const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (col >= cols) return;
+  __shared__ float sums[kFinalGroups][kFinalColumns];
+  const int c = threadIdx.x % kFinalColumns, g = threadIdx.x / kFinalColumns;
+  const int64_t col = int64_t(blockIdx.x) * kFinalColumns + c;
   float acc = 0.f;
-  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * cols + col];
-  out[col] = from_float<T>(acc);
+  if (col < cols)
+    for (int64_t k = g; k < chunks; k += kFinalGroups) acc += partial[k * cols + col];
+  sums[g][c] = acc;
+  __syncthreads();
+  if (g == 0 && col < cols) {
+#pragma unroll
+    for (int i = 1; i < kFinalGroups; ++i) acc += sums[i][c];
+    out[col] = from_float<T>(acc);
+  }
+}
+
+// bias_gelu's backward with dbias's first stage fused in: dx = dy * gelu'(x + bias), written as
+// the map kernel writes it, and the column sums of that dx (the rounded values, as
+// column_sum(dx) would see them) over each chunk of rows into partial[chunk][col];
+// column_sum_final then adds the chunks. One pass over dy and x: the map kernel + column_sum
+// re-read dx, 4 tensor passes where 3 are needed (2.0-2.2 TB/s counted, bench/NOTES.md).
+// Launch (rawops/elementwise.py: bias_gelu_bwd_plan): 1-D blocks of strip x `by` threads;
+// thread (tx, ty) = (t % strip, t / strip) owns 16-byte column vector blockIdx.x * strip + tx
+// and rows r0 + ty, r0 + ty + by, ... of chunk blockIdx.y. Needs cols % V == 0 and dy, x,
+// bias, dx 16-byte aligned (the plan checks; otherwise the unfused pair runs).
+constexpr int kBiasBwdThreads = 256;
+constexpr int kBiasBwdUnroll = 8;  // rows of loads in flight per thread
+template <class Op, typename T>
+__device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const T* __restrict__ x,
+                                                 const T* __restrict__ bias, T* __restrict__ dx,
+                                                 float* __restrict__ partial, int64_t rows, int64_t cols,
+                                                 int64_t rows_per_chunk, int strip) {
+  constexpr int V = Vec16<T>::size, U = kBiasBwdUnroll;
+  __shared__ float sums[V][kBiasBwdThreads];
+  const int tx = threadIdx.x % strip, ty = threadIdx.x / strip, by = blockDim.x / strip;
+  const int64_t col = (int64_t(blockIdx.x) * strip + tx) * V;
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  float acc[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[e] = 0.f;
+  auto apply = [&](const Vec16<T>& d, const Vec16<T>& v, const float (&b)[V], T* dst) {
+    Vec16<T> r;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      r.v[e] = from_float<T>(Op::f(to_float(d.v[e]), to_float(v.v[e]), b[e], 0.f));
+      acc[e] += to_float(r.v[e]);
+    }
+    store16(dst, r);
+  };
+  if (col < cols) {
+    float b[V];
+    const Vec16<T> bvec = load16(bias + col);
+#pragma unroll
+    for (int e = 0; e < V; ++e) b[e] = to_float(bvec.v[e]);
+    int64_t r = r0 + ty;
+    for (; r + (U - 1) * by < r1; r += U * by) {
+      Vec16<T> d[U], v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {  // every load in flight before any math
+        d[u] = load16(dy + (r + u * by) * cols + col);
+        v[u] = load16(x + (r + u * by) * cols + col);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) apply(d[u], v[u], b, dx + (r + u * by) * cols + col);
+    }
+    for (; r < r1; r += by) apply(load16(dy + r * cols + col), load16(x + r * cols + col), b, dx + r * cols + col);
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) sums[e][threadIdx.x] = acc[e];
+  __syncthreads();
+  if (ty == 0 && col < cols) {
+    float* dst = partial + int64_t(blockIdx.y) * cols + col;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      float s = acc[e];
+      for (int k = 1; k < by; ++k) s += sums[e][k * strip + tx];
+      dst[e] = s;
+    }
+  }
 }
 
 }  // namespace
@@ -254,6 +331,13 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
       name##_##suffix(const T* a, const T* b, const T* c, T* out, long long n, long long head, \
                       long long inner, float alpha) {                                          \
     rawops::map<rawops::Op<T>>(a, b, c, out, n, head, inner, alpha);                              \
+  }
+
+#define RAWOPS_BIAS_BWD_PARTIAL(name, Op, T, suffix)                                            \
+  extern "C" __global__ void __launch_bounds__(rawops::kBiasBwdThreads)                           \
+      name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
+                      long long cols, long long rows_per_chunk, long long strip) {               \
+    rawops::bias_bwd_partial<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols, rows_per_chunk, int(strip)); \
   }
 
 #define RAWOPS_ELEMENTWISE(T, suffix)                                                    \
@@ -275,10 +359,12 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
                                                       long long cols, long long rows_per_chunk) { \
     rawops::column_sum_part(x, partial, rows, cols, rows_per_chunk);                     \
   }                                                                                      \
-  extern "C" __global__ void column_sum_final_##suffix(const float* partial, T* out,     \
-                                                       long long chunks, long long cols) { \
+  extern "C" __global__ void __launch_bounds__(rawops::kFinalColumns * rawops::kFinalGroups) \
+      column_sum_final_##suffix(const float* partial, T* out, long long chunks, long long cols) { \
     rawops::column_sum_final(partial, out, chunks, cols);                                \
-  }
+  }                                                                                      \
+  RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_tanh_bwd_partial, BiasGeluTanhBwd, T, suffix)        \
+  RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_erf_bwd_partial, BiasGeluErfBwd, T, suffix)
 
 RAWOPS_ELEMENTWISE(float, f32)
 RAWOPS_ELEMENTWISE(__half, f16)

@@ -31,6 +31,12 @@ KERNELS = {
 }
 # Two-stage deterministic column sum (dbias); launched through the generic launcher.
 COLUMN_SUM_KERNELS = ("column_sum_part", "column_sum_final")
+FINAL_COLUMNS, FINAL_THREADS = 32, 256  # column_sum_final: 32 columns x 8 chunk groups a block
+# bias_gelu's backward with the column sums' first stage fused in (dx and dbias in one pass
+# over dy and x), by approximate; launched through the generic launcher.
+BIAS_BWD_PARTIAL = {"tanh": "bias_gelu_tanh_bwd_partial", "none": "bias_gelu_erf_bwd_partial"}
+BIAS_BWD_THREADS = 256
+BIAS_BWD_BLOCKS_PER_SM = 2  # blocks the plan aims for (bench/NOTES.md: measured against 1, 4, 8)
 
 # The light ops, launched in the capped shape on sm_90 (_launch.map_shape: measured faster there);
 # erf GELU and bias_gelu do more math per byte and measured slower capped.
@@ -119,9 +125,62 @@ def bias_gelu(x, bias, approximate="tanh", *, out=None, stream=None):
 
 def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None):
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over the leading dims
-    (deterministic: the same input gives the same bits)."""
-    dx = _gelu_kernel(_BIAS_GELU_BWD, approximate)(dy, x, c=bias, out=out, stream=stream)
-    return dx, column_sum(dx, stream=stream)
+    (deterministic: the same input gives the same bits). One pass over dy and x when the last
+    dim is whole 16-byte vectors and every operand is 16-byte aligned; otherwise dx, then its
+    column sums."""
+    import cupy
+
+    kernel = _gelu_kernel(_BIAS_GELU_BWD, approximate)
+    a_dy, a_x, a_bias, a_out, device = kernel.check(dy, x, bias, out)
+    cols = a_bias.size
+    rows = a_dy.size // cols if cols else 0
+    with cupy.cuda.Device(device):
+        plan = bias_gelu_bwd_plan(rows, cols, a_dy.itemsize, (a_dy.ptr, a_x.ptr, a_bias.ptr,
+                                  a_out.ptr if a_out is not None else 0), sm_count(device))
+        if plan is None:
+            dx = kernel(dy, x, c=bias, out=out, stream=stream)
+            return dx, column_sum(dx, stream=stream)
+        s = stream_pointer(stream, device)
+        for operand in (a_dy, a_x, a_bias):
+            wait_for_producer(operand, s)
+        dtype = NUMPY_DTYPES[a_dy.dtype]
+        dx = a_out.obj if a_out is not None else cupy.empty(a_dy.shape, dtype=dtype)
+        dbias = cupy.empty((cols,), dtype=dtype)
+        partial = cupy.empty((plan[1], cols), dtype="float32")
+        launch_bias_gelu_backward(device, a_dy.dtype, approximate, plan, a_dy.ptr, a_x.ptr, a_bias.ptr,
+                                  dx.data.ptr, partial.data.ptr, dbias.data.ptr, rows, cols, s)
+    return dx, dbias
+
+
+def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
+    """(strips, chunks, rows_per_chunk, strip, threads) of the fused backward
+    (kernels/elementwise.cu bias_bwd_partial), or None where it does not apply: nothing to
+    do, a last dim that is not whole 16-byte vectors, or a pointer off 16-byte alignment.
+    A block is `strip` column vectors x threads / strip rows; `strips` blocks span a row and
+    `chunks` blocks its rows: about BIAS_BWD_BLOCKS_PER_SM blocks an SM (each thread keeps 8
+    rows of loads in flight), and few chunks for the final sum to add."""
+    vector = 16 // itemsize
+    if rows <= 0 or cols <= 0 or cols % vector or any(p % 16 for p in pointers):
+        return None
+    vectors = cols // vector
+    strip = min(vectors, BIAS_BWD_THREADS)
+    by = BIAS_BWD_THREADS // strip
+    strips = -(-vectors // strip)
+    chunks = max(1, min(-(-rows // by), 65535, -(-BIAS_BWD_BLOCKS_PER_SM * sms // strips)))
+    rows_per_chunk = -(-rows // chunks)
+    return strips, -(-rows // rows_per_chunk), rows_per_chunk, strip, strip * by
+
+
+def launch_bias_gelu_backward(device, dtype, approximate, plan, dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr,
+                              dbias_ptr, rows, cols, stream):
+    """The fused backward on raw pointers checked by the caller: dx, plan[1] x cols float32
+    partial sums, then dbias from them (column_sum_final)."""
+    strips, chunks, rows_per_chunk, strip, threads = plan
+    suffix = FLOAT_SUFFIXES[dtype]
+    fused = _modules.function_pointer(FAMILY, f"{BIAS_BWD_PARTIAL[approximate]}_{suffix}", device)
+    launch(fused, (strips, chunks), threads, 0, stream,
+           (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols, rows_per_chunk, strip), "pppppqqqq", device)
+    _launch_column_sum_final(device, suffix, partial_ptr, dbias_ptr, chunks, cols, stream)
 
 
 def column_sum_plan(rows, cols, sms):
@@ -135,11 +194,15 @@ def launch_column_sum(device, dtype, x_ptr, partial_ptr, out_ptr, rows, cols, ch
     """Both column-sum stages on raw pointers; partial holds chunks x cols float32."""
     suffix = FLOAT_SUFFIXES[dtype]
     part = _modules.function_pointer(FAMILY, f"column_sum_part_{suffix}", device)
-    final = _modules.function_pointer(FAMILY, f"column_sum_final_{suffix}", device)
-    col_blocks = (cols + 255) // 256
-    launch(part, (col_blocks, chunks), 256, 0, stream, (x_ptr, partial_ptr, rows, cols, rows_per_chunk),
+    launch(part, ((cols + 255) // 256, chunks), 256, 0, stream, (x_ptr, partial_ptr, rows, cols, rows_per_chunk),
            "ppqqq", device)
-    launch(final, (col_blocks,), 256, 0, stream, (partial_ptr, out_ptr, chunks, cols), "ppqq", device)
+    _launch_column_sum_final(device, suffix, partial_ptr, out_ptr, chunks, cols, stream)
+
+
+def _launch_column_sum_final(device, suffix, partial_ptr, out_ptr, chunks, cols, stream):
+    final = _modules.function_pointer(FAMILY, f"column_sum_final_{suffix}", device)
+    launch(final, (-(-cols // FINAL_COLUMNS),), FINAL_THREADS, 0, stream, (partial_ptr, out_ptr, chunks, cols),
+           "ppqq", device)
 
 
 def column_sum(x, *, stream=None):

@@ -105,8 +105,38 @@ def _bias_gelu_fwd(x, bias, approximate):
 
 
 def _bias_gelu_bwd(dy, x, bias, approximate):
-    dx = _gelu_kernel(approximate, "bwd", bias=True).torch_call(_contiguous(dy), x, c=bias)
+    dy = _contiguous(dy)
+    kernel = _gelu_kernel(approximate, "bwd", bias=True)
+    fused = _bias_gelu_bwd_fused(dy, x, bias, approximate)
+    if fused is not None:
+        return fused
+    dx = kernel.torch_call(dy, x, c=bias)
     return dx, _column_sum(dx)
+
+
+def _bias_gelu_bwd_fused(dy, x, bias, approximate):
+    """(dx, dbias) in one pass over dy and x (rawops.elementwise.bias_gelu_bwd_plan), or None
+    where it does not apply or a shape differs: the unfused path then raises the errors."""
+    code = tensor_code(dy, "dy")
+    tensor_code(x, "x", dy, "dy")
+    tensor_code(bias, "bias", dy, "dy")
+    if x.shape != dy.shape or bias.dim() != 1 or x.dim() == 0 or bias.shape[0] != x.shape[-1]:
+        return None
+    cols = bias.shape[0]
+    rows = x.numel() // cols if cols else 0
+    device = x.get_device()
+    plan = _ew.bias_gelu_bwd_plan(rows, cols, x.element_size(), (dy.data_ptr(), x.data_ptr(), bias.data_ptr()),
+                                  sm_count(device))
+    if plan is None:
+        return None
+    dx = torch.empty_like(x)
+    dbias = torch.empty(cols, dtype=x.dtype, device=x.device)
+    partial = torch.empty((plan[1], cols), dtype=torch.float32, device=x.device)
+    with torch.cuda.device(device):
+        _ew.launch_bias_gelu_backward(device, code, approximate, plan, dy.data_ptr(), x.data_ptr(), bias.data_ptr(),
+                                      dx.data_ptr(), partial.data_ptr(), dbias.data_ptr(), rows, cols,
+                                      _raw_stream(device))
+    return dx, dbias
 
 
 # ------------------------------------------------------------------- eager autograd

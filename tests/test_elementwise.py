@@ -136,6 +136,62 @@ def test_bias_gelu_backward_dbias_is_deterministic_and_correct():
     assert_close(to_torch(db1), b64.grad, torch.float32, "dbias")
 
 
+def _bias_gelu_grads64(dy, x, bias, approximate):
+    x64, b64 = x.double().requires_grad_(), bias.double().requires_grad_()
+    F.gelu(x64 + b64, approximate=approximate).backward(dy.double())
+    return x64.grad, b64.grad
+
+
+# (shape, fused?): the one-pass kernel where rows are whole 16-byte vectors (one strip of
+# several rows a block, many strips a row, a tail chunk), the dx + column_sum pair elsewhere.
+BIAS_BWD_SHAPES = [((4096, 768), True), ((1000, 64), True), ((7, 8), True), ((70001, 8), True), ((5, 1 << 17), True),
+                   ((3, 5, 2048), True), ((33, 257), False), ((1, 7), False)]
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,fused", BIAS_BWD_SHAPES, ids=["x".join(map(str, s)) for s, _ in BIAS_BWD_SHAPES])
+def test_bias_gelu_backward_dx_and_dbias_match_float64(shape, fused, dtype, approximate):
+    dy, x = random(shape, DTYPES[dtype]), random(shape, DTYPES[dtype])
+    bias = random(shape[-1:], DTYPES[dtype])
+    rows, cols = dy.numel() // shape[-1], shape[-1]
+    plan = rawops.elementwise.bias_gelu_bwd_plan(rows, cols, dy.element_size(), (dy.data_ptr(), x.data_ptr(),
+                                                 bias.data_ptr()), 132)
+    assert (plan is not None) == fused
+    poison_pool(dy.numel() * dy.element_size())
+    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate)
+    dx64, db64 = _bias_gelu_grads64(dy, x, bias, approximate)
+    assert_close(to_torch(dx), dx64, DTYPES[dtype], "dx")
+    assert_close(to_torch(dbias), db64, DTYPES[dtype], "dbias")
+    # dbias is the sum of the dx returned (its rounded values), to float32 summation error.
+    assert_close(to_torch(dbias), to_torch(dx).double().reshape(rows, cols).sum(0), DTYPES[dtype], "dbias vs dx",
+                 factor=0.1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("in_place", ["out", "out=dy", "out=x"])
+def test_fused_bias_gelu_backward_out_and_in_place(dtype, in_place):
+    dy, x = random((2000, 512), DTYPES[dtype]), random((2000, 512), DTYPES[dtype])
+    bias = random((512,), DTYPES[dtype])
+    dx64, db64 = _bias_gelu_grads64(dy, x, bias, "tanh")
+    out = {"out": torch.full_like(dy, float("nan")), "out=dy": dy, "out=x": x}[in_place]
+    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), out=to_cupy(out))
+    assert dx.data.ptr == out.data_ptr()
+    assert_close(out, dx64, DTYPES[dtype], "dx")
+    assert_close(to_torch(dbias), db64, DTYPES[dtype], "dbias")
+
+
+def test_fused_bias_gelu_backward_on_an_explicit_stream():
+    dy, x, bias = random((3000, 1024), torch.float16), random((3000, 1024), torch.float16), random((1024,), torch.float16)
+    dx64, db64 = _bias_gelu_grads64(dy, x, bias, "tanh")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    torch.cuda.synchronize()
+    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), stream=stream)
+    stream.synchronize()
+    assert_close(to_torch(dx), dx64, torch.float16, "dx")
+    assert_close(to_torch(dbias), db64, torch.float16, "dbias")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_column_sum_half_types(dtype):
     x = random((3000, 129), DTYPES[dtype])

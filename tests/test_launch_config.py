@@ -20,7 +20,7 @@ import pytest
 
 from rawops import _modules
 from rawops._launch import MAP_SHAPE, launch, map_launch_config, sm_count
-from rawops.elementwise import column_sum_plan
+from rawops.elementwise import BIAS_BWD_THREADS, bias_gelu_bwd_plan, column_sum_plan
 
 THREADS = MAP_SHAPE["threads"]  # __launch_bounds__(256) in the kernel
 UNROLL = MAP_SHAPE["unroll"]  # RAWOPS_MAP_UNROLL in the kernel (the tripwire test checks)
@@ -260,6 +260,38 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
         covered[r0:r1] += 1
     assert (covered == 1).all()
     assert chunks <= max(1, (sms * 2048) // cols) or chunks == 1
+
+
+# ------------------------------------------------------------------------------ fused bias_gelu backward plan
+@pytest.mark.parametrize("rows, cols, itemsize, sms", [
+    (1, 8, 2, 132), (16384, 4096, 2, 132), (16384, 4096, 4, 132), (4096, 768, 2, 132), (1000, 64, 2, 132),
+    (70000, 8, 2, 132), (5, 1 << 17, 2, 132), (3, 4, 4, 1), (10 ** 6, 24, 4, 132), (2, 2 ** 31 // 4, 4, 132),
+    (7, 2048, 4, 132),
+])
+def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(rows, cols, itemsize, sms):
+    strips, chunks, rows_per_chunk, strip, threads = bias_gelu_bwd_plan(rows, cols, itemsize, (0, 256, 512), sms)
+    vectors = cols // (16 // itemsize)
+    by = threads // strip
+    assert threads == strip * by and 1 <= by and threads <= BIAS_BWD_THREADS
+    assert strips * strip >= vectors > (strips - 1) * strip, "strips cover the row's vectors, none wholly idle"
+    assert 1 <= chunks <= 65535 and (chunks - 1) * rows_per_chunk < rows <= chunks * rows_per_chunk
+    # Threads (tx, ty) of chunk c take rows c * rpc + ty, + by, ... below min(rows, (c + 1) * rpc).
+    seen = np.zeros(min(rows, 200000), dtype=np.int64)
+    for chunk in range(chunks):
+        r0, r1 = chunk * rows_per_chunk, min(rows, (chunk + 1) * rows_per_chunk)
+        for ty in range(by):
+            take = np.arange(r0 + ty, r1, by)
+            seen[take[take < seen.size]] += 1
+    assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("rows, cols, itemsize, pointers", [
+    (0, 8, 2, (0, 0, 0)), (8, 0, 2, (0, 0, 0)),  # nothing to do
+    (8, 12, 2, (0, 0, 0)), (8, 6, 4, (0, 0, 0)), (8, 257, 2, (0, 0, 0)),  # rows not whole 16-byte vectors
+    (8, 8, 2, (2, 0, 0)), (8, 8, 2, (0, 8, 0)), (8, 8, 2, (0, 0, 4)), (8, 8, 4, (0, 0, 0, 1028)),  # misaligned
+])
+def test_bias_gelu_bwd_plan_declines_what_the_fused_kernel_cannot_take(rows, cols, itemsize, pointers):
+    assert bias_gelu_bwd_plan(rows, cols, itemsize, pointers, 132) is None
 
 
 # ------------------------------------------------------------------------------ generic launcher
