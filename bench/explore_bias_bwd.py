@@ -1,20 +1,33 @@
-"""bias_gelu's fused backward (dx + dbias in one pass) against the blocks a SM its plan aims
-for: device time at 16384 x 4096 (64M elements) per dtype, next to the unfused pair (dx,
-then column_sum) and torch, in one run.
+"""bias_gelu's fused backward (dx + dbias in one pass): launch-bound variants (blocks an SM
+x rows of loads in flight per thread) built from kernels/elementwise.cu with nvcc, timed at
+16384 x 4096 (64M elements) per dtype beside the unfused pair (dx, then column_sum) and
+torch, in one run. Needs nvcc.
 
     python bench/explore_bias_bwd.py [--out bench/results]
 """
 import os
+import subprocess
 import sys
 
+import cupy
+import numpy
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+VARIANTS = [(4, 2), (3, 2), (3, 3), (2, 2), (2, 4)]  # (blocks an SM, rows in flight)
+
+
+def build(blocks, ahead, arch, out_dir):
+    path = os.path.join(out_dir, f"elementwise_b{blocks}_a{ahead}.cubin")
+    return path, subprocess.Popen(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin",
+                                   f"-arch=sm_{arch}", f"-DRAWOPS_BIAS_BWD_BLOCKS={blocks}",
+                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"{ROOT}/kernels/elementwise.cu", "-o", path])
 
 
 def main():
@@ -25,37 +38,71 @@ def main():
     from rawops import elementwise as ew
     from rawops import torch_adapter as ta
 
-    shipped = ew.BIAS_BWD_BLOCKS_PER_SM
+    arch = cupy.cuda.Device(0).compute_capability
+    scratch = "/tmp/explore_bias_bwd"
+    os.makedirs(scratch, exist_ok=True)
+    builds = {v: build(*v, arch, scratch) for v in VARIANTS}  # nvcc runs in parallel
+    modules = {}
+    for v, (path, proc) in builds.items():
+        if proc.wait() != 0:
+            raise RuntimeError(f"nvcc failed for {v}")
+        modules[v] = cupy.RawModule(path=path)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for name, dtype in DTYPES.items():
         dy, x = (torch.randn(ROWS, COLS, device="cuda", dtype=dtype) for _ in range(2))
         bias = torch.randn(COLS, device="cuda", dtype=dtype)
+        dx = torch.empty_like(x)
+        dbias = torch.empty(COLS, device="cuda", dtype=dtype)
         nbytes = 3 * dy.numel() * dy.element_size()
+        ref_dx, ref_db = ta._bias_gelu_bwd(dy, x, bias, "tanh")
 
         def unfused():
-            dx = ta._GELU_KERNELS[("tanh", "bwd", True)].torch_call(dy, x, c=bias)
-            return dx, ta._column_sum(dx)
+            out = ta._GELU_KERNELS[("tanh", "bwd", True)].torch_call(dy, x, c=bias)
+            return out, ta._column_sum(out)
 
         def torch_eager():
-            dx = torch.ops.aten.gelu_backward(dy, x + bias, approximate="tanh")
-            return dx, dx.sum(0)
+            out = torch.ops.aten.gelu_backward(dy, x + bias, approximate="tanh")
+            return out, out.sum(0)
 
-        candidates = {"unfused (dx, column_sum)": unfused, "torch": torch_eager}
-        for blocks in (1, 2, 3, 4, 8):
+        candidates = {"shipped build": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
+                      "unfused (dx, column_sum)": unfused, "torch": torch_eager}
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        for (blocks, ahead), module in modules.items():
+            fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
+            final = module.get_function(f"column_sum_final_{name}")
+            saved = ew.BIAS_BWD_BLOCKS_PER_SM
             ew.BIAS_BWD_BLOCKS_PER_SM = blocks
-            candidates[f"fused, {blocks} blocks/SM"] = (lambda b: lambda: (setattr(ew, "BIAS_BWD_BLOCKS_PER_SM", b),
-                                                                            ta._bias_gelu_bwd(dy, x, bias, "tanh")))(blocks)
+            strips, chunks, rpc, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(),
+                                                                        (0, 0, 0), sms)
+            ew.BIAS_BWD_BLOCKS_PER_SM = saved
+            partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
+            args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + tuple(
+                numpy.int64(v) for v in (ROWS, COLS, rpc, strip))
+
+            def run(fused=fused, final=final, args=args, partial=partial, chunks=chunks, strips=strips,
+                    threads=threads):
+                with stream:
+                    fused((strips, chunks), (threads,), args)
+                    final((-(-COLS // ew.FINAL_COLUMNS),), (ew.FINAL_THREADS,),
+                          (numpy.uint64(partial.data_ptr()), numpy.uint64(dbias.data_ptr()), numpy.int64(chunks),
+                           numpy.int64(COLS)))
+
+            run()
+            torch.cuda.synchronize()
+            assert torch.equal(dx, ref_dx), f"{name} {blocks}x{ahead}: dx differs from the shipped kernel's"
+            assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
+            candidates[f"{blocks} blocks/SM, {ahead} rows ahead"] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)
             rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
                          "of copy ceiling": nbytes / us / 1e6 / ceiling})
             print(f"{name:5s} {label:28s} {us:8.1f} us {nbytes / us / 1e6:5.2f} TB/s", flush=True)
-        ew.BIAS_BWD_BLOCKS_PER_SM = shipped
-        del dy, x
+        del dy, x, dx
         torch.cuda.empty_cache()
     text = write_results(out_dir, "explore_bias_bwd", "python bench/explore_bias_bwd.py", [
         (f"bias_gelu backward (dx + dbias), {ROWS}x{COLS}, tanh", ["dtype", "variant", "us", "TB/s", "of copy ceiling"],
-         rows, {"copy ceiling TB/s": round(ceiling, 3), "shipped blocks/SM": shipped,
+         rows, {"copy ceiling TB/s": round(ceiling, 3),
                 "bytes": "dy + x read, dx written (bias, dbias and the partials not counted)"}),
     ])
     print(text)

@@ -238,8 +238,8 @@ __device__ __forceinline__ void column_sum_part(const T* __restrict__ x, float* 
 
 // Blocks of kFinalColumns x kFinalGroups threads: group g sums chunks g, g + kFinalGroups, ...
 // of its column in order, then group 0 adds the groups in order. One thread a column (the
-// first version) waited on L2 once per chunk: ~10 us for 132 chunks of 4096 columns.
-constexpr int kFinalColumns = 32, kFinalGroups = 8;
+// first version) waited on L2 once per chunk: ~10 us for 132 chunks of 4096 columns (estimate).
+constexpr int kFinalColumns = 32, kFinalGroups = 32;
 template <typename T>
 __device__ __forceinline__ void column_sum_final(const float* __restrict__ partial, T* __restrict__ out,
                                                  int64_t chunks, int64_t cols) {
@@ -267,14 +267,24 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 // thread (tx, ty) = (t % strip, t / strip) owns 16-byte column vector blockIdx.x * strip + tx
 // and rows r0 + ty, r0 + ty + by, ... of chunk blockIdx.y. Needs cols % V == 0 and dy, x,
 // bias, dx 16-byte aligned (the plan checks; otherwise the unfused pair runs).
-constexpr int kBiasBwdThreads = 256;
-constexpr int kBiasBwdUnroll = 8;  // rows of loads in flight per thread
+// Streaming: each thread keeps kBiasBwdAhead rows of loads in flight at all times (a row's
+// math, then the load of the row kBiasBwdAhead further); at <= 64 registers 4 blocks of 256
+// fit an SM. A first version loaded 8 rows, then did their math (no loads in flight during
+// it) at 48-76 registers: 2.3-2.8 TB/s counted, less where fewer blocks fit.
+#ifndef RAWOPS_BIAS_BWD_BLOCKS
+#define RAWOPS_BIAS_BWD_BLOCKS 4
+#endif
+constexpr int kBiasBwdThreads = 256, kBiasBwdBlocksPerSm = RAWOPS_BIAS_BWD_BLOCKS;
+#ifndef RAWOPS_BIAS_BWD_AHEAD
+#define RAWOPS_BIAS_BWD_AHEAD 2
+#endif
+constexpr int kBiasBwdAhead = RAWOPS_BIAS_BWD_AHEAD;
 template <class Op, typename T>
 __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const T* __restrict__ x,
                                                  const T* __restrict__ bias, T* __restrict__ dx,
                                                  float* __restrict__ partial, int64_t rows, int64_t cols,
                                                  int64_t rows_per_chunk, int strip) {
-  constexpr int V = Vec16<T>::size, U = kBiasBwdUnroll;
+  constexpr int V = Vec16<T>::size, A = kBiasBwdAhead;
   __shared__ float sums[V][kBiasBwdThreads];
   const int tx = threadIdx.x % strip, ty = threadIdx.x / strip, by = blockDim.x / strip;
   const int64_t col = (int64_t(blockIdx.x) * strip + tx) * V;
@@ -282,32 +292,44 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   float acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
-  auto apply = [&](const Vec16<T>& d, const Vec16<T>& v, const float (&b)[V], T* dst) {
-    Vec16<T> r;
+  // The thread's rows r0 + ty + i * by, i < n (32-bit: a chunk is at most a few million rows).
+  const int n = r0 + ty < r1 ? int((r1 - r0 - ty + by - 1) / by) : 0;
+  if (col < cols && n > 0) {
+    const Vec16<T> b = load16(bias + col);  // kept packed: 4 registers, converted per use
+    const int64_t stride = int64_t(by) * cols;  // elements between a thread's consecutive rows
+    const int64_t first = (r0 + ty) * cols + col;
+    const T* pdy = dy + first;
+    const T* px = x + first;
+    T* pdx = dx + first;
+    Vec16<T> d[A], v[A];
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      r.v[e] = from_float<T>(Op::f(to_float(d.v[e]), to_float(v.v[e]), b[e], 0.f));
-      acc[e] += to_float(r.v[e]);
-    }
-    store16(dst, r);
-  };
-  if (col < cols) {
-    float b[V];
-    const Vec16<T> bvec = load16(bias + col);
-#pragma unroll
-    for (int e = 0; e < V; ++e) b[e] = to_float(bvec.v[e]);
-    int64_t r = r0 + ty;
-    for (; r + (U - 1) * by < r1; r += U * by) {
-      Vec16<T> d[U], v[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {  // every load in flight before any math
-        d[u] = load16(dy + (r + u * by) * cols + col);
-        v[u] = load16(x + (r + u * by) * cols + col);
+    for (int u = 0; u < A; ++u)
+      if (u < n) {
+        d[u] = load16(pdy + u * stride);
+        v[u] = load16(px + u * stride);
       }
+    // Slot u holds row i + u; after its math it is refilled with row i + u + A.
+    for (int i = 0; i < n; i += A) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) apply(d[u], v[u], b, dx + (r + u * by) * cols + col);
+      for (int u = 0; u < A; ++u) {
+        if (i + u < n) {
+          Vec16<T> out;
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            out.v[e] = from_float<T>(Op::f(to_float(d[u].v[e]), to_float(v[u].v[e]), to_float(b.v[e]), 0.f));
+            acc[e] += to_float(out.v[e]);
+          }
+          store16(pdx, out);
+          if (i + u + A < n) {
+            d[u] = load16(pdy + A * stride);
+            v[u] = load16(px + A * stride);
+          }
+          pdy += stride;
+          px += stride;
+          pdx += stride;
+        }
+      }
     }
-    for (; r < r1; r += by) apply(load16(dy + r * cols + col), load16(x + r * cols + col), b, dx + r * cols + col);
   }
 #pragma unroll
   for (int e = 0; e < V; ++e) sums[e][threadIdx.x] = acc[e];
@@ -334,7 +356,7 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   }
 
 #define RAWOPS_BIAS_BWD_PARTIAL(name, Op, T, suffix)                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kBiasBwdThreads)                           \
+  extern "C" __global__ void __launch_bounds__(rawops::kBiasBwdThreads, rawops::kBiasBwdBlocksPerSm)  \
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
                       long long cols, long long rows_per_chunk, long long strip) {               \
     rawops::bias_bwd_partial<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols, rows_per_chunk, int(strip)); \

@@ -1187,39 +1187,41 @@ __device__ __forceinline__ void fetch_x(T* xs, int ldx, const T* __restrict__ xt
   }
 }
 
-__device__ __forceinline__ unsigned pick4(const unsigned (&w)[4], int i) {
-  return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3];
-}
-
 // Stores one m16 x 16-column chunk held in the C-fragment layout (w[2h + half]: row g + 8 half,
-// columns 8h + 2t, +1) as 16-byte row segments: a 4x4 word transpose within each lane quad
-// (3 shuffles) gives lane t row g + 8 (t / 2), columns 8 (t % 2) .. +7. 4-byte stores of the
-// fragments left every 32-byte sector half written per instruction: the training forward
-// ran at 840 us against 200 us for inference (H100, 64x4 f16 at 2^20).
+// columns 8h + 2t, +1) as 16-byte row segments: lane t of a quad ends with row g + 8 (t / 2),
+// columns 8 (t % 2) .. +7. With u[q] = w[{0, 2, 1, 3}[q]] (the word lane q wants) that is a 4x4
+// transpose of u across the quad, done as two butterfly stages (lanes t ^ 2, then t ^ 1) of
+// two shuffles and six selects each, branch-free. 4-byte stores of the fragments left every
+// 32-byte sector half written per instruction (the training forward ran at 840 us against 200
+// us for inference, H100, 64x4 f16 at 2^20); a first transpose picked words by index, which
+// nvcc compiled into branches around every shuffle.
 template <typename T>
 __device__ __forceinline__ void store_chunk16(T* __restrict__ z, int width, int rows_valid, int row0, int col,
                                               const unsigned (&w)[4], int lane) {
   const int t = lane % 4;
-  auto word_for = [](int target) { return 2 * (target % 2) + target / 2; };  // the word a target lane needs
-  unsigned seg[4];
-#pragma unroll
-  for (int p = 0; p < 4; ++p) seg[p] = pick4(w, word_for(t));  // position t; the others overwritten below
-#pragma unroll
-  for (int k = 1; k < 4; ++k) {
-    const unsigned got = __shfl_xor_sync(0xffffffffu, pick4(w, word_for(t ^ k)), k);
-#pragma unroll
-    for (int p = 0; p < 4; ++p)
-      if (p == (t ^ k)) seg[p] = got;
+  const bool hi2 = t & 2, hi1 = t & 1;
+  unsigned v0 = w[0], v1 = w[2], v2 = w[1], v3 = w[3];
+  // Stage 1: the off-diagonal 2x2 blocks change lanes (t ^ 2).
+  {
+    const unsigned r0 = __shfl_xor_sync(0xffffffffu, hi2 ? v0 : v2, 2);
+    const unsigned r1 = __shfl_xor_sync(0xffffffffu, hi2 ? v1 : v3, 2);
+    v0 = hi2 ? r0 : v0;
+    v1 = hi2 ? r1 : v1;
+    v2 = hi2 ? v2 : r0;
+    v3 = hi2 ? v3 : r1;
   }
+  // Stage 2: within each 2x2 block (t ^ 1).
+  const unsigned r0 = __shfl_xor_sync(0xffffffffu, hi1 ? v0 : v1, 1);
+  const unsigned r1 = __shfl_xor_sync(0xffffffffu, hi1 ? v2 : v3, 1);
+  const uint4 seg = hi1 ? make_uint4(r0, v1, r1, v3) : make_uint4(v0, r0, v2, r1);
   const int r = row0 + lane / 4 + 8 * (t / 2);
-  if (r < rows_valid)
-    *reinterpret_cast<uint4*>(z + r * width + col + 8 * (t % 2)) = make_uint4(seg[0], seg[1], seg[2], seg[3]);
+  if (r < rows_valid) *reinterpret_cast<uint4*>(z + r * width + col + 8 * (t % 2)) = seg;
 }
 
 // Bias + activation of one 16-column chunk (two n8 tiles) of kMT m16 tiles, packed into the
 // A fragments of the next layer's k16 slice; the pre-activation z stored when z != null
 // (the tile's rows of this layer's [batch][width], columns col..col+15).
-template <typename T, int kMT, int kAct>
+template <typename T, int kMT, int kAct, bool kSave>
 __device__ __forceinline__ void chunk_to_a(const float (&acc)[kMT][2][4], unsigned (&out)[kMT][4],
                                            const float* bias, T* __restrict__ z, int rows_valid, int width, int col,
                                            int lane) {
@@ -1238,7 +1240,7 @@ __device__ __forceinline__ void chunk_to_a(const float (&acc)[kMT][2][4], unsign
       out[m][2 * h] = act_pack<T, kAct>(v0, v1);
       out[m][2 * h + 1] = act_pack<T, kAct>(v2, v3);
     }
-    if (z != nullptr) store_chunk16<T>(z, width, rows_valid, m * 16, col, zw, lane);
+    if (kSave && z != nullptr) store_chunk16<T>(z, width, rows_valid, m * 16, col, zw, lane);
   }
 }
 
@@ -1268,7 +1270,7 @@ __device__ __forceinline__ void mma_16_columns(float (&acc)[kMT][2][4], const un
   }
 }
 
-template <typename T, int kW, int kMT, int kAct>
+template <typename T, int kW, int kMT, int kAct, bool kSave>
 __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][4], unsigned (&out)[kMT][kW / 16][4],
                                              unsigned wb, const float* bias, T* z, int rows_valid, int lane) {
   constexpr int kKT = kW / 16, kLdw = kW + 8;
@@ -1277,7 +1279,7 @@ __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][
     float acc[kMT][2][4];
     mma_16_columns<T, kMT, kKT>(acc, in, wb + 2u * unsigned(j * 16 * kLdw));
     unsigned chunk[kMT][4];
-    chunk_to_a<T, kMT, kAct>(acc, chunk, bias, z, rows_valid, kW, j * 16, lane);
+    chunk_to_a<T, kMT, kAct, kSave>(acc, chunk, bias, z, rows_valid, kW, j * 16, lane);
 #pragma unroll
     for (int m = 0; m < kMT; ++m)
 #pragma unroll
@@ -1285,7 +1287,7 @@ __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][
   }
 }
 
-template <typename T, int kW, int kMT, int kAct>
+template <typename T, int kW, int kMT, int kAct, bool kSave>
 __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restrict__ save, const T* const* W,
                          const T* const* B, int64_t batch, int n_in, int n_out, int hidden, int flags) {
   constexpr int kKT = kW / 16, kRows = 16 * kMT, ldw = kW + 8;
@@ -1378,11 +1380,11 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
           fetch_x<T, kRows>(xs, ld0, x + (tile + step) * kRows * n_in, rows_of(tile + step), n_in, in_p, x_cpr, xvec,
                             lane);
       }
-      T* z0 = save != nullptr ? save + row0 * kW : nullptr;
+      T* z0 = kSave && save != nullptr ? save + row0 * kW : nullptr;
 #pragma unroll
       for (int j = 0; j < kL0; ++j) {
         unsigned chunk[kMT][4];
-        chunk_to_a<T, kMT, kAct>(acc[j], chunk, bias, z0, rows_valid, kW, (j0 + j) * 16, lane);
+        chunk_to_a<T, kMT, kAct, kSave>(acc[j], chunk, bias, z0, rows_valid, kW, (j0 + j) * 16, lane);
 #pragma unroll
         for (int m = 0; m < kMT; ++m)
 #pragma unroll
@@ -1393,8 +1395,8 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
     // Hidden layers 1..hidden-1. (Two layers a step, ping-ponging between a and b2 without the
     // copy, spilled 20-104 bytes at the 128-register cap: ptxas, sm_90.)
     for (int l = 1; l < hidden; ++l) {
-      hidden_layer<T, kW, kMT, kAct>(a, b2, wh_b + 2u * unsigned((l - 1) * kW * ldw), bias + 128 * l,
-                                     save != nullptr ? save + (int64_t(l) * batch + row0) * kW : nullptr, rows_valid,
+      hidden_layer<T, kW, kMT, kAct, kSave>(a, b2, wh_b + 2u * unsigned((l - 1) * kW * ldw), bias + 128 * l,
+                                     kSave && save != nullptr ? save + (int64_t(l) * batch + row0) * kW : nullptr, rows_valid,
                                      lane);
 #pragma unroll
       for (int m = 0; m < kMT; ++m)
@@ -1450,6 +1452,12 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
 // cap, 666K local-memory requests per launch in ncu). kMT = 2 (32 rows a warp) except
 // W = 128 (16 rows: 2 x 64 accumulators would spill). 512 threads, one block per SM: at most
 // 128 registers (ptxas, sm_90: bench/NOTES.md).
+#ifdef RAWOPS_TC_FAST_SPLIT_SAVE  // bench: the training forward and inference as separate instantiations
+#define RAWOPS_TC_FAST_SAVE(T, W, MT, CODE, args) \
+  (save != nullptr ? rawops::fast_fwd<T, W, MT, CODE, true> args : rawops::fast_fwd<T, W, MT, CODE, false> args)
+#else
+#define RAWOPS_TC_FAST_SAVE(T, W, MT, CODE, args) rawops::fast_fwd<T, W, MT, CODE, true> args
+#endif
 #define RAWOPS_TC_FAST(suffix, T, W, MT, ACT, CODE)                                                             \
   extern "C" __global__ void __launch_bounds__(512, 1)                                                         \
       tc_mlp_w##W##_##ACT##_fwd_##suffix(const T* x, T* y, T* save, RAWOPS_TC_PARAMS(T), RAWOPS_TC_BIASES(T),   \
@@ -1457,7 +1465,7 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
                                          long long hidden, long long flags) {                                  \
     const T* W_[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                  \
     const T* B_[rawops::kTcMaxLayers] = {b0, b1, b2, b3, b4, b5, b6, b7, b8};                                  \
-    RAWOPS_TC_FAST_CALL((rawops::fast_fwd<T, W, MT, CODE>(x, y, save, W_, B_, batch, int(n_in), int(n_out),     \
+    RAWOPS_TC_FAST_CALL(RAWOPS_TC_FAST_SAVE(T, W, MT, CODE, (x, y, save, W_, B_, batch, int(n_in), int(n_out),   \
                                                           int(hidden), int(flags))));                          \
   }
 #define RAWOPS_TC_FAST_ACTS(suffix, T, W, MT)                                                                  \

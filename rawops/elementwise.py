@@ -31,12 +31,12 @@ KERNELS = {
 }
 # Two-stage deterministic column sum (dbias); launched through the generic launcher.
 COLUMN_SUM_KERNELS = ("column_sum_part", "column_sum_final")
-FINAL_COLUMNS, FINAL_THREADS = 32, 256  # column_sum_final: 32 columns x 8 chunk groups a block
+FINAL_COLUMNS, FINAL_THREADS = 32, 1024  # column_sum_final: 32 columns x 32 chunk groups a block
 # bias_gelu's backward with the column sums' first stage fused in (dx and dbias in one pass
 # over dy and x), by approximate; launched through the generic launcher.
 BIAS_BWD_PARTIAL = {"tanh": "bias_gelu_tanh_bwd_partial", "none": "bias_gelu_erf_bwd_partial"}
 BIAS_BWD_THREADS = 256
-BIAS_BWD_BLOCKS_PER_SM = 2  # blocks the plan aims for (bench/NOTES.md: measured against 1, 4, 8)
+BIAS_BWD_BLOCKS_PER_SM = 4  # resident at once (the kernel's launch bounds): the grid is one wave
 
 # The light ops, launched in the capped shape on sm_90 (_launch.map_shape: measured faster there);
 # erf GELU and bias_gelu do more math per byte and measured slower capped.
@@ -157,8 +157,8 @@ def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
     (kernels/elementwise.cu bias_bwd_partial), or None where it does not apply: nothing to
     do, a last dim that is not whole 16-byte vectors, or a pointer off 16-byte alignment.
     A block is `strip` column vectors x threads / strip rows; `strips` blocks span a row and
-    `chunks` blocks its rows: about BIAS_BWD_BLOCKS_PER_SM blocks an SM (each thread keeps 8
-    rows of loads in flight), and few chunks for the final sum to add."""
+    `chunks` blocks its rows: one wave of BIAS_BWD_BLOCKS_PER_SM blocks an SM (each thread
+    keeps 4 rows of loads in flight), and so few chunks for the final sum to add."""
     vector = 16 // itemsize
     if rows <= 0 or cols <= 0 or cols % vector or any(p % 16 for p in pointers):
         return None

@@ -163,9 +163,6 @@ def test_bias_gelu_backward_dx_and_dbias_match_float64(shape, fused, dtype, appr
     dx64, db64 = _bias_gelu_grads64(dy, x, bias, approximate)
     assert_close(to_torch(dx), dx64, DTYPES[dtype], "dx")
     assert_close(to_torch(dbias), db64, DTYPES[dtype], "dbias")
-    # dbias is the sum of the dx returned (its rounded values), to float32 summation error.
-    assert_close(to_torch(dbias), to_torch(dx).double().reshape(rows, cols).sum(0), DTYPES[dtype], "dbias vs dx",
-                 factor=0.1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
