@@ -1,5 +1,5 @@
-"""bias_gelu's fused backward (dx + dbias in one pass): launch-bound variants (blocks an SM
-x rows of loads in flight per thread) built from kernels/elementwise.cu with nvcc, timed at
+"""bias_gelu's fused backward (dx + dbias in one pass): variants (vector bytes per thread, blocks
+an SM by launch bounds, rows of loads in flight per thread) built from kernels/elementwise.cu with nvcc, timed at
 16384 x 4096 (64M elements) per dtype beside the unfused pair (dx, then column_sum) and
 torch, in one run. Needs nvcc.
 
@@ -20,14 +20,14 @@ from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-VARIANTS = [(4, 2), (3, 2), (3, 3), (2, 2), (2, 4)]  # (blocks an SM, rows in flight)
+VARIANTS = [(8, 4, 2), (8, 5, 2), (8, 6, 1), (8, 6, 2), (16, 3, 2), (16, 4, 1)]  # (vector bytes, blocks an SM, rows ahead)
 
 
-def build(blocks, ahead, arch, out_dir):
-    path = os.path.join(out_dir, f"elementwise_b{blocks}_a{ahead}.cubin")
+def build(nbytes, blocks, ahead, arch, out_dir):
+    path = os.path.join(out_dir, f"elementwise_v{nbytes}_b{blocks}_a{ahead}.cubin")
     return path, subprocess.Popen(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin",
                                    f"-arch=sm_{arch}", f"-DRAWOPS_BIAS_BWD_BLOCKS={blocks}",
-                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"{ROOT}/kernels/elementwise.cu", "-o", path])
+                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"-DRAWOPS_BIAS_BWD_BYTES={nbytes}", f"{ROOT}/kernels/elementwise.cu", "-o", path])
 
 
 def main():
@@ -68,14 +68,14 @@ def main():
         candidates = {"shipped build": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
                       "unfused (dx, column_sum)": unfused, "torch": torch_eager}
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        for (blocks, ahead), module in modules.items():
+        for (nbytes, blocks, ahead), module in modules.items():
             fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
             final = module.get_function(f"column_sum_final_{name}")
-            saved = ew.BIAS_BWD_BLOCKS_PER_SM
-            ew.BIAS_BWD_BLOCKS_PER_SM = blocks
+            saved = ew.BIAS_BWD_BLOCKS_PER_SM, ew.BIAS_BWD_VECTOR_BYTES
+            ew.BIAS_BWD_BLOCKS_PER_SM, ew.BIAS_BWD_VECTOR_BYTES = blocks, nbytes
             strips, chunks, rpc, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(),
                                                                         (0, 0, 0), sms)
-            ew.BIAS_BWD_BLOCKS_PER_SM = saved
+            ew.BIAS_BWD_BLOCKS_PER_SM, ew.BIAS_BWD_VECTOR_BYTES = saved
             partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
             args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + tuple(
                 numpy.int64(v) for v in (ROWS, COLS, rpc, strip))
@@ -90,14 +90,14 @@ def main():
 
             run()
             torch.cuda.synchronize()
-            assert torch.equal(dx, ref_dx), f"{name} {blocks}x{ahead}: dx differs from the shipped kernel's"
+            assert torch.equal(dx, ref_dx), f"{name} {nbytes}:{blocks}x{ahead}: dx differs from the shipped kernel's"
             assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
-            candidates[f"{blocks} blocks/SM, {ahead} rows ahead"] = run
+            candidates[f"{nbytes} B vectors, {blocks} blocks/SM, {ahead} rows ahead"] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)
             rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
                          "of copy ceiling": nbytes / us / 1e6 / ceiling})
-            print(f"{name:5s} {label:28s} {us:8.1f} us {nbytes / us / 1e6:5.2f} TB/s", flush=True)
+            print(f"{name:5s} {label:42s} {us:8.1f} us {nbytes / us / 1e6:5.2f} TB/s", flush=True)
         del dy, x, dx
         torch.cuda.empty_cache()
     text = write_results(out_dir, "explore_bias_bwd", "python bench/explore_bias_bwd.py", [

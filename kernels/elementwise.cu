@@ -264,27 +264,55 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 // column_sum_final then adds the chunks. One pass over dy and x: the map kernel + column_sum
 // re-read dx, 4 tensor passes where 3 are needed (2.0-2.2 TB/s counted, bench/NOTES.md).
 // Launch (rawops/elementwise.py: bias_gelu_bwd_plan): 1-D blocks of strip x `by` threads;
-// thread (tx, ty) = (t % strip, t / strip) owns 16-byte column vector blockIdx.x * strip + tx
-// and rows r0 + ty, r0 + ty + by, ... of chunk blockIdx.y. Needs cols % V == 0 and dy, x,
-// bias, dx 16-byte aligned (the plan checks; otherwise the unfused pair runs).
+// thread (tx, ty) = (t % strip, t / strip) owns column vector blockIdx.x * strip + tx (of
+// kBiasBwdBytes) and rows r0 + ty, r0 + ty + by, ... of chunk blockIdx.y. Needs cols % V == 0
+// and dy, x, bias, dx aligned to the vector (the plan checks; otherwise the unfused pair runs).
 // Streaming: each thread keeps kBiasBwdAhead rows of loads in flight at all times (a row's
-// math, then the load of the row kBiasBwdAhead further); at <= 64 registers 4 blocks of 256
-// fit an SM. A first version loaded 8 rows, then did their math (no loads in flight during
-// it) at 48-76 registers: 2.3-2.8 TB/s counted, less where fewer blocks fit.
+// math, then the load of the row kBiasBwdAhead further), kBiasBwdBytes of each operand a row.
+// Occupancy is what decides the speed (bench/results/explore_bias_bwd.md): a first version
+// (8 rows loaded, then their math, 16-byte vectors) ran 2.3-2.8 TB/s counted at 48-76
+// registers, 2-3 blocks of 256 an SM.
 #ifndef RAWOPS_BIAS_BWD_BLOCKS
-#define RAWOPS_BIAS_BWD_BLOCKS 4
+#define RAWOPS_BIAS_BWD_BLOCKS 6
 #endif
-constexpr int kBiasBwdThreads = 256, kBiasBwdBlocksPerSm = RAWOPS_BIAS_BWD_BLOCKS;
 #ifndef RAWOPS_BIAS_BWD_AHEAD
 #define RAWOPS_BIAS_BWD_AHEAD 2
 #endif
-constexpr int kBiasBwdAhead = RAWOPS_BIAS_BWD_AHEAD;
+#ifndef RAWOPS_BIAS_BWD_BYTES
+#define RAWOPS_BIAS_BWD_BYTES 8
+#endif
+constexpr int kBiasBwdThreads = 256, kBiasBwdBlocksPerSm = RAWOPS_BIAS_BWD_BLOCKS;
+constexpr int kBiasBwdAhead = RAWOPS_BIAS_BWD_AHEAD, kBiasBwdBytes = RAWOPS_BIAS_BWD_BYTES;
+
+template <typename T, int kBytes> struct alignas(kBytes) VecN {
+  static constexpr int size = kBytes / sizeof(T);
+  T v[size];
+};
+template <typename T, int kBytes> __device__ __forceinline__ VecN<T, kBytes> load_vec(const T* p) {
+  VecN<T, kBytes> out;
+  if constexpr (kBytes == 16) {
+    *reinterpret_cast<uint4*>(&out) = __ldg(reinterpret_cast<const uint4*>(p));
+  } else {
+    static_assert(kBytes == 8, "8- or 16-byte vectors");
+    *reinterpret_cast<uint2*>(&out) = __ldg(reinterpret_cast<const uint2*>(p));
+  }
+  return out;
+}
+template <typename T, int kBytes> __device__ __forceinline__ void store_vec(T* p, const VecN<T, kBytes>& v) {
+  if constexpr (kBytes == 16) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
+  } else {
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(&v);
+  }
+}
+
 template <class Op, typename T>
 __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const T* __restrict__ x,
                                                  const T* __restrict__ bias, T* __restrict__ dx,
                                                  float* __restrict__ partial, int64_t rows, int64_t cols,
                                                  int64_t rows_per_chunk, int strip) {
-  constexpr int V = Vec16<T>::size, A = kBiasBwdAhead;
+  using Vec = VecN<T, kBiasBwdBytes>;
+  constexpr int V = Vec::size, A = kBiasBwdAhead;
   __shared__ float sums[V][kBiasBwdThreads];
   const int tx = threadIdx.x % strip, ty = threadIdx.x / strip, by = blockDim.x / strip;
   const int64_t col = (int64_t(blockIdx.x) * strip + tx) * V;
@@ -295,34 +323,34 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   // The thread's rows r0 + ty + i * by, i < n (32-bit: a chunk is at most a few million rows).
   const int n = r0 + ty < r1 ? int((r1 - r0 - ty + by - 1) / by) : 0;
   if (col < cols && n > 0) {
-    const Vec16<T> b = load16(bias + col);  // kept packed: 4 registers, converted per use
+    const Vec b = load_vec<T, kBiasBwdBytes>(bias + col);  // kept packed, converted per use
     const int64_t stride = int64_t(by) * cols;  // elements between a thread's consecutive rows
     const int64_t first = (r0 + ty) * cols + col;
     const T* pdy = dy + first;
     const T* px = x + first;
     T* pdx = dx + first;
-    Vec16<T> d[A], v[A];
+    Vec d[A], v[A];
 #pragma unroll
     for (int u = 0; u < A; ++u)
       if (u < n) {
-        d[u] = load16(pdy + u * stride);
-        v[u] = load16(px + u * stride);
+        d[u] = load_vec<T, kBiasBwdBytes>(pdy + u * stride);
+        v[u] = load_vec<T, kBiasBwdBytes>(px + u * stride);
       }
     // Slot u holds row i + u; after its math it is refilled with row i + u + A.
     for (int i = 0; i < n; i += A) {
 #pragma unroll
       for (int u = 0; u < A; ++u) {
         if (i + u < n) {
-          Vec16<T> out;
+          Vec out;
 #pragma unroll
           for (int e = 0; e < V; ++e) {
             out.v[e] = from_float<T>(Op::f(to_float(d[u].v[e]), to_float(v[u].v[e]), to_float(b.v[e]), 0.f));
             acc[e] += to_float(out.v[e]);
           }
-          store16(pdx, out);
+          store_vec<T, kBiasBwdBytes>(pdx, out);
           if (i + u + A < n) {
-            d[u] = load16(pdy + A * stride);
-            v[u] = load16(px + A * stride);
+            d[u] = load_vec<T, kBiasBwdBytes>(pdy + A * stride);
+            v[u] = load_vec<T, kBiasBwdBytes>(px + A * stride);
           }
           pdy += stride;
           px += stride;

@@ -36,7 +36,8 @@ FINAL_COLUMNS, FINAL_THREADS = 32, 1024  # column_sum_final: 32 columns x 32 chu
 # over dy and x), by approximate; launched through the generic launcher.
 BIAS_BWD_PARTIAL = {"tanh": "bias_gelu_tanh_bwd_partial", "none": "bias_gelu_erf_bwd_partial"}
 BIAS_BWD_THREADS = 256
-BIAS_BWD_BLOCKS_PER_SM = 4  # resident at once (the kernel's launch bounds): the grid is one wave
+BIAS_BWD_BLOCKS_PER_SM = 6  # resident at once (the kernel's launch bounds): the grid is one wave
+BIAS_BWD_VECTOR_BYTES = 8  # of each operand, per thread and row (kernels/elementwise.cu kBiasBwdBytes)
 
 # The light ops, launched in the capped shape on sm_90 (_launch.map_shape: measured faster there);
 # erf GELU and bias_gelu do more math per byte and measured slower capped.
@@ -126,8 +127,8 @@ def bias_gelu(x, bias, approximate="tanh", *, out=None, stream=None):
 def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None):
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over the leading dims
     (deterministic: the same input gives the same bits). One pass over dy and x when the last
-    dim is whole 16-byte vectors and every operand is 16-byte aligned; otherwise dx, then its
-    column sums."""
+    dim is whole 8-byte vectors and every operand is 8-byte aligned (bias_gelu_bwd_plan);
+    otherwise dx, then its column sums."""
     import cupy
 
     kernel = _gelu_kernel(_BIAS_GELU_BWD, approximate)
@@ -155,12 +156,13 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
 def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
     """(strips, chunks, rows_per_chunk, strip, threads) of the fused backward
     (kernels/elementwise.cu bias_bwd_partial), or None where it does not apply: nothing to
-    do, a last dim that is not whole 16-byte vectors, or a pointer off 16-byte alignment.
-    A block is `strip` column vectors x threads / strip rows; `strips` blocks span a row and
-    `chunks` blocks its rows: one wave of BIAS_BWD_BLOCKS_PER_SM blocks an SM (each thread
-    keeps 4 rows of loads in flight), and so few chunks for the final sum to add."""
-    vector = 16 // itemsize
-    if rows <= 0 or cols <= 0 or cols % vector or any(p % 16 for p in pointers):
+    do, a last dim that is not whole vectors of BIAS_BWD_VECTOR_BYTES, or a pointer off that
+    alignment. A block is `strip` column vectors x threads / strip rows; `strips` blocks span a
+    row and `chunks` blocks its rows: one wave of BIAS_BWD_BLOCKS_PER_SM blocks an SM, and so
+    few chunks for the final sum to add."""
+    vector_bytes = BIAS_BWD_VECTOR_BYTES
+    vector = vector_bytes // itemsize
+    if rows <= 0 or cols <= 0 or cols % vector or any(p % vector_bytes for p in pointers):
         return None
     vectors = cols // vector
     strip = min(vectors, BIAS_BWD_THREADS)

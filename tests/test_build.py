@@ -285,6 +285,16 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 
 
+def test_fused_bias_backward_plan_uses_the_kernels_launch_bounds_and_vector():
+    # The plan sizes its one wave by the blocks the launch bounds guarantee resident, and
+    # its alignment checks by the kernel's vector: both are compiled-in defaults.
+    source = _kernel_source()
+    defaults = dict(re.findall(r"#define RAWOPS_BIAS_BWD_(BLOCKS|BYTES) (\d+)", source))
+    assert int(defaults["BLOCKS"]) == elementwise.BIAS_BWD_BLOCKS_PER_SM
+    assert int(defaults["BYTES"]) == elementwise.BIAS_BWD_VECTOR_BYTES
+    assert re.search(rf"kBiasBwdThreads = {elementwise.BIAS_BWD_THREADS}\b", source)
+
+
 def test_python_table_reads_the_operands_each_kernel_reads():
     # The launcher passes b / c only where KERNELS says so; the kernel reads them where its
     # Op struct says B / C = true. A mismatch reads a null pointer or ignores an operand.
