@@ -23,11 +23,11 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 VARIANTS = [(8, 4, 2), (8, 5, 2), (8, 6, 1), (8, 6, 2), (16, 3, 2), (16, 4, 1)]  # (vector bytes, blocks an SM, rows ahead)
 
 
-def build(nbytes, blocks, ahead, arch, out_dir):
-    path = os.path.join(out_dir, f"elementwise_v{nbytes}_b{blocks}_a{ahead}.cubin")
+def build(vec_bytes, blocks, ahead, arch, out_dir):
+    path = os.path.join(out_dir, f"elementwise_v{vec_bytes}_b{blocks}_a{ahead}.cubin")
     return path, subprocess.Popen(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin",
                                    f"-arch=sm_{arch}", f"-DRAWOPS_BIAS_BWD_BLOCKS={blocks}",
-                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"-DRAWOPS_BIAS_BWD_BYTES={nbytes}", f"{ROOT}/kernels/elementwise.cu", "-o", path])
+                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"-DRAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"{ROOT}/kernels/elementwise.cu", "-o", path])
 
 
 def main():
@@ -68,14 +68,14 @@ def main():
         candidates = {"shipped build": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
                       "unfused (dx, column_sum)": unfused, "torch": torch_eager}
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        for (nbytes, blocks, ahead), module in modules.items():
+        for (vec_bytes, blocks, ahead), module in modules.items():
             fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
             final = module.get_function(f"column_sum_final_{name}")
-            saved = ew.BIAS_BWD_BLOCKS_PER_SM, ew.BIAS_BWD_VECTOR_BYTES
-            ew.BIAS_BWD_BLOCKS_PER_SM, ew.BIAS_BWD_VECTOR_BYTES = blocks, nbytes
+            saved = dict(ew.BIAS_BWD_SHAPE)
+            ew.BIAS_BWD_SHAPE[dy.element_size()] = (vec_bytes, blocks)
             strips, chunks, rpc, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(),
                                                                         (0, 0, 0), sms)
-            ew.BIAS_BWD_BLOCKS_PER_SM, ew.BIAS_BWD_VECTOR_BYTES = saved
+            ew.BIAS_BWD_SHAPE.update(saved)
             partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
             args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + tuple(
                 numpy.int64(v) for v in (ROWS, COLS, rpc, strip))
@@ -90,9 +90,9 @@ def main():
 
             run()
             torch.cuda.synchronize()
-            assert torch.equal(dx, ref_dx), f"{name} {nbytes}:{blocks}x{ahead}: dx differs from the shipped kernel's"
+            assert torch.equal(dx, ref_dx), f"{name} {vec_bytes}:{blocks}x{ahead}: dx differs from the shipped kernel's"
             assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
-            candidates[f"{nbytes} B vectors, {blocks} blocks/SM, {ahead} rows ahead"] = run
+            candidates[f"{vec_bytes} B vectors, {blocks} blocks/SM, {ahead} rows ahead"] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)
             rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,

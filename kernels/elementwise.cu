@@ -265,24 +265,26 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 // re-read dx, 4 tensor passes where 3 are needed (2.0-2.2 TB/s counted, bench/NOTES.md).
 // Launch (rawops/elementwise.py: bias_gelu_bwd_plan): 1-D blocks of strip x `by` threads;
 // thread (tx, ty) = (t % strip, t / strip) owns column vector blockIdx.x * strip + tx (of
-// kBiasBwdBytes) and rows r0 + ty, r0 + ty + by, ... of chunk blockIdx.y. Needs cols % V == 0
+// BiasBwdShape<T>::bytes) and rows r0 + ty, r0 + ty + by, ... of chunk blockIdx.y. Needs cols % V == 0
 // and dy, x, bias, dx aligned to the vector (the plan checks; otherwise the unfused pair runs).
-// Streaming: each thread keeps kBiasBwdAhead rows of loads in flight at all times (a row's
-// math, then the load of the row kBiasBwdAhead further), kBiasBwdBytes of each operand a row.
+// Streaming: each thread keeps `ahead` rows of loads in flight at all times (a row's math,
+// then the load of the row `ahead` further), `bytes` of each operand a row.
 // Occupancy is what decides the speed (bench/results/explore_bias_bwd.md): a first version
 // (8 rows loaded, then their math, 16-byte vectors) ran 2.3-2.8 TB/s counted at 48-76
 // registers, 2-3 blocks of 256 an SM.
-#ifndef RAWOPS_BIAS_BWD_BLOCKS
-#define RAWOPS_BIAS_BWD_BLOCKS 6
+// Per storage type (bench/results/explore_bias_bwd.md, H100): float32 16-byte vectors, 3
+// blocks of 256 an SM, 2 rows ahead; the half types 8-byte vectors, 6 blocks, 1 row ahead.
+// Every shape swept ran within ~5% of these (2.6-2.8 TB/s counted): the one-wave, row-walking
+// pattern, not occupancy or loads in flight, is what holds it under the map kernels' 3.0.
+// The macros override both types at once (bench/explore_bias_bwd.py).
+template <typename T> struct BiasBwdShape {
+#ifdef RAWOPS_BIAS_BWD_BYTES
+  static constexpr int bytes = RAWOPS_BIAS_BWD_BYTES, blocks = RAWOPS_BIAS_BWD_BLOCKS, ahead = RAWOPS_BIAS_BWD_AHEAD;
+#else
+  static constexpr int bytes = sizeof(T) == 4 ? 16 : 8, blocks = sizeof(T) == 4 ? 3 : 6, ahead = sizeof(T) == 4 ? 2 : 1;
 #endif
-#ifndef RAWOPS_BIAS_BWD_AHEAD
-#define RAWOPS_BIAS_BWD_AHEAD 2
-#endif
-#ifndef RAWOPS_BIAS_BWD_BYTES
-#define RAWOPS_BIAS_BWD_BYTES 8
-#endif
-constexpr int kBiasBwdThreads = 256, kBiasBwdBlocksPerSm = RAWOPS_BIAS_BWD_BLOCKS;
-constexpr int kBiasBwdAhead = RAWOPS_BIAS_BWD_AHEAD, kBiasBwdBytes = RAWOPS_BIAS_BWD_BYTES;
+};
+constexpr int kBiasBwdThreads = 256;
 
 template <typename T, int kBytes> struct alignas(kBytes) VecN {
   static constexpr int size = kBytes / sizeof(T);
@@ -311,8 +313,9 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
                                                  const T* __restrict__ bias, T* __restrict__ dx,
                                                  float* __restrict__ partial, int64_t rows, int64_t cols,
                                                  int64_t rows_per_chunk, int strip) {
-  using Vec = VecN<T, kBiasBwdBytes>;
-  constexpr int V = Vec::size, A = kBiasBwdAhead;
+  constexpr int kBytes = BiasBwdShape<T>::bytes, A = BiasBwdShape<T>::ahead;
+  using Vec = VecN<T, kBytes>;
+  constexpr int V = Vec::size;
   __shared__ float sums[V][kBiasBwdThreads];
   const int tx = threadIdx.x % strip, ty = threadIdx.x / strip, by = blockDim.x / strip;
   const int64_t col = (int64_t(blockIdx.x) * strip + tx) * V;
@@ -323,7 +326,7 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   // The thread's rows r0 + ty + i * by, i < n (32-bit: a chunk is at most a few million rows).
   const int n = r0 + ty < r1 ? int((r1 - r0 - ty + by - 1) / by) : 0;
   if (col < cols && n > 0) {
-    const Vec b = load_vec<T, kBiasBwdBytes>(bias + col);  // kept packed, converted per use
+    const Vec b = load_vec<T, kBytes>(bias + col);  // kept packed, converted per use
     const int64_t stride = int64_t(by) * cols;  // elements between a thread's consecutive rows
     const int64_t first = (r0 + ty) * cols + col;
     const T* pdy = dy + first;
@@ -333,8 +336,8 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 #pragma unroll
     for (int u = 0; u < A; ++u)
       if (u < n) {
-        d[u] = load_vec<T, kBiasBwdBytes>(pdy + u * stride);
-        v[u] = load_vec<T, kBiasBwdBytes>(px + u * stride);
+        d[u] = load_vec<T, kBytes>(pdy + u * stride);
+        v[u] = load_vec<T, kBytes>(px + u * stride);
       }
     // Slot u holds row i + u; after its math it is refilled with row i + u + A.
     for (int i = 0; i < n; i += A) {
@@ -347,10 +350,10 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
             out.v[e] = from_float<T>(Op::f(to_float(d[u].v[e]), to_float(v[u].v[e]), to_float(b.v[e]), 0.f));
             acc[e] += to_float(out.v[e]);
           }
-          store_vec<T, kBiasBwdBytes>(pdx, out);
+          store_vec<T, kBytes>(pdx, out);
           if (i + u + A < n) {
-            d[u] = load_vec<T, kBiasBwdBytes>(pdy + A * stride);
-            v[u] = load_vec<T, kBiasBwdBytes>(px + A * stride);
+            d[u] = load_vec<T, kBytes>(pdy + A * stride);
+            v[u] = load_vec<T, kBytes>(px + A * stride);
           }
           pdy += stride;
           px += stride;
@@ -384,7 +387,7 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   }
 
 #define RAWOPS_BIAS_BWD_PARTIAL(name, Op, T, suffix)                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kBiasBwdThreads, rawops::kBiasBwdBlocksPerSm)  \
+  extern "C" __global__ void __launch_bounds__(rawops::kBiasBwdThreads, rawops::BiasBwdShape<T>::blocks) \
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
                       long long cols, long long rows_per_chunk, long long strip) {               \
     rawops::bias_bwd_partial<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols, rows_per_chunk, int(strip)); \

@@ -36,8 +36,9 @@ FINAL_COLUMNS, FINAL_THREADS = 32, 1024  # column_sum_final: 32 columns x 32 chu
 # over dy and x), by approximate; launched through the generic launcher.
 BIAS_BWD_PARTIAL = {"tanh": "bias_gelu_tanh_bwd_partial", "none": "bias_gelu_erf_bwd_partial"}
 BIAS_BWD_THREADS = 256
-BIAS_BWD_BLOCKS_PER_SM = 6  # resident at once (the kernel's launch bounds): the grid is one wave
-BIAS_BWD_VECTOR_BYTES = 8  # of each operand, per thread and row (kernels/elementwise.cu kBiasBwdBytes)
+# By itemsize: (vector bytes per thread and row, blocks resident an SM by the launch bounds),
+# as kernels/elementwise.cu BiasBwdShape compiles them. The grid is one wave of those blocks.
+BIAS_BWD_SHAPE = {4: (16, 3), 2: (8, 6)}
 
 # The light ops, launched in the capped shape on sm_90 (_launch.map_shape: measured faster there);
 # erf GELU and bias_gelu do more math per byte and measured slower capped.
@@ -127,7 +128,8 @@ def bias_gelu(x, bias, approximate="tanh", *, out=None, stream=None):
 def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None):
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over the leading dims
     (deterministic: the same input gives the same bits). One pass over dy and x when the last
-    dim is whole 8-byte vectors and every operand is 8-byte aligned (bias_gelu_bwd_plan);
+    dim is whole vectors and every operand aligned to them (bias_gelu_bwd_plan: 16 bytes for
+    float32, 8 for the half types);
     otherwise dx, then its column sums."""
     import cupy
 
@@ -156,11 +158,11 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
 def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
     """(strips, chunks, rows_per_chunk, strip, threads) of the fused backward
     (kernels/elementwise.cu bias_bwd_partial), or None where it does not apply: nothing to
-    do, a last dim that is not whole vectors of BIAS_BWD_VECTOR_BYTES, or a pointer off that
+    do, a last dim that is not whole vectors (BIAS_BWD_SHAPE), or a pointer off that
     alignment. A block is `strip` column vectors x threads / strip rows; `strips` blocks span a
-    row and `chunks` blocks its rows: one wave of BIAS_BWD_BLOCKS_PER_SM blocks an SM, and so
-    few chunks for the final sum to add."""
-    vector_bytes = BIAS_BWD_VECTOR_BYTES
+    row and `chunks` blocks its rows: at most one wave of the resident blocks (a few blocks of a
+    second wave cost a whole block's time), and so few chunks for the final sum to add."""
+    vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
     vector = vector_bytes // itemsize
     if rows <= 0 or cols <= 0 or cols % vector or any(p % vector_bytes for p in pointers):
         return None
@@ -168,7 +170,7 @@ def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
     strip = min(vectors, BIAS_BWD_THREADS)
     by = BIAS_BWD_THREADS // strip
     strips = -(-vectors // strip)
-    chunks = max(1, min(-(-rows // by), 65535, -(-BIAS_BWD_BLOCKS_PER_SM * sms // strips)))
+    chunks = max(1, min(-(-rows // by), 65535, blocks_per_sm * sms // strips))
     rows_per_chunk = -(-rows // chunks)
     return strips, -(-rows // rows_per_chunk), rows_per_chunk, strip, strip * by
 

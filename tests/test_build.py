@@ -286,13 +286,16 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
 
 
 def test_fused_bias_backward_plan_uses_the_kernels_launch_bounds_and_vector():
-    # The plan sizes its one wave by the blocks the launch bounds guarantee resident, and
-    # its alignment checks by the kernel's vector: both are compiled-in defaults.
+    # The plan sizes its one wave by the blocks the launch bounds guarantee resident, and its
+    # alignment checks by the kernel's vector: both are compiled in per storage size.
     source = _kernel_source()
-    defaults = dict(re.findall(r"#define RAWOPS_BIAS_BWD_(BLOCKS|BYTES) (\d+)", source))
-    assert int(defaults["BLOCKS"]) == elementwise.BIAS_BWD_BLOCKS_PER_SM
-    assert int(defaults["BYTES"]) == elementwise.BIAS_BWD_VECTOR_BYTES
-    assert re.search(rf"kBiasBwdThreads = {elementwise.BIAS_BWD_THREADS}\b", source)
+    shape = re.search(r"static constexpr int bytes = sizeof\(T\) == 4 \? (\d+) : (\d+), "
+                      r"blocks = sizeof\(T\) == 4 \? (\d+) : (\d+),", source)
+    assert shape, "BiasBwdShape's defaults not found"
+    f32_bytes, half_bytes, f32_blocks, half_blocks = map(int, shape.groups())
+    assert elementwise.BIAS_BWD_SHAPE == {4: (f32_bytes, f32_blocks), 2: (half_bytes, half_blocks)}
+    assert re.search(rf"kBiasBwdThreads = {elementwise.BIAS_BWD_THREADS};", source)
+    assert "__launch_bounds__(rawops::kBiasBwdThreads, rawops::BiasBwdShape<T>::blocks)" in source
 
 
 def test_python_table_reads_the_operands_each_kernel_reads():

@@ -20,7 +20,7 @@ import pytest
 
 from rawops import _modules
 from rawops._launch import MAP_SHAPE, launch, map_launch_config, sm_count
-from rawops.elementwise import BIAS_BWD_THREADS, BIAS_BWD_VECTOR_BYTES, bias_gelu_bwd_plan, column_sum_plan
+from rawops.elementwise import BIAS_BWD_SHAPE, BIAS_BWD_THREADS, bias_gelu_bwd_plan, column_sum_plan
 
 THREADS = MAP_SHAPE["threads"]  # __launch_bounds__(256) in the kernel
 UNROLL = MAP_SHAPE["unroll"]  # RAWOPS_MAP_UNROLL in the kernel (the tripwire test checks)
@@ -270,8 +270,10 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
 ])
 def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(rows, cols, itemsize, sms):
     strips, chunks, rows_per_chunk, strip, threads = bias_gelu_bwd_plan(rows, cols, itemsize, (0, 256, 512), sms)
-    vectors = cols // (BIAS_BWD_VECTOR_BYTES // itemsize)
+    vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
+    vectors = cols // (vector_bytes // itemsize)
     by = threads // strip
+    assert strips * chunks <= max(blocks_per_sm * sms, strips), "more than one wave of resident blocks"
     assert threads == strip * by and 1 <= by and threads <= BIAS_BWD_THREADS
     assert strips * strip >= vectors > (strips - 1) * strip, "strips cover the row's vectors, none wholly idle"
     assert 1 <= chunks <= 65535 and (chunks - 1) * rows_per_chunk < rows <= chunks * rows_per_chunk
@@ -287,8 +289,8 @@ def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(rows, cols, 
 
 @pytest.mark.parametrize("rows, cols, itemsize, pointers", [
     (0, 8, 2, (0, 0, 0)), (8, 0, 2, (0, 0, 0)),  # nothing to do
-    (8, 6, 2, (0, 0, 0)), (8, 3, 4, (0, 0, 0)), (8, 257, 2, (0, 0, 0)),  # rows not whole 8-byte vectors
-    (8, 8, 2, (2, 0, 0)), (8, 8, 2, (0, 4, 0)), (8, 8, 2, (0, 0, 6)), (8, 8, 4, (0, 0, 0, 1028)),  # misaligned
+    (8, 6, 2, (0, 0, 0)), (8, 6, 4, (0, 0, 0)), (8, 257, 2, (0, 0, 0)),  # rows not whole vectors
+    (8, 8, 2, (2, 0, 0)), (8, 8, 2, (0, 4, 0)), (8, 8, 4, (0, 0, 8)), (8, 8, 4, (0, 0, 0, 1032)),  # misaligned
 ])
 def test_bias_gelu_bwd_plan_declines_what_the_fused_kernel_cannot_take(rows, cols, itemsize, pointers):
     assert bias_gelu_bwd_plan(rows, cols, itemsize, pointers, 132) is None
