@@ -32,6 +32,8 @@ KERNELS = [  # (name, dtype, reads b, reads c (row of 4096), bytes moved per ele
     ("add_fwd_f16", numpy.float16, True, False, 3),
     ("gelu_tanh_bwd_bf16", "bfloat16", True, False, 3),
     ("bias_gelu_tanh_fwd_bf16", "bfloat16", False, True, 2),
+    ("gelu_erf_bwd_f16", numpy.float16, True, False, 3),
+    ("gelu_erf_bwd_bf16", "bfloat16", True, False, 3),
 ]
 
 
@@ -74,6 +76,7 @@ def torch_times():
         op = {"relu_fwd": lambda: F.relu(a), "gelu_tanh_fwd": lambda: F.gelu(a, approximate="tanh"),
               "gelu_erf_fwd": lambda: F.gelu(a), "add_fwd": lambda: a + b,
               "gelu_tanh_bwd": lambda: torch.ops.aten.gelu_backward(a, b, approximate="tanh"),
+              "gelu_erf_bwd": lambda: torch.ops.aten.gelu_backward(a, b),
               "bias_gelu_tanh_fwd": lambda: F.gelu(a.view(-1, 4096) + c, approximate="tanh")}[name.rsplit("_", 1)[0]]
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         with stream:
