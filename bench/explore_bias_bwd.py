@@ -20,14 +20,16 @@ from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-VARIANTS = [(8, 6, 1, 1), (8, 6, 1, 4), (8, 6, 1, 16), (16, 3, 2, 1), (16, 3, 2, 4), (16, 3, 2, 16)]  # + waves of blocks  # (vector bytes, blocks an SM, rows ahead)
+# (vector bytes, blocks an SM, rows ahead, threads a block): 1024 threads of 8 bytes own whole
+# 4096-wide f16 rows (a block streams one contiguous range), 512 of 16 bytes whole f32 rows.
+VARIANTS = [(8, 6, 1, 256), (8, 1, 2, 1024), (8, 2, 1, 512), (16, 1, 1, 1024), (16, 1, 2, 1024), (16, 2, 1, 512)]  # (vector bytes, blocks an SM, rows ahead)
 
 
-def build(vec_bytes, blocks, ahead, arch, out_dir):
-    path = os.path.join(out_dir, f"elementwise_v{vec_bytes}_b{blocks}_a{ahead}.cubin")
+def build(vec_bytes, blocks, ahead, threads, arch, out_dir):
+    path = os.path.join(out_dir, f"elementwise_v{vec_bytes}_b{blocks}_a{ahead}_t{threads}.cubin")
     return path, subprocess.Popen(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin",
                                    f"-arch=sm_{arch}", f"-DRAWOPS_BIAS_BWD_BLOCKS={blocks}",
-                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"-DRAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"{ROOT}/kernels/elementwise.cu", "-o", path])
+                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"-DRAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"-DRAWOPS_BIAS_BWD_THREADS={threads}", f"{ROOT}/kernels/elementwise.cu", "-o", path])
 
 
 def main():
@@ -41,7 +43,7 @@ def main():
     arch = cupy.cuda.Device(0).compute_capability
     scratch = "/tmp/explore_bias_bwd"
     os.makedirs(scratch, exist_ok=True)
-    builds = {v: build(*v[:3], arch, scratch) for v in {v[:3] for v in VARIANTS}}  # nvcc runs in parallel
+    builds = {v: build(*v, arch, scratch) for v in VARIANTS}  # nvcc runs in parallel
     modules = {}
     for v, (path, proc) in builds.items():
         if proc.wait() != 0:
@@ -68,15 +70,17 @@ def main():
         candidates = {"shipped build": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
                       "unfused (dx, column_sum)": unfused, "torch": torch_eager}
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        for vec_bytes, blocks, ahead, waves in VARIANTS:
-            module = modules[(vec_bytes, blocks, ahead)]
+        for vec_bytes, blocks, ahead, block_threads in VARIANTS:
+            module = modules[(vec_bytes, blocks, ahead, block_threads)]
             fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
             final = module.get_function(f"column_sum_final_{name}")
-            saved = dict(ew.BIAS_BWD_SHAPE)
-            ew.BIAS_BWD_SHAPE[dy.element_size()] = (vec_bytes, blocks * waves)
+            saved = dict(ew.BIAS_BWD_SHAPE), ew.BIAS_BWD_THREADS
+            ew.BIAS_BWD_SHAPE[dy.element_size()] = (vec_bytes, blocks)
+            ew.BIAS_BWD_THREADS = block_threads
             strips, chunks, rpc, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(),
                                                                         (0, 0, 0), sms)
-            ew.BIAS_BWD_SHAPE.update(saved)
+            ew.BIAS_BWD_SHAPE.update(saved[0])
+            ew.BIAS_BWD_THREADS = saved[1]
             partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
             args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + tuple(
                 numpy.int64(v) for v in (ROWS, COLS, rpc, strip))
@@ -93,7 +97,7 @@ def main():
             torch.cuda.synchronize()
             assert torch.equal(dx, ref_dx), f"{name} {vec_bytes}:{blocks}x{ahead}: dx differs from the shipped kernel's"
             assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
-            candidates[f"{vec_bytes} B vectors, {blocks} blocks/SM, {ahead} rows ahead, {waves} waves"] = run
+            candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead ({strips} strips)"] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)
             rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,

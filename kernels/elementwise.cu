@@ -284,7 +284,10 @@ template <typename T> struct BiasBwdShape {
   static constexpr int bytes = sizeof(T) == 4 ? 16 : 8, blocks = sizeof(T) == 4 ? 3 : 6, ahead = sizeof(T) == 4 ? 2 : 1;
 #endif
 };
-constexpr int kBiasBwdThreads = 256;
+#ifndef RAWOPS_BIAS_BWD_THREADS
+#define RAWOPS_BIAS_BWD_THREADS 256
+#endif
+constexpr int kBiasBwdThreads = RAWOPS_BIAS_BWD_THREADS;
 
 template <typename T, int kBytes> struct alignas(kBytes) VecN {
   static constexpr int size = kBytes / sizeof(T);
