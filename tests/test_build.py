@@ -294,7 +294,7 @@ def test_fused_bias_backward_plan_uses_the_kernels_launch_bounds_and_vector():
     assert shape, "BiasBwdShape's defaults not found"
     f32_bytes, half_bytes, f32_blocks, half_blocks = map(int, shape.groups())
     assert elementwise.BIAS_BWD_SHAPE == {4: (f32_bytes, f32_blocks), 2: (half_bytes, half_blocks)}
-    assert re.search(rf"kBiasBwdThreads = {elementwise.BIAS_BWD_THREADS};", source)
+    assert re.search(rf"#define RAWOPS_BIAS_BWD_THREADS {elementwise.BIAS_BWD_THREADS}\n", source)
     assert "__launch_bounds__(rawops::kBiasBwdThreads, rawops::BiasBwdShape<T>::blocks)" in source
 
 
