@@ -569,6 +569,8 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
 //     is two k8 mma slices with K permuted the same way for A and B (slice h: tf32 slot t <->
 //     k0 + 4t + 2h, slot t + 4 <-> k0 + 4t + 2h + 1), so no shuffle is needed. A warp's loads
 //     for up to 3 steps are all issued before the first split (latency is the enemy here);
+//     the split is split_tf32_fast (3 instructions a value, where cvt.rna.tf32 is emulated in
+//     4 on sm_90: 2880 -> 2208 SASS instructions), as the source network's 3xTF32 kernel does;
 //   - each warp's partial tile goes to shared memory; after a (cluster) barrier CTA r adds, in
 //     a fixed order (deterministic), the C x NWK partials of its 32 / C rows (through
 //     distributed shared memory when C > 1) and applies the epilogue.
@@ -655,7 +657,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
           const float v[4] = {h ? lo.z : lo.x, h ? hi.z : hi.x, h ? lo.w : lo.y, h ? hi.w : hi.y};
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const Tf32Split p = split_tf32(v[e]);
+            const Tf32Split p = split_tf32_fast(v[e]);
             ab[mt][e] = p.big;
             as[mt][e] = p.small;
           }
@@ -663,8 +665,8 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
         unsigned bb[NT][2], bs[NT][2];
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-          const Tf32Split b0 = split_tf32(h ? wv[s][j].z : wv[s][j].x);
-          const Tf32Split b1 = split_tf32(h ? wv[s][j].w : wv[s][j].y);
+          const Tf32Split b0 = split_tf32_fast(h ? wv[s][j].z : wv[s][j].x);
+          const Tf32Split b1 = split_tf32_fast(h ? wv[s][j].w : wv[s][j].y);
           bb[j][0] = b0.big, bb[j][1] = b1.big, bs[j][0] = b0.small, bs[j][1] = b1.small;
         }
         // 3xTF32 as three passes over the 2 x NT accumulators (small terms first): the mma
