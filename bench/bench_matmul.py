@@ -21,7 +21,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import device_time_us, graphed, start, write_results  # noqa: E402
+from timing import device_time_us, device_times_us, graphed, start, write_results  # noqa: E402
 
 PEAK_TFLOPS = {torch.float32: 66.9, torch.float16: 989.0, torch.bfloat16: 989.0}
 PEAK_TF32_TFLOPS = 495.0
@@ -56,12 +56,16 @@ def linear_rows(ta, ceiling):
         ref = F.gelu(F.linear(x.double(), w.double(), b.double()), approximate="tanh")
         with torch.no_grad():
             error = _error(ta.linear_gelu(x, w, b), ref)
-            us = device_time_us(lambda: ta.linear_gelu(x, w, b))
-            us_eager = device_time_us(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
-            us_lt = device_time_us(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True))
-            us_graph = device_time_us(graphed(lambda: ta.linear_gelu(x, w, b)))
-            us_eager_graph = device_time_us(graphed(lambda: F.gelu(F.linear(x, w, b), approximate="tanh")))
-            us_lt_graph = device_time_us(graphed(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)))
+            # Interleaved rounds (timing.device_times_us): at 32 rows a call is mostly host time,
+            # and the lent host's speed drifts by up to 1.7x within minutes (bench/NOTES.md).
+            us, us_eager, us_lt, us_graph, us_eager_graph, us_lt_graph = device_times_us({
+                "rawops": lambda: ta.linear_gelu(x, w, b),
+                "eager": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
+                "epilogue": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),
+                "rawops graph": graphed(lambda: ta.linear_gelu(x, w, b)),
+                "eager graph": graphed(lambda: F.gelu(F.linear(x, w, b), approximate="tanh")),
+                "epilogue graph": graphed(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)),
+            }).values()
         flops = 2 * m * k * n
         nbytes = (m * k + n * k + n + m * n) * x.element_size()
         compute, memory = _floors(flops, nbytes, dtype, ceiling)
