@@ -322,16 +322,25 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   __shared__ float sums[V][kBiasBwdThreads];
   const int tx = threadIdx.x % strip, ty = threadIdx.x / strip, by = blockDim.x / strip;
   const int64_t col = (int64_t(blockIdx.x) * strip + tx) * V;
+#ifdef RAWOPS_BIAS_BWD_CYCLIC
+  // bench/explore_bias_bwd.py: chunk c takes the rows (i * chunks + c) * by + ty, so that the
+  // whole grid walks memory in order (as the map kernels' short blocks do).
+  const int64_t r_first = int64_t(blockIdx.y) * by + ty, r_step = int64_t(gridDim.y) * by;
+  const int n = r_first < rows ? int((rows - r_first + r_step - 1) / r_step) : 0;
+  (void)rows_per_chunk;
+#else
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  // The thread's rows r0 + ty + i * by, i < n (32-bit: a chunk is at most a few million rows).
+  const int64_t r_first = r0 + ty, r_step = by;
+  const int n = r0 + ty < r1 ? int((r1 - r0 - ty + by - 1) / by) : 0;
+#endif
   float acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
-  // The thread's rows r0 + ty + i * by, i < n (32-bit: a chunk is at most a few million rows).
-  const int n = r0 + ty < r1 ? int((r1 - r0 - ty + by - 1) / by) : 0;
   if (col < cols && n > 0) {
     const Vec b = load_vec<T, kBytes>(bias + col);  // kept packed, converted per use
-    const int64_t stride = int64_t(by) * cols;  // elements between a thread's consecutive rows
-    const int64_t first = (r0 + ty) * cols + col;
+    const int64_t stride = r_step * cols;  // elements between a thread's consecutive rows
+    const int64_t first = r_first * cols + col;
     const T* pdy = dy + first;
     const T* px = x + first;
     T* pdx = dx + first;
