@@ -22,16 +22,14 @@ ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # (vector bytes, blocks an SM, rows ahead, threads a block): 1024 threads of 8 bytes own whole
 # 4096-wide f16 rows (a block streams one contiguous range), 512 of 16 bytes whole f32 rows.
-VARIANTS = [(8, 6, 1, 256, False), (8, 6, 1, 256, True), (16, 3, 2, 256, False), (16, 3, 2, 256, True),
-            (8, 4, 2, 256, True), (16, 3, 1, 256, True)]  # + whether rows are dealt to the chunks cyclically
+VARIANTS = [(8, 6, 1, 256), (8, 4, 2, 256), (16, 3, 2, 256), (16, 3, 1, 256)]
 
 
-def build(vec_bytes, blocks, ahead, threads, cyclic, arch, out_dir):
-    path = os.path.join(out_dir, f"elementwise_v{vec_bytes}_b{blocks}_a{ahead}_t{threads}_c{int(cyclic)}.cubin")
+def build(vec_bytes, blocks, ahead, threads, arch, out_dir):
+    path = os.path.join(out_dir, f"elementwise_v{vec_bytes}_b{blocks}_a{ahead}_t{threads}.cubin")
     return path, subprocess.Popen(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin",
                                    f"-arch=sm_{arch}", f"-DRAWOPS_BIAS_BWD_BLOCKS={blocks}",
-                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"-DRAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"-DRAWOPS_BIAS_BWD_THREADS={threads}",
-                                   *(["-DRAWOPS_BIAS_BWD_CYCLIC"] if cyclic else []), f"{ROOT}/kernels/elementwise.cu", "-o", path])
+                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"-DRAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"-DRAWOPS_BIAS_BWD_THREADS={threads}", f"{ROOT}/kernels/elementwise.cu", "-o", path])
 
 
 def main():
@@ -72,20 +70,20 @@ def main():
         candidates = {"shipped build": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
                       "unfused (dx, column_sum)": unfused, "torch": torch_eager}
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        for vec_bytes, blocks, ahead, block_threads, cyclic in VARIANTS:
-            module = modules[(vec_bytes, blocks, ahead, block_threads, cyclic)]
+        for vec_bytes, blocks, ahead, block_threads in VARIANTS:
+            module = modules[(vec_bytes, blocks, ahead, block_threads)]
             fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
             final = module.get_function(f"column_sum_final_{name}")
             saved = dict(ew.BIAS_BWD_SHAPE), ew.BIAS_BWD_THREADS
             ew.BIAS_BWD_SHAPE[dy.element_size()] = (vec_bytes, blocks)
             ew.BIAS_BWD_THREADS = block_threads
-            strips, chunks, rpc, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(),
+            strips, chunks, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(),
                                                                         (0, 0, 0), sms)
             ew.BIAS_BWD_SHAPE.update(saved[0])
             ew.BIAS_BWD_THREADS = saved[1]
             partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
             args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + tuple(
-                numpy.int64(v) for v in (ROWS, COLS, rpc, strip))
+                numpy.int64(v) for v in (ROWS, COLS, strip))
 
             def run(fused=fused, final=final, args=args, partial=partial, chunks=chunks, strips=strips,
                     threads=threads):
@@ -99,8 +97,7 @@ def main():
             torch.cuda.synchronize()
             assert torch.equal(dx, ref_dx), f"{name} {vec_bytes}:{blocks}x{ahead}: dx differs from the shipped kernel's"
             assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
-            candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead ({strips} strips)"
-                       f"{', rows cyclic' if cyclic else ''}"] = run
+            candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead ({strips} strips)"] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)
             rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,

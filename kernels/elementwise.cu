@@ -265,7 +265,7 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 // re-read dx, 4 tensor passes where 3 are needed (2.0-2.2 TB/s counted, bench/NOTES.md).
 // Launch (rawops/elementwise.py: bias_gelu_bwd_plan): 1-D blocks of strip x `by` threads;
 // thread (tx, ty) = (t % strip, t / strip) owns column vector blockIdx.x * strip + tx (of
-// BiasBwdShape<T>::bytes) and rows r0 + ty, r0 + ty + by, ... of chunk blockIdx.y. Needs cols % V == 0
+// BiasBwdShape<T>::bytes) and rows (i * chunks + blockIdx.y) * by + ty. Needs cols % V == 0
 // and dy, x, bias, dx aligned to the vector (the plan checks; otherwise the unfused pair runs).
 // Streaming: each thread keeps `ahead` rows of loads in flight at all times (a row's math,
 // then the load of the row `ahead` further), `bytes` of each operand a row.
@@ -315,25 +315,18 @@ template <class Op, typename T>
 __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const T* __restrict__ x,
                                                  const T* __restrict__ bias, T* __restrict__ dx,
                                                  float* __restrict__ partial, int64_t rows, int64_t cols,
-                                                 int64_t rows_per_chunk, int strip) {
+                                                 int strip) {
   constexpr int kBytes = BiasBwdShape<T>::bytes, A = BiasBwdShape<T>::ahead;
   using Vec = VecN<T, kBytes>;
   constexpr int V = Vec::size;
   __shared__ float sums[V][kBiasBwdThreads];
   const int tx = threadIdx.x % strip, ty = threadIdx.x / strip, by = blockDim.x / strip;
   const int64_t col = (int64_t(blockIdx.x) * strip + tx) * V;
-#ifdef RAWOPS_BIAS_BWD_CYCLIC
-  // bench/explore_bias_bwd.py: chunk c takes the rows (i * chunks + c) * by + ty, so that the
-  // whole grid walks memory in order (as the map kernels' short blocks do).
+  // Chunk c takes rows (i * chunks + c) * by + ty, i = 0, 1, ...: the whole grid walks memory in
+  // order, as the map kernels' short blocks do (contiguous chunks, each block walking its own
+  // range, measured 2-3% slower: bench/results/explore_bias_bwd_cyclic.md).
   const int64_t r_first = int64_t(blockIdx.y) * by + ty, r_step = int64_t(gridDim.y) * by;
-  const int n = r_first < rows ? int((rows - r_first + r_step - 1) / r_step) : 0;
-  (void)rows_per_chunk;
-#else
-  const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
-  // The thread's rows r0 + ty + i * by, i < n (32-bit: a chunk is at most a few million rows).
-  const int64_t r_first = r0 + ty, r_step = by;
-  const int n = r0 + ty < r1 ? int((r1 - r0 - ty + by - 1) / by) : 0;
-#endif
+  const int n = r_first < rows ? int((rows - r_first + r_step - 1) / r_step) : 0;  // 32-bit: rows / chunks
   float acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
@@ -401,8 +394,8 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 #define RAWOPS_BIAS_BWD_PARTIAL(name, Op, T, suffix)                                            \
   extern "C" __global__ void __launch_bounds__(rawops::kBiasBwdThreads, rawops::BiasBwdShape<T>::blocks) \
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
-                      long long cols, long long rows_per_chunk, long long strip) {               \
-    rawops::bias_bwd_partial<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols, rows_per_chunk, int(strip)); \
+                      long long cols, long long strip) {                                         \
+    rawops::bias_bwd_partial<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols, int(strip));     \
   }
 
 #define RAWOPS_ELEMENTWISE(T, suffix)                                                    \

@@ -158,12 +158,13 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
 
 
 def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
-    """(strips, chunks, rows_per_chunk, strip, threads) of the fused backward
-    (kernels/elementwise.cu bias_bwd_partial), or None where it does not apply: nothing to
-    do, a last dim that is not whole vectors (BIAS_BWD_SHAPE), or a pointer off that
-    alignment. A block is `strip` column vectors x threads / strip rows; `strips` blocks span a
-    row and `chunks` blocks its rows: at most one wave of the resident blocks (a few blocks of a
-    second wave cost a whole block's time), and so few chunks for the final sum to add."""
+    """(strips, chunks, strip, threads) of the fused backward (kernels/elementwise.cu
+    bias_bwd_partial), or None where it does not apply: nothing to do, a last dim that is not
+    whole vectors (BIAS_BWD_SHAPE), or a pointer off that alignment. A block is `strip` column
+    vectors x threads / strip rows (`by`); `strips` blocks span a row and `chunks` blocks its
+    rows, chunk c taking rows (i * chunks + c) * by + ty: at most one wave of the resident
+    blocks (a few blocks of a second wave cost a whole block's time), and so few chunks for the
+    final sum to add."""
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
     vector = vector_bytes // itemsize
     if rows <= 0 or cols <= 0 or cols % vector or any(p % vector_bytes for p in pointers):
@@ -173,19 +174,18 @@ def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
     by = BIAS_BWD_THREADS // strip
     strips = -(-vectors // strip)
     chunks = max(1, min(-(-rows // by), 65535, blocks_per_sm * sms // strips))
-    rows_per_chunk = -(-rows // chunks)
-    return strips, -(-rows // rows_per_chunk), rows_per_chunk, strip, strip * by
+    return strips, chunks, strip, strip * by
 
 
 def launch_bias_gelu_backward(device, dtype, approximate, plan, dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr,
                               dbias_ptr, rows, cols, stream):
     """The fused backward on raw pointers checked by the caller: dx, plan[1] x cols float32
     partial sums, then dbias from them (column_sum_final)."""
-    strips, chunks, rows_per_chunk, strip, threads = plan
+    strips, chunks, strip, threads = plan
     suffix = FLOAT_SUFFIXES[dtype]
     fused = _modules.function_pointer(FAMILY, f"{BIAS_BWD_PARTIAL[approximate]}_{suffix}", device)
     launch(fused, (strips, chunks), threads, 0, stream,
-           (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols, rows_per_chunk, strip), "pppppqqqq", device)
+           (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols, strip), "pppppqqq", device)
     _launch_column_sum_final(device, suffix, partial_ptr, dbias_ptr, chunks, cols, stream)
 
 

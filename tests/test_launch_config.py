@@ -269,21 +269,20 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
     (7, 2048, 4, 132),
 ])
 def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(rows, cols, itemsize, sms):
-    strips, chunks, rows_per_chunk, strip, threads = bias_gelu_bwd_plan(rows, cols, itemsize, (0, 256, 512), sms)
+    strips, chunks, strip, threads = bias_gelu_bwd_plan(rows, cols, itemsize, (0, 256, 512), sms)
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
     vectors = cols // (vector_bytes // itemsize)
     by = threads // strip
     assert strips * chunks <= max(blocks_per_sm * sms, strips), "more than one wave of resident blocks"
     assert threads == strip * by and 1 <= by and threads <= BIAS_BWD_THREADS
     assert strips * strip >= vectors > (strips - 1) * strip, "strips cover the row's vectors, none wholly idle"
-    assert 1 <= chunks <= 65535 and (chunks - 1) * rows_per_chunk < rows <= chunks * rows_per_chunk
-    # Threads (tx, ty) of chunk c take rows c * rpc + ty, + by, ... below min(rows, (c + 1) * rpc).
+    assert 1 <= chunks <= 65535 and chunks * by <= rows + by - 1, "every chunk has rows"
+    # Thread (tx, ty) of chunk c takes rows (i * chunks + c) * by + ty (kernels/elementwise.cu).
     seen = np.zeros(min(rows, 200000), dtype=np.int64)
     for chunk in range(chunks):
-        r0, r1 = chunk * rows_per_chunk, min(rows, (chunk + 1) * rows_per_chunk)
         for ty in range(by):
-            take = np.arange(r0 + ty, r1, by)
-            seen[take[take < seen.size]] += 1
+            take = np.arange(chunk * by + ty, seen.size, chunks * by)
+            seen[take] += 1
     assert (seen == 1).all()
 
 
