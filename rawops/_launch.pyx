@@ -583,21 +583,16 @@ cdef class MapKernel:
         return self._threads[device], self._shared[device]
 
     def __call__(self, a, b=None, c=None, float alpha=0.0, out=None, stream=None):
-        cdef tuple checked = self._checked(a, b, c, out)
-        cdef int device = checked[4]
-        cupy = _import_cupy()
-        if _get_device() != device:
-            with cupy.cuda.Device(device):
-                return self._run(checked[0], checked[1], checked[2], checked[3], alpha, stream, device)
-        return self._run(checked[0], checked[1], checked[2], checked[3], alpha, stream, device)
+        return self._call(a, b, c, alpha, out, stream, False)
 
     def check(self, a, b=None, c=None, out=None):
         """(a, b, c, out, device) as checked DeviceArrays (None where absent) and their GPU:
         every check a call makes, raised as a call would raise it; nothing is launched (for
         callers that launch a fused variant of this op on the same operands)."""
-        return self._checked(a, b, c, out)
+        return self._call(a, b, c, 0.0, out, None, True)
 
-    cdef tuple _checked(self, a, b, c, out):
+    cdef object _call(self, a, b, c, float alpha, out, stream, bint check_only):
+        # One body for the call and for check(): the hot path builds no tuple.
         cdef DeviceArray A = as_array(a, self.arg_names[0])
         cdef DeviceArray B = None
         cdef DeviceArray C = None
@@ -629,12 +624,18 @@ cdef class MapKernel:
             if C is not None:
                 self._check_overlap(O, C)
 
+        cupy = _import_cupy()
         cdef int device = resolve_device(A)
         for other in (B, C, O):
             if other is not None and resolve_device(other) != device:
                 raise ValueError(f"{other.name} is on device {other.device}, {A.name} on device {device}; "
                                  "all arguments must be on one GPU")
-        return (A, B, C, O, device)
+        if check_only:
+            return (A, B, C, O, device)
+        if _get_device() != device:
+            with cupy.cuda.Device(device):
+                return self._run(A, B, C, O, alpha, stream, device)
+        return self._run(A, B, C, O, alpha, stream, device)
 
     cdef DeviceArray _operand(self, object obj, str name, DeviceArray like):
         if obj is None:
