@@ -269,13 +269,11 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 // and dy, x, bias, dx aligned to the vector (the plan checks; otherwise the unfused pair runs).
 // Streaming: each thread keeps `ahead` rows of loads in flight at all times (a row's math,
 // then the load of the row `ahead` further), `bytes` of each operand a row.
-// Occupancy is what decides the speed (bench/results/explore_bias_bwd.md): a first version
-// (8 rows loaded, then their math, 16-byte vectors) ran 2.3-2.8 TB/s counted at 48-76
-// registers, 2-3 blocks of 256 an SM.
-// Per storage type (bench/results/explore_bias_bwd.md, H100): float32 16-byte vectors, 3
-// blocks of 256 an SM, 2 rows ahead; the half types 8-byte vectors, 6 blocks, 1 row ahead.
-// Every shape swept ran within ~5% of these (2.6-2.8 TB/s counted): the one-wave, row-walking
-// pattern, not occupancy or loads in flight, is what holds it under the map kernels' 3.0.
+// Per storage type (bench/results/explore_bias_bwd*.md, H100): float32 16-byte vectors, 3
+// blocks of 256 an SM, 2 rows ahead; the half types 8-byte vectors, 6 blocks, 1 row ahead. A
+// first version (8 rows loaded, then their math) ran 2.3-2.8 TB/s counted; every shape swept
+// since, spill-free, lands within ~5% of these (2.7-2.84 TB/s), under the map kernels' 3.0
+// for reasons not yet found (bench/NOTES.md). A spill is fatal (bf16 at 4 blocks: 248 us).
 // The macros override both types at once (bench/explore_bias_bwd.py).
 template <typename T> struct BiasBwdShape {
 #ifdef RAWOPS_BIAS_BWD_BYTES

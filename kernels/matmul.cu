@@ -621,13 +621,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
     wr[j] = w + (n < N ? n : N - 1) * K + 4 * q;
   }
 
-  float acc[2][NT][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+  float acc[2][NT][4] = {};
 
   // One round: kTf32Steps 16-wide steps from k0, every load issued before the first split.
   // Whole rounds load unpredicated; only a tail round (TAIL) checks k against ke (behind a

@@ -1221,7 +1221,7 @@ __device__ __forceinline__ void store_chunk16(T* __restrict__ z, int width, int 
 // Bias + activation of one 16-column chunk (two n8 tiles) of kMT m16 tiles, packed into the
 // A fragments of the next layer's k16 slice; the pre-activation z stored when z != null
 // (the tile's rows of this layer's [batch][width], columns col..col+15).
-template <typename T, int kMT, int kAct, bool kSave>
+template <typename T, int kMT, int kAct>
 __device__ __forceinline__ void chunk_to_a(const float (&acc)[kMT][2][4], unsigned (&out)[kMT][4],
                                            const float* bias, T* __restrict__ z, int rows_valid, int width, int col,
                                            int lane) {
@@ -1240,7 +1240,7 @@ __device__ __forceinline__ void chunk_to_a(const float (&acc)[kMT][2][4], unsign
       out[m][2 * h] = act_pack<T, kAct>(v0, v1);
       out[m][2 * h + 1] = act_pack<T, kAct>(v2, v3);
     }
-    if (kSave && z != nullptr) store_chunk16<T>(z, width, rows_valid, m * 16, col, zw, lane);
+    if (z != nullptr) store_chunk16<T>(z, width, rows_valid, m * 16, col, zw, lane);
   }
 }
 
@@ -1270,7 +1270,7 @@ __device__ __forceinline__ void mma_16_columns(float (&acc)[kMT][2][4], const un
   }
 }
 
-template <typename T, int kW, int kMT, int kAct, bool kSave>
+template <typename T, int kW, int kMT, int kAct>
 __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][4], unsigned (&out)[kMT][kW / 16][4],
                                              unsigned wb, const float* bias, T* z, int rows_valid, int lane) {
   constexpr int kKT = kW / 16, kLdw = kW + 8;
@@ -1279,7 +1279,7 @@ __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][
     float acc[kMT][2][4];
     mma_16_columns<T, kMT, kKT>(acc, in, wb + 2u * unsigned(j * 16 * kLdw));
     unsigned chunk[kMT][4];
-    chunk_to_a<T, kMT, kAct, kSave>(acc, chunk, bias, z, rows_valid, kW, j * 16, lane);
+    chunk_to_a<T, kMT, kAct>(acc, chunk, bias, z, rows_valid, kW, j * 16, lane);
 #pragma unroll
     for (int m = 0; m < kMT; ++m)
 #pragma unroll
@@ -1287,7 +1287,7 @@ __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][
   }
 }
 
-template <typename T, int kW, int kMT, int kAct, bool kSave>
+template <typename T, int kW, int kMT, int kAct>
 __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restrict__ save, const T* const* W,
                          const T* const* B, int64_t batch, int n_in, int n_out, int hidden, int flags) {
   constexpr int kKT = kW / 16, kRows = 16 * kMT, ldw = kW + 8;
@@ -1380,11 +1380,11 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
           fetch_x<T, kRows>(xs, ld0, x + (tile + step) * kRows * n_in, rows_of(tile + step), n_in, in_p, x_cpr, xvec,
                             lane);
       }
-      T* z0 = kSave && save != nullptr ? save + row0 * kW : nullptr;
+      T* z0 = save != nullptr ? save + row0 * kW : nullptr;
 #pragma unroll
       for (int j = 0; j < kL0; ++j) {
         unsigned chunk[kMT][4];
-        chunk_to_a<T, kMT, kAct, kSave>(acc[j], chunk, bias, z0, rows_valid, kW, (j0 + j) * 16, lane);
+        chunk_to_a<T, kMT, kAct>(acc[j], chunk, bias, z0, rows_valid, kW, (j0 + j) * 16, lane);
 #pragma unroll
         for (int m = 0; m < kMT; ++m)
 #pragma unroll
@@ -1395,8 +1395,8 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
     // Hidden layers 1..hidden-1. (Two layers a step, ping-ponging between a and b2 without the
     // copy, spilled 20-104 bytes at the 128-register cap: ptxas, sm_90.)
     for (int l = 1; l < hidden; ++l) {
-      hidden_layer<T, kW, kMT, kAct, kSave>(a, b2, wh_b + 2u * unsigned((l - 1) * kW * ldw), bias + 128 * l,
-                                     kSave && save != nullptr ? save + (int64_t(l) * batch + row0) * kW : nullptr, rows_valid,
+      hidden_layer<T, kW, kMT, kAct>(a, b2, wh_b + 2u * unsigned((l - 1) * kW * ldw), bias + 128 * l,
+                                     save != nullptr ? save + (int64_t(l) * batch + row0) * kW : nullptr, rows_valid,
                                      lane);
 #pragma unroll
       for (int m = 0; m < kMT; ++m)
@@ -1452,12 +1452,6 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
 // cap, 666K local-memory requests per launch in ncu). kMT = 2 (32 rows a warp) except
 // W = 128 (16 rows: 2 x 64 accumulators would spill). 512 threads, one block per SM: at most
 // 128 registers (ptxas, sm_90: bench/NOTES.md).
-#ifdef RAWOPS_TC_FAST_SPLIT_SAVE  // bench: the training forward and inference as separate instantiations
-#define RAWOPS_TC_FAST_SAVE(T, W, MT, CODE, args) \
-  (save != nullptr ? rawops::fast_fwd<T, W, MT, CODE, true> args : rawops::fast_fwd<T, W, MT, CODE, false> args)
-#else
-#define RAWOPS_TC_FAST_SAVE(T, W, MT, CODE, args) rawops::fast_fwd<T, W, MT, CODE, true> args
-#endif
 #define RAWOPS_TC_FAST(suffix, T, W, MT, ACT, CODE)                                                             \
   extern "C" __global__ void __launch_bounds__(512, 1)                                                         \
       tc_mlp_w##W##_##ACT##_fwd_##suffix(const T* x, T* y, T* save, RAWOPS_TC_PARAMS(T), RAWOPS_TC_BIASES(T),   \
@@ -1465,7 +1459,7 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
                                          long long hidden, long long flags) {                                  \
     const T* W_[rawops::kTcMaxLayers] = {w0, w1, w2, w3, w4, w5, w6, w7, w8};                                  \
     const T* B_[rawops::kTcMaxLayers] = {b0, b1, b2, b3, b4, b5, b6, b7, b8};                                  \
-    RAWOPS_TC_FAST_CALL(RAWOPS_TC_FAST_SAVE(T, W, MT, CODE, (x, y, save, W_, B_, batch, int(n_in), int(n_out),   \
+    RAWOPS_TC_FAST_CALL((rawops::fast_fwd<T, W, MT, CODE>(x, y, save, W_, B_, batch, int(n_in), int(n_out),     \
                                                           int(hidden), int(flags))));                          \
   }
 #define RAWOPS_TC_FAST_ACTS(suffix, T, W, MT)                                                                  \
@@ -2175,13 +2169,7 @@ __device__ void seed_tc_fwd(const float* __restrict__ x, const float* __restrict
     }
 
     // Layer 3: 8 k8 slices from layer 2's accumulators, 2 n8 tiles (columns 10..15 unused).
-    float acc3[kMT][2][4];
-#pragma unroll
-    for (int m = 0; m < kMT; ++m)
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc3[m][n][i] = 0.f;
+    float acc3[kMT][2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kH2 / 8; ++kk) {
       const float2 bb = lds2(sm + kStB2 + 8 * kk + 2 * t);
