@@ -131,29 +131,35 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over the leading dims
     (deterministic: the same input gives the same bits). One pass over dy and x when the last
     dim is whole vectors and every operand aligned to them (bias_gelu_bwd_plan: 16 bytes for
-    float32, 8 for the half types);
-    otherwise dx, then its column sums."""
+    float32, 8 for the half types); otherwise dx, then its column sums. Checked once."""
     import cupy
 
     kernel = _gelu_kernel(_BIAS_GELU_BWD, approximate)
     a_dy, a_x, a_bias, a_out, device = kernel.check(dy, x, bias, out)
     cols = a_bias.size
     rows = a_dy.size // cols if cols else 0
+    dtype = NUMPY_DTYPES[a_dy.dtype]
     with cupy.cuda.Device(device):
-        plan = bias_gelu_bwd_plan(rows, cols, a_dy.itemsize, (a_dy.ptr, a_x.ptr, a_bias.ptr,
-                                  a_out.ptr if a_out is not None else 0), sm_count(device))
-        if plan is None:
-            dx = kernel(dy, x, c=bias, out=out, stream=stream)
-            return dx, column_sum(dx, stream=stream)
         s = stream_pointer(stream, device)
         for operand in (a_dy, a_x, a_bias):
             wait_for_producer(operand, s)
-        dtype = NUMPY_DTYPES[a_dy.dtype]
         dx = a_out.obj if a_out is not None else cupy.empty(a_dy.shape, dtype=dtype)
+        if rows == 0:
+            return dx, cupy.zeros((cols,), dtype=dtype)
         dbias = cupy.empty((cols,), dtype=dtype)
-        partial = cupy.empty((plan[1], cols), dtype="float32")
-        launch_bias_gelu_backward(device, a_dy.dtype, approximate, plan, a_dy.ptr, a_x.ptr, a_bias.ptr,
-                                  dx.data.ptr, partial.data.ptr, dbias.data.ptr, rows, cols, s)
+        sms = sm_count(device)
+        plan = bias_gelu_bwd_plan(rows, cols, a_dy.itemsize, (a_dy.ptr, a_x.ptr, a_bias.ptr, dx.data.ptr), sms)
+        if plan is not None:
+            partial = cupy.empty((plan[1], cols), dtype="float32")
+            launch_bias_gelu_backward(device, a_dy.dtype, approximate, plan, a_dy.ptr, a_x.ptr, a_bias.ptr,
+                                      dx.data.ptr, partial.data.ptr, dbias.data.ptr, rows, cols, s)
+        else:  # the map kernel (scalar head and tail where misaligned), then dx's column sums
+            kernel.launch_pointers(device, a_dy.dtype, a_dy.ptr, a_x.ptr, a_bias.ptr, dx.data.ptr, a_dy.size, cols,
+                                   0.0, s)
+            chunks, rows_per_chunk = column_sum_plan(rows, cols, sms)
+            partial = cupy.empty((chunks, cols), dtype="float32")
+            launch_column_sum(device, a_dy.dtype, dx.data.ptr, partial.data.ptr, dbias.data.ptr, rows, cols, chunks,
+                              rows_per_chunk, s)
     return dx, dbias
 
 
