@@ -2037,6 +2037,11 @@ struct SplitA {
       small[i] = s.small;
     }
   }
+  // The next layer's A fragment from C fragment c (d0, d1 at row g; d2, d3 at row g + 8):
+  // bias + ReLU, then the split; the permuted K puts columns 2t, 2t + 1 in slots t, t + 4.
+  __device__ __forceinline__ void set_bias_relu(const float (&c)[4], float2 b) {
+    set(bias_relu(c[0], b.x), bias_relu(c[2], b.x), bias_relu(c[1], b.y), bias_relu(c[3], b.y));
+  }
 };
 
 // d[m][n] += a[m] W^T for one k8 slice and n8 tile, w the lane's address in the tile's weight
@@ -2161,8 +2166,7 @@ __device__ void seed_tc_fwd(const float* __restrict__ x, const float* __restrict
         SplitA a[kMT];
 #pragma unroll
         for (int m = 0; m < kMT; ++m)
-          a[m].set(bias_relu(acc1[m][j][0], bb.x), bias_relu(acc1[m][j][2], bb.x), bias_relu(acc1[m][j][1], bb.y),
-                   bias_relu(acc1[m][j][3], bb.y));
+          a[m].set_bias_relu(acc1[m][j], bb);
 #pragma unroll
         for (int n = 0; n < kH2 / 8; ++n) mma_slice(acc2, n, a, w2b + 8 * n * kStLd2 + c0 + 8 * j);
       }
@@ -2176,8 +2180,7 @@ __device__ void seed_tc_fwd(const float* __restrict__ x, const float* __restrict
       SplitA a[kMT];
 #pragma unroll
       for (int m = 0; m < kMT; ++m)
-        a[m].set(bias_relu(acc2[m][kk][0], bb.x), bias_relu(acc2[m][kk][2], bb.x), bias_relu(acc2[m][kk][1], bb.y),
-                 bias_relu(acc2[m][kk][3], bb.y));
+        a[m].set_bias_relu(acc2[m][kk], bb);
 #pragma unroll
       for (int n = 0; n < 2; ++n) mma_slice(acc3, n, a, w3b + 8 * n * kStLd3 + 8 * kk);
     }
