@@ -16,6 +16,7 @@
 // grid-stride loop.
 // Math in float32; 64-bit indices throughout (tensors past 2^31 elements).
 #include "rawops/dtype.cuh"
+#include "rawops/timeline.cuh"
 
 namespace rawops {
 namespace {
@@ -318,6 +319,10 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   using Vec = VecN<T, kBytes>;
   constexpr int V = Vec::size;
   __shared__ float sums[V][kBiasBwdThreads];
+#ifdef RAWOPS_TIMELINE  // thread 0: entry, its rows done, partial written
+  const int slot = int(blockIdx.y * gridDim.x + blockIdx.x);
+  if (threadIdx.x == 0) timeline_mark(slot, 0, timeline_now());
+#endif
   const int tx = threadIdx.x % strip, ty = threadIdx.x / strip, by = blockDim.x / strip;
   const int64_t col = (int64_t(blockIdx.x) * strip + tx) * V;
   // Chunk c takes rows (i * chunks + c) * by + ty, i = 0, 1, ...: the whole grid walks memory in
@@ -365,6 +370,9 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
       }
     }
   }
+#ifdef RAWOPS_TIMELINE
+  if (threadIdx.x == 0) timeline_mark(slot, 1, timeline_now());
+#endif
 #pragma unroll
   for (int e = 0; e < V; ++e) sums[e][threadIdx.x] = acc[e];
   __syncthreads();
@@ -377,6 +385,9 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
       dst[e] = s;
     }
   }
+#ifdef RAWOPS_TIMELINE
+  if (threadIdx.x == 0) timeline_mark(slot, 2, timeline_now());
+#endif
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "rawops/cp_async.cuh"
 #include "rawops/mma_sync.cuh"
 #include "rawops/cluster.cuh"
+#include "rawops/timeline.cuh"
 
 namespace rawops {
 namespace {
@@ -601,6 +602,13 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* const red = reinterpret_cast<float*>(smem_raw);  // [NWK][kSmallRows][kStride]
   const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, q = lane % 4;
+#ifdef RAWOPS_TIMELINE
+  // Lane 0 of each warp: entry, first operands split, partial tile stored, CTA barrier, exit.
+  const int slot = lane == 0 ? int(blockIdx.y * gridDim.x + blockIdx.x) * (S::kThreads / 32) + warp
+                             : RAWOPS_TIMELINE_SLOTS;
+  timeline_mark(slot, 0, timeline_now());
+  bool first_split = true;
+#endif
   const int wn = warp % NWN, wk = warp / NWN;
   const unsigned rank = C > 1 ? cluster_rank() : 0u;
   const int64_t n0 = int64_t(blockIdx.x / C) * S::kFeat, row0 = int64_t(blockIdx.y) * kSmallRows;
@@ -663,6 +671,10 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
           const Tf32Split b1 = split_tf32_fast(h ? wv[s][j].w : wv[s][j].y);
           bb[j][0] = b0.big, bb[j][1] = b1.big, bs[j][0] = b0.small, bs[j][1] = b1.small;
         }
+#ifdef RAWOPS_TIMELINE
+        if (first_split) timeline_mark(slot, 1, timeline_after(ab[0][0] ^ bb[0][0]));
+        first_split = false;
+#endif
         // 3xTF32 as three passes over the 2 x NT accumulators (small terms first): the mma
         // asm is volatile, so mma_m16n8k8_tf32x3's three back-to-back mma on one accumulator
         // would wait out the tensor pipe's latency twice per call (C2 T6 K8: 9.1 -> 8.0 us).
@@ -690,10 +702,16 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       for (int hr = 0; hr < 2; ++hr)
         *reinterpret_cast<float2*>(mine + (mt * 16 + g + 8 * hr) * S::kStride + (wn * NT + j) * 8 + 2 * q) =
             make_float2(acc[mt][j][2 * hr], acc[mt][j][2 * hr + 1]);
+#ifdef RAWOPS_TIMELINE
+  timeline_mark(slot, 2, timeline_now());
+#endif
   if (C > 1)
     cluster_barrier();  // every CTA's partials written and visible cluster-wide
   else
     __syncthreads();
+#ifdef RAWOPS_TIMELINE
+  timeline_mark(slot, 3, timeline_now());
+#endif
 
   // CTA `rank` finishes rows [rank * 32 / C, (rank + 1) * 32 / C): 4 adjacent features a
   // thread, summed over the cluster's CTAs, then warps, in order; every load before the adds.
@@ -727,6 +745,9 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
     }
   }
   if (C > 1) cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer reads it
+#ifdef RAWOPS_TIMELINE
+  timeline_mark(slot, 4, timeline_now());
+#endif
 #else
   __trap();  // the Python side launches it on sm_90 and later only
 #endif

@@ -1,0 +1,214 @@
+"""Where the time goes inside the two kernels that miss their bars, from %globaltimer stamps
+(kernels/include/rawops/timeline.cuh; elementwise.cu and matmul.cu rebuilt here with nvcc and
+-DRAWOPS_TIMELINE, launched through CuPy on the shipped plans):
+
+- bias_gelu's fused backward at 16384 x 4096 (thread 0 of each block: entry, its rows done,
+  partial written): how far apart blocks start and end, and how long each SM sits idle at the
+  end of the launch (a one-wave grid ends with its slowest block; the map kernels, thousands of
+  short blocks, balance themselves);
+- linear_small_tf32, float32 32x768->3072 (lane 0 of each warp: entry, first operands split,
+  partial tile stored, CTA barrier passed, exit): the launch ramp, the wait for the first
+  operands from L2, the math, the barrier, the reduction + epilogue; beside an empty kernel of
+  the same launch shape (the floor of launching it).
+
+Each instrumented kernel is also timed against the shipped one (the stamps' own cost).
+Needs nvcc and a built rawops (the plans).
+
+    python bench/explore_timeline.py [--out bench/results]
+"""
+import os
+import subprocess
+import sys
+
+import cupy
+import numpy
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from timing import device_time_us, start, write_results  # noqa: E402
+
+ROWS, COLS = 16384, 4096
+M, K, N = 32, 768, 3072
+SLOTS, MARKS = 8192, 8  # timeline.cuh: RAWOPS_TIMELINE_SLOTS, kTimelineMarks
+DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build(arch, out_dir):
+    """The two families with the stamps compiled in, built in parallel."""
+    procs = {}
+    for family in ("elementwise", "matmul"):
+        path = os.path.join(out_dir, f"{family}_timeline.cubin")
+        procs[family] = path, subprocess.Popen(
+            ["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
+             "-DRAWOPS_TIMELINE", f"{ROOT}/kernels/{family}.cu", "-o", path])
+    modules = {}
+    for family, (path, proc) in procs.items():
+        if proc.wait() != 0:
+            raise RuntimeError(f"nvcc failed for {family}")
+        modules[family] = cupy.RawModule(path=path)
+    return modules
+
+
+def timeline(module):
+    """The module's stamps as a (SLOTS, MARKS) uint64 CuPy array (zeroed by the caller)."""
+    return cupy.ndarray((SLOTS, MARKS), cupy.uint64, module.get_global("rawops_timeline"))
+
+
+def run_stamped(module, launch, warmup=5):
+    """The stamps of one launch after `warmup` ones (warm clocks and L2), as float64 us with
+    the earliest entry at 0, and the SM ids."""
+    for _ in range(warmup):
+        launch()
+    torch.cuda.synchronize()
+    stamps = timeline(module)
+    stamps.fill(0)
+    launch()
+    torch.cuda.synchronize()
+    host = cupy.asnumpy(stamps)
+    used = host[:, 0] > 0
+    marks, smid = host[used, :MARKS - 1].astype(numpy.float64), host[used, MARKS - 1]
+    origin = marks[:, 0].min()
+    marks = numpy.where(marks > 0, (marks - origin) / 1e3, numpy.nan)
+    return marks, smid
+
+
+def pct(values):
+    """min / median / 99th / max of a column of stamps, us."""
+    v = values[~numpy.isnan(values)]
+    return "/".join(f"{x:.2f}" for x in (v.min(), numpy.median(v), numpy.percentile(v, 99), v.max()))
+
+
+def idle_tail(end, smid):
+    """Mean over SMs of the time between the SM's last block end and the launch's last, as a
+    fraction of the launch's span: the bandwidth a one-wave grid leaves on the table."""
+    span = numpy.nanmax(end)
+    last = {}
+    for e, s in zip(end, smid):
+        last[s] = max(last.get(s, 0.0), e)
+    return float(numpy.mean([(span - v) / span for v in last.values()]))
+
+
+def bias_rows(module, stream, sms):
+    from rawops import elementwise as ew
+    from rawops import torch_adapter as ta
+
+    rows = []
+    for name, dtype in DTYPES.items():
+        dy, x = (torch.randn(ROWS, COLS, device="cuda", dtype=dtype) for _ in range(2))
+        bias = torch.randn(COLS, device="cuda", dtype=dtype)
+        dx = torch.empty_like(x)
+        strips, chunks, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(), (0, 0, 0), sms)
+        partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
+        fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
+        args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + tuple(
+            numpy.int64(v) for v in (ROWS, COLS, strip))
+
+        def launch():
+            with stream:
+                fused((strips, chunks), (threads,), args)
+
+        marks, smid = run_stamped(module, launch)
+        ref_dx, _ = ta._bias_gelu_bwd(dy, x, bias, "tanh")
+        assert torch.equal(dx, ref_dx), f"{name}: the stamped kernel's dx differs from the shipped one's"
+        start_, done, end = marks[:, 0], marks[:, 1], marks[:, 2]
+        us_stamped = device_time_us(launch)
+        us_shipped = device_time_us(lambda: ta._bias_gelu_bwd_fused(dy, x, bias, "tanh"))
+        rows.append({"kernel": f"bias_gelu bwd partial {name}", "grid": f"{strips}x{chunks} of {threads}",
+                     "span us": numpy.nanmax(end), "entry us (min/med/p99/max)": pct(start_),
+                     "rows done us": pct(done), "end us": pct(end), "block us": pct(end - start_),
+                     "idle tail": idle_tail(end, smid), "stamped us (events)": us_stamped,
+                     "shipped us (events, + final sum)": us_shipped})
+        print(rows[-1], flush=True)
+        del dy, x, dx, partial
+        torch.cuda.empty_cache()
+    return rows
+
+
+EMPTY = r'''
+extern "C" __global__ void empty_kernel(const float* a, const float* b, float* c, const float* bias,
+                                        const float* aux, float* pre, long long m, long long n, long long k,
+                                        long long flags) {
+  extern __shared__ float smem[];
+  if (threadIdx.x == 0 && m < 0) c[blockIdx.x] = smem[0];  // never true: keeps the arguments live
+}
+'''
+
+
+def linear_rows(module, stream):
+    from rawops import matmul as mm
+
+    x = torch.randn(M, K, device="cuda")
+    w = torch.randn(N, K, device="cuda") * K ** -0.5
+    b = torch.randn(N, device="cuda")
+    y = torch.empty(M, N, device="cuda")
+    grid = (mm.SMALL_TF32_CLUSTER * -(-N // mm.SMALL_TF32_FEATURES), -(-M // mm.SMALL_ROWS))
+    block, shared = mm.SMALL_TF32_THREADS, mm.small_tf32_shared_bytes()
+    args = tuple(numpy.uint64(p) for p in (x.data_ptr(), w.data_ptr(), y.data_ptr(), b.data_ptr(), 0, 0)) + tuple(
+        numpy.int64(v) for v in (M, N, K, mm.EPI_BIAS_GELU | mm.GELU_FLAGS["tanh"]))
+
+    def kernel(fn):
+        if shared > 48 * 1024:
+            fn.max_dynamic_shared_size_bytes = shared
+
+        def launch():
+            with stream:
+                fn(grid, (block,), args, shared_mem=shared)
+        return launch
+
+    stamped = kernel(module.get_function("linear_small_tf32_nt_f32"))
+    empty = kernel(cupy.RawKernel(EMPTY, "empty_kernel"))
+    marks, smid = run_stamped(module, stamped)
+    ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()), approximate="tanh")
+    error = ((y.double() - ref).norm() / ref.norm()).item()
+    assert error < 1e-5, f"the stamped linear_small_tf32 is off: {error:.2e}"
+    entry, split, stored, barrier, leave = (marks[:, i] for i in range(5))
+    from rawops import torch_adapter as ta
+
+    def per_call(fn, calls=20):
+        """Device time per call of `calls` back-to-back launches (one event pair)."""
+        def burst():
+            for _ in range(calls):
+                fn()
+        return device_time_us(burst) / calls
+
+    row = {"kernel": "linear_small_tf32 f32 32x768->3072", "grid": f"{grid[0]}x{grid[1]} of {block}, {shared} B",
+           "span us": numpy.nanmax(leave), "warp entry us (min/med/p99/max)": pct(entry),
+           "first split - entry": pct(split - entry), "stored - first split": pct(stored - split),
+           "barrier - stored": pct(barrier - stored), "exit - barrier": pct(leave - barrier),
+           "SMs": len(set(smid.tolist())),
+           "stamped us/call (20 back to back)": per_call(stamped),
+           "shipped us/call (20 back to back, adapter)": per_call(lambda: ta.linear_gelu(x, w, b)),
+           "empty kernel, same shape, us/call": per_call(empty), "rel error": error}
+    print(row, flush=True)
+    return [row]
+
+
+def main():
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 1
+    out_dir, ceiling = started
+    arch = cupy.cuda.Device(0).compute_capability
+    scratch = "/tmp/explore_timeline"
+    os.makedirs(scratch, exist_ok=True)
+    modules = build(arch, scratch)
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    with torch.no_grad():
+        bias = bias_rows(modules["elementwise"], stream, sms)
+        linear = linear_rows(modules["matmul"], stream)
+    text = write_results(out_dir, "explore_timeline", "python bench/explore_timeline.py", [
+        ("bias_gelu backward, fused kernel, per block (us from the launch's first entry)", list(bias[0]), bias,
+         {"copy ceiling TB/s": round(ceiling, 3),
+          "idle tail": "mean over SMs of (last end - the SM's last end) / span"}),
+        ("linear_small_tf32, per warp (us)", list(linear[0]), linear,
+         {"note": "the stamped build spills 40 bytes (shipped: 12): compare its time with the shipped one's"}),
+    ])
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
