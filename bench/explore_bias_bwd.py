@@ -20,12 +20,15 @@ from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-# (vector bytes, blocks an SM, rows ahead, threads a block): 1024 threads of 8 bytes own whole
-# 4096-wide f16 rows (a block streams one contiguous range), 512 of 16 bytes whole f32 rows.
-VARIANTS = [(8, 6, 1, 256), (8, 4, 2, 256), (16, 3, 2, 256), (16, 3, 1, 256)]
+# (vector bytes, blocks an SM, rows ahead, threads a block, waves): 1024 threads of 8 bytes own
+# whole 4096-wide f16 rows (a block streams one contiguous range), 512 of 16 bytes whole f32
+# rows. waves > 1 deals the rows to that many times the resident blocks (shorter blocks, more
+# partial sums; 4 and 16 waves measured slower before the rows were dealt cyclically, NOTES.md):
+# read beside bench/explore_timeline.py's idle tail of the one-wave grid.
+VARIANTS = [(8, 6, 1, 256, 1), (8, 6, 1, 256, 2), (16, 3, 2, 256, 1), (16, 3, 2, 256, 2)]
 
 
-def build(vec_bytes, blocks, ahead, threads, arch, out_dir):
+def build(vec_bytes, blocks, ahead, threads, _waves, arch, out_dir):
     path = os.path.join(out_dir, f"elementwise_v{vec_bytes}_b{blocks}_a{ahead}_t{threads}.cubin")
     return path, subprocess.Popen(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin",
                                    f"-arch=sm_{arch}", f"-DRAWOPS_BIAS_BWD_BLOCKS={blocks}",
@@ -43,7 +46,7 @@ def main():
     arch = cupy.cuda.Device(0).compute_capability
     scratch = "/tmp/explore_bias_bwd"
     os.makedirs(scratch, exist_ok=True)
-    builds = {v: build(*v, arch, scratch) for v in VARIANTS}  # nvcc runs in parallel
+    builds = {v[:4]: build(*v, arch, scratch) for v in VARIANTS}  # nvcc runs in parallel
     modules = {}
     for v, (path, proc) in builds.items():
         if proc.wait() != 0:
@@ -70,12 +73,12 @@ def main():
         candidates = {"shipped build": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
                       "unfused (dx, column_sum)": unfused, "torch": torch_eager}
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        for vec_bytes, blocks, ahead, block_threads in VARIANTS:
+        for vec_bytes, blocks, ahead, block_threads, waves in VARIANTS:
             module = modules[(vec_bytes, blocks, ahead, block_threads)]
             fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
             final = module.get_function(f"column_sum_final_{name}")
             saved = dict(ew.BIAS_BWD_SHAPE), ew.BIAS_BWD_THREADS
-            ew.BIAS_BWD_SHAPE[dy.element_size()] = (vec_bytes, blocks)
+            ew.BIAS_BWD_SHAPE[dy.element_size()] = (vec_bytes, blocks * waves)
             ew.BIAS_BWD_THREADS = block_threads
             strips, chunks, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(),
                                                                         (0, 0, 0), sms)
@@ -97,7 +100,8 @@ def main():
             torch.cuda.synchronize()
             assert torch.equal(dx, ref_dx), f"{name} {vec_bytes}:{blocks}x{ahead}: dx differs from the shipped kernel's"
             assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
-            candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead ({strips} strips)"] = run
+            candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead, {waves} wave(s) "
+                       f"({strips} strips x {chunks} chunks)"] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)
             rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
