@@ -6,16 +6,14 @@ torch, in one run. Needs nvcc.
     python bench/explore_bias_bwd.py [--out bench/results]
 """
 import os
-import subprocess
 import sys
 
 import cupy
 import numpy
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cubins import build_modules  # noqa: E402
 from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
@@ -28,11 +26,9 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 VARIANTS = [(8, 6, 1, 256, 1), (8, 6, 1, 256, 2), (16, 3, 2, 256, 1), (16, 3, 2, 256, 2)]
 
 
-def build(vec_bytes, blocks, ahead, threads, _waves, arch, out_dir):
-    path = os.path.join(out_dir, f"elementwise_v{vec_bytes}_b{blocks}_a{ahead}_t{threads}.cubin")
-    return path, subprocess.Popen(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin",
-                                   f"-arch=sm_{arch}", f"-DRAWOPS_BIAS_BWD_BLOCKS={blocks}",
-                                   f"-DRAWOPS_BIAS_BWD_AHEAD={ahead}", f"-DRAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"-DRAWOPS_BIAS_BWD_THREADS={threads}", f"{ROOT}/kernels/elementwise.cu", "-o", path])
+def macros(vec_bytes, blocks, ahead, threads):
+    return [f"RAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"RAWOPS_BIAS_BWD_BLOCKS={blocks}",
+            f"RAWOPS_BIAS_BWD_AHEAD={ahead}", f"RAWOPS_BIAS_BWD_THREADS={threads}"]
 
 
 def main():
@@ -43,15 +39,7 @@ def main():
     from rawops import elementwise as ew
     from rawops import torch_adapter as ta
 
-    arch = cupy.cuda.Device(0).compute_capability
-    scratch = "/tmp/explore_bias_bwd"
-    os.makedirs(scratch, exist_ok=True)
-    builds = {v[:4]: build(*v, arch, scratch) for v in VARIANTS}  # nvcc runs in parallel
-    modules = {}
-    for v, (path, proc) in builds.items():
-        if proc.wait() != 0:
-            raise RuntimeError(f"nvcc failed for {v}")
-        modules[v] = cupy.RawModule(path=path)
+    modules = build_modules("elementwise", {v[:4]: macros(*v[:4]) for v in VARIANTS}, "/tmp/explore_bias_bwd")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for name, dtype in DTYPES.items():

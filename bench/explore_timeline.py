@@ -17,38 +17,20 @@ Needs nvcc and a built rawops (the plans).
     python bench/explore_timeline.py [--out bench/results]
 """
 import os
-import subprocess
 import sys
 
 import cupy
 import numpy
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cubins import build_modules  # noqa: E402
 from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 M, K, N = 32, 768, 3072
 SLOTS, MARKS = 8192, 8  # timeline.cuh: RAWOPS_TIMELINE_SLOTS, kTimelineMarks
 DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
-
-
-def build(arch, out_dir):
-    """The two families with the stamps compiled in, built in parallel."""
-    procs = {}
-    for family in ("elementwise", "matmul"):
-        path = os.path.join(out_dir, f"{family}_timeline.cubin")
-        procs[family] = path, subprocess.Popen(
-            ["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
-             "-DRAWOPS_TIMELINE", f"{ROOT}/kernels/{family}.cu", "-o", path])
-    modules = {}
-    for family, (path, proc) in procs.items():
-        if proc.wait() != 0:
-            raise RuntimeError(f"nvcc failed for {family}")
-        modules[family] = cupy.RawModule(path=path)
-    return modules
 
 
 def timeline(module):
@@ -190,10 +172,8 @@ def main():
     if started is None:
         return 1
     out_dir, ceiling = started
-    arch = cupy.cuda.Device(0).compute_capability
-    scratch = "/tmp/explore_timeline"
-    os.makedirs(scratch, exist_ok=True)
-    modules = build(arch, scratch)
+    modules = {family: build_modules(family, {"stamped": ["RAWOPS_TIMELINE"]}, "/tmp/explore_timeline")["stamped"]
+               for family in ("elementwise", "matmul")}
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     with torch.no_grad():
