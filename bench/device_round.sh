@@ -8,6 +8,7 @@
 #   RAWOPS_TESTS="tests/test_norm.py ..."   which test files (default: all but packaging, nvrtc)
 #   RAWOPS_FAMILIES="norm softmax"   build only these kernel families (setup.py)
 #   RAWOPS_SKIP_BUILD=1   reuse the last build (a second call while the machine is warm)
+#   RAWOPS_EXPLORE="timeline bias_bwd"   also run bench/explore_<name>.py (after the benchmarks)
 #   .whl/nvidia_cutlass-*.whl (carried): CuTe headers for the Hopper GEMM (no network there)
 # Each test file runs in its own pytest process: a kernel fault poisons the CUDA context
 # of its process only, so one broken family cannot fail the others' tests.
@@ -47,6 +48,10 @@ grep -E "^(FAILED|ERROR)" "$LOG" | head -40
 for b in ${RAWOPS_BENCH:-$(cd bench && ls bench_*.py | sed "s/^bench_//; s/\.py$//")}; do
   echo "== bench_$b"
   python3 "bench/bench_$b.py" --out "$OUT" 2>&1 | tail -40
+done
+for e in ${RAWOPS_EXPLORE:-}; do
+  echo "== explore_$e"
+  python3 "bench/explore_$e.py" --out "$OUT" 2>&1 | tail -40
 done
 echo "tests exit code: $tests_rc"
 if [ "$OUT" != "$FINAL_OUT" ]; then
