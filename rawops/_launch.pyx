@@ -12,6 +12,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from posix.dlfcn cimport dlopen, dlsym, RTLD_NOW, RTLD_LOCAL
 
+from operator import index as _index
 import numpy
 import ml_dtypes
 
@@ -234,18 +235,40 @@ cdef DeviceArray _from_cai(object obj, dict cai, str name):
     a.is_cupy = False
     if cai.get("mask") is not None:
         raise ValueError(f"{name} is a masked array (__cuda_array_interface__ 'mask'); rawops does not support masks")
-    data = cai["data"]
-    a.ptr = data[0] or 0
+    data, shape, typestr = cai.get("data"), cai.get("shape"), cai.get("typestr")
+    # The launch maths index these with bounds checks off (setup.py): a malformed interface
+    # must stop here, not read past a tuple's end.
+    try:
+        shape = tuple([_index(d) for d in shape])
+        ok = (len(data) == 2 and (data[0] is None or _index(data[0]) >= 0) and type(typestr) is str
+              and all(d >= 0 for d in shape))
+    except TypeError:
+        ok = False
+    if not ok:
+        raise TypeError(f"{name} has a malformed __cuda_array_interface__: it needs 'data' (pointer, read-only "
+                        "flag), 'shape' (a tuple of non-negative ints) and 'typestr' (a string)")
+    a.ptr = _index(data[0]) if data[0] is not None else 0
     a.readonly = bool(data[1])
-    a.shape = tuple(cai["shape"])
+    a.shape = shape
     a.size = _product(a.shape)
-    typestr = cai["typestr"]
     a.dtype = _CODE_OF_TYPESTR.get(typestr, -1)
     a._dtype_source = typestr
     a.itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 0
-    a.contiguous = _c_contiguous(a.shape, cai.get("strides"), a.itemsize)
+    strides = cai.get("strides")
+    if strides is not None:
+        try:
+            strides = tuple([_index(st) for st in strides])
+        except TypeError:
+            strides = ()
+        if len(strides) != len(shape):
+            raise ValueError(f"{name} has __cuda_array_interface__ strides {cai.get('strides')!r} for shape "
+                             f"{shape}: expected None or one int per dimension")
+    a.contiguous = _c_contiguous(a.shape, strides, a.itemsize)
     a.device = -1
     stream = cai.get("stream") if cai.get("version", 0) >= 3 else None
+    if stream is not None and (not isinstance(stream, int) or stream < 0):
+        raise TypeError(f"{name}: __cuda_array_interface__ stream must be None or a non-negative int "
+                        f"(a cudaStream_t), got {stream!r}")
     if stream == 0:
         raise ValueError(f"{name}: __cuda_array_interface__ stream 0 is forbidden by the protocol "
                          "(ambiguous); use 1 for the legacy default stream")
@@ -304,6 +327,26 @@ cpdef int resolve_device(DeviceArray a) except -2:
 
 
 # ---------------------------------------------------------------------------- streams
+def require_str(value, str name):
+    """TypeError naming `name` unless value is a string (a choice such as approximate or
+    activation; the caller's ValueError lists the valid ones)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+
+
+cpdef double real_scalar(object value, str name) except? -1.0:
+    """value as a float for a kernel's scalar argument (alpha, eps); TypeError naming it for
+    anything that is not a real number (a string that float() would parse included)."""
+    if type(value) is float:
+        return value
+    if value is None or isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}") from None
+
+
 cpdef uintptr_t stream_pointer(object stream, int device) except? 0:
     """A raw CUstream from None (CuPy's current stream on `device`), a CuPy/torch stream
     object, an object with __cuda_stream__, or an int handle."""
@@ -311,6 +354,8 @@ cpdef uintptr_t stream_pointer(object stream, int device) except? 0:
         _import_cupy()
         return _get_current_stream(device).ptr
     if isinstance(stream, int):
+        if stream < 0:
+            raise ValueError(f"stream must be a non-negative handle, got {stream}")
         return stream
     for attribute in ("ptr", "cuda_stream"):
         value = getattr(stream, attribute, None)
@@ -789,7 +834,7 @@ cdef class TorchMapEntry:
         """relu_scale(x, alpha): relu(x) * alpha in one kernel."""
         if self._tracing() or (getattr(x, "requires_grad", False) and _torch_grad_enabled()):
             return self.fallback(x, alpha)
-        return self.plain._torch_call(x, None, None, float(alpha), None)
+        return self.plain._torch_call(x, None, None, real_scalar(alpha, "alpha"), None)
 
     @cython.binding(False)
     def relu_scale_add(self, x, alpha, y):
@@ -797,7 +842,7 @@ cdef class TorchMapEntry:
         if self._tracing() or ((getattr(x, "requires_grad", False) or getattr(y, "requires_grad", False))
                                and _torch_grad_enabled()):
             return self.fallback(x, alpha, y)
-        return self.plain._torch_call(x, y, None, float(alpha), None)
+        return self.plain._torch_call(x, y, None, real_scalar(alpha, "alpha"), None)
 
     @cython.binding(False)
     def add(self, a, b):

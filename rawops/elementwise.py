@@ -5,7 +5,8 @@ including 0, contiguous, offset views included. Output is a new CuPy array unles
 is given (in-place with `out=x` is allowed). Launches go on CuPy's current stream of the
 data's device, or on `stream=`. Kernels: kernels/elementwise.cu.
 """
-from ._launch import MapKernel, as_array, launch, resolve_device, sm_count, stream_pointer, wait_for_producer
+from ._launch import (MapKernel, as_array, launch, real_scalar, require_str, resolve_device, sm_count,
+                      stream_pointer, wait_for_producer)
 from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES
 from . import _modules
 
@@ -39,6 +40,7 @@ BIAS_BWD_THREADS = 256
 # By itemsize: (vector bytes per thread and row, blocks resident an SM by the launch bounds),
 # as kernels/elementwise.cu BiasBwdShape compiles them. The grid is one wave of those blocks.
 BIAS_BWD_SHAPE = {4: (16, 3), 2: (8, 6)}
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (the column sums' chunks)
 
 # The ops launched in the capped shape on sm_90 (_launch.map_shape), each measured faster so
 # (bench/results/explore_map_occupancy.md): the light ones and the erf GELU backward (f16
@@ -54,6 +56,7 @@ _GELU_MODES = {"tanh": "tanh", "none": "erf"}
 
 
 def _gelu_mode(approximate):
+    require_str(approximate, "approximate")
     mode = _GELU_MODES.get(approximate)
     if mode is None:
         raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
@@ -70,7 +73,10 @@ _BIAS_GELU_FWD, _BIAS_GELU_BWD = _by_mode("bias_gelu_{}_fwd"), _by_mode("bias_ge
 
 
 def _gelu_kernel(table, approximate):
-    kernel = table.get(approximate)
+    try:
+        kernel = table.get(approximate)
+    except TypeError:  # unhashable: _gelu_mode names the argument
+        kernel = None
     if kernel is None:
         _gelu_mode(approximate)
     return kernel
@@ -99,17 +105,17 @@ def relu_backward(dy, x, *, out=None, stream=None):
 
 def relu_scale(x, alpha, *, out=None, stream=None):
     """relu(x) * alpha in one pass (torch eager runs two kernels)."""
-    return MAP["relu_scale_fwd"](x, alpha=alpha, out=out, stream=stream)
+    return MAP["relu_scale_fwd"](x, alpha=real_scalar(alpha, "alpha"), out=out, stream=stream)
 
 
 def relu_scale_backward(dy, x, alpha, *, out=None, stream=None):
     """dx = dy * alpha where x > 0, else 0."""
-    return MAP["relu_scale_bwd"](dy, x, alpha=alpha, out=out, stream=stream)
+    return MAP["relu_scale_bwd"](dy, x, alpha=real_scalar(alpha, "alpha"), out=out, stream=stream)
 
 
 def relu_scale_add(x, alpha, y, *, out=None, stream=None):
     """relu(x) * alpha + y in one pass."""
-    return MAP["relu_scale_add_fwd"](x, y, alpha=alpha, out=out, stream=stream)
+    return MAP["relu_scale_add_fwd"](x, y, alpha=real_scalar(alpha, "alpha"), out=out, stream=stream)
 
 
 def relu_scale_add_backward(dy, x, alpha, *, out=None, stream=None):
@@ -143,22 +149,24 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
         s = stream_pointer(stream, device)
         for operand in (a_dy, a_x, a_bias):
             wait_for_producer(operand, s)
+        # out= may be any GPU array (Numba, JAX, torch): only its checked pointer is used.
         dx = a_out.obj if a_out is not None else cupy.empty(a_dy.shape, dtype=dtype)
+        dx_ptr = a_out.ptr if a_out is not None else dx.data.ptr
         if rows == 0:
             return dx, cupy.zeros((cols,), dtype=dtype)
         dbias = cupy.empty((cols,), dtype=dtype)
         sms = sm_count(device)
-        plan = bias_gelu_bwd_plan(rows, cols, a_dy.itemsize, (a_dy.ptr, a_x.ptr, a_bias.ptr, dx.data.ptr), sms)
+        plan = bias_gelu_bwd_plan(rows, cols, a_dy.itemsize, (a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr), sms)
         if plan is not None:
             partial = cupy.empty((plan[1], cols), dtype="float32")
             launch_bias_gelu_backward(device, a_dy.dtype, approximate, plan, a_dy.ptr, a_x.ptr, a_bias.ptr,
-                                      dx.data.ptr, partial.data.ptr, dbias.data.ptr, rows, cols, s)
+                                      dx_ptr, partial.data.ptr, dbias.data.ptr, rows, cols, s)
         else:  # the map kernel (scalar head and tail where misaligned), then dx's column sums
-            kernel.launch_pointers(device, a_dy.dtype, a_dy.ptr, a_x.ptr, a_bias.ptr, dx.data.ptr, a_dy.size, cols,
+            kernel.launch_pointers(device, a_dy.dtype, a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr, a_dy.size, cols,
                                    0.0, s)
             chunks, rows_per_chunk = column_sum_plan(rows, cols, sms)
             partial = cupy.empty((chunks, cols), dtype="float32")
-            launch_column_sum(device, a_dy.dtype, dx.data.ptr, partial.data.ptr, dbias.data.ptr, rows, cols, chunks,
+            launch_column_sum(device, a_dy.dtype, dx_ptr, partial.data.ptr, dbias.data.ptr, rows, cols, chunks,
                               rows_per_chunk, s)
     return dx, dbias
 
@@ -179,7 +187,7 @@ def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
     strip = min(vectors, BIAS_BWD_THREADS)
     by = BIAS_BWD_THREADS // strip
     strips = -(-vectors // strip)
-    chunks = max(1, min(-(-rows // by), 65535, blocks_per_sm * sms // strips))
+    chunks = max(1, min(-(-rows // by), MAX_GRID_Y, blocks_per_sm * sms // strips))
     return strips, chunks, strip, strip * by
 
 
@@ -196,8 +204,9 @@ def launch_bias_gelu_backward(device, dtype, approximate, plan, dy_ptr, x_ptr, b
 
 
 def column_sum_plan(rows, cols, sms):
-    """(chunks, rows_per_chunk): enough (chunk, column) threads to fill the GPU."""
-    chunks = max(1, min(rows, (sms * 2048) // max(cols, 1)))
+    """(chunks, rows_per_chunk): enough (chunk, column) threads to fill the GPU; chunks is
+    column_sum_part's grid.y, so at most MAX_GRID_Y (a few columns over many rows reached it)."""
+    chunks = max(1, min(rows, (sms * 2048) // max(cols, 1), MAX_GRID_Y))
     rows_per_chunk = (rows + chunks - 1) // chunks
     return (rows + rows_per_chunk - 1) // rows_per_chunk, rows_per_chunk
 

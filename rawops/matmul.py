@@ -15,7 +15,8 @@ kernel of rawops/_gemm_sm90.py when the output fills the GPU, else mma.sync, sm_
 the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
 the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
 """
-from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES, as_array, launch, sm_count, stream_pointer, wait_for_producer
+from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, as_array, launch, require_str, sm_count, stream_pointer,
+                      wait_for_producer)
 from . import _gemm_sm90, _gemm_tf32, _modules, _rows
 
 FAMILY = "matmul"
@@ -73,6 +74,7 @@ def entry_points():
 
 
 def gelu_flags(approximate):
+    require_str(approximate, "approximate")
     flags = GELU_FLAGS.get(approximate)
     if flags is None:
         raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")

@@ -19,7 +19,7 @@ fused_mlp_backward returns dx, the weight and the bias gradients; weight and bia
 are summed over the batch deterministically (per-chunk partials, then a fixed-order sum).
 Kernels: kernels/mlp.cu.
 """
-from ._launch import NUMPY_DTYPES, as_array, launch, sm_count, stream_pointer, wait_for_producer
+from ._launch import NUMPY_DTYPES, as_array, launch, require_str, sm_count, stream_pointer, wait_for_producer
 from . import _modules, _rows
 
 FAMILY = "mlp"
@@ -246,6 +246,7 @@ def seed_mlp(x, w1, b1, w2, b2, w3, b3, *, output_activation="none", out=None, s
     returns (batch, 10) float32 (into `out` when given)."""
     import cupy
 
+    require_str(output_activation, "output_activation")
     if output_activation not in OUTPUT_ACTIVATIONS:
         raise ValueError(f"output_activation must be one of {sorted(OUTPUT_ACTIVATIONS)}, got {output_activation!r}")
     X = _float32(x, "x", (None, SEED_SIZES[0]))
@@ -406,7 +407,10 @@ def make_plan(dtype, sizes, activation, output_activation, has_bias):
     (0 float32, 1 float16, 2 bfloat16); ValueError naming what is supported otherwise.
     Plans are cached (a call's host time matters at small batches)."""
     key = (dtype, tuple(sizes), activation, output_activation, bool(has_bias))
-    plan = _plans.get(key)
+    try:
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable activation: _make_plan names it
+        plan = None
     if plan is None:
         plan = _plans[key] = _make_plan(*key)
     return plan
@@ -416,6 +420,8 @@ _plans = {}
 
 
 def _make_plan(dtype, sizes, activation, output_activation, has_bias):
+    require_str(activation, "activation")
+    require_str(output_activation, "output_activation")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     if output_activation not in OUTPUT_ACTIVATIONS:

@@ -5,7 +5,7 @@ are rows), any row width, any number of rows including 0; math in float32. weigh
 optional, of shape (x.shape[-1],) and x's dtype. The forward also returns the per-row
 float32 statistics the backward needs. Kernels: kernels/norm.cu.
 """
-from ._launch import NUMPY_DTYPES, launch, sm_count, stream_pointer, wait_for_producer
+from ._launch import NUMPY_DTYPES, launch, real_scalar, sm_count, stream_pointer, wait_for_producer
 from . import _modules, _rows
 
 FAMILY = "norm"
@@ -126,6 +126,17 @@ def _rows_of(a):
     return (a.size // n if n else 0), n
 
 
+def check_eps(eps, code):
+    """eps as a float: None is the dtype's machine epsilon (torch's rms_norm default); it must
+    be a real number >= 0 (a negative one turns rows of small variance into NaN)."""
+    if eps is None:
+        return MACHINE_EPS[code]
+    value = real_scalar(eps, "eps")
+    if not value >= 0.0:
+        raise ValueError(f"eps must be >= 0, got {value}")
+    return value
+
+
 def _forward(op, x, weight, bias, eps, out, stream):
     import cupy
 
@@ -133,9 +144,7 @@ def _forward(op, x, weight, bias, eps, out, stream):
     W = _rows.vector_array(weight, "weight", X) if weight is not None else None
     B = _rows.vector_array(bias, "bias", X) if bias is not None else None
     O = _rows.out_array(out, X, (W, B)) if out is not None else None
-    eps = MACHINE_EPS[X.dtype] if eps is None else float(eps)
-    if not eps >= 0.0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+    eps = check_eps(eps, X.dtype)
     device = _rows.one_device(X, W, B, O)
     rows, n = _rows_of(X)
     with cupy.cuda.Device(device):

@@ -17,8 +17,8 @@ import warnings
 import torch
 
 from . import elementwise as _ew
-from ._launch import (TorchMapEntry, register_torch, register_torch_gemm, register_torch_modules, sm_count,
-                      tensor_code, torch_linear, torch_seed_forward, torch_seed_module_call)
+from ._launch import (TorchMapEntry, register_torch, register_torch_gemm, register_torch_modules,
+                      require_str, sm_count, tensor_code, torch_linear, torch_seed_forward, torch_seed_module_call)
 
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -61,7 +61,10 @@ _RELU_SCALE_ADD, _ADD = _ew.MAP["relu_scale_add_fwd"], _ew.MAP["add_fwd"]
 
 
 def _gelu_kernel(approximate, direction, bias=False):
-    kernel = _GELU_KERNELS.get((approximate, direction, bias))
+    try:
+        kernel = _GELU_KERNELS.get((approximate, direction, bias))
+    except TypeError:  # unhashable: _gelu_mode names the argument
+        kernel = None
     if kernel is None:
         _ew._gelu_mode(approximate)  # raises the ValueError naming the choices
     return kernel
@@ -306,9 +309,16 @@ def _relu_python(x):
     return _RELU.torch_call(x)
 
 
+def _real_scalar(value, name):
+    """_launch.real_scalar in Python, which dynamo traces (a Cython builtin breaks the graph)."""
+    if value is None or isinstance(value, (str, bytes)) or not hasattr(type(value), "__float__"):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
 def _relu_scale_python(x, alpha):
     """relu(x) * alpha in one kernel."""
-    alpha = float(alpha)
+    alpha = _real_scalar(alpha, "alpha")
     if _compiling():
         return _relu_scale_op(x, alpha)
     if getattr(x, "requires_grad", False) and _grad_enabled():
@@ -318,7 +328,7 @@ def _relu_scale_python(x, alpha):
 
 def _relu_scale_add_python(x, alpha, y):
     """relu(x) * alpha + y in one kernel."""
-    alpha = float(alpha)
+    alpha = _real_scalar(alpha, "alpha")
     if _compiling():
         return _relu_scale_add_op(x, alpha, y)
     if _needs_grad(x, y):
@@ -490,8 +500,7 @@ def _norm_fwd(op, x, weight, bias, eps):
     """(y, mean, rstd); mean is an empty tensor for rms_norm."""
     code, rows, n = _row_input(x)
     w, b = _row_vector(weight, "weight", x), _row_vector(bias, "bias", x)
-    if eps is None:
-        eps = _norm.MACHINE_EPS[code]
+    eps = _norm.check_eps(eps, code)
     y = torch.empty_like(x)
     stats = x.shape[:-1]
     mean = torch.empty(stats if op == "layer_norm" else (0,), dtype=torch.float32, device=x.device)
@@ -500,11 +509,26 @@ def _norm_fwd(op, x, weight, bias, eps):
         device = x.get_device()
         _on_device(device, _norm.launch_forward, op, device, code, x.element_size(), x.data_ptr(), w, b,
                    y.data_ptr(), mean.data_ptr() if op == "layer_norm" else 0, rstd.data_ptr(), rows, n,
-                   float(eps), _raw_stream(device))
+                   eps, _raw_stream(device))
     elif rows:
         mean.fill_(float("nan"))
         rstd.fill_(float("nan"))
     return y, mean, rstd
+
+
+def _norm_stats(t, name, x):
+    """The forward's float32 mean/rstd as the backward reads them: one per row of x, dense, on
+    x's GPU (the rawops::*_backward ops can be called with anything)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} has dtype {t.dtype}, expected torch.float32 (the forward's statistics)")
+    if t.shape != x.shape[:-1]:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(x.shape[:-1])} (one per row of x)")
+    if t.get_device() != x.get_device():
+        raise ValueError(f"{name} is on {t.device}, expected {x.device} like x")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; rawops never copies behind your back")
 
 
 def _norm_bwd(op, dy, x, weight, mean, rstd, need_dweight, need_dbias):
@@ -514,6 +538,9 @@ def _norm_bwd(op, dy, x, weight, mean, rstd, need_dweight, need_dbias):
     _rows_code(dy, "dy", like=x)
     if dy.shape != x.shape:
         raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {tuple(x.shape)} like x")
+    if op == "layer_norm":
+        _norm_stats(mean, "mean", x)
+    _norm_stats(rstd, "rstd", x)
     w = _row_vector(weight, "weight", x)
     need_dweight = need_dweight and weight is not None
     dx = torch.empty_like(x)
@@ -857,12 +884,24 @@ class _FusedMLP(torch.autograd.Function):
 
 
 def _mlp_op_plan(x, weights, biases, activation, output_activation):
-    return _mlp.make_plan(_mlp_code(x), [x.shape[1]] + [w.shape[0] for w in weights], activation,
-                          output_activation, biases is not None)
+    """The plan of a rawops::fused_mlp* op call: every check of the eager path (the ops can be
+    reached under torch.compile or called directly)."""
+    return _mlp_plan(x, weights, biases, activation, output_activation)
 
 
-def _mlp_code(x):
-    return {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[x.dtype]
+def _mlp_backward_operands(dy, x, y, saved, plan):
+    """dy (made contiguous, as autograd may hand it strided), after checking dy, y and the kept
+    activations against the plan: the backward kernel reads them by shape alone."""
+    dy = _contiguous(dy)
+    batch = x.shape[0]
+    expected = [("dy", dy, (batch, plan.n_out)), ("y", y, (batch, plan.n_out))]
+    kept = _mlp.saved_shapes(plan, batch)
+    expected += [(f"saved[{i}]", t, shape) for i, (t, (shape, _)) in enumerate(zip(saved, kept, strict=True))]
+    for name, t, shape in expected:
+        _rows_code(t, name, like=x)
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    return dy
 
 
 def _mlp_saved_pair(x, saved):
@@ -893,6 +932,7 @@ def _fused_mlp_train_fake(x, weights, biases, activation, output_activation):
 def _fused_mlp_backward_impl(dy, x, y, s1, s2, weights, biases, activation, output_activation, need_dx):
     plan = _mlp_op_plan(x, weights, biases, activation, output_activation)
     saved = [s1, s2] if plan.regime == "seed" else [s1]
+    dy = _mlp_backward_operands(dy, x, y, saved, plan)
     dx, dws, dbs = _mlp_backward(dy, x, y, saved, weights, biases, plan, need_dx)
     return [dx if dx is not None else x.new_empty(0), *dws, *(dbs or ())]
 
@@ -1078,9 +1118,13 @@ def seed_mlp(x, weights, biases, output_activation="none"):
     """The 100-128-64-10 ReLU network (the first slice's name for fused_mlp on the source
     network): weights = (W1, W2, W3) and biases = (b1, b2, b3) in torch.nn.Linear layout,
     float32 CUDA tensors; x of shape (batch, 100). Autograd and torch.compile as fused_mlp."""
+    require_str(output_activation, "output_activation")
     if output_activation not in _mlp.OUTPUT_ACTIVATIONS:
         raise ValueError(f"output_activation must be one of {sorted(_mlp.OUTPUT_ACTIVATIONS)}, "
                          f"got {output_activation!r}")
+    for name, seq in (("weights", weights), ("biases", biases)):
+        if not isinstance(seq, (list, tuple)):
+            raise TypeError(f"seed_mlp's {name} must be a list or tuple of 3 tensors, got {type(seq).__name__}")
     if len(weights) != 3 or len(biases) != 3:
         raise ValueError(f"seed_mlp takes 3 weights and 3 biases, got {len(weights)} and {len(biases)}")
     n_in, h1, h2, n_out = _mlp.SEED_SIZES

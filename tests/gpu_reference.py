@@ -25,6 +25,21 @@ def to_torch(a):
     return torch.from_dlpack(a)
 
 
+def written_late(source, stream, into=None):
+    """A NaN copy of `source` (in `into`, a view, when given) that `stream` (a torch or CuPy
+    stream) overwrites with `source` only after keeping the GPU busy for tens of ms. A kernel
+    launched on any other stream reads the NaN (the streams under test are non-blocking), so a
+    test of which stream an op runs on can fail; one that only synchronizes afterwards cannot."""
+    if isinstance(stream, cupy.cuda.Stream):
+        stream = torch.cuda.ExternalStream(stream.ptr)
+    x = torch.full_like(source, float("nan")) if into is None else into.fill_(float("nan"))
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(50_000_000)
+        x.copy_(source)
+    return x
+
+
 def poison_pool(nbytes):
     """Leave a block of 0xFF bytes (NaN in every float type) in CuPy's pool, so that the
     next allocation of that size starts as NaN and an unwritten element cannot pass."""

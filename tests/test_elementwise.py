@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import rawops  # noqa: E402
-from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy, to_torch  # noqa: E402
+from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy, to_torch, written_late  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 ALPHA = 0.37
@@ -166,14 +166,19 @@ def test_bias_gelu_backward_dx_and_dbias_match_float64(shape, fused, dtype, appr
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("in_place", ["out", "out=dy", "out=x"])
-def test_fused_bias_gelu_backward_out_and_in_place(dtype, in_place):
-    dy, x = random((2000, 512), DTYPES[dtype]), random((2000, 512), DTYPES[dtype])
-    bias = random((512,), DTYPES[dtype])
+@pytest.mark.parametrize("in_place", ["out", "out=dy", "out=x", "foreign out"])
+@pytest.mark.parametrize("cols", [512, 510], ids=["fused", "unfused"])
+def test_fused_bias_gelu_backward_out_and_in_place(dtype, in_place, cols):
+    dy, x = random((2000, cols), DTYPES[dtype]), random((2000, cols), DTYPES[dtype])
+    bias = random((cols,), DTYPES[dtype])
     dx64, db64 = _bias_gelu_grads64(dy, x, bias, "tanh")
-    out = {"out": torch.full_like(dy, float("nan")), "out=dy": dy, "out=x": x}[in_place]
-    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), out=to_cupy(out))
-    assert dx.data.ptr == out.data_ptr()
+    out = {"out": torch.full_like(dy, float("nan")), "out=dy": dy, "out=x": x,
+           "foreign out": torch.full_like(dy, float("nan"))}[in_place]
+    # "foreign out": any __cuda_array_interface__ producer (here the torch tensor itself) is written
+    # through its checked pointer and handed back as it came.
+    given = out if in_place == "foreign out" else to_cupy(out)
+    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), out=given)
+    assert dx is given
     assert_close(out, dx64, DTYPES[dtype], "dx")
     assert_close(to_torch(dbias), db64, DTYPES[dtype], "dbias")
 
@@ -182,7 +187,7 @@ def test_fused_bias_gelu_backward_on_an_explicit_stream():
     dy, x, bias = random((3000, 1024), torch.float16), random((3000, 1024), torch.float16), random((1024,), torch.float16)
     dx64, db64 = _bias_gelu_grads64(dy, x, bias, "tanh")
     stream = cupy.cuda.Stream(non_blocking=True)
-    torch.cuda.synchronize()
+    dy = written_late(dy, stream)  # NaN unless the launch waits behind `stream`'s work
     dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), stream=stream)
     stream.synchronize()
     assert_close(to_torch(dx), dx64, torch.float16, "dx")
@@ -199,14 +204,15 @@ def test_runs_on_current_cupy_stream_and_explicit_stream():
     x = random((1 << 22,), torch.float32)
     expected = F.gelu(x.double(), approximate="tanh")
     stream = cupy.cuda.Stream(non_blocking=True)
+    late = written_late(x, stream)  # NaN unless the launch waits behind `stream`'s work
     with stream:
-        y = rawops.gelu(to_cupy(x))
+        y = rawops.gelu(to_cupy(late))
     stream.synchronize()
     assert_close(to_torch(y), expected, torch.float32, "current stream")
     other = cupy.cuda.Stream(non_blocking=True)
     out = cupy.full(x.shape, cupy.nan, dtype=cupy.float32)
-    cupy.cuda.Device().synchronize()
-    rawops.gelu(to_cupy(x), out=out, stream=other)
+    late = written_late(x, other)
+    rawops.gelu(to_cupy(late), out=out, stream=other)
     other.synchronize()
     assert_close(to_torch(out), expected, torch.float32, "stream=")
 

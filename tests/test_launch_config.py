@@ -247,7 +247,7 @@ def test_every_element_is_covered_exactly_once_on_the_scalar_path_with_a_capped_
 # ------------------------------------------------------------------------------ column sum plan
 @pytest.mark.parametrize("rows, cols, sms", [
     (1, 1, 132), (1, 8, 132), (7, 3, 1), (1000, 1, 132), (1000, 768, 132), (100003, 17, 2),
-    (5, 100000, 132), (2 ** 20, 1024, 132), (3, 5, 0),
+    (5, 100000, 132), (2 ** 20, 1024, 132), (3, 5, 0), (70000, 1, 132), (2 ** 20, 3, 132),
 ])
 def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_once(rows, cols, sms):
     chunks, rows_per_chunk = column_sum_plan(rows, cols, sms)
@@ -260,6 +260,7 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
         covered[r0:r1] += 1
     assert (covered == 1).all()
     assert chunks <= max(1, (sms * 2048) // cols) or chunks == 1
+    assert chunks <= 65535, "chunks is column_sum_part's gridDim.y"
 
 
 # ------------------------------------------------------------------------------ fused bias_gelu backward plan

@@ -377,13 +377,13 @@ def test_matmul_on_a_given_stream_with_split_k_scratch(dtype):
     """A caller's stream: outputs and split-K scratch come from CuPy's pool on that stream."""
     torch = pytest.importorskip("torch")
     import cupy
-    from gpu_reference import assert_close, random, to_cupy
+    from gpu_reference import assert_close, random, to_cupy, written_late
 
     dt = _torch_dtype(dtype)
     a, b = random((32, 4096), dt, 1.0), random((4096, 520), dt, 1.0)
-    torch.cuda.synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
-    c = rawops.matmul(to_cupy(a), to_cupy(b), stream=stream)
+    late = written_late(a, stream)  # NaN unless the launch waits behind `stream`'s work
+    c = rawops.matmul(to_cupy(late), to_cupy(b), stream=stream)
     stream.synchronize()
     assert_close(c, a.double() @ b.double(), dt, f"matmul on a stream {dtype}")
 

@@ -349,12 +349,12 @@ def test_matmul_tf32_propagates_nan_and_inf_inputs():
 def test_matmul_tf32_on_a_given_stream_with_split_k_scratch():
     torch = pytest.importorskip("torch")
     import cupy
-    from gpu_reference import random, to_cupy, to_torch
+    from gpu_reference import random, to_cupy, to_torch, written_late
 
     a, b = random((32, 4096), torch.float32, 1.0), random((4096, 520), torch.float32, 1.0)
-    torch.cuda.synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
-    c = rawops.matmul(to_cupy(a), to_cupy(b), tf32=True, stream=stream)
+    late = written_late(a, stream)  # NaN unless the launch waits behind `stream`'s work
+    c = rawops.matmul(to_cupy(late), to_cupy(b), tf32=True, stream=stream)
     stream.synchronize()
     assert _relative_error(torch, to_torch(c), a.double() @ b.double()) < TF32_TOLERANCE
 

@@ -113,9 +113,15 @@ def test_out_right_after_x_does_not_count_as_overlap():
     assert_passes_validation(rawops.seed_mlp, f32((4, 100)), *_params(), out=f32((4, 10), ptr=BASE + 4 * 400))
 
 
-@pytest.mark.parametrize("activation", ["gelu", "Relu", None])
+@pytest.mark.parametrize("activation", ["gelu", "Relu"])
 def test_an_unknown_output_activation_is_a_value_error(activation):
     with pytest.raises(ValueError, match=r"^output_activation must be one of \['none', 'relu'\]"):
+        rawops.seed_mlp(f32((4, 100)), *_params(), output_activation=activation)
+
+
+@pytest.mark.parametrize("activation", [None, ["relu"]])
+def test_an_output_activation_that_is_not_a_string_is_a_type_error(activation):
+    with pytest.raises(TypeError, match=r"^output_activation must be a string, got "):
         rawops.seed_mlp(f32((4, 100)), *_params(), output_activation=activation)
 
 
@@ -190,12 +196,14 @@ def test_seed_mlp_on_offset_views_and_a_given_stream():
     """Inputs that start off 16-byte alignment (a sliced parameter buffer) and a non-default stream."""
     torch = pytest.importorskip("torch")
     import cupy
-    from gpu_reference import assert_close, random, to_cupy
+    from gpu_reference import assert_close, random, to_cupy, written_late
 
     net = _network(torch)
     views = _offset_weight_views(torch, net)
-    x = random((77 * 100 + 1,), torch.float32)[1:].view(77, 100)
+    source = random((77, 100), torch.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
+    # An offset view, NaN unless the launch waits behind `stream`'s work.
+    x = written_late(source, stream, into=torch.empty(77 * 100 + 1, device="cuda")[1:].view(77, 100))
     y = rawops.seed_mlp(to_cupy(x), *(to_cupy(v) for v in views), stream=stream)
     stream.synchronize()
     assert_close(y, _reference(net, x), torch.float32, "offset views")
@@ -234,14 +242,13 @@ def test_adapter_refuses_bad_arguments_before_any_launch():
 @pytest.mark.parametrize("batch", [0, 1, 32, 1000])
 def test_adapter_matches_torch_float64_on_torch_current_stream(batch):
     torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, random
+    from gpu_reference import assert_close, random, written_late
     from rawops import torch_adapter as ta
 
     net = _network(torch)
     w1, b1, w2, b2, w3, b3 = _weights(net)
-    x = random((batch, 100), torch.float32)
     stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
+    x = written_late(random((batch, 100), torch.float32), stream)  # NaN unless the launch waits behind `stream`
     with torch.cuda.stream(stream), torch.no_grad():
         y = ta.seed_mlp(x, (w1, w2, w3), (b1, b2, b3))
     stream.synchronize()
@@ -864,10 +871,10 @@ def test_tc_backward_matches_torch_float64(case, batch):
     yt, dxt, dwt, dbt = _grads_torch(net, x, dy)
     _assert_like_torch(y, y64, yt, dtype, "y")
     _assert_like_torch(dx, dx64, dxt, dtype, "dx")
-    for i, (got, ref) in enumerate(zip(dws, dw64)):
+    for i, (got, ref) in enumerate(zip(dws, dw64, strict=True)):
         _assert_like_torch(got, ref, dwt[i], dtype, f"dW{i}")
     if bias:
-        for i, (got, ref) in enumerate(zip(dbs, db64)):
+        for i, (got, ref) in enumerate(zip(dbs, db64, strict=True)):
             _assert_like_torch(got, ref, dbt[i], dtype, f"db{i}")
     else:
         assert dbs is None
@@ -924,10 +931,10 @@ def test_fused_backward_matches_torch_float64(case, batch, need_dx):
         assert_close(dx, dx64, dtype, "dx", factor=4)
     else:
         assert dx is None
-    for i, (got, ref) in enumerate(zip(dws, dw64)):
+    for i, (got, ref) in enumerate(zip(dws, dw64, strict=True)):
         assert_close(got, ref, dtype, f"dW{i}", factor=4)
     if bias:
-        for i, (got, ref) in enumerate(zip(dbs, db64)):
+        for i, (got, ref) in enumerate(zip(dbs, db64, strict=True)):
             assert_close(got, ref, dtype, f"db{i}", factor=4)
     else:
         assert dbs is None
@@ -978,7 +985,7 @@ def test_fused_and_tile_backwards_agree(case, monkeypatch):
     fused = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb, act, out_act)
     monkeypatch.setattr(mlp, "USE_FAST_BWD", False)
     tile = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb, act, out_act)
-    for i, (a, b) in enumerate(zip([fused[0]] + fused[1] + fused[2], [tile[0]] + tile[1] + tile[2])):
+    for i, (a, b) in enumerate(zip([fused[0]] + fused[1] + fused[2], [tile[0]] + tile[1] + tile[2], strict=True)):
         assert_close(a, to_torch(b).double(), dtype, f"gradient {i}: fused vs tile kernels", factor=4)
 
 
@@ -1124,7 +1131,7 @@ def test_weight_gradients_are_deterministic():
         y, saved = rawops.fused_mlp_forward(x, cw, cb)
         first = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb)
         second = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb)
-        for a, b in zip(first[1] + first[2], second[1] + second[2]):
+        for a, b in zip(first[1] + first[2], second[1] + second[2], strict=True):
             assert (a == b).all()
 
 
@@ -1265,7 +1272,7 @@ def test_fused_mlp_under_torch_compile_fullgraph():
     module.zero_grad()
     step(x).backward()
     want = [x.grad] + [w.grad for w in module.weights]
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert_close(a, b.double(), torch.float16, "compiled vs eager")
     with torch.no_grad():
         y = torch.compile(module, fullgraph=True)(x)

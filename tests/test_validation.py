@@ -391,18 +391,108 @@ def test_mask_none_is_not_a_mask():
 
 
 # ------------------------------------------------------------------------------ approximate
-@pytest.mark.parametrize("approximate", ["exact", "erf", "Tanh", "", None, True])
-def test_bad_approximate_is_a_value_error(approximate):
+@pytest.mark.parametrize("approximate", ["exact", "erf", "Tanh", "", None, True, ["tanh"], ("none",)])
+def test_bad_approximate_names_it_value_error_for_a_string_type_error_otherwise(approximate):
     x = f32()
-    pattern = r"^approximate must be 'tanh' or 'none', got "
-    with pytest.raises(ValueError, match=pattern):
+    error, pattern = ((ValueError, r"^approximate must be 'tanh' or 'none', got ") if isinstance(approximate, str)
+                      else (TypeError, rf"^approximate must be a string, got {type(approximate).__name__}"))
+    with pytest.raises(error, match=pattern):
         rawops.gelu(x, approximate)
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises(error, match=pattern):
         rawops.gelu_backward(x, f32(ptr=OTHER), approximate)
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises(error, match=pattern):
         rawops.bias_gelu(x, f32((8,), ptr=OTHER), approximate)
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises(error, match=pattern):
         rawops.bias_gelu_backward(x, x, f32((8,), ptr=OTHER), approximate)
+    with pytest.raises(error, match=pattern):
+        rawops.linear_gelu(x, f32((16, 8), ptr=OTHER), None, approximate)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"activation": ["relu"]}, "activation"),
+                                          ({"output_activation": None}, "output_activation")])
+def test_an_activation_that_is_not_a_string_is_a_type_error_naming_it(kwargs, name):
+    weights = [f16((16, 8), ptr=OTHER), f16((4, 16), ptr=OTHER + 0x10000)]
+    with pytest.raises(TypeError, match=rf"^{name} must be a string, got "):
+        rawops.fused_mlp(f16(), weights, **kwargs)
+    if name == "output_activation":
+        with pytest.raises(TypeError, match=rf"^{name} must be a string, got "):
+            rawops.seed_mlp(f32((4, 100)), *[f32((1,))] * 6, output_activation=None)
+
+
+# ------------------------------------------------------------------------------ scalars
+@pytest.mark.parametrize("alpha", ["2", None, b"1", [0.5]])
+def test_alpha_that_is_not_a_real_number_is_a_type_error_naming_alpha(alpha):
+    pattern = rf"^alpha must be a real number, got {type(alpha).__name__}"
+    with pytest.raises(TypeError, match=pattern):
+        rawops.relu_scale(f32(), alpha)
+    with pytest.raises(TypeError, match=pattern):
+        rawops.relu_scale_backward(f32(), f32(ptr=OTHER), alpha)
+    with pytest.raises(TypeError, match=pattern):
+        rawops.relu_scale_add(f32(), alpha, f32(ptr=OTHER))
+
+
+def test_alpha_of_a_numpy_or_int_type_is_accepted():
+    assert_passes_validation(rawops.relu_scale, f32(), np.float32(0.5))
+    assert_passes_validation(rawops.relu_scale, f32(), 2)
+
+
+@pytest.mark.parametrize("eps, error, pattern", [("abc", TypeError, r"^eps must be a real number, got str"),
+                                                 ([1e-5], TypeError, r"^eps must be a real number, got list"),
+                                                 (-1.0, ValueError, r"^eps must be >= 0, got -1.0"),
+                                                 (float("nan"), ValueError, r"^eps must be >= 0, got nan")])
+def test_bad_eps_names_eps(eps, error, pattern):
+    with pytest.raises(error, match=pattern):
+        rawops.layer_norm(f32(), eps=eps)
+    with pytest.raises(error, match=pattern):
+        rawops.rms_norm(f32(), eps=eps)
+
+
+def test_negative_stream_handle_is_a_value_error():
+    with pytest.raises(ValueError, match=r"^stream must be a non-negative handle, got -1"):
+        stream_pointer(-1, 0)
+
+
+# ------------------------------------------------------------------------------ malformed interfaces
+# The launcher indexes shape and strides with bounds checks off: these crashed the interpreter
+# (a strides tuple shorter than the shape was read past its end).
+@pytest.mark.parametrize("shape, strides", [((4, 8), (4,)), ((8,), ()), ((4, 8), (32, 4, 123456)),
+                                            ((4, 8), ("a", 4))])
+def test_strides_that_do_not_match_the_shape_are_a_value_error_naming_the_array(shape, strides):
+    with pytest.raises(ValueError, match=r"^x has __cuda_array_interface__ strides .* expected None or one int per"):
+        rawops.gelu(f32(shape, strides=strides))
+    with pytest.raises(ValueError, match=r"^a has __cuda_array_interface__ strides"):
+        rawops.matmul(f32(shape, strides=strides), f32((8, 4), ptr=OTHER))
+    with pytest.raises(ValueError, match=r"^x has __cuda_array_interface__ strides"):
+        rawops.softmax(f32(shape, strides=strides))
+
+
+@pytest.mark.parametrize("drop", ["data", "shape", "typestr"])
+def test_an_interface_missing_a_required_key_is_a_type_error_naming_the_array(drop):
+    x = f32()
+    del x.cai[drop]
+    with pytest.raises(TypeError, match=r"^x has a malformed __cuda_array_interface__"):
+        rawops.gelu(x)
+
+
+@pytest.mark.parametrize("shape", [(4, -1), (4, 8.0), "48"])
+def test_an_interface_with_a_bad_shape_is_a_type_error(shape):
+    x = f32()
+    x.cai["shape"] = shape
+    with pytest.raises(TypeError, match=r"^x has a malformed __cuda_array_interface__"):
+        rawops.gelu(x)
+
+
+@pytest.mark.parametrize("stream", ["7", -3, 1.0])
+def test_an_interface_stream_that_is_not_a_handle_is_a_type_error(stream):
+    with pytest.raises(TypeError, match=r"^x: __cuda_array_interface__ stream must be None or a non-negative int"):
+        as_array(f32(stream=stream), "x")
+
+
+def test_interface_with_list_shape_and_numpy_int_strides_is_read():
+    x = f32()
+    x.cai["shape"], x.cai["strides"] = [4, 8], (np.int64(32), np.int64(4))
+    a = as_array(x, "x")
+    assert a.shape == (4, 8) and a.contiguous
 
 
 # ------------------------------------------------------------------------------ column_sum
@@ -592,3 +682,104 @@ def test_operand_on_another_gpu_is_a_value_error_naming_it(which):
     out = other if which == "out" else None
     with pytest.raises(ValueError, match=rf"^{which} is on device 1, a on device 0"):
         rawops.add(a, b, out=out)
+
+
+# ------------------------------------------------------------------------------ torch ops called directly
+# The rawops::* custom ops run under torch.compile (or from torch.ops) without the eager
+# wrappers' checks; they must make the same ones. CPU tensors that report GPU 0 stand in for
+# CUDA tensors: every check passes or fails before any pointer is used.
+@pytest.fixture(scope="module")
+def on_gpu0(torch_path):
+    torch, _ = torch_path
+
+    class OnGPU0(torch.Tensor):
+        def get_device(self):
+            return 0
+
+    return lambda t: t.as_subclass(OnGPU0)
+
+
+def test_fused_mlp_op_checks_x_and_weights_like_the_eager_call(torch_path, on_gpu0):
+    torch, _ = torch_path
+    w0, w1 = on_gpu0(torch.randn(16, 8, dtype=torch.float16)), on_gpu0(torch.randn(4, 16, dtype=torch.float16))
+    x = on_gpu0(torch.randn(4, 8, dtype=torch.float16))
+    strided = on_gpu0(torch.randn(8, 4, dtype=torch.float16).t())
+    with pytest.raises(ValueError, match=r"^x is not contiguous"):
+        torch.ops.rawops.fused_mlp(strided, [w0, w1], None, "relu", "none")
+    with pytest.raises(TypeError, match=r"^weights\[1\] has dtype torch.float32, expected torch.float16 like x"):
+        torch.ops.rawops.fused_mlp(x, [w0, w1.float()], None, "relu", "none")
+    with pytest.raises(ValueError, match=r"^weights\[1\] has shape \(4, 999\), expected \(out, 16\)"):
+        torch.ops.rawops.fused_mlp(x, [w0, on_gpu0(torch.randn(4, 999, dtype=torch.float16))], None, "relu", "none")
+    with pytest.raises(ValueError, match=r"^x is not contiguous"):
+        torch.ops.rawops.fused_mlp_train(strided, [w0, w1], None, "relu", "none")
+
+
+def test_fused_mlp_backward_op_checks_dy_y_and_the_kept_activations(torch_path, on_gpu0):
+    torch, _ = torch_path
+    half = torch.float16
+    x, w0, w1 = (on_gpu0(torch.randn(*s, dtype=half)) for s in ((4, 8), (16, 8), (4, 16)))
+    y, saved = on_gpu0(torch.randn(4, 4, dtype=half)), on_gpu0(torch.randn(1, 4, 16, dtype=half))
+    empty = on_gpu0(torch.empty(0, dtype=half))
+    good_dy = on_gpu0(torch.randn(4, 4, dtype=half))
+
+    def backward(dy=good_dy, y=y, s1=saved):
+        torch.ops.rawops.fused_mlp_backward(dy, x, y, s1, empty, [w0, w1], None, "relu", "none", True)
+
+    with pytest.raises(ValueError, match=r"^dy has shape \(4, 5\), expected \(4, 4\)"):
+        backward(dy=on_gpu0(torch.randn(4, 5, dtype=half)))
+    with pytest.raises(TypeError, match=r"^y has dtype torch.float32, expected torch.float16 like x"):
+        backward(y=on_gpu0(torch.randn(4, 4)))
+    with pytest.raises(ValueError, match=r"^saved\[0\] has shape \(1, 3, 16\), expected \(1, 4, 16\)"):
+        backward(s1=on_gpu0(torch.randn(1, 3, 16, dtype=half)))
+
+
+def test_norm_backward_op_checks_mean_and_rstd(torch_path, on_gpu0):
+    torch, _ = torch_path
+    x, dy = on_gpu0(torch.randn(64, 8)), on_gpu0(torch.randn(64, 8))
+    mean, rstd = on_gpu0(torch.randn(64)), on_gpu0(torch.rand(64) + 1)
+    op = torch.ops.rawops.layer_norm_backward
+    with pytest.raises(TypeError, match=r"^mean has dtype torch.float16, expected torch.float32"):
+        op(dy, x, None, on_gpu0(torch.zeros(64, dtype=torch.float16)), rstd, False, True)
+    with pytest.raises(ValueError, match=r"^mean has shape \(1,\), expected \(64,\) \(one per row of x\)"):
+        op(dy, x, None, on_gpu0(torch.zeros(1)), rstd, False, True)
+    with pytest.raises(ValueError, match=r"^rstd is not contiguous"):
+        op(dy, x, None, mean, on_gpu0(torch.zeros(64, 2)[:, 0]), False, True)
+    with pytest.raises(ValueError, match=r"^rstd has shape \(2,\)"):
+        torch.ops.rawops.rms_norm_backward(dy, x, None, on_gpu0(torch.empty(0)), on_gpu0(torch.ones(2)), False, False)
+
+
+@pytest.mark.parametrize("eps, error, pattern", [(-1.0, ValueError, r"^eps must be >= 0, got -1.0"),
+                                                 ("abc", TypeError, r"^eps must be a real number, got str")])
+def test_torch_adapter_norms_check_eps(torch_path, on_gpu0, eps, error, pattern):
+    torch, _ = torch_path
+    from rawops import torch_adapter as ta
+
+    x = on_gpu0(torch.randn(4, 8))
+    with pytest.raises(error, match=pattern):
+        ta.layer_norm(x, eps=eps)
+    with pytest.raises(error, match=pattern):
+        ta.rms_norm(x, eps=eps)
+
+
+def test_torch_adapter_alpha_must_be_a_real_number(torch_path, on_gpu0):
+    torch, _ = torch_path
+    from rawops import torch_adapter as ta
+
+    x = on_gpu0(torch.randn(4, 8))
+    for alpha in ("2", "abc", None):
+        with pytest.raises(TypeError, match=r"^alpha must be a real number, got "):
+            ta.relu_scale(x, alpha)
+        with pytest.raises(TypeError, match=r"^alpha must be a real number, got "):
+            ta.relu_scale_add(x, alpha, x)
+
+
+def test_torch_seed_mlp_needs_three_weights_and_three_biases(torch_path):
+    torch, _ = torch_path
+    from rawops import torch_adapter as ta
+
+    with pytest.raises(TypeError, match=r"^seed_mlp's biases must be a list or tuple of 3 tensors, got NoneType"):
+        ta.seed_mlp(torch.zeros(4, 100), [torch.zeros(1)] * 3, None)
+    with pytest.raises(TypeError, match=r"^seed_mlp's weights must be a list or tuple of 3 tensors, got Tensor"):
+        ta.seed_mlp(torch.zeros(4, 100), torch.zeros(3, 1), [torch.zeros(1)] * 3)
+    with pytest.raises(ValueError, match=r"^seed_mlp takes 3 weights and 3 biases, got 2 and 3"):
+        ta.seed_mlp(torch.zeros(4, 100), [torch.zeros(1)] * 2, [torch.zeros(1)] * 3)
