@@ -40,12 +40,22 @@ def written_late(source, stream, into=None):
     return x
 
 
-def poison_pool(nbytes):
-    """Leave a block of 0xFF bytes (NaN in every float type) in CuPy's pool, so that the
-    next allocation of that size starts as NaN and an unwritten element cannot pass."""
-    block = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
-    block.fill(0xFF)
-    del block
+def poison_pool(*nbytes):
+    """Leave blocks of 0xFF bytes (NaN in every float type) in CuPy's pool, one per size and
+    all freed together, so that the next allocations of those sizes start as NaN and an
+    unwritten element cannot pass (a call with two outputs needs two blocks)."""
+    blocks = [cupy.empty(max(n, 1), dtype=cupy.uint8) for n in nbytes]
+    for block in blocks:
+        block.fill(0xFF)
+    del blocks, block
+
+
+def poison_torch_pool(*nbytes):
+    """poison_pool for torch's caching allocator (the adapter's outputs come from it): one
+    0xFF block per size, all freed together, so that the next allocations of those sizes on
+    the current stream most likely start as NaN (best fit may pick another free block)."""
+    blocks = [torch.full((max(n, 1),), 0xFF, dtype=torch.uint8, device="cuda") for n in nbytes]
+    del blocks
 
 
 def assert_close(out, ref, dtype, what="", factor=1):

@@ -398,7 +398,7 @@ def test_linear_gelu_matches_torch_float64(dtype, m, k, n, approximate):
 
     dt = _torch_dtype(dtype)
     x, w, bias = random((m, k), dt, 1.0), random((n, k), dt, max(k, 1) ** -0.5), random((n,), dt, 1.0)
-    poison_pool(m * n * x.element_size())
+    poison_pool(m * n * x.element_size(), m * n * x.element_size())  # y and pre
     y, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), approximate, save_preactivation=True)
     pre64 = torch.nn.functional.linear(x.double(), w.double(), bias.double())
     assert_close(pre, pre64, dt, f"pre-activation {dtype} {m}x{k}->{n}")
@@ -441,7 +441,7 @@ def test_linear_gelu_float32_small_batch_3xtf32_matches_float64(m, k, n, approxi
     y64 = _gelu64(torch, pre64, approximate)
     what = f"{m}x{k}->{n} {approximate}"
     for save in (True, False):
-        poison_pool(m * n * 4)
+        poison_pool(*[m * n * 4] * (2 if save else 1))  # y, and pre when saved
         out = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), approximate, save_preactivation=save)
         y = out[0] if save else out
         if save:
@@ -499,7 +499,7 @@ def test_linear_gelu_keeps_leading_dims():
 @pytest.mark.parametrize("saved", [True, False])
 def test_linear_gelu_backward_matches_torch_float64(dtype, m, k, n, saved):
     torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, random, to_cupy
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
 
     dt = _torch_dtype(dtype)
     x, w, bias = random((m, k), dt, 1.0), random((n, k), dt, max(k, 1) ** -0.5), random((n,), dt, 1.0)
@@ -510,6 +510,8 @@ def test_linear_gelu_backward_matches_torch_float64(dtype, m, k, n, saved):
     pre = None
     if saved:
         _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True)
+    size = x.element_size()
+    poison_pool(m * k * size, n * k * size, n * size)  # dx, dweight, dbias (at m = 0: dweight must be written 0)
     dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre)
     factor = 1 if dt == torch.float32 else 2  # dpre is rounded to the storage type before the GEMMs
     what = f"{dtype} {m}x{k}->{n} {'saved' if saved else 'recomputed'}"
@@ -618,7 +620,7 @@ def test_adapter_ops_compile_with_fullgraph_and_keep_their_gradients():
 def test_adapter_no_grad_linear_gelu_fast_path_matches_float64(dtype, shape, n):
     """The launcher's typed no-grad path (checks, cached plan, output, launch in one call)."""
     torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, poison_pool, random
+    from gpu_reference import assert_close, poison_torch_pool, random
     from rawops import _launch
     from rawops import torch_adapter as ta
 
@@ -627,7 +629,7 @@ def test_adapter_no_grad_linear_gelu_fast_path_matches_float64(dtype, shape, n):
     x, w, b = random(shape, dt, 1.0), random((n, k), dt, k ** -0.5), random((n,), dt, 1.0)
     flags = ta._LINEAR_GELU_FLAGS["tanh"]
     for bias in (b, None):
-        poison_pool(x.numel() // k * n * x.element_size())
+        poison_torch_pool(x.numel() // k * n * x.element_size())  # y comes from torch's allocator
         with torch.no_grad():
             y = _launch.torch_linear(x, w, bias, flags)
         assert y is not None and y.shape == shape[:-1] + (n,) and y.dtype == dt

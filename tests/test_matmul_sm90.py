@@ -212,7 +212,7 @@ def test_linear_gelu_nt_with_its_epilogue_matches_float64(every_shape_on_hopper,
     if n % 8 == 0:  # else c's rows are not 16-byte multiples: the portable kernels run it
         _assert_hopper_planned("nt", 1 if dtype == "float16" else 2, m, n, k)
     x, w, bias = random((m, k), dt, 1.0), random((n, k), dt, k ** -0.5), random((n,), dt, 1.0)
-    poison_pool(m * n * 2)
+    poison_pool(m * n * 2, m * n * 2)  # y and pre
     y, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), approximate, save_preactivation=True)
     pre64 = torch.nn.functional.linear(x.double(), w.double(), bias.double())
     assert_close(pre, pre64, dt, f"hopper pre-activation {dtype} {m}x{k}->{n}")

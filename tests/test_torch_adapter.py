@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 from rawops import torch_adapter as ta  # noqa: E402
-from gpu_reference import DTYPES, assert_close, random, written_late  # noqa: E402
+from gpu_reference import DTYPES, assert_close, poison_torch_pool, random, written_late  # noqa: E402
 
 ALPHA = 1.7
 
@@ -36,15 +36,18 @@ def _inputs(kind, shape, dtype):
 def test_forward_and_backward_match_torch_float64(name, dtype, shape):
     call, reference, kind = OPS[name]
     inputs = [t.requires_grad_() for t in _inputs(kind, shape, DTYPES[dtype])]
+    nbytes = inputs[0].numel() * inputs[0].element_size()
+    poison_torch_pool(nbytes)  # the output comes from torch's allocator: unwritten elements are NaN
     out = call(*inputs)
     dy = random(out.shape, DTYPES[dtype])
+    poison_torch_pool(nbytes, shape[-1] * inputs[0].element_size())  # dx, and dbias where there is one
     grads = torch.autograd.grad(out, inputs, dy)
     leaves = [t.detach().double().requires_grad_() for t in inputs]
     expected = reference(*leaves)
     expected_grads = torch.autograd.grad(expected, leaves, dy.double())
     assert out.dtype == DTYPES[dtype] and out.is_cuda
     assert_close(out.detach(), expected.detach(), DTYPES[dtype], f"{name} forward")
-    for i, (g, e) in enumerate(zip(grads, expected_grads)):
+    for i, (g, e) in enumerate(zip(grads, expected_grads, strict=True)):
         assert_close(g, e, DTYPES[dtype], f"{name} grad of input {i}")
 
 
