@@ -812,7 +812,8 @@ cdef class TorchMapEntry:
         return _torch_compiler._is_compiling_flag
 
     cdef inline MapKernel _mode(self, approximate):
-        return self.kernels.get(approximate)
+        # Anything but a string (a list would not even hash) goes to the fallback, which names it.
+        return self.kernels.get(approximate) if type(approximate) is str else None
 
     @cython.binding(False)
     def gelu(self, x, approximate="tanh"):

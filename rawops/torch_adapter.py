@@ -292,7 +292,8 @@ def _gelu_python(x, approximate="tanh"):
     """torch.nn.functional.gelu(x, approximate) on rawops kernels ('tanh' or 'none')."""
     if _compiling():
         return _gelu_op(x, approximate)
-    forward_kernel = _GELU_FWD.get(approximate) or _gelu_kernel(approximate, "fwd")
+    forward_kernel = _GELU_FWD.get(approximate) if type(approximate) is str else None  # a list would not hash
+    forward_kernel = forward_kernel or _gelu_kernel(approximate, "fwd")
     if getattr(x, "requires_grad", False) and _grad_enabled():
         backward_kernel = _GELU_BWD[approximate]
         if _functorch_active():

@@ -761,6 +761,17 @@ def test_torch_adapter_norms_check_eps(torch_path, on_gpu0, eps, error, pattern)
         ta.rms_norm(x, eps=eps)
 
 
+def test_torch_adapter_approximate_that_is_not_a_string_is_a_type_error(torch_path, on_gpu0):
+    torch, _ = torch_path
+    from rawops import torch_adapter as ta
+
+    x = on_gpu0(torch.randn(4, 8))
+    for call in (lambda: ta.gelu(x, ["tanh"]), lambda: ta.bias_gelu(x, x[0], ["tanh"]), lambda: ta.GELU(None),
+                 lambda: ta.LinearGELU(4, 4, approximate=["tanh"])):
+        with pytest.raises(TypeError, match=r"^approximate must be a string, got "):
+            call()
+
+
 def test_torch_adapter_alpha_must_be_a_real_number(torch_path, on_gpu0):
     torch, _ = torch_path
     from rawops import torch_adapter as ta
