@@ -18,17 +18,23 @@ from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-# (vector bytes, blocks an SM, rows ahead, threads a block, waves): 1024 threads of 8 bytes own
-# whole 4096-wide f16 rows (a block streams one contiguous range), 512 of 16 bytes whole f32
-# rows. waves > 1 deals the rows to that many times the resident blocks (shorter blocks, more
-# partial sums; 4 and 16 waves measured slower before the rows were dealt cyclically, NOTES.md):
-# read beside bench/explore_timeline.py's idle tail of the one-wave grid.
-VARIANTS = [(8, 6, 1, 256, 1), (8, 6, 1, 256, 2), (16, 3, 2, 256, 1), (16, 3, 2, 256, 2)]
+# (vector bytes, blocks an SM, rows ahead, threads a block, staged, waves): staged keeps the rows
+# in flight in shared memory through cp.async instead of registers (ncu: the register-held
+# loads leave the half types ~25 KB in flight an SM against the map kernel's ~50, and a DRAM
+# rate of 2.84 TB/s against its 3.01). waves > 1 deals the rows to that many times the
+# resident blocks (shorter blocks, more partial sums).
+VARIANTS = [(8, 6, 1, 256, 0, 1), (16, 3, 2, 256, 0, 1),
+            (8, 6, 2, 256, 1, 1), (8, 6, 3, 256, 1, 1), (8, 6, 5, 256, 1, 1),
+            (16, 4, 2, 256, 1, 1), (16, 3, 3, 256, 1, 1), (16, 4, 3, 256, 1, 1)]
 
 
-def macros(vec_bytes, blocks, ahead, threads):
+def macros(vec_bytes, blocks, ahead, threads, staged):
     return [f"RAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"RAWOPS_BIAS_BWD_BLOCKS={blocks}",
-            f"RAWOPS_BIAS_BWD_AHEAD={ahead}", f"RAWOPS_BIAS_BWD_THREADS={threads}"]
+            f"RAWOPS_BIAS_BWD_AHEAD={ahead}", f"RAWOPS_BIAS_BWD_THREADS={threads}",
+            f"RAWOPS_BIAS_BWD_STAGED={staged}"]
+
+
+CUBINS = {"elementwise": {v[:5]: macros(*v[:5]) for v in VARIANTS}}  # bench/cubins.py builds these
 
 
 def main():
@@ -39,7 +45,7 @@ def main():
     from rawops import elementwise as ew
     from rawops import torch_adapter as ta
 
-    modules = build_modules("elementwise", {v[:4]: macros(*v[:4]) for v in VARIANTS}, "/tmp/explore_bias_bwd")
+    modules = build_modules("elementwise", CUBINS["elementwise"])
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for name, dtype in DTYPES.items():
@@ -61,8 +67,8 @@ def main():
         candidates = {"shipped build": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
                       "unfused (dx, column_sum)": unfused, "torch": torch_eager}
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        for vec_bytes, blocks, ahead, block_threads, waves in VARIANTS:
-            module = modules[(vec_bytes, blocks, ahead, block_threads)]
+        for vec_bytes, blocks, ahead, block_threads, staged, waves in VARIANTS:
+            module = modules[(vec_bytes, blocks, ahead, block_threads, staged)]
             fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
             final = module.get_function(f"column_sum_final_{name}")
             saved = dict(ew.BIAS_BWD_SHAPE), ew.BIAS_BWD_THREADS
@@ -88,7 +94,8 @@ def main():
             torch.cuda.synchronize()
             assert torch.equal(dx, ref_dx), f"{name} {vec_bytes}:{blocks}x{ahead}: dx differs from the shipped kernel's"
             assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
-            candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead, {waves} wave(s) "
+            candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead"
+                       f"{' staged' if staged else ''}, {waves} wave(s) "
                        f"({strips} strips x {chunks} chunks)"] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)

@@ -16,6 +16,7 @@ Needs nvcc and a built rawops (the plans).
 
     python bench/explore_timeline.py [--out bench/results]
 """
+import importlib
 import os
 import sys
 
@@ -30,6 +31,7 @@ from timing import device_time_us, start, write_results  # noqa: E402
 ROWS, COLS = 16384, 4096
 M, K, N = 32, 768, 3072
 SLOTS, MARKS = 8192, 8  # timeline.cuh: RAWOPS_TIMELINE_SLOTS, kTimelineMarks
+CUBINS = {family: {"stamped": ["RAWOPS_TIMELINE"]} for family in ("elementwise", "matmul")}  # bench/cubins.py
 DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -119,7 +121,7 @@ extern "C" __global__ void empty_kernel(const float* a, const float* b, float* c
 
 
 def linear_rows(module, stream):
-    from rawops import matmul as mm
+    mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
 
     x = torch.randn(M, K, device="cuda")
     w = torch.randn(N, K, device="cuda") * K ** -0.5
@@ -172,8 +174,7 @@ def main():
     if started is None:
         return 1
     out_dir, ceiling = started
-    modules = {family: build_modules(family, {"stamped": ["RAWOPS_TIMELINE"]}, "/tmp/explore_timeline")["stamped"]
-               for family in ("elementwise", "matmul")}
+    modules = {family: build_modules(family, variants)["stamped"] for family, variants in CUBINS.items()}
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     with torch.no_grad():

@@ -18,6 +18,17 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                "r"(valid ? 16 : 0));
 #endif
 }
+// 8 or 16 bytes, no zero fill (streaming operands whose every copy is in bounds); 16 bytes
+// bypass L1 (.cg), 8 bytes can only go through it (.ca).
+template <int kBytes> __device__ __forceinline__ void cp_async_bytes(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  static_assert(kBytes == 8 || kBytes == 16, "8- or 16-byte copies");
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(dst)), "l"(src));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_address(dst)), "l"(src));
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
