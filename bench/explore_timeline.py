@@ -26,12 +26,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cubins import build_modules  # noqa: E402
-from timing import device_time_us, start, write_results  # noqa: E402
+from timing import device_time_us, graphed, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 M, K, N = 32, 768, 3072
 SLOTS, MARKS = 8192, 8  # timeline.cuh: RAWOPS_TIMELINE_SLOTS, kTimelineMarks
-CUBINS = {family: {"stamped": ["RAWOPS_TIMELINE"]} for family in ("elementwise", "matmul")}  # bench/cubins.py
+# bench/cubins.py builds these; matmul also unstamped, with and without the bias slice staged.
+CUBINS = {"elementwise": {"stamped": ["RAWOPS_TIMELINE"]},
+          "matmul": {"stamped": ["RAWOPS_TIMELINE"], "bias staged": [], "bias from global": ["RAWOPS_SMALL_BIAS_GLOBAL"]}}
 DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -120,7 +122,7 @@ extern "C" __global__ void empty_kernel(const float* a, const float* b, float* c
 '''
 
 
-def linear_rows(module, stream):
+def linear_rows(modules):
     mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
 
     x = torch.randn(M, K, device="cuda")
@@ -136,14 +138,17 @@ def linear_rows(module, stream):
         if shared > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = shared
 
-        def launch():
-            with stream:
+        def launch():  # on torch's current stream: inside graph capture, the capturing one
+            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
                 fn(grid, (block,), args, shared_mem=shared)
         return launch
 
-    stamped = kernel(module.get_function("linear_small_tf32_nt_f32"))
+    def small(key):
+        return kernel(modules[key].get_function("linear_small_tf32_nt_f32"))
+
+    stamped = small("stamped")
     empty = kernel(cupy.RawKernel(EMPTY, "empty_kernel"))
-    marks, smid = run_stamped(module, stamped)
+    marks, smid = run_stamped(modules["stamped"], stamped)
     ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()), approximate="tanh")
     error = ((y.double() - ref).norm() / ref.norm()).item()
     assert error < 1e-5, f"the stamped linear_small_tf32 is off: {error:.2e}"
@@ -151,19 +156,27 @@ def linear_rows(module, stream):
     from rawops import torch_adapter as ta
 
     def per_call(fn, calls=20):
-        """Device time per call of `calls` back-to-back launches (one event pair)."""
+        """Device time per call in a CUDA graph of `calls` calls (no host time)."""
         def burst():
             for _ in range(calls):
                 fn()
-        return device_time_us(burst) / calls
+        return device_time_us(graphed(burst)) / calls
+
+    variants = {key: per_call(small(key)) for key in ("bias staged", "bias from global")}
+    for key in variants:  # each variant's output checked, not only timed
+        y.fill_(float("nan"))
+        small(key)()
+        torch.cuda.synchronize()
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5, f"{key}: off"
 
     row = {"kernel": "linear_small_tf32 f32 32x768->3072", "grid": f"{grid[0]}x{grid[1]} of {block}, {shared} B",
            "span us": numpy.nanmax(leave), "warp entry us (min/med/p99/max)": pct(entry),
            "first split - entry": pct(split - entry), "stored - first split": pct(stored - split),
            "barrier - stored": pct(barrier - stored), "exit - barrier": pct(leave - barrier),
            "SMs": len(set(smid.tolist())),
-           "stamped us/call (20 back to back)": per_call(stamped),
-           "shipped us/call (20 back to back, adapter)": per_call(lambda: ta.linear_gelu(x, w, b)),
+           "stamped us/call (graph of 20)": per_call(stamped),
+           **{f"{key} us/call (graph of 20)": us for key, us in variants.items()},
+           "library us/call (graph of 20, adapter)": per_call(lambda: ta.linear_gelu(x, w, b)),
            "empty kernel, same shape, us/call": per_call(empty), "rel error": error}
     print(row, flush=True)
     return [row]
@@ -174,12 +187,12 @@ def main():
     if started is None:
         return 1
     out_dir, ceiling = started
-    modules = {family: build_modules(family, variants)["stamped"] for family, variants in CUBINS.items()}
+    modules = {family: build_modules(family, variants) for family, variants in CUBINS.items()}
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     with torch.no_grad():
-        bias = bias_rows(modules["elementwise"], stream, sms)
-        linear = linear_rows(modules["matmul"], stream)
+        bias = bias_rows(modules["elementwise"]["stamped"], stream, sms)
+        linear = linear_rows(modules["matmul"])
     text = write_results(out_dir, "explore_timeline", "python bench/explore_timeline.py", [
         ("bias_gelu backward, fused kernel, per block (us from the launch's first entry)", list(bias[0]), bias,
          {"copy ceiling TB/s": round(ceiling, 3),

@@ -277,7 +277,8 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 // since, spill-free, lands within ~5% of these (2.7-2.84 TB/s), under the map kernels' 3.0
 // for reasons not yet found (bench/NOTES.md). A spill is fatal (bf16 at 4 blocks: 248 us).
 // The macros override both types at once (bench/explore_bias_bwd.py).
-// staged: the rows in flight wait in shared memory (cp.async, sm_80+), not in registers.
+// staged: the rows in flight wait in shared memory (cp.async, sm_80+), not in registers; off:
+// 5-10% slower than the register pipeline at every depth tried (bench/NOTES.md, session 8).
 template <typename T> struct BiasBwdShape {
 #ifdef RAWOPS_BIAS_BWD_BYTES
   static constexpr int bytes = RAWOPS_BIAS_BWD_BYTES, blocks = RAWOPS_BIAS_BWD_BLOCKS, ahead = RAWOPS_BIAS_BWD_AHEAD;

@@ -629,6 +629,20 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
     wr[j] = w + (n < N ? n : N - 1) * K + 4 * q;
   }
 
+  // The epilogue's bias slice, copied in while the operands stream (read after the barrier:
+  // from global memory there it cost an L2 round trip at the end of every CTA).
+  __shared__ float bias_slice[S::kFeat];
+  Epilogue<float> tail_epi = epi;
+#ifndef RAWOPS_SMALL_BIAS_GLOBAL  // bench/explore_timeline.py: the previous epilogue, for comparison
+  if (epi.bias != nullptr) {
+#else
+  if (false) {
+#endif
+    if (t < S::kFeat) cp_async_bytes<4>(bias_slice + t, epi.bias + (n0 + t < N ? n0 + t : N - 1));
+    cp_async_commit();
+    tail_epi.bias = bias_slice - n0;  // indexed by the global feature n, n0 <= n < n0 + kFeat
+  }
+
   float acc[2][NT][4] = {};
 
   // One round: kTf32Steps 16-wide steps from k0, every load issued before the first split.
@@ -705,6 +719,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #ifdef RAWOPS_TIMELINE
   timeline_mark(slot, 2, timeline_now());
 #endif
+  cp_async_wait<0>();  // this thread's bias copy landed; the barrier publishes it
   if (C > 1)
     cluster_barrier();  // every CTA's partials written and visible cluster-wide
   else
@@ -741,7 +756,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t n = n0 + f + e;
-      if (n < N) y[m * N + n] = epi(sum[e], m, n);
+      if (n < N) y[m * N + n] = tail_epi(sum[e], m, n);
     }
   }
   if (C > 1) cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer reads it

@@ -18,15 +18,15 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                "r"(valid ? 16 : 0));
 #endif
 }
-// 8 or 16 bytes, no zero fill (streaming operands whose every copy is in bounds); 16 bytes
-// bypass L1 (.cg), 8 bytes can only go through it (.ca).
+// 4, 8 or 16 bytes, no zero fill (operands whose every copy is in bounds); 16 bytes bypass
+// L1 (.cg), 4 and 8 can only go through it (.ca).
 template <int kBytes> __device__ __forceinline__ void cp_async_bytes(void* dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  static_assert(kBytes == 8 || kBytes == 16, "8- or 16-byte copies");
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "4-, 8- or 16-byte copies");
   if constexpr (kBytes == 16)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(dst)), "l"(src));
   else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_address(dst)), "l"(src));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_address(dst)), "l"(src), "n"(kBytes));
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
