@@ -6,9 +6,13 @@
 #   bash bench/device_round.sh [pytest args...]
 #   RAWOPS_BENCH="norm mlp"   which bench/bench_<name>.py to run (default: every one)
 #   RAWOPS_TESTS="tests/test_norm.py ..."   which test files (default: all but packaging, nvrtc)
-#   RAWOPS_FAMILIES="norm softmax"   build only these kernel families (setup.py)
+#   RAWOPS_FAMILIES="norm softmax"   build only these kernel families (setup.py); "none_such" builds
+#     none and keeps the fatbins in rawops/_fatbin: build them on the CPU machine first
+#     (RAWOPS_CUDA_ARCH_LIST=9.0 python setup.py build_ext --inplace) and carry rawops/_fatbin, so the
+#     GPU machine's time goes to tests and timings (its build then takes ~30 s instead of ~150)
 #   RAWOPS_SKIP_BUILD=1   reuse the last build (a second call while the machine is warm)
-#   RAWOPS_EXPLORE="timeline bias_bwd"   also run bench/explore_<name>.py (after the benchmarks)
+#   RAWOPS_EXPLORE="timeline bias_bwd"   also run bench/explore_<name>.py (after the benchmarks); their
+#     cubins can be built here beforehand (python bench/cubins.py 90) and carried (bench/.cubins)
 #   .whl/nvidia_cutlass-*.whl (carried): CuTe headers for the Hopper GEMM (no network there)
 # Each test file runs in its own pytest process: a kernel fault poisons the CUDA context
 # of its process only, so one broken family cannot fail the others' tests.

@@ -42,15 +42,16 @@ def timeline(module):
     return cupy.ndarray((SLOTS, MARKS), cupy.uint64, module.get_global("rawops_timeline"))
 
 
-def run_stamped(module, launch, warmup=5):
-    """The stamps of one launch after `warmup` ones (warm clocks and L2), as float64 us with
-    the earliest entry at 0, and the SM ids."""
-    for _ in range(warmup):
-        launch()
-    torch.cuda.synchronize()
+def run_stamped(module, launch, warmup=20):
+    """The stamps of the last of `warmup` + 1 back-to-back launches (steady clocks and L2: a
+    launch alone after a synchronize ran up to 20% slower than the events' median, session 8),
+    as float64 us with the earliest entry at 0, and the SM ids. Each launch rewrites every slot
+    it uses, so the table ends holding the last launch's stamps."""
     stamps = timeline(module)
     stamps.fill(0)
-    launch()
+    torch.cuda.synchronize()
+    for _ in range(warmup + 1):
+        launch()
     torch.cuda.synchronize()
     host = cupy.asnumpy(stamps)
     used = host[:, 0] > 0
