@@ -23,9 +23,9 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # loads leave the half types ~25 KB in flight an SM against the map kernel's ~50, and a DRAM
 # rate of 2.84 TB/s against its 3.01). waves > 1 deals the rows to that many times the
 # resident blocks (shorter blocks, more partial sums).
-VARIANTS = [(8, 6, 1, 256, 0, 1), (16, 3, 2, 256, 0, 1),
-            (8, 6, 2, 256, 1, 1), (8, 6, 3, 256, 1, 1), (8, 6, 5, 256, 1, 1),
-            (16, 4, 2, 256, 1, 1), (16, 3, 3, 256, 1, 1), (16, 4, 3, 256, 1, 1)]
+# Session 8 measured the staged ones, (8, 6, 2|3|5, 256, 1, 1), (16, 4, 2|3, 256, 1, 1) and
+# (16, 3, 3, 256, 1, 1): all slower (bench/NOTES.md); the list now holds the shipped shapes.
+VARIANTS = [(8, 6, 1, 256, 0, 1), (16, 3, 2, 256, 0, 1)]
 
 
 def macros(vec_bytes, blocks, ahead, threads, staged):
@@ -64,7 +64,15 @@ def main():
             out = torch.ops.aten.gelu_backward(dy, x + bias, approximate="tanh")
             return out, out.sum(0)
 
+        def final_not_dependent():
+            ew.DEPENDENT_FINAL = False
+            try:
+                return ta._bias_gelu_bwd(dy, x, bias, "tanh")
+            finally:
+                ew.DEPENDENT_FINAL = True
+
         candidates = {"shipped build": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
+                      "shipped build, final sum launched plainly": final_not_dependent,
                       "unfused (dx, column_sum)": unfused, "torch": torch_eager}
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         for vec_bytes, blocks, ahead, block_threads, staged, waves in VARIANTS:

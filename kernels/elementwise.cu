@@ -16,6 +16,7 @@
 // grid-stride loop.
 // Math in float32; 64-bit indices throughout (tensors past 2^31 elements).
 #include "rawops/cp_async.cuh"
+#include "rawops/dependent_launch.cuh"
 #include "rawops/dtype.cuh"
 #include "rawops/timeline.cuh"
 
@@ -242,6 +243,10 @@ __device__ __forceinline__ void column_sum_part(const T* __restrict__ x, float* 
 // of its column in order, then group 0 adds the groups in order. One thread a column (the
 // first version) waited on L2 once per chunk: ~10 us for 132 chunks of 4096 columns (estimate).
 constexpr int kFinalColumns = 32, kFinalGroups = 32;
+// Launched programmatically dependent on the kernel that writes the partials (sm_90): it waits
+// for that grid before the first read. Each thread's loads are issued kFinalBatch at a time
+// before their adds (in chunk order: the sum is the same, bit for bit).
+constexpr int kFinalBatch = 4;
 template <typename T>
 __device__ __forceinline__ void column_sum_final(const float* __restrict__ partial, T* __restrict__ out,
                                                  int64_t chunks, int64_t cols) {
@@ -249,8 +254,18 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
   const int c = threadIdx.x % kFinalColumns, g = threadIdx.x / kFinalColumns;
   const int64_t col = int64_t(blockIdx.x) * kFinalColumns + c;
   float acc = 0.f;
-  if (col < cols)
-    for (int64_t k = g; k < chunks; k += kFinalGroups) acc += partial[k * cols + col];
+  wait_for_previous_grid();
+  if (col < cols) {
+    int64_t k = g;
+    for (; k + (kFinalBatch - 1) * kFinalGroups < chunks; k += kFinalBatch * kFinalGroups) {
+      float v[kFinalBatch];
+#pragma unroll
+      for (int i = 0; i < kFinalBatch; ++i) v[i] = partial[(k + i * kFinalGroups) * cols + col];
+#pragma unroll
+      for (int i = 0; i < kFinalBatch; ++i) acc += v[i];
+    }
+    for (; k < chunks; k += kFinalGroups) acc += partial[k * cols + col];
+  }
   sums[g][c] = acc;
   __syncthreads();
   if (g == 0 && col < cols) {
@@ -328,6 +343,9 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   const int slot = int(blockIdx.y * gridDim.x + blockIdx.x);
   if (threadIdx.x == 0) timeline_mark(slot, 0, timeline_now());
 #endif
+  // column_sum_final (launched dependent) may take its SM slots as ours free up; it waits for
+  // this whole grid before reading the partials.
+  allow_dependent_launch();
   const int tx = threadIdx.x % strip, ty = threadIdx.x / strip, by = blockDim.x / strip;
   const int64_t col = (int64_t(blockIdx.x) * strip + tx) * V;
   // Chunk c takes rows (i * chunks + c) * by + ty, i = 0, 1, ...: the whole grid walks memory in

@@ -10,6 +10,7 @@ torch's per-call argument handling. Policy and documentation live in the Python 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from libc.string cimport memset
 from posix.dlfcn cimport dlopen, dlsym, RTLD_NOW, RTLD_LOCAL
 
 from operator import index as _index
@@ -74,6 +75,18 @@ ctypedef CUresult (*StreamWaitEvent_t)(void*, void*, unsigned) nogil
 ctypedef CUresult (*EventDestroy_t)(void*) nogil
 ctypedef CUresult (*TensorMapEncodeTiled_t)(void*, int, uint32_t, void*, const uint64_t*, const uint64_t*,
                                             const uint32_t*, const uint32_t*, int, int, int, int) nogil
+# cuda.h's CUlaunchAttribute (an id, padded to 8 bytes, then a 64-byte value union) and
+# CUlaunchConfig, for cuLaunchKernelEx.
+ctypedef struct CUlaunchAttribute:
+    int id
+    char pad[4]
+    int value[16]
+ctypedef struct CUlaunchConfig:
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes
+    void* hStream
+    CUlaunchAttribute* attrs
+    unsigned numAttrs
+ctypedef CUresult (*LaunchKernelEx_t)(const CUlaunchConfig*, void*, void**, void**) nogil
 
 cdef LaunchKernel_t _cuLaunchKernel = NULL
 cdef PointerGetAttributes_t _cuPointerGetAttributes = NULL
@@ -83,6 +96,7 @@ cdef EventRecord_t _cuEventRecord = NULL
 cdef StreamWaitEvent_t _cuStreamWaitEvent = NULL
 cdef EventDestroy_t _cuEventDestroy = NULL
 cdef TensorMapEncodeTiled_t _cuTensorMapEncodeTiled = NULL  # CUDA 12+ drivers; NULL on older ones
+cdef LaunchKernelEx_t _cuLaunchKernelEx = NULL  # CUDA 12+ drivers; NULL on older ones
 
 cdef enum:
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
@@ -90,6 +104,7 @@ cdef enum:
     CU_MEMORYTYPE_HOST = 1
     CUDA_ERROR_INVALID_CONTEXT = 201
     CU_EVENT_DISABLE_TIMING = 2
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
 class NoDeviceError(RuntimeError):
@@ -106,6 +121,7 @@ cdef void* _symbol(void* handle, const char* name) except NULL:
 cdef int _load_driver() except -1:
     global _cuLaunchKernel, _cuPointerGetAttributes, _cuGetErrorName
     global _cuEventCreate, _cuEventRecord, _cuStreamWaitEvent, _cuEventDestroy, _cuTensorMapEncodeTiled
+    global _cuLaunchKernelEx
     if _cuLaunchKernel != NULL:
         return 0
     cdef void* handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_LOCAL)
@@ -119,6 +135,7 @@ cdef int _load_driver() except -1:
     _cuStreamWaitEvent = <StreamWaitEvent_t>_symbol(handle, b"cuStreamWaitEvent")
     _cuEventDestroy = <EventDestroy_t>_symbol(handle, b"cuEventDestroy_v2")
     _cuTensorMapEncodeTiled = <TensorMapEncodeTiled_t>dlsym(handle, b"cuTensorMapEncodeTiled")
+    _cuLaunchKernelEx = <LaunchKernelEx_t>dlsym(handle, b"cuLaunchKernelEx")
     _cuLaunchKernel = <LaunchKernel_t>_symbol(handle, b"cuLaunchKernel")
     return 0
 
@@ -411,6 +428,34 @@ cdef int _launch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsi
     return _check(rc, "kernel launch")
 
 
+cdef int _launch_dependent(uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                           unsigned shared, uintptr_t stream, void** params, int device) except -1:
+    """_launch as a programmatic dependent launch (sm_90+): the grid may be scheduled before
+    the stream's previous kernel ends; the kernel itself waits for that kernel's results
+    (griddepcontrol.wait, kernels/include/rawops/dependent_launch.cuh), so only the launch's
+    latency is hidden. The caller checks the device's compute capability."""
+    _load_driver()
+    if _cuLaunchKernelEx == NULL:
+        return _launch(function, gx, gy, gz, bx, shared, stream, params, device)
+    cdef CUlaunchAttribute attribute
+    memset(&attribute, 0, sizeof(attribute))
+    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value[0] = 1  # programmaticStreamSerializationAllowed
+    cdef CUlaunchConfig config
+    memset(&config, 0, sizeof(config))
+    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+    config.blockDimX, config.blockDimY, config.blockDimZ = bx, 1, 1
+    config.sharedMemBytes = shared
+    config.hStream = <void*>stream
+    config.attrs = &attribute
+    config.numAttrs = 1
+    cdef CUresult rc = _cuLaunchKernelEx(&config, <void*>function, params, NULL)
+    if rc == CUDA_ERROR_INVALID_CONTEXT:
+        _import_cupy().cuda.runtime.setDevice(device)
+        rc = _cuLaunchKernelEx(&config, <void*>function, params, NULL)
+    return _check(rc, "kernel launch")
+
+
 cdef int _launch_torch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
                        void** params, int device) except -1:
     """_launch on torch's current stream of `device`. The function belongs to that device's
@@ -422,9 +467,10 @@ cdef int _launch_torch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz
 
 
 def launch(uintptr_t function, tuple grid, unsigned block, unsigned shared, uintptr_t stream,
-           tuple args, str kinds, int device):
+           tuple args, str kinds, int device, bint dependent=False):
     """Generic launch: `kinds` gives each argument's C type, 'p' pointer, 'q' int64, 'f' float,
-    'b' a struct passed by value, given as bytes (a TMA tensor map)."""
+    'b' a struct passed by value, given as bytes (a TMA tensor map). dependent: a programmatic
+    dependent launch (_launch_dependent; only for kernels that wait, on sm_90+)."""
     if len(args) != len(kinds) or len(args) > 32:
         raise ValueError("launch: one kind per argument, at most 32 arguments")
     cdef unsigned long long slots[32]
@@ -443,6 +489,8 @@ def launch(uintptr_t function, tuple grid, unsigned block, unsigned shared, uint
             slots[i] = <unsigned long long>(<long long>args[i]) if kinds[i] == "q" else <unsigned long long>args[i]
             params[i] = &slots[i]
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    if dependent:
+        return _launch_dependent(function, gx, gy, gz, block, shared, stream, params, device)
     return _launch(function, gx, gy, gz, block, shared, stream, params, device)
 
 

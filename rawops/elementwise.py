@@ -220,10 +220,16 @@ def launch_column_sum(device, dtype, x_ptr, partial_ptr, out_ptr, rows, cols, ch
     _launch_column_sum_final(device, suffix, partial_ptr, out_ptr, chunks, cols, stream)
 
 
+# column_sum_final waits for the kernel before it (kernels/include/rawops/dependent_launch.cuh), so on
+# sm_90+ it is launched programmatically dependent: its launch overlaps that kernel's end.
+# bench/explore_bias_bwd.py switches it off to measure both.
+DEPENDENT_FINAL = True
+
+
 def _launch_column_sum_final(device, suffix, partial_ptr, out_ptr, chunks, cols, stream):
     final = _modules.function_pointer(FAMILY, f"column_sum_final_{suffix}", device)
     launch(final, (-(-cols // FINAL_COLUMNS),), FINAL_THREADS, 0, stream, (partial_ptr, out_ptr, chunks, cols),
-           "ppqq", device)
+           "ppqq", device, DEPENDENT_FINAL and _modules.compute_capability(device) >= 90)
 
 
 def column_sum(x, *, stream=None):
