@@ -704,14 +704,14 @@ def _rel(out, ref):
 def _assert_like_torch(out, ref64, torch_out, dtype, what, factor=4):
     """Half types: our relative error against float64 within 2x torch's own (same dtype,
     rounding each layer's output and gradient too), or within factor x the dtype tolerance;
-    never above 25x the dtype tolerance or 5%, whichever is larger, whatever torch's error (a
-    garbage result, ~100% off, cannot hide behind a large reference error). Deep float16
-    backwards reach 3% in torch itself (dx of the 64x4 network at batch 1000: 0.030, against
-    25 x 1e-3), hence the 5% floor of the cap."""
-    from gpu_reference import TOLERANCE, assert_close
+    never above 25%, whatever torch's error (a garbage result, ~100% off or NaN, cannot hide
+    behind a large reference error). Deep float16 backwards reach 3-5% in torch itself on
+    fresh data (dx at batch 1000: 0.030 for the 64x4 network, 0.051 for 100-128x3-10 with a
+    relu output; session 8), so the cap sits well above that and well below garbage."""
+    from gpu_reference import assert_close
 
     ours, theirs = _rel(out, ref64), _rel(torch_out, ref64)
-    if ours <= 2 * theirs and ours <= max(25 * TOLERANCE[dtype], 0.05):
+    if ours <= 2 * theirs and ours <= 0.25:
         return
     assert_close(out, ref64, dtype, f"{what} (torch's own error {theirs:.3g})", factor=factor)
 
