@@ -296,6 +296,23 @@ def test_bias_gelu_bwd_plan_declines_what_the_fused_kernel_cannot_take(rows, col
     assert bias_gelu_bwd_plan(rows, cols, itemsize, pointers, 132) is None
 
 
+@pytest.mark.parametrize("cc, switch, dependent", [(90, True, True), (100, True, True), (89, True, False),
+                                                  (80, True, False), (90, False, False)])
+def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, switch, dependent):
+    # column_sum_final waits with griddepcontrol.wait, which exists from sm_90; below, a plain launch.
+    from rawops import elementwise
+
+    calls = []
+    monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))
+    monkeypatch.setattr(elementwise._modules, "function_pointer", lambda family, name, device: 0x1000)
+    monkeypatch.setattr(elementwise._modules, "compute_capability", lambda device: cc)
+    monkeypatch.setattr(elementwise, "DEPENDENT_FINAL", switch)
+    elementwise._launch_column_sum_final(0, "f16", 0x2000, 0x3000, 198, 4096, 0)
+    (function, grid, block, shared, stream, args, kinds, device, is_dependent), = calls
+    assert (function, grid, block, args, kinds) == (0x1000, (4096 // 32,), 1024, (0x2000, 0x3000, 198, 4096), "ppqq")
+    assert is_dependent is dependent
+
+
 # ------------------------------------------------------------------------------ generic launcher
 def test_generic_launch_wants_one_kind_per_argument():
     with pytest.raises(ValueError, match="one kind per argument"):
