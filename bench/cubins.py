@@ -47,8 +47,8 @@ def build_cubins(family, variants, arch):
     return paths
 
 
-def build_modules(family, variants, out_dir=None, arch=None):
-    """{key: cupy.RawModule} for {key: [macro, ...]}. out_dir: unused (the cache holds them)."""
+def build_modules(family, variants, arch=None):
+    """{key: cupy.RawModule} for {key: [macro, ...]}, built or found in the cache."""
     import cupy
 
     paths = build_cubins(family, variants, arch or device_arch())

@@ -18,23 +18,19 @@ from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-# (vector bytes, blocks an SM, rows ahead, threads a block, staged, waves): staged keeps the rows
-# in flight in shared memory through cp.async instead of registers (ncu: the register-held
-# loads leave the half types ~25 KB in flight an SM against the map kernel's ~50, and a DRAM
-# rate of 2.84 TB/s against its 3.01). waves > 1 deals the rows to that many times the
-# resident blocks (shorter blocks, more partial sums).
-# Session 8 measured the staged ones, (8, 6, 2|3|5, 256, 1, 1), (16, 4, 2|3, 256, 1, 1) and
-# (16, 3, 3, 256, 1, 1): all slower (bench/NOTES.md); the list now holds the shipped shapes.
-VARIANTS = [(8, 6, 1, 256, 0, 1), (16, 3, 2, 256, 0, 1)]
+# (vector bytes, blocks an SM, rows ahead, threads a block, waves): the shipped shapes. waves > 1
+# deals the rows to that many times the resident blocks (shorter blocks, more partial sums).
+# Session 8 also measured rows in flight through shared memory (cp.async; a kernel variant
+# since removed, bench/NOTES.md): 5-10% slower at every depth.
+VARIANTS = [(8, 6, 1, 256, 1), (16, 3, 2, 256, 1)]
 
 
-def macros(vec_bytes, blocks, ahead, threads, staged):
+def macros(vec_bytes, blocks, ahead, threads):
     return [f"RAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"RAWOPS_BIAS_BWD_BLOCKS={blocks}",
-            f"RAWOPS_BIAS_BWD_AHEAD={ahead}", f"RAWOPS_BIAS_BWD_THREADS={threads}",
-            f"RAWOPS_BIAS_BWD_STAGED={staged}"]
+            f"RAWOPS_BIAS_BWD_AHEAD={ahead}", f"RAWOPS_BIAS_BWD_THREADS={threads}"]
 
 
-CUBINS = {"elementwise": {v[:5]: macros(*v[:5]) for v in VARIANTS}}  # bench/cubins.py builds these
+CUBINS = {"elementwise": {v[:4]: macros(*v[:4]) for v in VARIANTS}}  # bench/cubins.py builds these
 
 
 def main():
@@ -75,8 +71,8 @@ def main():
                       "shipped build, final sum launched plainly": final_not_dependent,
                       "unfused (dx, column_sum)": unfused, "torch": torch_eager}
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        for vec_bytes, blocks, ahead, block_threads, staged, waves in VARIANTS:
-            module = modules[(vec_bytes, blocks, ahead, block_threads, staged)]
+        for vec_bytes, blocks, ahead, block_threads, waves in VARIANTS:
+            module = modules[(vec_bytes, blocks, ahead, block_threads)]
             fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
             final = module.get_function(f"column_sum_final_{name}")
             saved = dict(ew.BIAS_BWD_SHAPE), ew.BIAS_BWD_THREADS
@@ -102,8 +98,7 @@ def main():
             torch.cuda.synchronize()
             assert torch.equal(dx, ref_dx), f"{name} {vec_bytes}:{blocks}x{ahead}: dx differs from the shipped kernel's"
             assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
-            candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead"
-                       f"{' staged' if staged else ''}, {waves} wave(s) "
+            candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead, {waves} wave(s) "
                        f"({strips} strips x {chunks} chunks)"] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)

@@ -15,7 +15,6 @@
 // partial last wave: 88% of the copy ceiling, see bench/NOTES.md). The scalar fallback is a
 // grid-stride loop.
 // Math in float32; 64-bit indices throughout (tensors past 2^31 elements).
-#include "rawops/cp_async.cuh"
 #include "rawops/dependent_launch.cuh"
 #include "rawops/dtype.cuh"
 #include "rawops/timeline.cuh"
@@ -292,15 +291,13 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 // since, spill-free, lands within ~5% of these (2.7-2.84 TB/s), under the map kernels' 3.0
 // for reasons not yet found (bench/NOTES.md). A spill is fatal (bf16 at 4 blocks: 248 us).
 // The macros override both types at once (bench/explore_bias_bwd.py).
-// staged: the rows in flight wait in shared memory (cp.async, sm_80+), not in registers; off:
-// 5-10% slower than the register pipeline at every depth tried (bench/NOTES.md, session 8).
+// Keeping the rows in flight in shared memory instead (cp.async, each thread its own slots) ran
+// 5-10% slower at every depth tried (bench/NOTES.md, session 8; the code is in git history).
 template <typename T> struct BiasBwdShape {
 #ifdef RAWOPS_BIAS_BWD_BYTES
   static constexpr int bytes = RAWOPS_BIAS_BWD_BYTES, blocks = RAWOPS_BIAS_BWD_BLOCKS, ahead = RAWOPS_BIAS_BWD_AHEAD;
-  static constexpr bool staged = RAWOPS_BIAS_BWD_STAGED;
 #else
   static constexpr int bytes = sizeof(T) == 4 ? 16 : 8, blocks = sizeof(T) == 4 ? 3 : 6, ahead = sizeof(T) == 4 ? 2 : 1;
-  static constexpr bool staged = false;
 #endif
 };
 #ifndef RAWOPS_BIAS_BWD_THREADS
@@ -356,56 +353,7 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   float acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr bool kStaged = BiasBwdShape<T>::staged;
-#else
-  constexpr bool kStaged = false;
-#endif
-  if constexpr (kStaged) {
-    // Each thread stages its own vectors (A + 1 rows of dy and x): it waits on its own copies
-    // only, so no barrier. Row i sits in slot i % (A + 1); the copy of row i + A is issued
-    // before row i is read, into the slot row i - 1 left (read into registers the step before).
-    __shared__ Vec stage[A + 1][2][kBiasBwdThreads];
-    if (col < cols && n > 0) {
-      const Vec b = load_vec<T, kBytes>(bias + col);
-      const int64_t stride = r_step * cols;
-      const int64_t first = r_first * cols + col;
-      const T* pdy = dy + first;
-      const T* px = x + first;
-      T* pdx = dx + first;
-#pragma unroll
-      for (int u = 0; u < A; ++u) {
-        if (u < n) {
-          cp_async_bytes<kBytes>(&stage[u][0][threadIdx.x], pdy + u * stride);
-          cp_async_bytes<kBytes>(&stage[u][1][threadIdx.x], px + u * stride);
-        }
-        cp_async_commit();  // empty groups too: the wait below counts groups
-      }
-      int slot = 0, fill = A;
-#pragma unroll 1
-      for (int i = 0; i < n; ++i) {
-        if (i + A < n) {
-          cp_async_bytes<kBytes>(&stage[fill][0][threadIdx.x], pdy + A * stride);
-          cp_async_bytes<kBytes>(&stage[fill][1][threadIdx.x], px + A * stride);
-        }
-        cp_async_commit();
-        cp_async_wait<A>();  // row i's group, the (i + 1)th, is complete
-        const Vec d = stage[slot][0][threadIdx.x], v = stage[slot][1][threadIdx.x];
-        Vec out;
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          out.v[e] = from_float<T>(Op::f(to_float(d.v[e]), to_float(v.v[e]), to_float(b.v[e]), 0.f));
-          acc[e] += to_float(out.v[e]);
-        }
-        store_vec<T, kBytes>(pdx, out);
-        pdy += stride;
-        px += stride;
-        pdx += stride;
-        slot = slot == A ? 0 : slot + 1;
-        fill = fill == A ? 0 : fill + 1;
-      }
-    }
-  } else if (col < cols && n > 0) {
+  if (col < cols && n > 0) {
     const Vec b = load_vec<T, kBytes>(bias + col);  // kept packed, converted per use
     const int64_t stride = r_step * cols;  // elements between a thread's consecutive rows
     const int64_t first = r_first * cols + col;

@@ -633,11 +633,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   // from global memory there it cost an L2 round trip at the end of every CTA).
   __shared__ float bias_slice[S::kFeat];
   Epilogue<float> tail_epi = epi;
-#ifndef RAWOPS_SMALL_BIAS_GLOBAL  // bench/explore_timeline.py: the previous epilogue, for comparison
   if (epi.bias != nullptr) {
-#else
-  if (false) {
-#endif
     if (t < S::kFeat) cp_async_bytes<4>(bias_slice + t, epi.bias + (n0 + t < N ? n0 + t : N - 1));
     cp_async_commit();
     tail_epi.bias = bias_slice - n0;  // indexed by the global feature n, n0 <= n < n0 + kFeat
