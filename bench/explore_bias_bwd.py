@@ -21,29 +21,19 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # (vector bytes, blocks an SM, rows ahead, threads a block, waves): the shipped shapes. waves > 1
 # deals the rows to that many times the resident blocks (shorter blocks, more partial sums).
 # Session 8 also measured rows in flight through shared memory (cp.async; a kernel variant
-# since removed, bench/NOTES.md): 5-10% slower at every depth.
-# A sixth field, skew k: chunk c takes row group i * chunks + (c + i * k) % chunks at step i.
-VARIANTS = [(8, 6, 1, 256, 1), (16, 3, 2, 256, 1), (8, 6, 1, 256, 1, 1), (16, 3, 2, 256, 1, 1),
-            (8, 6, 1, 256, 1, 61), (16, 3, 2, 256, 1, 61)]
+# since removed, bench/NOTES.md): 5-10% slower at every depth. Session 9 measured a kernel fed by
+# the copy engine (cp.async.bulk into 3-10 shared-memory stages, a producer warp) and a skewed row
+# order (chunk c takes row group i * chunks + (c + i * k) % chunks): both slower; their code is
+# in git history at cf5fae8 (bench/results/explore_bias_bwd_bulk.md).
+VARIANTS = [(8, 6, 1, 256, 1), (16, 3, 2, 256, 1)]
 
 
-def macros(vec_bytes, blocks, ahead, threads, skew=0):
+def macros(vec_bytes, blocks, ahead, threads):
     return [f"RAWOPS_BIAS_BWD_BYTES={vec_bytes}", f"RAWOPS_BIAS_BWD_BLOCKS={blocks}",
-            f"RAWOPS_BIAS_BWD_AHEAD={ahead}", f"RAWOPS_BIAS_BWD_THREADS={threads}"] + (
-        [f"RAWOPS_BIAS_BWD_SKEW={skew}"] if skew else [])
+            f"RAWOPS_BIAS_BWD_AHEAD={ahead}", f"RAWOPS_BIAS_BWD_THREADS={threads}"]
 
 
-# The copy-engine-fed kernel (bias_bwd_bulk, sm_90): (consumer warps, shared-memory stages, rows a
-# stage, blocks an SM).
-BULK_VARIANTS = [(16, 6, 1, 1), (16, 4, 1, 1), (16, 8, 1, 1), (16, 3, 2, 1), (8, 6, 1, 2), (8, 10, 1, 2)]
-
-
-def bulk_macros(warps, stages, rows):
-    return [f"RAWOPS_BULK_WARPS={warps}", f"RAWOPS_BULK_STAGES={stages}", f"RAWOPS_BULK_ROWS={rows}"]
-
-
-CUBINS = {"elementwise": {**{v[:4] + v[5:]: macros(*v[:4], *v[5:]) for v in VARIANTS},
-                          **{("bulk",) + v[:3]: bulk_macros(*v[:3]) for v in BULK_VARIANTS}}}  # bench/cubins.py
+CUBINS = {"elementwise": {v[:4]: macros(*v[:4]) for v in VARIANTS}}  # bench/cubins.py builds these
 
 
 def main():
@@ -84,8 +74,8 @@ def main():
                       "shipped build, final sum launched plainly": final_not_dependent,
                       "unfused (dx, column_sum)": unfused, "torch": torch_eager}
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        for vec_bytes, blocks, ahead, block_threads, waves, *skew in VARIANTS:
-            module = modules[(vec_bytes, blocks, ahead, block_threads, *skew)]
+        for vec_bytes, blocks, ahead, block_threads, waves in VARIANTS:
+            module = modules[(vec_bytes, blocks, ahead, block_threads)]
             fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
             final = module.get_function(f"column_sum_final_{name}")
             saved = dict(ew.BIAS_BWD_SHAPE), ew.BIAS_BWD_THREADS
@@ -113,47 +103,7 @@ def main():
             assert torch.equal(dx, ref_dx), f"{name} {vec_bytes}:{blocks}x{ahead}: dx differs from the shipped kernel's"
             assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
             candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead, {waves} wave(s) "
-                       f"({strips} strips x {chunks} chunks){f', skew {skew[0]}' if skew else ''}"] = run
-        for warps, stages, tile_rows, per_sm in BULK_VARIANTS:
-            module = modules[("bulk", warps, stages, tile_rows)]
-            fused = module.get_function(f"bias_gelu_tanh_bwd_bulk_{name}")
-            final = module.get_function(f"column_sum_final_{name}")
-            width = warps * 32 * (16 // dy.element_size())
-            strips = -(-COLS // width)
-            chunks = max(1, per_sm * sms // strips)
-            smem = stages * 2 * tile_rows * width * dy.element_size()
-            fused.max_dynamic_shared_size_bytes = smem
-            partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
-            args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + tuple(
-                numpy.int64(v) for v in (ROWS, COLS))
-
-            def run(fused=fused, final=final, args=args, partial=partial, chunks=chunks, strips=strips,
-                    threads=(warps + 1) * 32, smem=smem):
-                with stream:
-                    fused((strips, chunks), (threads,), args, shared_mem=smem)
-                    final((-(-COLS // ew.FINAL_COLUMNS),), (ew.FINAL_THREADS,),
-                          (numpy.uint64(partial.data_ptr()), numpy.uint64(dbias.data_ptr()), numpy.int64(chunks),
-                           numpy.int64(COLS)))
-
-            label = f"bulk: {warps} warps, {stages} stages x {tile_rows} rows, {per_sm}/SM ({strips} x {chunks})"
-            try:
-                dx.fill_(float("nan"))
-                run()
-                torch.cuda.synchronize()
-                first = dbias.clone()
-                run()
-                torch.cuda.synchronize()
-                ok = (torch.equal(dx, ref_dx) and torch.equal(first, dbias)
-                      and torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2))
-            except Exception as error:  # a launch this GPU refuses (shared memory, registers)
-                print(f"{name:5s} {label}: {error}", flush=True)
-                continue
-            if not ok:
-                print(f"{name:5s} {label}: WRONG (dx equal {torch.equal(dx, ref_dx)}, dbias repeatable "
-                      f"{torch.equal(first, dbias)}, max |ddbias| {(dbias.float() - ref_db.float()).abs().max()})",
-                      flush=True)
-                continue
-            candidates[label] = run
+                       f"({strips} strips x {chunks} chunks)"] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)
             rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,

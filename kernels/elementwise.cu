@@ -15,7 +15,6 @@
 // partial last wave: 88% of the copy ceiling, see bench/NOTES.md). The scalar fallback is a
 // grid-stride loop.
 // Math in float32; 64-bit indices throughout (tensors past 2^31 elements).
-#include "rawops/bulk_copy.cuh"
 #include "rawops/dependent_launch.cuh"
 #include "rawops/dtype.cuh"
 #include "rawops/timeline.cuh"
@@ -354,50 +353,7 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   float acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
-#ifdef RAWOPS_BIAS_BWD_SKEW
-  // Exploration: at step i chunk c takes row group i * chunks + (c + i * SKEW) % chunks, so
-  // that a block (and its SM) does not keep one residue of the rows for the whole call.
-  const int64_t groups = (rows + by - 1) / by;
-  const int steps = int((groups + gridDim.y - 1) / gridDim.y);
-  const auto row_of = [&](int i) -> int64_t {
-    return (int64_t(i) * gridDim.y + (blockIdx.y + unsigned(i) * RAWOPS_BIAS_BWD_SKEW) % gridDim.y) * by + ty;
-  };
-  if (col < cols) {
-    const Vec b = load_vec<T, kBytes>(bias + col);
-    Vec d[A], v[A];
-#pragma unroll
-    for (int u = 0; u < A; ++u) {
-      const int64_t r = row_of(u);
-      if (u < steps && r < rows) {
-        d[u] = load_vec<T, kBytes>(dy + r * cols + col);
-        v[u] = load_vec<T, kBytes>(x + r * cols + col);
-      }
-    }
-    for (int i = 0; i < steps; i += A) {
-#pragma unroll
-      for (int u = 0; u < A; ++u) {
-        const int64_t r = row_of(i + u);
-        if (i + u < steps && r < rows) {
-          Vec out;
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            out.v[e] = from_float<T>(Op::f(to_float(d[u].v[e]), to_float(v[u].v[e]), to_float(b.v[e]), 0.f));
-            acc[e] += to_float(out.v[e]);
-          }
-          store_vec<T, kBytes>(dx + r * cols + col, out);
-        }
-        const int64_t next = row_of(i + u + A);
-        if (i + u + A < steps && next < rows) {
-          d[u] = load_vec<T, kBytes>(dy + next * cols + col);
-          v[u] = load_vec<T, kBytes>(x + next * cols + col);
-        }
-      }
-    }
-  }
-  if (false) {
-#else
   if (col < cols && n > 0) {
-#endif
     const Vec b = load_vec<T, kBytes>(bias + col);  // kept packed, converted per use
     const int64_t stride = r_step * cols;  // elements between a thread's consecutive rows
     const int64_t first = r_first * cols + col;
@@ -465,125 +421,6 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 #endif
 }
 
-
-// The same backward fed by the copy engine (sm_90): a producer warp streams rows of dy and x into
-// `stages` shared-memory slots with 1-D bulk copies (cp.async.bulk completing on an mbarrier),
-// and the consumer warps take each row from shared memory, write dx and keep the column sums.
-// The bytes in flight are the slots (96 KB an SM by default), not registers: the
-// register-fed kernel above keeps ~25 KB an SM in flight at its 40-register cap and streams at
-// 2.77 TB/s counted against the map kernels' 3.0 (bench/NOTES.md, session 8).
-// Launch (rawops/elementwise.py: bias_gelu_bwd_bulk_plan): blocks of (warps + 1) x 32 threads,
-// dynamic shared memory stages x stage_bytes; grid (strips, chunks), one wave. Block (s, c)
-// owns columns [s * width, (s + 1) * width) and the row tiles c, c + chunks, ...; consumer thread
-// t owns one 16-byte column vector of the strip, so its sums need no reduction across threads
-// and partial[c][col] is written once. Needs cols % (16 / sizeof(T)) == 0 and 16-byte aligned
-// dy, x, bias, dx (the plan checks).
-template <typename T> struct BulkBwdShape {
-#ifdef RAWOPS_BULK_WARPS
-  static constexpr int warps = RAWOPS_BULK_WARPS, stages = RAWOPS_BULK_STAGES, rows = RAWOPS_BULK_ROWS;
-#else
-  static constexpr int warps = 16, stages = 6, rows = 1;
-#endif
-  static constexpr int vector = 16 / sizeof(T);           // elements a 16-byte vector
-  static constexpr int width = warps * 32 * vector;        // a strip's columns
-  static constexpr int threads = (warps + 1) * 32;         // the consumers, then the producer warp
-  static constexpr int operand_bytes = rows * width * int(sizeof(T));  // one operand's tile
-  static constexpr int stage_bytes = 2 * operand_bytes;
-};
-
-template <class Op, typename T>
-__device__ __forceinline__ void bias_bwd_bulk(const T* __restrict__ dy, const T* __restrict__ x,
-                                              const T* __restrict__ bias, T* __restrict__ dx,
-                                              float* __restrict__ partial, int64_t rows, int64_t cols) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Shape = BulkBwdShape<T>;
-  using Vec = VecN<T, 16>;
-  constexpr int V = Shape::vector, S = Shape::stages, R = Shape::rows;
-  extern __shared__ __align__(128) unsigned char slots[];
-  __shared__ unsigned long long full[S], empty[S];
-  const int64_t c0 = int64_t(blockIdx.x) * Shape::width;
-  const int width = int(min(int64_t(Shape::width), cols - c0));  // this strip's columns
-  const int64_t tiles = (rows + R - 1) / R;
-  const int n = blockIdx.y < tiles ? int((tiles - blockIdx.y + gridDim.y - 1) / gridDim.y) : 0;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbarrier_init(&full[s], 1);                        // the producer's expect
-      mbarrier_init(&empty[s], Shape::warps * 32);       // every consumer thread, after its reads
-    }
-    mbarrier_init_fence();
-  }
-  __syncthreads();
-  // column_sum_final (launched dependent) may take SM slots as ours free up; it waits for this
-  // whole grid before reading the partials.
-  allow_dependent_launch();
-  if (threadIdx.x >= Shape::warps * 32) {  // the producer warp: one lane issues every copy
-    if (threadIdx.x == Shape::warps * 32) {
-      const unsigned row_bytes = unsigned(width) * sizeof(T);
-      for (int i = 0; i < n; ++i) {
-        const int s = i % S;
-        if (i >= S) mbarrier_wait(&empty[s], ((i / S) - 1) & 1);
-        const int64_t r0 = (int64_t(i) * gridDim.y + blockIdx.y) * R;
-        const int nr = int(min(int64_t(R), rows - r0));
-        T* sdy = reinterpret_cast<T*>(slots + s * Shape::stage_bytes);
-        T* sx = reinterpret_cast<T*>(slots + s * Shape::stage_bytes + Shape::operand_bytes);
-        mbarrier_arrive_expect(&full[s], 2 * nr * row_bytes);
-        for (int r = 0; r < nr; ++r) {
-          bulk_load(sdy + r * Shape::width, dy + (r0 + r) * cols + c0, row_bytes, &full[s]);
-          bulk_load(sx + r * Shape::width, x + (r0 + r) * cols + c0, row_bytes, &full[s]);
-        }
-      }
-    }
-    return;
-  }
-  const int local = threadIdx.x * V;  // this thread's column vector within the strip
-  const bool active = local < width;
-  const int64_t col = c0 + local;
-  float acc[V];
-#pragma unroll
-  for (int e = 0; e < V; ++e) acc[e] = 0.f;
-  Vec b{};
-  if (active) b = load_vec<T, 16>(bias + col);
-  for (int i = 0; i < n; ++i) {
-    const int s = i % S;
-    const int64_t r0 = (int64_t(i) * gridDim.y + blockIdx.y) * R;
-    const int nr = int(min(int64_t(R), rows - r0));
-    const T* sdy = reinterpret_cast<const T*>(slots + s * Shape::stage_bytes);
-    const T* sx = reinterpret_cast<const T*>(slots + s * Shape::stage_bytes + Shape::operand_bytes);
-    mbarrier_wait(&full[s], (i / S) & 1);
-    Vec d[R], v[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (active && r < nr) {
-        d[r] = *reinterpret_cast<const Vec*>(sdy + r * Shape::width + local);
-        v[r] = *reinterpret_cast<const Vec*>(sx + r * Shape::width + local);
-      }
-    mbarrier_arrive(&empty[s]);  // release: the reads above are done before the slot refills
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (active && r < nr) {
-        Vec out;
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          out.v[e] = from_float<T>(Op::f(to_float(d[r].v[e]), to_float(v[r].v[e]), to_float(b.v[e]), 0.f));
-          acc[e] += to_float(out.v[e]);
-        }
-        // One 16-byte store (as a plain uint4 copy it compiled to four 4-byte stores here).
-        uint4 packed;
-        memcpy(&packed, &out, 16);
-        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dx + (r0 + r) * cols + col), "r"(packed.x),
-                     "r"(packed.y), "r"(packed.z), "r"(packed.w)
-                     : "memory");
-      }
-  }
-  if (active) {
-    float* dst = partial + int64_t(blockIdx.y) * cols + col;  // 4V-byte aligned: col % V == 0
-#pragma unroll
-    for (int e = 0; e < V; e += 4)
-      *reinterpret_cast<float4*>(dst + e) = make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
-  }
-#endif
-}
-
 }  // namespace
 }  // namespace rawops
 
@@ -599,13 +436,6 @@ __device__ __forceinline__ void bias_bwd_bulk(const T* __restrict__ dy, const T*
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
                       long long cols, long long strip) {                                         \
     rawops::bias_bwd_partial<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols, int(strip));     \
-  }
-
-#define RAWOPS_BIAS_BWD_BULK(name, Op, T, suffix)                                               \
-  extern "C" __global__ void __launch_bounds__(rawops::BulkBwdShape<T>::threads, 1)            \
-      name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
-                      long long cols) {                                                         \
-    rawops::bias_bwd_bulk<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols);                  \
   }
 
 #define RAWOPS_ELEMENTWISE(T, suffix)                                                    \
@@ -632,9 +462,7 @@ __device__ __forceinline__ void bias_bwd_bulk(const T* __restrict__ dy, const T*
     rawops::column_sum_final(partial, out, chunks, cols);                                \
   }                                                                                      \
   RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_tanh_bwd_partial, BiasGeluTanhBwd, T, suffix)        \
-  RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_erf_bwd_partial, BiasGeluErfBwd, T, suffix)        \
-  RAWOPS_BIAS_BWD_BULK(bias_gelu_tanh_bwd_bulk, BiasGeluTanhBwd, T, suffix)              \
-  RAWOPS_BIAS_BWD_BULK(bias_gelu_erf_bwd_bulk, BiasGeluErfBwd, T, suffix)
+  RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_erf_bwd_partial, BiasGeluErfBwd, T, suffix)
 
 RAWOPS_ELEMENTWISE(float, f32)
 RAWOPS_ELEMENTWISE(__half, f16)
