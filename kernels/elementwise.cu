@@ -274,7 +274,8 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
   }
 }
 
-// bias_gelu's backward with dbias's first stage fused in: dx = dy * gelu'(x + bias), written as
+// bias_gelu's backward with dbias's first stage fused in (also instantiated without a bias, for
+// linear_gelu's backward: dpre = dy * gelu'(pre) and dbias = its column sums): dx = dy * gelu'(x + bias), written as
 // the map kernel writes it, and the column sums of that dx (the rounded values, as
 // column_sum(dx) would see them) over each chunk of rows into partial[chunk][col];
 // column_sum_final then adds the chunks. One pass over dy and x: the map kernel + column_sum
@@ -327,6 +328,11 @@ template <typename T, int kBytes> __device__ __forceinline__ void store_vec(T* p
   }
 }
 
+template <bool kLoad, typename T, int kBytes> __device__ __forceinline__ VecN<T, kBytes> bias_vec(const T* p) {
+  if constexpr (kLoad) return load_vec<T, kBytes>(p);
+  return VecN<T, kBytes>{};
+}
+
 template <class Op, typename T>
 __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const T* __restrict__ x,
                                                  const T* __restrict__ bias, T* __restrict__ dx,
@@ -354,7 +360,8 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
   if (col < cols && n > 0) {
-    const Vec b = load_vec<T, kBytes>(bias + col);  // kept packed, converted per use
+    // Kept packed, converted per use; Ops without a bias (the linear backward's dpre) ignore it.
+    const Vec b = bias_vec<Op::C, T, kBytes>(bias + col);
     const int64_t stride = r_step * cols;  // elements between a thread's consecutive rows
     const int64_t first = r_first * cols + col;
     const T* pdy = dy + first;
@@ -462,7 +469,9 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
     rawops::column_sum_final(partial, out, chunks, cols);                                \
   }                                                                                      \
   RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_tanh_bwd_partial, BiasGeluTanhBwd, T, suffix)        \
-  RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_erf_bwd_partial, BiasGeluErfBwd, T, suffix)
+  RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_erf_bwd_partial, BiasGeluErfBwd, T, suffix)        \
+  RAWOPS_BIAS_BWD_PARTIAL(gelu_tanh_bwd_partial, GeluTanhBwd, T, suffix)                 \
+  RAWOPS_BIAS_BWD_PARTIAL(gelu_erf_bwd_partial, GeluErfBwd, T, suffix)
 
 RAWOPS_ELEMENTWISE(float, f32)
 RAWOPS_ELEMENTWISE(__half, f16)

@@ -36,6 +36,9 @@ FINAL_COLUMNS, FINAL_THREADS = 32, 1024  # column_sum_final: 32 columns x 32 chu
 # bias_gelu's backward with the column sums' first stage fused in (dx and dbias in one pass
 # over dy and x), by approximate; launched through the generic launcher.
 BIAS_BWD_PARTIAL = {"tanh": "bias_gelu_tanh_bwd_partial", "none": "bias_gelu_erf_bwd_partial"}
+# The same kernel without a bias: linear_gelu's backward, dpre = dy * gelu'(pre) and its column
+# sums (dbias) in one pass.
+GELU_BWD_PARTIAL = {"tanh": "gelu_tanh_bwd_partial", "none": "gelu_erf_bwd_partial"}
 BIAS_BWD_THREADS = 256
 # By itemsize: (vector bytes per thread and row, blocks resident an SM by the launch bounds),
 # as kernels/elementwise.cu BiasBwdShape compiles them. The grid is one wave of those blocks.
@@ -194,10 +197,12 @@ def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
 def launch_bias_gelu_backward(device, dtype, approximate, plan, dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr,
                               dbias_ptr, rows, cols, stream):
     """The fused backward on raw pointers checked by the caller: dx, plan[1] x cols float32
-    partial sums, then dbias from them (column_sum_final)."""
+    partial sums, then dbias from them (column_sum_final). bias_ptr 0: no bias, dx = dy *
+    gelu'(x) (linear_gelu's dpre) and its column sums."""
     strips, chunks, strip, threads = plan
     suffix = FLOAT_SUFFIXES[dtype]
-    fused = _modules.function_pointer(FAMILY, f"{BIAS_BWD_PARTIAL[approximate]}_{suffix}", device)
+    names = BIAS_BWD_PARTIAL if bias_ptr else GELU_BWD_PARTIAL
+    fused = _modules.function_pointer(FAMILY, f"{names[approximate]}_{suffix}", device)
     launch(fused, (strips, chunks), threads, 0, stream,
            (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols, strip), "pppppqqq", device)
     _launch_column_sum_final(device, suffix, partial_ptr, dbias_ptr, chunks, cols, stream)

@@ -420,7 +420,18 @@ def linear_gelu_backward(dy, x, weight, bias=None, approximate="tanh", *, preact
     with cupy.cuda.Device(device):
         s = _prepare(stream, device, (X, W, Bv, DY, P))
         with _on_stream(stream, s):
-            if P is not None:
+            db = None
+            # With a bias, dpre and its column sums (db) in one pass where the fused kernel applies.
+            fused = None
+            if P is not None and Bv is not None:
+                fused = elementwise.bias_gelu_bwd_plan(m, n, X.itemsize, (DY.ptr, P.ptr), sm_count(device))
+            if fused is not None:
+                dpre = cupy.ndarray(shape, dtype)
+                db = cupy.ndarray((n,), dtype)
+                partial = cupy.empty((fused[1], n), dtype="float32")
+                elementwise.launch_bias_gelu_backward(device, X.dtype, approximate, fused, DY.ptr, P.ptr, 0,
+                                                      dpre.data.ptr, partial.data.ptr, db.data.ptr, m, n, s)
+            elif P is not None:
                 dpre = elementwise.gelu_backward(DY.obj, P.obj, approximate, stream=s)
             else:
                 dpre = cupy.ndarray((m, n), dtype)
@@ -433,5 +444,6 @@ def linear_gelu_backward(dy, x, weight, bias=None, approximate="tanh", *, preact
                         _cupy_workspace)
             launch_gemm(device, "tn", X.dtype, dpre_ptr, X.ptr, dw.data.ptr, 0, 0, 0, n, k, m, EPI_NONE, s,
                         _cupy_workspace)
-            db = elementwise.column_sum(dpre.reshape(m, n), stream=s) if Bv is not None else None
+            if db is None and Bv is not None:
+                db = elementwise.column_sum(dpre.reshape(m, n), stream=s)
     return dx, dw, db

@@ -119,16 +119,19 @@ def _bias_gelu_bwd(dy, x, bias, approximate):
 
 def _bias_gelu_bwd_fused(dy, x, bias, approximate):
     """(dx, dbias) in one pass over dy and x (rawops.elementwise.bias_gelu_bwd_plan), or None
-    where it does not apply or a shape differs: the unfused path then raises the errors."""
+    where it does not apply or a shape differs: the unfused path then raises the errors.
+    bias None: dx = dy * gelu'(x) and its column sums (linear_gelu's dpre and dbias)."""
     code = tensor_code(dy, "dy")
     tensor_code(x, "x", dy, "dy")
-    tensor_code(bias, "bias", dy, "dy")
-    if x.shape != dy.shape or bias.dim() != 1 or x.dim() == 0 or bias.shape[0] != x.shape[-1]:
+    if bias is not None:
+        tensor_code(bias, "bias", dy, "dy")
+    if x.shape != dy.shape or x.dim() == 0 or (bias is not None and (bias.dim() != 1 or bias.shape[0] != x.shape[-1])):
         return None
-    cols = bias.shape[0]
+    cols = x.shape[-1]
     rows = x.numel() // cols if cols else 0
     device = x.get_device()
-    plan = _ew.bias_gelu_bwd_plan(rows, cols, x.element_size(), (dy.data_ptr(), x.data_ptr(), bias.data_ptr()),
+    bias_ptr = bias.data_ptr() if bias is not None else 0
+    plan = _ew.bias_gelu_bwd_plan(rows, cols, x.element_size(), (dy.data_ptr(), x.data_ptr(), bias_ptr),
                                   sm_count(device))
     if plan is None:
         return None
@@ -136,7 +139,7 @@ def _bias_gelu_bwd_fused(dy, x, bias, approximate):
     dbias = torch.empty(cols, dtype=x.dtype, device=x.device)
     partial = torch.empty((plan[1], cols), dtype=torch.float32, device=x.device)
     with torch.cuda.device(device):
-        _ew.launch_bias_gelu_backward(device, code, approximate, plan, dy.data_ptr(), x.data_ptr(), bias.data_ptr(),
+        _ew.launch_bias_gelu_backward(device, code, approximate, plan, dy.data_ptr(), x.data_ptr(), bias_ptr,
                                       dx.data_ptr(), partial.data_ptr(), dbias.data_ptr(), rows, cols,
                                       _raw_stream(device))
     return dx, dbias
@@ -1254,8 +1257,11 @@ def _linear_gelu_bwd(dy, x, weight, bias, pre, approximate, need_dx=True, need_d
     if tuple(dy.shape) != shape:
         raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {shape}")
     device = x.get_device()
+    dbias = None
     if pre is not None and pre.numel() == m * n and m * n:
-        dpre = _gelu_bwd(dy, pre, approximate)
+        # With a bias, dpre and its column sums (dbias) in one pass where the fused kernel applies.
+        fused = _bias_gelu_bwd_fused(dy, pre, None, approximate) if bias is not None else None
+        dpre, dbias = fused if fused is not None else (_gelu_bwd(dy, pre, approximate), None)
     else:
         dpre = torch.empty(shape, dtype=x.dtype, device=x.device)
         if m and n:
@@ -1268,7 +1274,8 @@ def _linear_gelu_bwd(dy, x, weight, bias, pre, approximate, need_dx=True, need_d
         _gemm(device, "nn", code, dpre.data_ptr(), weight.data_ptr(), dx.data_ptr(), m, k, n)
     if need_dweight and n and k:
         _gemm(device, "tn", code, dpre.data_ptr(), x.data_ptr(), dweight.data_ptr(), n, k, m)
-    dbias = _column_sum(dpre) if bias is not None else torch.empty(0, dtype=x.dtype, device=x.device)
+    if dbias is None:
+        dbias = _column_sum(dpre) if bias is not None else torch.empty(0, dtype=x.dtype, device=x.device)
     return dx, dweight, dbias
 
 

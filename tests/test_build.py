@@ -18,7 +18,8 @@ from rawops import _fatbin_info, _modules, _nvcc
 SUFFIXES = ("f32", "f16", "bf16")
 EXPECTED_KERNELS = {
     f"{base}_{suffix}"
-    for base in (*elementwise.KERNELS, *elementwise.COLUMN_SUM_KERNELS, *elementwise.BIAS_BWD_PARTIAL.values())
+    for base in (*elementwise.KERNELS, *elementwise.COLUMN_SUM_KERNELS, *elementwise.BIAS_BWD_PARTIAL.values(),
+                 *elementwise.GELU_BWD_PARTIAL.values())
     for suffix in SUFFIXES
 }
 
@@ -151,7 +152,8 @@ def test_every_elf_has_every_kernel_entry_point_and_no_unlisted_one(fatbin):
         extra = sorted(names - EXPECTED_KERNELS)
         assert not missing, f"{arch}: kernels the launcher needs but the ELF lacks: {missing}"
         assert not extra, (f"{arch}: entry points absent from rawops.elementwise.KERNELS / "
-                           f"COLUMN_SUM_KERNELS / BIAS_BWD_PARTIAL (unreachable from Python): {extra}")
+                           f"COLUMN_SUM_KERNELS / BIAS_BWD_PARTIAL / GELU_BWD_PARTIAL (unreachable from Python): "
+                           f"{extra}")
 
 
 @needs_cuobjdump
@@ -279,8 +281,9 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
         assert re.search(rf'extern "C" __global__ void (__launch_bounds__\([^)]*\)\s*)?\\?\s*{name}_##suffix\(',
                          source), name
     fused = dict(re.findall(r"^\s*RAWOPS_BIAS_BWD_PARTIAL\((\w+),\s*(\w+),\s*T,\s*suffix\)", source, flags=re.M))
-    assert fused == {"bias_gelu_tanh_bwd_partial": "BiasGeluTanhBwd", "bias_gelu_erf_bwd_partial": "BiasGeluErfBwd"}
-    assert set(fused) == set(elementwise.BIAS_BWD_PARTIAL.values())
+    assert fused == {"bias_gelu_tanh_bwd_partial": "BiasGeluTanhBwd", "bias_gelu_erf_bwd_partial": "BiasGeluErfBwd",
+                     "gelu_tanh_bwd_partial": "GeluTanhBwd", "gelu_erf_bwd_partial": "GeluErfBwd"}
+    assert set(fused) == {*elementwise.BIAS_BWD_PARTIAL.values(), *elementwise.GELU_BWD_PARTIAL.values()}
     instantiated = re.findall(r"^RAWOPS_ELEMENTWISE\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 

@@ -313,6 +313,23 @@ def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, s
     assert is_dependent is dependent
 
 
+@pytest.mark.parametrize("bias_ptr, kernel", [(0x4000, "bias_gelu_tanh_bwd_partial_f16"),
+                                              (0, "gelu_tanh_bwd_partial_f16")])
+def test_fused_gelu_backward_takes_the_kernel_without_bias_for_a_null_bias(monkeypatch, bias_ptr, kernel):
+    # linear_gelu's backward passes no bias (dpre = dy * gelu'(pre)): the kernel must not read one.
+    from rawops import elementwise
+
+    calls, names = [], []
+    monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))
+    monkeypatch.setattr(elementwise._modules, "function_pointer", lambda family, name, device: names.append(name) or 1)
+    monkeypatch.setattr(elementwise._modules, "compute_capability", lambda device: 90)
+    plan = bias_gelu_bwd_plan(64, 4096, 2, (0, 256, bias_ptr), 132)
+    elementwise.launch_bias_gelu_backward(0, 1, "tanh", plan, 0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, 0x6000,
+                                          64, 4096, 0)
+    assert names == [kernel, "column_sum_final_f16"]
+    assert calls[0][5][:5] == (0x1000, 0x2000, bias_ptr, 0x3000, 0x5000)
+
+
 # ------------------------------------------------------------------------------ generic launcher
 def test_generic_launch_wants_one_kind_per_argument():
     with pytest.raises(ValueError, match="one kind per argument"):

@@ -520,6 +520,30 @@ def test_linear_gelu_backward_matches_torch_float64(dtype, m, k, n, saved):
     assert_close(db, b64.grad, dt, f"dbias {what}", factor)
 
 
+@pytest.mark.gpu
+def test_linear_gelu_backward_makes_dpre_and_dbias_in_one_pass_from_a_saved_preactivation(monkeypatch):
+    # Both APIs: the fused elementwise kernel without a bias (bias pointer 0), no separate column sum.
+    torch = pytest.importorskip("torch")
+    from gpu_reference import random, to_cupy
+    from rawops import elementwise
+    from rawops import torch_adapter as ta
+
+    fused_bias_ptrs, column_sums = [], []
+    real_fused, real_sum = elementwise.launch_bias_gelu_backward, elementwise.launch_column_sum
+    monkeypatch.setattr(elementwise, "launch_bias_gelu_backward",
+                        lambda *args: fused_bias_ptrs.append(args[6]) or real_fused(*args))
+    monkeypatch.setattr(elementwise, "launch_column_sum", lambda *args: column_sums.append(args) or real_sum(*args))
+    x, w, bias = random((64, 96), torch.float16, 1.0), random((136, 96), torch.float16, 0.1), random((136,), torch.float16, 1.0)
+    dy = random((64, 136), torch.float16, 1.0)
+    _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True)
+    rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre)
+    assert (fused_bias_ptrs, column_sums) == ([0], [])
+    module = ta.LinearGELU(96, 136, device="cuda", dtype=torch.float16)
+    module(x.requires_grad_()).backward(dy)
+    assert (fused_bias_ptrs, column_sums) == ([0, 0], [])
+    torch.cuda.synchronize()
+
+
 # ------------------------------------------------------------------------------ torch adapter
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
