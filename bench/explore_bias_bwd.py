@@ -24,7 +24,9 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # since removed, bench/NOTES.md): 5-10% slower at every depth. Session 9 measured a kernel fed by
 # the copy engine (cp.async.bulk into 3-10 shared-memory stages, a producer warp) and a skewed row
 # order (chunk c takes row group i * chunks + (c + i * k) % chunks): both slower; their code is
-# in git history at cf5fae8 (bench/results/explore_bias_bwd_bulk.md).
+# in git history at cf5fae8 (bench/results/explore_bias_bwd_bulk.md). So did many short blocks
+# whose column sums are chained in a fixed order behind flags (git history, 14151b2;
+# bench/results/explore_bias_bwd_chained.md).
 VARIANTS = [(8, 6, 1, 256, 1), (16, 3, 2, 256, 1)]
 
 
@@ -33,19 +35,7 @@ def macros(vec_bytes, blocks, ahead, threads):
             f"RAWOPS_BIAS_BWD_AHEAD={ahead}", f"RAWOPS_BIAS_BWD_THREADS={threads}"]
 
 
-# Short blocks with chained column sums (bias_bwd_chained): (rows a tile, blocks an SM by the launch
-# bounds); each timed with CHAINS chains.
-CHAINED_VARIANTS = [(4, 4), (2, 6), (8, 2), (1, 8)]
-CHAINS = (64, 256)
-
-
-def chained_macros(tile_rows, blocks):
-    return [f"RAWOPS_BIAS_BWD_CHAIN_ROWS={tile_rows}", f"RAWOPS_BIAS_BWD_CHAIN_BLOCKS={blocks}"]
-
-
-CUBINS = {"elementwise": {**{v[:4]: macros(*v[:4]) for v in VARIANTS},
-                          **{("chained",) + v: chained_macros(*v) for v in CHAINED_VARIANTS}}}  # bench/cubins.py
-_epoch = [1000]
+CUBINS = {"elementwise": {v[:4]: macros(*v[:4]) for v in VARIANTS}}  # bench/cubins.py builds these
 
 
 def main():
@@ -116,42 +106,6 @@ def main():
             assert torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2), f"{name}: dbias"
             candidates[f"{vec_bytes} B x {block_threads} threads, {blocks} blocks/SM, {ahead} ahead, {waves} wave(s) "
                        f"({strips} strips x {chunks} chunks)"] = run
-        for tile_rows, per_sm in CHAINED_VARIANTS:
-            module = modules[("chained", tile_rows, per_sm)]
-            fused = module.get_function(f"bias_gelu_tanh_bwd_chained_{name}")
-            final = module.get_function(f"column_sum_final_{name}")
-            strips = -(-COLS // (256 * (16 // dy.element_size())))
-            tiles = -(-ROWS // tile_rows) * strips
-            for chains in CHAINS:
-                running = torch.empty(chains, COLS, device="cuda", dtype=torch.float32)
-                flags = torch.empty(chains * strips, device="cuda", dtype=torch.int64)  # unzeroed, as in use
-
-                def run(fused=fused, final=final, running=running, flags=flags, chains=chains, strips=strips,
-                        tiles=tiles):
-                    _epoch[0] += 1
-                    with stream:
-                        fused((tiles,), (256,), tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, running,
-                                                                                              flags)) +
-                              tuple(numpy.int64(v) for v in (ROWS, COLS, strips, chains, _epoch[0])))
-                        final((-(-COLS // ew.FINAL_COLUMNS),), (ew.FINAL_THREADS,),
-                              (numpy.uint64(running.data_ptr()), numpy.uint64(dbias.data_ptr()), numpy.int64(chains),
-                               numpy.int64(COLS)))
-
-                label = f"chained: {tile_rows} rows a tile, {per_sm} blocks/SM, {chains} chains ({tiles} tiles)"
-                dx.fill_(float("nan"))
-                run()
-                torch.cuda.synchronize()
-                first = dbias.clone()
-                run()
-                torch.cuda.synchronize()
-                ok = (torch.equal(dx, ref_dx) and torch.equal(first, dbias)
-                      and torch.allclose(dbias.float(), ref_db.float(), rtol=1e-2, atol=1e-2))
-                if not ok:
-                    print(f"{name:5s} {label}: WRONG (dx equal {torch.equal(dx, ref_dx)}, dbias repeatable "
-                          f"{torch.equal(first, dbias)}, max |ddbias| {(dbias.float() - ref_db.float()).abs().max()})",
-                          flush=True)
-                    continue
-                candidates[label] = run
         for label, fn in candidates.items():
             us = device_time_us(fn)
             rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,

@@ -428,102 +428,6 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 #endif
 }
 
-
-// The same backward as many short blocks (as the map kernels run) with the column sums chained
-// (exploration, session 9). Tile t of the 1-D grid covers rows [rt * R, rt * R + R) of column
-// strip t % strips (rt = t / strips); thread i owns one 16-byte column vector of the strip.
-// Its sums over the tile's rows are added to running[chain][col], chain = rt % chains, in the
-// order of the tiles' positions rt / chains: the tile at position p waits until flags[chain]
-// [strip] says p (tagged with this call's epoch: the buffer comes from an allocator, unzeroed),
-// adds its sums to the running ones, and says p + 1. The sums are the same bits on every run.
-// A tile waits only on a tile `chains x strips` blocks earlier in the grid, long finished when
-// blocks are handed out in order (as CUTLASS's serial split-K semaphore also assumes).
-#ifndef RAWOPS_BIAS_BWD_CHAIN_ROWS
-#define RAWOPS_BIAS_BWD_CHAIN_ROWS 4
-#endif
-#ifndef RAWOPS_BIAS_BWD_CHAIN_BLOCKS
-#define RAWOPS_BIAS_BWD_CHAIN_BLOCKS 4
-#endif
-constexpr int kChainRows = RAWOPS_BIAS_BWD_CHAIN_ROWS, kChainThreads = 256;
-
-__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_release(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
-}
-
-template <class Op, typename T>
-__device__ __forceinline__ void bias_bwd_chained(const T* __restrict__ dy, const T* __restrict__ x,
-                                                 const T* __restrict__ bias, T* __restrict__ dx,
-                                                 float* __restrict__ running, unsigned long long* __restrict__ flags,
-                                                 int64_t rows, int64_t cols, int strips, int chains,
-                                                 unsigned epoch) {
-  constexpr int V = 16 / sizeof(T), R = kChainRows;
-  using Vec = VecN<T, 16>;
-  allow_dependent_launch();
-  const int strip = int(blockIdx.x % unsigned(strips));
-  const int64_t rt = blockIdx.x / unsigned(strips);
-  const int64_t col = (int64_t(strip) * kChainThreads + threadIdx.x) * V;
-  const bool active = col < cols;
-  const int64_t r0 = rt * R;
-  const int nr = int(min(int64_t(R), rows - r0));
-  float acc[V];
-#pragma unroll
-  for (int e = 0; e < V; ++e) acc[e] = 0.f;
-  if (active) {
-    const Vec b = bias_vec<Op::C, T, 16>(bias + col);
-    const int64_t first = r0 * cols + col;
-    Vec d[R], v[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (r < nr) {
-        d[r] = load_vec<T, 16>(dy + first + r * cols);
-        v[r] = load_vec<T, 16>(x + first + r * cols);
-      }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (r < nr) {
-        Vec out;
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          out.v[e] = from_float<T>(Op::f(to_float(d[r].v[e]), to_float(v[r].v[e]), to_float(b.v[e]), 0.f));
-          acc[e] += to_float(out.v[e]);
-        }
-        uint4 packed;
-        memcpy(&packed, &out, 16);
-        *reinterpret_cast<uint4*>(dx + first + r * cols) = packed;
-      }
-  }
-  const int chain = int(rt % chains);
-  const unsigned long long pos = rt / chains, tag = (unsigned long long)epoch << 32;
-  float* run = running + int64_t(chain) * cols + col;
-  unsigned long long* flag = flags + int64_t(chain) * strips + strip;
-  if (pos > 0) {
-    if (threadIdx.x == 0)
-      while (load_acquire(flag) != (tag | pos)) {
-      }
-    __syncthreads();
-    if (active) {
-#pragma unroll
-      for (int e = 0; e < V; e += 4) {  // the earlier tiles' sum first, then this tile's: a fixed order
-        const float4 r = __ldcg(reinterpret_cast<const float4*>(run + e));
-        acc[e] = r.x + acc[e], acc[e + 1] = r.y + acc[e + 1], acc[e + 2] = r.z + acc[e + 2], acc[e + 3] = r.w + acc[e + 3];
-      }
-    }
-  }
-  if (active) {
-#pragma unroll
-    for (int e = 0; e < V; e += 4)
-      __stcg(reinterpret_cast<float4*>(run + e), make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]));
-    __threadfence();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) store_release(flag, tag | (pos + 1));
-}
-
 }  // namespace
 }  // namespace rawops
 
@@ -539,15 +443,6 @@ __device__ __forceinline__ void bias_bwd_chained(const T* __restrict__ dy, const
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
                       long long cols, long long strip) {                                         \
     rawops::bias_bwd_partial<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols, int(strip));     \
-  }
-
-#define RAWOPS_BIAS_BWD_CHAINED(name, Op, T, suffix)                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kChainThreads, RAWOPS_BIAS_BWD_CHAIN_BLOCKS)  \
-      name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* running,              \
-                      unsigned long long* flags, long long rows, long long cols, long long strips, \
-                      long long chains, long long epoch) {                                        \
-    rawops::bias_bwd_chained<rawops::Op<T>>(dy, x, bias, dx, running, flags, rows, cols, int(strips), \
-                                            int(chains), unsigned(epoch));                        \
   }
 
 #define RAWOPS_ELEMENTWISE(T, suffix)                                                    \
@@ -576,8 +471,7 @@ __device__ __forceinline__ void bias_bwd_chained(const T* __restrict__ dy, const
   RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_tanh_bwd_partial, BiasGeluTanhBwd, T, suffix)        \
   RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_erf_bwd_partial, BiasGeluErfBwd, T, suffix)        \
   RAWOPS_BIAS_BWD_PARTIAL(gelu_tanh_bwd_partial, GeluTanhBwd, T, suffix)                 \
-  RAWOPS_BIAS_BWD_PARTIAL(gelu_erf_bwd_partial, GeluErfBwd, T, suffix)                  \
-  RAWOPS_BIAS_BWD_CHAINED(bias_gelu_tanh_bwd_chained, BiasGeluTanhBwd, T, suffix)
+  RAWOPS_BIAS_BWD_PARTIAL(gelu_erf_bwd_partial, GeluErfBwd, T, suffix)
 
 RAWOPS_ELEMENTWISE(float, f32)
 RAWOPS_ELEMENTWISE(__half, f16)
