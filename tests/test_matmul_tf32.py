@@ -276,10 +276,18 @@ def test_tf32_gemm_epilogues_match_the_matrix_family(kernel, layout, flags, m, k
         assert _relative_error(torch, c, expected) < EXACT_TOLERANCE, f"{layout} flags {flags}: gelu(pre)"
         return
     else:
-        x = v.clone().requires_grad_()
+        # dy * gelu'(v): against float64 the TF32 error of v, through gelu'' and relative to this
+        # smaller norm, drew 2.1e-3 (session 9; flaky at 2x TF32's tolerance). So v is taken as the
+        # kernel sums it (the same main loop under the bias epilogue), held to TF32's tolerance,
+        # and the gradient epilogue is checked on it at float32's.
+        v_kernel, taken = _run(layout, a, b, m, n, k, bias, None, None, mm.EPI_BIAS)
+        assert taken
+        assert _relative_error(torch, v_kernel, v) < TF32_TOLERANCE, "pre-activation"
+        x = v_kernel.double().requires_grad_()
         torch.nn.functional.gelu(x, approximate=approximate).backward(aux.double())
-        expected = x.grad
-    assert _relative_error(torch, c, expected) < 2 * TF32_TOLERANCE, f"{layout} flags {flags}"
+        assert _relative_error(torch, c, x.grad) < EXACT_TOLERANCE, f"{layout} flags {flags}: gelu'(pre) * dy"
+        return
+    assert _relative_error(torch, c, expected) < TF32_TOLERANCE, f"{layout} flags {flags}"
 
 
 @pytest.mark.gpu
