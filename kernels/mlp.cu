@@ -1892,59 +1892,7 @@ __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, cons
 // A block of 256 threads takes 32 outputs; each output's chunks are split into 8 fixed runs
 // summed in order by 8 threads, the 8 run sums then added in run order (deterministic): one
 // thread walking all 132 chunks was latency-bound (21 us for the 64x4 network's 5 layers).
-// Where the layer's K is a multiple of 4, a block takes 64 outputs instead: 16 runs x 16 lanes,
-// 4 consecutive outputs a lane read as one float4 (one 128-byte line a warp read as 32
-// scalars was the unit before: 11.0 us for the 64x4 network's five layers, 11 MB of partials).
 constexpr int kReduceOutputs = 32, kReduceRuns = 8, kReduceInFlight = 24;
-constexpr int kReduceVecLanes = 16, kReduceVecRuns = 16, kReduceVecInFlight = 12;
-template <typename T>
-__device__ __forceinline__ void wgrad_reduce_layers_vec(const float* __restrict__ ws, int64_t chunks, int64_t stride,
-                                                        int64_t offset, int N, int K, int k_p, int n_p, int64_t nk,
-                                                        int64_t total, T* dw, T* db) {
-  __shared__ float4 runs[kReduceVecRuns][kReduceVecLanes];
-  const int lane = threadIdx.x % kReduceVecLanes, run = threadIdx.x / kReduceVecLanes;
-  const int64_t e = (int64_t(blockIdx.x) * kReduceVecLanes + lane) * 4;  // 4 outputs, one row of dW or db
-  if (int64_t(blockIdx.x) * kReduceVecLanes * 4 >= total) return;  // the grid is sized for the scalar path
-  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (e < total) {
-    // 16-byte aligned: the stride, the layer offsets, k_p and n_p are multiples of 16 floats. A
-    // group past N in db reads the row's padding (n_p >= N), never stored.
-    const int64_t src = offset + (e < nk ? (e / K) * k_p + e % K : int64_t(n_p) * k_p + (e - nk));
-    const int64_t per = (chunks + kReduceVecRuns - 1) / kReduceVecRuns, c0 = run * per, c1 = min(chunks, c0 + per);
-    const float4* p = reinterpret_cast<const float4*>(ws + src);
-    const int64_t step = stride / 4;
-    if (c1 - c0 <= kReduceVecInFlight) {
-      float4 v[kReduceVecInFlight];
-#pragma unroll
-      for (int i = 0; i < kReduceVecInFlight; ++i) v[i] = c0 + i < c1 ? p[(c0 + i) * step] : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int i = 0; i < kReduceVecInFlight; ++i) s.x += v[i].x, s.y += v[i].y, s.z += v[i].z, s.w += v[i].w;
-    } else {
-#pragma unroll 4
-      for (int64_t c = c0; c < c1; ++c) {
-        const float4 v = p[c * step];
-        s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-      }
-    }
-  }
-  runs[run][lane] = s;
-  __syncthreads();
-  if (run != 0 || e >= total) return;
-  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int r = 0; r < kReduceVecRuns; ++r) {
-    const float4 v = runs[r][lane];
-    sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-  }
-  const float out[4] = {sum.x, sum.y, sum.z, sum.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t o = e + j;
-    if (o < nk) dw[o] = from_float<T>(out[j]);
-    else if (o < total) db[o - nk] = from_float<T>(out[j]);
-  }
-}
-
 template <typename T>
 __device__ __forceinline__ void wgrad_reduce_layers(const float* __restrict__ ws, int64_t chunks, int64_t stride,
                                                     int n_in, int width, int n_out, int hidden, T* const* dw,
@@ -1957,10 +1905,6 @@ __device__ __forceinline__ void wgrad_reduce_layers(const float* __restrict__ ws
   for (int i = 0; i < l; ++i) offset += int64_t(n_p_of(i)) * (k_p_of(i) + 1);
   const int N = l == hidden ? n_out : width, K = l == 0 ? n_in : width, k_p = k_p_of(l);
   const int64_t nk = int64_t(N) * K, total = nk + (db[l] != nullptr ? N : 0);
-  if (K % 4 == 0) {
-    wgrad_reduce_layers_vec<T>(ws, chunks, stride, offset, N, K, k_p, n_p_of(l), nk, total, dw[l], db[l]);
-    return;
-  }
   const int64_t e = int64_t(blockIdx.x) * kReduceOutputs + lane;
   float s = 0.f;
   if (e < total) {
