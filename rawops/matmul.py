@@ -296,6 +296,18 @@ def _prepare(stream, device, arrays):
     return s
 
 
+class _StreamHandle:
+    """A raw cudaStream_t presented through the CUDA stream protocol (for CuPy's
+    Stream.from_external, which does not own the stream)."""
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
 def _on_stream(stream, s):
     """CuPy's pool hands out memory per current stream: with a caller's stream, make it
     current so that outputs and split-K scratch are ordered with the launches."""
@@ -303,7 +315,10 @@ def _on_stream(stream, s):
 
     import cupy
 
-    return contextlib.nullcontext() if stream is None else cupy.cuda.ExternalStream(s)
+    if stream is None:
+        return contextlib.nullcontext()
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy 14; ExternalStream is deprecated there
+    return from_external(_StreamHandle(s)) if from_external is not None else cupy.cuda.ExternalStream(s)
 
 
 def matmul(a, b, *, tf32=False, out=None, stream=None):

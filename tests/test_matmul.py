@@ -170,6 +170,16 @@ def test_mma_shared_memory_is_three_stages_of_padded_tiles():
     assert all(mm.mma_shared_bytes(layout) <= 99 * 1024 for layout in mm.LAYOUTS), "fits sm_86/89's 99 KB"
 
 
+def test_a_callers_stream_is_made_current_without_cupys_deprecated_external_stream():
+    # CuPy 14 deprecates ExternalStream; a library call with stream= must not warn the user.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        current = mm._on_stream(object(), 0x1234)
+    assert current.ptr == 0x1234
+
+
 def test_an_output_past_one_grid_is_refused():
     with pytest.raises(ValueError, match="exceeds one launch's grid"):
         mm.plan("nn", F32, 128 * 65535 + 1, 8, 8, 90, BASE, OTHER)
