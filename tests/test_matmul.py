@@ -543,7 +543,8 @@ def test_linear_gelu_backward_makes_dpre_and_dbias_in_one_pass_from_a_saved_prea
     monkeypatch.setattr(elementwise, "launch_bias_gelu_backward",
                         lambda *args: fused_bias_ptrs.append(args[6]) or real_fused(*args))
     monkeypatch.setattr(elementwise, "launch_column_sum", lambda *args: column_sums.append(args) or real_sum(*args))
-    x, w, bias = random((64, 96), torch.float16, 1.0), random((136, 96), torch.float16, 0.1), random((136,), torch.float16, 1.0)
+    x, w = random((64, 96), torch.float16, 1.0), random((136, 96), torch.float16, 0.1)
+    bias = random((136,), torch.float16, 1.0)
     dy = random((64, 136), torch.float16, 1.0)
     _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True)
     rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre)
