@@ -9,6 +9,7 @@ outside the profiled range (ncu --launch-skip counts the warm-up launches).
 
     python bench/profile_mlp.py --breakdown   # no ncu: every kernel of the 64x4 float16
                                               # forward+backward at 2^20, device us per call
+    python bench/profile_mlp.py --padded      # the same with the backward's partial rows padded
 """
 import os
 import sys
@@ -34,22 +35,46 @@ def main():
     torch.cuda.synchronize()
 
 
-def breakdown(calls=10):
+def breakdown():
     """torch.profiler's view of the 64x4 float16 forward+backward (the bench's fwd+bwd row):
-    each kernel's device time and launches per call, and the call's time by events."""
-    from torch.profiler import ProfilerActivity, profile
+    each kernel's device time per call, and the call's time by events."""
+    fused = ta.FusedMLP.from_sequential(sequential((64,) * 6, torch.float16))
+    x = torch.randn(1 << 20, 64, device="cuda", dtype=torch.float16)
+    dy = torch.randn(1 << 20, 64, device="cuda", dtype=torch.float16)
+    breakdown_of(fused, x, dy, list(fused.parameters()))
 
-    from timing import device_time_us
 
+def padded_partials():
+    """The breakdown with the fused backward's partial rows padded by a few floats (stride not a
+    multiple of 256 bytes): does the reduce's 11 us come from every chunk's row starting in the
+    same L2 slice? The gradients must be the same bits at every padding. (Session 9: 11.0-11.2 us
+    at every padding, so no.)"""
+    from rawops import mlp
+
+    shipped = mlp.fast_bwd_partials
     fused = ta.FusedMLP.from_sequential(sequential((64,) * 6, torch.float16))
     x = torch.randn(1 << 20, 64, device="cuda", dtype=torch.float16)
     dy = torch.randn(1 << 20, 64, device="cuda", dtype=torch.float16)
     params = list(fused.parameters())
+    reference = torch.autograd.grad(fused(x), params, dy)
+    for pad in (0, 4, 16, 32, 64, 96):
+        mlp.fast_bwd_partials = lambda plan, pad=pad: (lambda lo: (lo[0], lo[1] + pad))(shipped(plan))
+        grads = torch.autograd.grad(fused(x), params, dy)
+        same = all(torch.equal(a, b) for a, b in zip(grads, reference))
+        print(f"pad {pad} floats, gradients bit-identical: {same}")
+        breakdown_of(fused, x, dy, params)
+    mlp.fast_bwd_partials = shipped
+
+
+def breakdown_of(fused, x, dy, params, calls=10):
+    from torch.profiler import ProfilerActivity, profile
+
+    from timing import device_time_us
 
     def step():
         torch.autograd.grad(fused(x), params, dy)
 
-    print(f"fwd+bwd by events: {device_time_us(step):.1f} us")
+    print(f"  fwd+bwd by events: {device_time_us(step):.1f} us")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             step()
@@ -57,11 +82,13 @@ def breakdown(calls=10):
     totals = {}
     for e in prof.events():
         if e.device_time > 0:
-            t, n = totals.get(e.name, (0.0, 0))
-            totals[e.name] = (t + e.device_time, n + 1)
-    for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
-        print(f"{t / calls:9.1f} us  {n / calls:4.1f} launches  {name[:110]}")
+            totals[e.name] = totals.get(e.name, 0.0) + e.device_time / calls
+    for name, t in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"  {t:9.1f} us  {name[:80]}")
 
 
 if __name__ == "__main__":
-    breakdown() if "--breakdown" in sys.argv else main()
+    if "--padded" in sys.argv:
+        padded_partials()
+    else:
+        breakdown() if "--breakdown" in sys.argv else main()
