@@ -275,9 +275,10 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 }
 
 // bias_gelu's backward with dbias's first stage fused in (also instantiated without a bias, for
-// linear_gelu's backward: dpre = dy * gelu'(pre) and dbias = its column sums): dx = dy * gelu'(x + bias), written as
-// the map kernel writes it, and the column sums of that dx (the rounded values, as
-// column_sum(dx) would see them) over each chunk of rows into partial[chunk][col];
+// linear_gelu's backward: dpre = dy * gelu'(pre) and dbias = its column sums): dx = dy *
+// gelu'(x + bias), written as the map kernel writes it, and the column sums of that dx (the
+// rounded values, as column_sum(dx) would see them) over each chunk of rows into
+// partial[chunk][col];
 // column_sum_final then adds the chunks. One pass over dy and x: the map kernel + column_sum
 // re-read dx, 4 tensor passes where 3 are needed (2.0-2.2 TB/s counted, bench/NOTES.md).
 // Launch (rawops/elementwise.py: bias_gelu_bwd_plan): 1-D blocks of strip x `by` threads;
