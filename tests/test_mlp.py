@@ -353,6 +353,11 @@ def test_fast_forward_shared_memory():
     assert mlp.fast_smem_bytes(3, 16, 1, 1, 4) == 2 * 512 + 2 * (16 * 24 + 16 * 24) + 2 * 4 * 32 * 48
     # 128 wide: 16-row warp tiles
     assert mlp.fast_smem_bytes(128, 128, 128, 2, 1) == 3 * 512 + 2 * 3 * 128 * 136 + 2 * 16 * 272
+    # the training forward stages each layer's z in the y rows: at least `width` wide there
+    assert mlp.fast_smem_bytes(64, 64, 64, 4, 16, training=True) == 196096
+    assert mlp.fast_smem_bytes(64, 128, 16, 2, 1, training=True) == \
+        3 * 512 + 2 * (128 * 72 + 128 * 136 + 16 * 136) + 2 * 16 * (72 + 136)
+    assert mlp.fast_smem_bytes(64, 128, 16, 2, 1) == 3 * 512 + 2 * (128 * 72 + 128 * 136 + 16 * 136) + 2 * 16 * (72 + 24)
 
 
 @pytest.mark.parametrize("sizes, cc, limit, fit", [
@@ -367,6 +372,20 @@ def test_fast_forward_runs_where_its_weights_and_four_warps_fit(monkeypatch, siz
     monkeypatch.setattr(mlp, "compute_capability", lambda device: cc)
     monkeypatch.setattr(mlp, "_fast_fits", {})
     assert mlp.fast_fit(mlp.make_plan(1, sizes, "relu", "none", True), 0) == fit
+    # n_out = width here: the training forward's z staging needs no more room
+    assert mlp.fast_fit(mlp.make_plan(1, sizes, "relu", "none", True), 0, training=True) == fit
+
+
+def test_the_training_forward_fits_its_wider_staging_rows(monkeypatch):
+    # 64 -> 128 x 4 -> 16 on sm_86's 99 KB: the y rows grow from [16][24] to [16][136] a warp for
+    # the z staging, so fewer warps fit (and the launch asks for the training size)
+    monkeypatch.setattr(mlp, "optin_smem", lambda device: 101376)
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: 86)
+    monkeypatch.setattr(mlp, "_fast_fits", {})
+    plan = mlp.make_plan(1, (64, 128, 128, 16), "relu", "none", True)
+    weights = 2 * (128 * 72 + 128 * 136 + 16 * 136)
+    assert mlp.fast_fit(plan, 0) == (13, 3 * 512 + weights + 13 * 2 * 16 * (72 + 24))
+    assert mlp.fast_fit(plan, 0, training=True) == (6, 3 * 512 + weights + 6 * 2 * 16 * (72 + 136))
 
 
 def test_a_kernels_shared_memory_limit_is_only_ever_raised(monkeypatch):
@@ -787,6 +806,42 @@ def test_fast_forward_matches_torch_float64(case, batch):
     assert y.shape == (batch, sizes[-1])
     with torch.no_grad():
         _assert_like_torch(y, _reference(net, x), net(x), dtype, f"{sizes} batch {batch}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [33, 1000])
+@pytest.mark.parametrize("case", FAST_CASES, ids=FAST_IDS)
+def test_training_forward_saves_every_pre_activation(case, batch):
+    """The training forward's kept z of every hidden layer (staged through the warp's y rows,
+    which are widened to the hidden width where n_out is narrower), every width and activation;
+    batch 33 ends in a partial warp tile."""
+    torch = pytest.importorskip("torch")
+    import cupy
+    from gpu_reference import DTYPES, poison_pool, random, to_cupy, to_torch
+
+    sizes, act, out_act, dtype_name, bias = case
+    dtype = DTYPES[dtype_name]
+    if sizes[1] < 128 or len(sizes) < 8:
+        plan = mlp.make_plan(1 if dtype == torch.float16 else 2, sizes, act, out_act, bias)
+        assert mlp.fast_fit(plan, cupy.cuda.Device().id, training=True) is not None, "expected the fast forward"
+    net = _sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = _net_params(net)
+    x = random((batch, sizes[0]), dtype, scale=1.0)
+    poison_pool(batch * max(sizes) * 2 * len(sizes))
+    y, saved = rawops.fused_mlp_forward(to_cupy(x), [to_cupy(w) for w in weights],
+                                        [to_cupy(b) for b in biases] if bias else None, act, out_act)
+    activation = {"relu": torch.relu, "gelu": torch.nn.functional.gelu, "none": lambda v: v}[act]
+    with torch.no_grad():
+        _assert_like_torch(y, _reference(net, x), net(x), dtype, "y")
+        z = to_torch(saved[0])
+        assert z.shape == (len(sizes) - 2, batch, sizes[1])
+        h64, h = x.double(), x
+        for l in range(len(sizes) - 2):
+            b = biases[l] if bias else None
+            z64 = h64 @ weights[l].double().T + (b.double() if bias else 0)
+            zt = torch.nn.functional.linear(h, weights[l], b)
+            _assert_like_torch(z[l], z64, zt, dtype, f"z{l}")
+            h64, h = activation(z64), activation(zt)
 
 
 @pytest.mark.gpu
@@ -1409,9 +1464,9 @@ def test_fused_mlp_module_inference_fast_path_rechecks_what_changes():
 def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     """What launch_forward / launch_backward ask of the driver, without a GPU: kernel names,
     grids, shared memory, one kind per argument, the resident flag."""
-    calls = []
-    monkeypatch.setattr(mlp, "launch", lambda fn, grid, block, smem, stream, args, kinds, device:
-                        calls.append((fn, grid, block, smem, len(args) == len(kinds), args)))
+    calls, dependent = [], []
+    monkeypatch.setattr(mlp, "launch", lambda fn, grid, block, smem, stream, args, kinds, device, dep=False:
+                        (calls.append((fn, grid, block, smem, len(args) == len(kinds), args)), dependent.append(dep)))
     monkeypatch.setattr(mlp._modules, "function_pointer", lambda family, name, device: name)
     monkeypatch.setattr(mlp, "sm_count", lambda device: 132)
     monkeypatch.setattr(mlp, "optin_smem", lambda device: 232448)
@@ -1456,6 +1511,8 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     assert (fn, grid, block, ok, len(calls)) == ("mlp_wgrad_reduce_layers_bwd_f16", (130, 5), 256, True, 2)
     assert args[:7] == (1000, 132, 5 * 64 * 65, 64, 64, 64, 4)
     assert args[7:] == (20, 21, 22, 23, 24, 0, 0, 0, 0, 30, 31, 32, 33, 34, 0, 0, 0, 0)
+    # the reduce waits for the backward (griddepcontrol.wait): a programmatic dependent launch on sm_90
+    assert dependent[-2:] == [False, True]
     calls.clear()
     monkeypatch.setattr(mlp, "USE_FAST_BWD", False)  # the chain + wgrad tile kernels, as before
     keep = mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 14, [20 + i for i in range(5)],
