@@ -48,7 +48,7 @@ class Builds:
         if key not in self.pointers:
             kernel = self.modules[self.current].get_function(key[1])
             kernel.max_dynamic_shared_size_bytes = smem
-            self.pointers[key] = kernel.ptr
+            self.pointers[key] = kernel.kernel.ptr
         return self.pointers[key]
 
     def run(self, build, fn):
@@ -59,6 +59,17 @@ class Builds:
             finally:
                 self.current = "shipped"
         return call
+
+
+def write_probes():
+    """(name, bytes moved, callable): a 640 MB fill (the training forward's writes: z and y), a
+    768 MB fill, and a copy of 384 MB (768 MB moved, half read)."""
+    fill640 = torch.empty(640 << 20, dtype=torch.uint8, device="cuda")
+    fill768 = torch.empty(768 << 20, dtype=torch.uint8, device="cuda")
+    src, dst = (torch.empty(384 << 20, dtype=torch.uint8, device="cuda") for _ in range(2))
+    return [("fill 640 MB (write only)", 640 << 20, lambda: fill640.fill_(1)),
+            ("fill 768 MB (write only)", 768 << 20, lambda: fill768.fill_(1)),
+            ("copy 384 MB (768 MB moved)", 768 << 20, lambda: dst.copy_(src))]
 
 
 def main():
@@ -105,9 +116,17 @@ def main():
             rows.append({"activation": act, "build": build, "forward": kind, "us": round(t, 1),
                          "x shipped": round(times[f"shipped {kind}"] / t, 3)})
             print(f"{act} {key}: {t:.1f} us")
+    # Is the training forward (768 MB, 5/6 of it written) at the DRAM's rate for such a mix? The
+    # same bytes as a pure write (fill) and as copies, timed beside it.
+    stream_rows = []
+    for name, nbytes, fn in write_probes():
+        t = device_times_us({name: fn})[name]
+        stream_rows.append({"probe": name, "MB": nbytes / 1e6, "us": round(t, 1), "TB/s": round(nbytes / t / 1e6, 3)})
+        print(f"{name}: {t:.1f} us, {nbytes / t / 1e6:.3f} TB/s")
     write_results(out_dir, "explore_mlp_stage", "python bench/explore_mlp_stage.py",
                   [("64x4 float16 at 2^20: training / inference forward by build",
-                    ["activation", "build", "forward", "us", "x shipped"], rows, notes)])
+                    ["activation", "build", "forward", "us", "x shipped"], rows, notes),
+                   ("DRAM probes", ["probe", "MB", "us", "TB/s"], stream_rows, {})])
     return 0
 
 
