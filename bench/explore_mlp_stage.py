@@ -6,6 +6,8 @@ forward+backward row), training and inference forward, ReLU and GELU:
   segments by store_staged_rows);
 - sts: the same source with -DRAWOPS_MLP_STAGE_STS (the pre-sm_90 staging: four 4-byte shared
   stores a chunk), so that path runs on this GPU too;
+- bulk: -DRAWOPS_MLP_Z_BULK, the staged rows written by the copy engine (cp.async.bulk, one row a
+  lane) instead of the warp's own 16-byte stores;
 - shuffle (when its cubin is given): an older mlp.cu whose z stores were a quad transpose by
   shuffles straight from the fragments (commit 00b6813), built beforehand with
   `git show 00b6813:kernels/mlp.cu > /tmp/mlp_shuffle.cu && nvcc -O3 -std=c++17 -Ikernels/include
@@ -26,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cubins import build_modules  # noqa: E402
 from timing import device_times_us, start, write_results  # noqa: E402
 
-CUBINS = {"mlp": {"sts": ["RAWOPS_MLP_STAGE_STS"]}}  # bench/cubins.py builds these
+CUBINS = {"mlp": {"sts": ["RAWOPS_MLP_STAGE_STS"], "bulk": ["RAWOPS_MLP_Z_BULK"]}}  # bench/cubins.py builds these
 BATCH, SIZES = 1 << 20, (64,) * 6
 DEFAULT_BASELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cubins", "mlp-shuffle-sm90.cubin")
 

@@ -1230,6 +1230,28 @@ __device__ __forceinline__ void stage_chunk16(unsigned lane_addr, int ldz, int r
 // segments, consecutive lanes on consecutive segments (a warp store covers 512 contiguous
 // bytes); rows past rows_valid are not written. The barriers order it after the warp's stages
 // and before the staging rows are written again.
+#if defined(RAWOPS_MLP_Z_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Exploration (bench/explore_mlp_stage.py): each staged row leaves by one bulk copy of the copy
+// engine (cp.async.bulk, shared -> global), so no warp issues the layer's stores; the staging
+// rows are written again only after the copies have read them (staging_free).
+__device__ __forceinline__ void staging_free() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  __syncwarp();
+}
+template <typename T, int kW, int kRows>
+__device__ __forceinline__ void store_staged_rows(T* __restrict__ z, unsigned zs, int ldz, int rows_valid, int lane) {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stages, visible to the copy engine
+  __syncwarp();
+  if (lane < kRows && lane < rows_valid)
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(z + lane * kW),
+                 "r"(zs + 2u * unsigned(lane * ldz)), "n"(2 * kW)
+                 : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void staging_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+#else
+__device__ __forceinline__ void staging_free() {}
+__device__ __forceinline__ void staging_done() {}
 template <typename T, int kW, int kRows>
 __device__ __forceinline__ void store_staged_rows(T* __restrict__ z, unsigned zs, int ldz, int rows_valid, int lane) {
   constexpr int kSegs = kW / 8;
@@ -1245,6 +1267,7 @@ __device__ __forceinline__ void store_staged_rows(T* __restrict__ z, unsigned zs
   }
   __syncwarp();
 }
+#endif
 
 // Bias + activation of one 16-column chunk (two n8 tiles) of kMT m16 tiles, packed into the
 // A fragments of the next layer's k16 slice; the pre-activation z staged when `stage` (columns
@@ -1308,6 +1331,7 @@ __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][
   for (int j = 0; j < kKT; ++j) {
     float acc[kMT][2][4];
     mma_16_columns<T, kMT, kKT>(acc, in, wb + 2u * unsigned(j * 16 * kLdw));
+    if (j == 0 && z != nullptr) staging_free();
     unsigned chunk[kMT][4];
     chunk_to_a<T, kMT, kAct>(acc, chunk, bias, z != nullptr, zs_lane, ldz, j * 16, lane);
 #pragma unroll
@@ -1414,6 +1438,7 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
           fetch_x<T, kRows>(xs, ld0, x + (tile + step) * kRows * n_in, rows_of(tile + step), n_in, in_p, x_cpr, xvec,
                             lane);
       }
+      if (j0 == 0 && save != nullptr) staging_free();
 #pragma unroll
       for (int j = 0; j < kL0; ++j) {
         unsigned chunk[kMT][4];
@@ -1446,6 +1471,7 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
     for (int j = 0; j < out_p / 16; ++j) {
       float acc[kMT][2][4];
       mma_16_columns<T, kMT, kKT>(acc, a, wl_b + 2u * unsigned(j * 16 * ldw));
+      if (j == 0 && save != nullptr) staging_free();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int c = j * 16 + h * 8 + 2 * t;
@@ -1477,6 +1503,7 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
     }
   }
   cp_async_wait_all();  // nothing may be in flight into shared memory when the block exits
+  staging_done();
 }
 
 }  // namespace
