@@ -1188,93 +1188,43 @@ __device__ __forceinline__ void fetch_x(T* xs, int ldx, const T* __restrict__ xt
   }
 }
 
-// Stages one m16 x 16-column chunk held in the C-fragment layout (w[2h + half]: row g + 8 half,
-// columns 8h + 2t, +1) into the warp's staging rows zs (row stride ldz, rows row0.., columns
-// col..col+15): on sm_90 one stmatrix (the inverse of ldmatrix: the four 8x8 matrices in the
-// fragments' own layout), before it four 4-byte shared stores. A padded ldz (an odd number of
-// 16-byte units) keeps both conflict-free. store_staged_rows then writes the layer's rows out as
-// 16-byte segments. Why staging: the fragments' own layout leaves every 32-byte sector half
-// written per 4-byte store instruction (the training forward ran at 840 us against 200 us for
-// inference, H100, 64x4 f16 at 2^20), and the quad transpose by shuffles that replaced it cost
-// ~24 instructions per chunk and lane, ~40% of the training forward's instructions.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(RAWOPS_MLP_STAGE_STS)
-#define RAWOPS_MLP_STMATRIX 1
-#endif
-// The lane's shared address for stage_chunk16's chunk at row 0, column 0 of the staging rows
-// at shared address zs (row stride ldz): the row stmatrix takes from this lane (lanes 8i..8i+7
-// address the rows of matrix i: row lane % 16, column 8 (lane / 16)), or the lane's own word
-// (row g, column 2t).
-__device__ __forceinline__ unsigned stage_lane_addr(unsigned zs, int ldz, int lane) {
-#ifdef RAWOPS_MLP_STMATRIX
-  return zs + 2u * unsigned((lane % 16) * ldz + (lane / 16) * 8);
-#else
-  return zs + 2u * unsigned((lane / 4) * ldz + 2 * (lane % 4));
-#endif
-}
-
-__device__ __forceinline__ void stage_chunk16(unsigned lane_addr, int ldz, int row0, int col, const unsigned (&w)[4]) {
-  const unsigned addr = lane_addr + 2u * unsigned(row0 * ldz + col);
-#ifdef RAWOPS_MLP_STMATRIX
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w[0]),
-               "r"(w[1]), "r"(w[2]), "r"(w[3])
-               : "memory");
-#else
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr + 2u * unsigned(8 * (i & 1) * ldz + 8 * (i >> 1))), "r"(w[i])
-                 : "memory");
-#endif
-}
-
-// The warp's staged kRows x kW rows (row stride ldz) to z (rows of kW elements) as 16-byte
-// segments, consecutive lanes on consecutive segments (a warp store covers 512 contiguous
-// bytes); rows past rows_valid are not written. The barriers order it after the warp's stages
-// and before the staging rows are written again.
-#if defined(RAWOPS_MLP_Z_BULK) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Exploration (bench/explore_mlp_stage.py): each staged row leaves by one bulk copy of the copy
-// engine (cp.async.bulk, shared -> global), so no warp issues the layer's stores; the staging
-// rows are written again only after the copies have read them (staging_free).
-__device__ __forceinline__ void staging_free() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-  __syncwarp();
-}
-template <typename T, int kW, int kRows>
-__device__ __forceinline__ void store_staged_rows(T* __restrict__ z, unsigned zs, int ldz, int rows_valid, int lane) {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stages, visible to the copy engine
-  __syncwarp();
-  if (lane < kRows && lane < rows_valid)
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(z + lane * kW),
-                 "r"(zs + 2u * unsigned(lane * ldz)), "n"(2 * kW)
-                 : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void staging_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-#else
-__device__ __forceinline__ void staging_free() {}
-__device__ __forceinline__ void staging_done() {}
-template <typename T, int kW, int kRows>
-__device__ __forceinline__ void store_staged_rows(T* __restrict__ z, unsigned zs, int ldz, int rows_valid, int lane) {
-  constexpr int kSegs = kW / 8;
-  __syncwarp();
-#pragma unroll 1
-  for (int i = 0; i < kRows * kSegs / 32; ++i) {
-    const int e = i * 32 + lane, r = e / kSegs, c = (e % kSegs) * 8;
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(zs + 2u * unsigned(r * ldz + c)));
-    if (r < rows_valid) *reinterpret_cast<uint4*>(z + r * kW + c) = v;
+// Stores one m16 x 16-column chunk held in the C-fragment layout (w[2h + half]: row g + 8 half,
+// columns 8h + 2t, +1) as 16-byte row segments: lane t of a quad ends with row g + 8 (t / 2),
+// columns 8 (t % 2) .. +7. With u[q] = w[{0, 2, 1, 3}[q]] (the word lane q wants) that is a 4x4
+// transpose of u across the quad, done as two butterfly stages (lanes t ^ 2, then t ^ 1) of
+// two shuffles and six selects each, branch-free. 4-byte stores of the fragments left every
+// 32-byte sector half written per instruction (the training forward ran at 840 us against 200
+// us for inference, H100, 64x4 f16 at 2^20); a first transpose picked words by index, which
+// nvcc compiled into branches around every shuffle.
+template <typename T>
+__device__ __forceinline__ void store_chunk16(T* __restrict__ z, int width, int rows_valid, int row0, int col,
+                                              const unsigned (&w)[4], int lane) {
+  const int t = lane % 4;
+  const bool hi2 = t & 2, hi1 = t & 1;
+  unsigned v0 = w[0], v1 = w[2], v2 = w[1], v3 = w[3];
+  // Stage 1: the off-diagonal 2x2 blocks change lanes (t ^ 2).
+  {
+    const unsigned r0 = __shfl_xor_sync(0xffffffffu, hi2 ? v0 : v2, 2);
+    const unsigned r1 = __shfl_xor_sync(0xffffffffu, hi2 ? v1 : v3, 2);
+    v0 = hi2 ? r0 : v0;
+    v1 = hi2 ? r1 : v1;
+    v2 = hi2 ? v2 : r0;
+    v3 = hi2 ? v3 : r1;
   }
-  __syncwarp();
+  // Stage 2: within each 2x2 block (t ^ 1).
+  const unsigned r0 = __shfl_xor_sync(0xffffffffu, hi1 ? v0 : v1, 1);
+  const unsigned r1 = __shfl_xor_sync(0xffffffffu, hi1 ? v2 : v3, 1);
+  const uint4 seg = hi1 ? make_uint4(r0, v1, r1, v3) : make_uint4(v0, r0, v2, r1);
+  const int r = row0 + lane / 4 + 8 * (t / 2);
+  if (r < rows_valid) *reinterpret_cast<uint4*>(z + r * width + col + 8 * (t % 2)) = seg;
 }
-#endif
 
 // Bias + activation of one 16-column chunk (two n8 tiles) of kMT m16 tiles, packed into the
-// A fragments of the next layer's k16 slice; the pre-activation z staged when `stage` (columns
-// col..col+15 of the warp's staging rows, row stride ldz, zs_lane from stage_lane_addr).
+// A fragments of the next layer's k16 slice; the pre-activation z stored when z != null
+// (the tile's rows of this layer's [batch][width], columns col..col+15).
 template <typename T, int kMT, int kAct>
 __device__ __forceinline__ void chunk_to_a(const float (&acc)[kMT][2][4], unsigned (&out)[kMT][4],
-                                           const float* bias, bool stage, unsigned zs_lane, int ldz, int col,
+                                           const float* bias, T* __restrict__ z, int rows_valid, int width, int col,
                                            int lane) {
   const int t = lane % 4;
   const float2 b[2] = {*reinterpret_cast<const float2*>(bias + col + 2 * t),
@@ -1291,7 +1241,7 @@ __device__ __forceinline__ void chunk_to_a(const float (&acc)[kMT][2][4], unsign
       out[m][2 * h] = act_pack<T, kAct>(v0, v1);
       out[m][2 * h + 1] = act_pack<T, kAct>(v2, v3);
     }
-    if (stage) stage_chunk16(zs_lane, ldz, m * 16, col, zw);
+    if (z != nullptr) store_chunk16<T>(z, width, rows_valid, m * 16, col, zw, lane);
   }
 }
 
@@ -1323,23 +1273,19 @@ __device__ __forceinline__ void mma_16_columns(float (&acc)[kMT][2][4], const un
 
 template <typename T, int kW, int kMT, int kAct>
 __device__ __forceinline__ void hidden_layer(const unsigned (&in)[kMT][kW / 16][4], unsigned (&out)[kMT][kW / 16][4],
-                                             unsigned wb, const float* bias, T* z, unsigned zs, int ldz,
-                                             int rows_valid, int lane) {
+                                             unsigned wb, const float* bias, T* z, int rows_valid, int lane) {
   constexpr int kKT = kW / 16, kLdw = kW + 8;
-  const unsigned zs_lane = stage_lane_addr(zs, ldz, lane);
 #pragma unroll
   for (int j = 0; j < kKT; ++j) {
     float acc[kMT][2][4];
     mma_16_columns<T, kMT, kKT>(acc, in, wb + 2u * unsigned(j * 16 * kLdw));
-    if (j == 0 && z != nullptr) staging_free();
     unsigned chunk[kMT][4];
-    chunk_to_a<T, kMT, kAct>(acc, chunk, bias, z != nullptr, zs_lane, ldz, j * 16, lane);
+    chunk_to_a<T, kMT, kAct>(acc, chunk, bias, z, rows_valid, kW, j * 16, lane);
 #pragma unroll
     for (int m = 0; m < kMT; ++m)
 #pragma unroll
       for (int i = 0; i < 4; ++i) out[m][j][i] = chunk[m][i];
   }
-  if (z != nullptr) store_staged_rows<T, kW, 16 * kMT>(z, zs, ldz, rows_valid, lane);
 }
 
 template <typename T, int kW, int kMT, int kAct>
@@ -1350,9 +1296,7 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
   extern __shared__ __align__(128) unsigned char tc_smem[];
   const int layers = hidden + 1;
   const int in_p = round16(n_in), out_p = round16(n_out);
-  // +8: ldmatrix / stmatrix rows on distinct banks. The training forward also stages each
-  // layer's z in the y rows, so they are at least kW wide there.
-  const int ld0 = in_p + 8, ldy = (save != nullptr && kW > out_p ? kW : out_p) + 8;
+  const int ld0 = in_p + 8, ldy = out_p + 8;  // +8: ldmatrix rows on distinct banks
   // Layout (rawops/mlp.py fast_smem_bytes): float biases [layers][128], weights of layer 0
   // [kW][ld0], of the hidden layers [hidden - 1][kW][ldw], of the output layer [out_p][ldw],
   // then per warp its x rows [kRows][ld0] and its y rows [kRows][ldy].
@@ -1384,7 +1328,6 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
   // Per-lane ldmatrix addresses: A rows lane % 16, k half lane / 16; B (weight rows = output
   // columns) rows lane % 8 + 8 * (lane / 16), k half (lane / 8) % 2.
   const unsigned xs_a = smem_addr(xs) + 2u * unsigned((lane % 16) * ld0 + (lane / 16) * 8);
-  const unsigned ys_addr = smem_addr(ys);
   const int b_row = lane % 8 + 8 * (lane / 16), b_k = ((lane / 8) % 2) * 8;
   const unsigned w0_b = smem_addr(w0) + 2u * unsigned(b_row * ld0 + b_k);
   const unsigned wh_b = smem_addr(wh) + 2u * unsigned(b_row * ldw + b_k);
@@ -1438,26 +1381,24 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
           fetch_x<T, kRows>(xs, ld0, x + (tile + step) * kRows * n_in, rows_of(tile + step), n_in, in_p, x_cpr, xvec,
                             lane);
       }
-      if (j0 == 0 && save != nullptr) staging_free();
+      T* z0 = save != nullptr ? save + row0 * kW : nullptr;
 #pragma unroll
       for (int j = 0; j < kL0; ++j) {
         unsigned chunk[kMT][4];
-        chunk_to_a<T, kMT, kAct>(acc[j], chunk, bias, save != nullptr, stage_lane_addr(ys_addr, ldy, lane), ldy,
-                                 (j0 + j) * 16, lane);
+        chunk_to_a<T, kMT, kAct>(acc[j], chunk, bias, z0, rows_valid, kW, (j0 + j) * 16, lane);
 #pragma unroll
         for (int m = 0; m < kMT; ++m)
 #pragma unroll
           for (int i = 0; i < 4; ++i) a[m][j0 + j][i] = chunk[m][i];
       }
     }
-    if (save != nullptr) store_staged_rows<T, kW, kRows>(save + row0 * kW, ys_addr, ldy, rows_valid, lane);
 
     // Hidden layers 1..hidden-1. (Two layers a step, ping-ponging between a and b2 without the
     // copy, spilled 20-104 bytes at the 128-register cap: ptxas, sm_90.)
     for (int l = 1; l < hidden; ++l) {
       hidden_layer<T, kW, kMT, kAct>(a, b2, wh_b + 2u * unsigned((l - 1) * kW * ldw), bias + 128 * l,
-                                     save != nullptr ? save + (int64_t(l) * batch + row0) * kW : nullptr, ys_addr,
-                                     ldy, rows_valid, lane);
+                                     save != nullptr ? save + (int64_t(l) * batch + row0) * kW : nullptr, rows_valid,
+                                     lane);
 #pragma unroll
       for (int m = 0; m < kMT; ++m)
 #pragma unroll
@@ -1471,7 +1412,6 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
     for (int j = 0; j < out_p / 16; ++j) {
       float acc[kMT][2][4];
       mma_16_columns<T, kMT, kKT>(acc, a, wl_b + 2u * unsigned(j * 16 * ldw));
-      if (j == 0 && save != nullptr) staging_free();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int c = j * 16 + h * 8 + 2 * t;
@@ -1503,7 +1443,6 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
     }
   }
   cp_async_wait_all();  // nothing may be in flight into shared memory when the block exits
-  staging_done();
 }
 
 }  // namespace

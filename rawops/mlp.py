@@ -297,16 +297,14 @@ def fast_rows(width):
     return 16 if width == 128 else 32
 
 
-def fast_smem_bytes(n_in, width, n_out, hidden, warps, training=False):
+def fast_smem_bytes(n_in, width, n_out, hidden, warps):
     """Dynamic shared memory of tc_mlp_w<width>_<act>_fwd (kernels/mlp.cu, fast_fwd): float biases
     [hidden + 1][128], every layer's weights with rows padded by 8 elements ([width][in_p + 8],
     hidden - 1 x [width][width + 8], [out_p][width + 8]), and per warp its x rows
-    [rows][in_p + 8] and y rows [rows][out_p + 8], 2-byte elements. The training forward stages
-    each layer's z in the y rows, so there they are [rows][max(out_p, width) + 8]."""
+    [rows][in_p + 8] and y rows [rows][out_p + 8], 2-byte elements."""
     in_p, out_p = round16(n_in), round16(n_out)
-    y_p = max(out_p, width) if training else out_p
     weights = width * (in_p + 8) + (hidden - 1) * width * (width + 8) + out_p * (width + 8)
-    return 4 * 128 * (hidden + 1) + 2 * weights + 2 * warps * fast_rows(width) * (in_p + 8 + y_p + 8)
+    return 4 * 128 * (hidden + 1) + 2 * weights + 2 * warps * fast_rows(width) * (in_p + 8 + out_p + 8)
 
 
 def _most_warps(smem_of, most, least, limit, step=1):
@@ -322,16 +320,14 @@ def _most_warps(smem_of, most, least, limit, step=1):
 _fast_fits = {}
 
 
-def fast_fit(plan, device, training=False):
-    """(warps, shared memory bytes) of the fast forward (the training forward when `training`) on
-    `device`, or None where it does not run: before sm_80, or when fewer than FAST_MIN_WARPS
-    warps fit beside the weights."""
-    key = (plan, device, training)
+def fast_fit(plan, device):
+    """(warps, shared memory bytes) of the fast forward on `device`, or None where it does not
+    run: before sm_80, or when fewer than FAST_MIN_WARPS warps fit beside the weights."""
+    key = (plan, device)
     if key not in _fast_fits:
         fit = None
         if plan.regime == "tc" and compute_capability(device) >= 80:
-            fit = _most_warps(lambda warps: fast_smem_bytes(plan.n_in, plan.width, plan.n_out, plan.hidden, warps,
-                                                            training),
+            fit = _most_warps(lambda warps: fast_smem_bytes(plan.n_in, plan.width, plan.n_out, plan.hidden, warps),
                               FAST_MAX_WARPS, FAST_MIN_WARPS, optin_smem(device))
         _fast_fits[key] = fit
     return _fast_fits[key]
@@ -581,7 +577,7 @@ def launch_forward(plan, device, x, weights, biases, y, batch, stream, saved=Non
     bs = (list(biases) if biases is not None else []) + [0] * (9 - (len(biases) if biases is not None else 0))
     args = (x, y, saved[0] if saved is not None else 0, *ws, *bs, batch, plan.n_in, plan.width, plan.n_out,
             plan.hidden, plan.act | (plan.out_act << 2))
-    fast = fast_fit(plan, device, saved is not None) if USE_FAST else None
+    fast = fast_fit(plan, device) if USE_FAST else None
     if fast is not None:
         warps, smem = fast
         name = f"tc_mlp_w{plan.width}_{FAST_ACTIVATIONS[plan.act]}_fwd"

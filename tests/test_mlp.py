@@ -353,11 +353,6 @@ def test_fast_forward_shared_memory():
     assert mlp.fast_smem_bytes(3, 16, 1, 1, 4) == 2 * 512 + 2 * (16 * 24 + 16 * 24) + 2 * 4 * 32 * 48
     # 128 wide: 16-row warp tiles
     assert mlp.fast_smem_bytes(128, 128, 128, 2, 1) == 3 * 512 + 2 * 3 * 128 * 136 + 2 * 16 * 272
-    # the training forward stages each layer's z in the y rows: at least `width` wide there
-    assert mlp.fast_smem_bytes(64, 64, 64, 4, 16, training=True) == 196096
-    assert mlp.fast_smem_bytes(64, 128, 16, 2, 1, training=True) == \
-        3 * 512 + 2 * (128 * 72 + 128 * 136 + 16 * 136) + 2 * 16 * (72 + 136)
-    assert mlp.fast_smem_bytes(64, 128, 16, 2, 1) == 3 * 512 + 2 * (128 * 72 + 128 * 136 + 16 * 136) + 2 * 16 * (72 + 24)
 
 
 @pytest.mark.parametrize("sizes, cc, limit, fit", [
@@ -372,20 +367,6 @@ def test_fast_forward_runs_where_its_weights_and_four_warps_fit(monkeypatch, siz
     monkeypatch.setattr(mlp, "compute_capability", lambda device: cc)
     monkeypatch.setattr(mlp, "_fast_fits", {})
     assert mlp.fast_fit(mlp.make_plan(1, sizes, "relu", "none", True), 0) == fit
-    # n_out = width here: the training forward's z staging needs no more room
-    assert mlp.fast_fit(mlp.make_plan(1, sizes, "relu", "none", True), 0, training=True) == fit
-
-
-def test_the_training_forward_fits_its_wider_staging_rows(monkeypatch):
-    # 64 -> 128 x 4 -> 16 on sm_86's 99 KB: the y rows grow from [16][24] to [16][136] a warp for
-    # the z staging, so fewer warps fit (and the launch asks for the training size)
-    monkeypatch.setattr(mlp, "optin_smem", lambda device: 101376)
-    monkeypatch.setattr(mlp, "compute_capability", lambda device: 86)
-    monkeypatch.setattr(mlp, "_fast_fits", {})
-    plan = mlp.make_plan(1, (64, 128, 128, 16), "relu", "none", True)
-    weights = 2 * (128 * 72 + 128 * 136 + 16 * 136)
-    assert mlp.fast_fit(plan, 0) == (13, 3 * 512 + weights + 13 * 2 * 16 * (72 + 24))
-    assert mlp.fast_fit(plan, 0, training=True) == (6, 3 * 512 + weights + 6 * 2 * 16 * (72 + 136))
 
 
 def test_a_kernels_shared_memory_limit_is_only_ever_raised(monkeypatch):
@@ -812,8 +793,8 @@ def test_fast_forward_matches_torch_float64(case, batch):
 @pytest.mark.parametrize("batch", [33, 1000])
 @pytest.mark.parametrize("case", FAST_CASES, ids=FAST_IDS)
 def test_training_forward_saves_every_pre_activation(case, batch):
-    """The training forward's kept z of every hidden layer (staged through the warp's y rows,
-    which are widened to the hidden width where n_out is narrower), every width and activation;
+    """The training forward's kept z of every hidden layer (16-byte row segments from the quad
+    transpose), every width and activation, n_out narrower and wider than the hidden width;
     batch 33 ends in a partial warp tile."""
     torch = pytest.importorskip("torch")
     import cupy
@@ -823,7 +804,7 @@ def test_training_forward_saves_every_pre_activation(case, batch):
     dtype = DTYPES[dtype_name]
     if sizes[1] < 128 or len(sizes) < 8:
         plan = mlp.make_plan(1 if dtype == torch.float16 else 2, sizes, act, out_act, bias)
-        assert mlp.fast_fit(plan, cupy.cuda.Device().id, training=True) is not None, "expected the fast forward"
+        assert mlp.fast_fit(plan, cupy.cuda.Device().id) is not None, "expected the fast forward"
     net = _sequential(torch, sizes, act, out_act, dtype, bias)
     weights, biases = _net_params(net)
     x = random((batch, sizes[0]), dtype, scale=1.0)
