@@ -10,8 +10,9 @@ outside the profiled range (ncu --launch-skip counts the warm-up launches).
     python bench/profile_mlp.py --breakdown   # no ncu: every kernel of the 64x4 float16
                                               # forward+backward at 2^20, device us per call
     python bench/profile_mlp.py --padded      # the same with the backward's partial rows padded
-    python bench/profile_mlp.py --dependent   # fwd+bwd by events, the layers' reduce launched
-                                              # programmatically dependent or plainly (interleaved)
+    python bench/profile_mlp.py --dependent   # fwd+bwd by events, the fused backward and the layers'
+                                              # reduce launched programmatically dependent or
+                                              # plainly (interleaved)
 """
 import os
 import sys
@@ -68,9 +69,10 @@ def padded_partials():
     mlp.fast_bwd_partials = shipped
 
 
-def dependent_reduce():
-    """The 64x4 float16 forward+backward by events with mlp.DEPENDENT_REDUCE on and off, in
-    interleaved rounds (the gradients must be the same bits either way)."""
+def dependent_launches():
+    """The 64x4 float16 forward+backward by events with mlp.DEPENDENT_BACKWARD and
+    mlp.DEPENDENT_REDUCE on and off, in interleaved rounds (the gradients must be the same bits
+    every way)."""
     from rawops import mlp
     from timing import device_times_us
 
@@ -79,19 +81,22 @@ def dependent_reduce():
     dy = torch.randn(1 << 20, 64, device="cuda", dtype=torch.float16)
     params = list(fused.parameters())
 
-    def step(dependent):
+    def step(backward, reduce):
         def call():
-            mlp.DEPENDENT_REDUCE = dependent
+            mlp.DEPENDENT_BACKWARD, mlp.DEPENDENT_REDUCE = backward, reduce
             try:
                 return torch.autograd.grad(fused(x), params, dy)
             finally:
-                mlp.DEPENDENT_REDUCE = True
+                mlp.DEPENDENT_BACKWARD = mlp.DEPENDENT_REDUCE = True
         return call
 
-    same = all(torch.equal(a, b) for a, b in zip(step(True)(), step(False)()))
-    print(f"gradients bit-identical both ways: {same}")
-    for name, t in device_times_us({"dependent": step(True), "plain": step(False)}, rounds=8).items():
-        print(f"  fwd+bwd, reduce launched {name}: {t:.1f} us")
+    modes = {"backward and reduce dependent (shipped)": step(True, True), "reduce dependent": step(False, True),
+             "both plain": step(False, False)}
+    reference = step(True, True)()
+    for name, fn in modes.items():
+        print(f"gradients bit-identical, {name}: {all(torch.equal(a, b) for a, b in zip(fn(), reference))}")
+    for name, t in device_times_us(modes, rounds=8).items():
+        print(f"  fwd+bwd, {name}: {t:.1f} us")
 
 
 def breakdown_of(fused, x, dy, params, calls=10):
@@ -119,6 +124,6 @@ if __name__ == "__main__":
     if "--padded" in sys.argv:
         padded_partials()
     elif "--dependent" in sys.argv:
-        dependent_reduce()
+        dependent_launches()
     else:
         breakdown() if "--breakdown" in sys.argv else main()
