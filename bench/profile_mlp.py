@@ -10,9 +10,8 @@ outside the profiled range (ncu --launch-skip counts the warm-up launches).
     python bench/profile_mlp.py --breakdown   # no ncu: every kernel of the 64x4 float16
                                               # forward+backward at 2^20, device us per call
     python bench/profile_mlp.py --padded      # the same with the backward's partial rows padded
-    python bench/profile_mlp.py --dependent   # fwd+bwd by events, the fused backward and the layers'
-                                              # reduce launched programmatically dependent or
-                                              # plainly (interleaved)
+    python bench/profile_mlp.py --dependent   # fwd+bwd by events, the layers' reduce launched
+                                              # programmatically dependent or plainly (interleaved)
 """
 import os
 import sys
@@ -69,10 +68,9 @@ def padded_partials():
     mlp.fast_bwd_partials = shipped
 
 
-def dependent_launches():
-    """The 64x4 float16 forward+backward by events with mlp.DEPENDENT_BACKWARD and
-    mlp.DEPENDENT_REDUCE on and off, in interleaved rounds (the gradients must be the same bits
-    every way)."""
+def dependent_reduce():
+    """The 64x4 float16 forward+backward by events with mlp.DEPENDENT_REDUCE on and off, in
+    interleaved rounds (the gradients must be the same bits either way)."""
     from rawops import mlp
     from timing import device_times_us
 
@@ -81,22 +79,19 @@ def dependent_launches():
     dy = torch.randn(1 << 20, 64, device="cuda", dtype=torch.float16)
     params = list(fused.parameters())
 
-    def step(backward, reduce):
+    def step(dependent):
         def call():
-            mlp.DEPENDENT_BACKWARD, mlp.DEPENDENT_REDUCE = backward, reduce
+            mlp.DEPENDENT_REDUCE = dependent
             try:
                 return torch.autograd.grad(fused(x), params, dy)
             finally:
-                mlp.DEPENDENT_BACKWARD = mlp.DEPENDENT_REDUCE = True
+                mlp.DEPENDENT_REDUCE = True
         return call
 
-    modes = {"backward and reduce dependent (shipped)": step(True, True), "reduce dependent": step(False, True),
-             "both plain": step(False, False)}
-    reference = step(True, True)()
-    for name, fn in modes.items():
-        print(f"gradients bit-identical, {name}: {all(torch.equal(a, b) for a, b in zip(fn(), reference))}")
-    for name, t in device_times_us(modes, rounds=8).items():
-        print(f"  fwd+bwd, {name}: {t:.1f} us")
+    same = all(torch.equal(a, b) for a, b in zip(step(True)(), step(False)()))
+    print(f"gradients bit-identical both ways: {same}")
+    for name, t in device_times_us({"dependent": step(True), "plain": step(False)}, rounds=8).items():
+        print(f"  fwd+bwd, reduce launched {name}: {t:.1f} us")
 
 
 def breakdown_of(fused, x, dy, params, calls=10):
@@ -124,6 +119,6 @@ if __name__ == "__main__":
     if "--padded" in sys.argv:
         padded_partials()
     elif "--dependent" in sys.argv:
-        dependent_launches()
+        dependent_reduce()
     else:
         breakdown() if "--breakdown" in sys.argv else main()

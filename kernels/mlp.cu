@@ -1294,7 +1294,6 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
   constexpr int kKT = kW / 16, kRows = 16 * kMT, ldw = kW + 8;
   constexpr int kL0 = kKT < 4 ? kKT : 4;  // layer 0's 16-column chunks per pass
   extern __shared__ __align__(128) unsigned char tc_smem[];
-  allow_dependent_launch();  // a dependent launch after this one (the fused backward) may be scheduled
   const int layers = hidden + 1;
   const int in_p = round16(n_in), out_p = round16(n_out);
   const int ld0 = in_p + 8, ldy = out_p + 8;  // +8: ldmatrix rows on distinct banks
@@ -1747,11 +1746,8 @@ template <typename T, int kW, int kAct>
 __device__ void fast_bwd(const T* __restrict__ dy, const T* __restrict__ y, const T* __restrict__ x,
                          const T* __restrict__ save, T* __restrict__ dx, float* __restrict__ ws, const T* const* W,
                          int64_t batch, int n_in, int n_out, int hidden, int flags, int64_t ws_stride) {
-  // Launched programmatically dependent on sm_90 (rawops/mlp.py DEPENDENT_BACKWARD): this grid's
-  // blocks may take SM slots as the training forward's retire, and wait here for all of it.
-  wait_for_previous_grid();
-  // The layers' reduce (launched the same way) may be scheduled now: its blocks take SM slots as
-  // these retire and wait for the whole grid before reading ws.
+  // The layers' reduce (launched programmatically dependent on sm_90) may be scheduled now: its
+  // blocks take SM slots as these retire and wait for the whole grid before reading ws.
   allow_dependent_launch();
   constexpr int ldw = kW + 8;
   extern __shared__ __align__(128) unsigned char tc_smem[];

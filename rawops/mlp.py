@@ -670,12 +670,9 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
     return keep
 
 
-# The layers' reduce waits for the fused backward, and the fused backward for whatever kernel ran
-# before it on the stream (kernels/include/rawops/dependent_launch.cuh), so on sm_90+ both are
-# launched programmatically dependent: each launch overlaps the end of the kernel before it.
-# bench/profile_mlp.py --dependent switches them off to measure the difference.
+# The layers' reduce waits for the fused backward (kernels/include/rawops/dependent_launch.cuh), so
+# on sm_90+ it is launched programmatically dependent: its launch overlaps the backward's end.
 DEPENDENT_REDUCE = True
-DEPENDENT_BACKWARD = True
 
 
 def _launch_fast_backward(plan, device, dy, x, y, save, weights, dx, dweights, dbiases, batch, stream, tmp):
@@ -687,11 +684,9 @@ def _launch_fast_backward(plan, device, dy, x, y, save, weights, dx, dweights, d
     layout, stride = fast_bwd_partials(plan)
     ws = tmp((grid, stride), "float32")
     ws9 = list(weights) + [0] * (9 - len(weights))
-    sm90 = compute_capability(device) >= 90
     launch(_tc_function(name, plan, device, smem), (grid,), 32 * warps, smem, stream,
            (dy, y if plan.out_act == OUTPUT_RELU else 0, x, save, dx or 0, ws, *ws9, batch, plan.n_in, plan.n_out,
-            plan.hidden, plan.act | (plan.out_act << 2), stride), TC_FAST_BWD_KINDS, device,
-           DEPENDENT_BACKWARD and sm90)
+            plan.hidden, plan.act | (plan.out_act << 2), stride), TC_FAST_BWD_KINDS, device)
     # every layer's sum in one launch (blockIdx.y = layer), partials added in block order
     reduce = _modules.function_pointer(FAMILY, f"mlp_wgrad_reduce_layers_bwd_{plan.suffix}", device)
     largest = max(n * k + n for _, n, k, _, _ in layout)  # outputs of the largest layer, 32 a block
@@ -699,7 +694,7 @@ def _launch_fast_backward(plan, device, dy, x, y, save, weights, dx, dweights, d
     dbs = (list(dbiases) if dbiases is not None else []) + [0] * (9 - (len(dbiases) if dbiases is not None else 0))
     launch(reduce, (-(-largest // 32), len(layout)), 256, 0, stream,
            (ws, grid, stride, plan.n_in, plan.width, plan.n_out, plan.hidden, *dws, *dbs), REDUCE_LAYERS_KINDS,
-           device, DEPENDENT_REDUCE and sm90)
+           device, DEPENDENT_REDUCE and compute_capability(device) >= 90)
 
 
 # ------------------------------------------------------------------------------ CuPy API: the general network

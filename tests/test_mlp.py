@@ -1494,14 +1494,8 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     assert (fn, grid, block, ok, len(calls)) == ("mlp_wgrad_reduce_layers_bwd_f16", (130, 5), 256, True, 2)
     assert args[:7] == (1000, 132, 5 * 64 * 65, 64, 64, 64, 4)
     assert args[7:] == (20, 21, 22, 23, 24, 0, 0, 0, 0, 30, 31, 32, 33, 34, 0, 0, 0, 0)
-    # each waits for the kernel before it (griddepcontrol.wait): programmatic dependent launches on sm_90
-    assert dependent[-2:] == [True, True]
-    monkeypatch.setattr(mlp, "compute_capability", lambda device: 89)  # no griddepcontrol: plain launches
-    mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 0, [20 + i for i in range(5)],
-                        [30 + i for i in range(5)], 1 << 20, 0, lambda shape, dt: (shape, 1000))
-    assert [c[0] for c in calls[-2:]] == ["tc_mlp_w64_relu_bwd_f16", "mlp_wgrad_reduce_layers_bwd_f16"]
-    assert dependent[-2:] == [False, False]
-    monkeypatch.setattr(mlp, "compute_capability", lambda device: 90)
+    # the reduce waits for the backward (griddepcontrol.wait): a programmatic dependent launch on sm_90
+    assert dependent[-2:] == [False, True]
     calls.clear()
     monkeypatch.setattr(mlp, "USE_FAST_BWD", False)  # the chain + wgrad tile kernels, as before
     keep = mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 14, [20 + i for i in range(5)],
