@@ -1496,6 +1496,11 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     assert args[7:] == (20, 21, 22, 23, 24, 0, 0, 0, 0, 30, 31, 32, 33, 34, 0, 0, 0, 0)
     # the reduce waits for the backward (griddepcontrol.wait): a programmatic dependent launch on sm_90
     assert dependent[-2:] == [False, True]
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: 89)  # no griddepcontrol: a plain launch
+    mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 0, [20 + i for i in range(5)],
+                        [30 + i for i in range(5)], 1 << 20, 0, lambda shape, dt: (shape, 1000))
+    assert calls[-1][0] == "mlp_wgrad_reduce_layers_bwd_f16" and dependent[-1] is False
+    monkeypatch.setattr(mlp, "compute_capability", lambda device: 90)
     calls.clear()
     monkeypatch.setattr(mlp, "USE_FAST_BWD", False)  # the chain + wgrad tile kernels, as before
     keep = mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 14, [20 + i for i in range(5)],
