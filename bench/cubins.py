@@ -59,9 +59,8 @@ if __name__ == "__main__":
     # Pre-build the exploration scripts' cubins for an architecture: python bench/cubins.py 90
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import explore_bias_bwd
-    import explore_mlp_zstore
     import explore_timeline
 
-    for module in (explore_timeline, explore_bias_bwd, explore_mlp_zstore):
+    for module in (explore_timeline, explore_bias_bwd):
         for family, variants in module.CUBINS.items():
             print(family, list(build_cubins(family, variants, sys.argv[1]).values()))

@@ -1216,11 +1216,7 @@ __device__ __forceinline__ void store_chunk16(T* __restrict__ z, int width, int 
   const unsigned r1 = __shfl_xor_sync(0xffffffffu, hi1 ? v2 : v3, 1);
   const uint4 seg = hi1 ? make_uint4(r0, v1, r1, v3) : make_uint4(v0, r0, v2, r1);
   const int r = row0 + lane / 4 + 8 * (t / 2);
-#ifdef RAWOPS_MLP_Z_CS  // exploration (bench/explore_mlp_zstore.py): evict-first stores
-  if (r < rows_valid) __stcs(reinterpret_cast<uint4*>(z + r * width + col + 8 * (t % 2)), seg);
-#else
   if (r < rows_valid) *reinterpret_cast<uint4*>(z + r * width + col + 8 * (t % 2)) = seg;
-#endif
 }
 
 // Bias + activation of one 16-column chunk (two n8 tiles) of kMT m16 tiles, packed into the
@@ -1385,11 +1381,7 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
           fetch_x<T, kRows>(xs, ld0, x + (tile + step) * kRows * n_in, rows_of(tile + step), n_in, in_p, x_cpr, xvec,
                             lane);
       }
-#ifdef RAWOPS_MLP_Z_TILE_MAJOR  // exploration: a tile's z of every layer contiguous (no backward reads it)
-      T* z0 = save != nullptr ? save + tile * hidden * kRows * kW : nullptr;
-#else
       T* z0 = save != nullptr ? save + row0 * kW : nullptr;
-#endif
 #pragma unroll
       for (int j = 0; j < kL0; ++j) {
         unsigned chunk[kMT][4];
@@ -1405,11 +1397,7 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
     // copy, spilled 20-104 bytes at the 128-register cap: ptxas, sm_90.)
     for (int l = 1; l < hidden; ++l) {
       hidden_layer<T, kW, kMT, kAct>(a, b2, wh_b + 2u * unsigned((l - 1) * kW * ldw), bias + 128 * l,
-#ifdef RAWOPS_MLP_Z_TILE_MAJOR
-                                     save != nullptr ? save + (tile * hidden + l) * kRows * kW : nullptr, rows_valid,
-#else
                                      save != nullptr ? save + (int64_t(l) * batch + row0) * kW : nullptr, rows_valid,
-#endif
                                      lane);
 #pragma unroll
       for (int m = 0; m < kMT; ++m)
