@@ -1,0 +1,80 @@
+// bias_gelu's backward as short tiles (bench/explore_bias_bwd_tiles.py, not shipped): the
+// production file included as is, plus a kernel shaped like the map kernels. Each thread owns
+// one 16-byte vector of one row: a block of kThreads is a tile of kRows rows x kThreads / kRows
+// vectors; it writes dx and its columns' sums over its kRows rows (rounded dx values, added in
+// a fixed order: shuffles within a warp, then the warps in order through shared memory) into
+// partial[row tile][col]. column_sum_final adds the row tiles in order. So dbias is
+// deterministic, and the grid covers the data with short blocks as the map kernels do (the
+// shipped kernel's long-lived walkers stream ~5% under them). Partials: 4 bytes a column per
+// kRows rows, 1/(1.5 kRows) of the half types' traffic (2% at 32 rows).
+#include "../../kernels/elementwise.cu"
+
+namespace rawops {
+namespace {
+
+template <class Op, typename T, int kThreads, int kRows>
+__device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T* __restrict__ x,
+                                              const T* __restrict__ bias, T* __restrict__ dx,
+                                              float* __restrict__ partial, int64_t rows, int64_t cols) {
+  constexpr int V = 16 / sizeof(T), kVecs = kThreads / kRows, kWarps = kThreads / 32;
+  static_assert(kVecs <= 32 && 32 % kVecs == 0, "a warp holds whole rows of the tile");
+  __shared__ float sums[kWarps][kVecs * V];
+  allow_dependent_launch();
+  // Blocks walk memory in order: the column tiles of row tile 0, then of row tile 1, ...
+  const int64_t col_tiles = cols / (kVecs * V);
+  const int64_t row_tile = blockIdx.x / col_tiles, col_tile = blockIdx.x - row_tile * col_tiles;
+  const int tx = threadIdx.x % kVecs, ty = threadIdx.x / kVecs;
+  const int64_t row = row_tile * kRows + ty, col = (col_tile * kVecs + tx) * V;
+  float acc[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[e] = 0.f;
+  if (row < rows) {
+    const int64_t i = row * cols + col;
+    const Vec16<T> d = load16(dy + i), v = load16(x + i);
+    Vec16<T> b;
+    if (Op::C) b = load16(bias + col);
+    Vec16<T> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      out.v[e] = from_float<T>(Op::f(to_float(d.v[e]), to_float(v.v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f));
+      acc[e] = to_float(out.v[e]);
+    }
+    store16(dx + i, out);
+  }
+  // The warp's rows: lanes tx, tx + kVecs, ... hold the same columns.
+#pragma unroll
+  for (int step = kVecs; step < 32; step *= 2)
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], step);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane < kVecs) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) sums[warp][lane * V + e] = acc[e];
+  }
+  __syncthreads();
+  if (threadIdx.x < kVecs * V) {
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += sums[w][threadIdx.x];
+    partial[row_tile * cols + col_tile * kVecs * V + threadIdx.x] = s;
+  }
+}
+
+}  // namespace
+}  // namespace rawops
+
+#define RAWOPS_BIAS_BWD_TILE(T, suffix, THREADS, ROWS)                                                         \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+      bias_gelu_tanh_bwd_tile_##THREADS##_##ROWS##_##suffix(const T* dy, const T* x, const T* bias, T* dx,     \
+                                                            float* partial, long long rows, long long cols) {  \
+    rawops::bias_bwd_tile<rawops::BiasGeluTanhBwd<T>, T, THREADS, ROWS>(dy, x, bias, dx, partial, rows, cols); \
+  }
+#define RAWOPS_BIAS_BWD_TILES(T, suffix)    \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 32)  \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 64)  \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64)  \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 128) \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 128, 32)
+RAWOPS_BIAS_BWD_TILES(float, f32)
+RAWOPS_BIAS_BWD_TILES(__half, f16)
+RAWOPS_BIAS_BWD_TILES(__nv_bfloat16, bf16)

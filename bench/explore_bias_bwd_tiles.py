@@ -1,0 +1,119 @@
+"""bias_gelu's backward as short tiles (bench/explore/bias_bwd_tiles.cu): blocks shaped like the map
+kernels', one 16-byte vector of one row a thread, each block's column sums over its rows into a
+partial row that column_sum_final adds in order. Timed at 16384 x 4096 (tanh) per dtype beside the
+shipped fused kernel and torch, in interleaved rounds. dx must be the shipped kernel's bits and
+dbias the same bits on every run. Needs nvcc (or the cubin built beforehand: python
+bench/explore_bias_bwd_tiles.py --build 90, carried in bench/.cubins).
+
+    python bench/explore_bias_bwd_tiles.py [--out bench/results]
+"""
+import glob
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SOURCE = os.path.join(HERE, "explore", "bias_bwd_tiles.cu")
+ROWS, COLS = 16384, 4096
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SHAPES = [(256, 32), (256, 64), (512, 64), (512, 128), (128, 32)]  # (threads, rows a tile)
+
+
+def cubin(arch):
+    """The exploration cubin for sm_<arch>, built unless cached (by content) in bench/.cubins."""
+    digest = hashlib.sha256(arch.encode())
+    for path in [SOURCE, os.path.join(ROOT, "kernels", "elementwise.cu"),
+                 *sorted(glob.glob(os.path.join(ROOT, "kernels", "include", "rawops", "*.cuh")))]:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    path = os.path.join(HERE, ".cubins", f"bias_bwd_tiles-sm{arch}-{digest.hexdigest()[:16]}.cubin")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
+                        SOURCE, "-o", path], check=True)
+    return path
+
+
+def main():
+    if "--build" in sys.argv:
+        print(cubin(sys.argv[sys.argv.index("--build") + 1]))
+        return 0
+    sys.path.insert(0, HERE)
+    from timing import device_times_us, start, write_results
+
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 1
+    out_dir, ceiling = started
+    import cupy
+
+    from rawops import elementwise as ew
+    from rawops import torch_adapter as ta
+
+    module = cupy.RawModule(path=cubin(torch.cuda.get_device_capability(0)[0].__str__() +
+                                       torch.cuda.get_device_capability(0)[1].__str__()))
+    device = torch.cuda.current_device()
+    rows, notes = [], {}
+    for name, dtype in DTYPES.items():
+        dy, x = (torch.randn(ROWS, COLS, device="cuda", dtype=dtype) for _ in range(2))
+        bias = torch.randn(COLS, device="cuda", dtype=dtype)
+        nbytes = 3 * dy.numel() * dy.element_size()
+        ref_dx, ref_db = ta._bias_gelu_bwd(dy, x, bias, "tanh")
+        v = 16 // dy.element_size()
+        candidates = {"shipped": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
+                      "torch (gelu_backward + sum)": lambda: (
+                          lambda g: (g, g.sum(0)))(torch.ops.aten.gelu_backward(dy, x + bias, approximate="tanh"))}
+        for threads, tile_rows in SHAPES:
+            kernel = module.get_function(f"bias_gelu_tanh_bwd_tile_{threads}_{tile_rows}_{name}")
+            vecs = threads // tile_rows
+            chunks = ROWS // tile_rows
+            grid = chunks * (COLS // (vecs * v))
+            dx = torch.empty_like(dy)
+            dbias = torch.empty(COLS, device="cuda", dtype=dtype)
+            partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
+            args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + (
+                numpy.int64(ROWS), numpy.int64(COLS))
+
+            def run(kernel=kernel, grid=grid, threads=threads, args=args, partial=partial, dx=dx, dbias=dbias,
+                    chunks=chunks):
+                stream = torch.cuda.current_stream().cuda_stream
+                kernel((grid,), (threads,), args, stream=cupy.cuda.Stream.from_external(stream)
+                       if hasattr(cupy.cuda.Stream, "from_external") else cupy.cuda.ExternalStream(stream))
+                ew._launch_column_sum_final(device, name, partial.data_ptr(), dbias.data_ptr(), chunks, COLS, stream)
+                return dx, dbias
+
+            dx.fill_(float("nan"))
+            run()
+            first = dbias.clone()
+            run()
+            torch.cuda.synchronize()
+            label = f"tiles of {tile_rows} rows x {vecs} vectors, {threads} threads ({grid} blocks)"
+            same_dx = torch.equal(dx, ref_dx)
+            repeat = torch.equal(first, dbias)
+            ref64 = ref_dx.double().sum(0)
+            err = ((dbias.double() - ref64).norm() / ref64.norm()).item()
+            err_shipped = ((ref_db.double() - ref64).norm() / ref64.norm()).item()
+            notes[f"{name}, {label}"] = (f"dx bit-identical to shipped: {same_dx}; dbias repeatable: {repeat}; "
+                                         f"dbias rel error vs float64 sum of dx {err:.2e} (shipped {err_shipped:.2e})")
+            print(f"{name} {label}: {notes[f'{name}, {label}']}", flush=True)
+            candidates[label] = run
+        times = device_times_us(candidates)
+        for label, us in times.items():
+            rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
+                         "of copy ceiling": nbytes / us / 1e6 / ceiling, "x shipped": times["shipped"] / us})
+            print(f"{name:5s} {label:60s} {us:8.1f} us {nbytes / us / 1e6:5.3f} TB/s", flush=True)
+        del dy, x
+        torch.cuda.empty_cache()
+    write_results(out_dir, "explore_bias_bwd_tiles", "python bench/explore_bias_bwd_tiles.py", [
+        (f"bias_gelu backward (dx + dbias), {ROWS}x{COLS}, tanh: short tiles vs shipped",
+         ["dtype", "variant", "us", "TB/s", "of copy ceiling", "x shipped"], rows, notes)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
