@@ -58,6 +58,10 @@ def main():
     module = cupy.RawModule(path=cubin(torch.cuda.get_device_capability(0)[0].__str__() +
                                        torch.cuda.get_device_capability(0)[1].__str__()))
     device = torch.cuda.current_device()
+    from rawops.matmul import _on_stream
+
+    torch_stream = torch.cuda.current_stream().cuda_stream
+    cupy_stream = _on_stream(torch_stream, torch_stream)  # the same stream, as CuPy's launch wants it
     rows, notes = [], {}
     for name, dtype in DTYPES.items():
         dy, x = (torch.randn(ROWS, COLS, device="cuda", dtype=dtype) for _ in range(2))
@@ -81,10 +85,9 @@ def main():
 
             def run(kernel=kernel, grid=grid, threads=threads, args=args, partial=partial, dx=dx, dbias=dbias,
                     chunks=chunks):
-                stream = torch.cuda.current_stream().cuda_stream
-                kernel((grid,), (threads,), args, stream=cupy.cuda.Stream.from_external(stream)
-                       if hasattr(cupy.cuda.Stream, "from_external") else cupy.cuda.ExternalStream(stream))
-                ew._launch_column_sum_final(device, name, partial.data_ptr(), dbias.data_ptr(), chunks, COLS, stream)
+                kernel((grid,), (threads,), args, stream=cupy_stream)
+                ew._launch_column_sum_final(device, name, partial.data_ptr(), dbias.data_ptr(), chunks, COLS,
+                                            torch_stream)
                 return dx, dbias
 
             dx.fill_(float("nan"))
