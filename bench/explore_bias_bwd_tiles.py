@@ -21,7 +21,11 @@ ROOT = os.path.dirname(HERE)
 SOURCE = os.path.join(HERE, "explore", "bias_bwd_tiles.cu")
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-SHAPES = [(256, 32), (256, 64), (512, 64), (512, 128), (128, 32)]  # (threads, rows a tile)
+# (threads, rows a tile, rows a thread). Run 1 (00:40, bench/results/explore_bias_bwd_tiles.md in git
+# history) also had 4-vector tiles (256 x 64 rows, 512 x 128, 128 x 32): 10-40% slower for the
+# half types (a warp's row segments 64 bytes).
+SHAPES = [(256, 32, 1), (512, 64, 1), (512, 32, 1), (1024, 32, 1), (1024, 64, 1), (256, 64, 2), (512, 128, 2),
+          (512, 64, 2)]
 
 
 def cubin(arch):
@@ -72,9 +76,9 @@ def main():
         candidates = {"shipped": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
                       "torch (gelu_backward + sum)": lambda: (
                           lambda g: (g, g.sum(0)))(torch.ops.aten.gelu_backward(dy, x + bias, approximate="tanh"))}
-        for threads, tile_rows in SHAPES:
-            kernel = module.get_function(f"bias_gelu_tanh_bwd_tile_{threads}_{tile_rows}_{name}")
-            vecs = threads // tile_rows
+        for threads, tile_rows, per in SHAPES:
+            kernel = module.get_function(f"bias_gelu_tanh_bwd_tile_{threads}_{tile_rows}_{per}_{name}")
+            vecs = threads * per // tile_rows
             chunks = ROWS // tile_rows
             grid = chunks * (COLS // (vecs * v))
             dx = torch.empty_like(dy)
@@ -95,7 +99,7 @@ def main():
             first = dbias.clone()
             run()
             torch.cuda.synchronize()
-            label = f"tiles of {tile_rows} rows x {vecs} vectors, {threads} threads ({grid} blocks)"
+            label = f"tiles of {tile_rows} rows x {vecs} vectors, {threads} threads, {per} row(s) each ({grid} blocks)"
             same_dx = torch.equal(dx, ref_dx)
             repeat = torch.equal(first, dbias)
             ref64 = ref_dx.double().sum(0)

@@ -12,11 +12,13 @@
 namespace rawops {
 namespace {
 
-template <class Op, typename T, int kThreads, int kRows>
+template <class Op, typename T, int kThreads, int kRows, int kPer>
 __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T* __restrict__ x,
                                               const T* __restrict__ bias, T* __restrict__ dx,
                                               float* __restrict__ partial, int64_t rows, int64_t cols) {
-  constexpr int V = 16 / sizeof(T), kVecs = kThreads / kRows, kWarps = kThreads / 32;
+  // kPer rows a thread (rows ty, ty + kRows / kPer, ...), their loads all issued before the math.
+  constexpr int V = 16 / sizeof(T), kVecs = kThreads * kPer / kRows, kWarps = kThreads / 32;
+  constexpr int kRowStep = kRows / kPer;
   static_assert(kVecs <= 32 && 32 % kVecs == 0, "a warp holds whole rows of the tile");
   __shared__ float sums[kWarps][kVecs * V];
   allow_dependent_launch();
@@ -24,23 +26,30 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
   const int64_t col_tiles = cols / (kVecs * V);
   const int64_t row_tile = blockIdx.x / col_tiles, col_tile = blockIdx.x - row_tile * col_tiles;
   const int tx = threadIdx.x % kVecs, ty = threadIdx.x / kVecs;
-  const int64_t row = row_tile * kRows + ty, col = (col_tile * kVecs + tx) * V;
+  const int64_t row0 = row_tile * kRows + ty, col = (col_tile * kVecs + tx) * V;
   float acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
-  if (row < rows) {
-    const int64_t i = row * cols + col;
-    const Vec16<T> d = load16(dy + i), v = load16(x + i);
-    Vec16<T> b;
-    if (Op::C) b = load16(bias + col);
-    Vec16<T> out;
+  Vec16<T> d[kPer], v[kPer];
 #pragma unroll
-    for (int e = 0; e < V; ++e) {
-      out.v[e] = from_float<T>(Op::f(to_float(d.v[e]), to_float(v.v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f));
-      acc[e] = to_float(out.v[e]);
+  for (int k = 0; k < kPer; ++k)
+    if (row0 + k * kRowStep < rows) {
+      d[k] = load16(dy + (row0 + k * kRowStep) * cols + col);
+      v[k] = load16(x + (row0 + k * kRowStep) * cols + col);
     }
-    store16(dx + i, out);
-  }
+  Vec16<T> b;
+  if (Op::C) b = load16(bias + col);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k)
+    if (row0 + k * kRowStep < rows) {
+      Vec16<T> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        out.v[e] = from_float<T>(Op::f(to_float(d[k].v[e]), to_float(v[k].v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f));
+        acc[e] += to_float(out.v[e]);
+      }
+      store16(dx + (row0 + k * kRowStep) * cols + col, out);
+    }
   // The warp's rows: lanes tx, tx + kVecs, ... hold the same columns.
 #pragma unroll
   for (int step = kVecs; step < 32; step *= 2)
@@ -52,29 +61,34 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
     for (int e = 0; e < V; ++e) sums[warp][lane * V + e] = acc[e];
   }
   __syncthreads();
-  if (threadIdx.x < kVecs * V) {
+  for (int c = threadIdx.x; c < kVecs * V; c += kThreads) {
     float s = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += sums[w][threadIdx.x];
-    partial[row_tile * cols + col_tile * kVecs * V + threadIdx.x] = s;
+    for (int w = 0; w < kWarps; ++w) s += sums[w][c];
+    partial[row_tile * cols + col_tile * kVecs * V + c] = s;
   }
 }
 
 }  // namespace
 }  // namespace rawops
 
-#define RAWOPS_BIAS_BWD_TILE(T, suffix, THREADS, ROWS)                                                         \
+#define RAWOPS_BIAS_BWD_TILE(T, suffix, THREADS, ROWS, PER)                                                   \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
-      bias_gelu_tanh_bwd_tile_##THREADS##_##ROWS##_##suffix(const T* dy, const T* x, const T* bias, T* dx,     \
-                                                            float* partial, long long rows, long long cols) {  \
-    rawops::bias_bwd_tile<rawops::BiasGeluTanhBwd<T>, T, THREADS, ROWS>(dy, x, bias, dx, partial, rows, cols); \
+      bias_gelu_tanh_bwd_tile_##THREADS##_##ROWS##_##PER##_##suffix(const T* dy, const T* x, const T* bias,     \
+                                                                    T* dx, float* partial, long long rows,     \
+                                                                    long long cols) {                          \
+    rawops::bias_bwd_tile<rawops::BiasGeluTanhBwd<T>, T, THREADS, ROWS, PER>(dy, x, bias, dx, partial, rows,    \
+                                                                             cols);                            \
   }
-#define RAWOPS_BIAS_BWD_TILES(T, suffix)    \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 32)  \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 64)  \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64)  \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 128) \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 128, 32)
+#define RAWOPS_BIAS_BWD_TILES(T, suffix)       \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 32, 1)  \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64, 1)  \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 32, 1)  \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 1024, 32, 1) \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 1024, 64, 1) \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 64, 2)  \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 128, 2) \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64, 2)
 RAWOPS_BIAS_BWD_TILES(float, f32)
 RAWOPS_BIAS_BWD_TILES(__half, f16)
 RAWOPS_BIAS_BWD_TILES(__nv_bfloat16, bf16)
