@@ -23,10 +23,10 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
   __shared__ float sums[kWarps][kVecs * V];
   allow_dependent_launch();
   // Blocks walk memory in order: the column tiles of row tile 0, then of row tile 1, ...
-  const int64_t col_tiles = cols / (kVecs * V);
-  const int64_t row_tile = blockIdx.x / col_tiles, col_tile = blockIdx.x - row_tile * col_tiles;
+  const unsigned col_tiles = unsigned(cols / (kVecs * V));  // 32-bit: a 64-bit division is a call
+  const unsigned row_tile = blockIdx.x / col_tiles, col_tile = blockIdx.x - row_tile * col_tiles;
   const int tx = threadIdx.x % kVecs, ty = threadIdx.x / kVecs;
-  const int64_t row0 = row_tile * kRows + ty, col = (col_tile * kVecs + tx) * V;
+  const int64_t row0 = int64_t(row_tile) * kRows + ty, col = (int64_t(col_tile) * kVecs + tx) * V;
   float acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
@@ -65,7 +65,7 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sums[w][c];
-    partial[row_tile * cols + col_tile * kVecs * V + c] = s;
+    partial[int64_t(row_tile) * cols + int64_t(col_tile) * kVecs * V + c] = s;
   }
 }
 
@@ -83,11 +83,8 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
 #define RAWOPS_BIAS_BWD_TILES(T, suffix)       \
   RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 32, 1)  \
   RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64, 1)  \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 32, 1)  \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 1024, 32, 1) \
   RAWOPS_BIAS_BWD_TILE(T, suffix, 1024, 64, 1) \
   RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 64, 2)  \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 128, 2) \
   RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64, 2)
 RAWOPS_BIAS_BWD_TILES(float, f32)
 RAWOPS_BIAS_BWD_TILES(__half, f16)
