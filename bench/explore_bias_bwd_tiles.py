@@ -27,8 +27,10 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # Run 2 (00:38) also had 512 x 32 rows x 16 vectors, 1024 x 32 x 32 and 512 x 128 rows x 2 a thread:
 # none the best of any dtype. Run 3 times each dtype on TRIALS fresh allocations (the bf16 tiles of
 # run 2 were 10-30% slower than f16's, and f16's 512 x 64 moved 146.7 -> 141.1 us between runs).
-SHAPES = [(256, 32, 1), (512, 64, 1), (1024, 64, 1), (256, 64, 2), (512, 64, 2)]
-TRIALS = 3
+# Run 4: (threads, rows a tile, rows a thread, dynamic shared memory KB to cap the blocks an SM).
+SHAPES = [(512, 64, 1, 0), (512, 64, 1, 64), (512, 64, 1, 100), (1024, 64, 1, 0), (1024, 128, 1, 0),
+          (512, 64, 2, 0), (512, 128, 2, 0), (512, 128, 2, 64), (512, 256, 4, 0), (256, 128, 4, 0)]
+TRIALS = 2
 
 
 def cubin(arch):
@@ -81,7 +83,7 @@ def main():
         candidates = {"shipped": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
                       "torch (gelu_backward + sum)": lambda: (
                           lambda g: (g, g.sum(0)))(torch.ops.aten.gelu_backward(dy, x + bias, approximate="tanh"))}
-        for threads, tile_rows, per in SHAPES:
+        for threads, tile_rows, per, smem_kb in SHAPES:
             kernel = module.get_function(f"bias_gelu_tanh_bwd_tile_{threads}_{tile_rows}_{per}_{name}")
             vecs = threads * per // tile_rows
             chunks = ROWS // tile_rows
@@ -92,9 +94,12 @@ def main():
             args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + (
                 numpy.int64(ROWS), numpy.int64(COLS))
 
+            if smem_kb:
+                kernel.max_dynamic_shared_size_bytes = smem_kb << 10
+
             def run(kernel=kernel, grid=grid, threads=threads, args=args, partial=partial, dx=dx, dbias=dbias,
-                    chunks=chunks):
-                kernel((grid,), (threads,), args, stream=cupy_stream)
+                    chunks=chunks, smem=smem_kb << 10):
+                kernel((grid,), (threads,), args, stream=cupy_stream, shared_mem=smem)
                 ew._launch_column_sum_final(device, name, partial.data_ptr(), dbias.data_ptr(), chunks, COLS,
                                             torch_stream)
                 return dx, dbias
@@ -104,7 +109,8 @@ def main():
             first = dbias.clone()
             run()
             torch.cuda.synchronize()
-            label = f"tiles of {tile_rows} rows x {vecs} vectors, {threads} threads, {per} row(s) each ({grid} blocks)"
+            label = (f"tiles of {tile_rows} rows x {vecs} vectors, {threads} threads, {per} row(s) each"
+                     + (f", {smem_kb} KB shared" if smem_kb else "") + f" ({grid} blocks)")
             same_dx = torch.equal(dx, ref_dx)
             repeat = torch.equal(first, dbias)
             ref64 = ref_dx.double().sum(0)

@@ -81,11 +81,13 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
                                                                              cols);                            \
   }
 #define RAWOPS_BIAS_BWD_TILES(T, suffix)       \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 32, 1)  \
   RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64, 1)  \
   RAWOPS_BIAS_BWD_TILE(T, suffix, 1024, 64, 1) \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 64, 2)  \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64, 2)
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 1024, 128, 1) \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64, 2)  \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 128, 2) \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 256, 4) \
+  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 128, 4)
 RAWOPS_BIAS_BWD_TILES(float, f32)
 RAWOPS_BIAS_BWD_TILES(__half, f16)
 RAWOPS_BIAS_BWD_TILES(__nv_bfloat16, bf16)
