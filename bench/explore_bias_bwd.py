@@ -18,6 +18,7 @@ from timing import device_time_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+CODES = {"f32": 0, "f16": 1, "bf16": 2}
 # (vector bytes, blocks an SM, rows ahead, threads a block, waves): the shipped shapes. waves > 1
 # deals the rows to that many times the resident blocks (shorter blocks, more partial sums).
 # Session 8 also measured rows in flight through shared memory (cp.async; a kernel variant
@@ -80,13 +81,12 @@ def main():
             module = modules[(vec_bytes, blocks, ahead, block_threads)]
             fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
             final = module.get_function(f"column_sum_final_{name}")
-            saved = dict(ew.BIAS_BWD_SHAPE), ew.BIAS_BWD_THREADS
+            saved = dict(ew.BIAS_BWD_SHAPE), ew.BIAS_BWD_THREADS, ew.USE_BIAS_BWD_TILE
             ew.BIAS_BWD_SHAPE[dy.element_size()] = (vec_bytes, blocks * waves)
-            ew.BIAS_BWD_THREADS = block_threads
-            strips, chunks, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(),
-                                                                        (0, 0, 0), sms)
+            ew.BIAS_BWD_THREADS, ew.USE_BIAS_BWD_TILE = block_threads, False  # the walkers' plan
+            (strips, chunks), _, threads, strip = ew.bias_gelu_bwd_plan(ROWS, COLS, CODES[name], (0, 0, 0), sms)
             ew.BIAS_BWD_SHAPE.update(saved[0])
-            ew.BIAS_BWD_THREADS = saved[1]
+            ew.BIAS_BWD_THREADS, ew.USE_BIAS_BWD_TILE = saved[1], saved[2]
             partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
             args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + tuple(
                 numpy.int64(v) for v in (ROWS, COLS, strip))

@@ -86,7 +86,10 @@ def bias_rows(module, stream, sms):
         dy, x = (torch.randn(ROWS, COLS, device="cuda", dtype=dtype) for _ in range(2))
         bias = torch.randn(COLS, device="cuda", dtype=dtype)
         dx = torch.empty_like(x)
-        strips, chunks, strip, threads = ew.bias_gelu_bwd_plan(ROWS, COLS, dy.element_size(), (0, 0, 0), sms)
+        ew.USE_BIAS_BWD_TILE = False  # the walkers (bias_bwd_partial) are what this stamps
+        (strips, chunks), _, threads, strip = ew.bias_gelu_bwd_plan(ROWS, COLS, {"f32": 0, "f16": 1, "bf16": 2}[name],
+                                                                    (0, 0, 0), sms)
+        ew.USE_BIAS_BWD_TILE = True
         partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
         fused = module.get_function(f"bias_gelu_tanh_bwd_partial_{name}")
         args = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial)) + tuple(

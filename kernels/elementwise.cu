@@ -429,6 +429,85 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 #endif
 }
 
+// The same result as bias_bwd_partial (dx bit for bit; dbias from the same rounded dx values,
+// added in another fixed order) from short blocks shaped like the map kernels': the grid covers
+// the data, a block is a tile of kRows rows x kThreads * kPer / kRows 16-byte column vectors, and
+// each thread owns one vector of kPer rows (ty, ty + kRows / kPer, ...), every load issued before
+// the math. The tile's column sums (a warp's rows by shuffles, then the warps in order through
+// shared memory) go to partial[row tile][col]; column_sum_final adds the row tiles in order. Why:
+// the long-lived walkers of bias_bwd_partial streamed at ~2.78 TB/s counted where the map
+// kernels reach 3.0, and many short blocks with one partial row per 64-128 rows (1-2% more
+// traffic) measured 141-142 us for the half types against the walkers' 145-148, and 270 us for
+// float32 against 282 (H100, 16384 x 4096; bench/results/explore_bias_bwd_tiles.md). Shapes per
+// type (BiasBwdTile, the same runs): float32 64 rows x 16 vectors of 1024 threads; float16 64 x
+// 8 of 512; bfloat16 128 x 8 of 256 with 4 rows a thread (one row a thread ran 176 us there).
+// Needs cols % V == 0 and dy, x, bias, dx 16-byte aligned (rawops/elementwise.py plans it).
+template <typename T> struct BiasBwdTile;
+template <> struct BiasBwdTile<float> { static constexpr int threads = 1024, rows = 64, per = 1; };
+template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, rows = 64, per = 1; };
+template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 256, rows = 128, per = 4; };
+
+template <class Op, typename T>
+__device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T* __restrict__ x,
+                                              const T* __restrict__ bias, T* __restrict__ dx,
+                                              float* __restrict__ partial, int64_t rows, int64_t cols) {
+  constexpr int kThreads = BiasBwdTile<T>::threads, kRows = BiasBwdTile<T>::rows, kPer = BiasBwdTile<T>::per;
+  constexpr int V = Vec16<T>::size, kVecs = kThreads * kPer / kRows, kWarps = kThreads / 32, kRowStep = kRows / kPer;
+  static_assert(kVecs <= 32 && 32 % kVecs == 0, "a warp holds whole rows of the tile");
+  __shared__ float sums[kWarps][kVecs * V];
+  allow_dependent_launch();  // column_sum_final waits for this whole grid before reading partial
+  // Blocks walk memory in order: the column tiles of row tile 0, then of row tile 1, ... (32-bit
+  // division: the grid is below 2^31 blocks; a 64-bit one is a call).
+  const unsigned col_tiles = unsigned((cols / V + kVecs - 1) / kVecs);
+  const unsigned row_tile = blockIdx.x / col_tiles, col_tile = blockIdx.x - row_tile * col_tiles;
+  const int tx = threadIdx.x % kVecs, ty = threadIdx.x / kVecs;
+  const int64_t row0 = int64_t(row_tile) * kRows + ty, col = (int64_t(col_tile) * kVecs + tx) * V;
+  float acc[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) acc[e] = 0.f;
+  if (col < cols) {
+    Vec16<T> d[kPer], v[kPer], b;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k)
+      if (row0 + k * kRowStep < rows) {
+        d[k] = load16(dy + (row0 + k * kRowStep) * cols + col);
+        v[k] = load16(x + (row0 + k * kRowStep) * cols + col);
+      }
+    if (Op::C) b = load16(bias + col);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k)
+      if (row0 + k * kRowStep < rows) {
+        Vec16<T> out;
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          out.v[e] = from_float<T>(Op::f(to_float(d[k].v[e]), to_float(v[k].v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f));
+          acc[e] += to_float(out.v[e]);  // the rounded dx, as column_sum(dx) would see it
+        }
+        store16(dx + (row0 + k * kRowStep) * cols + col, out);
+      }
+  }
+  // A warp's lanes tx, tx + kVecs, ... hold the same columns of different rows.
+#pragma unroll
+  for (int step = kVecs; step < 32; step *= 2)
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], step);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane < kVecs) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) sums[warp][lane * V + e] = acc[e];
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < kVecs * V; c += kThreads) {
+    const int64_t out_col = int64_t(col_tile) * kVecs * V + c;
+    if (out_col < cols) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += sums[w][c];
+      partial[int64_t(row_tile) * cols + out_col] = s;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rawops
 
@@ -444,6 +523,13 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
                       long long cols, long long strip) {                                         \
     rawops::bias_bwd_partial<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols, int(strip));     \
+  }
+
+#define RAWOPS_BIAS_BWD_TILE(name, Op, T, suffix)                                                           \
+  extern "C" __global__ void __launch_bounds__(rawops::BiasBwdTile<T>::threads)                              \
+      name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows,         \
+                      long long cols) {                                                                      \
+    rawops::bias_bwd_tile<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols);                                \
   }
 
 #define RAWOPS_ELEMENTWISE(T, suffix)                                                    \
@@ -472,7 +558,11 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_tanh_bwd_partial, BiasGeluTanhBwd, T, suffix)        \
   RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_erf_bwd_partial, BiasGeluErfBwd, T, suffix)        \
   RAWOPS_BIAS_BWD_PARTIAL(gelu_tanh_bwd_partial, GeluTanhBwd, T, suffix)                 \
-  RAWOPS_BIAS_BWD_PARTIAL(gelu_erf_bwd_partial, GeluErfBwd, T, suffix)
+  RAWOPS_BIAS_BWD_PARTIAL(gelu_erf_bwd_partial, GeluErfBwd, T, suffix)                  \
+  RAWOPS_BIAS_BWD_TILE(bias_gelu_tanh_bwd_tile, BiasGeluTanhBwd, T, suffix)              \
+  RAWOPS_BIAS_BWD_TILE(bias_gelu_erf_bwd_tile, BiasGeluErfBwd, T, suffix)                \
+  RAWOPS_BIAS_BWD_TILE(gelu_tanh_bwd_tile, GeluTanhBwd, T, suffix)                       \
+  RAWOPS_BIAS_BWD_TILE(gelu_erf_bwd_tile, GeluErfBwd, T, suffix)
 
 RAWOPS_ELEMENTWISE(float, f32)
 RAWOPS_ELEMENTWISE(__half, f16)

@@ -44,6 +44,15 @@ BIAS_BWD_THREADS = 256
 # as kernels/elementwise.cu BiasBwdShape compiles them. The grid is one wave of those blocks.
 BIAS_BWD_SHAPE = {4: (16, 3), 2: (8, 6)}
 MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (the column sums' chunks)
+# The same backward from short tiles (kernels/elementwise.cu bias_bwd_tile, measured 2-5% faster:
+# bench/results/explore_bias_bwd_tiles.md), wherever the last dim is whole 16-byte vectors and
+# every operand 16-byte aligned; the walkers above keep what is only 8-byte aligned.
+BIAS_BWD_TILE = {"tanh": "bias_gelu_tanh_bwd_tile", "none": "bias_gelu_erf_bwd_tile"}
+GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
+# By dtype code: (threads, rows a tile, rows a thread), as kernels/elementwise.cu BiasBwdTile
+# compiles them.
+BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (256, 128, 4)}
+USE_BIAS_BWD_TILE = True  # bench/explore_bias_bwd.py times the walkers by switching it off
 
 # The ops launched in the capped shape on sm_90 (_launch.map_shape), each measured faster so
 # (bench/results/explore_map_occupancy.md): the light ones and the erf GELU backward (f16
@@ -139,8 +148,8 @@ def bias_gelu(x, bias, approximate="tanh", *, out=None, stream=None):
 def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None):
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over the leading dims
     (deterministic: the same input gives the same bits). One pass over dy and x when the last
-    dim is whole vectors and every operand aligned to them (bias_gelu_bwd_plan: 16 bytes for
-    float32, 8 for the half types); otherwise dx, then its column sums. Checked once."""
+    dim is whole vectors and every operand aligned to them (bias_gelu_bwd_plan: 16-byte vectors,
+    or 8-byte ones for the half types); otherwise dx, then its column sums. Checked once."""
     import cupy
 
     kernel = _gelu_kernel(_BIAS_GELU_BWD, approximate)
@@ -159,7 +168,7 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
             return dx, cupy.zeros((cols,), dtype=dtype)
         dbias = cupy.empty((cols,), dtype=dtype)
         sms = sm_count(device)
-        plan = bias_gelu_bwd_plan(rows, cols, a_dy.itemsize, (a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr), sms)
+        plan = bias_gelu_bwd_plan(rows, cols, a_dy.dtype, (a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr), sms)
         if plan is not None:
             partial = cupy.empty((plan[1], cols), dtype="float32")
             launch_bias_gelu_backward(device, a_dy.dtype, approximate, plan, a_dy.ptr, a_x.ptr, a_bias.ptr,
@@ -174,37 +183,55 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
     return dx, dbias
 
 
-def bias_gelu_bwd_plan(rows, cols, itemsize, pointers, sms):
-    """(strips, chunks, strip, threads) of the fused backward (kernels/elementwise.cu
-    bias_bwd_partial), or None where it does not apply: nothing to do, a last dim that is not
-    whole vectors (BIAS_BWD_SHAPE), or a pointer off that alignment. A block is `strip` column
-    vectors x threads / strip rows (`by`); `strips` blocks span a row and `chunks` blocks its
-    rows, chunk c taking rows (i * chunks + c) * by + ty: at most one wave of the resident
-    blocks (a few blocks of a second wave cost a whole block's time), and so few chunks for the
-    final sum to add."""
+def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
+    """(grid, chunks, threads, strip) of the fused backward in dtype code `dtype`, or None where
+    it does not apply (nothing to do, a last dim that is not whole vectors, a pointer off their
+    alignment). chunks: the rows of float32 partial sums it writes (per column) for
+    column_sum_final. strip 0 is the short-tile kernel (bias_bwd_tile: BIAS_BWD_TILE_SHAPE,
+    16-byte vectors; a block a tile, grid = row tiles x column tiles, a row tile a chunk);
+    otherwise the walkers (bias_bwd_partial, BIAS_BWD_SHAPE): a block is `strip` column vectors
+    x threads / strip rows (`by`), grid (strips, chunks), chunk c taking rows (i * chunks + c) *
+    by + ty: at most one wave of the resident blocks (a few blocks of a second wave cost a whole
+    block's time), and so few chunks for the final sum to add."""
+    itemsize = 4 if dtype == 0 else 2
+    if rows <= 0 or cols <= 0:
+        return None
+    vector = 16 // itemsize
+    if USE_BIAS_BWD_TILE and cols % vector == 0 and not any(p % 16 for p in pointers):
+        threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
+        chunks = -(-rows // tile_rows)
+        blocks = chunks * -(-(cols // vector) // (threads * per // tile_rows))
+        if blocks <= 0x7FFFFFFF:
+            return (blocks,), chunks, threads, 0
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
     vector = vector_bytes // itemsize
-    if rows <= 0 or cols <= 0 or cols % vector or any(p % vector_bytes for p in pointers):
+    if cols % vector or any(p % vector_bytes for p in pointers):
         return None
     vectors = cols // vector
     strip = min(vectors, BIAS_BWD_THREADS)
     by = BIAS_BWD_THREADS // strip
     strips = -(-vectors // strip)
     chunks = max(1, min(-(-rows // by), MAX_GRID_Y, blocks_per_sm * sms // strips))
-    return strips, chunks, strip, strip * by
+    return (strips, chunks), chunks, strip * by, strip
 
 
 def launch_bias_gelu_backward(device, dtype, approximate, plan, dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr,
                               dbias_ptr, rows, cols, stream):
-    """The fused backward on raw pointers checked by the caller: dx, plan[1] x cols float32
-    partial sums, then dbias from them (column_sum_final). bias_ptr 0: no bias, dx = dy *
-    gelu'(x) (linear_gelu's dpre) and its column sums."""
-    strips, chunks, strip, threads = plan
+    """The fused backward (plan: bias_gelu_bwd_plan) on raw pointers checked by the caller: dx,
+    plan[1] x cols float32 partial sums, then dbias from them (column_sum_final). bias_ptr 0:
+    no bias, dx = dy * gelu'(x) (linear_gelu's dpre) and its column sums."""
+    grid, chunks, threads, strip = plan
     suffix = FLOAT_SUFFIXES[dtype]
-    names = BIAS_BWD_PARTIAL if bias_ptr else GELU_BWD_PARTIAL
-    fused = _modules.function_pointer(FAMILY, f"{names[approximate]}_{suffix}", device)
-    launch(fused, (strips, chunks), threads, 0, stream,
-           (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols, strip), "pppppqqq", device)
+    if strip == 0:  # the short tiles
+        names = BIAS_BWD_TILE if bias_ptr else GELU_BWD_TILE
+        fused = _modules.function_pointer(FAMILY, f"{names[approximate]}_{suffix}", device)
+        launch(fused, grid, threads, 0, stream, (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols),
+               "pppppqq", device)
+    else:
+        names = BIAS_BWD_PARTIAL if bias_ptr else GELU_BWD_PARTIAL
+        fused = _modules.function_pointer(FAMILY, f"{names[approximate]}_{suffix}", device)
+        launch(fused, grid, threads, 0, stream, (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols, strip),
+               "pppppqqq", device)
     _launch_column_sum_final(device, suffix, partial_ptr, dbias_ptr, chunks, cols, stream)
 
 

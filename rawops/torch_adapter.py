@@ -131,8 +131,7 @@ def _bias_gelu_bwd_fused(dy, x, bias, approximate):
     rows = x.numel() // cols if cols else 0
     device = x.get_device()
     bias_ptr = bias.data_ptr() if bias is not None else 0
-    plan = _ew.bias_gelu_bwd_plan(rows, cols, x.element_size(), (dy.data_ptr(), x.data_ptr(), bias_ptr),
-                                  sm_count(device))
+    plan = _ew.bias_gelu_bwd_plan(rows, cols, code, (dy.data_ptr(), x.data_ptr(), bias_ptr), sm_count(device))
     if plan is None:
         return None
     dx = torch.empty_like(x)

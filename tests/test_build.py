@@ -19,7 +19,8 @@ SUFFIXES = ("f32", "f16", "bf16")
 EXPECTED_KERNELS = {
     f"{base}_{suffix}"
     for base in (*elementwise.KERNELS, *elementwise.COLUMN_SUM_KERNELS, *elementwise.BIAS_BWD_PARTIAL.values(),
-                 *elementwise.GELU_BWD_PARTIAL.values())
+                 *elementwise.GELU_BWD_PARTIAL.values(), *elementwise.BIAS_BWD_TILE.values(),
+                 *elementwise.GELU_BWD_TILE.values())
     for suffix in SUFFIXES
 }
 
@@ -152,7 +153,8 @@ def test_every_elf_has_every_kernel_entry_point_and_no_unlisted_one(fatbin):
         extra = sorted(names - EXPECTED_KERNELS)
         assert not missing, f"{arch}: kernels the launcher needs but the ELF lacks: {missing}"
         assert not extra, (f"{arch}: entry points absent from rawops.elementwise.KERNELS / "
-                           f"COLUMN_SUM_KERNELS / BIAS_BWD_PARTIAL / GELU_BWD_PARTIAL (unreachable from Python): "
+                           f"COLUMN_SUM_KERNELS / BIAS_BWD_PARTIAL / GELU_BWD_PARTIAL / BIAS_BWD_TILE / GELU_BWD_TILE "
+                           f"(unreachable from Python): "
                            f"{extra}")
 
 
@@ -284,6 +286,10 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     assert fused == {"bias_gelu_tanh_bwd_partial": "BiasGeluTanhBwd", "bias_gelu_erf_bwd_partial": "BiasGeluErfBwd",
                      "gelu_tanh_bwd_partial": "GeluTanhBwd", "gelu_erf_bwd_partial": "GeluErfBwd"}
     assert set(fused) == {*elementwise.BIAS_BWD_PARTIAL.values(), *elementwise.GELU_BWD_PARTIAL.values()}
+    tiles = dict(re.findall(r"^\s*RAWOPS_BIAS_BWD_TILE\((\w+),\s*(\w+),\s*T,\s*suffix\)", source, flags=re.M))
+    assert tiles == {"bias_gelu_tanh_bwd_tile": "BiasGeluTanhBwd", "bias_gelu_erf_bwd_tile": "BiasGeluErfBwd",
+                     "gelu_tanh_bwd_tile": "GeluTanhBwd", "gelu_erf_bwd_tile": "GeluErfBwd"}
+    assert set(tiles) == {*elementwise.BIAS_BWD_TILE.values(), *elementwise.GELU_BWD_TILE.values()}
     instantiated = re.findall(r"^RAWOPS_ELEMENTWISE\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 
@@ -299,6 +305,18 @@ def test_fused_bias_backward_plan_uses_the_kernels_launch_bounds_and_vector():
     assert elementwise.BIAS_BWD_SHAPE == {4: (f32_bytes, f32_blocks), 2: (half_bytes, half_blocks)}
     assert re.search(rf"#define RAWOPS_BIAS_BWD_THREADS {elementwise.BIAS_BWD_THREADS}\n", source)
     assert "__launch_bounds__(rawops::kBiasBwdThreads, rawops::BiasBwdShape<T>::blocks)" in source
+
+
+def test_tile_backward_plan_uses_the_kernels_tile_shapes():
+    # The plan's grid, block and partial rows follow BiasBwdTile<T> (threads, rows a tile, rows a
+    # thread), compiled per type; a mismatch would leave rows or columns without a thread.
+    source = _kernel_source()
+    types = {"float": 0, "__half": 1, "__nv_bfloat16": 2}
+    found = {types[t]: tuple(map(int, shape)) for t, *shape in re.findall(
+        r"template <> struct BiasBwdTile<(\w+)> \{ static constexpr int threads = (\d+), rows = (\d+), "
+        r"per = (\d+); \};", source)}
+    assert found == elementwise.BIAS_BWD_TILE_SHAPE
+    assert "__launch_bounds__(rawops::BiasBwdTile<T>::threads)" in source
 
 
 def test_python_table_reads_the_operands_each_kernel_reads():

@@ -136,6 +136,31 @@ def test_bias_gelu_backward_dbias_is_deterministic_and_correct():
     assert_close(to_torch(db1), b64.grad, torch.float32, "dbias")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(16384, 4096), (70001, 40), (129, 2056), (3, 5, 24)],
+                         ids=["16384x4096", "70001x40", "129x2056", "3x5x24"])
+def test_tile_and_walker_backwards_agree(monkeypatch, dtype, shape):
+    # The short tiles (bias_bwd_tile) and the walkers (bias_bwd_partial) on the same data: dx the
+    # same bits (the same formula and rounding), dbias deterministic in each and within rounding
+    # of the other (the sums' order differs), both against float64. Rows not a whole tile, and a
+    # last column tile part-filled (40, 2056, 24 columns), included.
+    dy, x = random(shape, DTYPES[dtype]), random(shape, DTYPES[dtype])
+    bias = random(shape[-1:], DTYPES[dtype])
+    results = {}
+    for tiles in (True, False):
+        monkeypatch.setattr(rawops.elementwise, "USE_BIAS_BWD_TILE", tiles)
+        poison_pool(dy.numel() * dy.element_size() * 2)
+        first = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
+        again = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
+        assert cupy.array_equal(first[1], again[1]), f"tiles={tiles}: dbias not repeatable"
+        results[tiles] = first
+    assert cupy.array_equal(results[True][0], results[False][0]), "dx differs between the two kernels"
+    dx64, db64 = _bias_gelu_grads64(dy, x, bias, "tanh")
+    for tiles, (dx, db) in results.items():
+        assert_close(to_torch(dx), dx64, DTYPES[dtype], f"dx, tiles={tiles}")
+        assert_close(to_torch(db), db64, DTYPES[dtype], f"dbias, tiles={tiles}")
+
+
 def _bias_gelu_grads64(dy, x, bias, approximate):
     x64, b64 = x.double().requires_grad_(), bias.double().requires_grad_()
     F.gelu(x64 + b64, approximate=approximate).backward(dy.double())
@@ -155,7 +180,8 @@ def test_bias_gelu_backward_dx_and_dbias_match_float64(shape, fused, dtype, appr
     dy, x = random(shape, DTYPES[dtype]), random(shape, DTYPES[dtype])
     bias = random(shape[-1:], DTYPES[dtype])
     rows, cols = dy.numel() // shape[-1], shape[-1]
-    plan = rawops.elementwise.bias_gelu_bwd_plan(rows, cols, dy.element_size(), (dy.data_ptr(), x.data_ptr(),
+    code = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dy.dtype]
+    plan = rawops.elementwise.bias_gelu_bwd_plan(rows, cols, code, (dy.data_ptr(), x.data_ptr(),
                                                  bias.data_ptr()), 132)
     assert (plan is not None) == fused
     poison_pool(dy.numel() * dy.element_size())

@@ -20,7 +20,8 @@ import pytest
 
 from rawops import _modules
 from rawops._launch import MAP_SHAPE, launch, map_launch_config, sm_count
-from rawops.elementwise import BIAS_BWD_SHAPE, BIAS_BWD_THREADS, bias_gelu_bwd_plan, column_sum_plan
+from rawops.elementwise import (BIAS_BWD_SHAPE, BIAS_BWD_THREADS, BIAS_BWD_TILE_SHAPE, bias_gelu_bwd_plan,
+                                column_sum_plan)
 
 THREADS = MAP_SHAPE["threads"]  # __launch_bounds__(256) in the kernel
 UNROLL = MAP_SHAPE["unroll"]  # RAWOPS_MAP_UNROLL in the kernel (the tripwire test checks)
@@ -269,8 +270,14 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
     (70000, 8, 2, 132), (5, 1 << 17, 2, 132), (3, 4, 4, 1), (10 ** 6, 24, 4, 132), (2, 2 ** 31 // 4, 4, 132),
     (7, 2048, 4, 132),
 ])
-def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(rows, cols, itemsize, sms):
-    strips, chunks, strip, threads = bias_gelu_bwd_plan(rows, cols, itemsize, (0, 256, 512), sms)
+def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(monkeypatch, rows, cols, itemsize, sms):
+    # the walkers (bias_bwd_partial): where the short tiles do not apply, or switched off as here
+    from rawops import elementwise
+
+    monkeypatch.setattr(elementwise, "USE_BIAS_BWD_TILE", False)
+    grid, chunks, threads, strip = bias_gelu_bwd_plan(rows, cols, 0 if itemsize == 4 else 1, (0, 256, 512), sms)
+    strips = grid[0]
+    assert grid == (strips, chunks) and strip > 0
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
     vectors = cols // (vector_bytes // itemsize)
     by = threads // strip
@@ -293,7 +300,47 @@ def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(rows, cols, 
     (8, 8, 2, (2, 0, 0)), (8, 8, 2, (0, 4, 0)), (8, 8, 4, (0, 0, 8)), (8, 8, 4, (0, 0, 0, 1032)),  # misaligned
 ])
 def test_bias_gelu_bwd_plan_declines_what_the_fused_kernel_cannot_take(rows, cols, itemsize, pointers):
-    assert bias_gelu_bwd_plan(rows, cols, itemsize, pointers, 132) is None
+    assert bias_gelu_bwd_plan(rows, cols, 0 if itemsize == 4 else 1, pointers, 132) is None
+
+
+@pytest.mark.parametrize("dtype", [0, 1, 2])
+@pytest.mark.parametrize("rows, cols", [(1, 8), (16384, 4096), (4096, 768), (1000, 64), (70001, 8), (5, 1 << 17),
+                                        (3, 24), (129, 2056), (2, 2 ** 31 // 4)])
+def test_tile_backward_plan_covers_every_row_and_column_vector_once(rows, cols, dtype):
+    # bias_bwd_tile (kernels/elementwise.cu): block b is row tile b // col_tiles, column tile
+    # b % col_tiles; thread t is vector t % vecs of the tile, rows t // vecs + k * rows / per.
+    threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
+    vector = 4 if dtype == 0 else 8
+    grid, chunks, block, strip = bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512, 1024), 132)
+    assert strip == 0 and block == threads and len(grid) == 1
+    vecs = threads * per // tile_rows
+    col_tiles = -(-(cols // vector) // vecs)
+    assert grid[0] == chunks * col_tiles and chunks == -(-rows // tile_rows), "a partial row per row tile"
+    if rows * cols > 1 << 26:
+        return  # the arithmetic above is what scales; the cover below is checked on the small ones
+    seen = np.zeros((rows, cols // vector), dtype=np.int64)
+    for b in range(grid[0]):
+        row_tile, col_tile = divmod(b, col_tiles)
+        for t in range(threads):
+            vec = col_tile * vecs + t % vecs
+            if vec >= cols // vector:
+                continue  # past the last column: no load, no store, zeros into the sums
+            for k in range(per):
+                row = row_tile * tile_rows + t // vecs + k * (tile_rows // per)
+                if row < rows:
+                    seen[row, vec] += 1
+    assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("dtype, pointers, tiles", [
+    (1, (0, 256, 512), True), (1, (0, 264, 512), False), (2, (8, 256, 512), False),  # 8-byte aligned: the walkers
+    (0, (0, 256, 512), True), (1, (0, 256, 0), True),  # no bias (linear_gelu's backward): pointer 0
+])
+def test_tile_backward_needs_16_byte_vectors_and_the_walkers_take_8_byte_ones(dtype, pointers, tiles):
+    plan = bias_gelu_bwd_plan(64, 4096, dtype, pointers, 132)
+    assert (plan[3] == 0) == tiles
+    assert bias_gelu_bwd_plan(64, 4100, dtype, pointers, 132)[3] != 0 or dtype == 0  # 4100 % 8: the walkers
+    assert bias_gelu_bwd_plan(64, 4100, 0, (0, 256, 512), 132)[3] == 0  # float32: 4 a vector
 
 
 @pytest.mark.parametrize("cc, switch, dependent", [(90, True, True), (100, True, True), (89, True, False),
@@ -313,17 +360,19 @@ def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, s
     assert is_dependent is dependent
 
 
-@pytest.mark.parametrize("bias_ptr, kernel", [(0x4000, "bias_gelu_tanh_bwd_partial_f16"),
-                                              (0, "gelu_tanh_bwd_partial_f16")])
-def test_fused_gelu_backward_takes_the_kernel_without_bias_for_a_null_bias(monkeypatch, bias_ptr, kernel):
+@pytest.mark.parametrize("tiles", [True, False])
+@pytest.mark.parametrize("bias_ptr, kernel", [(0x4000, "bias_gelu_tanh_bwd_{}_f16"), (0, "gelu_tanh_bwd_{}_f16")])
+def test_fused_gelu_backward_takes_the_kernel_without_bias_for_a_null_bias(monkeypatch, bias_ptr, kernel, tiles):
     # linear_gelu's backward passes no bias (dpre = dy * gelu'(pre)): the kernel must not read one.
     from rawops import elementwise
 
+    monkeypatch.setattr(elementwise, "USE_BIAS_BWD_TILE", tiles)
+    kernel = kernel.format("tile" if tiles else "partial")
     calls, names = [], []
     monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))
     monkeypatch.setattr(elementwise._modules, "function_pointer", lambda family, name, device: names.append(name) or 1)
     monkeypatch.setattr(elementwise._modules, "compute_capability", lambda device: 90)
-    plan = bias_gelu_bwd_plan(64, 4096, 2, (0, 256, bias_ptr), 132)
+    plan = bias_gelu_bwd_plan(64, 4096, 1, (0, 256, bias_ptr), 132)
     elementwise.launch_bias_gelu_backward(0, 1, "tanh", plan, 0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, 0x6000,
                                           64, 4096, 0)
     assert names == [kernel, "column_sum_final_f16"]
