@@ -439,12 +439,15 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 // kernels reach 3.0, and many short blocks with one partial row per 64-128 rows (1-2% more
 // traffic) measured 141-142 us for the half types against the walkers' 145-148, and 270 us for
 // float32 against 282 (H100, 16384 x 4096; bench/results/explore_bias_bwd_tiles.md). Shapes per
-// type (BiasBwdTile, the same runs): float32 64 rows x 16 vectors of 1024 threads; float16 64 x
-// 8 of 512; bfloat16 128 x 8 of 256 with 4 rows a thread (one row a thread ran 176 us there).
+// type (BiasBwdTile, the same runs): float32 64 rows x 16 vectors of 1024 threads; the half types
+// 128 x 8 of 256 with 4 rows a thread (bfloat16 141.2-141.5 us; one row a thread ran 176 us).
+// float16's fastest in the explorer, 64 x 8 of 512 with one row a thread (141.5 us there), ran
+// 149 us in bench_elementwise, where dx is allocated per call: the 4-row shape (142.3 there) is
+// the one both half types measured alike.
 // Needs cols % V == 0 and dy, x, bias, dx 16-byte aligned (rawops/elementwise.py plans it).
 template <typename T> struct BiasBwdTile;
 template <> struct BiasBwdTile<float> { static constexpr int threads = 1024, rows = 64, per = 1; };
-template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, rows = 64, per = 1; };
+template <> struct BiasBwdTile<__half> { static constexpr int threads = 256, rows = 128, per = 4; };
 template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 256, rows = 128, per = 4; };
 
 template <class Op, typename T>

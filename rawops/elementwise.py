@@ -51,7 +51,7 @@ BIAS_BWD_TILE = {"tanh": "bias_gelu_tanh_bwd_tile", "none": "bias_gelu_erf_bwd_t
 GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
 # By dtype code: (threads, rows a tile, rows a thread), as kernels/elementwise.cu BiasBwdTile
 # compiles them.
-BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (256, 128, 4)}
+BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (256, 128, 4), 2: (256, 128, 4)}
 USE_BIAS_BWD_TILE = True  # bench/explore_bias_bwd.py times the walkers by switching it off
 
 # The ops launched in the capped shape on sm_90 (_launch.map_shape), each measured faster so
