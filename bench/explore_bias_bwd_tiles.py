@@ -6,6 +6,8 @@ dbias the same bits on every run. Needs nvcc (or the cubin built beforehand: pyt
 bench/explore_bias_bwd_tiles.py --build 90, carried in bench/.cubins).
 
     python bench/explore_bias_bwd_tiles.py [--out bench/results]
+    python bench/explore_bias_bwd_tiles.py --routing   # the library's call, tiles (USE_BIAS_BWD_TILE)
+                                                       # on and off, at the shapes that reach it
 """
 import glob
 import hashlib
@@ -48,7 +50,56 @@ def cubin(arch):
     return path
 
 
+ROUTING_SHAPES = [((16384, 4096), True), ((8192, 3072), False), ((32, 3072), False), ((4096, 768), True)]
+
+
+def routing():
+    """rawops' fused backward (torch_adapter._bias_gelu_bwd_fused: dx + dbias, or linear_gelu's dpre +
+    dbias without a bias) with the short tiles and with the walkers, interleaved rounds, each
+    dtype and shape; the bias-free shapes are linear_gelu's backward (8192 and 32 tokens, 3072)."""
+    sys.path.insert(0, HERE)
+    from timing import device_times_us, start, write_results
+
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 1
+    out_dir, _ = started
+    from rawops import elementwise as ew
+    from rawops import torch_adapter as ta
+
+    rows = []
+    for name, dtype in DTYPES.items():
+        for (r, c), with_bias in ROUTING_SHAPES:
+            dy, x = (torch.randn(r, c, device="cuda", dtype=dtype) for _ in range(2))
+            bias = torch.randn(c, device="cuda", dtype=dtype) if with_bias else None
+
+            def call(tiles):
+                def run():
+                    ew.USE_BIAS_BWD_TILE = tiles
+                    try:
+                        return ta._bias_gelu_bwd_fused(dy, x, bias, "tanh")
+                    finally:
+                        ew.USE_BIAS_BWD_TILE = True
+                return run
+
+            a, b = call(True)(), call(False)()
+            same = torch.equal(a[0], b[0])
+            times = device_times_us({"tiles": call(True), "walkers": call(False)}, rounds=8)
+            nbytes = 3 * dy.numel() * dy.element_size()
+            row = {"dtype": name, "shape": f"{r}x{c}", "bias": with_bias, "tiles us": times["tiles"],
+                   "walkers us": times["walkers"], "tiles TB/s": nbytes / times["tiles"] / 1e6,
+                   "x walkers": times["walkers"] / times["tiles"], "dx same bits": same}
+            rows.append(row)
+            print(row, flush=True)
+    write_results(out_dir, "explore_bias_bwd_routing", "python bench/explore_bias_bwd_tiles.py --routing", [
+        ("fused GELU backward + column sums: short tiles vs walkers (the library's call)",
+         ["dtype", "shape", "bias", "tiles us", "walkers us", "tiles TB/s", "x walkers", "dx same bits"], rows, {})])
+    return 0
+
+
 def main():
+    if "--routing" in sys.argv:
+        return routing()
     if "--build" in sys.argv:
         print(cubin(sys.argv[sys.argv.index("--build") + 1]))
         return 0
