@@ -99,6 +99,7 @@ def routing():
 
 def main():
     if "--routing" in sys.argv:
+        sys.argv.remove("--routing")  # timing.start parses the rest
         return routing()
     if "--build" in sys.argv:
         print(cubin(sys.argv[sys.argv.index("--build") + 1]))
