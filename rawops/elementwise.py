@@ -53,6 +53,11 @@ GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
 # compiles them.
 BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (256, 128, 4), 2: (256, 128, 4)}
 USE_BIAS_BWD_TILE = True  # bench/explore_bias_bwd.py times the walkers by switching it off
+# The half types take the tiles from this many elements (float32 at every size): the library's
+# call, tiles against walkers (bench/results/explore_bias_bwd_routing.md, H100), was 1.01x (f16)
+# and 1.05x (bf16) at 16384 x 4096 but 0.95x and 0.92x at 8192 x 3072 (linear_gelu's backward
+# at 8192 tokens); float32 1.02-1.04x at all four shapes measured.
+BIAS_BWD_TILE_MIN_HALF = 1 << 25
 
 # The ops launched in the capped shape on sm_90 (_launch.map_shape), each measured faster so
 # (bench/results/explore_map_occupancy.md): the light ones and the erf GELU backward (f16
@@ -188,7 +193,8 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     it does not apply (nothing to do, a last dim that is not whole vectors, a pointer off their
     alignment). chunks: the rows of float32 partial sums it writes (per column) for
     column_sum_final. strip 0 is the short-tile kernel (bias_bwd_tile: BIAS_BWD_TILE_SHAPE,
-    16-byte vectors; a block a tile, grid = row tiles x column tiles, a row tile a chunk);
+    16-byte vectors, float32 or BIAS_BWD_TILE_MIN_HALF elements; a block a tile, grid = row
+    tiles x column tiles, a row tile a chunk);
     otherwise the walkers (bias_bwd_partial, BIAS_BWD_SHAPE): a block is `strip` column vectors
     x threads / strip rows (`by`), grid (strips, chunks), chunk c taking rows (i * chunks + c) *
     by + ty: at most one wave of the resident blocks (a few blocks of a second wave cost a whole
@@ -197,7 +203,8 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     if rows <= 0 or cols <= 0:
         return None
     vector = 16 // itemsize
-    if USE_BIAS_BWD_TILE and cols % vector == 0 and not any(p % 16 for p in pointers):
+    if (USE_BIAS_BWD_TILE and (dtype == 0 or rows * cols >= BIAS_BWD_TILE_MIN_HALF) and cols % vector == 0
+            and not any(p % 16 for p in pointers)):
         threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
         chunks = -(-rows // tile_rows)
         blocks = chunks * -(-(cols // vector) // (threads * per // tile_rows))

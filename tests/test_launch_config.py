@@ -306,9 +306,12 @@ def test_bias_gelu_bwd_plan_declines_what_the_fused_kernel_cannot_take(rows, col
 @pytest.mark.parametrize("dtype", [0, 1, 2])
 @pytest.mark.parametrize("rows, cols", [(1, 8), (16384, 4096), (4096, 768), (1000, 64), (70001, 8), (5, 1 << 17),
                                         (3, 24), (129, 2056), (2, 2 ** 31 // 4)])
-def test_tile_backward_plan_covers_every_row_and_column_vector_once(rows, cols, dtype):
+def test_tile_backward_plan_covers_every_row_and_column_vector_once(monkeypatch, rows, cols, dtype):
     # bias_bwd_tile (kernels/elementwise.cu): block b is row tile b // col_tiles, column tile
     # b % col_tiles; thread t is vector t % vecs of the tile, rows t // vecs + k * rows / per.
+    from rawops import elementwise
+
+    monkeypatch.setattr(elementwise, "BIAS_BWD_TILE_MIN_HALF", 0)  # the half types' tiles at every size
     threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
     vector = 4 if dtype == 0 else 8
     grid, chunks, block, strip = bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512, 1024), 132)
@@ -336,7 +339,10 @@ def test_tile_backward_plan_covers_every_row_and_column_vector_once(rows, cols, 
     (1, (0, 256, 512), True), (1, (0, 264, 512), False), (2, (8, 256, 512), False),  # 8-byte aligned: the walkers
     (0, (0, 256, 512), True), (1, (0, 256, 0), True),  # no bias (linear_gelu's backward): pointer 0
 ])
-def test_tile_backward_needs_16_byte_vectors_and_the_walkers_take_8_byte_ones(dtype, pointers, tiles):
+def test_tile_backward_needs_16_byte_vectors_and_the_walkers_take_8_byte_ones(monkeypatch, dtype, pointers, tiles):
+    from rawops import elementwise
+
+    monkeypatch.setattr(elementwise, "BIAS_BWD_TILE_MIN_HALF", 0)
     plan = bias_gelu_bwd_plan(64, 4096, dtype, pointers, 132)
     assert (plan[3] == 0) == tiles
     assert bias_gelu_bwd_plan(64, 4100, dtype, pointers, 132)[3] != 0 or dtype == 0  # 4100 % 8: the walkers
@@ -360,6 +366,15 @@ def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, s
     assert is_dependent is dependent
 
 
+@pytest.mark.parametrize("dtype, rows, cols, tiles", [
+    (0, 32, 3072, True), (0, 8192, 3072, True), (1, 8192, 3072, False), (2, 8192, 3072, False),
+    (1, 8192, 4096, True), (2, 16384, 4096, True), (2, 32, 3072, False),
+])
+def test_the_half_types_take_the_tiles_from_2_to_the_25_elements(dtype, rows, cols, tiles):
+    # measured: the half types' tiles slower than the walkers at 8192 x 3072, faster at 16384 x 4096
+    assert (bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512), 132)[3] == 0) == tiles
+
+
 @pytest.mark.parametrize("tiles", [True, False])
 @pytest.mark.parametrize("bias_ptr, kernel", [(0x4000, "bias_gelu_tanh_bwd_{}_f16"), (0, "gelu_tanh_bwd_{}_f16")])
 def test_fused_gelu_backward_takes_the_kernel_without_bias_for_a_null_bias(monkeypatch, bias_ptr, kernel, tiles):
@@ -367,6 +382,7 @@ def test_fused_gelu_backward_takes_the_kernel_without_bias_for_a_null_bias(monke
     from rawops import elementwise
 
     monkeypatch.setattr(elementwise, "USE_BIAS_BWD_TILE", tiles)
+    monkeypatch.setattr(elementwise, "BIAS_BWD_TILE_MIN_HALF", 0)
     kernel = kernel.format("tile" if tiles else "partial")
     calls, names = [], []
     monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))
