@@ -1,8 +1,9 @@
 """bias_gelu's backward as short tiles (bench/explore/bias_bwd_tiles.cu): blocks shaped like the map
 kernels', one 16-byte vector of one row a thread, each block's column sums over its rows into a
 partial row that column_sum_final adds in order. Timed at 16384 x 4096 (tanh) per dtype beside the
-shipped fused kernel and torch, in interleaved rounds. dx must be the shipped kernel's bits and
-dbias the same bits on every run. Needs nvcc (or the cubin built beforehand: python
+library's call ("shipped": the tiles of kernels/elementwise.cu since session 10; "walkers": the same
+call with rawops.elementwise.USE_BIAS_BWD_TILE off, what shipped before) and torch, in interleaved
+rounds. dx must be the library's bits and dbias the same bits on every run. Needs nvcc (or the cubin built beforehand: python
 bench/explore_bias_bwd_tiles.py --build 90, carried in bench/.cubins).
 
     python bench/explore_bias_bwd_tiles.py [--out bench/results]
@@ -132,7 +133,14 @@ def main():
         nbytes = 3 * dy.numel() * dy.element_size()
         ref_dx, ref_db = ta._bias_gelu_bwd(dy, x, bias, "tanh")
         v = 16 // dy.element_size()
-        candidates = {"shipped": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
+        def walkers():
+            ew.USE_BIAS_BWD_TILE = False
+            try:
+                return ta._bias_gelu_bwd(dy, x, bias, "tanh")
+            finally:
+                ew.USE_BIAS_BWD_TILE = True
+
+        candidates = {"shipped": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"), "walkers": walkers,
                       "torch (gelu_backward + sum)": lambda: (
                           lambda g: (g, g.sum(0)))(torch.ops.aten.gelu_backward(dy, x + bias, approximate="tanh"))}
         for threads, tile_rows, per, smem_kb in SHAPES:

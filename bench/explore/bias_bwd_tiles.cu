@@ -1,19 +1,14 @@
-// bias_gelu's backward as short tiles (bench/explore_bias_bwd_tiles.py, not shipped): the
-// production file included as is, plus a kernel shaped like the map kernels. Each thread owns
-// one 16-byte vector of one row: a block of kThreads is a tile of kRows rows x kThreads / kRows
-// vectors; it writes dx and its columns' sums over its kRows rows (rounded dx values, added in
-// a fixed order: shuffles within a warp, then the warps in order through shared memory) into
-// partial[row tile][col]. column_sum_final adds the row tiles in order. So dbias is
-// deterministic, and the grid covers the data with short blocks as the map kernels do (the
-// shipped kernel's long-lived walkers stream ~5% under them). Partials: 4 bytes a column per
-// kRows rows, 1/(1.5 kRows) of the half types' traffic (2% at 32 rows).
+// bias_gelu's backward as short tiles, shape variants for bench/explore_bias_bwd_tiles.py: the
+// production file included as is, plus the tile kernel with its shape as template parameters
+// (threads, rows a tile, rows a thread). The shipped kernel (kernels/elementwise.cu
+// bias_bwd_tile, BiasBwdTile) came out of these runs; its comment says what they measured.
 #include "../../kernels/elementwise.cu"
 
 namespace rawops {
 namespace {
 
 template <class Op, typename T, int kThreads, int kRows, int kPer>
-__device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T* __restrict__ x,
+__device__ __forceinline__ void bias_bwd_tile_variant(const T* __restrict__ dy, const T* __restrict__ x,
                                               const T* __restrict__ bias, T* __restrict__ dx,
                                               float* __restrict__ partial, int64_t rows, int64_t cols) {
   // kPer rows a thread (rows ty, ty + kRows / kPer, ...), their loads all issued before the math.
@@ -72,22 +67,22 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
 }  // namespace
 }  // namespace rawops
 
-#define RAWOPS_BIAS_BWD_TILE(T, suffix, THREADS, ROWS, PER)                                                   \
+#define RAWOPS_BIAS_BWD_TILE_VARIANT(T, suffix, THREADS, ROWS, PER)                                                   \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
       bias_gelu_tanh_bwd_tile_##THREADS##_##ROWS##_##PER##_##suffix(const T* dy, const T* x, const T* bias,     \
                                                                     T* dx, float* partial, long long rows,     \
                                                                     long long cols) {                          \
-    rawops::bias_bwd_tile<rawops::BiasGeluTanhBwd<T>, T, THREADS, ROWS, PER>(dy, x, bias, dx, partial, rows,    \
+    rawops::bias_bwd_tile_variant<rawops::BiasGeluTanhBwd<T>, T, THREADS, ROWS, PER>(dy, x, bias, dx, partial, rows,    \
                                                                              cols);                            \
   }
-#define RAWOPS_BIAS_BWD_TILES(T, suffix)       \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64, 1)  \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 1024, 64, 1) \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 1024, 128, 1) \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 64, 2)  \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 128, 2) \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 512, 256, 4) \
-  RAWOPS_BIAS_BWD_TILE(T, suffix, 256, 128, 4)
-RAWOPS_BIAS_BWD_TILES(float, f32)
-RAWOPS_BIAS_BWD_TILES(__half, f16)
-RAWOPS_BIAS_BWD_TILES(__nv_bfloat16, bf16)
+#define RAWOPS_BIAS_BWD_TILE_VARIANTS(T, suffix)       \
+  RAWOPS_BIAS_BWD_TILE_VARIANT(T, suffix, 512, 64, 1)  \
+  RAWOPS_BIAS_BWD_TILE_VARIANT(T, suffix, 1024, 64, 1) \
+  RAWOPS_BIAS_BWD_TILE_VARIANT(T, suffix, 1024, 128, 1) \
+  RAWOPS_BIAS_BWD_TILE_VARIANT(T, suffix, 512, 64, 2)  \
+  RAWOPS_BIAS_BWD_TILE_VARIANT(T, suffix, 512, 128, 2) \
+  RAWOPS_BIAS_BWD_TILE_VARIANT(T, suffix, 512, 256, 4) \
+  RAWOPS_BIAS_BWD_TILE_VARIANT(T, suffix, 256, 128, 4)
+RAWOPS_BIAS_BWD_TILE_VARIANTS(float, f32)
+RAWOPS_BIAS_BWD_TILE_VARIANTS(__half, f16)
+RAWOPS_BIAS_BWD_TILE_VARIANTS(__nv_bfloat16, bf16)
