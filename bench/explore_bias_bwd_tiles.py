@@ -9,6 +9,9 @@ bench/explore_bias_bwd_tiles.py --build 90, carried in bench/.cubins).
     python bench/explore_bias_bwd_tiles.py [--out bench/results]
     python bench/explore_bias_bwd_tiles.py --routing   # the library's call, tiles (USE_BIAS_BWD_TILE)
                                                        # on and off, at the shapes that reach it
+    python bench/explore_bias_bwd_tiles.py --alloc     # also each half-type shape in ALLOC_SHAPES
+                                                       # with dx, dbias, partial allocated per call
+                                                       # (as the library call does)
 """
 import glob
 import hashlib
@@ -34,6 +37,7 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 SHAPES = [(512, 64, 1, 0), (512, 64, 1, 64), (512, 64, 1, 100), (1024, 64, 1, 0), (1024, 128, 1, 0),
           (512, 64, 2, 0), (512, 128, 2, 0), (512, 128, 2, 64), (512, 256, 4, 0), (256, 128, 4, 0)]
 TRIALS = 2
+ALLOC_SHAPES = [(512, 64, 1, 0), (256, 128, 4, 0)]
 
 
 def cubin(arch):
@@ -99,6 +103,9 @@ def routing():
 
 
 def main():
+    alloc = "--alloc" in sys.argv
+    if alloc:
+        sys.argv.remove("--alloc")
     if "--routing" in sys.argv:
         sys.argv.remove("--routing")  # timing.start parses the rest
         return routing()
@@ -180,6 +187,18 @@ def main():
                                          f"dbias rel error vs float64 sum of dx {err:.2e} (shipped {err_shipped:.2e})")
             print(f"{name} trial {trial} {label}: {notes[f'{name} trial {trial}, {label}']}", flush=True)
             candidates[label] = run
+            if alloc and name != "f32" and (threads, tile_rows, per, smem_kb) in ALLOC_SHAPES:
+                def run_alloc(kernel=kernel, grid=grid, threads=threads, chunks=chunks, dy=dy, x=x, bias=bias):
+                    out = torch.empty_like(dy)
+                    db = torch.empty(COLS, device="cuda", dtype=dy.dtype)
+                    part = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
+                    kernel((grid,), (threads,), tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, out, part))
+                           + (numpy.int64(ROWS), numpy.int64(COLS)), stream=cupy_stream)
+                    ew._launch_column_sum_final(device, name, part.data_ptr(), db.data_ptr(), chunks, COLS,
+                                                torch_stream)
+                    return out, db
+
+                candidates[label + ", allocating per call"] = run_alloc
         times = device_times_us(candidates)
         for label, us in times.items():
             rows.append({"dtype": name, "trial": trial, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
