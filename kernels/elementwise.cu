@@ -444,10 +444,13 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 // float16's fastest in the explorer, 64 x 8 of 512 with one row a thread (141.5 us there), ran
 // 149 us in bench_elementwise, where dx is allocated per call: the 4-row shape (142.3 there) is
 // the one both half types measured alike.
-// Needs cols % V == 0 and dy, x, bias, dx 16-byte aligned (rawops/elementwise.py plans it).
+// Needs whole tiles across a row (cols % (kVecs * V) == 0: 64 columns for every type) and dy, x,
+// bias, dx 16-byte aligned (rawops/elementwise.py plans it). (The same kernel with a guard for a
+// part-filled last column tile ran float16 at 148.5 us against 141.5 without, H100: not found why;
+// bench/NOTES.md, session 10.)
 template <typename T> struct BiasBwdTile;
 template <> struct BiasBwdTile<float> { static constexpr int threads = 1024, rows = 64, per = 1; };
-template <> struct BiasBwdTile<__half> { static constexpr int threads = 256, rows = 128, per = 4; };
+template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, rows = 64, per = 1; };
 template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 256, rows = 128, per = 4; };
 
 template <class Op, typename T>
@@ -461,34 +464,33 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
   allow_dependent_launch();  // column_sum_final waits for this whole grid before reading partial
   // Blocks walk memory in order: the column tiles of row tile 0, then of row tile 1, ... (32-bit
   // division: the grid is below 2^31 blocks; a 64-bit one is a call).
-  const unsigned col_tiles = unsigned((cols / V + kVecs - 1) / kVecs);
+  const unsigned col_tiles = unsigned(cols / (kVecs * V));  // whole tiles: the plan checks
   const unsigned row_tile = blockIdx.x / col_tiles, col_tile = blockIdx.x - row_tile * col_tiles;
   const int tx = threadIdx.x % kVecs, ty = threadIdx.x / kVecs;
   const int64_t row0 = int64_t(row_tile) * kRows + ty, col = (int64_t(col_tile) * kVecs + tx) * V;
   float acc[V];
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
-  if (col < cols) {
-    Vec16<T> d[kPer], v[kPer], b;
+  Vec16<T> d[kPer], v[kPer];
 #pragma unroll
-    for (int k = 0; k < kPer; ++k)
-      if (row0 + k * kRowStep < rows) {
-        d[k] = load16(dy + (row0 + k * kRowStep) * cols + col);
-        v[k] = load16(x + (row0 + k * kRowStep) * cols + col);
+  for (int k = 0; k < kPer; ++k)
+    if (row0 + k * kRowStep < rows) {
+      d[k] = load16(dy + (row0 + k * kRowStep) * cols + col);
+      v[k] = load16(x + (row0 + k * kRowStep) * cols + col);
+    }
+  Vec16<T> b;
+  if (Op::C) b = load16(bias + col);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k)
+    if (row0 + k * kRowStep < rows) {
+      Vec16<T> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        out.v[e] = from_float<T>(Op::f(to_float(d[k].v[e]), to_float(v[k].v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f));
+        acc[e] += to_float(out.v[e]);  // the rounded dx, as column_sum(dx) would see it
       }
-    if (Op::C) b = load16(bias + col);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k)
-      if (row0 + k * kRowStep < rows) {
-        Vec16<T> out;
-#pragma unroll
-        for (int e = 0; e < V; ++e) {
-          out.v[e] = from_float<T>(Op::f(to_float(d[k].v[e]), to_float(v[k].v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f));
-          acc[e] += to_float(out.v[e]);  // the rounded dx, as column_sum(dx) would see it
-        }
-        store16(dx + (row0 + k * kRowStep) * cols + col, out);
-      }
-  }
+      store16(dx + (row0 + k * kRowStep) * cols + col, out);
+    }
   // A warp's lanes tx, tx + kVecs, ... hold the same columns of different rows.
 #pragma unroll
   for (int step = kVecs; step < 32; step *= 2)
@@ -501,13 +503,10 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
   }
   __syncthreads();
   for (int c = threadIdx.x; c < kVecs * V; c += kThreads) {
-    const int64_t out_col = int64_t(col_tile) * kVecs * V + c;
-    if (out_col < cols) {
-      float s = 0.f;
+    float s = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += sums[w][c];
-      partial[int64_t(row_tile) * cols + out_col] = s;
-    }
+    for (int w = 0; w < kWarps; ++w) s += sums[w][c];
+    partial[int64_t(row_tile) * cols + int64_t(col_tile) * kVecs * V + c] = s;
   }
 }
 

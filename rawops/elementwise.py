@@ -51,7 +51,7 @@ BIAS_BWD_TILE = {"tanh": "bias_gelu_tanh_bwd_tile", "none": "bias_gelu_erf_bwd_t
 GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
 # By dtype code: (threads, rows a tile, rows a thread), as kernels/elementwise.cu BiasBwdTile
 # compiles them.
-BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (256, 128, 4), 2: (256, 128, 4)}
+BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (256, 128, 4)}
 USE_BIAS_BWD_TILE = True  # bench/explore_bias_bwd.py times the walkers by switching it off
 # The half types take the tiles from this many elements (float32 at every size): the library's
 # call, tiles against walkers (bench/results/explore_bias_bwd_routing.md, H100), was 1.01x (f16)
@@ -193,8 +193,8 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     it does not apply (nothing to do, a last dim that is not whole vectors, a pointer off their
     alignment). chunks: the rows of float32 partial sums it writes (per column) for
     column_sum_final. strip 0 is the short-tile kernel (bias_bwd_tile: BIAS_BWD_TILE_SHAPE,
-    16-byte vectors, float32 or BIAS_BWD_TILE_MIN_HALF elements; a block a tile, grid = row
-    tiles x column tiles, a row tile a chunk);
+    16-byte vectors, whole 64-column tiles, float32 or BIAS_BWD_TILE_MIN_HALF elements; a block a
+    tile, grid = row tiles x column tiles, a row tile a chunk);
     otherwise the walkers (bias_bwd_partial, BIAS_BWD_SHAPE): a block is `strip` column vectors
     x threads / strip rows (`by`), grid (strips, chunks), chunk c taking rows (i * chunks + c) *
     by + ty: at most one wave of the resident blocks (a few blocks of a second wave cost a whole
@@ -203,11 +203,12 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     if rows <= 0 or cols <= 0:
         return None
     vector = 16 // itemsize
-    if (USE_BIAS_BWD_TILE and (dtype == 0 or rows * cols >= BIAS_BWD_TILE_MIN_HALF) and cols % vector == 0
+    threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
+    tile_cols = threads * per // tile_rows * vector  # whole column tiles only (the kernel has no guard)
+    if (USE_BIAS_BWD_TILE and (dtype == 0 or rows * cols >= BIAS_BWD_TILE_MIN_HALF) and cols % tile_cols == 0
             and not any(p % 16 for p in pointers)):
-        threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
         chunks = -(-rows // tile_rows)
-        blocks = chunks * -(-(cols // vector) // (threads * per // tile_rows))
+        blocks = chunks * (cols // tile_cols)
         if blocks <= 0x7FFFFFFF:
             return (blocks,), chunks, threads, 0
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
