@@ -199,6 +199,25 @@ def main():
                     return out, db
 
                 candidates[label + ", allocating per call"] = run_alloc
+                if name == "f16" and (threads, tile_rows, per) == ew.BIAS_BWD_TILE_SHAPE[1]:
+                    # the library's kernel and launch path crossed with the explorer's: which of
+                    # the two makes the library call slower than this variant?
+                    from rawops import _modules
+
+                    lib_kernel = _modules.get_function("elementwise", "bias_gelu_tanh_bwd_tile_f16", device)
+                    candidates["library kernel, CuPy launch (allocating)"] = (
+                        lambda run_alloc=run_alloc, lib_kernel=lib_kernel: run_alloc(kernel=lib_kernel))
+                    real_pointer = _modules.function_pointer
+
+                    def variant_through_library(kernel=kernel):
+                        _modules.function_pointer = (lambda family, fn, dev: kernel.kernel.ptr
+                                                     if fn == "bias_gelu_tanh_bwd_tile_f16" else real_pointer(family, fn, dev))
+                        try:
+                            return ta._bias_gelu_bwd(dy, x, bias, "tanh")
+                        finally:
+                            _modules.function_pointer = real_pointer
+
+                    candidates["variant kernel, library call"] = variant_through_library
         times = device_times_us(candidates)
         for label, us in times.items():
             rows.append({"dtype": name, "trial": trial, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
