@@ -53,11 +53,12 @@ GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
 # compiles them.
 BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (256, 128, 4)}
 USE_BIAS_BWD_TILE = True  # bench/explore_bias_bwd.py times the walkers by switching it off
-# The half types take the tiles from this many elements (float32 at every size): the library's
-# call, tiles against walkers (bench/results/explore_bias_bwd_routing.md, H100), was 1.01x (f16)
-# and 1.05x (bf16) at 16384 x 4096 but 0.95x and 0.92x at 8192 x 3072 (linear_gelu's backward
-# at 8192 tokens); float32 1.02-1.04x at all four shapes measured.
-BIAS_BWD_TILE_MIN_HALF = 1 << 25
+# The half types take the tiles from this many elements (float32 at every size). 0: the library's
+# call, tiles against walkers on the final kernel (bench/results/explore_bias_bwd_routing.md, H100),
+# was 1.02-1.06x at every shape and type measured (16384 x 4096, 8192 x 3072, 4096 x 768, 32 x
+# 3072). The kernel with a column guard had measured 0.92-0.95x for the half types at 8192 x 3072,
+# which is why this exists (bench/NOTES.md, session 10).
+BIAS_BWD_TILE_MIN_HALF = 0
 
 # The ops launched in the capped shape on sm_90 (_launch.map_shape), each measured faster so
 # (bench/results/explore_map_occupancy.md): the light ones and the erf GELU backward (f16

@@ -366,12 +366,17 @@ def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, s
     assert is_dependent is dependent
 
 
-@pytest.mark.parametrize("dtype, rows, cols, tiles", [
-    (0, 32, 3072, True), (0, 8192, 3072, True), (1, 8192, 3072, False), (2, 8192, 3072, False),
-    (1, 8192, 4096, True), (2, 16384, 4096, True), (2, 32, 3072, False),
+@pytest.mark.parametrize("dtype, rows, cols, minimum, tiles", [
+    (0, 32, 3072, 1 << 25, True), (1, 8192, 3072, 1 << 25, False), (2, 16384, 4096, 1 << 25, True),
+    (1, 32, 3072, 0, True), (2, 8192, 3072, 0, True),
 ])
-def test_the_half_types_take_the_tiles_from_2_to_the_25_elements(dtype, rows, cols, tiles):
-    # measured: the half types' tiles slower than the walkers at 8192 x 3072, faster at 16384 x 4096
+def test_the_half_types_take_the_tiles_from_bias_bwd_tile_min_half_elements(monkeypatch, dtype, rows, cols, minimum,
+                                                                            tiles):
+    # 0 (every size) since the unguarded kernel measured faster than the walkers everywhere
+    from rawops import elementwise
+
+    assert elementwise.BIAS_BWD_TILE_MIN_HALF == 0
+    monkeypatch.setattr(elementwise, "BIAS_BWD_TILE_MIN_HALF", minimum)
     assert (bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512), 132)[3] == 0) == tiles
 
 
