@@ -9,6 +9,9 @@ bench/explore_bias_bwd_tiles.py --build 90, carried in bench/.cubins).
     python bench/explore_bias_bwd_tiles.py [--out bench/results]
     python bench/explore_bias_bwd_tiles.py --routing   # the library's call, tiles (USE_BIAS_BWD_TILE)
                                                        # on and off, at the shapes that reach it
+    python bench/explore_bias_bwd_tiles.py --fused-final   # staged in session 10, not yet run: the
+                                                           # tiles with column_sum_final folded in
+                                                           # (the last block of a column tile adds it)
     python bench/explore_bias_bwd_tiles.py --alloc     # also each half-type shape in ALLOC_SHAPES
                                                        # with dx, dbias, partial allocated per call
                                                        # (as the library call does)
@@ -102,7 +105,94 @@ def routing():
     return 0
 
 
+FUSED_FINAL_SHAPES = {"f32": [(1024, 64, 1)], "f16": [(512, 64, 1), (256, 128, 4)], "bf16": [(256, 128, 4)]}
+
+
+def fused_final():
+    """The library's call against the tile kernels with the final sum folded in (bias_bwd_tile_fused_final,
+    bench/explore/bias_bwd_tiles.cu) and against the same shape's plain tile kernel + column_sum_final,
+    interleaved; dx must be the library's bits, dbias the same bits on every call (the counters reset)
+    and within rounding of float64."""
+    sys.path.insert(0, HERE)
+    from timing import device_times_us, start, write_results
+
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 1
+    out_dir, ceiling = started
+    import cupy
+
+    from rawops import elementwise as ew
+    from rawops import torch_adapter as ta
+    from rawops.matmul import _on_stream
+
+    cc = torch.cuda.get_device_capability(0)
+    module = cupy.RawModule(path=cubin(f"{cc[0]}{cc[1]}"))
+    device = torch.cuda.current_device()
+    torch_stream = torch.cuda.current_stream().cuda_stream
+    cupy_stream = _on_stream(torch_stream, torch_stream)
+    rows, notes = [], {}
+    for name, dtype in DTYPES.items():
+        dy, x = (torch.randn(ROWS, COLS, device="cuda", dtype=dtype) for _ in range(2))
+        bias = torch.randn(COLS, device="cuda", dtype=dtype)
+        nbytes = 3 * dy.numel() * dy.element_size()
+        ref_dx, _ = ta._bias_gelu_bwd(dy, x, bias, "tanh")
+        ref64 = ref_dx.double().sum(0)
+        candidates = {"shipped (library call)": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh")}
+        for threads, tile_rows, per in FUSED_FINAL_SHAPES[name]:
+            vecs = threads * per // tile_rows
+            chunks, col_tiles = ROWS // tile_rows, COLS // (vecs * (16 // dy.element_size()))
+            dx = torch.empty_like(dy)
+            dbias = torch.empty(COLS, device="cuda", dtype=dtype)
+            partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
+            counters = torch.zeros(col_tiles, device="cuda", dtype=torch.int32)
+            ptrs = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial))
+            plain = module.get_function(f"bias_gelu_tanh_bwd_tile_{threads}_{tile_rows}_{per}_{name}")
+            folded = module.get_function(f"bias_gelu_tanh_bwd_tile_ff_{threads}_{tile_rows}_{per}_{name}")
+
+            def run_plain(plain=plain, ptrs=ptrs, grid=chunks * col_tiles, threads=threads, chunks=chunks,
+                          partial=partial, dbias=dbias, dx=dx):
+                plain((grid,), (threads,), ptrs + (numpy.int64(ROWS), numpy.int64(COLS)), stream=cupy_stream)
+                ew._launch_column_sum_final(device, name, partial.data_ptr(), dbias.data_ptr(), chunks, COLS,
+                                            torch_stream)
+                return dx, dbias
+
+            def run_folded(folded=folded, ptrs=ptrs, grid=chunks * col_tiles, threads=threads, dx=dx, dbias=dbias,
+                           counters=counters):
+                folded((grid,), (threads,), ptrs + (numpy.int64(ROWS), numpy.int64(COLS),
+                                                    numpy.uint64(counters.data_ptr()), numpy.uint64(dbias.data_ptr())),
+                       stream=cupy_stream)
+                return dx, dbias
+
+            label = f"{tile_rows} rows x {vecs} vectors, {threads} threads, {per} row(s) each"
+            dx.fill_(float("nan"))
+            first = run_folded()[1].clone()
+            second = run_folded()[1].clone()
+            torch.cuda.synchronize()
+            err = ((first.double() - ref64).norm() / ref64.norm()).item()
+            notes[f"{name}, {label}, folded"] = (f"dx bit-identical to the library's: {torch.equal(dx, ref_dx)}; dbias "
+                                                 f"repeatable: {torch.equal(first, second)}; counters back to 0: "
+                                                 f"{int(counters.abs().sum().item()) == 0}; rel error {err:.2e}")
+            print(name, label, notes[f"{name}, {label}, folded"], flush=True)
+            candidates[f"{label}, + column_sum_final"] = run_plain
+            candidates[f"{label}, final folded in"] = run_folded
+        times = device_times_us(candidates, rounds=8)
+        for label, us in times.items():
+            rows.append({"dtype": name, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
+                         "of copy ceiling": nbytes / us / 1e6 / ceiling})
+            print(f"{name:5s} {label:70s} {us:8.1f} us {nbytes / us / 1e6:5.3f} TB/s", flush=True)
+        del dy, x
+        torch.cuda.empty_cache()
+    write_results(out_dir, "explore_bias_bwd_fused_final", "python bench/explore_bias_bwd_tiles.py --fused-final", [
+        (f"bias_gelu backward (dx + dbias), {ROWS}x{COLS}, tanh: column_sum_final folded into the tiles",
+         ["dtype", "variant", "us", "TB/s", "of copy ceiling"], rows, notes)])
+    return 0
+
+
 def main():
+    if "--fused-final" in sys.argv:
+        sys.argv.remove("--fused-final")
+        return fused_final()
     alloc = "--alloc" in sys.argv
     if alloc:
         sys.argv.remove("--alloc")
