@@ -453,11 +453,11 @@ template <> struct BiasBwdTile<float> { static constexpr int threads = 1024, row
 template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, rows = 64, per = 1; };
 template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 256, rows = 128, per = 4; };
 
-template <class Op, typename T>
+// The entries take BiasBwdTile<T>'s shape; bench/explore/bias_bwd_tiles.cu instantiates others.
+template <class Op, typename T, int kThreads, int kRows, int kPer>
 __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T* __restrict__ x,
                                               const T* __restrict__ bias, T* __restrict__ dx,
                                               float* __restrict__ partial, int64_t rows, int64_t cols) {
-  constexpr int kThreads = BiasBwdTile<T>::threads, kRows = BiasBwdTile<T>::rows, kPer = BiasBwdTile<T>::per;
   constexpr int V = Vec16<T>::size, kVecs = kThreads * kPer / kRows, kWarps = kThreads / 32, kRowStep = kRows / kPer;
   static_assert(kVecs <= 32 && 32 % kVecs == 0, "a warp holds whole rows of the tile");
   __shared__ float sums[kWarps][kVecs * V];
@@ -531,7 +531,9 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
   extern "C" __global__ void __launch_bounds__(rawops::BiasBwdTile<T>::threads)                              \
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows,         \
                       long long cols) {                                                                      \
-    rawops::bias_bwd_tile<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols);                                \
+    using Shape = rawops::BiasBwdTile<T>;                                                                    \
+    rawops::bias_bwd_tile<rawops::Op<T>, T, Shape::threads, Shape::rows, Shape::per>(dy, x, bias, dx, partial, \
+                                                                                     rows, cols);             \
   }
 
 #define RAWOPS_ELEMENTWISE(T, suffix)                                                    \

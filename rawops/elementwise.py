@@ -52,13 +52,11 @@ GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
 # By dtype code: (threads, rows a tile, rows a thread), as kernels/elementwise.cu BiasBwdTile
 # compiles them.
 BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (256, 128, 4)}
-USE_BIAS_BWD_TILE = True  # bench/explore_bias_bwd.py times the walkers by switching it off
-# The half types take the tiles from this many elements (float32 at every size). 0: the library's
-# call, tiles against walkers on the final kernel (bench/results/explore_bias_bwd_routing.md, H100),
-# was 1.02-1.06x at every shape and type measured (16384 x 4096, 8192 x 3072, 4096 x 768, 32 x
-# 3072). The kernel with a column guard had measured 0.92-0.95x for the half types at 8192 x 3072,
-# which is why this exists (bench/NOTES.md, session 10).
-BIAS_BWD_TILE_MIN_HALF = 0
+# Every size and type: through the library's call the tiles measured 1.02-1.06x the walkers at
+# each shape and type tried (16384 x 4096, 8192 x 3072, 4096 x 768, 32 x 3072; H100,
+# bench/results/explore_bias_bwd_routing.md). bench/explore_bias_bwd*.py switch it off to time
+# the walkers.
+USE_BIAS_BWD_TILE = True
 
 # The ops launched in the capped shape on sm_90 (_launch.map_shape), each measured faster so
 # (bench/results/explore_map_occupancy.md): the light ones and the erf GELU backward (f16
@@ -194,8 +192,8 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     it does not apply (nothing to do, a last dim that is not whole vectors, a pointer off their
     alignment). chunks: the rows of float32 partial sums it writes (per column) for
     column_sum_final. strip 0 is the short-tile kernel (bias_bwd_tile: BIAS_BWD_TILE_SHAPE,
-    16-byte vectors, whole 64-column tiles, float32 or BIAS_BWD_TILE_MIN_HALF elements; a block a
-    tile, grid = row tiles x column tiles, a row tile a chunk);
+    16-byte vectors, whole 64-column tiles; a block a tile, grid = row tiles x column tiles, a
+    row tile a chunk);
     otherwise the walkers (bias_bwd_partial, BIAS_BWD_SHAPE): a block is `strip` column vectors
     x threads / strip rows (`by`), grid (strips, chunks), chunk c taking rows (i * chunks + c) *
     by + ty: at most one wave of the resident blocks (a few blocks of a second wave cost a whole
@@ -206,8 +204,7 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     vector = 16 // itemsize
     threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
     tile_cols = threads * per // tile_rows * vector  # whole column tiles only (the kernel has no guard)
-    if (USE_BIAS_BWD_TILE and (dtype == 0 or rows * cols >= BIAS_BWD_TILE_MIN_HALF) and cols % tile_cols == 0
-            and not any(p % 16 for p in pointers)):
+    if USE_BIAS_BWD_TILE and cols % tile_cols == 0 and not any(p % 16 for p in pointers):
         chunks = -(-rows // tile_rows)
         blocks = chunks * (cols // tile_cols)
         if blocks <= 0x7FFFFFFF:

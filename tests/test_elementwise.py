@@ -147,7 +147,6 @@ def test_tile_and_walker_backwards_agree(monkeypatch, dtype, shape):
     dy, x = random(shape, DTYPES[dtype]), random(shape, DTYPES[dtype])
     bias = random(shape[-1:], DTYPES[dtype])
     results = {}
-    monkeypatch.setattr(rawops.elementwise, "BIAS_BWD_TILE_MIN_HALF", 0)  # the half types' tiles at every size
     for tiles in (True, False):
         monkeypatch.setattr(rawops.elementwise, "USE_BIAS_BWD_TILE", tiles)
         poison_pool(dy.numel() * dy.element_size() * 2)

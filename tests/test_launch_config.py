@@ -306,12 +306,9 @@ def test_bias_gelu_bwd_plan_declines_what_the_fused_kernel_cannot_take(rows, col
 @pytest.mark.parametrize("dtype", [0, 1, 2])
 @pytest.mark.parametrize("rows, cols", [(1, 64), (16384, 4096), (4096, 768), (1000, 64), (70001, 128), (5, 1 << 17),
                                         (3, 192), (129, 2112), (2, 2 ** 31 // 4)])
-def test_tile_backward_plan_covers_every_row_and_column_vector_once(monkeypatch, rows, cols, dtype):
+def test_tile_backward_plan_covers_every_row_and_column_vector_once(rows, cols, dtype):
     # bias_bwd_tile (kernels/elementwise.cu): block b is row tile b // col_tiles, column tile
     # b % col_tiles; thread t is vector t % vecs of the tile, rows t // vecs + k * rows / per.
-    from rawops import elementwise
-
-    monkeypatch.setattr(elementwise, "BIAS_BWD_TILE_MIN_HALF", 0)  # the half types' tiles at every size
     threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
     vector = 4 if dtype == 0 else 8
     grid, chunks, block, strip = bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512, 1024), 132)
@@ -338,10 +335,7 @@ def test_tile_backward_plan_covers_every_row_and_column_vector_once(monkeypatch,
     (1, (0, 256, 512), True), (1, (0, 264, 512), False), (2, (8, 256, 512), False),  # 8-byte aligned: the walkers
     (0, (0, 256, 512), True), (1, (0, 256, 0), True),  # no bias (linear_gelu's backward): pointer 0
 ])
-def test_tile_backward_needs_16_byte_vectors_and_the_walkers_take_8_byte_ones(monkeypatch, dtype, pointers, tiles):
-    from rawops import elementwise
-
-    monkeypatch.setattr(elementwise, "BIAS_BWD_TILE_MIN_HALF", 0)
+def test_tile_backward_needs_16_byte_vectors_and_the_walkers_take_8_byte_ones(dtype, pointers, tiles):
     plan = bias_gelu_bwd_plan(64, 4096, dtype, pointers, 132)
     assert (plan[3] == 0) == tiles
     # the tiles take whole 64-column tiles only (the kernel has no guard); the walkers the rest
@@ -366,18 +360,12 @@ def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, s
     assert is_dependent is dependent
 
 
-@pytest.mark.parametrize("dtype, rows, cols, minimum, tiles", [
-    (0, 32, 3072, 1 << 25, True), (1, 8192, 3072, 1 << 25, False), (2, 16384, 4096, 1 << 25, True),
-    (1, 32, 3072, 0, True), (2, 8192, 3072, 0, True),
+@pytest.mark.parametrize("dtype, rows, cols", [
+    (0, 32, 3072), (1, 8192, 3072), (2, 16384, 4096), (1, 32, 3072), (2, 8192, 3072),
 ])
-def test_the_half_types_take_the_tiles_from_bias_bwd_tile_min_half_elements(monkeypatch, dtype, rows, cols, minimum,
-                                                                            tiles):
-    # 0 (every size) since the unguarded kernel measured faster than the walkers everywhere
-    from rawops import elementwise
-
-    assert elementwise.BIAS_BWD_TILE_MIN_HALF == 0
-    monkeypatch.setattr(elementwise, "BIAS_BWD_TILE_MIN_HALF", minimum)
-    assert (bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512), 132)[3] == 0) == tiles
+def test_every_type_and_size_takes_the_tiles(dtype, rows, cols):
+    # the unguarded tile kernel measured faster than the walkers at every shape and type tried
+    assert bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512), 132)[3] == 0
 
 
 @pytest.mark.parametrize("tiles", [True, False])
@@ -387,7 +375,6 @@ def test_fused_gelu_backward_takes_the_kernel_without_bias_for_a_null_bias(monke
     from rawops import elementwise
 
     monkeypatch.setattr(elementwise, "USE_BIAS_BWD_TILE", tiles)
-    monkeypatch.setattr(elementwise, "BIAS_BWD_TILE_MIN_HALF", 0)
     kernel = kernel.format("tile" if tiles else "partial")
     calls, names = [], []
     monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))
