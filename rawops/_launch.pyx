@@ -73,6 +73,7 @@ ctypedef CUresult (*EventCreate_t)(void**, unsigned) nogil
 ctypedef CUresult (*EventRecord_t)(void*, void*) nogil
 ctypedef CUresult (*StreamWaitEvent_t)(void*, void*, unsigned) nogil
 ctypedef CUresult (*EventDestroy_t)(void*) nogil
+ctypedef CUresult (*StreamIsCapturing_t)(void*, int*) nogil
 ctypedef CUresult (*TensorMapEncodeTiled_t)(void*, int, uint32_t, void*, const uint64_t*, const uint64_t*,
                                             const uint32_t*, const uint32_t*, int, int, int, int) nogil
 # cuda.h's CUlaunchAttribute (an id, padded to 8 bytes, then a 64-byte value union) and
@@ -97,6 +98,7 @@ cdef StreamWaitEvent_t _cuStreamWaitEvent = NULL
 cdef EventDestroy_t _cuEventDestroy = NULL
 cdef TensorMapEncodeTiled_t _cuTensorMapEncodeTiled = NULL  # CUDA 12+ drivers; NULL on older ones
 cdef LaunchKernelEx_t _cuLaunchKernelEx = NULL  # CUDA 12+ drivers; NULL on older ones
+cdef StreamIsCapturing_t _cuStreamIsCapturing = NULL
 
 cdef enum:
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
@@ -121,7 +123,7 @@ cdef void* _symbol(void* handle, const char* name) except NULL:
 cdef int _load_driver() except -1:
     global _cuLaunchKernel, _cuPointerGetAttributes, _cuGetErrorName
     global _cuEventCreate, _cuEventRecord, _cuStreamWaitEvent, _cuEventDestroy, _cuTensorMapEncodeTiled
-    global _cuLaunchKernelEx
+    global _cuLaunchKernelEx, _cuStreamIsCapturing
     if _cuLaunchKernel != NULL:
         return 0
     cdef void* handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_LOCAL)
@@ -136,6 +138,7 @@ cdef int _load_driver() except -1:
     _cuEventDestroy = <EventDestroy_t>_symbol(handle, b"cuEventDestroy_v2")
     _cuTensorMapEncodeTiled = <TensorMapEncodeTiled_t>dlsym(handle, b"cuTensorMapEncodeTiled")
     _cuLaunchKernelEx = <LaunchKernelEx_t>dlsym(handle, b"cuLaunchKernelEx")
+    _cuStreamIsCapturing = <StreamIsCapturing_t>_symbol(handle, b"cuStreamIsCapturing")
     _cuLaunchKernel = <LaunchKernel_t>_symbol(handle, b"cuLaunchKernel")
     return 0
 
@@ -1020,7 +1023,16 @@ def torch_linear(x, weight, bias, long long flags):
         _last_linear.function = <uintptr_t>p[0]
     # A private copy before any torch call: x.new_empty may let another thread replace the cache.
     cdef LinearLaunch l = _last_linear
-    out = x.new_empty(m, n) if nd == 2 else x.new_empty(tuple(shape[:nd - 1]) + (n,))  # ints parse faster
+    lead = None if nd == 2 else tuple(shape[:nd - 1])
+    cdef uintptr_t stream = 0
+    cdef bint spare = (m * n * (4 if code == F32 else 2) <= SPARE_OUTPUT_BYTES
+                       and device == _torch_current_device())
+    if spare:
+        stream = <uintptr_t>_torch_raw_stream(device)
+        spare = not _capturing(stream)
+    out = _take_spare(code, device, stream, m, n, lead) if spare else None
+    if out is None:
+        out = x.new_empty(m, n) if nd == 2 else x.new_empty(lead + (n,))  # ints parse faster
     cdef uintptr_t pc = out.data_ptr(), pbias = bias.data_ptr() if has_bias else 0
     cdef uintptr_t zero = 0
     cdef void* params[10]
@@ -1034,8 +1046,63 @@ def torch_linear(x, weight, bias, long long flags):
     params[7] = &n
     params[8] = &k
     params[9] = &flags
-    _launch_torch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, params, device)
+    if spare:
+        _launch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, stream, params, device)
+        # The next call's output, allocated while this kernel runs (same shape, stream and pool).
+        _put_spare(x.new_empty(m, n) if nd == 2 else x.new_empty(lead + (n,)), code, device, stream, m, n, lead)
+    else:
+        _launch_torch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, params, device)
     return out
+
+
+# One small output of torch_linear allocated after its launch, for the next call of the same
+# shape on the same stream: at 32 rows the call is mostly host time, and the allocation
+# (x.new_empty, 3.3 us on the H100 host) then overlaps the kernel instead of preceding the
+# launch. Each tensor is returned once, never shared; one slot of at most SPARE_OUTPUT_BYTES is
+# held (release_spare_output frees it). Never taken or made while the stream is being captured
+# (a CUDA graph's tensors come from its private pool).
+SPARE_OUTPUT_BYTES = 1 << 20
+cdef object _spare_out = None
+cdef object _spare_lead = None  # the output's leading dims when x is not 2-D
+cdef uintptr_t _spare_stream = 0
+cdef int _spare_code = -1, _spare_device = -1
+cdef long long _spare_m = 0, _spare_n = 0
+
+
+cdef inline int _capturing(uintptr_t stream) except -1:
+    cdef int status = 0
+    if _cuStreamIsCapturing == NULL:
+        _load_driver()
+    # An error (the legacy stream while another captures globally) counts as capturing.
+    return _cuStreamIsCapturing(<void*>stream, &status) != 0 or status != 0
+
+
+cdef object _take_spare(int code, int device, uintptr_t stream, long long m, long long n, object lead):
+    global _spare_out
+    out = _spare_out
+    if out is None or _spare_code != code or _spare_device != device or _spare_stream != stream \
+            or _spare_m != m or _spare_n != n or (_spare_lead is not lead and _spare_lead != lead):
+        return None
+    _spare_out = None  # no torch call between the read and this: no other thread can take it too
+    return out
+
+
+cdef void _put_spare(object out, int code, int device, uintptr_t stream, long long m, long long n, object lead):
+    global _spare_out, _spare_lead, _spare_stream, _spare_code, _spare_device, _spare_m, _spare_n
+    _spare_out = None
+    _spare_code, _spare_device, _spare_stream, _spare_m, _spare_n, _spare_lead = code, device, stream, m, n, lead
+    _spare_out = out
+
+
+def release_spare_output():
+    """Frees the output torch_linear keeps for its next call (at most SPARE_OUTPUT_BYTES)."""
+    global _spare_out
+    _spare_out = None
+
+
+def spare_output():
+    """The kept output (a tensor) or None: for tests."""
+    return _spare_out
 
 
 # ---------------------------------------------------------------------------- torch source-network fast path

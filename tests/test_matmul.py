@@ -674,6 +674,74 @@ def test_adapter_no_grad_linear_gelu_fast_path_matches_float64(dtype, shape, n):
 
 
 @pytest.mark.gpu
+def test_adapter_fast_path_output_allocated_after_the_previous_launch_is_fresh_per_stream_and_not_captured():
+    """torch_linear allocates the next call's output (<= 1 MiB) after its launch: that tensor must
+    be fully written by the next call of the same shape on the same stream, never handed out twice,
+    never taken on another stream, and neither taken nor made during CUDA graph capture."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, random
+    from rawops import _launch
+    from rawops import torch_adapter as ta
+
+    m, k, n = 32, 768, 3072
+    x1, x2 = random((m, k), torch.float32, 1.0), random((m, k), torch.float32, 1.0)
+    w, b = random((n, k), torch.float32, k ** -0.5), random((n,), torch.float32, 1.0)
+    flags = ta._LINEAR_GELU_FLAGS["tanh"]
+
+    def ref(x):
+        return torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()),
+                                        approximate="tanh")
+
+    _launch.release_spare_output()
+    assert _launch.spare_output() is None
+    with torch.no_grad():
+        y1 = _launch.torch_linear(x1, w, b, flags)
+        spare = _launch.spare_output()
+        assert spare is not None and spare.shape == (m, n) and spare.dtype == torch.float32
+        assert spare.data_ptr() != y1.data_ptr()
+        spare.fill_(float("nan"))  # the next call must write every element of it
+        kept, spare = spare.data_ptr(), None
+        y2 = _launch.torch_linear(x2, w, b, flags)
+        assert y2.data_ptr() == kept, "the kept output was not taken"
+        after = _launch.spare_output()
+        assert after is not None and after.data_ptr() not in (y1.data_ptr(), y2.data_ptr())
+        assert_close(y1, ref(x1), torch.float32, "first output, after the second call")
+        assert_close(y2, ref(x2), torch.float32, "output taken from the kept one")
+
+        # Another stream: the kept output (allocated for the current stream) is not used there.
+        kept = after.data_ptr()
+        after = None
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y3 = _launch.torch_linear(x1, w, b, flags)
+        torch.cuda.current_stream().wait_stream(side)
+        assert y3.data_ptr() != kept
+        assert_close(y3, ref(x1), torch.float32, "on a side stream")
+
+        # Capture: the output comes from the graph's pool, and no output is made for later calls.
+        _launch.torch_linear(x1, w, b, flags)
+        kept = _launch.spare_output()
+        static_x = x1.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = _launch.torch_linear(static_x, w, b, flags)
+        assert _launch.spare_output() is kept, "a kept output was made or taken during capture"
+        kept = None
+        static_x.copy_(x2)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(static_y, ref(x2), torch.float32, "graph replay")
+
+        # Over 1 MiB: none kept.
+        _launch.release_spare_output()
+        big = random((128, k), torch.float32, 1.0)  # 128 x 3072 x 4 bytes = 1.5 MiB
+        assert_close(_launch.torch_linear(big, w, b, flags), ref(big), torch.float32, "1.5 MiB output")
+        assert _launch.spare_output() is None
+    _launch.release_spare_output()
+
+
+@pytest.mark.gpu
 def test_adapter_fast_path_declines_what_the_full_path_must_handle():
     torch = pytest.importorskip("torch")
     from rawops import _launch
