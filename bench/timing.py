@@ -23,19 +23,32 @@ def graphed(fn):
     return graph.replay
 
 
+def event_pairs(reps, stream):
+    """reps (start, end) timing events, each recorded once on `stream` already: torch creates a
+    CUDA event at its first record(), and record() without a stream asks for the current one,
+    so a fresh pair timed `record(); fn(); record()` counts an event creation and a stream
+    query of the host inside the interval (an empty pair measured 20-28 us on the H100 host,
+    bench/results/explore_linear_call.md). Record the returned pairs on the same stream."""
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in pairs:
+        start.record(stream)
+        end.record(stream)
+    torch.cuda.synchronize()
+    return pairs
+
+
 def device_time_us(fn, warmup=10, reps=50):
     """Median device time of fn() in microseconds, one event pair around each call."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for start, end in zip(starts, ends):
-        start.record()
+    stream = torch.cuda.current_stream()
+    pairs = event_pairs(reps, stream)
+    for start, end in pairs:
+        start.record(stream)
         fn()
-        end.record()
+        end.record(stream)
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
 
 
 def device_times_us(fns, warmup=10, reps=20, rounds=5):
@@ -47,16 +60,16 @@ def device_times_us(fns, warmup=10, reps=20, rounds=5):
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
     samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            events = event_pairs(reps, stream)
             fn()  # once more after the other candidates' calls
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(reps)]
             for start, end in events:
-                start.record()
+                start.record(stream)
                 fn()
-                end.record()
+                end.record(stream)
             torch.cuda.synchronize()
             samples[name] += [s.elapsed_time(e) * 1e3 for s, e in events]
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -1027,10 +1027,15 @@ def torch_linear(x, weight, bias, long long flags):
     cdef uintptr_t stream = 0
     cdef bint spare = (m * n * (4 if code == F32 else 2) <= SPARE_OUTPUT_BYTES
                        and device == _torch_current_device())
+    cdef bint repeated = False
     if spare:
         stream = <uintptr_t>_torch_raw_stream(device)
         spare = not _capturing(stream)
-    out = _take_spare(code, device, stream, m, n, lead) if spare else None
+    out = None
+    if spare:
+        repeated = _spare_key_is(code, device, stream, m, n, lead)
+        if repeated:
+            out = _take_spare()
     if out is None:
         out = x.new_empty(m, n) if nd == 2 else x.new_empty(lead + (n,))  # ints parse faster
     cdef uintptr_t pc = out.data_ptr(), pbias = bias.data_ptr() if has_bias else 0
@@ -1048,8 +1053,10 @@ def torch_linear(x, weight, bias, long long flags):
     params[9] = &flags
     if spare:
         _launch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, stream, params, device)
-        # The next call's output, allocated while this kernel runs (same shape, stream and pool).
-        _put_spare(x.new_empty(m, n) if nd == 2 else x.new_empty(lead + (n,)), code, device, stream, m, n, lead)
+        if repeated:  # the next call's output, allocated while this kernel runs
+            _put_spare(x.new_empty(m, n) if nd == 2 else x.new_empty(lead + (n,)), code, device, stream, m, n, lead)
+        else:
+            _put_spare(None, code, device, stream, m, n, lead)
     else:
         _launch_torch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, params, device)
     return out
@@ -1057,10 +1064,12 @@ def torch_linear(x, weight, bias, long long flags):
 
 # One small output of torch_linear allocated after its launch, for the next call of the same
 # shape on the same stream: at 32 rows the call is mostly host time, and the allocation
-# (x.new_empty, 3.3 us on the H100 host) then overlaps the kernel instead of preceding the
-# launch. Each tensor is returned once, never shared; one slot of at most SPARE_OUTPUT_BYTES is
-# held (release_spare_output frees it). Never taken or made while the stream is being captured
-# (a CUDA graph's tensors come from its private pool).
+# (x.new_empty, 2-4 us on the H100 host) then overlaps the kernel instead of preceding the
+# launch (1.2 us a call by events, bench/results/explore_linear_call.md). Made only when a call
+# repeats the previous call's shape and stream, so that layers of alternating shapes never pay
+# for an allocation they do not use. Each tensor is returned once, never shared; one slot of at
+# most SPARE_OUTPUT_BYTES is held (release_spare_output frees it). Never taken or made while the
+# stream is being captured (a CUDA graph's tensors come from its private pool).
 SPARE_OUTPUT_BYTES = 1 << 20
 cdef object _spare_out = None
 cdef object _spare_lead = None  # the output's leading dims when x is not 2-D
@@ -1077,17 +1086,21 @@ cdef inline int _capturing(uintptr_t stream) except -1:
     return _cuStreamIsCapturing(<void*>stream, &status) != 0 or status != 0
 
 
-cdef object _take_spare(int code, int device, uintptr_t stream, long long m, long long n, object lead):
+cdef bint _spare_key_is(int code, int device, uintptr_t stream, long long m, long long n, object lead):
+    """Whether the previous call had this output shape, dtype and stream (the slot's key)."""
+    return (_spare_code == code and _spare_device == device and _spare_stream == stream and _spare_m == m
+            and _spare_n == n and (_spare_lead is lead or _spare_lead == lead))
+
+
+cdef object _take_spare():
     global _spare_out
     out = _spare_out
-    if out is None or _spare_code != code or _spare_device != device or _spare_stream != stream \
-            or _spare_m != m or _spare_n != n or (_spare_lead is not lead and _spare_lead != lead):
-        return None
     _spare_out = None  # no torch call between the read and this: no other thread can take it too
     return out
 
 
 cdef void _put_spare(object out, int code, int device, uintptr_t stream, long long m, long long n, object lead):
+    """The slot's tensor (or None) with its key, set together: a tensor is never under another key."""
     global _spare_out, _spare_lead, _spare_stream, _spare_code, _spare_device, _spare_m, _spare_n
     _spare_out = None
     _spare_code, _spare_device, _spare_stream, _spare_m, _spare_n, _spare_lead = code, device, stream, m, n, lead
@@ -1095,9 +1108,11 @@ cdef void _put_spare(object out, int code, int device, uintptr_t stream, long lo
 
 
 def release_spare_output():
-    """Frees the output torch_linear keeps for its next call (at most SPARE_OUTPUT_BYTES)."""
-    global _spare_out
+    """Frees the output torch_linear keeps for its next call (at most SPARE_OUTPUT_BYTES); the
+    next call of any shape counts as a first one."""
+    global _spare_out, _spare_code
     _spare_out = None
+    _spare_code = -1
 
 
 def spare_output():

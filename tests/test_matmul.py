@@ -695,7 +695,13 @@ def test_adapter_fast_path_output_allocated_after_the_previous_launch_is_fresh_p
     _launch.release_spare_output()
     assert _launch.spare_output() is None
     with torch.no_grad():
-        y1 = _launch.torch_linear(x1, w, b, flags)
+        # Shapes alternating: no output is made for a next call.
+        for rows in (m, m + 1, m, m + 1):
+            _launch.torch_linear(x1[:rows] if rows <= m else torch.cat([x1, x2[:1]]), w, b, flags)
+            assert _launch.spare_output() is None, "an output made for alternating shapes"
+        _launch.torch_linear(x1, w, b, flags)
+        assert _launch.spare_output() is None, "made on the first call of a shape"
+        y1 = _launch.torch_linear(x1, w, b, flags)  # the shape repeats: the next call's output is made
         spare = _launch.spare_output()
         assert spare is not None and spare.shape == (m, n) and spare.dtype == torch.float32
         assert spare.data_ptr() != y1.data_ptr()
@@ -721,7 +727,9 @@ def test_adapter_fast_path_output_allocated_after_the_previous_launch_is_fresh_p
 
         # Capture: the output comes from the graph's pool, and no output is made for later calls.
         _launch.torch_linear(x1, w, b, flags)
+        _launch.torch_linear(x1, w, b, flags)
         kept = _launch.spare_output()
+        assert kept is not None
         static_x = x1.clone()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

@@ -1,0 +1,162 @@
+"""Where a small linear_gelu call's time goes (32x768->3072, float32 and bfloat16, no grad), and
+what the timer itself adds: one event pair around each call, fresh (the benches' timing before
+session 11: the event's creation and a current-stream query fall inside the interval) and made
+beforehand (timing.event_pairs, the benches' timing since), a loop of 20 calls between one pair,
+the host's time per call, and the kernel's time (a CUDA graph of 20 calls), each with the output kept between calls (rawops._launch.
+SPARE_OUTPUT_BYTES, the default) and allocated before the launch (SPARE_OUTPUT_BYTES = 0), and
+torch eager. Interleaved rounds.
+
+    python bench/explore_linear_call.py [--out bench/results]
+"""
+import os
+import statistics
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from timing import device_times_us, event_pairs, host_times_us, start, write_results  # noqa: E402
+
+F = torch.nn.functional
+SHAPES = ((torch.float32, "f32"), (torch.bfloat16, "bf16"))
+M, K, N = 32, 768, 3072
+
+
+def fresh_pair_times_us(fns, reps=20, rounds=5):
+    """The benches' timing before session 11: a fresh event pair around each call, recorded
+    without a stream (the event's creation and a current-stream query inside the interval)."""
+    samples = {name: [] for name in fns}
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            fn()
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+            for s, e in events:
+                s.record()
+                fn()
+                e.record()
+            torch.cuda.synchronize()
+            samples[name] += [s.elapsed_time(e) * 1e3 for s, e in events]
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def loop_times_us(fns, calls=20, reps=10, rounds=5):
+    """Per call of `calls` back-to-back calls between one event pair (created beforehand)."""
+    stream = torch.cuda.current_stream()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            pairs = event_pairs(reps, stream)
+            for s, e in pairs:
+                s.record(stream)
+                for _ in range(calls):
+                    fn()
+                e.record(stream)
+            torch.cuda.synchronize()
+            samples[name] += [s.elapsed_time(e) * 1e3 / calls for s, e in pairs]
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def empty_pair_us(reps=200):
+    """An event pair with nothing between: fresh events recorded without a stream, and pairs
+    created beforehand recorded on a stream fetched once."""
+    stream = torch.cuda.current_stream()
+    fresh = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in fresh:
+        s.record()
+        e.record()
+    torch.cuda.synchronize()
+    made = event_pairs(reps, stream)
+    for s, e in made:
+        s.record(stream)
+        e.record(stream)
+    torch.cuda.synchronize()
+    return {"fresh, record()": statistics.median(s.elapsed_time(e) * 1e3 for s, e in fresh),
+            "created beforehand, record(stream)": statistics.median(s.elapsed_time(e) * 1e3 for s, e in made)}
+
+
+def graph_of(fn, calls=20):
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
+def main():
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 1
+    out_dir, _ = started
+    import importlib
+
+    from rawops import _launch
+    mm = importlib.import_module("rawops.matmul")  # rawops.matmul is also the op's name
+    from rawops import torch_adapter as ta
+
+    rows = []
+    for dtype, name in SHAPES:
+        x = torch.randn(M, K, device="cuda").to(dtype)
+        w = (torch.randn(N, K, device="cuda") * K ** -0.5).to(dtype)
+        b = torch.randn(N, device="cuda").to(dtype)
+
+        def kept():
+            return ta.linear_gelu(x, w, b)
+
+        def first():
+            _launch.SPARE_OUTPUT_BYTES = 0
+            y = ta.linear_gelu(x, w, b)
+            _launch.SPARE_OUTPUT_BYTES = 1 << 20
+            return y
+
+        def eager():
+            return F.gelu(F.linear(x, w, b), approximate="tanh")
+
+        def new_empty():
+            return x.new_empty(M, N)
+
+        fns = {"output kept": kept, "allocated first": first, "torch eager": eager}
+        if dtype == torch.float32:
+            def exact():
+                mm.LINEAR_TF32 = False
+                y = ta.linear_gelu(x, w, b)
+                mm.LINEAR_TF32 = True
+                return y
+            fns["exact FFMA kernel (LINEAR_TF32 off), output kept"] = exact
+        with torch.no_grad():
+            fresh = fresh_pair_times_us(fns)
+            made = device_times_us(fns)
+            loop = loop_times_us(fns)
+            host = host_times_us({**fns, "x.new_empty alone": new_empty}, calls=300, rounds=7)
+            graphs = {label: graph_of(fn) for label, fn in fns.items()}
+            kernel = device_times_us(graphs, reps=10)
+        for label in fns:
+            rows.append({"dtype": name, "call": label, "fresh event pair a call us": fresh[label],
+                         "pair made beforehand, a call us": made[label], "loop of 20, per call us": loop[label],
+                         "host per call us": host[label],
+                         "graph of 20, per call us": kernel[label] / 20})
+            print(rows[-1], flush=True)
+        rows.append({"dtype": name, "call": "x.new_empty alone", "fresh event pair a call us": float("nan"),
+                     "pair made beforehand, a call us": float("nan"), "loop of 20, per call us": float("nan"),
+                     "host per call us": host["x.new_empty alone"],
+                     "graph of 20, per call us": float("nan")})
+    empty = empty_pair_us()
+    print(empty, flush=True)
+    write_results(out_dir, "explore_linear_call", "python bench/explore_linear_call.py", [
+        (f"linear_gelu {M}x{K}->{N}, no grad: where a call's time goes",
+         ["dtype", "call", "fresh event pair a call us", "pair made beforehand, a call us", "loop of 20, per call us", "host per call us",
+          "graph of 20, per call us"], rows,
+         {"output kept": "the default: the output allocated after the previous call's launch",
+          "allocated first": "rawops._launch.SPARE_OUTPUT_BYTES = 0 around the call (two attribute stores)",
+          **{f"empty event pair, {k}": f"{v:.2f} us" for k, v in empty.items()}})])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
