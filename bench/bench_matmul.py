@@ -8,9 +8,10 @@ torch.backends.cuda.matmul.allow_tf32 = True, cuBLAS TF32, in the same run). raw
 torch_adapter (raw pointers, torch's stream). Issue targets
 (H100): linear_gelu f32 32x768->3072 >= 3x eager (42 us); bf16 8192x768->3072 >= 1.2x eager
 (99 us) and >= 0.9x the epilogue (71 us); matmul 8192^3 >= 0.8x torch (688 TFLOP/s bf16,
-51.6 f32). CUDA events, median of 50 after warm-up. Floors: compute at the H100 SXM dense
+51.6 f32). CUDA events, warm-up, medians (small rows in interleaved rounds). Floors: compute at the H100 SXM dense
 peaks (bf16/f16 989 TFLOP/s, tf32 495, FFMA 66.9), memory = each operand read once and each
-output written once at the measured copy ceiling.
+output written once at the measured copy ceiling. Each event pair is made before the timed calls
+(timing.event_pairs: a fresh pair counted 20-35 us of its own creation on the H100 host).
 
     python bench/bench_matmul.py [--out bench/results]
 """
@@ -21,7 +22,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import device_time_us, device_times_us, graphed, start, write_results  # noqa: E402
+from timing import device_time_us, device_times_us, graphed, loop_times_us, start, write_results  # noqa: E402
 
 PEAK_TFLOPS = {torch.float32: 66.9, torch.float16: 989.0, torch.bfloat16: 989.0}
 PEAK_TF32_TFLOPS = 495.0
@@ -81,10 +82,14 @@ def linear_rows(ta, ceiling):
                 "eager graph": graphed(lambda: F.gelu(F.linear(x, w, b), approximate="tanh")),
                 "epilogue graph": graphed(lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True)),
             }).values()
+            us_loop, us_eager_loop = loop_times_us({
+                "rawops": lambda: ta.linear_gelu(x, w, b),
+                "eager": lambda: F.gelu(F.linear(x, w, b), approximate="tanh")}).values()
         flops = 2 * m * k * n
         nbytes = (m * k + n * k + n + m * n) * x.element_size()
         compute, memory = _floors(flops, nbytes, dtype, ceiling)
         rows.append({"op": f"linear_gelu fwd {NAMES[dtype]}", "shape": f"{m}x{k}->{n}", "rawops us": us,
+                     "rawops loop us": us_loop, "eager loop us": us_eager_loop, "x eager (loops)": us_eager_loop / us_loop,
                      "rawops allocating first us": us_first, "torch eager us": us_eager,
                      "cuBLASLt epilogue us": us_lt, "x eager": us_eager / us,
                      "x epilogue": us_lt / us, "rawops graph us": us_graph, "eager graph us": us_eager_graph,
@@ -189,11 +194,18 @@ def main():
     from rawops import torch_adapter as ta
 
     sections = [
-        ("linear_gelu forward (no grad)", ["op", "shape", "rawops us", "torch eager us", "cuBLASLt epilogue us",
-                                           "x eager", "x epilogue", "rawops graph us", "eager graph us",
+        ("linear_gelu forward (no grad)", ["op", "shape", "rawops us", "rawops allocating first us", "torch eager us",
+                                           "cuBLASLt epilogue us", "x eager", "x epilogue", "rawops loop us",
+                                           "eager loop us", "x eager (loops)", "rawops graph us", "eager graph us",
                                            "epilogue graph us", "x eager (graphs)", "rawops TFLOP/s", "compute floor us",
                                            "memory floor us", "rel error vs f64"], linear_rows(ta, ceiling),
          {"targets": "f32 32x768->3072 >= 3x eager; bf16 8192x768->3072 >= 1.2x eager and >= 0.9x epilogue",
+          "rawops us, torch eager us, cuBLASLt epilogue us": "one event pair around each call (made beforehand: "
+          "timing.event_pairs), interleaved rounds; the bars are judged on these",
+          "rawops allocating first us": "the same call with the output kept between calls switched off "
+          "(rawops._launch.SPARE_OUTPUT_BYTES = 0)",
+          "loop us": "per call of 20 back-to-back calls between one event pair (host and GPU overlap across calls)",
+          "graph us": "a one-call CUDA graph replayed (no host cost)",
           "copy ceiling TB/s": round(ceiling, 3)}),
         ("linear_gelu forward + backward (autograd)", ["op", "shape", "rawops us", "torch eager us", "x eager",
                                                        "rawops TFLOP/s", "compute floor us", "memory floor us"],

@@ -16,7 +16,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import device_times_us, event_pairs, host_times_us, start, write_results  # noqa: E402
+from timing import device_times_us, event_pairs, host_times_us, loop_times_us, start, write_results  # noqa: E402
 
 F = torch.nn.functional
 SHAPES = ((torch.float32, "f32"), (torch.bfloat16, "bf16"))
@@ -38,23 +38,6 @@ def fresh_pair_times_us(fns, reps=20, rounds=5):
                 e.record()
             torch.cuda.synchronize()
             samples[name] += [s.elapsed_time(e) * 1e3 for s, e in events]
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
-def loop_times_us(fns, calls=20, reps=10, rounds=5):
-    """Per call of `calls` back-to-back calls between one event pair (created beforehand)."""
-    stream = torch.cuda.current_stream()
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            pairs = event_pairs(reps, stream)
-            for s, e in pairs:
-                s.record(stream)
-                for _ in range(calls):
-                    fn()
-                e.record(stream)
-            torch.cuda.synchronize()
-            samples[name] += [s.elapsed_time(e) * 1e3 / calls for s, e in pairs]
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -121,6 +104,11 @@ def main():
         def new_empty():
             return x.new_empty(M, N)
 
+        flags = ta._LINEAR_GELU_FLAGS["tanh"]
+
+        def direct():
+            return _launch.torch_linear(x, w, b, flags)
+
         fns = {"output kept": kept, "allocated first": first, "torch eager": eager}
         if dtype == torch.float32:
             def exact():
@@ -133,7 +121,8 @@ def main():
             fresh = fresh_pair_times_us(fns)
             made = device_times_us(fns)
             loop = loop_times_us(fns)
-            host = host_times_us({**fns, "x.new_empty alone": new_empty}, calls=300, rounds=7)
+            extra = {"x.new_empty alone": new_empty, "_launch.torch_linear direct (no Python wrapper)": direct}
+            host = host_times_us({**fns, **extra}, calls=300, rounds=7)
             graphs = {label: graph_of(fn) for label, fn in fns.items()}
             kernel = device_times_us(graphs, reps=10)
         for label in fns:
@@ -142,10 +131,10 @@ def main():
                          "host per call us": host[label],
                          "graph of 20, per call us": kernel[label] / 20})
             print(rows[-1], flush=True)
-        rows.append({"dtype": name, "call": "x.new_empty alone", "fresh event pair a call us": float("nan"),
-                     "pair made beforehand, a call us": float("nan"), "loop of 20, per call us": float("nan"),
-                     "host per call us": host["x.new_empty alone"],
-                     "graph of 20, per call us": float("nan")})
+        for label in extra:
+            rows.append({"dtype": name, "call": label, "fresh event pair a call us": float("nan"),
+                         "pair made beforehand, a call us": float("nan"), "loop of 20, per call us": float("nan"),
+                         "host per call us": host[label], "graph of 20, per call us": float("nan")})
     empty = empty_pair_us()
     print(empty, flush=True)
     write_results(out_dir, "explore_linear_call", "python bench/explore_linear_call.py", [

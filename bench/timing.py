@@ -75,6 +75,25 @@ def device_times_us(fns, warmup=10, reps=20, rounds=5):
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def loop_times_us(fns, calls=20, reps=10, rounds=5):
+    """{name: median us per call} of `calls` back-to-back calls between one event pair (made
+    beforehand), in interleaved rounds: a loop's cost per call, where the host and the GPU overlap
+    from one call to the next (the per-call pair of device_times_us sees one call alone)."""
+    stream = torch.cuda.current_stream()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            pairs = event_pairs(reps, stream)
+            for s, e in pairs:
+                s.record(stream)
+                for _ in range(calls):
+                    fn()
+                e.record(stream)
+            torch.cuda.synchronize()
+            samples[name] += [s.elapsed_time(e) * 1e3 / calls for s, e in pairs]
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def host_times_us(fns, calls=1000, rounds=15):
     """{name: median host time per call in us} for a dict of callables, measured in
     interleaved rounds (A, B, C, A, B, C, ...) so that drift in the host's speed, which is

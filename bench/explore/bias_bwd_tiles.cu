@@ -15,7 +15,10 @@ namespace {
 // the final kernel's launch and its pass over the partials from another grid; the question for the
 // H100 is whether the last blocks' tail (64 column tiles x up to 256 partial rows, at the very end)
 // costs less than that.
-template <class Op, typename T, int kThreads, int kRows, int kPer>
+// kOneFence (session 11): run 1 of --fused-final (02:22) had every thread fence, which waits for its
+// own dx stores to drain: 10-26% slower. With kOneFence only thread 0 fences, after the block's barrier
+// (cumulative through bar.sync: cooperative groups' grid sync does the same).
+template <class Op, typename T, int kThreads, int kRows, int kPer, bool kOneFence>
 __device__ __forceinline__ void bias_bwd_tile_fused_final(const T* __restrict__ dy, const T* __restrict__ x,
                                                           const T* __restrict__ bias, T* __restrict__ dx,
                                                           float* __restrict__ partial, int64_t rows, int64_t cols,
@@ -28,12 +31,16 @@ __device__ __forceinline__ void bias_bwd_tile_fused_final(const T* __restrict__ 
   const unsigned col_tiles = unsigned(cols / kCols);
   const unsigned row_tile = blockIdx.x / col_tiles, col_tile = blockIdx.x - row_tile * col_tiles;
   const unsigned row_tiles = unsigned((rows + kRows - 1) / kRows);
-  __threadfence();  // this block's partial row, visible to whichever block adds the column tile
+  if (!kOneFence) __threadfence();  // this block's partial row, visible to whichever block adds the column tile
   __syncthreads();
-  if (threadIdx.x == 0) ticket = atomicAdd(counters + col_tile, 1u);
+  if (threadIdx.x == 0) {
+    if (kOneFence) __threadfence();
+    ticket = atomicAdd(counters + col_tile, 1u);
+    if (kOneFence) __threadfence();
+  }
   __syncthreads();
   if (ticket != row_tiles - 1) return;
-  __threadfence();  // every other row tile's partial, visible here
+  if (!kOneFence) __threadfence();  // every other row tile's partial, visible here
   const int c = threadIdx.x % kCols, g = threadIdx.x / kCols;
   const float* column = partial + int64_t(col_tile) * kCols + c;
   float s = 0.f;
@@ -56,14 +63,17 @@ __device__ __forceinline__ void bias_bwd_tile_fused_final(const T* __restrict__ 
 
 // MINB: the blocks an SM of the plain kernel (its registers), kept so that the comparison is of
 // the fold alone (bf16's 4-row shape went from 76 to 89 registers: 2 blocks instead of 3).
-#define RAWOPS_BIAS_BWD_TILE_FF(T, suffix, THREADS, ROWS, PER, MINB)                                          \
+#define RAWOPS_BIAS_BWD_TILE_FF1(T, suffix, THREADS, ROWS, PER, MINB, NAME, ONE)                              \
   extern "C" __global__ void __launch_bounds__(THREADS, MINB)                                               \
-      bias_gelu_tanh_bwd_tile_ff_##THREADS##_##ROWS##_##PER##_##suffix(                                      \
+      bias_gelu_tanh_bwd_tile_##NAME##_##THREADS##_##ROWS##_##PER##_##suffix(                                \
           const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, long long cols,     \
           unsigned* counters, T* dbias) {                                                                    \
-    rawops::bias_bwd_tile_fused_final<rawops::BiasGeluTanhBwd<T>, T, THREADS, ROWS, PER>(                    \
+    rawops::bias_bwd_tile_fused_final<rawops::BiasGeluTanhBwd<T>, T, THREADS, ROWS, PER, ONE>(               \
         dy, x, bias, dx, partial, rows, cols, counters, dbias);                                              \
   }
+#define RAWOPS_BIAS_BWD_TILE_FF(T, suffix, THREADS, ROWS, PER, MINB)      \
+  RAWOPS_BIAS_BWD_TILE_FF1(T, suffix, THREADS, ROWS, PER, MINB, ff, false) \
+  RAWOPS_BIAS_BWD_TILE_FF1(T, suffix, THREADS, ROWS, PER, MINB, ff1, true)
 RAWOPS_BIAS_BWD_TILE_FF(float, f32, 1024, 64, 1, 2)
 RAWOPS_BIAS_BWD_TILE_FF(__half, f16, 512, 64, 1, 4)
 RAWOPS_BIAS_BWD_TILE_FF(__half, f16, 256, 128, 4, 4)
