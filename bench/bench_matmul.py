@@ -50,20 +50,6 @@ def _linear_operands(dtype, m, k, n):
     return x, w, torch.randn(n, device="cuda").to(dtype)
 
 
-def _allocating_first(ta, x, w, b):
-    """ta.linear_gelu with the output kept between calls switched off (rawops._launch.
-    SPARE_OUTPUT_BYTES = 0): each call allocates its output before the launch, as before
-    session 11. The two attribute stores cost ~0.1 us."""
-    from rawops import _launch
-
-    def call():
-        _launch.SPARE_OUTPUT_BYTES = 0
-        y = ta.linear_gelu(x, w, b)
-        _launch.SPARE_OUTPUT_BYTES = 1 << 20
-        return y
-    return call
-
-
 def linear_rows(ta, ceiling):
     rows = []
     for dtype, m, k, n in LINEAR_SHAPES:
@@ -73,9 +59,8 @@ def linear_rows(ta, ceiling):
             error = _error(ta.linear_gelu(x, w, b), ref)
             # Interleaved rounds (timing.device_times_us): at 32 rows a call is mostly host time,
             # and the lent host's speed drifts by up to 1.7x within minutes (bench/NOTES.md).
-            us, us_first, us_eager, us_lt, us_graph, us_eager_graph, us_lt_graph = device_times_us({
+            us, us_eager, us_lt, us_graph, us_eager_graph, us_lt_graph = device_times_us({
                 "rawops": lambda: ta.linear_gelu(x, w, b),
-                "rawops, output allocated first": _allocating_first(ta, x, w, b),
                 "eager": lambda: F.gelu(F.linear(x, w, b), approximate="tanh"),
                 "epilogue": lambda: torch._addmm_activation(b, x, w.t(), use_gelu=True),
                 "rawops graph": graphed(lambda: ta.linear_gelu(x, w, b)),
@@ -90,8 +75,7 @@ def linear_rows(ta, ceiling):
         compute, memory = _floors(flops, nbytes, dtype, ceiling)
         rows.append({"op": f"linear_gelu fwd {NAMES[dtype]}", "shape": f"{m}x{k}->{n}", "rawops us": us,
                      "rawops loop us": us_loop, "eager loop us": us_eager_loop, "x eager (loops)": us_eager_loop / us_loop,
-                     "rawops allocating first us": us_first, "torch eager us": us_eager,
-                     "cuBLASLt epilogue us": us_lt, "x eager": us_eager / us,
+                     "torch eager us": us_eager, "cuBLASLt epilogue us": us_lt, "x eager": us_eager / us,
                      "x epilogue": us_lt / us, "rawops graph us": us_graph, "eager graph us": us_eager_graph,
                      "epilogue graph us": us_lt_graph, "x eager (graphs)": us_eager_graph / us_graph,
                      "rawops TFLOP/s": flops / us / 1e6, "compute floor us": compute,
@@ -194,16 +178,13 @@ def main():
     from rawops import torch_adapter as ta
 
     sections = [
-        ("linear_gelu forward (no grad)", ["op", "shape", "rawops us", "rawops allocating first us", "torch eager us",
-                                           "cuBLASLt epilogue us", "x eager", "x epilogue", "rawops loop us",
+        ("linear_gelu forward (no grad)", ["op", "shape", "rawops us", "torch eager us", "cuBLASLt epilogue us", "x eager", "x epilogue", "rawops loop us",
                                            "eager loop us", "x eager (loops)", "rawops graph us", "eager graph us",
                                            "epilogue graph us", "x eager (graphs)", "rawops TFLOP/s", "compute floor us",
                                            "memory floor us", "rel error vs f64"], linear_rows(ta, ceiling),
          {"targets": "f32 32x768->3072 >= 3x eager; bf16 8192x768->3072 >= 1.2x eager and >= 0.9x epilogue",
           "rawops us, torch eager us, cuBLASLt epilogue us": "one event pair around each call (made beforehand: "
           "timing.event_pairs), interleaved rounds; the bars are judged on these",
-          "rawops allocating first us": "the same call with the output kept between calls switched off "
-          "(rawops._launch.SPARE_OUTPUT_BYTES = 0)",
           "loop us": "per call of 20 back-to-back calls between one event pair (host and GPU overlap across calls)",
           "graph us": "a one-call CUDA graph replayed (no host cost)",
           "copy ceiling TB/s": round(ceiling, 3)}),

@@ -2,9 +2,9 @@
 what the timer itself adds: one event pair around each call, fresh (the benches' timing before
 session 11: the event's creation and a current-stream query fall inside the interval) and made
 beforehand (timing.event_pairs, the benches' timing since), a loop of 20 calls between one pair,
-the host's time per call, and the kernel's time (a CUDA graph of 20 calls), each with the output kept between calls (rawops._launch.
-SPARE_OUTPUT_BYTES, the default) and allocated before the launch (SPARE_OUTPUT_BYTES = 0), and
-torch eager. Interleaved rounds.
+the host's time per call, and the kernel's time (a CUDA graph of 20 calls), beside torch eager.
+Interleaved rounds. (The runs of 02:22-02:32 on 2026-11-24 also had a variant that allocated the
+next call's output after the launch: not kept, see bench/NOTES.md.)
 
     python bench/explore_linear_call.py [--out bench/results]
 """
@@ -89,14 +89,8 @@ def main():
         w = (torch.randn(N, K, device="cuda") * K ** -0.5).to(dtype)
         b = torch.randn(N, device="cuda").to(dtype)
 
-        def kept():
+        def call():
             return ta.linear_gelu(x, w, b)
-
-        def first():
-            _launch.SPARE_OUTPUT_BYTES = 0
-            y = ta.linear_gelu(x, w, b)
-            _launch.SPARE_OUTPUT_BYTES = 1 << 20
-            return y
 
         def eager():
             return F.gelu(F.linear(x, w, b), approximate="tanh")
@@ -109,14 +103,14 @@ def main():
         def direct():
             return _launch.torch_linear(x, w, b, flags)
 
-        fns = {"output kept": kept, "allocated first": first, "torch eager": eager}
+        fns = {"rawops": call, "torch eager": eager}
         if dtype == torch.float32:
             def exact():
                 mm.LINEAR_TF32 = False
                 y = ta.linear_gelu(x, w, b)
                 mm.LINEAR_TF32 = True
                 return y
-            fns["exact FFMA kernel (LINEAR_TF32 off), output kept"] = exact
+            fns["exact FFMA kernel (LINEAR_TF32 off)"] = exact
         with torch.no_grad():
             fresh = fresh_pair_times_us(fns)
             made = device_times_us(fns)
@@ -141,9 +135,7 @@ def main():
         (f"linear_gelu {M}x{K}->{N}, no grad: where a call's time goes",
          ["dtype", "call", "fresh event pair a call us", "pair made beforehand, a call us", "loop of 20, per call us", "host per call us",
           "graph of 20, per call us"], rows,
-         {"output kept": "the default: the output allocated after the previous call's launch",
-          "allocated first": "rawops._launch.SPARE_OUTPUT_BYTES = 0 around the call (two attribute stores)",
-          **{f"empty event pair, {k}": f"{v:.2f} us" for k, v in empty.items()}})])
+         {**{f"empty event pair, {k}": f"{v:.2f} us" for k, v in empty.items()}})])
     return 0
 
 

@@ -73,7 +73,6 @@ ctypedef CUresult (*EventCreate_t)(void**, unsigned) nogil
 ctypedef CUresult (*EventRecord_t)(void*, void*) nogil
 ctypedef CUresult (*StreamWaitEvent_t)(void*, void*, unsigned) nogil
 ctypedef CUresult (*EventDestroy_t)(void*) nogil
-ctypedef CUresult (*StreamIsCapturing_t)(void*, int*) nogil
 ctypedef CUresult (*TensorMapEncodeTiled_t)(void*, int, uint32_t, void*, const uint64_t*, const uint64_t*,
                                             const uint32_t*, const uint32_t*, int, int, int, int) nogil
 # cuda.h's CUlaunchAttribute (an id, padded to 8 bytes, then a 64-byte value union) and
@@ -98,7 +97,6 @@ cdef StreamWaitEvent_t _cuStreamWaitEvent = NULL
 cdef EventDestroy_t _cuEventDestroy = NULL
 cdef TensorMapEncodeTiled_t _cuTensorMapEncodeTiled = NULL  # CUDA 12+ drivers; NULL on older ones
 cdef LaunchKernelEx_t _cuLaunchKernelEx = NULL  # CUDA 12+ drivers; NULL on older ones
-cdef StreamIsCapturing_t _cuStreamIsCapturing = NULL
 
 cdef enum:
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
@@ -123,7 +121,7 @@ cdef void* _symbol(void* handle, const char* name) except NULL:
 cdef int _load_driver() except -1:
     global _cuLaunchKernel, _cuPointerGetAttributes, _cuGetErrorName
     global _cuEventCreate, _cuEventRecord, _cuStreamWaitEvent, _cuEventDestroy, _cuTensorMapEncodeTiled
-    global _cuLaunchKernelEx, _cuStreamIsCapturing
+    global _cuLaunchKernelEx
     if _cuLaunchKernel != NULL:
         return 0
     cdef void* handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_LOCAL)
@@ -138,7 +136,6 @@ cdef int _load_driver() except -1:
     _cuEventDestroy = <EventDestroy_t>_symbol(handle, b"cuEventDestroy_v2")
     _cuTensorMapEncodeTiled = <TensorMapEncodeTiled_t>dlsym(handle, b"cuTensorMapEncodeTiled")
     _cuLaunchKernelEx = <LaunchKernelEx_t>dlsym(handle, b"cuLaunchKernelEx")
-    _cuStreamIsCapturing = <StreamIsCapturing_t>_symbol(handle, b"cuStreamIsCapturing")
     _cuLaunchKernel = <LaunchKernel_t>_symbol(handle, b"cuLaunchKernel")
     return 0
 
@@ -1023,21 +1020,7 @@ def torch_linear(x, weight, bias, long long flags):
         _last_linear.function = <uintptr_t>p[0]
     # A private copy before any torch call: x.new_empty may let another thread replace the cache.
     cdef LinearLaunch l = _last_linear
-    lead = None if nd == 2 else tuple(shape[:nd - 1])
-    cdef uintptr_t stream = 0
-    cdef bint spare = (m * n * (4 if code == F32 else 2) <= SPARE_OUTPUT_BYTES
-                       and device == _torch_current_device())
-    cdef bint repeated = False
-    if spare:
-        stream = <uintptr_t>_torch_raw_stream(device)
-        spare = not _capturing(stream)
-    out = None
-    if spare:
-        repeated = _spare_key_is(code, device, stream, m, n, lead)
-        if repeated:
-            out = _take_spare()
-    if out is None:
-        out = x.new_empty(m, n) if nd == 2 else x.new_empty(lead + (n,))  # ints parse faster
+    out = x.new_empty(m, n) if nd == 2 else x.new_empty(tuple(shape[:nd - 1]) + (n,))  # ints parse faster
     cdef uintptr_t pc = out.data_ptr(), pbias = bias.data_ptr() if has_bias else 0
     cdef uintptr_t zero = 0
     cdef void* params[10]
@@ -1051,73 +1034,8 @@ def torch_linear(x, weight, bias, long long flags):
     params[7] = &n
     params[8] = &k
     params[9] = &flags
-    if spare:
-        _launch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, stream, params, device)
-        if repeated:  # the next call's output, allocated while this kernel runs
-            _put_spare(x.new_empty(m, n) if nd == 2 else x.new_empty(lead + (n,)), code, device, stream, m, n, lead)
-        else:
-            _put_spare(None, code, device, stream, m, n, lead)
-    else:
-        _launch_torch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, params, device)
+    _launch_torch(l.function, l.gx, l.gy, l.gz, l.block, l.shared, params, device)
     return out
-
-
-# One small output of torch_linear allocated after its launch, for the next call of the same
-# shape on the same stream: at 32 rows the call is mostly host time, and the allocation
-# (x.new_empty, 2-4 us on the H100 host) then overlaps the kernel instead of preceding the
-# launch (1.2 us a call by events, bench/results/explore_linear_call.md). Made only when a call
-# repeats the previous call's shape and stream, so that layers of alternating shapes never pay
-# for an allocation they do not use. Each tensor is returned once, never shared; one slot of at
-# most SPARE_OUTPUT_BYTES is held (release_spare_output frees it). Never taken or made while the
-# stream is being captured (a CUDA graph's tensors come from its private pool).
-SPARE_OUTPUT_BYTES = 1 << 20
-cdef object _spare_out = None
-cdef object _spare_lead = None  # the output's leading dims when x is not 2-D
-cdef uintptr_t _spare_stream = 0
-cdef int _spare_code = -1, _spare_device = -1
-cdef long long _spare_m = 0, _spare_n = 0
-
-
-cdef inline int _capturing(uintptr_t stream) except -1:
-    cdef int status = 0
-    if _cuStreamIsCapturing == NULL:
-        _load_driver()
-    # An error (the legacy stream while another captures globally) counts as capturing.
-    return _cuStreamIsCapturing(<void*>stream, &status) != 0 or status != 0
-
-
-cdef bint _spare_key_is(int code, int device, uintptr_t stream, long long m, long long n, object lead):
-    """Whether the previous call had this output shape, dtype and stream (the slot's key)."""
-    return (_spare_code == code and _spare_device == device and _spare_stream == stream and _spare_m == m
-            and _spare_n == n and (_spare_lead is lead or _spare_lead == lead))
-
-
-cdef object _take_spare():
-    global _spare_out
-    out = _spare_out
-    _spare_out = None  # no torch call between the read and this: no other thread can take it too
-    return out
-
-
-cdef void _put_spare(object out, int code, int device, uintptr_t stream, long long m, long long n, object lead):
-    """The slot's tensor (or None) with its key, set together: a tensor is never under another key."""
-    global _spare_out, _spare_lead, _spare_stream, _spare_code, _spare_device, _spare_m, _spare_n
-    _spare_out = None
-    _spare_code, _spare_device, _spare_stream, _spare_m, _spare_n, _spare_lead = code, device, stream, m, n, lead
-    _spare_out = out
-
-
-def release_spare_output():
-    """Frees the output torch_linear keeps for its next call (at most SPARE_OUTPUT_BYTES); the
-    next call of any shape counts as a first one."""
-    global _spare_out, _spare_code
-    _spare_out = None
-    _spare_code = -1
-
-
-def spare_output():
-    """The kept output (a tensor) or None: for tests."""
-    return _spare_out
 
 
 # ---------------------------------------------------------------------------- torch source-network fast path

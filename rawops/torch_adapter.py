@@ -18,8 +18,7 @@ import torch
 
 from . import elementwise as _ew
 from ._launch import (TorchMapEntry, register_torch, register_torch_gemm, register_torch_modules,
-                      release_spare_output, require_str, sm_count, tensor_code, torch_linear, torch_seed_forward,
-                      torch_seed_module_call)
+                      require_str, sm_count, tensor_code, torch_linear, torch_seed_forward, torch_seed_module_call)
 
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -1378,11 +1377,7 @@ def linear_gelu(x, weight, bias=None, approximate="tanh"):
     """F.gelu(F.linear(x, weight, bias), approximate=approximate) in one kernel, with autograd
     (the backward uses the pre-activation the forward stores when a gradient is needed).
     float32 at <= 128 rows on sm_90+ runs 3xTF32 (float32-level error), unless
-    rawops.matmul's LINEAR_TF32 is False (see rawops.linear_gelu).
-
-    Without autograd, an output of at most 1 MiB is allocated after the launch, for the next
-    call of the same shape on the same stream (one kept at a time; release_spare_output() frees
-    it), so a small batch's launch does not wait for torch's allocator."""
+    rawops.matmul's LINEAR_TF32 is False (see rawops.linear_gelu)."""
     flags = _LINEAR_GELU_FLAGS.get(approximate) if isinstance(approximate, str) else None
     if flags is not None and not _compiling():
         y = torch_linear(x, weight, bias, flags)

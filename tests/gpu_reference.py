@@ -53,12 +53,7 @@ def poison_pool(*nbytes):
 def poison_torch_pool(*nbytes):
     """poison_pool for torch's caching allocator (the adapter's outputs come from it): one
     0xFF block per size, all freed together, so that the next allocations of those sizes on
-    the current stream most likely start as NaN (best fit may pick another free block). The
-    output the no-grad linear path keeps for its next call is freed first, so that call's output
-    comes from the poisoned pool too."""
-    from rawops import _launch
-
-    _launch.release_spare_output()
+    the current stream most likely start as NaN (best fit may pick another free block)."""
     blocks = [torch.full((max(n, 1),), 0xFF, dtype=torch.uint8, device="cuda") for n in nbytes]
     del blocks
 
