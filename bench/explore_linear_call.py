@@ -111,13 +111,6 @@ def main():
                 mm.LINEAR_TF32 = True
                 return y
             fns["exact FFMA kernel (LINEAR_TF32 off)"] = exact
-
-            def unshared():
-                mm.SMALL_TF32_SHARE_X = False
-                y = ta.linear_gelu(x, w, b)
-                mm.SMALL_TF32_SHARE_X = True
-                return y
-            fns["3xTF32, x not shared across pairs (SMALL_TF32_SHARE_X off)"] = unshared
         with torch.no_grad():
             fresh = fresh_pair_times_us(fns)
             made = device_times_us(fns)

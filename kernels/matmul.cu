@@ -592,34 +592,8 @@ template <bool B> struct BoolConstant {
   static constexpr bool value = B;
 };
 
-// Peer stores for XS (x shared across a cluster): 16 bytes into CTA `rank`'s shared memory.
-__device__ __forceinline__ void store_peer_float4(unsigned remote, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z),
-               "f"(v.w)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
-// The x row stride in shared memory (XS): 16 mod 32 words, so a quarter-warp's two rows of 64
-// bytes take all 32 banks.
-__host__ __device__ constexpr int64_t small_x_stride(int64_t K) { return K + ((16 - K % 32) + 32) % 32; }
-
 // K % 4 == 0 and x, w 16-byte aligned (the Python side checks).
-// XS (session 11): the C = 2 CTAs of a cluster own adjacent feature blocks over the same K parts
-// and share x: each loads half of the rows of its steps and stores them into both CTAs' shared
-// memory (x is 12.6 of the 22.6 MB every call reads from L2 at 32x768->3072); dynamic shared
-// memory then holds all of x (small_x_stride) and, after the loop, the partial tiles.
-template <int C, int NWN, int NT, int NWK, bool XS = false>
+template <int C, int NWN, int NT, int NWK>
 __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, const float* __restrict__ w,
                                                   float* __restrict__ y, const Epilogue<float> epi, int64_t M,
                                                   int64_t N, int64_t K) {
@@ -635,18 +609,11 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   timeline_mark(slot, 0, timeline_now());
   bool first_split = true;
 #endif
-  static_assert(!XS || C == 2, "x is shared by a pair");
-  constexpr int KC = XS ? 1 : C;  // CTAs splitting K
   const int wn = warp % NWN, wk = warp / NWN;
   const unsigned rank = C > 1 ? cluster_rank() : 0u;
-  if (XS) cluster_arrive_relaxed();  // this CTA runs: its peer may store into it (waited before the first store)
-  const int64_t n0 = int64_t(XS ? blockIdx.x : blockIdx.x / C) * S::kFeat, row0 = int64_t(blockIdx.y) * kSmallRows;
-  const int64_t steps = (K + 15) / 16, per = (steps + KC * NWK - 1) / (KC * NWK);
-  const int64_t kb = (int64_t(XS ? 0u : rank) * NWK + wk) * per * 16;
-  const int64_t ke = kb + per * 16 < K ? kb + per * 16 : K;
-  const int64_t xstride = small_x_stride(K);
-  float* const xs = red;  // XS: [kSmallRows][xstride], rewritten by the partial tiles after the loop
-  const unsigned peer_xs = XS ? peer_address(xs, rank ^ 1u) : 0u;
+  const int64_t n0 = int64_t(blockIdx.x / C) * S::kFeat, row0 = int64_t(blockIdx.y) * kSmallRows;
+  const int64_t steps = (K + 15) / 16, per = (steps + C * NWK - 1) / (C * NWK);
+  const int64_t kb = (int64_t(rank) * NWK + wk) * per * 16, ke = kb + per * 16 < K ? kb + per * 16 : K;
 
   // Rows past M and features past N read the last one: their sums are never stored.
   const float* xr[4];
@@ -678,7 +645,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   // Whole rounds load unpredicated; only a tail round (TAIL) checks k against ke (behind a
   // check per load nvcc branched around each one and recomputed its address: ~25 instructions
   // per LDG).
-  auto round = [&](int64_t k0, auto tail, bool first_round) {
+  auto round = [&](int64_t k0, auto tail) {
     constexpr bool TAIL = decltype(tail)::value;
     float4 xv[kTf32Steps][4], wv[kTf32Steps][NT];
     const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -687,36 +654,9 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       const int64_t k = k0 + 16 * s;
       const bool ok = !TAIL || k + 4 * q < ke;  // K % 4 == 0: a vector is wholly inside or outside
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (!XS || i / 2 == int(rank)) xv[s][i] = ok ? __ldg(reinterpret_cast<const float4*>(xr[i] + k)) : zero;
+      for (int i = 0; i < 4; ++i) xv[s][i] = ok ? __ldg(reinterpret_cast<const float4*>(xr[i] + k)) : zero;
 #pragma unroll
       for (int j = 0; j < NT; ++j) wv[s][j] = ok ? __ldg(reinterpret_cast<const float4*>(wr[j] + k)) : zero;
-    }
-    if (XS) {
-      // This CTA's half of the rows into both CTAs' x, then the peer's half from here.
-      if (first_round) cluster_wait();
-#pragma unroll
-      for (int s = 0; s < kTf32Steps; ++s) {
-        const int64_t k = k0 + 16 * s;
-        if (!TAIL || k + 4 * q < ke)
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-            if (i / 2 == int(rank)) {
-              const int64_t at = (g + 8 * i) * xstride + k + 4 * q;
-              *reinterpret_cast<float4*>(xs + at) = xv[s][i];
-              store_peer_float4(peer_xs + unsigned(at) * 4u, xv[s][i]);
-            }
-      }
-      cluster_barrier();
-#pragma unroll
-      for (int s = 0; s < kTf32Steps; ++s) {
-        const int64_t k = k0 + 16 * s;
-        const bool ok = !TAIL || k + 4 * q < ke;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (i / 2 != int(rank))
-            xv[s][i] = ok ? *reinterpret_cast<const float4*>(xs + (g + 8 * i) * xstride + k + 4 * q) : zero;
-      }
     }
 #pragma unroll
     for (int s = 0; s < kTf32Steps; ++s)
@@ -758,23 +698,9 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
                                term == 1 ? bs[j][0] : bb[j][0], term == 1 ? bs[j][1] : bb[j][1]);
       }
   };
-  if (XS) {
-    // The same number of rounds in every warp of both CTAs (each has cluster barriers); a warp
-    // past its K part runs them with every load predicated off.
-    const int64_t rounds = (per + kTf32Steps - 1) / kTf32Steps;
-    for (int64_t r = 0; r < rounds; ++r) {
-      const int64_t k0 = kb + r * 16 * kTf32Steps;
-      if (k0 + 16 * kTf32Steps <= ke)
-        round(k0, BoolConstant<false>(), r == 0);
-      else
-        round(k0, BoolConstant<true>(), r == 0);
-    }
-    __syncthreads();  // every warp done with xs before the partial tiles overwrite it
-  } else {
-    int64_t k0 = kb;
-    for (; k0 + 16 * kTf32Steps <= ke; k0 += 16 * kTf32Steps) round(k0, BoolConstant<false>(), false);
-    if (k0 < ke) round(k0, BoolConstant<true>(), false);
-  }
+  int64_t k0 = kb;
+  for (; k0 + 16 * kTf32Steps <= ke; k0 += 16 * kTf32Steps) round(k0, BoolConstant<false>());
+  if (k0 < ke) round(k0, BoolConstant<true>());
 
   // Accumulator e of tile (mt, j): row mt * 16 + g + 8 (e / 2), feature (wn NT + j) 8 + 2t + e % 2.
   float* const mine = red + wk * S::kSlab;
@@ -790,7 +716,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   timeline_mark(slot, 2, timeline_now());
 #endif
   cp_async_wait<0>();  // this thread's bias copy landed; the barrier publishes it
-  if (KC > 1)
+  if (C > 1)
     cluster_barrier();  // every CTA's partials written and visible cluster-wide
   else
     __syncthreads();
@@ -800,24 +726,24 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 
   // CTA `rank` finishes rows [rank * 32 / C, (rank + 1) * 32 / C): 4 adjacent features a
   // thread, summed over the cluster's CTAs, then warps, in order; every load before the adds.
-  constexpr int kRows = kSmallRows / KC, kQuads = S::kFeat / 4;
+  constexpr int kRows = kSmallRows / C, kQuads = S::kFeat / 4;
   for (int o = t; o < kRows * kQuads; o += S::kThreads) {
-    const int row = int(XS ? 0u : rank) * kRows + o / kQuads, f = (o % kQuads) * 4;
+    const int row = int(rank) * kRows + o / kQuads, f = (o % kQuads) * 4;
     const int64_t m = row0 + row;
     if (m >= M) continue;
     const float* const first = red + row * S::kStride + f;
-    float4 p[KC * NWK];
+    float4 p[C * NWK];
 #pragma unroll
-    for (int r = 0; r < KC; ++r) {
-      const unsigned remote = KC > 1 ? peer_address(first, r) : 0u;
+    for (int r = 0; r < C; ++r) {
+      const unsigned remote = C > 1 ? peer_address(first, r) : 0u;
 #pragma unroll
       for (int u = 0; u < NWK; ++u)
-        p[r * NWK + u] = KC > 1 ? load_peer_float4(remote + u * S::kSlab * 4)
-                                : *reinterpret_cast<const float4*>(first + u * S::kSlab);
+        p[r * NWK + u] = C > 1 ? load_peer_float4(remote + u * S::kSlab * 4)
+                               : *reinterpret_cast<const float4*>(first + u * S::kSlab);
     }
     float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int i = 0; i < KC * NWK; ++i) {
+    for (int i = 0; i < C * NWK; ++i) {
       sum[0] += p[i].x;
       sum[1] += p[i].y;
       sum[2] += p[i].z;
@@ -829,7 +755,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       if (n < N) y[m * N + n] = tail_epi(sum[e], m, n);
     }
   }
-  if (KC > 1) cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer reads it
+  if (C > 1) cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer reads it
 #ifdef RAWOPS_TIMELINE
   timeline_mark(slot, 4, timeline_now());
 #endif
@@ -889,10 +815,10 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
 #else
 #define RAWOPS_CLUSTER_DIMS(C) __cluster_dims__(C, 1, 1)
 #endif
-#define RAWOPS_SMALL_TF32(name, C, NWN, NT, NWK, MIN_BLOCKS, XS)                                      \
+#define RAWOPS_SMALL_TF32(name, C, NWN, NT, NWK, MIN_BLOCKS)                                          \
   extern "C" __global__ void __launch_bounds__(NWN * NWK * 32, MIN_BLOCKS) RAWOPS_CLUSTER_DIMS(C)      \
       name(RAWOPS_GEMM_ARGS(float)) {                                                                   \
-    rawops::linear_small_tf32<C, NWN, NT, NWK, XS>(a, b, c, RAWOPS_EPI(float), m, n, k);                \
+    rawops::linear_small_tf32<C, NWN, NT, NWK>(a, b, c, RAWOPS_EPI(float), m, n, k);                    \
   }
 
 // gemm_reduce: a = the float32 partials, k = the number of splits; b unused.
@@ -916,8 +842,7 @@ RAWOPS_MATMUL_FAMILY(float, f32)
 RAWOPS_SIMT_VEC(nn, true, false)
 RAWOPS_SIMT_VEC(nt, true, true)
 RAWOPS_SIMT_VEC(tn, false, false)
-RAWOPS_SMALL_TF32(linear_small_tf32_nt_f32, 1, 1, 3, 16, 1, false)
-RAWOPS_SMALL_TF32(linear_small_tf32_xs_nt_f32, 2, 1, 3, 16, 1, true)
+RAWOPS_SMALL_TF32(linear_small_tf32_nt_f32, 1, 1, 3, 16, 1)
 RAWOPS_MATMUL_FAMILY(__half, f16)
 RAWOPS_MATMUL_FAMILY(__nv_bfloat16, bf16)
 RAWOPS_MATMUL_MMA_FAMILY(__half, f16)

@@ -938,7 +938,7 @@ cdef inline bint _plain_operand(object t, object dtype, int device):
 # The last x @ W^T launch of torch_linear, in C fields: a model calling one layer shape after
 # another finds its plan without building a key tuple or touching Python objects.
 cdef struct LinearLaunch:
-    int code, device, a_aligned, b_aligned, tf32  # tf32: the switches + 4 x the epilogue mode
+    int code, device, a_aligned, b_aligned, tf32  # tf32: the switch + 2 x the epilogue mode
     long long m, n, k
     uintptr_t function
     unsigned gx, gy, gz, block, shared
@@ -1005,19 +1005,16 @@ def torch_linear(x, weight, bias, long long flags):
     if m == 0 or n == 0:
         return None
     cdef uintptr_t pa = x.data_ptr(), pb = weight.data_ptr()
-    # The planner's switches, as it reads them: 3xTF32 for float32 bias + GELU (linear_gelu) only
-    # (1), x shared across a cluster pair there (2).
+    # The planner's switch, as it reads it: 3xTF32 for float32 bias + GELU (linear_gelu) only.
     cdef int tf32 = code == F32 and (flags & 3) == 1 and _gemm_options.LINEAR_TF32 is True
-    if tf32 and _gemm_options.SMALL_TF32_SHARE_X is True:
-        tf32 = 2
     cdef tuple p
-    if not _same_linear(code, m, n, k, pa, pb, device, tf32 + 4 * (flags & 3)):
+    if not _same_linear(code, m, n, k, pa, pb, device, tf32 + 2 * (flags & 3)):
         p = _gemm_plan("nt", code, m, n, k, pa, pb, device, tf32, flags)
         if p[6] != 1:
             return None
         _last_linear.function = 0  # invalid while its fields change
         _last_linear.code, _last_linear.device, _last_linear.m, _last_linear.n, _last_linear.k = code, device, m, n, k
-        _last_linear.tf32 = tf32 + 4 * (flags & 3)
+        _last_linear.tf32 = tf32 + 2 * (flags & 3)
         _last_linear.a_aligned, _last_linear.b_aligned = pa % 16 == 0, pb % 16 == 0
         _last_linear.gx, _last_linear.gy, _last_linear.gz, _last_linear.block, _last_linear.shared = p[1:6]
         _last_linear.function = <uintptr_t>p[0]

@@ -43,12 +43,6 @@ SMALL_TF32_CLUSTER, SMALL_TF32_TILES, SMALL_TF32_WARPS = 1, 3, 16
 SMALL_TF32_FEATURES = SMALL_TF32_TILES * 8
 SMALL_TF32_THREADS = 32 * SMALL_TF32_WARPS
 SMALL_TF32_MIN_CC = 90  # thread-block clusters
-# linear_small_tf32_xs: the same in clusters of 2 CTAs that own adjacent feature blocks and share
-# x (each loads half its rows into both CTAs' shared memory): all of x, SMALL_ROWS x
-# small_x_stride(k) float32, must fit beside nothing else (the partial tiles reuse it).
-SMALL_TF32_SHARE_X = True
-SMALL_TF32_XS_MAX_SHARED = 200 * 1024  # sm_90 / sm_100 (227 KB a block); others (sm_120: 99 KB) 96 KB
-SMALL_TF32_XS_BIG_SMEM_CC = (90, 100, 103, 110)
 # The switch: True lets float32 linear_gelu at <= SMALL_MAX_M rows run linear_small_tf32 (3xTF32:
 # ~1e-6 relative against float64 where the exact FFMA kernel gives ~1e-7, both at float32 level);
 # False forces exact FFMA everywhere. matmul (and every other GEMM) never takes it. Read when a
@@ -74,7 +68,7 @@ def entry_points():
     names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
     names += [f"gemm_simt_vec_{layout}_f32" for layout in LAYOUTS]
     names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
-    names += ["linear_small_tf32_nt_f32", "linear_small_tf32_xs_nt_f32"]
+    names += ["linear_small_tf32_nt_f32"]
     names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
     return sorted(names)
 
@@ -113,19 +107,6 @@ def small_tf32_shared_bytes():
     f = SMALL_TF32_FEATURES
     stride = f + 16 if f % 32 == 24 else f + 8
     return SMALL_TF32_WARPS * SMALL_ROWS * stride * 4
-
-
-def small_x_stride(k):
-    """kernels/matmul.cu small_x_stride: x's row stride in shared memory, 16 mod 32 floats."""
-    return k + (16 - k % 32 + 32) % 32
-
-
-def small_tf32_xs_shared_bytes(k, cc=90):
-    """linear_small_tf32_xs's dynamic shared memory: all of x (SMALL_ROWS rows), later the
-    partial tiles; None when x does not fit (or K < 16: not one whole step)."""
-    x_bytes = SMALL_ROWS * small_x_stride(k) * 4
-    budget = SMALL_TF32_XS_MAX_SHARED if cc in SMALL_TF32_XS_BIG_SMEM_CC else 96 * 1024
-    return max(x_bytes, small_tf32_shared_bytes()) if 16 <= k and x_bytes <= budget else None
 
 
 def contiguous_dims(layout, m, n, k):
@@ -174,12 +155,7 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
     splits = 1
     small = (layout == "nt" and m <= SMALL_MAX_M and cc >= SMALL_MIN_CC and k % vector == 0 and a_ptr % 16 == 0
              and b_ptr % 16 == 0)
-    xs_shared = small_tf32_xs_shared_bytes(k, cc) if SMALL_TF32_SHARE_X is True else None
-    if small and tf32_linear and dtype == 0 and cc >= SMALL_TF32_MIN_CC and xs_shared is not None:
-        name, grid, block, shared = ("linear_small_tf32_xs_nt_f32",
-                                     (2 * _ceil(_ceil(n, SMALL_TF32_FEATURES), 2), _ceil(m, SMALL_ROWS)),
-                                     SMALL_TF32_THREADS, xs_shared)
-    elif small and tf32_linear and dtype == 0 and cc >= SMALL_TF32_MIN_CC:
+    if small and tf32_linear and dtype == 0 and cc >= SMALL_TF32_MIN_CC:
         name, grid, block, shared = ("linear_small_tf32_nt_f32",
                                      (SMALL_TF32_CLUSTER * _ceil(n, SMALL_TF32_FEATURES), _ceil(m, SMALL_ROWS)),
                                      SMALL_TF32_THREADS, small_tf32_shared_bytes())
@@ -224,7 +200,7 @@ _plans = {}
 def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=0):
     tf32_linear = flags & 3 == EPI_BIAS_GELU and LINEAR_TF32 is True
     key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device,
-           flags & 3 == EPI_BIAS_GELU_GRAD, pre % 16 == 0, tf32_linear, tf32_linear and SMALL_TF32_SHARE_X is True)
+           flags & 3 == EPI_BIAS_GELU_GRAD, pre % 16 == 0, tf32_linear)
     cached = _plans.get(key)
     if cached is None:
         sms = sm_count(device)

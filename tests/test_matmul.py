@@ -41,26 +41,7 @@ def test_small_batch_path_only_where_its_16_byte_loads_are_legal(why, args):
     assert not mm.plan(*args)[0].startswith("linear_small"), why
 
 
-def test_float32_linear_gelu_at_small_batch_shares_x_across_cluster_pairs_where_it_fits():
-    name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER, tf32_linear=True)
-    assert name == "linear_small_tf32_xs_nt_f32" and block == 512 and splits == 1
-    assert grid == (3072 // 24, 1), "24 features per CTA: 128 CTAs in 64 pairs"
-    assert mm.small_x_stride(768) == 784 and mm.small_x_stride(100) == 112 and mm.small_x_stride(16) == 16
-    assert all(mm.small_x_stride(k) % 32 == 16 and 0 <= mm.small_x_stride(k) - k < 32 for k in range(4, 2000, 4))
-    assert shared == 32 * 784 * 4 > mm.small_tf32_shared_bytes(), "all of x; the partial tiles reuse it"
-    name, grid, _, shared, _ = mm.plan("nt", F32, 128, 10, 100, 90, BASE, OTHER, tf32_linear=True)
-    assert name == "linear_small_tf32_xs_nt_f32" and grid == (2, 4), "one feature block: a pair still"
-    assert shared == mm.small_tf32_shared_bytes(), "x (14 KB) smaller than the partial tiles"
-    assert mm.plan("nt", F32, 32, 72, 768, 90, BASE, OTHER, tf32_linear=True)[1] == (4, 1), "3 blocks: rounded to pairs"
-    too_wide = 32 * mm.small_x_stride(2048) * 4 > mm.SMALL_TF32_XS_MAX_SHARED
-    assert too_wide and mm.plan("nt", F32, 32, 3072, 2048, 90, BASE, OTHER, tf32_linear=True)[0] == \
-        "linear_small_tf32_nt_f32", "x past the shared-memory budget: CTAs load it themselves"
-    assert mm.plan("nt", F32, 32, 3072, 8, 90, BASE, OTHER, tf32_linear=True)[0] == "linear_small_tf32_nt_f32", \
-        "K < 16: not one whole step"
-
-
-def test_float32_linear_gelu_at_small_batch_takes_3xtf32_on_sm90(monkeypatch):
-    monkeypatch.setattr(mm, "SMALL_TF32_SHARE_X", False)
+def test_float32_linear_gelu_at_small_batch_takes_3xtf32_on_sm90():
     name, grid, block, shared, splits = mm.plan("nt", F32, 32, 3072, 768, 90, BASE, OTHER, tf32_linear=True)
     assert name == "linear_small_tf32_nt_f32" and block == 512 and splits == 1
     assert grid == (3072 // 24, 1), "24 features per CTA: 128 CTAs, one per SM"
@@ -79,7 +60,7 @@ def test_float32_linear_gelu_at_small_batch_takes_3xtf32_on_sm90(monkeypatch):
     ("not x @ W^T", ("nn", F32, 32, 3072, 768, 90, BASE, OTHER, 132, 0, True)),
 ])
 def test_3xtf32_small_batch_only_where_allowed(why, args):
-    assert not mm.plan(*args)[0].startswith("linear_small_tf32"), why
+    assert mm.plan(*args)[0] != "linear_small_tf32_nt_f32", why
 
 
 @pytest.fixture
@@ -96,28 +77,24 @@ def planned_names(monkeypatch):
 
 def test_only_linear_gelu_forward_takes_3xtf32_and_the_switch_turns_it_off(planned_names, monkeypatch):
     args = (F32, 32, 3072, 768, BASE, OTHER, 0)
-    xs = "linear_small_tf32_xs_nt_f32"
-    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == xs
-    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU | mm.EPI_ERF)[0] == xs
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_tf32_nt_f32"
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU | mm.EPI_ERF)[0] == "linear_small_tf32_nt_f32"
     assert mm._launch_plan("nt", *args, mm.EPI_NONE)[0] == "linear_small_nt_f32", "matmul's backward da = dy b^T"
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS)[0] == "linear_small_nt_f32"
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU_GRAD)[0] == "linear_small_nt_f32", "backward recompute"
-    assert mm.linear_launch_plan("nt", F32, 32, 3072, 768, BASE, OTHER, 0, 0, mm.EPI_BIAS_GELU)[0] == xs, \
-        "the torch fast path's planner"
-    monkeypatch.setattr(mm, "SMALL_TF32_SHARE_X", False)
-    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_tf32_nt_f32", "a cached plan must not win"
+    assert mm.linear_launch_plan("nt", F32, 32, 3072, 768, BASE, OTHER, 0, 0, mm.EPI_BIAS_GELU)[0] == \
+        "linear_small_tf32_nt_f32", "the torch fast path's planner"
     monkeypatch.setattr(mm, "LINEAR_TF32", False)
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_nt_f32", "a cached plan must not win"
     monkeypatch.setattr(mm, "LINEAR_TF32", True)
-    monkeypatch.setattr(mm, "SMALL_TF32_SHARE_X", True)
-    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == xs
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_tf32_nt_f32"
 
 
 def test_plain_matmul_float32_never_plans_3xtf32(planned_names):
     for m, n, k in [(32, 3072, 768), (1, 8, 4), (128, 64, 64), (7, 5000, 9)]:
         for layout in mm.LAYOUTS:
             mm._launch_plan(layout, F32, m, n, k, BASE, OTHER, 0)
-    assert planned_names and not any(name.startswith("linear_small_tf32") for name in planned_names)
+    assert planned_names and "linear_small_tf32_nt_f32" not in planned_names
 
 
 def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned():
@@ -230,17 +207,10 @@ def test_small_batch_launch_shape_matches_the_kernel_macros():
 
 def test_3xtf32_small_batch_shape_matches_its_entry_and_traps_below_sm90():
     source = _source()
-    entry = re.search(r"^RAWOPS_SMALL_TF32\(linear_small_tf32_nt_f32, (\d+), (\d+), (\d+), (\d+), (\d+), false\)",
-                      source, re.M)
+    entry = re.search(r"^RAWOPS_SMALL_TF32\(linear_small_tf32_nt_f32, (\d+), (\d+), (\d+), (\d+), (\d+)\)", source,
+                      re.M)
     c, nwn, nt, nwk, _ = map(int, entry.groups())
     assert (c, nwn, nt, nwk) == (mm.SMALL_TF32_CLUSTER, 1, mm.SMALL_TF32_TILES, mm.SMALL_TF32_WARPS)
-    entry = re.search(r"^RAWOPS_SMALL_TF32\(linear_small_tf32_xs_nt_f32, (\d+), (\d+), (\d+), (\d+), (\d+), true\)",
-                      source, re.M)
-    assert tuple(map(int, entry.groups()))[:4] == (2, 1, mm.SMALL_TF32_TILES, mm.SMALL_TF32_WARPS), "pairs"
-    for k in range(16, 4096, 4):  # sm_120 has 99 KB a block, sm_90 227 KB
-        assert (mm.small_tf32_xs_shared_bytes(k, 120) or 0) <= 96 * 1024
-        assert (mm.small_tf32_xs_shared_bytes(k, 90) or 0) <= 200 * 1024
-    assert mm.small_tf32_xs_shared_bytes(512, 120) is not None and mm.small_tf32_xs_shared_bytes(1024, 90) is not None
     body = source[source.index("__device__ __forceinline__ void linear_small_tf32("):]
     assert body.index("__CUDA_ARCH__ >= 900") < body.index("__trap()"), "sm_80..89 compile a trap"
     assert mm.SMALL_TF32_MIN_CC == 90 and mm.small_tf32_shared_bytes() <= 99 * 1024, "fits sm_120's 99 KB"
@@ -464,21 +434,17 @@ def _relative_error(out, ref):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 8, 32, 33, 128])
-@pytest.mark.parametrize("k, n", [(768, 3072), (768, 10), (100, 3072), (765, 40), (16, 200), (2052, 72)])
+@pytest.mark.parametrize("k, n", [(768, 3072), (768, 10), (100, 3072), (765, 40)])
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
-@pytest.mark.parametrize("share_x", [True, False])
-def test_linear_gelu_float32_small_batch_3xtf32_matches_float64(monkeypatch, m, k, n, approximate, share_x):
+def test_linear_gelu_float32_small_batch_3xtf32_matches_float64(m, k, n, approximate):
     """float32 linear_gelu at <= 128 rows takes 3xTF32 on sm_90+ (K % 4 == 0; K = 765 goes to
-    the FFMA kernel), in cluster pairs sharing x where x fits (share_x; K = 2052 does not):
-    held to float32's 1e-5, which one TF32 product (~3e-4) would fail."""
+    the FFMA kernel): held to float32's 1e-5, which one TF32 product (~3e-4) would fail."""
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
-    monkeypatch.setattr(mm, "SMALL_TF32_SHARE_X", share_x)
     expect_tf32 = k % 4 == 0 and _tf32_runs_here()
-    expect_xs = expect_tf32 and share_x and k < 2048
     name = mm.plan("nt", F32, m, n, k, _device_cc(), BASE, OTHER, tf32_linear=True)[0]
-    assert name.startswith("linear_small_tf32") == expect_tf32 and (name == "linear_small_tf32_xs_nt_f32") == expect_xs
+    assert (name == "linear_small_tf32_nt_f32") == expect_tf32
     x, w = random((m, k), torch.float32, 1.0), random((n, k), torch.float32, k ** -0.5)
     bias = random((n,), torch.float32)
     pre64 = torch.nn.functional.linear(x.double(), w.double(), bias.double())
