@@ -12,8 +12,6 @@ bench/explore_bias_bwd_tiles.py --build 90, carried in bench/.cubins).
     python bench/explore_bias_bwd_tiles.py --fused-final   # staged in session 10, not yet run: the
                                                            # tiles with column_sum_final folded in
                                                            # (the last block of a column tile adds it)
-    python bench/explore_bias_bwd_tiles.py --hints     # L2 policies (partial rows evict_last, streams
-                                                       # evict_first) on the shipped shapes
     python bench/explore_bias_bwd_tiles.py --alloc     # also each half-type shape in ALLOC_SHAPES
                                                        # with dx, dbias, partial allocated per call
                                                        # (as the library call does)
@@ -197,88 +195,10 @@ def fused_final():
     return 0
 
 
-HINT_SHAPES = {"f32": (1024, 64, 1), "f16": (512, 64, 1), "bf16": (256, 128, 4)}
-
-
-def hints():
-    """The shipped tile shapes with L2 policies (bias_bwd_tile's kHint): 1 keeps the partial rows in
-    L2 (evict_last) for column_sum_final, 2 also streams dy, x and dx as evict_first; each + the
-    library's column_sum_final, against the plain kernel and the library's call, interleaved. dx and
-    dbias must be the plain kernel's bits."""
-    sys.path.insert(0, HERE)
-    from timing import device_times_us, start, write_results
-
-    started = start(__doc__.splitlines()[0])
-    if started is None:
-        return 1
-    out_dir, ceiling = started
-    import cupy
-
-    from rawops import elementwise as ew
-    from rawops import torch_adapter as ta
-    from rawops.matmul import _on_stream
-
-    cc = torch.cuda.get_device_capability(0)
-    module = cupy.RawModule(path=cubin(f"{cc[0]}{cc[1]}"))
-    device = torch.cuda.current_device()
-    torch_stream = torch.cuda.current_stream().cuda_stream
-    cupy_stream = _on_stream(torch_stream, torch_stream)
-    rows, notes = [], {}
-    for name, dtype in DTYPES.items():
-        dy, x = (torch.randn(ROWS, COLS, device="cuda", dtype=dtype) for _ in range(2))
-        bias = torch.randn(COLS, device="cuda", dtype=dtype)
-        nbytes = 3 * dy.numel() * dy.element_size()
-        threads, tile_rows, per = HINT_SHAPES[name]
-        vecs = threads * per // tile_rows
-        chunks, col_tiles = ROWS // tile_rows, COLS // (vecs * (16 // dy.element_size()))
-
-        def runner(kernel):
-            def run():
-                dx = torch.empty_like(dy)  # per call, as the library allocates them
-                dbias = torch.empty(COLS, device="cuda", dtype=dtype)
-                partial = torch.empty(chunks, COLS, device="cuda", dtype=torch.float32)
-                ptrs = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial))
-                kernel((chunks * col_tiles,), (threads,), ptrs + (numpy.int64(ROWS), numpy.int64(COLS)),
-                       stream=cupy_stream)
-                ew._launch_column_sum_final(device, name, partial.data_ptr(), dbias.data_ptr(), chunks, COLS,
-                                            torch_stream)
-                return dx, dbias
-            return run
-
-        shape = f"{threads}_{tile_rows}_{per}_{name}"
-        candidates = {"library call": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
-                      "plain": runner(module.get_function(f"bias_gelu_tanh_bwd_tile_{shape}")),
-                      "partial evict_last": runner(module.get_function(f"bias_gelu_tanh_bwd_tile_h1_{shape}")),
-                      "partial evict_last, streams evict_first":
-                          runner(module.get_function(f"bias_gelu_tanh_bwd_tile_h2_{shape}"))}
-        ref_dx, ref_db = candidates["plain"]()
-        for label in ("partial evict_last", "partial evict_last, streams evict_first"):
-            dx, db = candidates[label]()
-            torch.cuda.synchronize()
-            notes[f"{name}, {label}"] = f"dx, dbias the plain kernel's bits: {torch.equal(dx, ref_dx)}, " \
-                                        f"{torch.equal(db, ref_db)}"
-            print(name, label, notes[f"{name}, {label}"], flush=True)
-        times = device_times_us(candidates, rounds=8)
-        for label, us in times.items():
-            rows.append({"dtype": name, "shape": f"{tile_rows} rows x {vecs} vectors, {threads} threads",
-                         "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
-                         "of copy ceiling": nbytes / us / 1e6 / ceiling})
-            print(f"{name:5s} {label:45s} {us:8.1f} us {nbytes / us / 1e6:5.3f} TB/s", flush=True)
-        del dy, x
-        torch.cuda.empty_cache()
-    write_results(out_dir, "explore_bias_bwd_hints", "python bench/explore_bias_bwd_tiles.py --hints", [
-        (f"bias_gelu backward (dx + dbias), {ROWS}x{COLS}, tanh: L2 policies on the shipped tile shapes",
-         ["dtype", "shape", "variant", "us", "TB/s", "of copy ceiling"], rows, notes)])
-    return 0
-
-
 def main():
     if "--fused-final" in sys.argv:
         sys.argv.remove("--fused-final")
         return fused_final()
-    if "--hints" in sys.argv:
-        sys.argv.remove("--hints")
-        return hints()
     alloc = "--alloc" in sys.argv
     if alloc:
         sys.argv.remove("--alloc")

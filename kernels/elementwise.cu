@@ -453,54 +453,8 @@ template <> struct BiasBwdTile<float> { static constexpr int threads = 1024, row
 template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, rows = 64, per = 1; };
 template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 256, rows = 128, per = 4; };
 
-// L2 policies for bias_bwd_tile's kHint (session 11, bench/explore_bias_bwd_tiles.py --hints).
-__device__ __forceinline__ unsigned long long l2_policy_evict_last() {
-  unsigned long long p = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-#endif
-  return p;
-}
-__device__ __forceinline__ unsigned long long l2_policy_evict_first() {
-  unsigned long long p = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-#endif
-  return p;
-}
-__device__ __forceinline__ void store_hinted(float* p, float v, unsigned long long policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(policy) : "memory");
-#else
-  *p = v;
-#endif
-}
-template <typename T> __device__ __forceinline__ Vec16<T> load16_hinted(const T* p, unsigned long long policy) {
-  uint4 raw;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w) : "l"(p), "l"(policy));
-#else
-  raw = *reinterpret_cast<const uint4*>(p);
-#endif
-  Vec16<T> out;
-  *reinterpret_cast<uint4*>(&out) = raw;
-  return out;
-}
-template <typename T> __device__ __forceinline__ void store16_hinted(T* p, const Vec16<T>& v, unsigned long long policy) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(&v);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1,%2,%3,%4}, %5;" ::"l"(p), "r"(raw.x), "r"(raw.y),
-               "r"(raw.z), "r"(raw.w), "l"(policy) : "memory");
-#else
-  *reinterpret_cast<uint4*>(p) = raw;
-#endif
-}
-
 // The entries take BiasBwdTile<T>'s shape; bench/explore/bias_bwd_tiles.cu instantiates others.
-// kHint (explored, 0 ships): 1 keeps the partial rows in L2 (evict_last) for column_sum_final,
-// 2 also streams dy, x and dx as evict_first.
-template <class Op, typename T, int kThreads, int kRows, int kPer, int kHint = 0>
+template <class Op, typename T, int kThreads, int kRows, int kPer>
 __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T* __restrict__ x,
                                               const T* __restrict__ bias, T* __restrict__ dx,
                                               float* __restrict__ partial, int64_t rows, int64_t cols) {
@@ -518,17 +472,11 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
 #pragma unroll
   for (int e = 0; e < V; ++e) acc[e] = 0.f;
   Vec16<T> d[kPer], v[kPer];
-  const unsigned long long stream_policy = kHint >= 2 ? l2_policy_evict_first() : 0;
 #pragma unroll
   for (int k = 0; k < kPer; ++k)
     if (row0 + k * kRowStep < rows) {
-      if (kHint >= 2) {
-        d[k] = load16_hinted(dy + (row0 + k * kRowStep) * cols + col, stream_policy);
-        v[k] = load16_hinted(x + (row0 + k * kRowStep) * cols + col, stream_policy);
-      } else {
-        d[k] = load16(dy + (row0 + k * kRowStep) * cols + col);
-        v[k] = load16(x + (row0 + k * kRowStep) * cols + col);
-      }
+      d[k] = load16(dy + (row0 + k * kRowStep) * cols + col);
+      v[k] = load16(x + (row0 + k * kRowStep) * cols + col);
     }
   Vec16<T> b;
   if (Op::C) b = load16(bias + col);
@@ -541,10 +489,7 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
         out.v[e] = from_float<T>(Op::f(to_float(d[k].v[e]), to_float(v[k].v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f));
         acc[e] += to_float(out.v[e]);  // the rounded dx, as column_sum(dx) would see it
       }
-      if (kHint >= 2)
-        store16_hinted(dx + (row0 + k * kRowStep) * cols + col, out, stream_policy);
-      else
-        store16(dx + (row0 + k * kRowStep) * cols + col, out);
+      store16(dx + (row0 + k * kRowStep) * cols + col, out);
     }
   // A warp's lanes tx, tx + kVecs, ... hold the same columns of different rows.
 #pragma unroll
@@ -561,11 +506,7 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sums[w][c];
-    float* const p = partial + int64_t(row_tile) * cols + int64_t(col_tile) * kVecs * V + c;
-    if (kHint >= 1)
-      store_hinted(p, s, l2_policy_evict_last());
-    else
-      *p = s;
+    partial[int64_t(row_tile) * cols + int64_t(col_tile) * kVecs * V + c] = s;
   }
 }
 

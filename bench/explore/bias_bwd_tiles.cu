@@ -98,18 +98,3 @@ RAWOPS_BIAS_BWD_TILE_FF(__nv_bfloat16, bf16, 256, 128, 4, 3)
 RAWOPS_BIAS_BWD_TILE_VARIANTS(float, f32)
 RAWOPS_BIAS_BWD_TILE_VARIANTS(__half, f16)
 RAWOPS_BIAS_BWD_TILE_VARIANTS(__nv_bfloat16, bf16)
-
-// Session 11 (--hints): the shipped shapes with L2 policies (bias_bwd_tile's kHint 1 and 2).
-#define RAWOPS_BIAS_BWD_TILE_HINT(T, suffix, THREADS, ROWS, PER, HINT)                                                \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
-      bias_gelu_tanh_bwd_tile_h##HINT##_##THREADS##_##ROWS##_##PER##_##suffix(                                 \
-          const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, long long cols) {     \
-    rawops::bias_bwd_tile<rawops::BiasGeluTanhBwd<T>, T, THREADS, ROWS, PER, HINT>(dy, x, bias, dx, partial, rows, \
-                                                                                   cols);                      \
-  }
-RAWOPS_BIAS_BWD_TILE_HINT(float, f32, 1024, 64, 1, 1)
-RAWOPS_BIAS_BWD_TILE_HINT(float, f32, 1024, 64, 1, 2)
-RAWOPS_BIAS_BWD_TILE_HINT(__half, f16, 512, 64, 1, 1)
-RAWOPS_BIAS_BWD_TILE_HINT(__half, f16, 512, 64, 1, 2)
-RAWOPS_BIAS_BWD_TILE_HINT(__nv_bfloat16, bf16, 256, 128, 4, 1)
-RAWOPS_BIAS_BWD_TILE_HINT(__nv_bfloat16, bf16, 256, 128, 4, 2)
