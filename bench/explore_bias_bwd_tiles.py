@@ -12,8 +12,6 @@ bench/explore_bias_bwd_tiles.py --build 90, carried in bench/.cubins).
     python bench/explore_bias_bwd_tiles.py --fused-final   # staged in session 10, not yet run: the
                                                            # tiles with column_sum_final folded in
                                                            # (the last block of a column tile adds it)
-    python bench/explore_bias_bwd_tiles.py --clusters  # the tiles in clusters of 2-4 along rows, adding
-                                                       # their column sums (fewer partial rows)
     python bench/explore_bias_bwd_tiles.py --alloc     # also each half-type shape in ALLOC_SHAPES
                                                        # with dx, dbias, partial allocated per call
                                                        # (as the library call does)
@@ -197,96 +195,10 @@ def fused_final():
     return 0
 
 
-CLUSTER_SHAPES = {"f32": (1024, 64, 1), "f16": (512, 64, 1), "bf16": (256, 128, 4)}
-
-
-def clusters():
-    """The shipped tile shapes in clusters of 2 and 4 CTAs along rows (bias_bwd_tile's kCluster): the
-    cluster's tiles add their column sums through distributed shared memory, so the partial rows (and
-    column_sum_final's pass over them) shrink 2-4x; each + the library's column_sum_final, against
-    the plain kernel and the library's call, interleaved, with dx, dbias and the partials allocated
-    per call as the library does. dx must be the plain kernel's bits; dbias repeatable and within
-    rounding of float64."""
-    sys.path.insert(0, HERE)
-    from timing import device_times_us, start, write_results
-
-    started = start(__doc__.splitlines()[0])
-    if started is None:
-        return 1
-    out_dir, ceiling = started
-    import cupy
-
-    from rawops import elementwise as ew
-    from rawops import torch_adapter as ta
-    from rawops.matmul import _on_stream
-
-    cc = torch.cuda.get_device_capability(0)
-    module = cupy.RawModule(path=cubin(f"{cc[0]}{cc[1]}"))
-    device = torch.cuda.current_device()
-    torch_stream = torch.cuda.current_stream().cuda_stream
-    cupy_stream = _on_stream(torch_stream, torch_stream)
-    rows, notes = [], {}
-    for name, dtype in DTYPES.items():
-        dy, x = (torch.randn(ROWS, COLS, device="cuda", dtype=dtype) for _ in range(2))
-        bias = torch.randn(COLS, device="cuda", dtype=dtype)
-        nbytes = 3 * dy.numel() * dy.element_size()
-        threads, tile_rows, per = CLUSTER_SHAPES[name]
-        vecs = threads * per // tile_rows
-        row_tiles, col_tiles = ROWS // tile_rows, COLS // (vecs * (16 // dy.element_size()))
-
-        def runner(kernel, c):
-            groups = -(-row_tiles // c)
-
-            def run():
-                dx = torch.empty_like(dy)
-                dbias = torch.empty(COLS, device="cuda", dtype=dtype)
-                partial = torch.empty(groups, COLS, device="cuda", dtype=torch.float32)
-                ptrs = tuple(numpy.uint64(t.data_ptr()) for t in (dy, x, bias, dx, partial))
-                kernel((groups * c * col_tiles,), (threads,), ptrs + (numpy.int64(ROWS), numpy.int64(COLS)),
-                       stream=cupy_stream)
-                ew._launch_column_sum_final(device, name, partial.data_ptr(), dbias.data_ptr(), groups, COLS,
-                                            torch_stream)
-                return dx, dbias
-            return run
-
-        shape = f"{threads}_{tile_rows}_{per}_{name}"
-        candidates = {"library call": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
-                      "plain": runner(module.get_function(f"bias_gelu_tanh_bwd_tile_{shape}"), 1)}
-        for c in (2, 4):
-            candidates[f"clusters of {c}"] = runner(module.get_function(f"bias_gelu_tanh_bwd_tile_c{c}_{shape}"), c)
-        ref_dx, ref_db = candidates["plain"]()
-        ref64 = ref_dx.double().sum(0)
-        for label in ("clusters of 2", "clusters of 4"):
-            dx, db = candidates[label]()
-            _, db2 = candidates[label]()
-            torch.cuda.synchronize()
-            err = ((db.double() - ref64).norm() / ref64.norm()).item()
-            plain_err = ((ref_db.double() - ref64).norm() / ref64.norm()).item()
-            notes[f"{name}, {label}"] = (f"dx the plain kernel's bits: {torch.equal(dx, ref_dx)}; dbias repeatable: "
-                                         f"{torch.equal(db, db2)}; dbias rel error vs float64 sum of dx {err:.2e} "
-                                         f"(plain {plain_err:.2e})")
-            print(name, label, notes[f"{name}, {label}"], flush=True)
-        times = device_times_us(candidates, rounds=8)
-        for label, us in times.items():
-            rows.append({"dtype": name, "shape": f"{tile_rows} rows x {vecs} vectors, {threads} threads",
-                         "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
-                         "of copy ceiling": nbytes / us / 1e6 / ceiling})
-            print(f"{name:5s} {label:20s} {us:8.1f} us {nbytes / us / 1e6:5.3f} TB/s", flush=True)
-        del dy, x
-        torch.cuda.empty_cache()
-    write_results(out_dir, "explore_bias_bwd_clusters", "python bench/explore_bias_bwd_tiles.py --clusters", [
-        (f"bias_gelu backward (dx + dbias), {ROWS}x{COLS}, tanh: tiles in clusters along rows",
-         ["dtype", "shape", "variant", "us", "TB/s", "of copy ceiling"], rows, notes)])
-    return 0
-
-
 def main():
     if "--fused-final" in sys.argv:
         sys.argv.remove("--fused-final")
         return fused_final()
-    if "--clusters" in sys.argv:
-        sys.argv.remove("--clusters")
-        return clusters()
     alloc = "--alloc" in sys.argv
     if alloc:
         sys.argv.remove("--alloc")

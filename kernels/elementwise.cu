@@ -15,7 +15,6 @@
 // partial last wave: 88% of the copy ceiling, see bench/NOTES.md). The scalar fallback is a
 // grid-stride loop.
 // Math in float32; 64-bit indices throughout (tensors past 2^31 elements).
-#include "rawops/cluster.cuh"
 #include "rawops/dependent_launch.cuh"
 #include "rawops/dtype.cuh"
 #include "rawops/timeline.cuh"
@@ -455,11 +454,7 @@ template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, row
 template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 256, rows = 128, per = 4; };
 
 // The entries take BiasBwdTile<T>'s shape; bench/explore/bias_bwd_tiles.cu instantiates others.
-// kCluster (explored, 1 ships): the kCluster CTAs of a cluster (__cluster_dims__(kCluster)) take
-// consecutive row tiles of one column tile and add their column sums in rank order through
-// distributed shared memory: one partial row per kCluster tiles (partial has ceil(row tiles /
-// kCluster) rows).
-template <class Op, typename T, int kThreads, int kRows, int kPer, int kCluster = 1>
+template <class Op, typename T, int kThreads, int kRows, int kPer>
 __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T* __restrict__ x,
                                               const T* __restrict__ bias, T* __restrict__ dx,
                                               float* __restrict__ partial, int64_t rows, int64_t cols) {
@@ -470,9 +465,7 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
   // Blocks walk memory in order: the column tiles of row tile 0, then of row tile 1, ... (32-bit
   // division: the grid is below 2^31 blocks; a 64-bit one is a call).
   const unsigned col_tiles = unsigned(cols / (kVecs * V));  // whole tiles: the plan checks
-  const unsigned group = blockIdx.x / kCluster, rank = blockIdx.x - group * kCluster;
-  const unsigned row_group = group / col_tiles, col_tile = group - row_group * col_tiles;
-  const unsigned row_tile = row_group * kCluster + rank;
+  const unsigned row_tile = blockIdx.x / col_tiles, col_tile = blockIdx.x - row_tile * col_tiles;
   const int tx = threadIdx.x % kVecs, ty = threadIdx.x / kVecs;
   const int64_t row0 = int64_t(row_tile) * kRows + ty, col = (int64_t(col_tile) * kVecs + tx) * V;
   float acc[V];
@@ -509,32 +502,11 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
     for (int e = 0; e < V; ++e) sums[warp][lane * V + e] = acc[e];
   }
   __syncthreads();
-  if constexpr (kCluster == 1) {
-    for (int c = threadIdx.x; c < kVecs * V; c += kThreads) {
-      float s = 0.f;
+  for (int c = threadIdx.x; c < kVecs * V; c += kThreads) {
+    float s = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += sums[w][c];
-      partial[int64_t(row_tile) * cols + int64_t(col_tile) * kVecs * V + c] = s;
-    }
-  } else {
-    // The tile's sums (in sums[0], rewritten by the threads that read that column), then rank 0
-    // adds the cluster's tiles in rank order.
-    for (int c = threadIdx.x; c < kVecs * V; c += kThreads) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += sums[w][c];
-      sums[0][c] = s;
-    }
-    cluster_barrier();
-    if (rank == 0) {
-      for (int c = threadIdx.x; c < kVecs * V; c += kThreads) {
-        float s = sums[0][c];
-#pragma unroll
-        for (int r = 1; r < kCluster; ++r) s += load_peer_float(peer_address(&sums[0][c], r));
-        partial[int64_t(row_group) * cols + int64_t(col_tile) * kVecs * V + c] = s;
-      }
-    }
-    cluster_barrier();  // no CTA leaves (freeing its shared memory) while rank 0 reads it
+    for (int w = 0; w < kWarps; ++w) s += sums[w][c];
+    partial[int64_t(row_tile) * cols + int64_t(col_tile) * kVecs * V + c] = s;
   }
 }
 

@@ -98,19 +98,3 @@ RAWOPS_BIAS_BWD_TILE_FF(__nv_bfloat16, bf16, 256, 128, 4, 3)
 RAWOPS_BIAS_BWD_TILE_VARIANTS(float, f32)
 RAWOPS_BIAS_BWD_TILE_VARIANTS(__half, f16)
 RAWOPS_BIAS_BWD_TILE_VARIANTS(__nv_bfloat16, bf16)
-
-// Session 11 (--cluster): the shipped shapes in clusters of C CTAs along rows (bias_bwd_tile's
-// kCluster): one partial row per C row tiles.
-#define RAWOPS_BIAS_BWD_TILE_CLUSTER(T, suffix, THREADS, ROWS, PER, C)                                         \
-  extern "C" __global__ void __launch_bounds__(THREADS) __cluster_dims__(C, 1, 1)                              \
-      bias_gelu_tanh_bwd_tile_c##C##_##THREADS##_##ROWS##_##PER##_##suffix(                                    \
-          const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, long long cols) {     \
-    rawops::bias_bwd_tile<rawops::BiasGeluTanhBwd<T>, T, THREADS, ROWS, PER, C>(dy, x, bias, dx, partial, rows,  \
-                                                                                cols);                         \
-  }
-RAWOPS_BIAS_BWD_TILE_CLUSTER(float, f32, 1024, 64, 1, 2)
-RAWOPS_BIAS_BWD_TILE_CLUSTER(float, f32, 1024, 64, 1, 4)
-RAWOPS_BIAS_BWD_TILE_CLUSTER(__half, f16, 512, 64, 1, 2)
-RAWOPS_BIAS_BWD_TILE_CLUSTER(__half, f16, 512, 64, 1, 4)
-RAWOPS_BIAS_BWD_TILE_CLUSTER(__nv_bfloat16, bf16, 256, 128, 4, 2)
-RAWOPS_BIAS_BWD_TILE_CLUSTER(__nv_bfloat16, bf16, 256, 128, 4, 4)

@@ -43,13 +43,4 @@ __device__ __forceinline__ float4 load_peer_float4(unsigned remote) {
   return v;
 }
 
-// 4 bytes of a peer's shared memory.
-__device__ __forceinline__ float load_peer_float(unsigned remote) {
-  float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote));
-#endif
-  return v;
-}
-
 }  // namespace rawops
