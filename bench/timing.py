@@ -27,7 +27,7 @@ def event_pairs(reps, stream):
     """reps (start, end) timing events, each recorded once on `stream` already: torch creates a
     CUDA event at its first record(), and record() without a stream asks for the current one,
     so a fresh pair timed `record(); fn(); record()` counts an event creation and a stream
-    query of the host inside the interval (an empty pair measured 20-28 us on the H100 host,
+    query of the host inside the interval (an empty pair measured 12-35 us on lent H100 hosts,
     bench/results/explore_linear_call.md). Record the returned pairs on the same stream."""
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in pairs:
@@ -81,6 +81,9 @@ def loop_times_us(fns, calls=20, reps=10, rounds=5):
     from one call to the next (the per-call pair of device_times_us sees one call alone)."""
     stream = torch.cuda.current_stream()
     samples = {name: [] for name in fns}
+    for fn in fns.values():
+        for _ in range(calls):  # warm-up
+            fn()
     for _ in range(rounds):
         for name, fn in fns.items():
             pairs = event_pairs(reps, stream)
