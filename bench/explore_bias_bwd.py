@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cubins import build_modules  # noqa: E402
-from timing import device_time_us, start, write_results  # noqa: E402
+from timing import device_time_us, start, switched, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -66,12 +66,7 @@ def main():
             out = torch.ops.aten.gelu_backward(dy, x + bias, approximate="tanh")
             return out, out.sum(0)
 
-        def final_not_dependent():
-            ew.DEPENDENT_FINAL = False
-            try:
-                return ta._bias_gelu_bwd(dy, x, bias, "tanh")
-            finally:
-                ew.DEPENDENT_FINAL = True
+        final_not_dependent = switched(ew, "DEPENDENT_FINAL", False, lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"))
 
         candidates = {"shipped build": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"),
                       "shipped build, final sum launched plainly": final_not_dependent,

@@ -66,7 +66,7 @@ def routing():
     dbias without a bias) with the short tiles and with the walkers, interleaved rounds, each
     dtype and shape; the bias-free shapes are linear_gelu's backward (8192 and 32 tokens, 3072)."""
     sys.path.insert(0, HERE)
-    from timing import device_times_us, start, write_results
+    from timing import device_times_us, start, switched, write_results
 
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -82,13 +82,7 @@ def routing():
             bias = torch.randn(c, device="cuda", dtype=dtype) if with_bias else None
 
             def call(tiles):
-                def run():
-                    ew.USE_BIAS_BWD_TILE = tiles
-                    try:
-                        return ta._bias_gelu_bwd_fused(dy, x, bias, "tanh")
-                    finally:
-                        ew.USE_BIAS_BWD_TILE = True
-                return run
+                return switched(ew, "USE_BIAS_BWD_TILE", tiles, lambda: ta._bias_gelu_bwd_fused(dy, x, bias, "tanh"))
 
             a, b = call(True)(), call(False)()
             same = torch.equal(a[0], b[0])
@@ -209,7 +203,7 @@ def main():
         print(cubin(sys.argv[sys.argv.index("--build") + 1]))
         return 0
     sys.path.insert(0, HERE)
-    from timing import device_times_us, start, write_results
+    from timing import device_times_us, start, switched, write_results
 
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -236,13 +230,7 @@ def main():
         nbytes = 3 * dy.numel() * dy.element_size()
         ref_dx, ref_db = ta._bias_gelu_bwd(dy, x, bias, "tanh")
         v = 16 // dy.element_size()
-        def walkers():
-            ew.USE_BIAS_BWD_TILE = False
-            try:
-                return ta._bias_gelu_bwd(dy, x, bias, "tanh")
-            finally:
-                ew.USE_BIAS_BWD_TILE = True
-
+        walkers = switched(ew, "USE_BIAS_BWD_TILE", False, lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"))
         candidates = {"shipped": lambda: ta._bias_gelu_bwd(dy, x, bias, "tanh"), "walkers": walkers,
                       "torch (gelu_backward + sum)": lambda: (
                           lambda g: (g, g.sum(0)))(torch.ops.aten.gelu_backward(dy, x + bias, approximate="tanh"))}

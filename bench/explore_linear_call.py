@@ -16,7 +16,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import device_times_us, event_pairs, host_times_us, loop_times_us, start, write_results  # noqa: E402
+from timing import (device_times_us, event_pairs, host_times_us, loop_times_us, start, switched,  # noqa: E402
+                    write_results)
 
 F = torch.nn.functional
 SHAPES = ((torch.float32, "f32"), (torch.bfloat16, "bf16"))
@@ -105,12 +106,7 @@ def main():
 
         fns = {"rawops": call, "torch eager": eager}
         if dtype == torch.float32:
-            def exact():
-                mm.LINEAR_TF32 = False
-                y = ta.linear_gelu(x, w, b)
-                mm.LINEAR_TF32 = True
-                return y
-            fns["exact FFMA kernel (LINEAR_TF32 off)"] = exact
+            fns["exact FFMA kernel (LINEAR_TF32 off)"] = switched(mm, "LINEAR_TF32", False, call)
         with torch.no_grad():
             fresh = fresh_pair_times_us(fns)
             made = device_times_us(fns)
@@ -133,9 +129,9 @@ def main():
     print(empty, flush=True)
     write_results(out_dir, "explore_linear_call", "python bench/explore_linear_call.py", [
         (f"linear_gelu {M}x{K}->{N}, no grad: where a call's time goes",
-         ["dtype", "call", "fresh event pair a call us", "pair made beforehand, a call us", "loop of 20, per call us", "host per call us",
-          "graph of 20, per call us"], rows,
-         {**{f"empty event pair, {k}": f"{v:.2f} us" for k, v in empty.items()}})])
+         ["dtype", "call", "fresh event pair a call us", "pair made beforehand, a call us", "loop of 20, per call us",
+          "host per call us", "graph of 20, per call us"], rows,
+         {f"empty event pair, {k}": f"{v:.2f} us" for k, v in empty.items()})])
     return 0
 
 

@@ -23,6 +23,19 @@ def graphed(fn):
     return graph.replay
 
 
+def switched(module, name, value, fn):
+    """fn with module.<name> set to value around each call (restored after, also on an error):
+    a library switch (a routing flag, a kernel choice) timed beside the default in one run."""
+    def call():
+        saved = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            return fn()
+        finally:
+            setattr(module, name, saved)
+    return call
+
+
 def event_pairs(reps, stream):
     """reps (start, end) timing events, each recorded once on `stream` already: torch creates a
     CUDA event at its first record(), and record() without a stream asks for the current one,

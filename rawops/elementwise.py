@@ -228,16 +228,13 @@ def launch_bias_gelu_backward(device, dtype, approximate, plan, dy_ptr, x_ptr, b
     no bias, dx = dy * gelu'(x) (linear_gelu's dpre) and its column sums."""
     grid, chunks, threads, strip = plan
     suffix = FLOAT_SUFFIXES[dtype]
+    args = (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols)
     if strip == 0:  # the short tiles
-        names = BIAS_BWD_TILE if bias_ptr else GELU_BWD_TILE
-        fused = _modules.function_pointer(FAMILY, f"{names[approximate]}_{suffix}", device)
-        launch(fused, grid, threads, 0, stream, (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols),
-               "pppppqq", device)
-    else:
-        names = BIAS_BWD_PARTIAL if bias_ptr else GELU_BWD_PARTIAL
-        fused = _modules.function_pointer(FAMILY, f"{names[approximate]}_{suffix}", device)
-        launch(fused, grid, threads, 0, stream, (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols, strip),
-               "pppppqqq", device)
+        names, kinds = (BIAS_BWD_TILE if bias_ptr else GELU_BWD_TILE), "pppppqq"
+    else:  # the walkers take their strip width too
+        names, kinds, args = (BIAS_BWD_PARTIAL if bias_ptr else GELU_BWD_PARTIAL), "pppppqqq", args + (strip,)
+    fused = _modules.function_pointer(FAMILY, f"{names[approximate]}_{suffix}", device)
+    launch(fused, grid, threads, 0, stream, args, kinds, device)
     _launch_column_sum_final(device, suffix, partial_ptr, dbias_ptr, chunks, cols, stream)
 
 
