@@ -32,13 +32,37 @@ ROWS, COLS = 16384, 4096
 M, K, N = 32, 768, 3072
 SLOTS, MARKS = 8192, 8  # timeline.cuh: RAWOPS_TIMELINE_SLOTS, kTimelineMarks
 # bench/cubins.py builds these; matmul also unstamped (the stamps' own cost).
-# matmul's "xmc" builds: linear_small_tf32 in clusters of 2 or 4 CTAs that share x through
-# multicast bulk copies into shared memory (-DRAWOPS_SMALL_TF32_XMC=C), against the shipped loads.
+# linear_small_tf32's launch shapes (kernels/matmul.cu RAWOPS_SMALL_TF32: clusters of C CTAs
+# splitting K, NWN x NWK warps of NT n8 tiles, MIN_BLOCKS CTAs an SM): the shipped one and
+# others built with -DRAWOPS_SMALL_TF32_SHAPE, each CTA of a cluster reading 1/C of x.
+SHIPPED_SHAPE = (1, 1, 3, 16, 1)
+# (Run of 04:37 on 2026-11-24 also had c2n1t6k8 (2, 1, 6, 8, 1), c4n2t3k4b2 (4, 2, 3, 4, 2) and
+# c4n4t3k4 (4, 4, 3, 4, 1): 7.6, 12 and 14.7 us against 6.75; 04:46 c2n2t3k8 (2, 2, 3, 8, 1) 7.8:
+# bench/NOTES.md, session 12.)
+SHAPES = {}
+# The shipped shape with the partials summed 2 features a thread (-DRAWOPS_SMALL_TF32_PAIRS).
+# Warps past the first F start their loads S ns apart (-DRAWOPS_SMALL_TF32_STAGGER=S, _FREE=F).
+# (Run of 04:58: stagger 100/6 6.29-6.34, 200/6 6.29, 100/0 6.74-6.77, 300/8 6.46-6.6 against
+# pairs 6.33-6.39 and shipped 6.70-6.78.) Partials summed 2 threads a quad, each half of the
+# warps' (-DRAWOPS_SMALL_TF32_HALVES); pairs stored as float2 (-DRAWOPS_SMALL_TF32_PAIRS_V2).
+VARIANTS = {"pairs": ["RAWOPS_SMALL_TF32_PAIRS"], "pairs v2": ["RAWOPS_SMALL_TF32_PAIRS", "RAWOPS_SMALL_TF32_PAIRS_V2"],
+            "halves": ["RAWOPS_SMALL_TF32_HALVES"],
+            "pairs stagger 200/6": ["RAWOPS_SMALL_TF32_PAIRS", "RAWOPS_SMALL_TF32_STAGGER=200",
+                                    "RAWOPS_SMALL_TF32_STAGGER_FREE=6"]}
+VARIANTS_STAMPED = ["RAWOPS_SMALL_TF32_HALVES"]
+STAMPED_VARIANT = "halves"
+
+
+def shape_macros(shape):
+    return ["RAWOPS_SMALL_TF32_SHAPE"] + [f"RAWOPS_SMALL_TF32_{name}={value}" for name, value in
+                                          zip(("C", "NWN", "NT", "NWK", "MIN_BLOCKS"), shape)]
+
+
 CUBINS = {"elementwise": {"stamped": ["RAWOPS_TIMELINE"]},
           "matmul": {"stamped": ["RAWOPS_TIMELINE"], "unstamped": [],
-                     "xmc2 stamped": ["RAWOPS_TIMELINE", "RAWOPS_SMALL_TF32_XMC=2"],
-                     "xmc2": ["RAWOPS_SMALL_TF32_XMC=2"], "xmc4": ["RAWOPS_SMALL_TF32_XMC=4"]}}
-# Dynamic shared memory of the xmc builds: x (32 rows, stride K + 16) and the 16 partial tiles.
+                     "pairs stamped": ["RAWOPS_TIMELINE", "RAWOPS_SMALL_TF32_PAIRS"],
+                     f"{STAMPED_VARIANT} stamped": ["RAWOPS_TIMELINE"] + VARIANTS_STAMPED,
+                     **VARIANTS, **{key: shape_macros(shape) for key, shape in SHAPES.items()}}}
 DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -132,7 +156,7 @@ extern "C" __global__ void empty_kernel(const float* a, const float* b, float* c
 
 
 def linear_rows(modules):
-    """One row per stamped build of linear_small_tf32 (shipped, x multicast in pairs): its
+    """One row per stamped build of linear_small_tf32 (shipped shape, STAMPED_SHAPE): its
     stamped phases, and every plain build's time per call in a CUDA graph of 20 (interleaved)."""
     mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
 
@@ -140,16 +164,22 @@ def linear_rows(modules):
     w = torch.randn(N, K, device="cuda") * K ** -0.5
     b = torch.randn(N, device="cuda")
     y = torch.empty(M, N, device="cuda")
-    grid = (mm.SMALL_TF32_CLUSTER * -(-N // mm.SMALL_TF32_FEATURES), -(-M // mm.SMALL_ROWS))
-    block = mm.SMALL_TF32_THREADS
+
+    def launch_shape(shape):  # (grid, block, dynamic shared bytes), as rawops/matmul.py plans the shipped one
+        c, nwn, nt, nwk, _ = shape
+        feat = nwn * nt * 8
+        stride = feat + 16 if feat % 32 == 24 else feat + 8
+        return (c * -(-N // feat), -(-M // mm.SMALL_ROWS)), nwn * nwk * 32, nwk * mm.SMALL_ROWS * stride * 4
+
+    assert launch_shape(SHIPPED_SHAPE)[2] == mm.small_tf32_shared_bytes()
+    shapes = {"stamped": SHIPPED_SHAPE, "unstamped": SHIPPED_SHAPE, f"{STAMPED_VARIANT} stamped": SHIPPED_SHAPE,
+              "pairs stamped": SHIPPED_SHAPE, **{key: SHIPPED_SHAPE for key in VARIANTS}, **SHAPES}
     args = tuple(numpy.uint64(p) for p in (x.data_ptr(), w.data_ptr(), y.data_ptr(), b.data_ptr(), 0, 0)) + tuple(
         numpy.int64(v) for v in (M, N, K, mm.EPI_BIAS_GELU | mm.GELU_FLAGS["tanh"]))
-    xmc = 32 * (K + (16 - K % 32 + 32) % 32) * 4 + mm.small_tf32_shared_bytes()
-    shared_of = {"stamped": mm.small_tf32_shared_bytes(), "unstamped": mm.small_tf32_shared_bytes(),
-                 "xmc2 stamped": xmc, "xmc2": xmc, "xmc4": xmc}
-    plain = ("unstamped", "xmc2", "xmc4")
+    plain = ("unstamped", *VARIANTS, *SHAPES)
 
-    def kernel(fn, shared):
+    def kernel(fn, shape):
+        grid, block, shared = launch_shape(shape)
         if shared > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = shared
 
@@ -159,7 +189,7 @@ def linear_rows(modules):
         return launch
 
     def small(key):
-        return kernel(modules[key].get_function("linear_small_tf32_nt_f32"), shared_of[key])
+        return kernel(modules[key].get_function("linear_small_tf32_nt_f32"), shapes[key])
 
     ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()), approximate="tanh")
 
@@ -178,15 +208,17 @@ def linear_rows(modules):
                 fn()
         return device_time_us(graphed(burst)) / calls
 
-    empty = kernel(cupy.RawKernel(EMPTY, "empty_kernel"), mm.small_tf32_shared_bytes())
+    empty = kernel(cupy.RawKernel(EMPTY, "empty_kernel"), SHIPPED_SHAPE)
     rows = []
-    for stamped_key, plain_key in (("stamped", "unstamped"), ("xmc2 stamped", "xmc2")):
+    for stamped_key, plain_key in (("stamped", "unstamped"), ("pairs stamped", "pairs"),
+                                   (f"{STAMPED_VARIANT} stamped", STAMPED_VARIANT)):
         stamped = small(stamped_key)
         marks, smid = run_stamped(modules[stamped_key], stamped)
         errors = {key: error_of(small(key)) for key in (stamped_key, *plain)}
         for key, error in errors.items():
             assert error < 1e-5, f"linear_small_tf32 ({key}) is off: {error:.2e}"
         entry, split, stored, barrier, leave = (marks[:, i] for i in range(5))
+        summing = 6 if plain_key == "unstamped" else 12
         # Interleaved rounds: the two builds and the library timed alternately, medians.
         fns = {"stamped": stamped, **{key: small(key) for key in plain},
                "library": lambda: ta.linear_gelu(x, w, b), "empty": empty}
@@ -196,10 +228,13 @@ def linear_rows(modules):
                 times[key].append(per_call(fn))
         med = {key: float(numpy.median(v)) for key, v in times.items()}
         row = {"kernel": f"linear_small_tf32 f32 32x768->3072, {stamped_key}",
-               "grid": f"{grid[0]}x{grid[1]} of {block}, {shared_of[plain_key]} B",
+               "grid": "{0[0]}x{0[1]} of {1}, {2} B".format(*launch_shape(shapes[plain_key])),
                "span us": numpy.nanmax(leave), "warp entry us (min/med/p99/max)": pct(entry),
                "first split - entry": pct(split - entry), "stored - first split": pct(stored - split),
                "barrier - stored": pct(barrier - stored), "exit - barrier": pct(leave - barrier),
+               # the warps that sum the partials (quads: warps 0-5; pairs: 0-11) and the others
+               "exit - barrier, summing warps": pct((leave - barrier)[numpy.arange(len(leave)) % 16 < summing]),
+               "exit - barrier, other warps": pct((leave - barrier)[numpy.arange(len(leave)) % 16 >= summing]),
                "SMs": len(set(smid.tolist())),
                "this stamped build us/call (graph of 20)": med["stamped"],
                **{f"{'shipped' if key == 'unstamped' else key} us/call (graph of 20)": med[key] for key in plain},
@@ -228,7 +263,7 @@ def main():
           "idle tail": "mean over SMs of (last end - the SM's last end) / span"}),
         ("linear_small_tf32, per warp (us)", list(linear[0]), linear,
          {"note": "stamped builds run slower than plain ones (the stamps): compare the plain builds' times",
-          "xmcC": "x copied once a cluster of C CTAs into all their shared memories (multicast bulk copies)"}),
+          "shapes": "cC nN tT kK bB: clusters of C CTAs splitting K, N x K warps of T n8 tiles, B CTAs an SM"}),
     ])
     print(text)
     return 0

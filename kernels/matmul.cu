@@ -600,9 +600,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using S = SmallTf32<NWN, NT, NWK>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-#ifndef RAWOPS_SMALL_TF32_XMC
   float* const red = reinterpret_cast<float*>(smem_raw);  // [NWK][kSmallRows][kStride]
-#endif
   const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, q = lane % 4;
 #ifdef RAWOPS_TIMELINE
   // Lane 0 of each warp: entry, first operands split, partial tile stored, CTA barrier, exit.
@@ -642,102 +640,13 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   }
 
   float acc[2][NT][4] = {};
-
-  // One 16-wide step's math from a lane's operands: x rows g + 8i (xv[i]), W n8 tiles j (wv[j]).
-  auto step_math = [&](const float4 (&xv)[4], const float4 (&wv)[NT]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      unsigned ab[2][4], as[2][4];  // A fragments of both m16 tiles: rows g, g + 8 (+16 mt)
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        const float4 lo = xv[2 * mt], hi = xv[2 * mt + 1];
-        const float v[4] = {h ? lo.z : lo.x, h ? hi.z : hi.x, h ? lo.w : lo.y, h ? hi.w : hi.y};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const Tf32Split p = split_tf32_fast(v[e]);
-          ab[mt][e] = p.big;
-          as[mt][e] = p.small;
-        }
-      }
-      unsigned bb[NT][2], bs[NT][2];
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const Tf32Split b0 = split_tf32_fast(h ? wv[j].z : wv[j].x);
-        const Tf32Split b1 = split_tf32_fast(h ? wv[j].w : wv[j].y);
-        bb[j][0] = b0.big, bb[j][1] = b1.big, bs[j][0] = b0.small, bs[j][1] = b1.small;
-      }
-#ifdef RAWOPS_TIMELINE
-      if (first_split) timeline_mark(slot, 1, timeline_after(ab[0][0] ^ bb[0][0]));
-      first_split = false;
+#ifdef RAWOPS_SMALL_TF32_STAGGER
+  // Exploration: warps past the first RAWOPS_SMALL_TF32_STAGGER_FREE issue their loads
+  // RAWOPS_SMALL_TF32_STAGGER ns apart, so that the SM's operands arrive warp by warp and the
+  // early warps' math overlaps the later warps' loads.
+  if (wk >= RAWOPS_SMALL_TF32_STAGGER_FREE) __nanosleep((wk - RAWOPS_SMALL_TF32_STAGGER_FREE + 1) * RAWOPS_SMALL_TF32_STAGGER);
 #endif
-      // 3xTF32 as three passes over the 2 x NT accumulators (small terms first): the mma
-      // asm is volatile, so mma_m16n8k8_tf32x3's three back-to-back mma on one accumulator
-      // would wait out the tensor pipe's latency twice per call (C2 T6 K8: 9.1 -> 8.0 us).
-#pragma unroll
-      for (int term = 0; term < 3; ++term)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-            mma_m16n8k8_tf32(acc[mt][j], term == 0 ? as[mt] : ab[mt],
-                             term == 1 ? bs[j][0] : bb[j][0], term == 1 ? bs[j][1] : bb[j][1]);
-    }
-  };
 
-#ifdef RAWOPS_SMALL_TF32_XMC
-  // x multicast: the cluster's RAWOPS_SMALL_TF32_XMC CTAs own adjacent feature blocks over the
-  // same rows and K; each copies every XMC-th row of x (cp.async.bulk) into the shared memory of
-  // all of them, so L2 serves x once a cluster; W still streams into registers. x is waited for
-  // on one mbarrier (the rows' bytes), after the W loads of the first round are in flight.
-  constexpr int kX = RAWOPS_SMALL_TF32_XMC;
-  const int64_t xstride = K + (16 - K % 32 + 32) % 32;  // 16 mod 32 floats: LDS.128 conflict-free
-  float* const xs = reinterpret_cast<float*>(smem_raw);
-  float* const red = xs + kSmallRows * xstride;
-  __shared__ __align__(8) unsigned long long x_full;
-  const int rows = int(M - row0 < kSmallRows ? M - row0 : kSmallRows);
-  if (t == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_address(&x_full)));
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  float4 wv[kTf32Steps][NT];
-  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-  auto load_w = [&](int64_t k0) {
-#pragma unroll
-    for (int s = 0; s < kTf32Steps; ++s) {
-      const int64_t k = k0 + 16 * s;
-      const bool ok = k + 4 * q < ke;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) wv[s][j] = ok ? __ldg(reinterpret_cast<const float4*>(wr[j] + k)) : zero;
-    }
-  };
-  if (kb < ke) load_w(kb);
-  cluster_barrier();  // every CTA's mbarrier initialized before any copy can signal it
-  if (t == 0)
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(&x_full)),
-                 "r"(unsigned(rows * K * 4)) : "memory");
-  if (t < rows && t % kX == int(cluster_rank()))
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n"
-        ::"r"(smem_address(xs + t * xstride)), "l"(x + (row0 + t) * K), "r"(unsigned(K * 4)),
-        "r"(smem_address(&x_full)), "h"((unsigned short)((1u << kX) - 1)) : "memory");
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_X:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n @!p bra WAIT_X;\n}\n"
-      ::"r"(smem_address(&x_full)) : "memory");
-  for (int64_t k0 = kb; k0 < ke; k0 += 16 * kTf32Steps) {
-    if (k0 != kb) load_w(k0);
-#pragma unroll
-    for (int s = 0; s < kTf32Steps; ++s) {
-      const int64_t k = k0 + 16 * s;
-      const bool ok = k + 4 * q < ke;  // past this warp's part: zeros (the pad holds garbage)
-      float4 xv[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        xv[i] = ok ? *reinterpret_cast<const float4*>(xs + (g + 8 * i) * xstride + k + 4 * q) : zero;
-      step_math(xv, wv[s]);
-    }
-  }
-  constexpr int kSlab = S::kSlab;
-#else
   // One round: kTf32Steps 16-wide steps from k0, every load issued before the first split.
   // Whole rounds load unpredicated; only a tail round (TAIL) checks k against ke (behind a
   // check per load nvcc branched around each one and recomputed its address: ~25 instructions
@@ -756,16 +665,51 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       for (int j = 0; j < NT; ++j) wv[s][j] = ok ? __ldg(reinterpret_cast<const float4*>(wr[j] + k)) : zero;
     }
 #pragma unroll
-    for (int s = 0; s < kTf32Steps; ++s) step_math(xv[s], wv[s]);
+    for (int s = 0; s < kTf32Steps; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        unsigned ab[2][4], as[2][4];  // A fragments of both m16 tiles: rows g, g + 8 (+16 mt)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const float4 lo = xv[s][2 * mt], hi = xv[s][2 * mt + 1];
+          const float v[4] = {h ? lo.z : lo.x, h ? hi.z : hi.x, h ? lo.w : lo.y, h ? hi.w : hi.y};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const Tf32Split p = split_tf32_fast(v[e]);
+            ab[mt][e] = p.big;
+            as[mt][e] = p.small;
+          }
+        }
+        unsigned bb[NT][2], bs[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const Tf32Split b0 = split_tf32_fast(h ? wv[s][j].z : wv[s][j].x);
+          const Tf32Split b1 = split_tf32_fast(h ? wv[s][j].w : wv[s][j].y);
+          bb[j][0] = b0.big, bb[j][1] = b1.big, bs[j][0] = b0.small, bs[j][1] = b1.small;
+        }
+#ifdef RAWOPS_TIMELINE
+        if (first_split) timeline_mark(slot, 1, timeline_after(ab[0][0] ^ bb[0][0]));
+        first_split = false;
+#endif
+        // 3xTF32 as three passes over the 2 x NT accumulators (small terms first): the mma
+        // asm is volatile, so mma_m16n8k8_tf32x3's three back-to-back mma on one accumulator
+        // would wait out the tensor pipe's latency twice per call (C2 T6 K8: 9.1 -> 8.0 us).
+#pragma unroll
+        for (int term = 0; term < 3; ++term)
+#pragma unroll
+          for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+              mma_m16n8k8_tf32(acc[mt][j], term == 0 ? as[mt] : ab[mt],
+                               term == 1 ? bs[j][0] : bb[j][0], term == 1 ? bs[j][1] : bb[j][1]);
+      }
   };
   int64_t k0 = kb;
   for (; k0 + 16 * kTf32Steps <= ke; k0 += 16 * kTf32Steps) round(k0, BoolConstant<false>());
   if (k0 < ke) round(k0, BoolConstant<true>());
-  constexpr int kSlab = S::kSlab;
-#endif
 
   // Accumulator e of tile (mt, j): row mt * 16 + g + 8 (e / 2), feature (wn NT + j) 8 + 2t + e % 2.
-  float* const mine = red + wk * kSlab;
+  float* const mine = red + wk * S::kSlab;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -789,6 +733,60 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   // CTA `rank` finishes rows [rank * 32 / C, (rank + 1) * 32 / C): 4 adjacent features a
   // thread, summed over the cluster's CTAs, then warps, in order; every load before the adds.
   constexpr int kRows = kSmallRows / C, kQuads = S::kFeat / 4;
+#ifdef RAWOPS_SMALL_TF32_PAIRS
+  // Exploration: 2 adjacent features a thread (384 threads of 512 summing, not 192).
+  if constexpr (C == 1) {
+    constexpr int kPairs = S::kFeat / 2;
+    for (int o = t; o < kSmallRows * kPairs; o += S::kThreads) {
+      const int row = o / kPairs, f = (o % kPairs) * 2;
+      const int64_t m = row0 + row;
+      if (m >= M) continue;
+      const float* const first = red + row * S::kStride + f;
+      float2 p[NWK];
+#pragma unroll
+      for (int u = 0; u < NWK; ++u) p[u] = *reinterpret_cast<const float2*>(first + u * S::kSlab);
+      float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+      for (int u = 0; u < NWK; ++u) s0 += p[u].x, s1 += p[u].y;
+#ifdef RAWOPS_SMALL_TF32_PAIRS_V2
+      if (n0 + f + 1 < N && (N % 2) == 0) {  // y 8-byte aligned: one float2 store
+        *reinterpret_cast<float2*>(y + m * N + n0 + f) = make_float2(tail_epi(s0, m, n0 + f), tail_epi(s1, m, n0 + f + 1));
+        continue;
+      }
+#endif
+      if (n0 + f < N) y[m * N + n0 + f] = tail_epi(s0, m, n0 + f);
+      if (n0 + f + 1 < N) y[m * N + n0 + f + 1] = tail_epi(s1, m, n0 + f + 1);
+    }
+  } else
+#endif
+#ifdef RAWOPS_SMALL_TF32_HALVES
+  // Exploration: 2 threads a quad, each summing half of the warps' partials (384 threads).
+  if constexpr (C == 1) {
+    static_assert(NWK % 2 == 0, "halves of the partials");
+    for (int o = t; o < kSmallRows * kQuads * 2; o += S::kThreads) {  // whole warps: 384 = 12 x 32
+      const int h = o % 2, row = o / 2 / kQuads, f = (o / 2 % kQuads) * 4;
+      const int64_t m = row0 + row < M ? row0 + row : M - 1;  // both threads of a quad shuffle
+      const float* const first = red + row * S::kStride + f + h * (NWK / 2) * S::kSlab;
+      float4 p[NWK / 2];
+#pragma unroll
+      for (int u = 0; u < NWK / 2; ++u) p[u] = *reinterpret_cast<const float4*>(first + u * S::kSlab);
+      float sum[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int u = 0; u < NWK / 2; ++u) sum[0] += p[u].x, sum[1] += p[u].y, sum[2] += p[u].z, sum[3] += p[u].w;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);  // commutative: equal on both
+      if (row0 + row >= M) continue;
+      const int64_t n = n0 + f + 2 * h;
+      const float a = h ? sum[2] : sum[0], b = h ? sum[3] : sum[1];
+      if (n + 1 < N && (N % 2) == 0) {
+        *reinterpret_cast<float2*>(y + m * N + n) = make_float2(tail_epi(a, m, n), tail_epi(b, m, n + 1));
+      } else {
+        if (n < N) y[m * N + n] = tail_epi(a, m, n);
+        if (n + 1 < N) y[m * N + n + 1] = tail_epi(b, m, n + 1);
+      }
+    }
+  } else
+#endif
   for (int o = t; o < kRows * kQuads; o += S::kThreads) {
     const int row = int(rank) * kRows + o / kQuads, f = (o % kQuads) * 4;
     const int64_t m = row0 + row;
@@ -800,8 +798,8 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       const unsigned remote = C > 1 ? peer_address(first, r) : 0u;
 #pragma unroll
       for (int u = 0; u < NWK; ++u)
-        p[r * NWK + u] = C > 1 ? load_peer_float4(remote + u * kSlab * 4)
-                               : *reinterpret_cast<const float4*>(first + u * kSlab);
+        p[r * NWK + u] = C > 1 ? load_peer_float4(remote + u * S::kSlab * 4)
+                               : *reinterpret_cast<const float4*>(first + u * S::kSlab);
     }
     float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -904,11 +902,11 @@ RAWOPS_MATMUL_FAMILY(float, f32)
 RAWOPS_SIMT_VEC(nn, true, false)
 RAWOPS_SIMT_VEC(nt, true, true)
 RAWOPS_SIMT_VEC(tn, false, false)
-#ifdef RAWOPS_SMALL_TF32_XMC
-extern "C" __global__ void __launch_bounds__(512, 1) RAWOPS_CLUSTER_DIMS(RAWOPS_SMALL_TF32_XMC)
-    linear_small_tf32_nt_f32(RAWOPS_GEMM_ARGS(float)) {
-  rawops::linear_small_tf32<1, 1, 3, 16>(a, b, c, RAWOPS_EPI(float), m, n, k);
-}
+// Shipped shape C1 NWN1 NT3 NWK16 MIN_BLOCKS1; bench/explore_timeline.py builds others with
+// -DRAWOPS_SMALL_TF32_SHAPE -DRAWOPS_SMALL_TF32_C=.. (_NWN, _NT, _NWK, _MIN_BLOCKS).
+#ifdef RAWOPS_SMALL_TF32_SHAPE
+RAWOPS_SMALL_TF32(linear_small_tf32_nt_f32, RAWOPS_SMALL_TF32_C, RAWOPS_SMALL_TF32_NWN, RAWOPS_SMALL_TF32_NT,
+                  RAWOPS_SMALL_TF32_NWK, RAWOPS_SMALL_TF32_MIN_BLOCKS)
 #else
 RAWOPS_SMALL_TF32(linear_small_tf32_nt_f32, 1, 1, 3, 16, 1)
 #endif
