@@ -42,15 +42,11 @@ SHIPPED_SHAPE = (1, 1, 3, 16, 1)
 SHAPES = {}
 # The shipped shape with the partials summed 2 features a thread (-DRAWOPS_SMALL_TF32_PAIRS).
 # Warps past the first F start their loads S ns apart (-DRAWOPS_SMALL_TF32_STAGGER=S, _FREE=F).
-# (Run of 04:58: stagger 100/6 6.29-6.34, 200/6 6.29, 100/0 6.74-6.77, 300/8 6.46-6.6 against
-# pairs 6.33-6.39 and shipped 6.70-6.78.) Partials summed 2 threads a quad, each half of the
-# warps' (-DRAWOPS_SMALL_TF32_HALVES); pairs stored as float2 (-DRAWOPS_SMALL_TF32_PAIRS_V2).
-VARIANTS = {"pairs": ["RAWOPS_SMALL_TF32_PAIRS"], "pairs v2": ["RAWOPS_SMALL_TF32_PAIRS", "RAWOPS_SMALL_TF32_PAIRS_V2"],
-            "halves": ["RAWOPS_SMALL_TF32_HALVES"],
-            "pairs stagger 200/6": ["RAWOPS_SMALL_TF32_PAIRS", "RAWOPS_SMALL_TF32_STAGGER=200",
-                                    "RAWOPS_SMALL_TF32_STAGGER_FREE=6"]}
-VARIANTS_STAMPED = ["RAWOPS_SMALL_TF32_HALVES"]
-STAMPED_VARIANT = "halves"
+# Other builds of the shipped shape, timed beside it: {key: [macro, ...]}; STAMPED_VARIANTS also
+# get a stamped row. Session 12 (bench/results/explore_linear_reduce.md; their macros were
+# removed after): pairs (now shipped), halves, float2 stores, staggered loads.
+VARIANTS = {}
+STAMPED_VARIANTS = []
 
 
 def shape_macros(shape):
@@ -60,8 +56,7 @@ def shape_macros(shape):
 
 CUBINS = {"elementwise": {"stamped": ["RAWOPS_TIMELINE"]},
           "matmul": {"stamped": ["RAWOPS_TIMELINE"], "unstamped": [],
-                     "pairs stamped": ["RAWOPS_TIMELINE", "RAWOPS_SMALL_TF32_PAIRS"],
-                     f"{STAMPED_VARIANT} stamped": ["RAWOPS_TIMELINE"] + VARIANTS_STAMPED,
+                     **{f"{key} stamped": ["RAWOPS_TIMELINE"] + VARIANTS[key] for key in STAMPED_VARIANTS},
                      **VARIANTS, **{key: shape_macros(shape) for key, shape in SHAPES.items()}}}
 DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -156,7 +151,7 @@ extern "C" __global__ void empty_kernel(const float* a, const float* b, float* c
 
 
 def linear_rows(modules):
-    """One row per stamped build of linear_small_tf32 (shipped shape, STAMPED_SHAPE): its
+    """One row per stamped build of linear_small_tf32 (shipped, STAMPED_VARIANTS): its
     stamped phases, and every plain build's time per call in a CUDA graph of 20 (interleaved)."""
     mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
 
@@ -172,8 +167,8 @@ def linear_rows(modules):
         return (c * -(-N // feat), -(-M // mm.SMALL_ROWS)), nwn * nwk * 32, nwk * mm.SMALL_ROWS * stride * 4
 
     assert launch_shape(SHIPPED_SHAPE)[2] == mm.small_tf32_shared_bytes()
-    shapes = {"stamped": SHIPPED_SHAPE, "unstamped": SHIPPED_SHAPE, f"{STAMPED_VARIANT} stamped": SHIPPED_SHAPE,
-              "pairs stamped": SHIPPED_SHAPE, **{key: SHIPPED_SHAPE for key in VARIANTS}, **SHAPES}
+    shapes = {"stamped": SHIPPED_SHAPE, "unstamped": SHIPPED_SHAPE, **{f"{key} stamped": SHIPPED_SHAPE for key in VARIANTS},
+              **{key: SHIPPED_SHAPE for key in VARIANTS}, **SHAPES}
     args = tuple(numpy.uint64(p) for p in (x.data_ptr(), w.data_ptr(), y.data_ptr(), b.data_ptr(), 0, 0)) + tuple(
         numpy.int64(v) for v in (M, N, K, mm.EPI_BIAS_GELU | mm.GELU_FLAGS["tanh"]))
     plain = ("unstamped", *VARIANTS, *SHAPES)
@@ -210,15 +205,14 @@ def linear_rows(modules):
 
     empty = kernel(cupy.RawKernel(EMPTY, "empty_kernel"), SHIPPED_SHAPE)
     rows = []
-    for stamped_key, plain_key in (("stamped", "unstamped"), ("pairs stamped", "pairs"),
-                                   (f"{STAMPED_VARIANT} stamped", STAMPED_VARIANT)):
+    for stamped_key, plain_key in (("stamped", "unstamped"), *((f"{key} stamped", key) for key in STAMPED_VARIANTS)):
         stamped = small(stamped_key)
         marks, smid = run_stamped(modules[stamped_key], stamped)
         errors = {key: error_of(small(key)) for key in (stamped_key, *plain)}
         for key, error in errors.items():
             assert error < 1e-5, f"linear_small_tf32 ({key}) is off: {error:.2e}"
         entry, split, stored, barrier, leave = (marks[:, i] for i in range(5))
-        summing = 6 if plain_key == "unstamped" else 12
+        summing = 12  # 384 threads: 32 rows x 12 feature pairs
         # Interleaved rounds: the two builds and the library timed alternately, medians.
         fns = {"stamped": stamped, **{key: small(key) for key in plain},
                "library": lambda: ta.linear_gelu(x, w, b), "empty": empty}
@@ -232,7 +226,7 @@ def linear_rows(modules):
                "span us": numpy.nanmax(leave), "warp entry us (min/med/p99/max)": pct(entry),
                "first split - entry": pct(split - entry), "stored - first split": pct(stored - split),
                "barrier - stored": pct(barrier - stored), "exit - barrier": pct(leave - barrier),
-               # the warps that sum the partials (quads: warps 0-5; pairs: 0-11) and the others
+               # the warps that sum the partials and the others
                "exit - barrier, summing warps": pct((leave - barrier)[numpy.arange(len(leave)) % 16 < summing]),
                "exit - barrier, other warps": pct((leave - barrier)[numpy.arange(len(leave)) % 16 >= summing]),
                "SMs": len(set(smid.tolist())),

@@ -574,10 +574,13 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
 //     4 on sm_90: 2880 -> 2208 SASS instructions), as the source network's 3xTF32 kernel does;
 //   - each warp's partial tile goes to shared memory; after a (cluster) barrier CTA r adds, in
 //     a fixed order (deterministic), the C x NWK partials of its 32 / C rows (through
-//     distributed shared memory when C > 1) and applies the epilogue.
+//     distributed shared memory when C > 1; 2 features a thread when C = 1) and applies the
+//     epilogue.
 // Shipped: C1 NWN1 NT3 NWK16 (128 CTAs of 512 threads at N = 3072, 128 registers). H100, CUDA
-// graph of 20 (bench/NOTES.md, "Small batch, v7"): 7.6 us at 32x768->3072 (v5 12.5); clusters
-// of 2 with 6 n8 tiles a warp 8.0, clusters of 4 15-18 (their CTAs did not all fit at once).
+// graph of 20 (bench/NOTES.md, "Small batch, v7" and session 12): 7.6 us at 32x768->3072 (v5
+// 12.5), 6.7-6.8 by session 11, 6.3-6.4 with the sum over pairs; clusters splitting K (2 or 4
+// CTAs: 7.6-14.7), x multicast to a cluster's shared memories (9.1, 15) and the operands staged
+// through shared memory by cp.async (9.1) were slower (bench/results/explore_linear_*.md).
 // Launch: gridDim.x = C * ceil(N / kFeat) (clusters compiled in: __cluster_dims__),
 // NWN * NWK warps, small_tf32_shared_bytes of dynamic shared memory (rawops/matmul.py).
 template <int NWN, int NT, int NWK>
@@ -640,12 +643,6 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   }
 
   float acc[2][NT][4] = {};
-#ifdef RAWOPS_SMALL_TF32_STAGGER
-  // Exploration: warps past the first RAWOPS_SMALL_TF32_STAGGER_FREE issue their loads
-  // RAWOPS_SMALL_TF32_STAGGER ns apart, so that the SM's operands arrive warp by warp and the
-  // early warps' math overlaps the later warps' loads.
-  if (wk >= RAWOPS_SMALL_TF32_STAGGER_FREE) __nanosleep((wk - RAWOPS_SMALL_TF32_STAGGER_FREE + 1) * RAWOPS_SMALL_TF32_STAGGER);
-#endif
 
   // One round: kTf32Steps 16-wide steps from k0, every load issued before the first split.
   // Whole rounds load unpredicated; only a tail round (TAIL) checks k against ke (behind a
@@ -730,13 +727,13 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   timeline_mark(slot, 3, timeline_now());
 #endif
 
-  // CTA `rank` finishes rows [rank * 32 / C, (rank + 1) * 32 / C): 4 adjacent features a
-  // thread, summed over the cluster's CTAs, then warps, in order; every load before the adds.
-  constexpr int kRows = kSmallRows / C, kQuads = S::kFeat / 4;
-#ifdef RAWOPS_SMALL_TF32_PAIRS
-  // Exploration: 2 adjacent features a thread (384 threads of 512 summing, not 192).
+  // Without a cluster: 2 adjacent features a thread (384 threads of 512 summing: 6.7 -> 6.35 us
+  // against 4 features a thread, H100, bench/results/explore_linear_reduce.md), the warps'
+  // partials in order, every load before the adds; scalar stores (float2 stores measured 6.5).
+  // With a cluster, CTA `rank` finishes rows [rank * 32 / C, (rank + 1) * 32 / C): 4 adjacent
+  // features a thread, summed over the cluster's CTAs, then warps, in order.
+  constexpr int kRows = kSmallRows / C, kQuads = S::kFeat / 4, kPairs = S::kFeat / 2;
   if constexpr (C == 1) {
-    constexpr int kPairs = S::kFeat / 2;
     for (int o = t; o < kSmallRows * kPairs; o += S::kThreads) {
       const int row = o / kPairs, f = (o % kPairs) * 2;
       const int64_t m = row0 + row;
@@ -748,71 +745,38 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       float s0 = 0.f, s1 = 0.f;
 #pragma unroll
       for (int u = 0; u < NWK; ++u) s0 += p[u].x, s1 += p[u].y;
-#ifdef RAWOPS_SMALL_TF32_PAIRS_V2
-      if (n0 + f + 1 < N && (N % 2) == 0) {  // y 8-byte aligned: one float2 store
-        *reinterpret_cast<float2*>(y + m * N + n0 + f) = make_float2(tail_epi(s0, m, n0 + f), tail_epi(s1, m, n0 + f + 1));
-        continue;
-      }
-#endif
-      if (n0 + f < N) y[m * N + n0 + f] = tail_epi(s0, m, n0 + f);
-      if (n0 + f + 1 < N) y[m * N + n0 + f + 1] = tail_epi(s1, m, n0 + f + 1);
+      const int64_t n = n0 + f;
+      if (n < N) y[m * N + n] = tail_epi(s0, m, n);
+      if (n + 1 < N) y[m * N + n + 1] = tail_epi(s1, m, n + 1);
     }
-  } else
-#endif
-#ifdef RAWOPS_SMALL_TF32_HALVES
-  // Exploration: 2 threads a quad, each summing half of the warps' partials (384 threads).
-  if constexpr (C == 1) {
-    static_assert(NWK % 2 == 0, "halves of the partials");
-    for (int o = t; o < kSmallRows * kQuads * 2; o += S::kThreads) {  // whole warps: 384 = 12 x 32
-      const int h = o % 2, row = o / 2 / kQuads, f = (o / 2 % kQuads) * 4;
-      const int64_t m = row0 + row < M ? row0 + row : M - 1;  // both threads of a quad shuffle
-      const float* const first = red + row * S::kStride + f + h * (NWK / 2) * S::kSlab;
-      float4 p[NWK / 2];
+  } else {
+    for (int o = t; o < kRows * kQuads; o += S::kThreads) {
+      const int row = int(rank) * kRows + o / kQuads, f = (o % kQuads) * 4;
+      const int64_t m = row0 + row;
+      if (m >= M) continue;
+      const float* const first = red + row * S::kStride + f;
+      float4 p[C * NWK];
 #pragma unroll
-      for (int u = 0; u < NWK / 2; ++u) p[u] = *reinterpret_cast<const float4*>(first + u * S::kSlab);
+      for (int r = 0; r < C; ++r) {
+        const unsigned remote = C > 1 ? peer_address(first, r) : 0u;
+#pragma unroll
+        for (int u = 0; u < NWK; ++u)
+          p[r * NWK + u] = C > 1 ? load_peer_float4(remote + u * S::kSlab * 4)
+                                 : *reinterpret_cast<const float4*>(first + u * S::kSlab);
+      }
       float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int u = 0; u < NWK / 2; ++u) sum[0] += p[u].x, sum[1] += p[u].y, sum[2] += p[u].z, sum[3] += p[u].w;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sum[e] += __shfl_xor_sync(0xffffffffu, sum[e], 1);  // commutative: equal on both
-      if (row0 + row >= M) continue;
-      const int64_t n = n0 + f + 2 * h;
-      const float a = h ? sum[2] : sum[0], b = h ? sum[3] : sum[1];
-      if (n + 1 < N && (N % 2) == 0) {
-        *reinterpret_cast<float2*>(y + m * N + n) = make_float2(tail_epi(a, m, n), tail_epi(b, m, n + 1));
-      } else {
-        if (n < N) y[m * N + n] = tail_epi(a, m, n);
-        if (n + 1 < N) y[m * N + n + 1] = tail_epi(b, m, n + 1);
+      for (int i = 0; i < C * NWK; ++i) {
+        sum[0] += p[i].x;
+        sum[1] += p[i].y;
+        sum[2] += p[i].z;
+        sum[3] += p[i].w;
       }
-    }
-  } else
-#endif
-  for (int o = t; o < kRows * kQuads; o += S::kThreads) {
-    const int row = int(rank) * kRows + o / kQuads, f = (o % kQuads) * 4;
-    const int64_t m = row0 + row;
-    if (m >= M) continue;
-    const float* const first = red + row * S::kStride + f;
-    float4 p[C * NWK];
 #pragma unroll
-    for (int r = 0; r < C; ++r) {
-      const unsigned remote = C > 1 ? peer_address(first, r) : 0u;
-#pragma unroll
-      for (int u = 0; u < NWK; ++u)
-        p[r * NWK + u] = C > 1 ? load_peer_float4(remote + u * S::kSlab * 4)
-                               : *reinterpret_cast<const float4*>(first + u * S::kSlab);
-    }
-    float sum[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < C * NWK; ++i) {
-      sum[0] += p[i].x;
-      sum[1] += p[i].y;
-      sum[2] += p[i].z;
-      sum[3] += p[i].w;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t n = n0 + f + e;
-      if (n < N) y[m * N + n] = tail_epi(sum[e], m, n);
+      for (int e = 0; e < 4; ++e) {
+        const int64_t n = n0 + f + e;
+        if (n < N) y[m * N + n] = tail_epi(sum[e], m, n);
+      }
     }
   }
   if (C > 1) cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer reads it

@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from . import elementwise as _ew
-from ._launch import (TorchMapEntry, register_torch, register_torch_gemm, register_torch_modules,
+from ._launch import (TorchLinearEntry, TorchMapEntry, register_torch, register_torch_gemm, register_torch_modules,
                       require_str, sm_count, tensor_code, torch_linear, torch_seed_forward, torch_seed_module_call)
 
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
@@ -366,7 +366,7 @@ relu_scale_add = TorchMapEntry({None: _RELU_SCALE_ADD}, _relu_scale_add_python).
 add = TorchMapEntry({None: _ADD}, _add_python).add
 bias_gelu = TorchMapEntry({a: _gelu_kernel(a, "fwd", bias=True) for a in _ew._GELU_MODES},
                           _bias_gelu_python).bias_gelu
-_ENTRIES = (gelu, relu, relu_scale, relu_scale_add, add, bias_gelu)
+_ENTRIES = [gelu, relu, relu_scale, relu_scale_add, add, bias_gelu]  # + linear_gelu, defined below
 
 
 def _no_typed_module_call(module, args, kwargs):
@@ -404,11 +404,6 @@ class _AfterDynamoImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._loader.exec_module(module)
         _register_polyfills()
 
-
-if "torch._dynamo" in sys.modules:
-    _register_polyfills()
-else:
-    sys.meta_path.insert(0, _AfterDynamoImport())
 
 
 # ------------------------------------------------------------------- modules
@@ -1373,21 +1368,25 @@ def matmul(a, b, tf32=False):
     return _matmul_fwd(a, b, tf32)
 
 
-def linear_gelu(x, weight, bias=None, approximate="tanh"):
-    """F.gelu(F.linear(x, weight, bias), approximate=approximate) in one kernel, with autograd
-    (the backward uses the pre-activation the forward stores when a gradient is needed).
-    float32 at <= 128 rows on sm_90+ runs 3xTF32 (float32-level error), unless
-    rawops.matmul's LINEAR_TF32 is False (see rawops.linear_gelu)."""
+def _linear_gelu_python(x, weight, bias=None, approximate="tanh"):
+    """F.gelu(F.linear(x, weight, bias), approximate=approximate) in one kernel: the path of
+    torch.compile, gradients, the cases the typed path declines and errors."""
+    if _compiling():
+        return _linear_gelu_op(x, weight, bias, approximate)[0]
     flags = _LINEAR_GELU_FLAGS.get(approximate) if isinstance(approximate, str) else None
-    if flags is not None and not _compiling():
+    if flags is not None:
         y = torch_linear(x, weight, bias, flags)
         if y is not None:
             return y
-    if _compiling():
-        return _linear_gelu_op(x, weight, bias, approximate)[0]
     if _needs_grad(x, weight, bias):
         return _LinearGELU.apply(x, weight, bias, approximate)
     return _linear_gelu_fwd(x, weight, bias, approximate, False)[0]
+
+
+# A bound method of _launch.TorchLinearEntry, like the elementwise entries (its docstring is the
+# public one); dynamo traces _linear_gelu_python in its place.
+linear_gelu = TorchLinearEntry(_LINEAR_GELU_FLAGS, _linear_gelu_python).linear_gelu
+_ENTRIES.append(linear_gelu)
 
 
 class LinearGELU(torch.nn.Module):
@@ -1416,3 +1415,10 @@ class LinearGELU(torch.nn.Module):
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, approximate={self.approximate!r}")
+
+
+# Last: every entry of _ENTRIES exists by now.
+if "torch._dynamo" in sys.modules:
+    _register_polyfills()
+else:
+    sys.meta_path.insert(0, _AfterDynamoImport())

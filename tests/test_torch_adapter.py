@@ -163,8 +163,8 @@ def test_adapter_refuses_cpu_and_integer_tensors():
 
 
 def test_entries_are_builtins_that_dynamo_traces_into_the_custom_ops_in_one_graph():
-    """The public elementwise functions are C-level entries (no Python frame on the eager
-    path); torch.compile must still see the custom ops, in one graph, with torch._dynamo
+    """The public elementwise functions and linear_gelu are C-level entries (no Python frame on
+    the eager path); torch.compile must still see the custom ops, in one graph, with torch._dynamo
     imported after the adapter (the polyfills register on that import). Runs in a fresh
     interpreter; the compiled graph is recorded, not run, so no GPU is needed."""
     import subprocess
@@ -182,20 +182,21 @@ def test_entries_are_builtins_that_dynamo_traces_into_the_custom_ops_in_one_grap
             graphs.append(gm)
             return lambda *args: (torch.zeros(4),)
 
-        def fn(x, b, y):
+        def fn(x, b, y, w):
             return (ta.gelu(x, "none") + ta.gelu(x) + ta.relu(x) + ta.relu_scale(x, 2.0)
-                    + ta.relu_scale_add(x, 0.5, y) + ta.add(x, y) + ta.bias_gelu(x, b, "tanh"))
+                    + ta.relu_scale_add(x, 0.5, y) + ta.add(x, y) + ta.bias_gelu(x, b, "tanh")
+                    + ta.linear_gelu(x[None], w, b)[0])
 
-        x, b, y = torch.randn(4), torch.randn(4), torch.randn(4)
-        torch.compile(fn, backend=backend, fullgraph=True)(x, b, y)
+        x, b, y, w = torch.randn(4), torch.randn(4), torch.randn(4), torch.randn(4, 4)
+        torch.compile(fn, backend=backend, fullgraph=True)(x, b, y, w)
         ops = sorted(str(n.target) for n in graphs[0].graph.nodes if "rawops" in str(n.target))
         print(len(graphs), ops)
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == ("1 ['rawops.add.default', 'rawops.bias_gelu.default', 'rawops.gelu.default', "
-                                     "'rawops.gelu.default', 'rawops.relu.default', 'rawops.relu_scale.default', "
-                                     "'rawops.relu_scale_add.default']"), result.stdout
+                                     "'rawops.gelu.default', 'rawops.linear_gelu.default', 'rawops.relu.default', "
+                                     "'rawops.relu_scale.default', 'rawops.relu_scale_add.default']"), result.stdout
 
 
 def test_entries_send_grad_and_bad_modes_to_the_python_path(monkeypatch):
