@@ -60,6 +60,41 @@ def empty_pair_us(reps=200):
             "created beforehand, record(stream)": statistics.median(s.elapsed_time(e) * 1e3 for s, e in made)}
 
 
+EMPTY = r'''
+extern "C" __global__ void empty_kernel() {
+  extern __shared__ unsigned char smem[];
+  if (threadIdx.x == 1023) smem[0] = 0;  // never true: keeps the dynamic shared memory
+}
+'''
+
+
+def launch_shape_rows():
+    """Per-call event pair, loop and host time of an empty kernel launched with linear_small_tf32's
+    shape (128 blocks of 512 threads) with and without its 80 KB of dynamic shared memory, and with
+    128 threads: whether the launch's shape, not its work, adds to a call's time."""
+    import cupy
+
+    fn = cupy.RawKernel(EMPTY, "empty_kernel")
+    fn.max_dynamic_shared_size_bytes = 81920
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+    def launcher(threads, shared):
+        def launch():
+            with stream:
+                fn((128,), (threads,), (), shared_mem=shared)
+        return launch
+
+    fns = {"128 x 512 threads, 80 KB dynamic shared": launcher(512, 81920),
+           "128 x 512 threads, no shared": launcher(512, 0), "128 x 128 threads, no shared": launcher(128, 0)}
+    made, loop = device_times_us(fns), loop_times_us(fns)
+    host = host_times_us(fns, calls=300, rounds=7)
+    rows = [{"launch": label, "pair made beforehand, a call us": made[label], "loop of 20, per call us": loop[label],
+             "host per call us": host[label]} for label in fns]
+    for row in rows:
+        print(row, flush=True)
+    return rows
+
+
 def graph_of(fn, calls=20):
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
@@ -127,11 +162,14 @@ def main():
                          "host per call us": host[label], "graph of 20, per call us": float("nan")})
     empty = empty_pair_us()
     print(empty, flush=True)
+    latency = launch_shape_rows()
     write_results(out_dir, "explore_linear_call", "python bench/explore_linear_call.py", [
         (f"linear_gelu {M}x{K}->{N}, no grad: where a call's time goes",
          ["dtype", "call", "fresh event pair a call us", "pair made beforehand, a call us", "loop of 20, per call us",
           "host per call us", "graph of 20, per call us"], rows,
-         {f"empty event pair, {k}": f"{v:.2f} us" for k, v in empty.items()})])
+         {f"empty event pair, {k}": f"{v:.2f} us" for k, v in empty.items()}),
+        ("An empty kernel's call by its launch shape (CuPy launch on torch's stream; host and GPU)",
+         list(latency[0]), latency, {"note": "the same host path for each: differences are the launch's own"})])
     return 0
 
 
