@@ -39,24 +39,31 @@ SHIPPED_SHAPE = (1, 1, 3, 16, 1)
 # (Run of 04:37 on 2026-11-24 also had c2n1t6k8 (2, 1, 6, 8, 1), c4n2t3k4b2 (4, 2, 3, 4, 2) and
 # c4n4t3k4 (4, 4, 3, 4, 1): 7.6, 12 and 14.7 us against 6.75; 04:46 c2n2t3k8 (2, 2, 3, 8, 1) 7.8:
 # bench/NOTES.md, session 12.)
-SHAPES = {}
+# Session 12, 05:20: clusters of 2 splitting K where each warp pushes its partial rows to their
+# owner CTA (-DRAWOPS_SMALL_TF32_PUSH; the 6th element): one cluster barrier, local sums.
+SHAPES = {"c2n2t3k8": (2, 2, 3, 8, 1, 0), "c2n2t3k8 push": (2, 2, 3, 8, 1, 1), "c2n1t6k8 push": (2, 1, 6, 8, 1, 1)}
 # The shipped shape with the partials summed 2 features a thread (-DRAWOPS_SMALL_TF32_PAIRS).
 # Warps past the first F start their loads S ns apart (-DRAWOPS_SMALL_TF32_STAGGER=S, _FREE=F).
 # Other builds of the shipped shape, timed beside it: {key: [macro, ...]}; STAMPED_VARIANTS also
 # get a stamped row. Session 12 (bench/results/explore_linear_reduce.md; their macros were
 # removed after): pairs (now shipped), halves, float2 stores, staggered loads.
 VARIANTS = {}
-STAMPED_VARIANTS = []
+STAMPED_VARIANTS = ["c2n2t3k8 push"]  # keys of VARIANTS or SHAPES
 
 
 def shape_macros(shape):
-    return ["RAWOPS_SMALL_TF32_SHAPE"] + [f"RAWOPS_SMALL_TF32_{name}={value}" for name, value in
-                                          zip(("C", "NWN", "NT", "NWK", "MIN_BLOCKS"), shape)]
+    macros = ["RAWOPS_SMALL_TF32_SHAPE"] + [f"RAWOPS_SMALL_TF32_{name}={value}" for name, value in
+                                            zip(("C", "NWN", "NT", "NWK", "MIN_BLOCKS"), shape)]
+    return macros + (["RAWOPS_SMALL_TF32_PUSH"] if len(shape) > 5 and shape[5] else [])
+
+
+def build_macros(key):
+    return VARIANTS[key] if key in VARIANTS else shape_macros(SHAPES[key])
 
 
 CUBINS = {"elementwise": {"stamped": ["RAWOPS_TIMELINE"]},
           "matmul": {"stamped": ["RAWOPS_TIMELINE"], "unstamped": [],
-                     **{f"{key} stamped": ["RAWOPS_TIMELINE"] + VARIANTS[key] for key in STAMPED_VARIANTS},
+                     **{f"{key} stamped": ["RAWOPS_TIMELINE"] + build_macros(key) for key in STAMPED_VARIANTS},
                      **VARIANTS, **{key: shape_macros(shape) for key, shape in SHAPES.items()}}}
 DTYPES = {"f16": torch.float16, "f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -161,14 +168,16 @@ def linear_rows(modules):
     y = torch.empty(M, N, device="cuda")
 
     def launch_shape(shape):  # (grid, block, dynamic shared bytes), as rawops/matmul.py plans the shipped one
-        c, nwn, nt, nwk, _ = shape
+        c, nwn, nt, nwk = shape[:4]
+        push = len(shape) > 5 and shape[5]
         feat = nwn * nt * 8
         stride = feat + 16 if feat % 32 == 24 else feat + 8
-        return (c * -(-N // feat), -(-M // mm.SMALL_ROWS)), nwn * nwk * 32, nwk * mm.SMALL_ROWS * stride * 4
+        slabs = c * nwk if push else nwk
+        return (c * -(-N // feat), -(-M // mm.SMALL_ROWS)), nwn * nwk * 32, slabs * mm.SMALL_ROWS * stride * 4
 
     assert launch_shape(SHIPPED_SHAPE)[2] == mm.small_tf32_shared_bytes()
-    shapes = {"stamped": SHIPPED_SHAPE, "unstamped": SHIPPED_SHAPE, **{f"{key} stamped": SHIPPED_SHAPE for key in VARIANTS},
-              **{key: SHIPPED_SHAPE for key in VARIANTS}, **SHAPES}
+    shapes = {"stamped": SHIPPED_SHAPE, "unstamped": SHIPPED_SHAPE, **{key: SHIPPED_SHAPE for key in VARIANTS}, **SHAPES}
+    shapes.update({f"{key} stamped": shapes[key] for key in STAMPED_VARIANTS})
     args = tuple(numpy.uint64(p) for p in (x.data_ptr(), w.data_ptr(), y.data_ptr(), b.data_ptr(), 0, 0)) + tuple(
         numpy.int64(v) for v in (M, N, K, mm.EPI_BIAS_GELU | mm.GELU_FLAGS["tanh"]))
     plain = ("unstamped", *VARIANTS, *SHAPES)
