@@ -39,16 +39,17 @@ SHIPPED_SHAPE = (1, 1, 3, 16, 1)
 # (Run of 04:37 on 2026-11-24 also had c2n1t6k8 (2, 1, 6, 8, 1), c4n2t3k4b2 (4, 2, 3, 4, 2) and
 # c4n4t3k4 (4, 4, 3, 4, 1): 7.6, 12 and 14.7 us against 6.75; 04:46 c2n2t3k8 (2, 2, 3, 8, 1) 7.8:
 # bench/NOTES.md, session 12.)
-# Session 12, 05:20: clusters of 2 splitting K where each warp pushes its partial rows to their
-# owner CTA (-DRAWOPS_SMALL_TF32_PUSH; the 6th element): one cluster barrier, local sums.
-SHAPES = {"c2n2t3k8": (2, 2, 3, 8, 1, 0), "c2n2t3k8 push": (2, 2, 3, 8, 1, 1), "c2n1t6k8 push": (2, 1, 6, 8, 1, 1)}
+# Session 12, 05:12: clusters of 2 splitting K where each warp pushed its partial rows to their
+# owner CTA (a 6th element 1: -DRAWOPS_SMALL_TF32_PUSH, in git at 9eacd4c): c2n2t3k8 push 7.3-7.4,
+# c2n1t6k8 push 7.6, c2n2t3k8 7.8-7.9 against 6.4 (bench/results/explore_linear_push.md).
+SHAPES = {}
 # The shipped shape with the partials summed 2 features a thread (-DRAWOPS_SMALL_TF32_PAIRS).
 # Warps past the first F start their loads S ns apart (-DRAWOPS_SMALL_TF32_STAGGER=S, _FREE=F).
 # Other builds of the shipped shape, timed beside it: {key: [macro, ...]}; STAMPED_VARIANTS also
 # get a stamped row. Session 12 (bench/results/explore_linear_reduce.md; their macros were
 # removed after): pairs (now shipped), halves, float2 stores, staggered loads.
 VARIANTS = {}
-STAMPED_VARIANTS = ["c2n2t3k8 push"]  # keys of VARIANTS or SHAPES
+STAMPED_VARIANTS = []  # keys of VARIANTS or SHAPES
 
 
 def shape_macros(shape):

@@ -706,31 +706,6 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   if (k0 < ke) round(k0, BoolConstant<true>());
 
   // Accumulator e of tile (mt, j): row mt * 16 + g + 8 (e / 2), feature (wn NT + j) 8 + 2t + e % 2.
-#ifdef RAWOPS_SMALL_TF32_PUSH
-  // Exploration (C > 1): each CTA owns the rows [rank * 32 / C, ...) of the sums and keeps C x NWK
-  // slabs; a warp stores each partial row into its owner's slab rank * NWK + wk, through
-  // distributed shared memory when the owner is a peer (stores: no round trip), so that after
-  // the one cluster barrier every CTA sums from its own shared memory and leaves.
-  constexpr bool kPush = true;
-  float* const mine = red + (rank * NWK + wk) * S::kSlab;
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int row = mt * 16 + g + 8 * hr;
-        float* const at = mine + row * S::kStride + (wn * NT + j) * 8 + 2 * q;
-        const unsigned owner = unsigned(row / (kSmallRows / C));
-        if (C == 1 || owner == rank) {
-          *reinterpret_cast<float2*>(at) = make_float2(acc[mt][j][2 * hr], acc[mt][j][2 * hr + 1]);
-        } else {
-          asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(peer_address(at, owner)),
-                       "f"(acc[mt][j][2 * hr]), "f"(acc[mt][j][2 * hr + 1]) : "memory");
-        }
-      }
-#else
-  constexpr bool kPush = false;
   float* const mine = red + wk * S::kSlab;
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -740,7 +715,6 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       for (int hr = 0; hr < 2; ++hr)
         *reinterpret_cast<float2*>(mine + (mt * 16 + g + 8 * hr) * S::kStride + (wn * NT + j) * 8 + 2 * q) =
             make_float2(acc[mt][j][2 * hr], acc[mt][j][2 * hr + 1]);
-#endif
 #ifdef RAWOPS_TIMELINE
   timeline_mark(slot, 2, timeline_now());
 #endif
@@ -759,18 +733,18 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   // With a cluster, CTA `rank` finishes rows [rank * 32 / C, (rank + 1) * 32 / C): 4 adjacent
   // features a thread, summed over the cluster's CTAs, then warps, in order.
   constexpr int kRows = kSmallRows / C, kQuads = S::kFeat / 4, kPairs = S::kFeat / 2;
-  if constexpr (C == 1 || kPush) {
-    for (int o = t; o < kRows * kPairs; o += S::kThreads) {
-      const int row = int(rank) * kRows + o / kPairs, f = (o % kPairs) * 2;
+  if constexpr (C == 1) {
+    for (int o = t; o < kSmallRows * kPairs; o += S::kThreads) {
+      const int row = o / kPairs, f = (o % kPairs) * 2;
       const int64_t m = row0 + row;
       if (m >= M) continue;
       const float* const first = red + row * S::kStride + f;
-      float2 p[C * NWK];
+      float2 p[NWK];
 #pragma unroll
-      for (int u = 0; u < C * NWK; ++u) p[u] = *reinterpret_cast<const float2*>(first + u * S::kSlab);
+      for (int u = 0; u < NWK; ++u) p[u] = *reinterpret_cast<const float2*>(first + u * S::kSlab);
       float s0 = 0.f, s1 = 0.f;
 #pragma unroll
-      for (int u = 0; u < C * NWK; ++u) s0 += p[u].x, s1 += p[u].y;
+      for (int u = 0; u < NWK; ++u) s0 += p[u].x, s1 += p[u].y;
       const int64_t n = n0 + f;
       if (n < N) y[m * N + n] = tail_epi(s0, m, n);
       if (n + 1 < N) y[m * N + n + 1] = tail_epi(s1, m, n + 1);
@@ -805,7 +779,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       }
     }
   }
-  if (C > 1 && !kPush) cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer reads it
+  if (C > 1) cluster_barrier();  // no CTA leaves (freeing its shared memory) while a peer reads it
 #ifdef RAWOPS_TIMELINE
   timeline_mark(slot, 4, timeline_now());
 #endif
