@@ -40,7 +40,7 @@ SHIPPED_SHAPE = (1, 1, 3, 16, 1)
 # c4n4t3k4 (4, 4, 3, 4, 1): 7.6, 12 and 14.7 us against 6.75; 04:46 c2n2t3k8 (2, 2, 3, 8, 1) 7.8:
 # bench/NOTES.md, session 12.)
 # Session 12, 05:12: clusters of 2 splitting K where each warp pushed its partial rows to their
-# owner CTA (a 6th element 1: -DRAWOPS_SMALL_TF32_PUSH, in git at 9eacd4c): c2n2t3k8 push 7.3-7.4,
+# owner CTA (-DRAWOPS_SMALL_TF32_PUSH, kernel and explorer in git at 9eacd4c): c2n2t3k8 push 7.3-7.4,
 # c2n1t6k8 push 7.6, c2n2t3k8 7.8-7.9 against 6.4 (bench/results/explore_linear_push.md).
 SHAPES = {}
 # The shipped shape with the partials summed 2 features a thread (-DRAWOPS_SMALL_TF32_PAIRS).
@@ -53,9 +53,8 @@ STAMPED_VARIANTS = []  # keys of VARIANTS or SHAPES
 
 
 def shape_macros(shape):
-    macros = ["RAWOPS_SMALL_TF32_SHAPE"] + [f"RAWOPS_SMALL_TF32_{name}={value}" for name, value in
-                                            zip(("C", "NWN", "NT", "NWK", "MIN_BLOCKS"), shape)]
-    return macros + (["RAWOPS_SMALL_TF32_PUSH"] if len(shape) > 5 and shape[5] else [])
+    return ["RAWOPS_SMALL_TF32_SHAPE"] + [f"RAWOPS_SMALL_TF32_{name}={value}" for name, value in
+                                          zip(("C", "NWN", "NT", "NWK", "MIN_BLOCKS"), shape)]
 
 
 def build_macros(key):
@@ -170,11 +169,9 @@ def linear_rows(modules):
 
     def launch_shape(shape):  # (grid, block, dynamic shared bytes), as rawops/matmul.py plans the shipped one
         c, nwn, nt, nwk = shape[:4]
-        push = len(shape) > 5 and shape[5]
         feat = nwn * nt * 8
         stride = feat + 16 if feat % 32 == 24 else feat + 8
-        slabs = c * nwk if push else nwk
-        return (c * -(-N // feat), -(-M // mm.SMALL_ROWS)), nwn * nwk * 32, slabs * mm.SMALL_ROWS * stride * 4
+        return (c * -(-N // feat), -(-M // mm.SMALL_ROWS)), nwn * nwk * 32, nwk * mm.SMALL_ROWS * stride * 4
 
     assert launch_shape(SHIPPED_SHAPE)[2] == mm.small_tf32_shared_bytes()
     shapes = {"stamped": SHIPPED_SHAPE, "unstamped": SHIPPED_SHAPE, **{key: SHIPPED_SHAPE for key in VARIANTS}, **SHAPES}
