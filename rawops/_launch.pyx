@@ -977,7 +977,8 @@ def torch_linear(x, weight, bias, long long flags):
 cdef class TorchLinearEntry:
     """rawops.torch_adapter.linear_gelu as a C-level callable (as TorchMapEntry for the
     elementwise ops): the no-grad eager call goes straight to _torch_linear, with no Python frame
-    and no torch.compiler.is_compiling() call (~0.5 us of a ~12 us call, H100 host); anything
+    and no torch.compiler.is_compiling() call (8.8 us a call against 8.7 for torch_linear itself,
+    where the Python wrapper added 0.4: bench/explore_linear_call.py, H100 host); anything
     else goes to `fallback`, the adapter's Python function, which dynamo traces in its place.
     `flags`: {approximate: epilogue flags}."""
     cdef dict flags
