@@ -95,6 +95,33 @@ def launch_shape_rows():
     return rows
 
 
+def host_part_rows():
+    """Host time of the torch calls _launch.torch_linear makes, one by one, beside the whole call:
+    which of them a shorter host path would have to avoid."""
+    from rawops import _launch
+    from rawops import torch_adapter as ta
+
+    x = torch.randn(M, K, device="cuda")
+    w = torch.randn(N, K, device="cuda") * K ** -0.5
+    b = torch.randn(N, device="cuda")
+    flags = ta._LINEAR_GELU_FLAGS["tanh"]
+    raw_stream, current = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
+    fns = {"nothing (the loop)": lambda: None, "x.dtype": lambda: x.dtype, "x.get_device()": lambda: x.get_device(),
+           "x.is_contiguous()": lambda: x.is_contiguous(), "x.shape": lambda: x.shape,
+           "x.data_ptr()": lambda: x.data_ptr(), "x.requires_grad": lambda: x.requires_grad,
+           "torch.is_grad_enabled()": torch.is_grad_enabled, "current raw stream": lambda: raw_stream(0),
+           "current device": current, "x.new_empty(m, n)": lambda: x.new_empty(M, N),
+           "torch.empty((m, n), device, dtype)": lambda: torch.empty((M, N), device=x.device, dtype=x.dtype),
+           "_launch.torch_linear": lambda: _launch.torch_linear(x, w, b, flags),
+           "torch_adapter.linear_gelu": lambda: ta.linear_gelu(x, w, b)}
+    with torch.no_grad():
+        host = host_times_us(fns, calls=2000, rounds=9)
+    rows = [{"part": label, "host us": us} for label, us in host.items()]
+    for row in rows:
+        print(row, flush=True)
+    return rows
+
+
 def graph_of(fn, calls=20):
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
@@ -163,13 +190,16 @@ def main():
     empty = empty_pair_us()
     print(empty, flush=True)
     latency = launch_shape_rows()
+    parts = host_part_rows()
     write_results(out_dir, "explore_linear_call", "python bench/explore_linear_call.py", [
         (f"linear_gelu {M}x{K}->{N}, no grad: where a call's time goes",
          ["dtype", "call", "fresh event pair a call us", "pair made beforehand, a call us", "loop of 20, per call us",
           "host per call us", "graph of 20, per call us"], rows,
          {f"empty event pair, {k}": f"{v:.2f} us" for k, v in empty.items()}),
         ("An empty kernel's call by its launch shape (CuPy launch on torch's stream; host and GPU)",
-         list(latency[0]), latency, {"note": "the same host path for each: differences are the launch's own"})])
+         list(latency[0]), latency, {"note": "the same host path for each: differences are the launch's own"}),
+        ("The host's parts of a float32 call (each a Python call in a loop, the loop's own cost included)",
+         list(parts[0]), parts, {"note": "_launch.torch_linear reads each accessor once, from Cython"})])
     return 0
 
 
