@@ -758,11 +758,9 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       float4 p[C * NWK];
 #pragma unroll
       for (int r = 0; r < C; ++r) {
-        const unsigned remote = C > 1 ? peer_address(first, r) : 0u;
+        const unsigned remote = peer_address(first, r);
 #pragma unroll
-        for (int u = 0; u < NWK; ++u)
-          p[r * NWK + u] = C > 1 ? load_peer_float4(remote + u * S::kSlab * 4)
-                                 : *reinterpret_cast<const float4*>(first + u * S::kSlab);
+        for (int u = 0; u < NWK; ++u) p[r * NWK + u] = load_peer_float4(remote + u * S::kSlab * 4);
       }
       float sum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll

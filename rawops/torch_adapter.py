@@ -18,7 +18,7 @@ import torch
 
 from . import elementwise as _ew
 from ._launch import (TorchLinearEntry, TorchMapEntry, register_torch, register_torch_gemm, register_torch_modules,
-                      require_str, sm_count, tensor_code, torch_linear, torch_seed_forward, torch_seed_module_call)
+                      require_str, sm_count, tensor_code, torch_seed_forward, torch_seed_module_call)
 
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
@@ -1370,14 +1370,10 @@ def matmul(a, b, tf32=False):
 
 def _linear_gelu_python(x, weight, bias=None, approximate="tanh"):
     """F.gelu(F.linear(x, weight, bias), approximate=approximate) in one kernel: the path of
-    torch.compile, gradients, the cases the typed path declines and errors."""
+    torch.compile, gradients, the cases the entry's typed path declined (it has tried it) and
+    errors."""
     if _compiling():
         return _linear_gelu_op(x, weight, bias, approximate)[0]
-    flags = _LINEAR_GELU_FLAGS.get(approximate) if isinstance(approximate, str) else None
-    if flags is not None:
-        y = torch_linear(x, weight, bias, flags)
-        if y is not None:
-            return y
     if _needs_grad(x, weight, bias):
         return _LinearGELU.apply(x, weight, bias, approximate)
     return _linear_gelu_fwd(x, weight, bias, approximate, False)[0]

@@ -1,5 +1,7 @@
 """rawops.torch_adapter: the same kernels for torch tensors, with autograd, torch.compile,
 CUDA graphs and modules; checked against torch in float64."""
+import types
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -215,3 +217,12 @@ def test_entries_send_grad_and_bad_modes_to_the_python_path(monkeypatch):
     with torch.no_grad():
         with pytest.raises(ValueError, match="CUDA"):  # no grad needed: the launch path again
             ta.gelu(x)
+    # linear_gelu's entry: the same routing to _linear_gelu_python
+    w = torch.randn(3, 4)
+    monkeypatch.setattr(ta, "_LinearGELU", types.SimpleNamespace(apply=lambda *args: seen.append(args) or "autograd"))
+    assert ta.linear_gelu(x[None], w, None, "tanh") == "autograd" and len(seen) == 2
+    with torch.no_grad():
+        with pytest.raises(ValueError, match="CUDA"):
+            ta.linear_gelu(x[None], w)
+        with pytest.raises(ValueError, match="approximate"):
+            ta.linear_gelu(x[None], w, None, "fast")
