@@ -106,11 +106,33 @@ def host_part_rows():
     b = torch.randn(N, device="cuda")
     flags = ta._LINEAR_GELU_FLAGS["tanh"]
     raw_stream, current = torch._C._cuda_getCurrentRawStream, torch._C._cuda_getDevice
+    # Alternatives to what torch_linear reads (session 13): an output from torch.empty_like of a
+    # cached 1-element template expanded to the output's shape (empty_like of a tensor that is not
+    # dense gives a contiguous one), shape reads other than x.shape, and the launch alone.
+    template = x.new_empty(1).expand(M, N)
+    made = torch.empty_like(template)
+    assert made.shape == (M, N) and made.is_contiguous() and made.data_ptr() != template.data_ptr()
+    import cupy
+
+    empty = cupy.RawKernel(EMPTY, "empty_kernel")
+    function = empty.kernel.ptr
+    side = torch.cuda.Stream()
+
+    def bare_launch(stream_of):
+        def launch():
+            _launch.launch(function, (128,), 512, 0, stream_of(), (), "", 0)
+        return launch
     fns = {"nothing (the loop)": lambda: None, "x.dtype": lambda: x.dtype, "x.get_device()": lambda: x.get_device(),
            "x.is_contiguous()": lambda: x.is_contiguous(), "x.shape": lambda: x.shape,
            "x.data_ptr()": lambda: x.data_ptr(), "x.requires_grad": lambda: x.requires_grad,
            "torch.is_grad_enabled()": torch.is_grad_enabled, "current raw stream": lambda: raw_stream(0),
            "current device": current, "x.new_empty(m, n)": lambda: x.new_empty(M, N),
+           "x.new_empty((m, n))": lambda: x.new_empty((M, N)),
+           "torch.empty_like(expanded template)": lambda: torch.empty_like(template),
+           "x.size()": lambda: x.size(), "x.dim()": lambda: x.dim(), "x.size(1)": lambda: x.size(1),
+           "x.stride()": lambda: x.stride(),
+           "bare launch, empty kernel (_launch.launch), default stream": bare_launch(lambda: raw_stream(0)),
+           "bare launch, empty kernel (_launch.launch), side stream": bare_launch(lambda: side.cuda_stream),
            "torch.empty((m, n), device, dtype)": lambda: torch.empty((M, N), device=x.device, dtype=x.dtype),
            "_launch.torch_linear": lambda: _launch.torch_linear(x, w, b, flags),
            "torch_adapter.linear_gelu": lambda: ta.linear_gelu(x, w, b)}

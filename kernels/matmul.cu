@@ -590,7 +590,10 @@ struct SmallTf32 {
   static constexpr int kStride = kFeat % 32 == 24 ? kFeat + 16 : kFeat + 8;
   static constexpr int kSlab = kSmallRows * kStride;
 };
-constexpr int kTf32Steps = 3;  // 16-wide K steps loaded per round (all in flight)
+#ifndef RAWOPS_SMALL_TF32_STEPS
+#define RAWOPS_SMALL_TF32_STEPS 3
+#endif
+constexpr int kTf32Steps = RAWOPS_SMALL_TF32_STEPS;  // 16-wide K steps loaded per round (all in flight)
 template <bool B> struct BoolConstant {
   static constexpr bool value = B;
 };
@@ -660,7 +663,24 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       for (int i = 0; i < 4; ++i) xv[s][i] = ok ? __ldg(reinterpret_cast<const float4*>(xr[i] + k)) : zero;
 #pragma unroll
       for (int j = 0; j < NT; ++j) wv[s][j] = ok ? __ldg(reinterpret_cast<const float4*>(wr[j] + k)) : zero;
+#if RAWOPS_SMALL_TF32_PROBE == 2  // explorer probe: the math alone (operands made, not loaded; wrong output)
+      const float f = float(k) * 1e-3f + float(lane) * 1e-4f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xv[s][i] = make_float4(f, f + 1.f, f + 2.f, f + float(i));
+#pragma unroll
+      for (int j = 0; j < NT; ++j) wv[s][j] = make_float4(f, f - 1.f, f - 2.f, f - float(j));
+#endif
     }
+#if RAWOPS_SMALL_TF32_PROBE == 1  // explorer probe: the loads alone (each value added once; wrong output)
+#pragma unroll
+    for (int s = 0; s < kTf32Steps; ++s) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i / 2][0][i % 2] += xv[s][i].x + xv[s][i].y + xv[s][i].z + xv[s][i].w;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) acc[0][j][2] += wv[s][j].x + wv[s][j].y + wv[s][j].z + wv[s][j].w;
+    }
+    return;
+#endif
 #pragma unroll
     for (int s = 0; s < kTf32Steps; ++s)
 #pragma unroll
