@@ -42,18 +42,21 @@ SHIPPED_SHAPE = (1, 1, 3, 16, 1)
 # Session 12, 05:12: clusters of 2 splitting K where each warp pushed its partial rows to their
 # owner CTA (-DRAWOPS_SMALL_TF32_PUSH, kernel and explorer in git at 9eacd4c): c2n2t3k8 push 7.3-7.4,
 # c2n1t6k8 push 7.6, c2n2t3k8 7.8-7.9 against 6.4 (bench/results/explore_linear_push.md).
-SHAPES = {"c1n1t3k8 steps6": (1, 1, 3, 8, 1)}
+SHAPES = {"c1n1t3k8 steps6": (1, 1, 3, 8, 1), "c1n1t3k8 steps6 ordered": (1, 1, 3, 8, 1)}
 # Extra -D macros of a SHAPES entry (RAWOPS_SMALL_TF32_STEPS: 16-wide K steps a warp loads before
-# its first split).
-SHAPE_MACROS = {"c1n1t3k8 steps6": ["RAWOPS_SMALL_TF32_STEPS=6"]}
+# its first split; RAWOPS_SMALL_TF32_ORDERED: a __syncwarp between a round's loads and its math, so
+# that every load is issued before the first mma).
+SHAPE_MACROS = {"c1n1t3k8 steps6": ["RAWOPS_SMALL_TF32_STEPS=6"],
+                "c1n1t3k8 steps6 ordered": ["RAWOPS_SMALL_TF32_STEPS=6", "RAWOPS_SMALL_TF32_ORDERED"]}
 # The shipped shape with the partials summed 2 features a thread (-DRAWOPS_SMALL_TF32_PAIRS).
 # Warps past the first F start their loads S ns apart (-DRAWOPS_SMALL_TF32_STAGGER=S, _FREE=F).
 # Other builds of the shipped shape, timed beside it: {key: [macro, ...]}; STAMPED_VARIANTS also
 # get a stamped row. Session 12 (bench/results/explore_linear_reduce.md; their macros were
 # removed after): pairs (now shipped), halves, float2 stores, staggered loads.
-# Probes (wrong output, timed only): -DRAWOPS_SMALL_TF32_PROBE=1 the loads alone, =2 the math alone.
-VARIANTS = {"probe loads only": ["RAWOPS_SMALL_TF32_PROBE=1"], "probe math only": ["RAWOPS_SMALL_TF32_PROBE=2"]}
-STAMPED_VARIANTS = []  # keys of VARIANTS or SHAPES
+# Probes (wrong output, timed only): -DRAWOPS_SMALL_TF32_PROBE=1 the loads alone, =2 the math alone
+# (session 13, 06:39: 5.70 and 4.74 us against 6.40, bench/results/explore_linear_probes.md).
+VARIANTS = {"probe loads only": ["RAWOPS_SMALL_TF32_PROBE=1"], "ordered (spills 108 B)": ["RAWOPS_SMALL_TF32_ORDERED"]}
+STAMPED_VARIANTS = ["c1n1t3k8 steps6 ordered"]  # keys of VARIANTS or SHAPES
 
 
 def shape_macros(shape):
@@ -99,6 +102,8 @@ def run_stamped(module, launch, warmup=20):
 def pct(values):
     """min / median / 99th / max of a column of stamps, us."""
     v = values[~numpy.isnan(values)]
+    if v.size == 0:
+        return "-"
     return "/".join(f"{x:.2f}" for x in (v.min(), numpy.median(v), numpy.percentile(v, 99), v.max()))
 
 
@@ -223,7 +228,8 @@ def linear_rows(modules):
         for key, error in errors.items():
             assert "probe" in key or error < 1e-5, f"linear_small_tf32 ({key}) is off: {error:.2e}"
         entry, split, stored, barrier, leave = (marks[:, i] for i in range(5))
-        summing = 12  # 384 threads: 32 rows x 12 feature pairs
+        warps = launch_shape(shapes[plain_key])[1] // 32
+        summing = min(warps, 12)  # 384 threads sum: 32 rows x 12 feature pairs
         # Interleaved rounds: the two builds and the library timed alternately, medians.
         fns = {"stamped": stamped, **{key: small(key) for key in plain},
                "library": lambda: ta.linear_gelu(x, w, b), "empty": empty}
@@ -238,8 +244,8 @@ def linear_rows(modules):
                "first split - entry": pct(split - entry), "stored - first split": pct(stored - split),
                "barrier - stored": pct(barrier - stored), "exit - barrier": pct(leave - barrier),
                # the warps that sum the partials and the others
-               "exit - barrier, summing warps": pct((leave - barrier)[numpy.arange(len(leave)) % 16 < summing]),
-               "exit - barrier, other warps": pct((leave - barrier)[numpy.arange(len(leave)) % 16 >= summing]),
+               "exit - barrier, summing warps": pct((leave - barrier)[numpy.arange(len(leave)) % warps < summing]),
+               "exit - barrier, other warps": pct((leave - barrier)[numpy.arange(len(leave)) % warps >= summing]),
                "SMs": len(set(smid.tolist())),
                "this stamped build us/call (graph of 20)": med["stamped"],
                **{f"{'shipped' if key == 'unstamped' else key} us/call (graph of 20)": med[key] for key in plain},
