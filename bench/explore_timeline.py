@@ -42,21 +42,21 @@ SHIPPED_SHAPE = (1, 1, 3, 16, 1)
 # Session 12, 05:12: clusters of 2 splitting K where each warp pushed its partial rows to their
 # owner CTA (-DRAWOPS_SMALL_TF32_PUSH, kernel and explorer in git at 9eacd4c): c2n2t3k8 push 7.3-7.4,
 # c2n1t6k8 push 7.6, c2n2t3k8 7.8-7.9 against 6.4 (bench/results/explore_linear_push.md).
-SHAPES = {"c1n1t3k8 steps6": (1, 1, 3, 8, 1), "c1n1t3k8 steps6 ordered": (1, 1, 3, 8, 1)}
-# Extra -D macros of a SHAPES entry (RAWOPS_SMALL_TF32_STEPS: 16-wide K steps a warp loads before
-# its first split; RAWOPS_SMALL_TF32_ORDERED: a __syncwarp between a round's loads and its math, so
-# that every load is issued before the first mma).
-SHAPE_MACROS = {"c1n1t3k8 steps6": ["RAWOPS_SMALL_TF32_STEPS=6"],
-                "c1n1t3k8 steps6 ordered": ["RAWOPS_SMALL_TF32_STEPS=6", "RAWOPS_SMALL_TF32_ORDERED"]}
+# Session 13: c1n1t3k8 with 6 steps loaded before the first split (-DRAWOPS_SMALL_TF32_STEPS=6)
+# 6.37-6.40 against 6.40-6.42; the same with a __syncwarp between a round's loads and its math
+# (every load issued before the first mma; -DRAWOPS_SMALL_TF32_ORDERED, in git at f4bd552) 7.9.
+SHAPES = {}
+SHAPE_MACROS = {}  # extra -D macros of a SHAPES entry (e.g. RAWOPS_SMALL_TF32_STEPS=6)
 # The shipped shape with the partials summed 2 features a thread (-DRAWOPS_SMALL_TF32_PAIRS).
 # Warps past the first F start their loads S ns apart (-DRAWOPS_SMALL_TF32_STAGGER=S, _FREE=F).
 # Other builds of the shipped shape, timed beside it: {key: [macro, ...]}; STAMPED_VARIANTS also
 # get a stamped row. Session 12 (bench/results/explore_linear_reduce.md; their macros were
 # removed after): pairs (now shipped), halves, float2 stores, staggered loads.
-# Probes (wrong output, timed only): -DRAWOPS_SMALL_TF32_PROBE=1 the loads alone, =2 the math alone
-# (session 13, 06:39: 5.70 and 4.74 us against 6.40, bench/results/explore_linear_probes.md).
-VARIANTS = {"probe loads only": ["RAWOPS_SMALL_TF32_PROBE=1"], "ordered (spills 108 B)": ["RAWOPS_SMALL_TF32_ORDERED"]}
-STAMPED_VARIANTS = ["c1n1t3k8 steps6 ordered"]  # keys of VARIANTS or SHAPES
+# Session 13 probes (wrong output, timed only; macros in git at f4bd552): the loads alone
+# (-DRAWOPS_SMALL_TF32_PROBE=1) 5.70-5.77 us, the math alone (=2) 4.74, against 6.40
+# (bench/results/explore_linear_probes.md, explore_linear_ordered.md).
+VARIANTS = {}
+STAMPED_VARIANTS = []  # keys of VARIANTS or SHAPES
 
 
 def shape_macros(shape):

@@ -598,18 +598,6 @@ template <bool B> struct BoolConstant {
   static constexpr bool value = B;
 };
 
-#ifdef RAWOPS_SMALL_TF32_ORDERED
-// Explorer variant: volatile loads, which the compiler keeps ahead of the (volatile) mma, so that
-// every load of a round is issued before its first mma.
-__device__ __forceinline__ float4 small_tf32_load(const float* p) {
-  float4 v;
-  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-  return v;
-}
-#else
-__device__ __forceinline__ float4 small_tf32_load(const float* p) { return __ldg(reinterpret_cast<const float4*>(p)); }
-#endif
-
 // K % 4 == 0 and x, w 16-byte aligned (the Python side checks).
 template <int C, int NWN, int NT, int NWK>
 __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, const float* __restrict__ w,
@@ -672,30 +660,10 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
       const int64_t k = k0 + 16 * s;
       const bool ok = !TAIL || k + 4 * q < ke;  // K % 4 == 0: a vector is wholly inside or outside
 #pragma unroll
-      for (int i = 0; i < 4; ++i) xv[s][i] = ok ? small_tf32_load(xr[i] + k) : zero;
+      for (int i = 0; i < 4; ++i) xv[s][i] = ok ? __ldg(reinterpret_cast<const float4*>(xr[i] + k)) : zero;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) wv[s][j] = ok ? small_tf32_load(wr[j] + k) : zero;
-#if RAWOPS_SMALL_TF32_PROBE == 2  // explorer probe: the math alone (operands made, not loaded; wrong output)
-      const float f = float(k) * 1e-3f + float(lane) * 1e-4f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) xv[s][i] = make_float4(f, f + 1.f, f + 2.f, f + float(i));
-#pragma unroll
-      for (int j = 0; j < NT; ++j) wv[s][j] = make_float4(f, f - 1.f, f - 2.f, f - float(j));
-#endif
+      for (int j = 0; j < NT; ++j) wv[s][j] = ok ? __ldg(reinterpret_cast<const float4*>(wr[j] + k)) : zero;
     }
-#if RAWOPS_SMALL_TF32_PROBE == 1  // explorer probe: the loads alone (each value added once; wrong output)
-#pragma unroll
-    for (int s = 0; s < kTf32Steps; ++s) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i / 2][0][i % 2] += xv[s][i].x + xv[s][i].y + xv[s][i].z + xv[s][i].w;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) acc[0][j][2] += wv[s][j].x + wv[s][j].y + wv[s][j].z + wv[s][j].w;
-    }
-    return;
-#endif
-#ifdef RAWOPS_SMALL_TF32_ORDERED
-    __syncwarp();  // a scheduling barrier: every load of the round is issued before its first mma
-#endif
 #pragma unroll
     for (int s = 0; s < kTf32Steps; ++s)
 #pragma unroll
