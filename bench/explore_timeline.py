@@ -55,7 +55,8 @@ SHAPE_MACROS = {}  # extra -D macros of a SHAPES entry (e.g. RAWOPS_SMALL_TF32_S
 # Session 13 probes (wrong output, timed only; macros in git at f4bd552): the loads alone
 # (-DRAWOPS_SMALL_TF32_PROBE=1) 5.70-5.77 us, the math alone (=2) 4.74, against 6.40
 # (bench/results/explore_linear_probes.md, explore_linear_ordered.md).
-VARIANTS = {}
+VARIANTS = {"probe no sum": ["RAWOPS_SMALL_TF32_PROBE=2"], "before (generic epilogue, no swizzle)": ["RAWOPS_SMALL_TF32_OLD"]}
+VARIANT_STRIDES = {}  # partial-tile row stride (floats) where a variant changes it
 STAMPED_VARIANTS = []  # keys of VARIANTS or SHAPES
 
 
@@ -176,10 +177,10 @@ def linear_rows(modules):
     b = torch.randn(N, device="cuda")
     y = torch.empty(M, N, device="cuda")
 
-    def launch_shape(shape):  # (grid, block, dynamic shared bytes), as rawops/matmul.py plans the shipped one
+    def launch_shape(shape, stride=None):  # (grid, block, dynamic shared bytes), as rawops/matmul.py plans it
         c, nwn, nt, nwk = shape[:4]
         feat = nwn * nt * 8
-        stride = feat + 16 if feat % 32 == 24 else feat + 8
+        stride = stride or (feat + 16 if feat % 32 == 24 else feat + 8)
         return (c * -(-N // feat), -(-M // mm.SMALL_ROWS)), nwn * nwk * 32, nwk * mm.SMALL_ROWS * stride * 4
 
     assert launch_shape(SHIPPED_SHAPE)[2] == mm.small_tf32_shared_bytes()
@@ -189,8 +190,8 @@ def linear_rows(modules):
         numpy.int64(v) for v in (M, N, K, mm.EPI_BIAS_GELU | mm.GELU_FLAGS["tanh"]))
     plain = ("unstamped", *VARIANTS, *SHAPES)
 
-    def kernel(fn, shape):
-        grid, block, shared = launch_shape(shape)
+    def kernel(fn, shape, stride=None):
+        grid, block, shared = launch_shape(shape, stride)
         if shared > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = shared
 
@@ -200,7 +201,7 @@ def linear_rows(modules):
         return launch
 
     def small(key):
-        return kernel(modules[key].get_function("linear_small_tf32_nt_f32"), shapes[key])
+        return kernel(modules[key].get_function("linear_small_tf32_nt_f32"), shapes[key], VARIANT_STRIDES.get(key))
 
     ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()), approximate="tanh")
 
