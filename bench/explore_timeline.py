@@ -52,10 +52,13 @@ SHAPE_MACROS = {}  # extra -D macros of a SHAPES entry (e.g. RAWOPS_SMALL_TF32_S
 # Other builds of the shipped shape, timed beside it: {key: [macro, ...]}; STAMPED_VARIANTS also
 # get a stamped row. Session 12 (bench/results/explore_linear_reduce.md; their macros were
 # removed after): pairs (now shipped), halves, float2 stores, staggered loads.
-# Session 13 probes (wrong output, timed only; macros in git at f4bd552): the loads alone
-# (-DRAWOPS_SMALL_TF32_PROBE=1) 5.70-5.77 us, the math alone (=2) 4.74, against 6.40
-# (bench/results/explore_linear_probes.md, explore_linear_ordered.md).
-VARIANTS = {"probe no sum": ["RAWOPS_SMALL_TF32_PROBE=2"], "before (generic epilogue, no swizzle)": ["RAWOPS_SMALL_TF32_OLD"]}
+# Session 13 probes (wrong output, timed only; macros in git at f4bd552 and 837abe0): the loads
+# alone 5.70-5.77 us, the math alone 4.74, no sum after the barrier 5.62-5.72, the sums stored
+# without bias and GELU 5.80, against 6.38-6.45 (bench/results/explore_linear_probes.md, _ordered.md,
+# _nosum.md, _epilogue.md); the odd-row XOR 16 layout (shipped) against the one before:
+# 6.21 against 6.41 (_swizzle.md), where that run's epilogue was also written out (gelu.cuh at
+# 837abe0; stride 56 alone gave 6.16 against 6.38, so it was left out).
+VARIANTS = {}
 VARIANT_STRIDES = {}  # partial-tile row stride (floats) where a variant changes it
 STAMPED_VARIANTS = []  # keys of VARIANTS or SHAPES
 

@@ -32,7 +32,6 @@
 // (0.88x), linear_gelu f32 32x768->3072 12.5 us of kernel time exact (v5), 7.6 in 3xTF32 (v7).
 #include "rawops/dtype.cuh"
 #include "rawops/gemm_epilogue.cuh"
-#include "rawops/gelu.cuh"
 #include "rawops/cp_async.cuh"
 #include "rawops/mma_sync.cuh"
 #include "rawops/cluster.cuh"
@@ -590,14 +589,10 @@ struct SmallTf32 {
   // [wk][row][kStride]: float2 stores of lanes g = 0..3 (one half-warp phase) hit 32 banks. At
   // kFeat = 24 the sum's float2 reads (12 threads a row, then 4 of the next) would meet 2-way
   // conflicts, so odd rows hold their columns XOR 16 (kSwizzle): both patterns conflict-free
-  // without more padding (stride 56 did the same at 112 KB, over sm_120's 99: 6.38 -> 6.16 us a
-  // call on the H100, bench/results/explore_linear_epilogue.md).
+  // without more padding. H100, CUDA graphs of 20: stride 56 (the same, at 112 KB: over sm_120's
+  // 99) 6.38 -> 6.16 us a call; this 6.41 -> 6.21 (bench/results/explore_linear_epilogue.md, _swizzle.md).
   static constexpr int kStride = kFeat % 32 == 24 ? kFeat + 16 : kFeat + 8;
-#ifdef RAWOPS_SMALL_TF32_OLD  // explorer: the layout and epilogue before session 13
-  static constexpr int kSwizzle = 0;
-#else
   static constexpr int kSwizzle = kFeat == 24 ? 16 : 0;
-#endif
   static __device__ __forceinline__ int col(int row, int c) { return c ^ ((row & 1) * kSwizzle); }
   static constexpr int kSlab = kSmallRows * kStride;
 };
@@ -675,16 +670,6 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #pragma unroll
       for (int j = 0; j < NT; ++j) wv[s][j] = ok ? __ldg(reinterpret_cast<const float4*>(wr[j] + k)) : zero;
     }
-#if defined(RAWOPS_SMALL_TF32_PROBE) && (RAWOPS_SMALL_TF32_PROBE & 1)  // probe: the loads alone (wrong output)
-#pragma unroll
-    for (int s = 0; s < kTf32Steps; ++s) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i / 2][0][i % 2] += xv[s][i].x + xv[s][i].y + xv[s][i].z + xv[s][i].w;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) acc[0][j][2] += wv[s][j].x + wv[s][j].y + wv[s][j].z + wv[s][j].w;
-    }
-    return;
-#endif
 #pragma unroll
     for (int s = 0; s < kTf32Steps; ++s)
 #pragma unroll
@@ -737,7 +722,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr)
-        *reinterpret_cast<float2*>(mine + (mt * 16 + g + 8 * hr) * S::kStride + S::col(g, (wn * NT + j) * 8 + 2 * q)) =
+        *reinterpret_cast<float2*>(mine + (mt * 16 + g + 8 * hr) * S::kStride + S::col(g, (wn * NT + j) * 8) + 2 * q) =
             make_float2(acc[mt][j][2 * hr], acc[mt][j][2 * hr + 1]);
 #ifdef RAWOPS_TIMELINE
   timeline_mark(slot, 2, timeline_now());
@@ -750,10 +735,6 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #ifdef RAWOPS_TIMELINE
   timeline_mark(slot, 3, timeline_now());
 #endif
-#if defined(RAWOPS_SMALL_TF32_PROBE) && (RAWOPS_SMALL_TF32_PROBE & 2)  // probe: no sum after the barrier
-  if (t < kSmallRows * S::kFeat) y[row0 * N + n0 + t] = red[t];  // (wrong output)
-  return;
-#endif
 
   // Without a cluster: 2 adjacent features a thread (384 threads of 512 summing: 6.7 -> 6.35 us
   // against 4 features a thread, H100, bench/results/explore_linear_reduce.md), the warps'
@@ -761,16 +742,6 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
   // With a cluster, CTA `rank` finishes rows [rank * 32 / C, (rank + 1) * 32 / C): 4 adjacent
   // features a thread, summed over the cluster's CTAs, then warps, in order.
   constexpr int kRows = kSmallRows / C, kQuads = S::kFeat / 4, kPairs = S::kFeat / 2;
-  // linear_gelu's epilogue written out (the planner sends only bias + GELU here): this code runs
-  // once per SM per launch, from a cold instruction cache, and Epilogue's general form (every mode,
-  // tanhf's branches, inlined twice: 538 SASS instructions after the barrier) cost 0.58 us a call
-  // (H100, explore_linear_epilogue.md). gelu.cuh's forms are the elementwise kernels' (~1e-7).
-#ifdef RAWOPS_SMALL_TF32_OLD
-  const bool gelu_only = false, erf = epi.flags & kEpiErf;
-#else
-  const bool gelu_only = (epi.flags & 3) == kEpiBiasGelu, erf = epi.flags & kEpiErf;
-#endif
-  float* const pre = epi.pre;
   if constexpr (C == 1) {
     for (int o = t; o < kSmallRows * kPairs; o += S::kThreads) {
       const int row = o / kPairs, f = (o % kPairs) * 2;
@@ -784,19 +755,8 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #pragma unroll
       for (int u = 0; u < NWK; ++u) s0 += p[u].x, s1 += p[u].y;
       const int64_t n = n0 + f;
-      if (!gelu_only) {  // not reached from the planner; kept correct for any flags
-        if (n < N) y[m * N + n] = tail_epi(s0, m, n);
-        if (n + 1 < N) y[m * N + n + 1] = tail_epi(s1, m, n + 1);
-        continue;
-      }
-      if (epi.bias != nullptr) s0 += bias_slice[f], s1 += bias_slice[f + 1];
-      if (pre != nullptr) {
-        if (n < N) pre[m * N + n] = s0;
-        if (n + 1 < N) pre[m * N + n + 1] = s1;
-      }
-      const float g0 = erf ? gelu_erf<float>(s0) : gelu_tanh(s0), g1 = erf ? gelu_erf<float>(s1) : gelu_tanh(s1);
-      if (n < N) y[m * N + n] = g0;
-      if (n + 1 < N) y[m * N + n + 1] = g1;
+      if (n < N) y[m * N + n] = tail_epi(s0, m, n);
+      if (n + 1 < N) y[m * N + n + 1] = tail_epi(s1, m, n + 1);
     }
   } else {
     for (int o = t; o < kRows * kQuads; o += S::kThreads) {
