@@ -577,10 +577,12 @@ __device__ __forceinline__ void linear_small(const T* __restrict__ x, const T* _
 //     distributed shared memory when C > 1; 2 features a thread when C = 1) and applies the
 //     epilogue.
 // Shipped: C1 NWN1 NT3 NWK16 (128 CTAs of 512 threads at N = 3072, 128 registers). H100, CUDA
-// graph of 20 (bench/NOTES.md, "Small batch, v7" and session 12): 7.6 us at 32x768->3072 (v5
-// 12.5), 6.7-6.8 by session 11, 6.3-6.4 with the sum over pairs; clusters splitting K (2 or 4
-// CTAs: 7.6-14.7), x multicast to a cluster's shared memories (9.1, 15) and the operands staged
-// through shared memory by cp.async (9.1) were slower (bench/results/explore_linear_*.md).
+// graph of 20 (bench/NOTES.md, "Small batch, v7" and sessions 12-13): 7.6 us at 32x768->3072 (v5
+// 12.5), 6.7-6.8 by session 11, 6.3-6.4 with the sum over pairs, 6.2-6.3 with the sum's reads
+// conflict-free; with no math at all it would still take 5.7 (the loads: ~170 KB into each SM).
+// Clusters splitting K (2 or 4 CTAs: 7.6-14.7), x multicast to a cluster's shared memories (9.1,
+// 15), the operands staged through shared memory by cp.async (9.1) and every load issued before
+// the first mma (7.9) were slower (bench/results/explore_linear_*.md).
 // Launch: gridDim.x = C * ceil(N / kFeat) (clusters compiled in: __cluster_dims__),
 // NWN * NWK warps, small_tf32_shared_bytes of dynamic shared memory (rawops/matmul.py).
 template <int NWN, int NT, int NWK>
