@@ -299,6 +299,105 @@ __device__ __forceinline__ void gemm_simt_vec(const float* __restrict__ a, const
   }
 }
 
+// ============================================================================ small M, FFMA (nn)
+// gemm_small_m_nn: C (M x N) = A (M x K, k contiguous) B (K x N, n contiguous) for M <= 32 in
+// float32 FFMA, rows of a, b and c whole float4 (the Python side checks): linear_gelu's
+// dx = dpre @ W at small batch, and matmul. gemm_simt_vec's 128 x 128 tiles spent 3/4 of their
+// FMAs on padding rows there (32x768x3072: 32.8 us against cuBLAS's 13.5, H100, CUDA graphs).
+// A block: the (up to 32) rows x 64 columns over one K split, 128 threads of 4 rows x 4
+// columns; BK = 16, double-buffered in shared memory, A stored transposed ([k][m]: a thread's
+// 4 rows are one float4), B as it is. Split K as the other FFMA kernels (gemm_reduce).
+constexpr int kSmallMRows = 32, kSmallMCols = 64, kSmallMThreads = 128, kSmallMK = 16;
+constexpr int kSmallMStrideA = kSmallMRows + 4;  // float4-aligned rows; transposing stores 2-way at most
+
+__device__ __forceinline__ void gemm_small_m_nn(const float* __restrict__ a, const float* __restrict__ b,
+                                                float* __restrict__ c, const Epilogue<float> epi, int64_t M,
+                                                int64_t N, int64_t K) {
+  int64_t kb, ke;
+  float* partial;
+  split_k_range<kSmallMK>(M, N, K, c, kb, ke, partial);
+  __shared__ __align__(16) float As[2][kSmallMK][kSmallMStrideA];
+  __shared__ __align__(16) float Bs[2][kSmallMK][kSmallMCols];
+  const int t = threadIdx.x;
+  const int64_t m0 = int64_t(blockIdx.y) * kSmallMRows, n0 = int64_t(blockIdx.x) * kSmallMCols;
+
+  // Global reads a K tile: A 32 rows x 16 k, one float4 a thread (row t / 4, k 4 (t % 4));
+  // B 16 k x 64 columns, two float4 a thread (k t / 16 and + 8, columns 4 (t % 16)). Rows and
+  // column vectors past the matrix read the last one (their sums are never stored); k past ke
+  // reads zeros.
+  const int a_row = t / 4, a_k = 4 * (t % 4), b_k = t / 16, b_col = 4 * (t % 16);
+  const float* pa = a + (m0 + a_row < M ? m0 + a_row : M - 1) * K + a_k;
+  const float* pb = b + (n0 + b_col < N ? n0 + b_col : N - 4);
+  float4 ra, rb[2];
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  auto load = [&](int64_t k0) {
+    ra = k0 + a_k < ke ? __ldg(reinterpret_cast<const float4*>(pa + k0)) : zero;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t k = k0 + b_k + 8 * i;
+      rb[i] = k < ke ? __ldg(reinterpret_cast<const float4*>(pb + k * N)) : zero;
+    }
+  };
+  auto store = [&](int s) {
+    As[s][a_k + 0][a_row] = ra.x;
+    As[s][a_k + 1][a_row] = ra.y;
+    As[s][a_k + 2][a_row] = ra.z;
+    As[s][a_k + 3][a_row] = ra.w;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) *reinterpret_cast<float4*>(&Bs[s][b_k + 8 * i][b_col]) = rb[i];
+  };
+
+  const int row = 4 * (t / 16), col = 4 * (t % 16);  // this thread's 4 x 4 outputs
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+
+  const int tiles = ke > kb ? int((ke - kb + kSmallMK - 1) / kSmallMK) : 0;
+  if (tiles > 0) {  // else K == 0 (or an empty split): a and b may hold nothing to read
+    load(kb);
+    store(0);
+  }
+  __syncthreads();
+  // One barrier per K tile; the next tile's loads go out first, unconditionally (past ke they
+  // read zeros), and are stored to the other buffer (free since the last barrier) after the FMAs.
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int st = kt & 1;
+    load(kb + int64_t(kt + 1) * kSmallMK);
+#pragma unroll
+    for (int k = 0; k < kSmallMK; ++k) {
+      const float4 av = *reinterpret_cast<const float4*>(&As[st][k][row]);
+      const float4 bv = *reinterpret_cast<const float4*>(&Bs[st][k][col]);
+      const float ai[4] = {av.x, av.y, av.z, av.w}, bj[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(ai[i], bj[j], acc[i][j]);
+    }
+    store(st ^ 1);
+    __syncthreads();
+  }
+
+  // N % 4 == 0: each thread's 4 adjacent columns are wholly in or out; float4 stores.
+  const int64_t n = n0 + col;
+  if (n >= N) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t m = m0 + row + i;
+    if (m >= M) continue;
+    float4 v;
+    if (partial != nullptr) {
+      v = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+      *reinterpret_cast<float4*>(partial + m * N + n) = v;
+    } else {
+      v = make_float4(epi(acc[i][0], m, n), epi(acc[i][1], m, n + 1), epi(acc[i][2], m, n + 2),
+                      epi(acc[i][3], m, n + 3));
+      *reinterpret_cast<float4*>(c + m * N + n) = v;
+    }
+  }
+}
+
 // ============================================================================ tensor cores (sm_80+)
 constexpr int kMmaThreads = 256;
 constexpr int kMmaTile = 128;
@@ -829,6 +928,10 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_simt_vec_##layout##_f32(RAWOPS_GEMM_ARGS(float)) { \
     rawops::gemm_simt_vec<A_KM, B_KM, false>(a, b, c, RAWOPS_EPI(float), m, n, k);                      \
   }
+// gemm_small_m_nn: 128 threads, static shared memory (rawops/matmul.py: SMALL_M_*).
+extern "C" __global__ void __launch_bounds__(rawops::kSmallMThreads) gemm_small_m_nn_f32(RAWOPS_GEMM_ARGS(float)) {
+  rawops::gemm_small_m_nn(a, b, c, RAWOPS_EPI(float), m, n, k);
+}
 #define RAWOPS_MMA(layout, A_KM, B_KM, T, suffix)                                                       \
   extern "C" __global__ void __launch_bounds__(256, 2) gemm_mma_##layout##_##suffix(RAWOPS_GEMM_ARGS(T)) { \
     rawops::gemm_mma<T, A_KM, B_KM, 128>(a, b, c, RAWOPS_EPI(T), m, n, k);                              \

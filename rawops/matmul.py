@@ -28,6 +28,11 @@ KINDS = "ppppppqqqq"
 
 SIMT_TILE, SIMT_THREADS = 128, 256  # kSimtTile, kSimtThreads (gemm_simt and gemm_simt_vec)
 SIMT_VEC_K = 16  # kVecK: gemm_simt_vec's K tile
+# gemm_small_m_nn (float32 nn with <= SMALL_M_ROWS rows and whole float4 rows: linear_gelu's dx at
+# small batch): blocks of SMALL_M_ROWS x SMALL_M_COLS outputs, SMALL_M_THREADS threads, split K
+# into chunks of at least SMALL_M_MIN_K aiming at SMALL_M_SLOTS blocks an SM (kernels/matmul.cu).
+SMALL_M_ROWS, SMALL_M_COLS, SMALL_M_THREADS = 32, 64, 128
+SMALL_M_MIN_K, SMALL_M_SLOTS = 64, 3
 MMA_TILE, MMA_K, MMA_STAGES, MMA_THREADS = 128, 32, 3, 256  # kMmaTile, kMmaK, kMmaStages, kMmaThreads
 KMAJOR_STRIDE, MNMAJOR_STRIDE = MMA_K + 8, MMA_TILE + 8  # kKMajorStride, kMNMajorStride
 # linear_small: kSmallFeatures x kSmallGroups threads, kSmallRows rows per blockIdx.y, x staged
@@ -68,7 +73,7 @@ def entry_points():
     names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
     names += [f"gemm_simt_vec_{layout}_f32" for layout in LAYOUTS]
     names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
-    names += ["linear_small_tf32_nt_f32"]
+    names += ["linear_small_tf32_nt_f32", "gemm_small_m_nn_f32"]
     names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
     return sorted(names)
 
@@ -121,6 +126,11 @@ def split_count(blocks, k, sms):
     return max(1, min(_ceil(2 * sms, blocks), k // SPLIT_MIN_K, MAX_SPLITS))
 
 
+def small_m_split_count(blocks, k, sms):
+    """K splits for gemm_small_m_nn's `blocks` column blocks: about SMALL_M_SLOTS blocks an SM."""
+    return max(1, min(_ceil(SMALL_M_SLOTS * sms, blocks), k // SMALL_M_MIN_K, MAX_SPLITS))
+
+
 def mma_split_count(blocks, k, sms):
     """K splits for a tensor-core launch of `blocks` tiles (2 resident per SM)."""
     slots = 2 * sms
@@ -144,7 +154,8 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
     with at most SMALL_MAX_M rows and 16-byte rows on sm_90+ runs linear_small_tf32 (3xTF32).
     Else linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows on sm_80+; tensor cores
     for half types on sm_80+ when both operands allow 16-byte loads; float32 with 16-byte
-    rows everywhere gemm_simt_vec (float4 loads, BK = 16); else the FFMA kernel gemm_simt.
+    rows everywhere gemm_simt_vec (float4 loads, BK = 16), or gemm_small_m_nn for nn with at most
+    SMALL_M_ROWS rows; else the FFMA kernel gemm_simt.
     Either GEMM is split along K (then gemm_reduce applies the epilogue) when its tiles
     would leave SMs idle."""
     if layout not in LAYOUTS:
@@ -169,6 +180,10 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
             name, block, shared = f"gemm_mma_{layout}_{suffix}", MMA_THREADS, mma_shared_bytes(layout)
             grid = (_ceil(n, MMA_TILE), _ceil(m, MMA_TILE))
             splits = mma_split_count(grid[0] * grid[1], k, sms)
+        elif layout == "nn" and m <= SMALL_M_ROWS and vector_ffma(layout, dtype, m, n, k, a_ptr, b_ptr, c_ptr):
+            name, block, shared = "gemm_small_m_nn_f32", SMALL_M_THREADS, 0
+            grid = (_ceil(n, SMALL_M_COLS), 1)
+            splits = small_m_split_count(grid[0], k, sms)
         else:
             vec = vector_ffma(layout, dtype, m, n, k, a_ptr, b_ptr, c_ptr)
             name, block, shared = f"gemm_simt_{'vec_' if vec else ''}{layout}_{suffix}", SIMT_THREADS, 0

@@ -108,9 +108,17 @@ def test_half_types_use_tensor_cores_on_sm80_and_later_when_aligned():
 
 
 def test_skinny_outputs_split_k_over_the_gpu_and_reduce_in_order():
-    # linear backward dx at batch 32: (32, 768) = dpre (32, 3072) @ W, 6 tiles of 128 x 128.
+    # linear backward dx at batch 32: (32, 768) = dpre (32, 3072) @ W: 12 blocks of 32 x 64 on the
+    # small-M kernel, split K for ~3 blocks an SM; 33 rows: 6 tiles of 128 x 128 on gemm_simt_vec.
     name, grid, block, shared, splits = mm.plan("nn", F32, 32, 768, 3072, 90, BASE, OTHER, sms=132)
+    assert name == "gemm_small_m_nn_f32" and block == mm.SMALL_M_THREADS and shared == 0
+    assert splits == 33 == mm.small_m_split_count(12, 3072, 132) and grid == (12, 1, 33)
+    name, grid, block, shared, splits = mm.plan("nn", F32, 33, 768, 3072, 90, BASE, OTHER, sms=132)
     assert name == "gemm_simt_vec_nn_f32" and splits == 3072 // mm.SPLIT_MIN_K and grid == (6, 1, splits)
+    assert mm.plan("nt", F32, 32, 768, 3072, 90, BASE, OTHER)[0] != "gemm_small_m_nn_f32", "nn only"
+    assert mm.plan("nn", F32, 32, 770, 3072, 90, BASE, OTHER)[0] == "gemm_simt_nn_f32", "whole float4 rows only"
+    assert mm.small_m_split_count(12, 100, 132) == 1, "K too short to split"
+    assert mm.small_m_split_count(1, 1 << 20, 132) == mm.MAX_SPLITS
     name, grid, _, _, splits = mm.plan("nn", BF16, 32, 768, 3072, 90, BASE, OTHER, sms=132)
     assert name == "gemm_mma_nn_bf16" and splits == 12 and grid == (6, 1, 12)
     # dW = dpre^T x at 8192 tokens, 768 -> 3072: 144 tiles for 264 slots, K = 8192.
@@ -336,7 +344,9 @@ DTYPES = ["float32", "float16", "bfloat16"]
 # and (130, 36, 1028) end inside a 16-wide K tile and inside a 128-wide block tile.
 MATMUL_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (33, 64, 40), (257, 255, 129), (0, 5, 7),
                  (5, 0, 7), (5, 7, 0), (128, 128, 128), (1000, 256, 520), (300, 2048, 264), (1000, 256, 136),
-                 (32, 3072, 768), (7, 5000, 9), (257, 252, 132), (130, 36, 1028)]
+                 (32, 3072, 768), (7, 5000, 9), (257, 252, 132), (130, 36, 1028),
+                 # float32 on gemm_small_m_nn: a partial K tile and column block, odd rows, empty splits
+                 (1, 64, 4), (32, 20, 132), (17, 4, 516), (32, 1000, 68)]
 LINEAR_SHAPES = [(1, 100, 10), (33, 100, 10), (1000, 100, 10), (32, 768, 3072), (128, 64, 200), (129, 64, 200),
                  (1000, 256, 520), (0, 64, 16), (7, 64, 0), (5, 0, 9)]
 
