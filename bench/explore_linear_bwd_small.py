@@ -15,6 +15,7 @@ from timing import device_time_us, graphed, start, write_results  # noqa: E402
 
 M, K, N = 32, 768, 3072
 CALLS = 20
+SLOTS = (2, 4, 6, 8)  # gemm_small_m_nn's blocks an SM, besides the shipped SMALL_M_SLOTS
 
 
 def per_call_us(fn, calls=CALLS):
@@ -60,6 +61,21 @@ def main():
         d = torch.ops.aten.gelu_backward(dy, pre, approximate="tanh")
         return d @ w, d.t() @ x, d.sum(0)
     fns["torch whole backward"] = torch_whole
+
+    def dx_with_slots(slots):  # gemm_small_m_nn's K splits aiming at `slots` blocks an SM
+        def run():
+            shipped = mm.SMALL_M_SLOTS
+            mm.SMALL_M_SLOTS = slots
+            mm._plans.clear()
+            try:
+                ta._gemm(0, "nn", code, dpre.data_ptr(), w.data_ptr(), dx.data_ptr(), M, K, N)
+            finally:
+                mm.SMALL_M_SLOTS = shipped
+                mm._plans.clear()
+        return run
+    for slots in SLOTS:
+        splits = max(1, min(-(-slots * sms // -(-K // mm.SMALL_M_COLS)), N // mm.SMALL_M_MIN_K, mm.MAX_SPLITS))
+        fns[f"rawops dx, {slots} blocks an SM ({splits} splits)"] = dx_with_slots(slots)
     # Checks: each rawops piece against float64.
     ta._gemm(0, "nn", code, dpre.data_ptr(), w.data_ptr(), dx.data_ptr(), M, K, N)
     ta._gemm(0, "tn", code, dpre.data_ptr(), x.data_ptr(), dw.data_ptr(), N, K, M)

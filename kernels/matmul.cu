@@ -40,6 +40,11 @@
 namespace rawops {
 namespace {
 
+// A compile-time flag as a lambda argument (`auto tag`, decltype(tag)::value).
+template <bool B> struct BoolConstant {
+  static constexpr bool value = B;
+};
+
 // ============================================================================ SIMT (FFMA)
 constexpr int kSimtThreads = 256;
 constexpr int kSimtTile = 128;  // BM = BN
@@ -328,23 +333,24 @@ __device__ __forceinline__ void gemm_small_m_nn(const float* __restrict__ a, con
   const int a_row = t / 4, a_k = 4 * (t % 4), b_k = t / 16, b_col = 4 * (t % 16);
   const float* pa = a + (m0 + a_row < M ? m0 + a_row : M - 1) * K + a_k;
   const float* pb = b + (n0 + b_col < N ? n0 + b_col : N - 4);
-  float4 ra, rb[2];
+  // Two K tiles in flight in registers: a tile's loads go out two tiles before its FMAs.
+  float4 ra[2], rb[2][2];
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-  auto load = [&](int64_t k0) {
-    ra = k0 + a_k < ke ? __ldg(reinterpret_cast<const float4*>(pa + k0)) : zero;
+  auto load = [&](int r, int64_t k0) {
+    ra[r] = k0 + a_k < ke ? __ldg(reinterpret_cast<const float4*>(pa + k0)) : zero;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int64_t k = k0 + b_k + 8 * i;
-      rb[i] = k < ke ? __ldg(reinterpret_cast<const float4*>(pb + k * N)) : zero;
+      rb[r][i] = k < ke ? __ldg(reinterpret_cast<const float4*>(pb + k * N)) : zero;
     }
   };
-  auto store = [&](int s) {
-    As[s][a_k + 0][a_row] = ra.x;
-    As[s][a_k + 1][a_row] = ra.y;
-    As[s][a_k + 2][a_row] = ra.z;
-    As[s][a_k + 3][a_row] = ra.w;
+  auto store = [&](int s, int r) {
+    As[s][a_k + 0][a_row] = ra[r].x;
+    As[s][a_k + 1][a_row] = ra[r].y;
+    As[s][a_k + 2][a_row] = ra[r].z;
+    As[s][a_k + 3][a_row] = ra[r].w;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) *reinterpret_cast<float4*>(&Bs[s][b_k + 8 * i][b_col]) = rb[i];
+    for (int i = 0; i < 2; ++i) *reinterpret_cast<float4*>(&Bs[s][b_k + 8 * i][b_col]) = rb[r][i];
   };
 
   const int row = 4 * (t / 16), col = 4 * (t % 16);  // this thread's 4 x 4 outputs
@@ -356,15 +362,19 @@ __device__ __forceinline__ void gemm_small_m_nn(const float* __restrict__ a, con
 
   const int tiles = ke > kb ? int((ke - kb + kSmallMK - 1) / kSmallMK) : 0;
   if (tiles > 0) {  // else K == 0 (or an empty split): a and b may hold nothing to read
-    load(kb);
-    store(0);
+    load(0, kb);
+    store(0, 0);
+    load(1, kb + kSmallMK);  // past ke: zeros
   }
   __syncthreads();
-  // One barrier per K tile; the next tile's loads go out first, unconditionally (past ke they
-  // read zeros), and are stored to the other buffer (free since the last barrier) after the FMAs.
-  for (int kt = 0; kt < tiles; ++kt) {
-    const int st = kt & 1;
-    load(kb + int64_t(kt + 1) * kSmallMK);
+  // Tile kt: its FMAs from buffer kt & 1; tile kt + 2's loads (unconditional: past ke they read
+  // zeros) into the registers tile kt left; tile kt + 1 (loaded an iteration ago) stored to the
+  // other buffer, free since the last barrier. One barrier per tile.
+  // (Buffer and register indices are compile-time: tiles go in pairs; a runtime index put the
+  // registers on the stack.)
+  auto tile = [&](int kt, auto odd) {
+    constexpr int st = decltype(odd)::value ? 1 : 0;
+    load(st, kb + int64_t(kt + 2) * kSmallMK);
 #pragma unroll
     for (int k = 0; k < kSmallMK; ++k) {
       const float4 av = *reinterpret_cast<const float4*>(&As[st][k][row]);
@@ -375,8 +385,12 @@ __device__ __forceinline__ void gemm_small_m_nn(const float* __restrict__ a, con
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(ai[i], bj[j], acc[i][j]);
     }
-    store(st ^ 1);
+    store(st ^ 1, st ^ 1);
     __syncthreads();
+  };
+  for (int kt = 0; kt < tiles; kt += 2) {
+    tile(kt, BoolConstant<false>());
+    if (kt + 1 < tiles) tile(kt + 1, BoolConstant<true>());
   }
 
   // N % 4 == 0: each thread's 4 adjacent columns are wholly in or out; float4 stores.
@@ -701,9 +715,6 @@ struct SmallTf32 {
 #define RAWOPS_SMALL_TF32_STEPS 3
 #endif
 constexpr int kTf32Steps = RAWOPS_SMALL_TF32_STEPS;  // 16-wide K steps loaded per round (all in flight)
-template <bool B> struct BoolConstant {
-  static constexpr bool value = B;
-};
 
 // K % 4 == 0 and x, w 16-byte aligned (the Python side checks).
 template <int C, int NWN, int NT, int NWK>
