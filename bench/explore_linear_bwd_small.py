@@ -15,7 +15,7 @@ from timing import device_time_us, graphed, start, write_results  # noqa: E402
 
 M, K, N = 32, 768, 3072
 CALLS = 20
-SLOTS = (2, 4, 6, 8)  # gemm_small_m_nn's blocks an SM, besides the shipped SMALL_M_SLOTS
+SLOTS = (1, 2, 4, 6)  # gemm_small_m_nn's blocks an SM, besides the shipped SMALL_M_SLOTS
 
 
 def per_call_us(fn, calls=CALLS):

@@ -915,8 +915,18 @@ __device__ __forceinline__ void gemm_reduce(const float* __restrict__ partial, T
                                             const Epilogue<T> epi, int64_t M, int64_t N, int64_t splits) {
   const int64_t total = M * N;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    // 8 slabs' loads issued before their adds (in order: the same sum as one at a time); one
+    // load at a time waited out L2's latency per split (33 splits: ~10 us at 32 x 768).
     float sum = 0.f;
-    for (int64_t z = 0; z < splits; ++z) sum += partial[z * total + i];
+    int64_t z = 0;
+    for (; z + 8 <= splits; z += 8) {
+      float p[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) p[u] = partial[(z + u) * total + i];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) sum += p[u];
+    }
+    for (; z < splits; ++z) sum += partial[z * total + i];
     c[i] = from_float<T>(epi(sum, i / N, i % N));
   }
 }
