@@ -308,7 +308,8 @@ __device__ __forceinline__ void gemm_simt_vec(const float* __restrict__ a, const
 // gemm_small_m_nn: C (M x N) = A (M x K, k contiguous) B (K x N, n contiguous) for M <= 32 in
 // float32 FFMA, rows of a, b and c whole float4 (the Python side checks): linear_gelu's
 // dx = dpre @ W at small batch, and matmul. gemm_simt_vec's 128 x 128 tiles spent 3/4 of their
-// FMAs on padding rows there (32x768x3072: 32.8 us against cuBLAS's 13.5, H100, CUDA graphs).
+// FMAs on padding rows there (32x768x3072: 32.8 us against cuBLAS's 13.5, H100, CUDA graphs; this
+// kernel + gemm_reduce 10.3, bench/results/explore_linear_bwd_small.md).
 // A block: the (up to 32) rows x 64 columns over one K split, 128 threads of 4 rows x 4
 // columns; BK = 16, double-buffered in shared memory, A stored transposed ([k][m]: a thread's
 // 4 rows are one float4), B as it is. Split K as the other FFMA kernels (gemm_reduce).
