@@ -171,6 +171,17 @@ struct VecTile {
   }
 };
 
+// Four adjacent float32 outputs (m, n .. n + 3) as one float4 (N % 4 == 0 keeps it whole): the
+// raw sums into this split's partial slab, or through the epilogue into c.
+__device__ __forceinline__ void store_outputs4(float* c, float* partial, const Epilogue<float>& epi, int64_t N,
+                                               int64_t m, int64_t n, float v0, float v1, float v2, float v3) {
+  if (partial != nullptr)
+    *reinterpret_cast<float4*>(partial + m * N + n) = make_float4(v0, v1, v2, v3);
+  else
+    *reinterpret_cast<float4*>(c + m * N + n) =
+        make_float4(epi(v0, m, n), epi(v1, m, n + 1), epi(v2, m, n + 2), epi(v3, m, n + 3));
+}
+
 template <bool A_KM, bool B_KM, bool WARP_TILES = true>
 __device__ __forceinline__ void gemm_simt_vec(const float* __restrict__ a, const float* __restrict__ b,
                                               float* __restrict__ c, const Epilogue<float> epi, int64_t M,
@@ -290,16 +301,8 @@ __device__ __forceinline__ void gemm_simt_vec(const float* __restrict__ a, const
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t n = n0 + col + C2 * h;
-      if (n >= N) continue;
-      float4 v;
-      if (partial != nullptr) {
-        v = make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
-        *reinterpret_cast<float4*>(partial + m * N + n) = v;
-      } else {
-        v = make_float4(epi(acc[i][4 * h], m, n), epi(acc[i][4 * h + 1], m, n + 1), epi(acc[i][4 * h + 2], m, n + 2),
-                        epi(acc[i][4 * h + 3], m, n + 3));
-        *reinterpret_cast<float4*>(c + m * N + n) = v;
-      }
+      if (n < N) store_outputs4(c, partial, epi, N, m, n, acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2],
+                                acc[i][4 * h + 3]);
     }
   }
 }
@@ -394,22 +397,12 @@ __device__ __forceinline__ void gemm_small_m_nn(const float* __restrict__ a, con
     if (kt + 1 < tiles) tile(kt + 1, BoolConstant<true>());
   }
 
-  // N % 4 == 0: each thread's 4 adjacent columns are wholly in or out; float4 stores.
   const int64_t n = n0 + col;
   if (n >= N) return;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t m = m0 + row + i;
-    if (m >= M) continue;
-    float4 v;
-    if (partial != nullptr) {
-      v = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-      *reinterpret_cast<float4*>(partial + m * N + n) = v;
-    } else {
-      v = make_float4(epi(acc[i][0], m, n), epi(acc[i][1], m, n + 1), epi(acc[i][2], m, n + 2),
-                      epi(acc[i][3], m, n + 3));
-      *reinterpret_cast<float4*>(c + m * N + n) = v;
-    }
+    if (m < M) store_outputs4(c, partial, epi, N, m, n, acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
   }
 }
 
