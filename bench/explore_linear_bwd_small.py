@@ -11,18 +11,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import device_time_us, graphed, start, write_results  # noqa: E402
+from timing import graph_per_call_us, start, write_results  # noqa: E402
 
 M, K, N = 32, 768, 3072
 CALLS = 20
 SLOTS = (1, 2, 4, 6)  # gemm_small_m_nn's blocks an SM, besides the shipped SMALL_M_SLOTS
-
-
-def per_call_us(fn, calls=CALLS):
-    def burst():
-        for _ in range(calls):
-            fn()
-    return device_time_us(graphed(burst), reps=20) / calls
 
 
 def main():
@@ -87,7 +80,7 @@ def main():
     times = {name: [] for name in fns}
     for _ in range(3):  # interleaved rounds
         for name, fn in fns.items():
-            times[name].append(per_call_us(fn))
+            times[name].append(graph_per_call_us(fn, CALLS, reps=20))
     rows = [{"piece": name, "us a call (graph of 20)": sorted(v)[1]} for name, v in times.items()]
     for row in rows:
         print(row, flush=True)

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cubins import build_modules  # noqa: E402
-from timing import device_time_us, graphed, start, write_results  # noqa: E402
+from timing import device_time_us, graph_per_call_us, start, write_results  # noqa: E402
 
 ROWS, COLS = 16384, 4096
 M, K, N = 32, 768, 3072
@@ -216,13 +216,6 @@ def linear_rows(modules):
 
     from rawops import torch_adapter as ta
 
-    def per_call(fn, calls=20):
-        """Device time per call in a CUDA graph of `calls` calls (no host time)."""
-        def burst():
-            for _ in range(calls):
-                fn()
-        return device_time_us(graphed(burst)) / calls
-
     empty = kernel(cupy.RawKernel(EMPTY, "empty_kernel"), SHIPPED_SHAPE)
     rows = []
     for stamped_key, plain_key in (("stamped", "unstamped"), *((f"{key} stamped", key) for key in STAMPED_VARIANTS)):
@@ -240,7 +233,7 @@ def linear_rows(modules):
         times = {key: [] for key in fns}
         for _ in range(3):
             for key, fn in fns.items():
-                times[key].append(per_call(fn))
+                times[key].append(graph_per_call_us(fn))
         med = {key: float(numpy.median(v)) for key, v in times.items()}
         row = {"kernel": f"linear_small_tf32 f32 32x768->3072, {stamped_key}",
                "grid": "{0[0]}x{0[1]} of {1}, {2} B".format(*launch_shape(shapes[plain_key])),
