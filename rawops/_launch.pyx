@@ -87,6 +87,7 @@ ctypedef struct CUlaunchConfig:
     CUlaunchAttribute* attrs
     unsigned numAttrs
 ctypedef CUresult (*LaunchKernelEx_t)(const CUlaunchConfig*, void*, void**, void**) nogil
+ctypedef CUresult (*StreamGetDevice_t)(void*, int*) nogil
 
 cdef LaunchKernel_t _cuLaunchKernel = NULL
 cdef PointerGetAttributes_t _cuPointerGetAttributes = NULL
@@ -97,6 +98,7 @@ cdef StreamWaitEvent_t _cuStreamWaitEvent = NULL
 cdef EventDestroy_t _cuEventDestroy = NULL
 cdef TensorMapEncodeTiled_t _cuTensorMapEncodeTiled = NULL  # CUDA 12+ drivers; NULL on older ones
 cdef LaunchKernelEx_t _cuLaunchKernelEx = NULL  # CUDA 12+ drivers; NULL on older ones
+cdef StreamGetDevice_t _cuStreamGetDevice = NULL  # CUDA 12.8+ drivers; NULL on older ones
 
 cdef enum:
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
@@ -121,7 +123,7 @@ cdef void* _symbol(void* handle, const char* name) except NULL:
 cdef int _load_driver() except -1:
     global _cuLaunchKernel, _cuPointerGetAttributes, _cuGetErrorName
     global _cuEventCreate, _cuEventRecord, _cuStreamWaitEvent, _cuEventDestroy, _cuTensorMapEncodeTiled
-    global _cuLaunchKernelEx
+    global _cuLaunchKernelEx, _cuStreamGetDevice
     if _cuLaunchKernel != NULL:
         return 0
     cdef void* handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_LOCAL)
@@ -136,6 +138,7 @@ cdef int _load_driver() except -1:
     _cuEventDestroy = <EventDestroy_t>_symbol(handle, b"cuEventDestroy_v2")
     _cuTensorMapEncodeTiled = <TensorMapEncodeTiled_t>dlsym(handle, b"cuTensorMapEncodeTiled")
     _cuLaunchKernelEx = <LaunchKernelEx_t>dlsym(handle, b"cuLaunchKernelEx")
+    _cuStreamGetDevice = <StreamGetDevice_t>dlsym(handle, b"cuStreamGetDevice")
     _cuLaunchKernel = <LaunchKernel_t>_symbol(handle, b"cuLaunchKernel")
     return 0
 
@@ -366,21 +369,60 @@ cpdef double real_scalar(object value, str name) except? -1.0:
 
 cpdef uintptr_t stream_pointer(object stream, int device) except? 0:
     """A raw CUstream from None (CuPy's current stream on `device`), a CuPy/torch stream
-    object, an object with __cuda_stream__, or an int handle."""
+    object, an object with __cuda_stream__, or an int handle. A stream of another GPU than
+    `device` (the arrays') is a ValueError: the launch would fail, or wait on the wrong GPU."""
     if stream is None:
         _import_cupy()
         return _get_current_stream(device).ptr
+    cdef uintptr_t handle
+    cdef int owner = -1
     if isinstance(stream, int):
         if stream < 0:
             raise ValueError(f"stream must be a non-negative handle, got {stream}")
-        return stream
-    for attribute in ("ptr", "cuda_stream"):
+        handle = stream
+        owner = _handle_device(handle)
+    else:
+        for attribute in ("ptr", "cuda_stream"):
+            value = getattr(stream, attribute, None)
+            if isinstance(value, int):
+                handle = value
+                break
+        else:
+            if not hasattr(stream, "__cuda_stream__"):
+                raise TypeError(f"stream must be None, an int handle or a CUDA stream object, got {type(stream).__name__}")
+            handle = stream.__cuda_stream__()[1]
+        owner = _object_device(stream, handle)
+    if owner >= 0 and owner != device:
+        raise ValueError(f"stream is on device {owner}, the arrays on device {device}; pass a stream of their GPU")
+    return handle
+
+
+cdef int _object_device(object stream, uintptr_t handle) except -2:
+    """The GPU a stream object says it belongs to (CuPy: device_id, torch: device_index), else
+    the driver's answer for its handle; -1 when neither knows."""
+    for attribute in ("device_id", "device_index"):
         value = getattr(stream, attribute, None)
-        if isinstance(value, int):
+        if isinstance(value, int) and value >= 0:
             return value
-    if hasattr(stream, "__cuda_stream__"):
-        return stream.__cuda_stream__()[1]
-    raise TypeError(f"stream must be None, an int handle or a CUDA stream object, got {type(stream).__name__}")
+    return _handle_device(handle)
+
+
+cdef int _handle_device(uintptr_t handle) except -2:
+    """The driver's GPU of a stream handle; -1 for the legacy and per-thread default streams
+    (0, 1, 2: each means the current GPU's, whichever that is at launch) or a driver without
+    cuStreamGetDevice (CUDA < 12.8)."""
+    if handle <= 2:
+        return -1
+    try:
+        _load_driver()
+    except NoDeviceError:
+        return -1  # no driver: the launch reports that
+    if _cuStreamGetDevice == NULL:
+        return -1
+    cdef int owner = -1
+    if _cuStreamGetDevice(<void*>handle, &owner) != 0:
+        return -1  # not a stream the driver knows: the launch reports it
+    return owner
 
 
 cdef bint _same_stream(uintptr_t a, uintptr_t b):
@@ -725,10 +767,11 @@ cdef class MapKernel:
                                  "all arguments must be on one GPU")
         if check_only:
             return (A, B, C, O, device)
+        s = stream_pointer(stream, device)  # refuses another GPU's stream before any CuPy call
         if _get_device() != device:
             with cupy.cuda.Device(device):
-                return self._run(A, B, C, O, alpha, stream, device)
-        return self._run(A, B, C, O, alpha, stream, device)
+                return self._run(A, B, C, O, alpha, s, device)
+        return self._run(A, B, C, O, alpha, s, device)
 
     cdef DeviceArray _operand(self, object obj, str name, DeviceArray like):
         if obj is None:
@@ -749,8 +792,7 @@ cdef class MapKernel:
         return 0
 
     cdef object _run(self, DeviceArray A, DeviceArray B, DeviceArray C, DeviceArray O, float alpha,
-                     object stream, int device):
-        cdef uintptr_t s = stream_pointer(stream, device)
+                     uintptr_t s, int device):
         for x in (A, B, C):
             if x is not None and x.stream is not None:
                 wait_for_producer(x, s)

@@ -161,8 +161,8 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
     cols = a_bias.size
     rows = a_dy.size // cols if cols else 0
     dtype = NUMPY_DTYPES[a_dy.dtype]
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
-        s = stream_pointer(stream, device)
         for operand in (a_dy, a_x, a_bias):
             wait_for_producer(operand, s)
         # out= may be any GPU array (Numba, JAX, torch): only its checked pointer is used.
@@ -285,8 +285,8 @@ def column_sum(x, *, stream=None):
     cols = a.shape[-1]
     rows = a.size // cols if cols else 0
     device = resolve_device(a)
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
-        s = stream_pointer(stream, device)
         wait_for_producer(a, s)
         if rows == 0 or cols == 0:
             return cupy.zeros((cols,), dtype=NUMPY_DTYPES[a.dtype])

@@ -303,12 +303,10 @@ def _out_array(obj, shape, like, inputs):
     return o
 
 
-def _prepare(stream, device, arrays):
-    s = stream_pointer(stream, device)
+def _wait_for_producers(s, arrays):
     for x in arrays:
         if x is not None:
             wait_for_producer(x, s)
-    return s
 
 
 class _StreamHandle:
@@ -353,8 +351,9 @@ def matmul(a, b, *, tf32=False, out=None, stream=None):
         raise ValueError(f"b has shape {B.shape}, expected ({k}, N): its rows must match a's columns (a is {A.shape})")
     O = _out_array(out, (m, n), A, (A, B)) if out is not None else None
     device = _rows.one_device(A, B, O)
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
-        s = _prepare(stream, device, (A, B))
+        _wait_for_producers(s, (A, B))
         with _on_stream(stream, s):
             c = O.obj if O is not None else cupy.ndarray((m, n), NUMPY_DTYPES[A.dtype])
             c_ptr = O.ptr if O is not None else c.data.ptr
@@ -412,8 +411,9 @@ def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False
     O = _out_array(out, shape, X, (X, W, Bv)) if out is not None else None
     device = _rows.one_device(X, W, Bv, O)
     dtype = NUMPY_DTYPES[X.dtype]
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
-        s = _prepare(stream, device, (X, W, Bv))
+        _wait_for_producers(s, (X, W, Bv))
         with _on_stream(stream, s):
             y = O.obj if O is not None else cupy.ndarray(shape, dtype)
             pre = cupy.ndarray(shape, dtype) if save_preactivation else None
@@ -447,8 +447,9 @@ def linear_gelu_backward(dy, x, weight, bias=None, approximate="tanh", *, preact
             raise ValueError(f"preactivation has shape {P.shape}, expected {shape}")
     device = _rows.one_device(X, W, Bv, DY, P)
     dtype = NUMPY_DTYPES[X.dtype]
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
-        s = _prepare(stream, device, (X, W, Bv, DY, P))
+        _wait_for_producers(s, (X, W, Bv, DY, P))
         with _on_stream(stream, s):
             db = None
             # With a bias, dpre and its column sums (db) in one pass where the fused kernel applies.

@@ -261,8 +261,8 @@ def seed_mlp(x, w1, b1, w2, b2, w3, b3, *, output_activation="none", out=None, s
             if O.nbytes and a.nbytes and O.ptr < a.ptr + a.nbytes and a.ptr < O.ptr + O.nbytes:
                 raise ValueError(f"out overlaps {a.name}; pass a separate array")
     device = _rows.one_device(X, *params, O)
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
-        s = stream_pointer(stream, device)
         for a in (X, *params):
             wait_for_producer(a, s)
         y = O.obj if O is not None else cupy.ndarray((batch, SEED_SIZES[3]), cupy.float32)
@@ -770,9 +770,9 @@ def fused_mlp(x, weights, biases=None, activation="relu", output_activation="non
             if O.nbytes and a.nbytes and O.ptr < a.ptr + a.nbytes and a.ptr < O.ptr + O.nbytes:
                 raise ValueError(f"out overlaps {a.name}; pass a separate array")
     device = _rows.one_device(X, *Ws, *(Bs or ()), O)
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     prepare(plan, device)
     with cupy.cuda.Device(device):
-        s = stream_pointer(stream, device)
         for a in (X, *Ws, *(Bs or ())):
             wait_for_producer(a, s)
         y = O.obj if O is not None else cupy.ndarray((batch, plan.n_out), NUMPY_DTYPES[X.dtype])
@@ -791,9 +791,9 @@ def fused_mlp_forward(x, weights, biases=None, activation="relu", output_activat
     X, Ws, Bs, plan = _network(x, weights, biases, activation, output_activation)
     batch = X.shape[0]
     device = _rows.one_device(X, *Ws, *(Bs or ()))
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     prepare(plan, device)
     with cupy.cuda.Device(device):
-        s = stream_pointer(stream, device)
         for a in (X, *Ws, *(Bs or ())):
             wait_for_producer(a, s)
         y = cupy.ndarray((batch, plan.n_out), NUMPY_DTYPES[X.dtype])
@@ -826,9 +826,9 @@ def fused_mlp_backward(dy, x, y, saved, weights, biases=None, activation="relu",
         _rows._dense(A)
         S.append(A)
     device = _rows.one_device(X, DY, Y, *S, *Ws, *(Bs or ()))
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     prepare(plan, device)
     with cupy.cuda.Device(device):
-        s = stream_pointer(stream, device)
         for a in (X, DY, Y, *S, *Ws, *(Bs or ())):
             wait_for_producer(a, s)
         dtype = NUMPY_DTYPES[X.dtype]

@@ -147,8 +147,8 @@ def _forward(op, x, weight, bias, eps, out, stream):
     eps = check_eps(eps, X.dtype)
     device = _rows.one_device(X, W, B, O)
     rows, n = _rows_of(X)
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
-        s = stream_pointer(stream, device)
         for a in (X, W, B):
             if a is not None:
                 wait_for_producer(a, s)
@@ -178,8 +178,8 @@ def _backward(op, dy, x, weight, mean, rstd, want_dbias, stream):
     device = _rows.one_device(X, DY, W, M, R)
     rows, n = _rows_of(X)
     dtype = NUMPY_DTYPES[X.dtype]
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
-        s = stream_pointer(stream, device)
         for a in (DY, X, W, M, R):
             if a is not None:
                 wait_for_producer(a, s)

@@ -55,8 +55,8 @@ def _run(op, direction, arrays, out, stream):
     device = _rows.one_device(*inputs, O)
     n = first.shape[-1]
     rows = first.size // n if n else 0
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
-        s = stream_pointer(stream, device)
         for a in inputs:
             wait_for_producer(a, s)
         result = O.obj if O is not None else cupy.ndarray(first.shape, NUMPY_DTYPES[first.dtype])

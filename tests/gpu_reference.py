@@ -31,9 +31,9 @@ def written_late(source, stream, into=None):
     launched on any other stream reads the NaN (the streams under test are non-blocking), so a
     test of which stream an op runs on can fail; one that only synchronizes afterwards cannot."""
     if isinstance(stream, cupy.cuda.Stream):
-        stream = torch.cuda.ExternalStream(stream.ptr)
+        stream = torch.cuda.ExternalStream(stream.ptr, device=source.device)
     x = torch.full_like(source, float("nan")) if into is None else into.fill_(float("nan"))
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(source.device)
     with torch.cuda.stream(stream):
         torch.cuda._sleep(50_000_000)
         x.copy_(source)

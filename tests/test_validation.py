@@ -684,6 +684,31 @@ def test_operand_on_another_gpu_is_a_value_error_naming_it(which):
         rawops.add(a, b, out=out)
 
 
+class _StreamOf:
+    """A stream object as CuPy's (ptr, device_id) or torch's (cuda_stream, device_index) are."""
+
+    def __init__(self, device, torch_like=False):
+        if torch_like:
+            self.cuda_stream, self.device_index = 0x1234, device
+        else:
+            self.ptr, self.device_id = 0x1234, device
+
+
+@pytest.mark.parametrize("torch_like", [False, True], ids=["cupy-like", "torch-like"])
+@pytest.mark.parametrize("op", ["add", "matmul", "layer_norm"])
+def test_stream_of_another_gpu_is_a_value_error_naming_stream(op, torch_like):
+    a = _cupy_array_claiming_device(BASE, 16, 0)
+    b = _cupy_array_claiming_device(BASE + 0x100000, 16, 0)
+    stream = _StreamOf(1, torch_like)
+    calls = {
+        "add": lambda: rawops.add(a, b, stream=stream),
+        "matmul": lambda: rawops.matmul(a.reshape(4, 4), b.reshape(4, 4), stream=stream),
+        "layer_norm": lambda: rawops.layer_norm(a.reshape(4, 4), stream=stream),
+    }
+    with pytest.raises(ValueError, match=r"^stream is on device 1, the arrays on device 0"):
+        calls[op]()
+
+
 # ------------------------------------------------------------------------------ torch ops called directly
 # The rawops::* custom ops run under torch.compile (or from torch.ops) without the eager
 # wrappers' checks; they must make the same ones. CPU tensors that report GPU 0 stand in for
