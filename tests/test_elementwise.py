@@ -249,6 +249,27 @@ def test_runs_on_current_cupy_stream_and_explicit_stream():
     assert_close(to_torch(out), expected, torch.float32, "stream=")
 
 
+class _StreamProtocol:
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+@pytest.mark.parametrize("form", ["cupy", "torch", "int"])
+def test_a_given_stream_in_every_form_is_the_one_launched_on(form):
+    """stream= as a CuPy stream, a torch stream or a raw handle (the driver is asked its GPU)."""
+    x = random((1 << 20,), torch.float32)
+    side = torch.cuda.Stream()
+    late = written_late(x, side)  # NaN unless the launch waits behind `side`'s work
+    given = {"cupy": cupy.cuda.Stream.from_external(_StreamProtocol(side.cuda_stream)), "torch": side,
+             "int": side.cuda_stream}[form]
+    y = rawops.gelu(to_cupy(late), stream=given)
+    side.synchronize()
+    assert_close(to_torch(y), F.gelu(x.double(), approximate="tanh"), torch.float32, f"stream= as {form}")
+
+
 def test_waits_for_producer_stream_of_cuda_array_interface_v3():
     """An array still being written on a side stream, announced by the v3 `stream` key:
     rawops must order its launch after that stream's work."""
