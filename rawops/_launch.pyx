@@ -87,7 +87,6 @@ ctypedef struct CUlaunchConfig:
     CUlaunchAttribute* attrs
     unsigned numAttrs
 ctypedef CUresult (*LaunchKernelEx_t)(const CUlaunchConfig*, void*, void**, void**) nogil
-ctypedef CUresult (*StreamGetDevice_t)(void*, int*) nogil
 
 cdef LaunchKernel_t _cuLaunchKernel = NULL
 cdef PointerGetAttributes_t _cuPointerGetAttributes = NULL
@@ -98,7 +97,6 @@ cdef StreamWaitEvent_t _cuStreamWaitEvent = NULL
 cdef EventDestroy_t _cuEventDestroy = NULL
 cdef TensorMapEncodeTiled_t _cuTensorMapEncodeTiled = NULL  # CUDA 12+ drivers; NULL on older ones
 cdef LaunchKernelEx_t _cuLaunchKernelEx = NULL  # CUDA 12+ drivers; NULL on older ones
-cdef StreamGetDevice_t _cuStreamGetDevice = NULL  # CUDA 12.8+ drivers; NULL on older ones
 
 cdef enum:
     CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
@@ -123,7 +121,7 @@ cdef void* _symbol(void* handle, const char* name) except NULL:
 cdef int _load_driver() except -1:
     global _cuLaunchKernel, _cuPointerGetAttributes, _cuGetErrorName
     global _cuEventCreate, _cuEventRecord, _cuStreamWaitEvent, _cuEventDestroy, _cuTensorMapEncodeTiled
-    global _cuLaunchKernelEx, _cuStreamGetDevice
+    global _cuLaunchKernelEx
     if _cuLaunchKernel != NULL:
         return 0
     cdef void* handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_LOCAL)
@@ -138,7 +136,6 @@ cdef int _load_driver() except -1:
     _cuEventDestroy = <EventDestroy_t>_symbol(handle, b"cuEventDestroy_v2")
     _cuTensorMapEncodeTiled = <TensorMapEncodeTiled_t>dlsym(handle, b"cuTensorMapEncodeTiled")
     _cuLaunchKernelEx = <LaunchKernelEx_t>dlsym(handle, b"cuLaunchKernelEx")
-    _cuStreamGetDevice = <StreamGetDevice_t>dlsym(handle, b"cuStreamGetDevice")
     _cuLaunchKernel = <LaunchKernel_t>_symbol(handle, b"cuLaunchKernel")
     return 0
 
@@ -369,8 +366,8 @@ cpdef double real_scalar(object value, str name) except? -1.0:
 
 cpdef uintptr_t stream_pointer(object stream, int device) except? 0:
     """A raw CUstream from None (CuPy's current stream on `device`), a CuPy/torch stream
-    object, an object with __cuda_stream__, or an int handle. A stream of another GPU than
-    `device` (the arrays') is a ValueError: the launch would fail, or wait on the wrong GPU."""
+    object, an object with __cuda_stream__, or an int handle. A stream object of another GPU
+    than `device` (the arrays') is a ValueError, raised before anything is launched there."""
     if stream is None:
         _import_cupy()
         return _get_current_stream(device).ptr
@@ -380,7 +377,6 @@ cpdef uintptr_t stream_pointer(object stream, int device) except? 0:
         if stream < 0:
             raise ValueError(f"stream must be a non-negative handle, got {stream}")
         handle = stream
-        owner = _handle_device(handle)
     else:
         for attribute in ("ptr", "cuda_stream"):
             value = getattr(stream, attribute, None)
@@ -391,38 +387,21 @@ cpdef uintptr_t stream_pointer(object stream, int device) except? 0:
             if not hasattr(stream, "__cuda_stream__"):
                 raise TypeError(f"stream must be None, an int handle or a CUDA stream object, got {type(stream).__name__}")
             handle = stream.__cuda_stream__()[1]
-        owner = _object_device(stream, handle)
+        owner = _object_device(stream)
     if owner >= 0 and owner != device:
         raise ValueError(f"stream is on device {owner}, the arrays on device {device}; pass a stream of their GPU")
     return handle
 
 
-cdef int _object_device(object stream, uintptr_t handle) except -2:
-    """The GPU a stream object says it belongs to (CuPy: device_id, torch: device_index), else
-    the driver's answer for its handle; -1 when neither knows."""
+cdef int _object_device(object stream) except -2:
+    """The GPU a stream object says it belongs to (CuPy: device_id, torch: device_index); -1
+    when it does not say. A raw int handle is taken as given: the driver dereferences what it
+    is handed (cuStreamGetDevice on a stray int crashed the H100 test process)."""
     for attribute in ("device_id", "device_index"):
         value = getattr(stream, attribute, None)
         if isinstance(value, int) and value >= 0:
             return value
-    return _handle_device(handle)
-
-
-cdef int _handle_device(uintptr_t handle) except -2:
-    """The driver's GPU of a stream handle; -1 for the legacy and per-thread default streams
-    (0, 1, 2: each means the current GPU's, whichever that is at launch) or a driver without
-    cuStreamGetDevice (CUDA < 12.8)."""
-    if handle <= 2:
-        return -1
-    try:
-        _load_driver()
-    except NoDeviceError:
-        return -1  # no driver: the launch reports that
-    if _cuStreamGetDevice == NULL:
-        return -1
-    cdef int owner = -1
-    if _cuStreamGetDevice(<void*>handle, &owner) != 0:
-        return -1  # not a stream the driver knows: the launch reports it
-    return owner
+    return -1
 
 
 cdef bint _same_stream(uintptr_t a, uintptr_t b):
