@@ -1,8 +1,12 @@
 """Two GPUs: every op family on GPU 1 while GPU 0 is current (for CuPy and for torch), through
 the CuPy API and the torch adapter, against torch in float64; launches go to GPU 1's current
 stream, the current device is left as it was, and arguments spread over two GPUs (or a stream
-of the other GPU) are refused before any launch. Skips below two GPUs."""
+of the other GPU) are refused before any launch. Skips below two GPUs.
+
+RAWOPS_MULTI_GPU_SELF_TEST=1 on a one-GPU machine runs the same tests with GPU 0 in both roles
+(the tests' own code on real hardware; the refusals, which need two GPUs, skip)."""
 import contextlib
+import os
 
 import cupy
 import pytest
@@ -22,26 +26,31 @@ def _gpu_count():
         return 0
 
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpu_count() < 2, reason="needs two CUDA GPUs")]
+SELF_TEST = os.environ.get("RAWOPS_MULTI_GPU_SELF_TEST") == "1" and _gpu_count() == 1
+CURRENT, DATA = 0, 0 if SELF_TEST else 1  # the current GPU, the GPU that holds the data
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(_gpu_count() < 2 and not SELF_TEST, reason="needs two CUDA GPUs")]
+two_gpus = pytest.mark.skipif(SELF_TEST, reason="a refusal across two GPUs (self-test: one GPU)")
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-GPU1 = "cuda:1"
+GPU1 = f"cuda:{DATA}"
+GPU0 = f"cuda:{CURRENT}"
 
 
 @contextlib.contextmanager
 def on_gpu1():
     """GPU 1 current for CuPy and torch: for the tests' own conversions, never around a rawops call."""
-    with cupy.cuda.Device(1), torch.cuda.device(1):
+    with cupy.cuda.Device(DATA), torch.cuda.device(DATA):
         yield
 
 
 @pytest.fixture(autouse=True)
 def gpu0_current():
-    torch.cuda.set_device(0)
-    cupy.cuda.Device(0).use()
+    torch.cuda.set_device(CURRENT)
+    cupy.cuda.Device(CURRENT).use()
     yield
-    assert torch.cuda.current_device() == 0, "a rawops call left torch's current device changed"
-    assert cupy.cuda.runtime.getDevice() == 0, "a rawops call left the current device changed"
+    assert torch.cuda.current_device() == CURRENT, "a rawops call left torch's current device changed"
+    assert cupy.cuda.runtime.getDevice() == CURRENT, "a rawops call left the current device changed"
 
 
 def rand(shape, dtype, scale=1.0, device=GPU1):
@@ -56,9 +65,9 @@ def cp(t):
 
 def th(a):
     """A CuPy result as a torch tensor, checked to be on GPU 1."""
-    assert isinstance(a, cupy.ndarray) and a.device.id == 1, f"result on {a.device}, expected GPU 1"
+    assert isinstance(a, cupy.ndarray) and a.device.id == DATA, f"result on {a.device}, expected GPU {DATA}"
     with on_gpu1():
-        cupy.cuda.Device(1).synchronize()
+        cupy.cuda.Device(DATA).synchronize()
         return torch.from_dlpack(a)
 
 
@@ -223,19 +232,20 @@ def test_cupy_api_launches_on_gpu1s_current_stream():
         side = cupy.cuda.Stream(non_blocking=True)
     source, w = rand((64, 256), F32), rand((256, 256), F32)
     late = written_late(source, side)  # NaN unless the launch waits behind `side`'s work
-    with cupy.cuda.Device(1):
+    with cupy.cuda.Device(DATA):
         side.use()
     try:
         y = rawops.gelu(cp(late))
         z = rawops.matmul(cp(late), cp(w))
     finally:
-        with cupy.cuda.Device(1):
+        with cupy.cuda.Device(DATA):
             cupy.cuda.Stream.null.use()
     side.synchronize()
     close(y, F.gelu(source.double(), approximate="tanh"), F32, "gelu on GPU 1's stream")
     close(z, source.double() @ w.double(), F32, "matmul on GPU 1's stream")
 
 
+@two_gpus
 def test_a_given_stream_of_the_other_gpu_is_refused():
     x = rand((1000,), F32)
     gpu0_stream = cupy.cuda.Stream(non_blocking=True)
@@ -251,9 +261,10 @@ def test_a_given_stream_of_the_other_gpu_is_refused():
     close(y, F.gelu(x.double(), approximate="tanh"), F32, "gelu on a given GPU 1 stream")
 
 
+@two_gpus
 def test_cupy_arrays_on_two_gpus_are_refused_naming_the_stray_one():
     a1, b1 = rand((16, 16), F32), rand((16, 16), F32)
-    b0 = rand((16, 16), F32, device="cuda:0")
+    b0 = rand((16, 16), F32, device=GPU0)
     with pytest.raises(ValueError, match=r"^b is on device 0, a on device 1"):
         rawops.add(cp(a1), cupy.from_dlpack(b0))
     with pytest.raises(ValueError, match=r"is on device 0, .* on device 1; all arguments must be on one GPU"):
@@ -320,14 +331,14 @@ def test_adapter_fused_mlp_trains_on_gpu1():
 def test_adapter_launches_on_gpu1s_current_torch_stream():
     """torch keeps a current stream per GPU: GPU 1's is used for tensors on GPU 1 while GPU 0
     is current (each input is NaN until `side` has run: a launch elsewhere reads NaN)."""
-    side = torch.cuda.Stream(device=1)
+    side = torch.cuda.Stream(device=DATA)
     source = rand((32, 768), F32)
     w, b = rand((3072, 768), F32, 768 ** -0.5), rand((3072,), F32)
     mlp = [t for t in _tcnn_weights(F16)]
     xs = rand((256, 32), F16)
     late, late_mlp = written_late(source, side), written_late(xs, side)
     torch.cuda.set_stream(side)  # GPU 1's current stream (set_stream switches to the stream's GPU)
-    torch.cuda.set_device(0)
+    torch.cuda.set_device(CURRENT)
     try:
         with torch.no_grad():
             y = ta.gelu(late, "tanh")
@@ -335,8 +346,8 @@ def test_adapter_launches_on_gpu1s_current_torch_stream():
             m = ta.matmul(late, w.t().contiguous())
             f = ta.fused_mlp(late_mlp, mlp, None)
     finally:
-        with torch.cuda.device(1):
-            torch.cuda.set_stream(torch.cuda.default_stream(1))
+        with torch.cuda.device(DATA):
+            torch.cuda.set_stream(torch.cuda.default_stream(DATA))
     side.synchronize()
     close(y, F.gelu(source.double(), approximate="tanh"), F32, "gelu on GPU 1's stream")
     close(z, F.gelu(F.linear(source.double(), w.double(), b.double()), approximate="tanh"), F32,
@@ -346,11 +357,12 @@ def test_adapter_launches_on_gpu1s_current_torch_stream():
           factor=10)
 
 
+@two_gpus
 def test_adapter_refuses_tensors_on_two_gpus():
-    a1, a0 = rand((8, 64), F32), rand((8, 64), F32, device="cuda:0")
+    a1, a0 = rand((8, 64), F32), rand((8, 64), F32, device=GPU0)
     with pytest.raises(ValueError, match=r"cuda:0.*cuda:1|cuda:1.*cuda:0"):
         ta.add(a1, a0)
     with pytest.raises(ValueError, match=r"cuda:0.*cuda:1|cuda:1.*cuda:0"):
-        ta.linear_gelu(a1, rand((16, 64), F32, device="cuda:0"))
+        ta.linear_gelu(a1, rand((16, 64), F32, device=GPU0))
     with pytest.raises(ValueError, match=r"cuda:0.*cuda:1|cuda:1.*cuda:0"):
-        ta.layer_norm(a1, rand((64,), F32, device="cuda:0"))
+        ta.layer_norm(a1, rand((64,), F32, device=GPU0))
