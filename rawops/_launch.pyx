@@ -13,6 +13,7 @@ from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.string cimport memset
 from posix.dlfcn cimport dlopen, dlsym, RTLD_NOW, RTLD_LOCAL
 
+from contextlib import nullcontext as _nullcontext
 from operator import index as _index
 import numpy
 import ml_dtypes
@@ -393,6 +394,36 @@ cpdef uintptr_t stream_pointer(object stream, int device) except? 0:
     return handle
 
 
+class _StreamHandle:
+    """A raw CUstream through the CUDA stream protocol (for CuPy's Stream.from_external, which
+    does not own the stream)."""
+    __slots__ = ("handle",)
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+_NO_STREAM_GIVEN = _nullcontext()
+
+
+def allocating_on(stream, uintptr_t s):
+    """A context in which CuPy allocates on the launches' stream `s` where the caller gave one
+    (`stream`, as passed); enter it on the arrays' device. CuPy's pool hands out blocks per
+    current stream, ordered only with that stream's work: an output or scratch block taken on
+    the current stream and written on another could still be in use by the current stream's
+    queued work (tests/test_streams.py)."""
+    if stream is None:
+        return _NO_STREAM_GIVEN
+    cupy = _import_cupy()
+    if isinstance(stream, cupy.cuda.Stream):
+        return stream
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy 14; ExternalStream is deprecated there
+    return from_external(_StreamHandle(s)) if from_external is not None else cupy.cuda.ExternalStream(s)
+
+
 cdef int _object_device(object stream) except -2:
     """The GPU a stream object says it belongs to (CuPy: device_id, torch: device_index); -1
     when it does not say. A raw int handle is taken as given: the driver dereferences what it
@@ -749,8 +780,8 @@ cdef class MapKernel:
         s = stream_pointer(stream, device)  # refuses another GPU's stream before any CuPy call
         if _get_device() != device:
             with cupy.cuda.Device(device):
-                return self._run(A, B, C, O, alpha, s, device)
-        return self._run(A, B, C, O, alpha, s, device)
+                return self._run(A, B, C, O, alpha, stream, s, device)
+        return self._run(A, B, C, O, alpha, stream, s, device)
 
     cdef DeviceArray _operand(self, object obj, str name, DeviceArray like):
         if obj is None:
@@ -771,12 +802,16 @@ cdef class MapKernel:
         return 0
 
     cdef object _run(self, DeviceArray A, DeviceArray B, DeviceArray C, DeviceArray O, float alpha,
-                     uintptr_t s, int device):
+                     object stream, uintptr_t s, int device):
         for x in (A, B, C):
             if x is not None and x.stream is not None:
                 wait_for_producer(x, s)
         if O is None:
-            result = _cupy_ndarray(A.shape, NUMPY_DTYPES[A.dtype])
+            if stream is None:
+                result = _cupy_ndarray(A.shape, NUMPY_DTYPES[A.dtype])
+            else:
+                with allocating_on(stream, s):
+                    result = _cupy_ndarray(A.shape, NUMPY_DTYPES[A.dtype])
             out_ptr = result.data.ptr
         else:
             result = O.obj

@@ -5,8 +5,8 @@ including 0, contiguous, offset views included. Output is a new CuPy array unles
 is given (in-place with `out=x` is allowed). Launches go on CuPy's current stream of the
 data's device, or on `stream=`. Kernels: kernels/elementwise.cu.
 """
-from ._launch import (MapKernel, as_array, launch, real_scalar, require_str, resolve_device, sm_count,
-                      stream_pointer, wait_for_producer)
+from ._launch import (MapKernel, allocating_on, as_array, launch, real_scalar, require_str, resolve_device,
+                      sm_count, stream_pointer, wait_for_producer)
 from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES
 from . import _modules
 
@@ -162,7 +162,7 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
     rows = a_dy.size // cols if cols else 0
     dtype = NUMPY_DTYPES[a_dy.dtype]
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), allocating_on(stream, s):
         for operand in (a_dy, a_x, a_bias):
             wait_for_producer(operand, s)
         # out= may be any GPU array (Numba, JAX, torch): only its checked pointer is used.
@@ -286,7 +286,7 @@ def column_sum(x, *, stream=None):
     rows = a.size // cols if cols else 0
     device = resolve_device(a)
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), allocating_on(stream, s):
         wait_for_producer(a, s)
         if rows == 0 or cols == 0:
             return cupy.zeros((cols,), dtype=NUMPY_DTYPES[a.dtype])

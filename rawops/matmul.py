@@ -15,8 +15,8 @@ kernel of rawops/_gemm_sm90.py when the output fills the GPU, else mma.sync, sm_
 the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
 the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
 """
-from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, as_array, launch, require_str, sm_count, stream_pointer,
-                      wait_for_producer)
+from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, launch, require_str, sm_count,
+                      stream_pointer, wait_for_producer)
 from . import _gemm_sm90, _gemm_tf32, _modules, _rows
 
 FAMILY = "matmul"
@@ -309,31 +309,6 @@ def _wait_for_producers(s, arrays):
             wait_for_producer(x, s)
 
 
-class _StreamHandle:
-    """A raw cudaStream_t presented through the CUDA stream protocol (for CuPy's
-    Stream.from_external, which does not own the stream)."""
-    __slots__ = ("handle",)
-
-    def __init__(self, handle):
-        self.handle = handle
-
-    def __cuda_stream__(self):
-        return (0, self.handle)
-
-
-def _on_stream(stream, s):
-    """CuPy's pool hands out memory per current stream: with a caller's stream, make it
-    current so that outputs and split-K scratch are ordered with the launches."""
-    import contextlib
-
-    import cupy
-
-    if stream is None:
-        return contextlib.nullcontext()
-    from_external = getattr(cupy.cuda.Stream, "from_external", None)  # CuPy 14; ExternalStream is deprecated there
-    return from_external(_StreamHandle(s)) if from_external is not None else cupy.cuda.ExternalStream(s)
-
-
 def matmul(a, b, *, tf32=False, out=None, stream=None):
     """a (M, K) @ b (K, N) -> (M, N), C-contiguous float32 / float16 / bfloat16 arrays of one
     dtype; float32 accumulation. float32 is exact float32 math (FFMA); `tf32=True` lets
@@ -354,7 +329,7 @@ def matmul(a, b, *, tf32=False, out=None, stream=None):
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
         _wait_for_producers(s, (A, B))
-        with _on_stream(stream, s):
+        with allocating_on(stream, s):
             c = O.obj if O is not None else cupy.ndarray((m, n), NUMPY_DTYPES[A.dtype])
             c_ptr = O.ptr if O is not None else c.data.ptr
             if not (tf32 and A.dtype == 0 and _gemm_tf32.launch_gemm(
@@ -414,7 +389,7 @@ def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
         _wait_for_producers(s, (X, W, Bv))
-        with _on_stream(stream, s):
+        with allocating_on(stream, s):
             y = O.obj if O is not None else cupy.ndarray(shape, dtype)
             pre = cupy.ndarray(shape, dtype) if save_preactivation else None
             launch_gemm(device, "nt", X.dtype, X.ptr, W.ptr, O.ptr if O is not None else y.data.ptr,
@@ -450,7 +425,7 @@ def linear_gelu_backward(dy, x, weight, bias=None, approximate="tanh", *, preact
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device):
         _wait_for_producers(s, (X, W, Bv, DY, P))
-        with _on_stream(stream, s):
+        with allocating_on(stream, s):
             db = None
             # With a bias, dpre and its column sums (db) in one pass where the fused kernel applies.
             fused = None

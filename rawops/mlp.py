@@ -19,7 +19,8 @@ fused_mlp_backward returns dx, the weight and the bias gradients; weight and bia
 are summed over the batch deterministically (per-chunk partials, then a fixed-order sum).
 Kernels: kernels/mlp.cu.
 """
-from ._launch import NUMPY_DTYPES, as_array, launch, require_str, sm_count, stream_pointer, wait_for_producer
+from ._launch import (NUMPY_DTYPES, allocating_on, as_array, launch, require_str, sm_count, stream_pointer,
+                      wait_for_producer)
 from . import _modules, _rows
 
 FAMILY = "mlp"
@@ -262,7 +263,7 @@ def seed_mlp(x, w1, b1, w2, b2, w3, b3, *, output_activation="none", out=None, s
                 raise ValueError(f"out overlaps {a.name}; pass a separate array")
     device = _rows.one_device(X, *params, O)
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), allocating_on(stream, s):
         for a in (X, *params):
             wait_for_producer(a, s)
         y = O.obj if O is not None else cupy.ndarray((batch, SEED_SIZES[3]), cupy.float32)
@@ -772,7 +773,7 @@ def fused_mlp(x, weights, biases=None, activation="relu", output_activation="non
     device = _rows.one_device(X, *Ws, *(Bs or ()), O)
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     prepare(plan, device)
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), allocating_on(stream, s):
         for a in (X, *Ws, *(Bs or ())):
             wait_for_producer(a, s)
         y = O.obj if O is not None else cupy.ndarray((batch, plan.n_out), NUMPY_DTYPES[X.dtype])
@@ -793,7 +794,7 @@ def fused_mlp_forward(x, weights, biases=None, activation="relu", output_activat
     device = _rows.one_device(X, *Ws, *(Bs or ()))
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     prepare(plan, device)
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), allocating_on(stream, s):
         for a in (X, *Ws, *(Bs or ())):
             wait_for_producer(a, s)
         y = cupy.ndarray((batch, plan.n_out), NUMPY_DTYPES[X.dtype])
@@ -828,7 +829,7 @@ def fused_mlp_backward(dy, x, y, saved, weights, biases=None, activation="relu",
     device = _rows.one_device(X, DY, Y, *S, *Ws, *(Bs or ()))
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     prepare(plan, device)
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), allocating_on(stream, s):
         for a in (X, DY, Y, *S, *Ws, *(Bs or ())):
             wait_for_producer(a, s)
         dtype = NUMPY_DTYPES[X.dtype]

@@ -5,7 +5,7 @@ are rows), any row width, any number of rows including 0; math in float32. weigh
 optional, of shape (x.shape[-1],) and x's dtype. The forward also returns the per-row
 float32 statistics the backward needs. Kernels: kernels/norm.cu.
 """
-from ._launch import NUMPY_DTYPES, launch, real_scalar, sm_count, stream_pointer, wait_for_producer
+from ._launch import NUMPY_DTYPES, allocating_on, launch, real_scalar, sm_count, stream_pointer, wait_for_producer
 from . import _modules, _rows
 
 FAMILY = "norm"
@@ -148,7 +148,7 @@ def _forward(op, x, weight, bias, eps, out, stream):
     device = _rows.one_device(X, W, B, O)
     rows, n = _rows_of(X)
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), allocating_on(stream, s):
         for a in (X, W, B):
             if a is not None:
                 wait_for_producer(a, s)
@@ -179,7 +179,7 @@ def _backward(op, dy, x, weight, mean, rstd, want_dbias, stream):
     rows, n = _rows_of(X)
     dtype = NUMPY_DTYPES[X.dtype]
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), allocating_on(stream, s):
         for a in (DY, X, W, M, R):
             if a is not None:
                 wait_for_producer(a, s)

@@ -4,7 +4,7 @@ float32, float16 or bfloat16 arrays of any shape with at least one dimension, an
 width, any number of rows including 0; math in float32, the row max subtracted first (no
 overflow at any magnitude). Kernels: kernels/softmax.cu.
 """
-from ._launch import NUMPY_DTYPES, launch, stream_pointer, wait_for_producer
+from ._launch import NUMPY_DTYPES, allocating_on, launch, stream_pointer, wait_for_producer
 from . import _modules, _rows
 
 FAMILY = "softmax"
@@ -56,7 +56,7 @@ def _run(op, direction, arrays, out, stream):
     n = first.shape[-1]
     rows = first.size // n if n else 0
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
-    with cupy.cuda.Device(device):
+    with cupy.cuda.Device(device), allocating_on(stream, s):
         for a in inputs:
             wait_for_producer(a, s)
         result = O.obj if O is not None else cupy.ndarray(first.shape, NUMPY_DTYPES[first.dtype])

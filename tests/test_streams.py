@@ -75,6 +75,10 @@ def _case(name):
 def test_a_given_stream_allocates_from_its_own_pool_blocks(name):
     call, expected, nbytes = _case(name)
     side = cupy.cuda.Stream(non_blocking=True)  # not ordered with the legacy stream
+    # Warm up: a module's first load (the op's, CuPy's fill) synchronizes the device, which would
+    # let the legacy stream finish before the call launches and hide any sharing.
+    call(side)
+    cupy.empty(8, dtype=cupy.uint8).fill(0xFF)
     torch.cuda.synchronize()  # the inputs are ready; nothing but the poisoning runs on the legacy stream now
     _blocks_still_in_use(nbytes)
     results = call(side)
