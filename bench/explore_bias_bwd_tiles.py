@@ -118,13 +118,13 @@ def fused_final():
 
     from rawops import elementwise as ew
     from rawops import torch_adapter as ta
-    from rawops.matmul import _on_stream
+    from rawops._launch import allocating_on
 
     cc = torch.cuda.get_device_capability(0)
     module = cupy.RawModule(path=cubin(f"{cc[0]}{cc[1]}"))
     device = torch.cuda.current_device()
     torch_stream = torch.cuda.current_stream().cuda_stream
-    cupy_stream = _on_stream(torch_stream, torch_stream)
+    cupy_stream = allocating_on(torch_stream, torch_stream)
     rows, notes = [], {}
     for name, dtype in DTYPES.items():
         dy, x = (torch.randn(ROWS, COLS, device="cuda", dtype=dtype) for _ in range(2))
@@ -217,10 +217,10 @@ def main():
     module = cupy.RawModule(path=cubin(torch.cuda.get_device_capability(0)[0].__str__() +
                                        torch.cuda.get_device_capability(0)[1].__str__()))
     device = torch.cuda.current_device()
-    from rawops.matmul import _on_stream
+    from rawops._launch import allocating_on
 
     torch_stream = torch.cuda.current_stream().cuda_stream
-    cupy_stream = _on_stream(torch_stream, torch_stream)  # the same stream, as CuPy's launch wants it
+    cupy_stream = allocating_on(torch_stream, torch_stream)  # the same stream, as CuPy's launch wants it
     rows, notes = [], {}
     for trial, (name, dtype) in [(t, item) for item in reversed(DTYPES.items()) for t in range(TRIALS)]:
         # a spacer of a different size each trial: the operands land at other addresses

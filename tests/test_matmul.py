@@ -182,9 +182,11 @@ def test_a_callers_stream_is_made_current_without_cupys_deprecated_external_stre
     # CuPy 14 deprecates ExternalStream; a library call with stream= must not warn the user.
     import warnings
 
+    from rawops._launch import allocating_on
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        current = mm._on_stream(object(), 0x1234)
+        current = allocating_on(object(), 0x1234)
     assert current.ptr == 0x1234
 
 
