@@ -299,7 +299,10 @@ cpdef DeviceArray as_array(object obj, str name):
     cupy = _import_cupy()
     if type(obj) is _cupy_ndarray:
         return _from_cupy(obj, name)
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except RuntimeError as error:  # torch: a tensor that requires grad refuses to export
+        raise TypeError(f"{name} cannot be read through __cuda_array_interface__: {error}") from None
     if cai is not None:
         return _from_cai(obj, cai, name)
     if isinstance(obj, _cupy_ndarray):

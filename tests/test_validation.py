@@ -161,6 +161,16 @@ def test_gelu_of_int32_names_x_and_the_supported_dtypes():
         rawops.gelu(FakeCAI((16,), "<i4"))
 
 
+def test_an_array_that_refuses_to_export_is_a_type_error_naming_it():
+    class RequiresGrad:  # what a torch tensor that requires grad does
+        @property
+        def __cuda_array_interface__(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad.")
+
+    with pytest.raises(TypeError, match=r"^x cannot be read through __cuda_array_interface__: Can't get"):
+        rawops.gelu(RequiresGrad())
+
+
 def test_v2_typestr_is_a_type_error_that_explains_bfloat16():
     with pytest.raises(TypeError, match=r"^x has dtype '<V2'.*bfloat16.*CuPy.*DLPack"):
         rawops.gelu(FakeCAI((16,), "<V2"))
