@@ -85,3 +85,71 @@ def test_a_given_stream_allocates_from_its_own_pool_blocks(name):
     cupy.cuda.Device().synchronize()  # both streams done: a block the two shared now holds NaN
     for i, (got, want) in enumerate(zip(results, expected, strict=True)):
         assert_close(to_torch(got), want, torch.float32, f"{name} output {i}", factor=20)
+
+
+def _graph_case(name):
+    """(call() -> results on CuPy's current stream, torch inputs, reference(inputs) -> float64 results)."""
+    if name in ("gelu", "layer_norm", "softmax", "bias_gelu_backward"):
+        x, dy = random((ROWS, COLS), torch.float32), random((ROWS, COLS), torch.float32)
+        bias = random((COLS,), torch.float32)
+        X, DY, BIAS = to_cupy(x), to_cupy(dy), to_cupy(bias)
+        if name == "gelu":
+            return lambda: [rawops.gelu(X)], [x], lambda: [F.gelu(x.double(), approximate="tanh")]
+        if name == "layer_norm":
+            return lambda: [rawops.layer_norm(X)], [x], lambda: [F.layer_norm(x.double(), (COLS,))]
+        if name == "softmax":
+            return lambda: [rawops.softmax(X)], [x], lambda: [torch.softmax(x.double(), -1)]
+
+        def bias_gelu_grads():
+            pre = (x.double() + bias.double()).requires_grad_()
+            dx, = torch.autograd.grad(F.gelu(pre, approximate="tanh"), pre, dy.double())
+            return [dx, dx.sum(0)]
+        return lambda: list(rawops.bias_gelu_backward(DY, X, BIAS)), [x, dy, bias], bias_gelu_grads
+    if name == "matmul split-K":  # 64 x 64 x 8192: split along K, partials in scratch, then gemm_reduce
+        a, b = random((64, 8192), torch.float32), random((8192, 64), torch.float32)
+        A, B = to_cupy(a), to_cupy(b)
+        return lambda: [rawops.matmul(A, B)], [a, b], lambda: [a.double() @ b.double()]
+    if name == "linear_gelu f32 32x768->3072":
+        x, w, bias = random((32, 768), torch.float32), random((3072, 768), torch.float32, 768 ** -0.5), \
+            random((3072,), torch.float32)
+        X, W, BIAS = to_cupy(x), to_cupy(w), to_cupy(bias)
+        return (lambda: [rawops.linear_gelu(X, W, BIAS)], [x, w, bias],
+                lambda: [F.gelu(F.linear(x.double(), w.double(), bias.double()), approximate="tanh")])
+    if name == "fused_mlp":
+        weights = [random(shape, torch.float32, shape[1] ** -0.5) for shape in SIZES]
+        biases = [random(shape[:1], torch.float32) for shape in SIZES]
+        xm = random((ROWS, 100), torch.float32)
+        Xm, Ws, Bs = to_cupy(xm), [to_cupy(t) for t in weights], [to_cupy(t) for t in biases]
+
+        def mlp64():
+            h = xm.double()
+            for i, (wi, bi) in enumerate(zip(weights, biases)):
+                h = F.linear(h, wi.double(), bi.double())
+                h = F.relu(h) if i < len(SIZES) - 1 else h
+            return [h]
+        return lambda: [rawops.fused_mlp(Xm, Ws, Bs)], [xm, *weights, *biases], mlp64
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("name", ["gelu", "bias_gelu_backward", "layer_norm", "softmax", "matmul split-K",
+                                  "linear_gelu f32 32x768->3072", "fused_mlp"])
+def test_a_cupy_stream_capture_replays_on_new_inputs(name):
+    """DESIGN: capture into a CUDA graph works. Captured on a CuPy stream (the CuPy API's way), then
+    replayed twice after the inputs were overwritten in place: the graph must read them anew."""
+    call, inputs, reference = _graph_case(name)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        call()  # warm-up on this stream: module loads, and pool blocks for the capture's allocations
+        stream.synchronize()
+        stream.begin_capture()
+        results = call()
+        graph = stream.end_capture()
+    for trial in range(2):
+        with torch.no_grad():
+            for t in inputs:
+                t.copy_(random(t.shape, t.dtype))
+        torch.cuda.synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        for i, (got, want) in enumerate(zip(results, reference(), strict=True)):
+            assert_close(to_torch(got), want, torch.float32, f"{name} replay {trial}, output {i}", factor=20)
