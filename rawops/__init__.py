@@ -6,7 +6,7 @@ DLPack producer, zero-copy, with no build or import dependency on torch.
 
 torch users: `rawops.torch_adapter` (autograd, torch.compile, nn.Modules).
 """
-from ._launch import NoDeviceError, as_array
+from ._launch import NoDeviceError, as_array, release_captured_scratch
 from .elementwise import (
     add,
     bias_gelu,
@@ -61,6 +61,7 @@ __all__ = [
     "relu_scale_add",
     "relu_scale_add_backward",
     "relu_scale_backward",
+    "release_captured_scratch",
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_forward",

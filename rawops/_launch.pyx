@@ -427,6 +427,27 @@ def allocating_on(stream, uintptr_t s):
     return from_external(_StreamHandle(s)) if from_external is not None else cupy.cuda.ExternalStream(s)
 
 
+_captured_scratch = []  # scratch that captured launches use: their graphs may replay at any time
+
+
+def hold_if_capturing(uintptr_t s, *scratch):
+    """Keep `scratch` (what a call allocated for itself: partial sums, split-K slabs, an
+    intermediate) alive while stream `s` is being captured into a CUDA graph. Back in CuPy's
+    pool, a block could be handed to a later array while the graph's replays still write it.
+    Held until release_captured_scratch(). The legacy streams (0, 1) cannot be captured."""
+    if s <= 1 or not _import_cupy().cuda.runtime.streamIsCapturing(s):
+        return
+    _captured_scratch.extend(a for a in scratch if a is not None)
+
+
+def release_captured_scratch():
+    """Free the scratch of every call captured so far (see hold_if_capturing): call it once no
+    graph captured from rawops' CuPy API will replay again. Returns how many buffers it freed."""
+    count = len(_captured_scratch)
+    _captured_scratch.clear()
+    return count
+
+
 cdef int _object_device(object stream) except -2:
     """The GPU a stream object says it belongs to (CuPy: device_id, torch: device_index); -1
     when it does not say. A raw int handle is taken as given: the driver dereferences what it

@@ -5,8 +5,8 @@ including 0, contiguous, offset views included. Output is a new CuPy array unles
 is given (in-place with `out=x` is allowed). Launches go on CuPy's current stream of the
 data's device, or on `stream=`. Kernels: kernels/elementwise.cu.
 """
-from ._launch import (MapKernel, allocating_on, as_array, launch, real_scalar, require_str, resolve_device,
-                      sm_count, stream_pointer, wait_for_producer)
+from ._launch import (MapKernel, allocating_on, as_array, hold_if_capturing, launch, real_scalar, require_str,
+                      resolve_device, sm_count, stream_pointer, wait_for_producer)
 from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES
 from . import _modules
 
@@ -177,6 +177,7 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
             partial = cupy.empty((plan[1], cols), dtype="float32")
             launch_bias_gelu_backward(device, a_dy.dtype, approximate, plan, a_dy.ptr, a_x.ptr, a_bias.ptr,
                                       dx_ptr, partial.data.ptr, dbias.data.ptr, rows, cols, s)
+            hold_if_capturing(s, partial)
         else:  # the map kernel (scalar head and tail where misaligned), then dx's column sums
             kernel.launch_pointers(device, a_dy.dtype, a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr, a_dy.size, cols,
                                    0.0, s)
@@ -184,6 +185,7 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
             partial = cupy.empty((chunks, cols), dtype="float32")
             launch_column_sum(device, a_dy.dtype, dx_ptr, partial.data.ptr, dbias.data.ptr, rows, cols, chunks,
                               rows_per_chunk, s)
+            hold_if_capturing(s, partial)
     return dx, dbias
 
 
@@ -295,4 +297,5 @@ def column_sum(x, *, stream=None):
         partial = cupy.empty((chunks, cols), dtype="float32")
         launch_column_sum(device, a.dtype, a.ptr, partial.data.ptr, result.data.ptr, rows, cols, chunks,
                           rows_per_chunk, s)
+        hold_if_capturing(s, partial)
     return result

@@ -15,8 +15,8 @@ kernel of rawops/_gemm_sm90.py when the output fills the GPU, else mma.sync, sm_
 the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
 the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
 """
-from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, launch, require_str, sm_count,
-                      stream_pointer, wait_for_producer)
+from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, require_str,
+                      sm_count, stream_pointer, wait_for_producer)
 from . import _gemm_sm90, _gemm_tf32, _modules, _rows
 
 FAMILY = "matmul"
@@ -270,7 +270,8 @@ def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, 
 def _cupy_workspace(nbytes):
     import cupy
 
-    memory = cupy.cuda.alloc(nbytes)
+    memory = cupy.cuda.alloc(nbytes)  # on the launches' stream: the callers allocate on it (allocating_on)
+    hold_if_capturing(cupy.cuda.get_current_stream().ptr, memory)
     return memory.ptr, memory
 
 
@@ -452,4 +453,5 @@ def linear_gelu_backward(dy, x, weight, bias=None, approximate="tanh", *, preact
                         _cupy_workspace)
             if db is None and Bv is not None:
                 db = elementwise.column_sum(dpre.reshape(m, n), stream=s)
+            hold_if_capturing(s, dpre, partial if fused is not None else None)
     return dx, dw, db

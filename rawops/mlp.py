@@ -19,8 +19,8 @@ fused_mlp_backward returns dx, the weight and the bias gradients; weight and bia
 are summed over the batch deterministically (per-chunk partials, then a fixed-order sum).
 Kernels: kernels/mlp.cu.
 """
-from ._launch import (NUMPY_DTYPES, allocating_on, as_array, launch, require_str, sm_count, stream_pointer,
-                      wait_for_producer)
+from ._launch import (NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, require_str, sm_count,
+                      stream_pointer, wait_for_producer)
 from . import _modules, _rows
 
 FAMILY = "mlp"
@@ -753,6 +753,16 @@ def _cupy_empty(shape, dtype_name):
     return a, a.data.ptr
 
 
+def _cupy_scratch(shape, dtype_name):
+    """_cupy_empty for the backward's temporaries, on the launches' stream (the callers allocate
+    on it), held while that stream is being captured."""
+    import cupy
+
+    a, pointer = _cupy_empty(shape, dtype_name)
+    hold_if_capturing(cupy.cuda.get_current_stream().ptr, a)
+    return a, pointer
+
+
 def fused_mlp(x, weights, biases=None, activation="relu", output_activation="none", *, out=None, stream=None):
     """The whole MLP in one launch: y = output_act(... act(x W_0^T + b_0) ... W_L^T + b_L)
     with weights [W_0, ..., W_L] in torch.nn.Linear layout ([out, in]) and biases [b_0, ...]
@@ -838,5 +848,5 @@ def fused_mlp_backward(dy, x, y, saved, weights, biases=None, activation="relu",
         dbs = [cupy.ndarray(b.shape, dtype) for b in Bs] if Bs is not None else None
         launch_backward(plan, device, DY.ptr, X.ptr, Y.ptr, [a.ptr for a in S], [w.ptr for w in Ws],
                         dx.data.ptr if dx is not None and batch else 0, [a.data.ptr for a in dws],
-                        [a.data.ptr for a in dbs] if dbs is not None else None, batch, s, _cupy_empty)
+                        [a.data.ptr for a in dbs] if dbs is not None else None, batch, s, _cupy_scratch)
     return dx, dws, dbs

@@ -5,7 +5,8 @@ are rows), any row width, any number of rows including 0; math in float32. weigh
 optional, of shape (x.shape[-1],) and x's dtype. The forward also returns the per-row
 float32 statistics the backward needs. Kernels: kernels/norm.cu.
 """
-from ._launch import NUMPY_DTYPES, allocating_on, launch, real_scalar, sm_count, stream_pointer, wait_for_producer
+from ._launch import (NUMPY_DTYPES, allocating_on, hold_if_capturing, launch, real_scalar, sm_count, stream_pointer,
+                      wait_for_producer)
 from . import _modules, _rows
 
 FAMILY = "norm"
@@ -197,6 +198,7 @@ def _backward(op, dy, x, weight, mean, rstd, want_dbias, stream):
                             partial_db.data.ptr if partial_db is not None else 0,
                             dweight.data.ptr if dweight is not None else 0,
                             dbias.data.ptr if dbias is not None else 0, rows, n, plan, s)
+            hold_if_capturing(s, partial_dw, partial_db)
     return dx, dweight, dbias
 
 

@@ -2,6 +2,8 @@
 on the given stream, so that it is ordered with the launches that write it. A block the pool
 hands out on the *current* stream is only ordered with that stream's work: a kernel on another
 stream could write it while the current stream's last user of the block still runs."""
+import importlib
+
 import cupy
 import pytest
 
@@ -12,6 +14,9 @@ import rawops  # noqa: E402
 from gpu_reference import assert_close, random, to_cupy, to_torch  # noqa: E402
 from rawops import elementwise  # noqa: E402
 from rawops._launch import sm_count  # noqa: E402
+from rawops._modules import compute_capability  # noqa: E402
+
+matmul_module = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
 
 pytestmark = pytest.mark.gpu
 
@@ -153,3 +158,51 @@ def test_a_cupy_stream_capture_replays_on_new_inputs(name):
         stream.synchronize()
         for i, (got, want) in enumerate(zip(results, reference(), strict=True)):
             assert_close(to_torch(got), want, torch.float32, f"{name} replay {trial}, output {i}", factor=20)
+    rawops.release_captured_scratch()  # the graph is done with
+
+
+def _scratch_case(name):
+    """(call() -> results, reference() -> float64 results, bytes of the call's scratch)."""
+    if name == "bias_gelu_backward":
+        x, dy, bias = random((ROWS, COLS), torch.float32), random((ROWS, COLS), torch.float32), \
+            random((COLS,), torch.float32)
+        X, DY, BIAS = to_cupy(x), to_cupy(dy), to_cupy(bias)
+        chunks = elementwise.bias_gelu_bwd_plan(ROWS, COLS, 0, (X.data.ptr, DY.data.ptr, BIAS.data.ptr),
+                                                sm_count(X.device.id))[1]
+
+        def grads():
+            pre = (x.double() + bias.double()).requires_grad_()
+            dx, = torch.autograd.grad(F.gelu(pre, approximate="tanh"), pre, dy.double())
+            return [dx, dx.sum(0)]
+        return lambda: list(rawops.bias_gelu_backward(DY, X, BIAS)), grads, chunks * COLS * 4
+    a, b = random((64, 8192), torch.float32), random((8192, 64), torch.float32)
+    A, B = to_cupy(a), to_cupy(b)
+    device = A.device.id
+    splits = matmul_module.plan("nn", 0, 64, 64, 8192, compute_capability(device), A.data.ptr, B.data.ptr,
+                                sm_count(device))[4]
+    assert splits > 1, "this shape is meant to split K"
+    return lambda: [rawops.matmul(A, B)], lambda: [a.double() @ b.double()], splits * 64 * 64 * 4
+
+
+@pytest.mark.parametrize("name", ["bias_gelu_backward", "matmul split-K"])
+def test_a_captured_calls_scratch_is_not_handed_to_later_arrays(name):
+    """The partial sums a captured call wrote are rewritten by every replay: arrays allocated after
+    the capture, on the same stream, must not get their blocks (rawops holds them)."""
+    call, reference, nbytes = _scratch_case(name)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        call()  # warm-up: module loads are not allowed while capturing
+        stream.synchronize()
+        stream.begin_capture()
+        results = call()
+        graph = stream.end_capture()
+        later = [cupy.full(nbytes // 4, 7.0, dtype=cupy.float32) for _ in range(4)]  # the pool's free blocks
+    try:
+        graph.launch(stream)
+        stream.synchronize()
+        for i, (got, want) in enumerate(zip(results, reference(), strict=True)):
+            assert_close(to_torch(got), want, torch.float32, f"{name} replay, output {i}", factor=20)
+        assert all(bool((a == 7.0).all()) for a in later), "a replay wrote into an array allocated after the capture"
+    finally:
+        assert rawops.release_captured_scratch() > 0, "the captured call's scratch was not held"
+    assert rawops.release_captured_scratch() == 0
