@@ -1091,9 +1091,20 @@ def test_seed_backward_matches_torch_float64(batch, output_activation):
     for i, (g, a) in enumerate([(g1, x.double()), (g2, h1), (g3, h2)]):
         assert_close(dws[i], g.T @ a, torch.float32, f"dW{i}")
         assert_close(dbs[i], g.sum(0), torch.float32, f"db{i}")
-    # and within float32 rounding (plus the rare flipped mask) of the float64 network's
+    # and within float32 rounding of the float64 network's, on the rows whose ReLU masks the two
+    # forwards agree on: a z within float32 rounding of 0 flips one (measured: one flip in a batch
+    # of 1000 put the whole dx 5.3e-3 off, session 14), and those rows must stay rare.
     _, dx64, dw64, _ = _grads64(net, x, dy)
-    assert_close(dx, dx64, torch.float32, "dx vs the float64 network", factor=300)
+    b1, b2, b3 = (b.double() for b in biases)
+    z1 = x.double() @ w1.T + b1
+    z2 = torch.relu(z1) @ w2.T + b2
+    z3 = torch.relu(z2) @ w3.T + b3
+    flipped = ((z1 > 0) != (h1 > 0)).any(1) | ((z2 > 0) != (h2 > 0)).any(1)
+    if output_activation == "relu":
+        flipped |= ((z3 > 0) != (y32 > 0)).any(1)
+    assert int(flipped.sum()) <= max(1, batch // 100), f"{int(flipped.sum())} of {batch} rows flipped a ReLU mask"
+    kept = ~flipped
+    assert_close(to_torch(dx).double()[kept], dx64[kept], torch.float32, "dx vs the float64 network", factor=300)
 
 
 def _launched_kernels(monkeypatch):
