@@ -1,7 +1,8 @@
-"""`stream=` in the CuPy API: what a call allocates (outputs, scratch) comes from CuPy's pool
-on the given stream, so that it is ordered with the launches that write it. A block the pool
-hands out on the *current* stream is only ordered with that stream's work: a kernel on another
-stream could write it while the current stream's last user of the block still runs."""
+"""The CuPy API's streams. With `stream=`, what a call allocates (outputs, scratch) comes from
+CuPy's pool on the given stream, so that it is ordered with the launches that write it: a block
+the pool hands out on the *current* stream is only ordered with that stream's work. Calls
+captured on a CuPy stream replay on new inputs, and the scratch a captured call uses is never
+handed to a later array while its graph may replay."""
 import importlib
 
 import cupy
