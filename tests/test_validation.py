@@ -622,6 +622,15 @@ def test_as_array_of_a_list_is_a_type_error_naming_the_argument():
 
 
 # ------------------------------------------------------------------------------ streams
+def test_the_legacy_streams_hold_no_scratch_and_release_counts_what_was_held():
+    from rawops._launch import hold_if_capturing, release_captured_scratch
+
+    release_captured_scratch()
+    hold_if_capturing(0, object())  # the legacy streams cannot be captured: no CUDA call, nothing held
+    hold_if_capturing(1, object())
+    assert release_captured_scratch() == 0
+
+
 def test_stream_pointer_accepts_int_handles_and_stream_objects():
     class CupyLike:
         ptr = 0x1234
