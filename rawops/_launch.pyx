@@ -766,6 +766,7 @@ cdef class MapKernel:
         cdef DeviceArray B = None
         cdef DeviceArray C = None
         cdef DeviceArray O = None
+        cdef uintptr_t s
         if A.dtype < 0 or A.dtype >= N_FLOAT:
             raise TypeError(f"{A.name} has dtype {A.dtype_text}; {self.name} supports float32, float16, bfloat16")
         if not A.contiguous:
