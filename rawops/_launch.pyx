@@ -294,6 +294,20 @@ cdef DeviceArray _from_cai(object obj, dict cai, str name):
     return a
 
 
+class _DLPackOnStream:
+    """`obj` for cupy.from_dlpack, its __dlpack__ called with rawops' choice of stream."""
+    __slots__ = ("obj", "stream")
+
+    def __init__(self, obj, stream):
+        self.obj, self.stream = obj, stream
+
+    def __dlpack__(self, *, stream=None, **kwargs):
+        return self.obj.__dlpack__(stream=self.stream, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.obj.__dlpack_device__()
+
+
 cpdef DeviceArray as_array(object obj, str name):
     """Read `obj` as a device array without copying; TypeError if it is not one."""
     cupy = _import_cupy()
@@ -308,11 +322,17 @@ cpdef DeviceArray as_array(object obj, str name):
     if isinstance(obj, _cupy_ndarray):
         return _from_cupy(obj, name)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        device_type = obj.__dlpack_device__()[0]
+        device_type, device_id = obj.__dlpack_device__()[:2]
         if device_type not in (2, 13):  # kDLCUDA, kDLCUDAManaged
             raise TypeError(f"{name} is in host memory (DLPack device type {device_type}); rawops needs "
                             "GPU memory: move it to the GPU first (e.g. cupy.asarray(x))")
-        return _from_cupy(cupy.from_dlpack(obj), name)
+        # The producer orders its pending work before the stream the consumer names: CuPy's
+        # current stream of that GPU, named here rather than left to cupy.from_dlpack so that
+        # a launch on another stream (stream=) knows to wait for it, as for CAI v3's key.
+        consumer = cupy.cuda.get_current_stream(device_id).ptr or 1  # 0 is not allowed: 1, legacy
+        a = _from_cupy(cupy.from_dlpack(_DLPackOnStream(obj, consumer)), name)
+        a.stream = consumer
+        return a
     if hasattr(obj, "__array_interface__") or hasattr(obj, "__array__"):
         raise TypeError(f"{name} is a host array ({type(obj).__name__}); rawops needs GPU memory: "
                         "move it to the GPU first (e.g. cupy.asarray(x))")

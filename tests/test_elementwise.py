@@ -347,6 +347,29 @@ def test_bfloat16_through_dlpack_producer():
     assert_close(to_torch(y), F.relu(x.double()), torch.bfloat16, "DLPack")
 
 
+def test_dlpack_producer_is_ordered_before_a_given_stream():
+    """A DLPack producer orders its pending work before the stream its consumer names. torch's
+    __dlpack__ orders its current stream's work; launched on another stream (stream=), rawops must
+    wait for the stream it named on import (before: CuPy's current one, which the launch did not
+    wait for, so the kernel read the NaN still being overwritten)."""
+    x = random((1 << 20,), torch.float32)
+    side = torch.cuda.Stream()
+    late = written_late(x, side)
+
+    class OnlyDLPack:
+        def __dlpack__(self, **kwargs):
+            return late.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return late.__dlpack_device__()
+
+    given = cupy.cuda.Stream(non_blocking=True)
+    with torch.cuda.stream(side):  # torch's __dlpack__ orders the side stream's copy
+        y = rawops.gelu(OnlyDLPack(), stream=given)
+    given.synchronize()
+    assert_close(to_torch(y), F.gelu(x.double(), approximate="tanh"), torch.float32, "DLPack on stream=")
+
+
 def test_nvrtc_fallback_compiles_and_matches(monkeypatch):
     """The path taken when the build had no nvcc: sources compiled by NVRTC at first use."""
     from rawops import _modules
