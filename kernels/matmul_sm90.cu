@@ -1,10 +1,14 @@
 // rawops-arch: 90a
-// Matrix family, Hopper path: C = epilogue(A B) for float16 / bfloat16 on sm_90a, with the
-// tensor-core main loop of CuTe (CUTLASS's headers): WGMMA fed by the TMA copy engine.
+// Matrix family, Hopper path: C = epilogue(A B) for float16 / bfloat16, and float32 as TF32
+// (matmul's tf32=True), on sm_90a, with the tensor-core main loop of CuTe (CUTLASS's
+// headers): WGMMA fed by the TMA copy engine.
 //
 // Same contract as kernels/matmul.cu (layouts nn / nt / tn on row-major storage, the
 // epilogue of rawops/gemm_epilogue.cuh, float32 accumulation), for operands the copy engine
-// can read: 16-byte aligned, contiguous dim % 8 == 0 (rawops/_gemm_sm90.py checks).
+// can read: 16-byte aligned, 16-byte rows (rawops/_gemm_sm90.py checks). WGMMA reads TF32
+// operands K-major only, so float32 has the nt layout alone (x @ W^T); rawops/_gemm_tf32.py
+// transposes b (or a) into scratch for nn (tn) first. Tile edges are in bytes: a stage holds
+// 128 bytes of K (64 16-bit or 32 float32 elements), an output box 128 bytes of columns.
 //
 // One persistent block per SM, 384 threads in three warpgroups:
 //   producer   one thread issues the TMA loads of a 128 x 64 A tile and a 256 x 64 B tile
@@ -38,16 +42,19 @@ namespace sm90 {
 
 using namespace cute;
 
-constexpr int kBM = 128, kBN = 256, kBK = 64, kStages = 4;
+constexpr int kBM = 128, kBN = 256, kStages = 4;
+constexpr int kSpanBytes = 128;     // the 128-byte swizzle span: a stage's K, an output box's columns
+template <typename E> constexpr int kBKOf = kSpanBytes / int(sizeof(E));  // K elements a stage
 constexpr int kThreads = 384;       // producer warpgroup + two consumer warpgroups
 constexpr int kGroupRows = 8;       // tile-rows per group of the tile order
-constexpr int kBox = 64;            // TMA box edge along a contiguous dim: 64 x 2 bytes = the swizzle span
+constexpr int kBox = 64;            // an M/N-major operand's TMA box edge (16-bit only): 64 x 2 bytes = the span
 constexpr int kConsumers = 256;     // the two consumer warpgroups
 constexpr int kEpilogueBarrier = 1; // named barrier of the consumers (0 is __syncthreads)
 
 template <typename T> struct CuteType;
 template <> struct CuteType<__half> { using type = cutlass::half_t; };
 template <> struct CuteType<__nv_bfloat16> { using type = cutlass::bfloat16_t; };
+template <> struct CuteType<float> { using type = cutlass::tfloat32_t; };  // WGMMA reads float32 as TF32
 
 // Shared-memory layout of one operand, (rows, k, stage). K-major tiles stack 8-row swizzle
 // atoms along the rows (one TMA box of rows x 64 fills a stage); MN-major tiles put the
@@ -55,11 +62,13 @@ template <> struct CuteType<__nv_bfloat16> { using type = cutlass::bfloat16_t; }
 template <typename E, bool K_MAJOR, int ROWS>
 using SmemLayout = decltype(tile_to_shape(
     conditional_t<K_MAJOR, GMMA::Layout_K_SW128_Atom<E>, GMMA::Layout_MN_SW128_Atom<E>>{},
-    make_shape(Int<ROWS>{}, Int<kBK>{}, Int<kStages>{}),
+    make_shape(Int<ROWS>{}, Int<kBKOf<E>>{}, Int<kStages>{}),
     conditional_t<K_MAJOR, Step<_1, _2, _3>, Step<_2, _1, _3>>{}));
 
 template <typename T, bool A_KM, bool B_KM> struct Config {
   using E = typename CuteType<T>::type;
+  static_assert(sizeof(E) == 2 || (A_KM && B_KM), "WGMMA reads TF32 operands K-major only");
+  static constexpr int kBK = kBKOf<E>;
   static constexpr GMMA::Major kMajorA = A_KM ? GMMA::Major::K : GMMA::Major::MN;
   static constexpr GMMA::Major kMajorB = B_KM ? GMMA::Major::K : GMMA::Major::MN;
   using LayoutA = SmemLayout<E, A_KM, kBM>;
@@ -68,13 +77,13 @@ template <typename T, bool A_KM, bool B_KM> struct Config {
   using Mma = decltype(make_tiled_mma(
       GMMA::ss_op_selector<E, E, float, Shape<Int<kBM>, Int<kBN>, Int<kBK>>, kMajorA, kMajorB>(),
       Layout<Shape<_2, _1, _1>>{}));
-  static constexpr int kStageBytes = (kBM + kBN) * kBK * int(sizeof(E));
+  static constexpr int kStageBytes = (kBM + kBN) * kBK * int(sizeof(E));  // 48 KB for every type
 };
 
 template <typename E> struct alignas(1024) Shared {
-  E a[kStages][kBM * kBK];  // 1024-byte aligned stages: the swizzle is taken from address bits
-  E b[kStages][kBN * kBK];
-  E out[2][kBM * kBox];     // the epilogue's two 128 x 64 staging buffers for the TMA stores
+  E a[kStages][kBM * kBKOf<E>];  // 1024-byte aligned stages: the swizzle is taken from address bits
+  E b[kStages][kBN * kBKOf<E>];
+  char out[2][kBM * kSpanBytes]; // the epilogue's two staging buffers (128 rows x 128 bytes) for the TMA stores
   float bias[kBN];          // the tile's bias
   uint64_t full[kStages];
   uint64_t empty[kStages];
@@ -98,7 +107,7 @@ __device__ __forceinline__ void load_operand(const CUtensorMap* map, uint64_t* f
   } else {
 #pragma unroll
     for (int j = 0; j < ROWS / kBox; ++j)
-      SM90_TMA_LOAD_2D::copy(map, full, 0, smem + j * kBox * kBK, row0 + j * kBox, k0);
+      SM90_TMA_LOAD_2D::copy(map, full, 0, smem + j * kBox * kBKOf<E>, row0 + j * kBox, k0);
   }
 }
 
@@ -106,9 +115,10 @@ __device__ __forceinline__ void consumers_sync() {
   cutlass::arch::NamedBarrier::sync(kConsumers, kEpilogueBarrier);
 }
 
-// Stores the tile's values (acc, float32) through the copy engine: per 64-column quarter, the
-// consumers write it to a staging buffer in the 128-byte swizzle (conflict-free 4-byte
-// stores), then one thread issues the TMA store of the 128 x 64 box, which clips at the
+// Stores the tile's values (acc, float32) through the copy engine: per 128-byte column slab (64
+// 16-bit or 32 float32 columns), the consumers write it to a staging buffer in the 128-byte
+// swizzle (each thread a pair of columns: 4- or 8-byte stores), then one thread issues the TMA
+// store of the 128-row box, which clips at the
 // matrix's edges; the two buffers alternate, so the stores drain while the next quarter is
 // written and while the next tile's main loop runs. `issued` counts the stores so far.
 // Accumulator i of a thread is row (t / 4) % 8 + 16 (t / 32) + 64 warpgroup + 8 ((i / 2) % 2),
@@ -116,29 +126,32 @@ __device__ __forceinline__ void consumers_sync() {
 template <typename T, typename E, class Acc>
 __device__ __forceinline__ void store_through_tma(const Acc& acc, Shared<E>& smem, const CUtensorMap* map, int thread,
                                                   int row0, int col0, int& issued) {
+  using Pair = conditional_t<sizeof(T) == 2, uint32_t, uint2>;
+  constexpr int kCols = kSpanBytes / int(sizeof(T));  // columns a box
   const int row = 64 * (thread / 128) + 16 * (thread % 128 / 32) + thread % 32 / 4;
-  const int col_bytes = 4 * (thread % 4);
+  const int pair_bytes = int(sizeof(Pair)) * (thread % 4);  // within an 8-column group
 #pragma unroll
-  for (int q = 0; q < kBN / kBox; ++q) {
+  for (int q = 0; q < kBN / kCols; ++q) {
     const int buffer = issued & 1;
     if (thread == 0) tma_store_wait<1>();  // the store that last read this buffer is done with it
     consumers_sync();
     char* base = reinterpret_cast<char*>(smem.out[buffer]);
 #pragma unroll
-    for (int jj = 0; jj < kBox / 8; ++jj) {
+    for (int jj = 0; jj < kCols / 8; ++jj) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int i = 4 * (q * kBox / 8 + jj) + 2 * h;
+        const int i = 4 * (q * kCols / 8 + jj) + 2 * h;
         const int r = row + 8 * h;
-        __align__(4) T pair[2] = {from_float<T>(acc(i)), from_float<T>(acc(i + 1))};
-        *reinterpret_cast<uint32_t*>(base + r * 128 + ((jj ^ (r & 7)) << 4) + col_bytes) =
-            *reinterpret_cast<const uint32_t*>(pair);
+        const int byte = jj * 8 * int(sizeof(T)) + pair_bytes;  // in the unswizzled 128-byte row
+        __align__(8) T pair[2] = {from_float<T>(acc(i)), from_float<T>(acc(i + 1))};
+        *reinterpret_cast<Pair*>(base + r * kSpanBytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15)) =
+            *reinterpret_cast<const Pair*>(pair);
       }
     }
     cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
     consumers_sync();
     if (thread == 0) {
-      SM90_TMA_STORE_2D::copy(map, smem.out[buffer], col0 + q * kBox, row0);
+      SM90_TMA_STORE_2D::copy(map, smem.out[buffer], col0 + q * kCols, row0);
       tma_store_arrive();
     }
     ++issued;
@@ -183,6 +196,7 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   const int warpgroup = threadIdx.x / 128;
   const int tiles_m = int((M + kBM - 1) / kBM), tiles_n = int((N + kBN - 1) / kBN);
   const int tiles = tiles_m * tiles_n;
+  constexpr int kBK = C::kBK;
   const int k_tiles = int((K + kBK - 1) / kBK);
 
   if (threadIdx.x == 0) {
@@ -289,3 +303,4 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
 
 RAWOPS_SM90_FAMILY(__half, f16)
 RAWOPS_SM90_FAMILY(__nv_bfloat16, bf16)
+RAWOPS_SM90(nt, true, true, float, tf32)  // float32 as TF32: K-major operands only

@@ -271,3 +271,23 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
 RAWOPS_TF32(nn, true, false)
 RAWOPS_TF32(nt, true, true)
 RAWOPS_TF32(tn, false, false)
+
+// in (rows x cols, row-major) -> out (cols x rows), each value rounded to TF32 (to_tf32: nearest,
+// ties away, as the mma.sync kernels round): the Hopper TF32 GEMM (kernels/matmul_sm90.cu) reads
+// its operands K-major only, so nn's b (K x N) goes through this first (rawops/_gemm_tf32.py).
+// 32 x 32 tiles through shared memory, 33-float rows so that the column reads are conflict-free;
+// 256 threads, grid (ceil(cols / 32), ceil(rows / 32)).
+extern "C" __global__ void __launch_bounds__(256) transpose_tf32_f32(const float* in, float* out, long long rows,
+                                                                      long long cols) {
+  __shared__ float tile[32][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const long long r0 = (long long)blockIdx.y * 32, c0 = (long long)blockIdx.x * 32;
+#pragma unroll
+  for (int i = ty; i < 32; i += 8)
+    if (r0 + i < rows && c0 + tx < cols) tile[i][tx] = in[(r0 + i) * cols + c0 + tx];
+  __syncthreads();
+#pragma unroll
+  for (int i = ty; i < 32; i += 8)
+    if (c0 + i < cols && r0 + tx < rows)
+      out[(c0 + i) * rows + r0 + tx] = __uint_as_float(rawops::to_tf32(__float_as_uint(tile[tx][i])));
+}

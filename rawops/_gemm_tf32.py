@@ -11,9 +11,15 @@ operand's contiguous dim % 4 == 0 (16-byte cp.async rows), N % 4 == 0 where b is
 misaligned views, pre-sm_80 GPUs) gets None and its caller runs the exact FFMA kernels of
 kernels/matmul.cu: more precise than asked, never wrong. Small outputs split K like the
 half-type tensor-core GEMM, the partials summed in order by matmul's gemm_reduce_f32.
+
+On sm_90 an output that fills the GPU goes to the Hopper GEMM instead (`hopper_plan`:
+kernels/matmul_sm90.cu, WGMMA fed by TMA, ~3x mma.sync's rate). WGMMA reads TF32 operands
+K-major only: nt (x @ W^T) runs as is, reading its operands as TF32 through the tensor maps;
+nn first writes b transposed and rounded to TF32 (transpose_tf32_f32) into K x N floats of
+scratch from the caller's workspace, then runs nt; tn stays on mma.sync.
 """
 from ._launch import launch, sm_count
-from . import _modules
+from . import _gemm_sm90, _modules
 
 FAMILY = "matmul_tf32"
 LAYOUTS = ("nn", "nt", "tn")  # as rawops.matmul: b (K, N) | b given as (N, K) | a given as (K, M)
@@ -36,11 +42,15 @@ SPLIT_MIN_K, SPLIT_CHUNK, MAX_SPLITS = 1024, 256, 16
 MAX_BLOCKS, MAX_GRID_Y = 1 << 31, 65535
 REDUCE_FAMILY, REDUCE_KERNEL, REDUCE_THREADS = "matmul", "gemm_reduce_f32", 256
 KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.matmul.KINDS
+HOPPER = True  # the switch: False keeps every TF32 GEMM on mma.sync (comparisons, debugging)
+HOPPER_LAYOUTS = ("nt", "nn")  # nn through a transposed copy of b
+TRANSPOSE_KERNEL, TRANSPOSE_THREADS, TRANSPOSE_TILE = "transpose_tf32_f32", 256, 32
 
 
 def entry_points():
     """Every extern "C" kernel the fatbin must hold, on every architecture."""
-    return sorted(f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in LAYOUTS)
+    return sorted([f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in LAYOUTS]
+                  + [TRANSPOSE_KERNEL])
 
 
 def _ceil(a, b):
@@ -93,6 +103,22 @@ def plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132):
     return f"gemm_tf32_{layout}_f32", grid, THREADS, shared_bytes(layout), splits
 
 
+def hopper_plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132, built=True, flags=0, pre_ptr=0):
+    """(kernel name, grid, block, shared bytes, transpose) of the Hopper TF32 GEMM, or None: for
+    nt as _gemm_sm90.plan takes it, for nn the same on b^T (fresh scratch: b's own alignment does
+    not matter, N % 4 does; transpose=True), never for tn. K over 65535 x 32 stays on mma.sync
+    (the transpose's grid.y)."""
+    if not HOPPER or layout not in HOPPER_LAYOUTS or _ceil(k, TRANSPOSE_TILE) > MAX_GRID_Y:
+        return None
+    transpose = layout == "nn"
+    found = _gemm_sm90.plan("nt", 0, m, n, k, cc, a_ptr, 0 if transpose else b_ptr, sms, built, flags, c_ptr, pre_ptr)
+    return None if found is None else (*found, transpose)
+
+
+def transpose_grid(rows, cols):
+    return (_ceil(cols, TRANSPOSE_TILE), _ceil(rows, TRANSPOSE_TILE))
+
+
 def reduce_blocks(m, n, sms):
     return max(1, min(_ceil(m * n, REDUCE_THREADS), sms * 8))
 
@@ -106,19 +132,27 @@ def _function(name, device, shared):
     return _modules.function_with_shared(FAMILY, name, device, shared)
 
 
-def _launch_plan(layout, m, n, k, a, b, c, device):
-    key = (layout, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device)
+def _launch_plan(layout, m, n, k, a, b, c, device, flags=0, pre=0):
+    key = (layout, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device, flags & 3, pre % 16 == 0)
     if key in _plans:
         return _plans[key]
     sms = sm_count(device)
-    found = plan(layout, m, n, k, compute_capability(device), a, b, c, sms)
-    cached = None
+    cc = compute_capability(device)
+    hopper = hopper_plan(layout, m, n, k, cc, a, b, c, sms, _gemm_sm90.built(device), flags, pre)
+    if hopper is not None:
+        name, grid, _, shared, transpose = hopper
+        found = None
+        cached = ("hopper", _gemm_sm90.function(name, device), grid, shared, transpose,
+                  _modules.function_pointer(FAMILY, TRANSPOSE_KERNEL, device) if transpose else 0)
+    else:
+        found = plan(layout, m, n, k, cc, a, b, c, sms)
+        cached = None
     if found is not None:
         name, grid, block, shared, splits = found
         reduce = None
         if splits > 1:
             reduce = (_modules.function_pointer(REDUCE_FAMILY, REDUCE_KERNEL, device), (reduce_blocks(m, n, sms),))
-        cached = (_function(name, device, shared), grid, block, shared, splits, reduce)
+        cached = ("mma", _function(name, device, shared), grid, block, shared, splits, reduce)
     if len(_plans) > 4096:  # shapes of a long-running process: keep the cache bounded
         _plans.clear()
     _plans[key] = cached
@@ -130,10 +164,20 @@ def launch_gemm(device, layout, a, b, c, bias, aux, pre, m, n, k, flags, stream,
     rawops.matmul.launch_gemm. Returns (taken, owner): taken False when `plan` refuses the
     shape (nothing launched: the caller runs the exact kernel); owner keeps split-K scratch
     from `workspace(nbytes)` alive until the launches are queued."""
-    found = _launch_plan(layout, m, n, k, a, b, c, device)
+    found = _launch_plan(layout, m, n, k, a, b, c, device, flags, pre)
     if found is None:
         return False, None
-    function, grid, block, shared, splits, reduce = found
+    if found[0] == "hopper":
+        _, function, grid, shared, transpose, transpose_function = found
+        owner = None
+        if transpose:  # b (K x N) -> b^T (N x K), rounded to TF32: WGMMA reads K-major TF32 only
+            source = b
+            b, owner = workspace(n * k * 4)
+            launch(transpose_function, transpose_grid(k, n), TRANSPOSE_THREADS, 0, stream, (source, b, k, n), "ppqq",
+                   device)
+        _gemm_sm90.launch_gemm(function, grid, shared, device, "nt", 0, a, b, c, bias, pre, m, n, k, flags, stream)
+        return True, owner
+    _, function, grid, block, shared, splits, reduce = found
     if splits == 1:
         launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
         return True, None

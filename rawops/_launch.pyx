@@ -593,7 +593,7 @@ def launch(uintptr_t function, tuple grid, unsigned block, unsigned shared, uint
 # CUtensorMap enums (cuda.h)
 cdef enum:
     TENSOR_MAP_BYTES = 128
-TENSOR_MAP_FLOAT16, TENSOR_MAP_BFLOAT16 = 6, 9
+TENSOR_MAP_FLOAT16, TENSOR_MAP_FLOAT32, TENSOR_MAP_BFLOAT16, TENSOR_MAP_TFLOAT32 = 6, 7, 9, 11
 TENSOR_MAP_SWIZZLE_128B = 3
 TENSOR_MAP_L2_256B = 3
 

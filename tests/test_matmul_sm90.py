@@ -40,8 +40,19 @@ def test_the_grid_is_the_tile_count_when_tiles_are_fewer_than_sms():
     assert hopper.plan("nn", BF16, 1152, 2048, 512, 90, BASE, OTHER, SMS)[1] == (72,)
 
 
+def test_float32_means_tf32_and_takes_the_nt_layout_alone():
+    """dtype 0 here is TF32 (only rawops/_gemm_tf32.py asks): WGMMA reads TF32 operands K-major."""
+    assert hopper.plan("nt", F32, 8192, 8192, 8192, 90, BASE, OTHER, SMS)[0] == "gemm_sm90_nt_tf32"
+    assert hopper.plan("nt", F32, 8192, 8192, 8188, 90, BASE, OTHER, SMS)[0] == "gemm_sm90_nt_tf32", "16-byte rows"
+    assert hopper.plan("nt", F32, 8192, 8192, 8190, 90, BASE, OTHER, SMS) is None, "K % 4: rows off 16 bytes"
+    assert hopper.plan("nt", F32, 8192, 8190, 8192, 90, BASE, OTHER, SMS) is None, "N % 4: c's rows"
+    assert hopper.tile_k(F32) == 32 and hopper.tile_k(BF16) == 64, "a stage is 128 bytes of K"
+    assert hopper.operand_maps("nt", 1000, 520, 256, F32) == ((256, 1000, 32, 128), (256, 520, 32, 256))
+
+
 @pytest.mark.parametrize("why, args", [
-    ("float32 is exact FFMA math", ("nn", F32, 8192, 8192, 8192, 90, BASE, OTHER, SMS)),
+    ("float32 (TF32) in nn: WGMMA reads TF32 K-major only", ("nn", F32, 8192, 8192, 8192, 90, BASE, OTHER, SMS)),
+    ("float32 (TF32) in tn", ("tn", F32, 8192, 8192, 8192, 90, BASE, OTHER, SMS)),
     ("sm_80 has no WGMMA", ("nn", BF16, 8192, 8192, 8192, 80, BASE, OTHER, SMS)),
     ("sm_100 runs other tensor-core instructions", ("nn", BF16, 8192, 8192, 8192, 100, BASE, OTHER, SMS)),
     ("K % 8: a's rows are not 16-byte multiples", ("nn", BF16, 8192, 8192, 8188, 90, BASE, OTHER, SMS)),
@@ -96,8 +107,9 @@ def test_python_constants_match_the_kernel():
     source = _source()
     constants = dict(re.findall(r"\b(k\w+) = (\d+)", source))
     assert int(constants["kConsumers"]) == hopper.THREADS - 128
-    assert (int(constants["kBM"]), int(constants["kBN"]), int(constants["kBK"]), int(constants["kStages"])) == (
-        hopper.TILE_M, hopper.TILE_N, hopper.TILE_K, hopper.STAGES)
+    assert (int(constants["kBM"]), int(constants["kBN"]), int(constants["kStages"])) == (
+        hopper.TILE_M, hopper.TILE_N, hopper.STAGES)
+    assert int(constants["kSpanBytes"]) == hopper.SPAN and "kBKOf = kSpanBytes / int(sizeof(E))" in source
     assert int(constants["kThreads"]) == hopper.THREADS and int(constants["kBox"]) == hopper.BOX
 
 
@@ -110,9 +122,14 @@ def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
     assert [p.split()[-1].lstrip("*") for p in params] == ["map_a", "map_b", "map_c", "map_pre", "bias", "m", "n",
                                                            "k", "flags"]
     assert hopper.FLAG_PRE > mm.EPI_ERF | 3, "the pre-activation bit is above the epilogue's flags"
-    layouts = re.findall(r"^\s*RAWOPS_SM90\((\w+),", source, re.M)
+    family = re.search(r"#define RAWOPS_SM90_FAMILY\(T, suffix\)(.*?)\n\n", source, re.S).group(1)
+    layouts = re.findall(r"RAWOPS_SM90\((\w+),", family)
     assert sorted(layouts) == sorted(mm.LAYOUTS)
-    assert {f"gemm_sm90_{layout}_{s}" for layout in layouts for s in ("f16", "bf16")} == set(hopper.entry_points())
+    suffixes = re.findall(r"^RAWOPS_SM90_FAMILY\(\w+, (\w+)\)", source, re.M)
+    singles = re.findall(r"^RAWOPS_SM90\((\w+), \w+, \w+, \w+, (\w+)\)", source, re.M)
+    assert singles == [(layout, "tf32") for layout in hopper.TF32_LAYOUTS]
+    assert {f"gemm_sm90_{layout}_{s}" for layout in layouts for s in suffixes} | \
+        {f"gemm_sm90_{layout}_{s}" for layout, s in singles} == set(hopper.entry_points())
 
 
 def test_the_source_asks_for_sm90a_only():

@@ -153,8 +153,9 @@ def test_entry_points_take_the_matrix_family_arguments():
     assert [p.split()[-1].lstrip("*") for p in params] == list(mm.ARGS)
     assert "".join("p" if "*" in p else "q" for p in params) == mm.KINDS == tf.KINDS
     layouts = re.findall(r"^RAWOPS_TF32\((\w+),", source, re.M)
-    assert sorted(f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in layouts) == \
-        tf.entry_points()
+    assert f'extern "C" __global__ void __launch_bounds__({tf.TRANSPOSE_THREADS}) {tf.TRANSPOSE_KERNEL}(' in source
+    assert sorted([f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in layouts]
+                  + [tf.TRANSPOSE_KERNEL]) == tf.entry_points()
     assert tf.REDUCE_KERNEL in mm.entry_points(), "split K reuses matmul's reduction"
 
 
@@ -215,14 +216,27 @@ def _relative_error(torch, out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-@pytest.fixture(params=["narrow", "wide"])
+@pytest.fixture(params=["narrow", "wide", "hopper"])
 def kernel(request, monkeypatch):
-    """Every shape through gemm_tf32 (WIDE off), then through gemm_tf32_wide wherever it runs."""
+    """Every shape through gemm_tf32 (WIDE off), then through gemm_tf32_wide wherever it runs,
+    then through the Hopper GEMM wherever it runs (sm_90: nt, and nn through b^T), its tile
+    threshold lowered so that small and odd shapes reach it too."""
+    from rawops import _gemm_sm90
+
     monkeypatch.setattr(tf, "WIDE", request.param == "wide")
     monkeypatch.setattr(tf, "WIDE_LAYOUTS", tf.LAYOUTS)
     monkeypatch.setattr(tf, "WIDE_MIN_TILES_PER_SM", 0)
+    monkeypatch.setattr(tf, "HOPPER", request.param == "hopper")
+    monkeypatch.setattr(_gemm_sm90, "MIN_TILES_PER_SM", 0)
     monkeypatch.setattr(tf, "_plans", {})
     return request.param
+
+
+def _hopper_runs(torch, layout, m, n, k, a, c_ptr=0):
+    from rawops import _gemm_sm90
+
+    cc = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]
+    return tf.hopper_plan(layout, m, n, k, cc, a.data_ptr(), 0, c_ptr, built=_gemm_sm90.built(0)) is not None
 
 
 @pytest.mark.gpu
@@ -235,9 +249,12 @@ def test_tf32_gemm_matches_float64_within_tf32_and_is_really_tf32(kernel, layout
     cc = 10 * torch.cuda.get_device_capability()[0] + torch.cuda.get_device_capability()[1]
     planned = tf.plan(layout, m, n, k, cc, a.data_ptr(), b.data_ptr(), 0)
     expected = planned is not None
-    if planned is not None:
+    if planned is not None and kernel != "hopper":
         assert ("_wide_" in planned[0]) == (kernel == "wide" and cc in tf.WIDE_CCS)
     assert taken == expected, f"{layout} {m}x{k}x{n}: routed {'to' if taken else 'away from'} TF32"
+    if kernel == "hopper":
+        ran = any(p is not None and p[0] == "hopper" for p in tf._plans.values())
+        assert ran == _hopper_runs(torch, layout, m, n, k, a), f"{layout} {m}x{k}x{n}: the Hopper GEMM's routing"
     error = _relative_error(torch, c, ref)
     what = f"{layout} {m}x{k}x{n} ({'tf32' if taken else 'exact'}): relative error {error:.3g}"
     if taken:
@@ -246,6 +263,24 @@ def test_tf32_gemm_matches_float64_within_tf32_and_is_really_tf32(kernel, layout
             assert error > 2e-5, f"{what}: as exact as float32, so TF32 did not run"
     else:
         assert error < EXACT_TOLERANCE, what
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_tf32_operands_are_rounded_to_nearest_not_truncated(kernel, layout):
+    """a = 1 + 3 x 2^-12 has bits below TF32's 10-bit mantissa, more than half its last place:
+    rounded to nearest it is 1 + 2^-10, truncated 1. With b = 1, c = K a exactly in float32
+    accumulation: K (1 + 2^-10) from every TF32 path, K if a path drops the bits instead (a
+    systematic -2^-11 per operand, ~1e-3 relative on random data: TF32's whole tolerance)."""
+    torch = pytest.importorskip("torch")
+    m, k, n = 256, 64, 256
+    value = 1 + 3 * 2.0 ** -12
+    a = torch.full((m, k) if layout[0] == "n" else (k, m), value, device="cuda")
+    b = torch.ones((k, n) if layout[1] == "n" else (n, k), device="cuda")
+    c, taken = _run(layout, a, b, m, n, k)
+    assert taken
+    expected = torch.full((m, n), k * (1 + 2.0 ** -10), device="cuda")
+    assert torch.equal(c, expected), f"{layout}: c {c.flatten()[0].item()!r}, expected {expected[0, 0].item()!r}"
 
 
 @pytest.mark.gpu
@@ -280,7 +315,15 @@ def test_tf32_gemm_epilogues_match_the_matrix_family(kernel, layout, flags, m, k
         # smaller norm, drew 2.1e-3 (session 9; flaky at 2x TF32's tolerance). So v is taken as the
         # kernel sums it (the same main loop under the bias epilogue), held to TF32's tolerance,
         # and the gradient epilogue is checked on it at float32's.
-        v_kernel, taken = _run(layout, a, b, m, n, k, bias, None, None, mm.EPI_BIAS)
+        # The gradient epilogue never runs on the Hopper GEMM (_gemm_sm90.plan refuses it): v from
+        # the kernel that does run it.
+        hopper, tf.HOPPER = tf.HOPPER, False
+        tf._plans.clear()
+        try:
+            v_kernel, taken = _run(layout, a, b, m, n, k, bias, None, None, mm.EPI_BIAS)
+        finally:
+            tf.HOPPER = hopper
+            tf._plans.clear()
         assert taken
         assert _relative_error(torch, v_kernel, v) < TF32_TOLERANCE, "pre-activation"
         x = v_kernel.double().requires_grad_()
