@@ -15,8 +15,9 @@ half-type tensor-core GEMM, the partials summed in order by matmul's gemm_reduce
 On sm_90 an output that fills the GPU goes to the Hopper GEMM instead (`hopper_plan`:
 kernels/matmul_sm90.cu, WGMMA fed by TMA, ~3x mma.sync's rate). WGMMA reads TF32 operands
 K-major only: nt (x @ W^T) runs as is, reading its operands as TF32 through the tensor maps;
-nn first writes b transposed and rounded to TF32 (transpose_tf32_f32) into K x N floats of
-scratch from the caller's workspace, then runs nt; tn stays on mma.sync.
+an M/N-major operand (b in nn, a and b in tn) is first written transposed and rounded to TF32
+(transpose_tf32_f32) into scratch from the caller's workspace (K x N floats for b, M x K for
+a), then nt runs on the copies.
 """
 from ._launch import launch, sm_count
 from . import _gemm_sm90, _modules
@@ -43,7 +44,7 @@ MAX_BLOCKS, MAX_GRID_Y = 1 << 31, 65535
 REDUCE_FAMILY, REDUCE_KERNEL, REDUCE_THREADS = "matmul", "gemm_reduce_f32", 256
 KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.matmul.KINDS
 HOPPER = True  # the switch: False keeps every TF32 GEMM on mma.sync (comparisons, debugging)
-HOPPER_LAYOUTS = ("nt", "nn")  # nn through a transposed copy of b
+HOPPER_LAYOUTS = ("nt", "nn", "tn")  # nn, tn through transposed copies of their M/N-major operands
 TRANSPOSE_KERNEL, TRANSPOSE_THREADS, TRANSPOSE_TILE = "transpose_tf32_f32", 256, 32
 
 
@@ -104,14 +105,17 @@ def plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132):
 
 
 def hopper_plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132, built=True, flags=0, pre_ptr=0):
-    """(kernel name, grid, block, shared bytes, transpose) of the Hopper TF32 GEMM, or None: for
-    nt as _gemm_sm90.plan takes it, for nn the same on b^T (fresh scratch: b's own alignment does
-    not matter, N % 4 does; transpose=True), never for tn. K over 65535 x 32 stays on mma.sync
-    (the transpose's grid.y)."""
-    if not HOPPER or layout not in HOPPER_LAYOUTS or _ceil(k, TRANSPOSE_TILE) > MAX_GRID_Y:
+    """(kernel name, grid, block, shared bytes, (transpose a, transpose b)) of the Hopper TF32
+    GEMM, or None: nt as _gemm_sm90.plan takes it; in nn and tn the M/N-major operands are
+    transposed into fresh scratch first (their own alignment then does not matter; K % 4 and
+    N % 4 still do). K past 65535 x 32 with a transpose stays on mma.sync (its grid.y)."""
+    if not HOPPER or layout not in HOPPER_LAYOUTS:
         return None
-    transpose = layout == "nn"
-    found = _gemm_sm90.plan("nt", 0, m, n, k, cc, a_ptr, 0 if transpose else b_ptr, sms, built, flags, c_ptr, pre_ptr)
+    transpose = (layout[0] == "t", layout[1] == "n")
+    if any(transpose) and _ceil(k, TRANSPOSE_TILE) > MAX_GRID_Y:  # both copies have K / 32 block rows
+        return None
+    found = _gemm_sm90.plan("nt", 0, m, n, k, cc, 0 if transpose[0] else a_ptr, 0 if transpose[1] else b_ptr, sms,
+                            built, flags, c_ptr, pre_ptr)
     return None if found is None else (*found, transpose)
 
 
@@ -143,7 +147,7 @@ def _launch_plan(layout, m, n, k, a, b, c, device, flags=0, pre=0):
         name, grid, _, shared, transpose = hopper
         found = None
         cached = ("hopper", _gemm_sm90.function(name, device), grid, shared, transpose,
-                  _modules.function_pointer(FAMILY, TRANSPOSE_KERNEL, device) if transpose else 0)
+                  _modules.function_pointer(FAMILY, TRANSPOSE_KERNEL, device) if any(transpose) else 0)
     else:
         found = plan(layout, m, n, k, cc, a, b, c, sms)
         cached = None
@@ -168,15 +172,20 @@ def launch_gemm(device, layout, a, b, c, bias, aux, pre, m, n, k, flags, stream,
     if found is None:
         return False, None
     if found[0] == "hopper":
-        _, function, grid, shared, transpose, transpose_function = found
-        owner = None
-        if transpose:  # b (K x N) -> b^T (N x K), rounded to TF32: WGMMA reads K-major TF32 only
-            source = b
-            b, owner = workspace(n * k * 4)
-            launch(transpose_function, transpose_grid(k, n), TRANSPOSE_THREADS, 0, stream, (source, b, k, n), "ppqq",
-                   device)
+        _, function, grid, shared, (transpose_a, transpose_b), transpose_function = found
+        owners = []
+        # WGMMA reads TF32 operands K-major only: a (K x M) -> (M x K), b (K x N) -> (N x K),
+        # rounded to TF32 on the way.
+        for transpose, rows, cols, which in ((transpose_a, k, m, 0), (transpose_b, k, n, 1)):
+            if transpose:
+                source = (a, b)[which]
+                copy, owner = workspace(rows * cols * 4)
+                owners.append(owner)
+                launch(transpose_function, transpose_grid(rows, cols), TRANSPOSE_THREADS, 0, stream,
+                       (source, copy, rows, cols), "ppqq", device)
+                a, b = (copy, b) if which == 0 else (a, copy)
         _gemm_sm90.launch_gemm(function, grid, shared, device, "nt", 0, a, b, c, bias, pre, m, n, k, flags, stream)
-        return True, owner
+        return True, tuple(owners)
     _, function, grid, block, shared, splits, reduce = found
     if splits == 1:
         launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)

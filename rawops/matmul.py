@@ -6,7 +6,8 @@ linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn
 linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
 float32 runs exact float32 math (FFMA, no tensor cores) unless matmul's `tf32=True` asks for
-TF32 tensor cores (rawops/_gemm_tf32.py, kernels/matmul_tf32.cu), with one exception: float32
+TF32 tensor cores (rawops/_gemm_tf32.py: kernels/matmul_tf32.cu, or kernels/matmul_sm90.cu on
+sm_90), with one exception: float32
 linear_gelu's forward at <= SMALL_MAX_M rows on sm_90+ runs 3xTF32 (three TF32 products per
 term, float32-level error: ~3e-7 relative against float64 at 32x768->3072, as torch's float32;
 LINEAR_TF32 = False forces the exact kernel); float16 / bfloat16 run tensor cores
@@ -315,7 +316,9 @@ def matmul(a, b, *, tf32=False, out=None, stream=None):
     dtype; float32 accumulation. float32 is exact float32 math (FFMA); `tf32=True` lets
     float32 run on TF32 tensor cores (operands rounded to 10 mantissa bits, ~1e-3 relative
     error; rawops/_gemm_tf32.py) on sm_80+ where K and N are multiples of 4 and the arrays
-    16-byte aligned, else the exact kernel. Half types ignore it."""
+    16-byte aligned, else the exact kernel; on sm_90 an output that fills the GPU runs on
+    WGMMA after b is copied, transposed, into K x N floats of scratch from CuPy's pool.
+    Half types ignore it."""
     import cupy
 
     if not isinstance(tf32, bool):

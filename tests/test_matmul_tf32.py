@@ -63,6 +63,35 @@ def test_aligned_float32_on_sm80_and_later_takes_the_tf32_kernel_in_every_layout
     assert tf.plan("nt", 33, 10, 100, 120, BASE, OTHER, C_PTR)[0] == "gemm_tf32_nt_f32", "nt: N is free"
 
 
+def test_large_outputs_on_sm90_take_the_hopper_gemm_with_m_n_major_operands_transposed_first():
+    from rawops import _gemm_sm90
+
+    shared = _gemm_sm90.SHARED_BYTES
+    expect = {"nt": (False, False), "nn": (False, True), "tn": (True, True)}
+    for layout, transpose in expect.items():
+        assert tf.hopper_plan(layout, 8192, 8192, 8192, 90, BASE, OTHER, C_PTR) == (
+            "gemm_sm90_nt_tf32", (132,), 384, shared, transpose), layout
+    # a copied operand's own alignment does not matter; one read in place must be 16-byte aligned
+    assert tf.hopper_plan("nn", 8192, 8192, 8192, 90, BASE, OTHER + 4, C_PTR) is not None
+    assert tf.hopper_plan("tn", 8192, 8192, 8192, 90, BASE + 4, OTHER + 4, C_PTR) is not None
+    assert tf.hopper_plan("nt", 8192, 8192, 8192, 90, BASE, OTHER + 4, C_PTR) is None
+    assert tf.hopper_plan("tn", 8190, 8192, 8192, 90, BASE, OTHER, C_PTR) is not None, "tn: M is a copy's column count"
+    for why, args in [("sm_80", ("nn", 8192, 8192, 8192, 80)), ("sm_100", ("nn", 8192, 8192, 8192, 100)),
+                      ("N % 4: c's rows", ("nn", 8192, 8190, 8192, 90)),
+                      ("K % 4: the K-major rows", ("nt", 8192, 8192, 8190, 90)),
+                      ("too few tiles: split K on mma.sync", ("nn", 32, 768, 3072, 90)),
+                      ("a copy's grid.y past 65535", ("nn", 8192, 256, 65536 * 32 + 4, 90))]:
+        assert tf.hopper_plan(*args, BASE, OTHER, C_PTR) is None, why
+    assert tf.hopper_plan("nn", 8192, 8192, 8192, 90, BASE, OTHER, C_PTR, built=False) is None
+    assert tf.hopper_plan("nt", 8192, 3072, 768, 90, BASE, OTHER, C_PTR, flags=mm.EPI_BIAS_GELU_GRAD) is None
+    assert tf.transpose_grid(100, 70) == (3, 4), "(column tiles, row tiles) of 32"
+
+
+def test_the_hopper_switch_turns_it_off(monkeypatch):
+    monkeypatch.setattr(tf, "HOPPER", False)
+    assert tf.hopper_plan("nt", 8192, 8192, 8192, 90, BASE, OTHER, C_PTR) is None
+
+
 def test_shared_memory_is_stages_of_padded_tiles_and_fits_the_gpus_each_kernel_runs_on():
     kmajor, mnmajor = 128 * 20 * 4, 16 * 136 * 4
     assert tf.shared_bytes("nt") == 4 * 2 * kmajor == 81920
