@@ -710,11 +710,16 @@ struct SmallTf32 {
 #endif
 constexpr int kTf32Steps = RAWOPS_SMALL_TF32_STEPS;  // 16-wide K steps loaded per round (all in flight)
 
-// K % 4 == 0 and x, w 16-byte aligned (the Python side checks).
-template <int C, int NWN, int NT, int NWK>
-__device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, const float* __restrict__ w,
-                                                  float* __restrict__ y, const Epilogue<float> epi, int64_t M,
-                                                  int64_t N, int64_t K) {
+// The same kernel serves float16 / bfloat16 (linear_small_mma_nt_<f16|bf16>, sm_90+): one
+// m16n8k16 mma per product instead of three m16n8k8 TF32 ones. A 16-byte vector is then 8
+// values, so a warp's step covers 32 of K (still 64 bytes a row), split into two k16 slices
+// the same way: slice h takes the lane's words 2h and 2h + 1 (its values 4h .. 4h + 3), as
+// the fragment's k pairs (2t, 2t + 1) and (2t + 8, 2t + 9), for A and B alike.
+// K % (16 / sizeof(T)) == 0 and x, w 16-byte aligned (the Python side checks).
+template <typename T, int C, int NWN, int NT, int NWK>
+__device__ __forceinline__ void linear_small_tc(const T* __restrict__ x, const T* __restrict__ w,
+                                                T* __restrict__ y, const Epilogue<T> epi, int64_t M,
+                                                int64_t N, int64_t K) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using S = SmallTf32<NWN, NT, NWK>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -729,31 +734,37 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #endif
   const int wn = warp % NWN, wk = warp / NWN;
   const unsigned rank = C > 1 ? cluster_rank() : 0u;
+  constexpr int V = 16 / int(sizeof(T)), KS = 4 * V;  // values a vector; K a warp's step covers
   const int64_t n0 = int64_t(blockIdx.x / C) * S::kFeat, row0 = int64_t(blockIdx.y) * kSmallRows;
-  const int64_t steps = (K + 15) / 16, per = (steps + C * NWK - 1) / (C * NWK);
-  const int64_t kb = (int64_t(rank) * NWK + wk) * per * 16, ke = kb + per * 16 < K ? kb + per * 16 : K;
+  const int64_t steps = (K + KS - 1) / KS, per = (steps + C * NWK - 1) / (C * NWK);
+  const int64_t kb = (int64_t(rank) * NWK + wk) * per * KS, ke = kb + per * KS < K ? kb + per * KS : K;
 
   // Rows past M and features past N read the last one: their sums are never stored.
-  const float* xr[4];
-  const float* wr[NT];
+  const T* xr[4];
+  const T* wr[NT];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int64_t r = row0 + g + 8 * i;
-    xr[i] = x + (r < M ? r : M - 1) * K + 4 * q;
+    xr[i] = x + (r < M ? r : M - 1) * K + V * q;
   }
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
     const int64_t n = n0 + (wn * NT + j) * 8 + g;
-    wr[j] = w + (n < N ? n : N - 1) * K + 4 * q;
+    wr[j] = w + (n < N ? n : N - 1) * K + V * q;
   }
 
   // The epilogue's bias slice, copied in while the operands stream (read after the barrier:
-  // from global memory there it cost an L2 round trip at the end of every CTA).
-  __shared__ float bias_slice[S::kFeat];
-  Epilogue<float> tail_epi = epi;
+  // from global memory there it cost an L2 round trip at the end of every CTA). cp.async moves
+  // 4 bytes at least: a 16-bit bias is loaded and stored (the barrier publishes it too).
+  __shared__ T bias_slice[S::kFeat];
+  Epilogue<T> tail_epi = epi;
   if (epi.bias != nullptr) {
-    if (t < S::kFeat) cp_async_bytes<4>(bias_slice + t, epi.bias + (n0 + t < N ? n0 + t : N - 1));
-    cp_async_commit();
+    if constexpr (sizeof(T) == 4) {
+      if (t < S::kFeat) cp_async_bytes<4>(bias_slice + t, epi.bias + (n0 + t < N ? n0 + t : N - 1));
+      cp_async_commit();
+    } else {
+      if (t < S::kFeat) bias_slice[t] = epi.bias[n0 + t < N ? n0 + t : N - 1];
+    }
     tail_epi.bias = bias_slice - n0;  // indexed by the global feature n, n0 <= n < n0 + kFeat
   }
 
@@ -816,9 +827,49 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
                                term == 1 ? bs[j][0] : bb[j][0], term == 1 ? bs[j][1] : bb[j][1]);
       }
   };
+  // The 16-bit types: one m16n8k16 per (m16 tile, n8 tile, slice); words 2h, 2h + 1 of a
+  // lane's vector are its k pairs (2t, 2t + 1) and (2t + 8, 2t + 9) of slice h.
+  auto round16 = [&](int64_t k0, auto tail) {
+    constexpr bool TAIL = decltype(tail)::value;
+    uint4 xv[kTf32Steps][4], wv[kTf32Steps][NT];
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int s = 0; s < kTf32Steps; ++s) {
+      const int64_t k = k0 + KS * s;
+      const bool ok = !TAIL || k + V * q < ke;  // K % V == 0: a vector is wholly inside or outside
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xv[s][i] = ok ? __ldg(reinterpret_cast<const uint4*>(xr[i] + k)) : zero;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) wv[s][j] = ok ? __ldg(reinterpret_cast<const uint4*>(wr[j] + k)) : zero;
+    }
+#pragma unroll
+    for (int s = 0; s < kTf32Steps; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        unsigned a[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const uint4 lo = xv[s][2 * mt], hi = xv[s][2 * mt + 1];  // rows g, g + 8 of the tile
+          a[mt][0] = h ? lo.z : lo.x;
+          a[mt][1] = h ? hi.z : hi.x;
+          a[mt][2] = h ? lo.w : lo.y;
+          a[mt][3] = h ? hi.w : hi.y;
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+            mma_m16n8k16<T>(acc[mt][j], a[mt], h ? wv[s][j].z : wv[s][j].x, h ? wv[s][j].w : wv[s][j].y);
+      }
+  };
   int64_t k0 = kb;
-  for (; k0 + 16 * kTf32Steps <= ke; k0 += 16 * kTf32Steps) round(k0, BoolConstant<false>());
-  if (k0 < ke) round(k0, BoolConstant<true>());
+  if constexpr (sizeof(T) == 4) {
+    for (; k0 + KS * kTf32Steps <= ke; k0 += KS * kTf32Steps) round(k0, BoolConstant<false>());
+    if (k0 < ke) round(k0, BoolConstant<true>());
+  } else {
+    for (; k0 + KS * kTf32Steps <= ke; k0 += KS * kTf32Steps) round16(k0, BoolConstant<false>());
+    if (k0 < ke) round16(k0, BoolConstant<true>());
+  }
 
   // Accumulator e of tile (mt, j): row mt * 16 + g + 8 (e / 2), feature (wn NT + j) 8 + 2t + e % 2.
   float* const mine = red + wk * S::kSlab;
@@ -861,8 +912,8 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #pragma unroll
       for (int u = 0; u < NWK; ++u) s0 += p[u].x, s1 += p[u].y;
       const int64_t n = n0 + f;
-      if (n < N) y[m * N + n] = tail_epi(s0, m, n);
-      if (n + 1 < N) y[m * N + n + 1] = tail_epi(s1, m, n + 1);
+      if (n < N) y[m * N + n] = from_float<T>(tail_epi(s0, m, n));
+      if (n + 1 < N) y[m * N + n + 1] = from_float<T>(tail_epi(s1, m, n + 1));
     }
   } else {
     for (int o = t; o < kRows * kQuads; o += S::kThreads) {
@@ -888,7 +939,7 @@ __device__ __forceinline__ void linear_small_tf32(const float* __restrict__ x, c
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t n = n0 + f + e;
-        if (n < N) y[m * N + n] = tail_epi(sum[e], m, n);
+        if (n < N) y[m * N + n] = from_float<T>(tail_epi(sum[e], m, n));
       }
     }
   }
@@ -966,11 +1017,12 @@ extern "C" __global__ void __launch_bounds__(rawops::kSmallMThreads) gemm_small_
 #else
 #define RAWOPS_CLUSTER_DIMS(C) __cluster_dims__(C, 1, 1)
 #endif
-#define RAWOPS_SMALL_TF32(name, C, NWN, NT, NWK, MIN_BLOCKS)                                          \
+#define RAWOPS_SMALL_TC(name, T, C, NWN, NT, NWK, MIN_BLOCKS)                                        \
   extern "C" __global__ void __launch_bounds__(NWN * NWK * 32, MIN_BLOCKS) RAWOPS_CLUSTER_DIMS(C)      \
-      name(RAWOPS_GEMM_ARGS(float)) {                                                                   \
-    rawops::linear_small_tf32<C, NWN, NT, NWK>(a, b, c, RAWOPS_EPI(float), m, n, k);                    \
+      name(RAWOPS_GEMM_ARGS(T)) {                                                                       \
+    rawops::linear_small_tc<T, C, NWN, NT, NWK>(a, b, c, RAWOPS_EPI(T), m, n, k);                       \
   }
+#define RAWOPS_SMALL_TF32(name, C, NWN, NT, NWK, MIN_BLOCKS) RAWOPS_SMALL_TC(name, float, C, NWN, NT, NWK, MIN_BLOCKS)
 
 // gemm_reduce: a = the float32 partials, k = the number of splits; b unused.
 #define RAWOPS_REDUCE(T, suffix)                                                                         \
@@ -1005,3 +1057,7 @@ RAWOPS_MATMUL_FAMILY(__half, f16)
 RAWOPS_MATMUL_FAMILY(__nv_bfloat16, bf16)
 RAWOPS_MATMUL_MMA_FAMILY(__half, f16)
 RAWOPS_MATMUL_MMA_FAMILY(__nv_bfloat16, bf16)
+// The 16-bit small batch on the tensor pipe: 8 warps splitting K (3 steps of 32 each at K = 768:
+// one whole round), 24 features a CTA (rawops/matmul.py: SMALL_MMA_*).
+RAWOPS_SMALL_TC(linear_small_mma_nt_f16, __half, 1, 1, 3, 8, 1)
+RAWOPS_SMALL_TC(linear_small_mma_nt_bf16, __nv_bfloat16, 1, 1, 3, 8, 1)

@@ -49,6 +49,10 @@ SMALL_TF32_CLUSTER, SMALL_TF32_TILES, SMALL_TF32_WARPS = 1, 3, 16
 SMALL_TF32_FEATURES = SMALL_TF32_TILES * 8
 SMALL_TF32_THREADS = 32 * SMALL_TF32_WARPS
 SMALL_TF32_MIN_CC = 90  # thread-block clusters
+# linear_small_mma (sm_90+, float16 / bfloat16 x @ W^T at <= SMALL_MAX_M rows): linear_small_tf32's
+# kernel with one m16n8k16 mma a product, SMALL_MMA_WARPS warps splitting K (kernels/matmul.cu).
+SMALL_MMA_WARPS = 8
+SMALL_MMA_THREADS = 32 * SMALL_MMA_WARPS
 # The switch: True lets float32 linear_gelu at <= SMALL_MAX_M rows run linear_small_tf32 (3xTF32:
 # ~1e-6 relative against float64 where the exact FFMA kernel gives ~1e-7, both at float32 level);
 # False forces exact FFMA everywhere. matmul (and every other GEMM) never takes it. Read when a
@@ -74,7 +78,7 @@ def entry_points():
     names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
     names += [f"gemm_simt_vec_{layout}_f32" for layout in LAYOUTS]
     names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
-    names += ["linear_small_tf32_nt_f32", "gemm_small_m_nn_f32"]
+    names += ["linear_small_tf32_nt_f32", "gemm_small_m_nn_f32"] + [f"linear_small_mma_nt_{s}" for s in MMA_SUFFIXES]
     names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
     return sorted(names)
 
@@ -107,12 +111,13 @@ def small_shared_bytes(itemsize):
     return SMALL_ROWS * SMALL_K * itemsize
 
 
-def small_tf32_shared_bytes():
-    """linear_small_tf32's dynamic shared memory: a float32 partial tile of SMALL_ROWS rows per
-    warp, rows padded to a 32-bank-clean stride (kernels/matmul.cu: SmallTf32::kStride)."""
+def small_tf32_shared_bytes(warps=SMALL_TF32_WARPS):
+    """linear_small_tf32's (and linear_small_mma's) dynamic shared memory: a float32 partial
+    tile of SMALL_ROWS rows per warp along K, rows padded to a 32-bank-clean stride
+    (kernels/matmul.cu: SmallTf32::kStride)."""
     f = SMALL_TF32_FEATURES
     stride = f + 16 if f % 32 == 24 else f + 8
-    return SMALL_TF32_WARPS * SMALL_ROWS * stride * 4
+    return warps * SMALL_ROWS * stride * 4
 
 
 def contiguous_dims(layout, m, n, k):
@@ -153,6 +158,7 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
 
     `tf32_linear`: the caller is float32 linear_gelu's forward with LINEAR_TF32 on; then x @ W^T
     with at most SMALL_MAX_M rows and 16-byte rows on sm_90+ runs linear_small_tf32 (3xTF32).
+    Half types there run linear_small_mma (the same kernel, one mma a product) on sm_90+.
     Else linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows on sm_80+; tensor cores
     for half types on sm_80+ when both operands allow 16-byte loads; float32 with 16-byte
     rows everywhere gemm_simt_vec (float4 loads, BK = 16), or gemm_small_m_nn for nn with at most
@@ -171,6 +177,9 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
         name, grid, block, shared = ("linear_small_tf32_nt_f32",
                                      (SMALL_TF32_CLUSTER * _ceil(n, SMALL_TF32_FEATURES), _ceil(m, SMALL_ROWS)),
                                      SMALL_TF32_THREADS, small_tf32_shared_bytes())
+    elif small and dtype != 0 and cc >= SMALL_TF32_MIN_CC:
+        name, grid, block, shared = (f"linear_small_mma_nt_{suffix}", (_ceil(n, SMALL_TF32_FEATURES), _ceil(m, SMALL_ROWS)),
+                                     SMALL_MMA_THREADS, small_tf32_shared_bytes(SMALL_MMA_WARPS))
     elif small:
         name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_FEATURES), _ceil(m, SMALL_ROWS)),
                                      SMALL_THREADS, small_shared_bytes(itemsize))

@@ -26,8 +26,23 @@ def test_small_batch_linear_splits_the_output_features_over_the_whole_gpu():
     assert grid == (3072 // 24, 1), "24 features per block: 128 blocks, one per SM"
     assert shared == 32 * 768 * 4 == 96 * 1024, "one 768-wide chunk of x's 32 rows"
     assert mm.plan("nt", F32, 33, 10, 100, 90, BASE, OTHER)[1] == (1, 2), "rows past 32: a second blockIdx.y"
-    name, grid, block, shared, splits = mm.plan("nt", BF16, 128, 3072, 768, 90, BASE, OTHER)
+    name, grid, block, shared, splits = mm.plan("nt", BF16, 128, 3072, 768, 80, BASE, OTHER)
     assert name == "linear_small_nt_bf16" and grid == (128, 4) and shared == 48 * 1024
+
+
+def test_half_types_at_small_batch_take_the_tensor_pipe_on_sm90():
+    """linear_small_mma: linear_small_tf32's kernel with one m16n8k16 a product, 8 warps along K."""
+    for dtype, suffix in ((F16, "f16"), (BF16, "bf16")):
+        name, grid, block, shared, splits = mm.plan("nt", dtype, 128, 3072, 768, 90, BASE, OTHER)
+        assert name == f"linear_small_mma_nt_{suffix}" and grid == (128, 4) and block == 256 and splits == 1
+        assert shared == mm.small_tf32_shared_bytes(8) == 8 * 32 * 40 * 4, "8 warps' padded 32 x 24 partial tiles"
+        assert mm.plan("nt", dtype, 32, 3072, 768, 90, BASE, OTHER, tf32_linear=True)[0] == name, "linear_gelu too"
+        assert mm.plan("nt", dtype, 32, 3072, 768, 80, BASE, OTHER)[0] == f"linear_small_nt_{suffix}", "sm_80: FFMA"
+        assert mm.plan("nt", dtype, 32, 3072, 764, 90, BASE, OTHER)[0] != name, "K % 8: rows not 16-byte vectors"
+    source = _source()
+    entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, (\d+), (\d+), (\d+), (\d+), \d+\)", source,
+                         re.M)
+    assert sorted(entries) == [(s, "1", "1", str(mm.SMALL_TF32_TILES), str(mm.SMALL_MMA_WARPS)) for s in ("bf16", "f16")]
 
 
 @pytest.mark.parametrize("why, args", [
@@ -53,7 +68,7 @@ def test_float32_linear_gelu_at_small_batch_takes_3xtf32_on_sm90():
 @pytest.mark.parametrize("why, args", [
     ("plain matmul / any other GEMM: exact float32", ("nt", F32, 32, 3072, 768, 90, BASE, OTHER)),
     ("sm_80: no clusters (v5 instead)", ("nt", F32, 32, 3072, 768, 80, BASE, OTHER, 132, 0, True)),
-    ("half types keep linear_small", ("nt", BF16, 32, 3072, 768, 90, BASE, OTHER, 132, 0, True)),
+    ("half types take linear_small_mma", ("nt", BF16, 32, 3072, 768, 90, BASE, OTHER, 132, 0, True)),
     ("more rows than SMALL_MAX_M", ("nt", F32, 129, 3072, 768, 90, BASE, OTHER, 132, 0, True)),
     ("K % 4: W's rows not 16-byte vectors", ("nt", F32, 32, 3072, 765, 90, BASE, OTHER, 132, 0, True)),
     ("W off 16 bytes", ("nt", F32, 32, 3072, 768, 90, BASE, OTHER + 8, 132, 0, True)),
@@ -221,7 +236,7 @@ def test_3xtf32_small_batch_shape_matches_its_entry_and_traps_below_sm90():
                       re.M)
     c, nwn, nt, nwk, _ = map(int, entry.groups())
     assert (c, nwn, nt, nwk) == (mm.SMALL_TF32_CLUSTER, 1, mm.SMALL_TF32_TILES, mm.SMALL_TF32_WARPS)
-    body = source[source.index("__device__ __forceinline__ void linear_small_tf32("):]
+    body = source[source.index("__device__ __forceinline__ void linear_small_tc("):]
     assert body.index("__CUDA_ARCH__ >= 900") < body.index("__trap()"), "sm_80..89 compile a trap"
     assert mm.SMALL_TF32_MIN_CC == 90 and mm.small_tf32_shared_bytes() <= 99 * 1024, "fits sm_120's 99 KB"
 
