@@ -859,7 +859,8 @@ __device__ __forceinline__ void linear_small_tc(const T* __restrict__ x, const T
         for (int j = 0; j < NT; ++j)
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
-            mma_m16n8k16<T>(acc[mt][j], a[mt], h ? wv[s][j].z : wv[s][j].x, h ? wv[s][j].w : wv[s][j].y);
+            if constexpr (sizeof(T) == 2)  // (the float32 instantiation never calls round16)
+              mma_m16n8k16<T>(acc[mt][j], a[mt], h ? wv[s][j].z : wv[s][j].x, h ? wv[s][j].w : wv[s][j].y);
       }
   };
   int64_t k0 = kb;
@@ -1059,5 +1060,10 @@ RAWOPS_MATMUL_MMA_FAMILY(__half, f16)
 RAWOPS_MATMUL_MMA_FAMILY(__nv_bfloat16, bf16)
 // The 16-bit small batch on the tensor pipe: 8 warps splitting K (3 steps of 32 each at K = 768:
 // one whole round), 24 features a CTA (rawops/matmul.py: SMALL_MMA_*).
-RAWOPS_SMALL_TC(linear_small_mma_nt_f16, __half, 1, 1, 3, 8, 1)
-RAWOPS_SMALL_TC(linear_small_mma_nt_bf16, __nv_bfloat16, 1, 1, 3, 8, 1)
+// bench/explore_small_mma.py builds other shapes with -DRAWOPS_SMALL_MMA_NT=.. -DRAWOPS_SMALL_MMA_NWK=..
+#ifndef RAWOPS_SMALL_MMA_NT
+#define RAWOPS_SMALL_MMA_NT 3
+#define RAWOPS_SMALL_MMA_NWK 8
+#endif
+RAWOPS_SMALL_TC(linear_small_mma_nt_f16, __half, 1, 1, RAWOPS_SMALL_MMA_NT, RAWOPS_SMALL_MMA_NWK, 1)
+RAWOPS_SMALL_TC(linear_small_mma_nt_bf16, __nv_bfloat16, 1, 1, RAWOPS_SMALL_MMA_NT, RAWOPS_SMALL_MMA_NWK, 1)

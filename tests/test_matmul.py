@@ -40,9 +40,11 @@ def test_half_types_at_small_batch_take_the_tensor_pipe_on_sm90():
         assert mm.plan("nt", dtype, 32, 3072, 768, 80, BASE, OTHER)[0] == f"linear_small_nt_{suffix}", "sm_80: FFMA"
         assert mm.plan("nt", dtype, 32, 3072, 764, 90, BASE, OTHER)[0] != name, "K % 8: rows not 16-byte vectors"
     source = _source()
-    entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, (\d+), (\d+), (\d+), (\d+), \d+\)", source,
-                         re.M)
-    assert sorted(entries) == [(s, "1", "1", str(mm.SMALL_TF32_TILES), str(mm.SMALL_MMA_WARPS)) for s in ("bf16", "f16")]
+    entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, 1, 1, RAWOPS_SMALL_MMA_NT, RAWOPS_SMALL_MMA_NWK, 1\)",
+                         source, re.M)
+    assert sorted(entries) == ["bf16", "f16"]
+    shape = re.search(r"#ifndef RAWOPS_SMALL_MMA_NT\n#define RAWOPS_SMALL_MMA_NT (\d+)\n#define RAWOPS_SMALL_MMA_NWK (\d+)", source)
+    assert tuple(map(int, shape.groups())) == (mm.SMALL_TF32_TILES, mm.SMALL_MMA_WARPS), "the shipped shape"
 
 
 @pytest.mark.parametrize("why, args", [
