@@ -40,8 +40,8 @@ def test_half_types_at_small_batch_take_the_tensor_pipe_on_sm90():
         assert mm.plan("nt", dtype, 32, 3072, 768, 80, BASE, OTHER)[0] == f"linear_small_nt_{suffix}", "sm_80: FFMA"
         assert mm.plan("nt", dtype, 32, 3072, 764, 90, BASE, OTHER)[0] != name, "K % 8: rows not 16-byte vectors"
     source = _source()
-    entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, 1, 1, RAWOPS_SMALL_MMA_NT, RAWOPS_SMALL_MMA_NWK, 1\)",
-                         source, re.M)
+    entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, 1, 1, RAWOPS_SMALL_MMA_NT, RAWOPS_SMALL_MMA_NWK,"
+                         r"\s+RAWOPS_SMALL_MMA_MINB\)", source, re.M)
     assert sorted(entries) == ["bf16", "f16"]
     shape = re.search(r"#ifndef RAWOPS_SMALL_MMA_NT\n#define RAWOPS_SMALL_MMA_NT (\d+)\n#define RAWOPS_SMALL_MMA_NWK (\d+)", source)
     assert tuple(map(int, shape.groups())) == (mm.SMALL_TF32_TILES, mm.SMALL_MMA_WARPS), "the shipped shape"
