@@ -1058,15 +1058,19 @@ RAWOPS_MATMUL_FAMILY(__half, f16)
 RAWOPS_MATMUL_FAMILY(__nv_bfloat16, bf16)
 RAWOPS_MATMUL_MMA_FAMILY(__half, f16)
 RAWOPS_MATMUL_MMA_FAMILY(__nv_bfloat16, bf16)
-// The 16-bit small batch on the tensor pipe: 8 warps splitting K (3 steps of 32 each at K = 768:
-// one whole round), 24 features a CTA (rawops/matmul.py: SMALL_MMA_*).
-// bench/explore_small_mma.py builds other shapes with -DRAWOPS_SMALL_MMA_NT=.. -DRAWOPS_SMALL_MMA_NWK=..
+// The 16-bit small batch on the tensor pipe: 16 features a CTA (2 n8 tiles), 8 warps splitting K
+// (3 steps of 32 each at K = 768: one whole round), 2 CTAs an SM (128 registers; rawops/matmul.py:
+// SMALL_MMA_*). H100, CUDA graphs of 20 (bench/results/explore_small_mma.md): bf16 32x768->3072
+// 4.36 us a call (24 features, 1 CTA an SM: 4.37; cuBLASLt's epilogue 3.88, F.linear + gelu 5.26),
+// 8x4096->4096 8.84 (14.37; cuBLASLt 9.38), 128x768->3072 10.95 (13.73; cuBLASLt 4.98: W is read
+// once per 32 rows). bench/explore_small_mma.py builds other shapes with -DRAWOPS_SMALL_MMA_NT=..
+// -DRAWOPS_SMALL_MMA_NWK=.. -DRAWOPS_SMALL_MMA_MINB=..
 #ifndef RAWOPS_SMALL_MMA_NT
-#define RAWOPS_SMALL_MMA_NT 3
+#define RAWOPS_SMALL_MMA_NT 2
 #define RAWOPS_SMALL_MMA_NWK 8
 #endif
 #ifndef RAWOPS_SMALL_MMA_MINB
-#define RAWOPS_SMALL_MMA_MINB 1
+#define RAWOPS_SMALL_MMA_MINB 2
 #endif
 RAWOPS_SMALL_TC(linear_small_mma_nt_f16, __half, 1, 1, RAWOPS_SMALL_MMA_NT, RAWOPS_SMALL_MMA_NWK, RAWOPS_SMALL_MMA_MINB)
 RAWOPS_SMALL_TC(linear_small_mma_nt_bf16, __nv_bfloat16, 1, 1, RAWOPS_SMALL_MMA_NT, RAWOPS_SMALL_MMA_NWK,

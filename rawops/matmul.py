@@ -50,8 +50,10 @@ SMALL_TF32_FEATURES = SMALL_TF32_TILES * 8
 SMALL_TF32_THREADS = 32 * SMALL_TF32_WARPS
 SMALL_TF32_MIN_CC = 90  # thread-block clusters
 # linear_small_mma (sm_90+, float16 / bfloat16 x @ W^T at <= SMALL_MAX_M rows): linear_small_tf32's
-# kernel with one m16n8k16 mma a product, SMALL_MMA_WARPS warps splitting K (kernels/matmul.cu).
-SMALL_MMA_WARPS = 8
+# kernel with one m16n8k16 mma a product, SMALL_MMA_TILES n8 tiles (features / 8) a CTA and
+# SMALL_MMA_WARPS warps splitting K (kernels/matmul.cu: RAWOPS_SMALL_MMA_NT, _NWK).
+SMALL_MMA_TILES, SMALL_MMA_WARPS = 2, 8
+SMALL_MMA_FEATURES = SMALL_MMA_TILES * 8
 SMALL_MMA_THREADS = 32 * SMALL_MMA_WARPS
 # The switch: True lets float32 linear_gelu at <= SMALL_MAX_M rows run linear_small_tf32 (3xTF32:
 # ~1e-6 relative against float64 where the exact FFMA kernel gives ~1e-7, both at float32 level);
@@ -111,11 +113,10 @@ def small_shared_bytes(itemsize):
     return SMALL_ROWS * SMALL_K * itemsize
 
 
-def small_tf32_shared_bytes(warps=SMALL_TF32_WARPS):
+def small_tf32_shared_bytes(warps=SMALL_TF32_WARPS, f=SMALL_TF32_FEATURES):
     """linear_small_tf32's (and linear_small_mma's) dynamic shared memory: a float32 partial
-    tile of SMALL_ROWS rows per warp along K, rows padded to a 32-bank-clean stride
-    (kernels/matmul.cu: SmallTf32::kStride)."""
-    f = SMALL_TF32_FEATURES
+    tile of SMALL_ROWS rows x f features per warp along K, rows padded to a 32-bank-clean
+    stride (kernels/matmul.cu: SmallTf32::kStride)."""
     stride = f + 16 if f % 32 == 24 else f + 8
     return warps * SMALL_ROWS * stride * 4
 
@@ -178,8 +179,8 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
                                      (SMALL_TF32_CLUSTER * _ceil(n, SMALL_TF32_FEATURES), _ceil(m, SMALL_ROWS)),
                                      SMALL_TF32_THREADS, small_tf32_shared_bytes())
     elif small and dtype != 0 and cc >= SMALL_TF32_MIN_CC:
-        name, grid, block, shared = (f"linear_small_mma_nt_{suffix}", (_ceil(n, SMALL_TF32_FEATURES), _ceil(m, SMALL_ROWS)),
-                                     SMALL_MMA_THREADS, small_tf32_shared_bytes(SMALL_MMA_WARPS))
+        name, grid, block, shared = (f"linear_small_mma_nt_{suffix}", (_ceil(n, SMALL_MMA_FEATURES), _ceil(m, SMALL_ROWS)),
+                                     SMALL_MMA_THREADS, small_tf32_shared_bytes(SMALL_MMA_WARPS, SMALL_MMA_FEATURES))
     elif small:
         name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_FEATURES), _ceil(m, SMALL_ROWS)),
                                      SMALL_THREADS, small_shared_bytes(itemsize))

@@ -31,11 +31,12 @@ def test_small_batch_linear_splits_the_output_features_over_the_whole_gpu():
 
 
 def test_half_types_at_small_batch_take_the_tensor_pipe_on_sm90():
-    """linear_small_mma: linear_small_tf32's kernel with one m16n8k16 a product, 8 warps along K."""
+    """linear_small_mma: linear_small_tf32's kernel with one m16n8k16 a product, 16 features a CTA,
+    8 warps along K."""
     for dtype, suffix in ((F16, "f16"), (BF16, "bf16")):
         name, grid, block, shared, splits = mm.plan("nt", dtype, 128, 3072, 768, 90, BASE, OTHER)
-        assert name == f"linear_small_mma_nt_{suffix}" and grid == (128, 4) and block == 256 and splits == 1
-        assert shared == mm.small_tf32_shared_bytes(8) == 8 * 32 * 40 * 4, "8 warps' padded 32 x 24 partial tiles"
+        assert name == f"linear_small_mma_nt_{suffix}" and grid == (192, 4) and block == 256 and splits == 1
+        assert shared == mm.small_tf32_shared_bytes(8, 16) == 8 * 32 * 24 * 4, "8 warps' padded 32 x 16 partial tiles"
         assert mm.plan("nt", dtype, 32, 3072, 768, 90, BASE, OTHER, tf32_linear=True)[0] == name, "linear_gelu too"
         assert mm.plan("nt", dtype, 32, 3072, 768, 80, BASE, OTHER)[0] == f"linear_small_nt_{suffix}", "sm_80: FFMA"
         assert mm.plan("nt", dtype, 32, 3072, 764, 90, BASE, OTHER)[0] != name, "K % 8: rows not 16-byte vectors"
@@ -44,7 +45,7 @@ def test_half_types_at_small_batch_take_the_tensor_pipe_on_sm90():
                          r"\s+RAWOPS_SMALL_MMA_MINB\)", source, re.M)
     assert sorted(entries) == ["bf16", "f16"]
     shape = re.search(r"#ifndef RAWOPS_SMALL_MMA_NT\n#define RAWOPS_SMALL_MMA_NT (\d+)\n#define RAWOPS_SMALL_MMA_NWK (\d+)", source)
-    assert tuple(map(int, shape.groups())) == (mm.SMALL_TF32_TILES, mm.SMALL_MMA_WARPS), "the shipped shape"
+    assert tuple(map(int, shape.groups())) == (mm.SMALL_MMA_TILES, mm.SMALL_MMA_WARPS), "the shipped shape"
 
 
 @pytest.mark.parametrize("why, args", [
