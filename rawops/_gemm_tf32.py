@@ -45,7 +45,7 @@ REDUCE_FAMILY, REDUCE_KERNEL, REDUCE_THREADS = "matmul", "gemm_reduce_f32", 256
 KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.matmul.KINDS
 HOPPER = True  # the switch: False keeps every TF32 GEMM on mma.sync (comparisons, debugging)
 HOPPER_LAYOUTS = ("nt", "nn", "tn")  # nn, tn through transposed copies of their M/N-major operands
-TRANSPOSE_KERNEL, TRANSPOSE_THREADS, TRANSPOSE_TILE = "transpose_tf32_f32", 256, 32
+TRANSPOSE_KERNEL, TRANSPOSE_THREADS, TRANSPOSE_TILE = "transpose_tf32_f32", 256, 64  # kTransposeTile
 
 
 def entry_points():
@@ -108,11 +108,11 @@ def hopper_plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132, built=True, f
     """(kernel name, grid, block, shared bytes, (transpose a, transpose b)) of the Hopper TF32
     GEMM, or None: nt as _gemm_sm90.plan takes it; in nn and tn the M/N-major operands are
     transposed into fresh scratch first (their own alignment then does not matter; K % 4 and
-    N % 4 still do). K past 65535 x 32 with a transpose stays on mma.sync (its grid.y)."""
+    N % 4 still do). K past 65535 x 64 with a transpose stays on mma.sync (its grid.y)."""
     if not HOPPER or layout not in HOPPER_LAYOUTS:
         return None
     transpose = (layout[0] == "t", layout[1] == "n")
-    if any(transpose) and _ceil(k, TRANSPOSE_TILE) > MAX_GRID_Y:  # both copies have K / 32 block rows
+    if any(transpose) and _ceil(k, TRANSPOSE_TILE) > MAX_GRID_Y:  # both copies have K / 64 block rows
         return None
     found = _gemm_sm90.plan("nt", 0, m, n, k, cc, 0 if transpose[0] else a_ptr, 0 if transpose[1] else b_ptr, sms,
                             built, flags, c_ptr, pre_ptr)

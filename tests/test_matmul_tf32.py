@@ -80,11 +80,11 @@ def test_large_outputs_on_sm90_take_the_hopper_gemm_with_m_n_major_operands_tran
                       ("N % 4: c's rows", ("nn", 8192, 8190, 8192, 90)),
                       ("K % 4: the K-major rows", ("nt", 8192, 8192, 8190, 90)),
                       ("too few tiles: split K on mma.sync", ("nn", 32, 768, 3072, 90)),
-                      ("a copy's grid.y past 65535", ("nn", 8192, 256, 65536 * 32 + 4, 90))]:
+                      ("a copy's grid.y past 65535", ("nn", 8192, 256, 65536 * 64 + 4, 90))]:
         assert tf.hopper_plan(*args, BASE, OTHER, C_PTR) is None, why
     assert tf.hopper_plan("nn", 8192, 8192, 8192, 90, BASE, OTHER, C_PTR, built=False) is None
     assert tf.hopper_plan("nt", 8192, 3072, 768, 90, BASE, OTHER, C_PTR, flags=mm.EPI_BIAS_GELU_GRAD) is None
-    assert tf.transpose_grid(100, 70) == (3, 4), "(column tiles, row tiles) of 32"
+    assert tf.transpose_grid(100, 70) == (2, 2) and tf.transpose_grid(100, 130) == (3, 2), "(column, row tiles) of 64"
 
 
 def test_the_hopper_switch_turns_it_off(monkeypatch):
@@ -173,6 +173,7 @@ def test_planner_constants_match_the_kernel():
         constant("kTf32WideStages"))
     assert "kTf32KMajorStride = kTf32K + 4;" in source and "KM ? kTf32KMajorStride : ROWS + 8;" in source
     assert "gemm_tf32<A_KM, B_KM, 256, rawops::kTf32WideStages>" in source, "the wide kernel's tile"
+    assert constant("kTransposeTile") == tf.TRANSPOSE_TILE, "the operand copies' tile (transpose_grid)"
 
 
 def test_entry_points_take_the_matrix_family_arguments():
