@@ -277,7 +277,8 @@ RAWOPS_TF32(tn, false, false)
 // its operands K-major only, so nn's b (K x N) and tn's a and b go through this first
 // (rawops/_gemm_tf32.py). 64 x 64 tiles through shared memory, 65-float rows so that the column
 // reads are conflict-free; 256 threads (64 x 4), 16 values each; grid (ceil(cols / 64),
-// ceil(rows / 64)). (32 x 32 tiles of 4 values a thread moved 512 MB in 290 us, 1.8 TB/s.)
+// ceil(rows / 64)). H100, nn at 8192^3 less nt (bench/results/explore_tf32_hopper.md): 266 us for
+// 512 MB moved, 1.9 TB/s (32 x 32 tiles of 4 values a thread: 291 us); the copy ceiling is 3.0.
 constexpr int kTransposeTile = 64;
 extern "C" __global__ void __launch_bounds__(256) transpose_tf32_f32(const float* in, float* out, long long rows,
                                                                       long long cols) {
