@@ -353,6 +353,12 @@ def test_dlpack_producer_is_ordered_before_a_given_stream():
     wait for the stream it named on import (before: CuPy's current one, which the launch did not
     wait for, so the kernel read the NaN still being overwritten)."""
     x = random((1 << 20,), torch.float32)
+    given = cupy.cuda.Stream(non_blocking=True)
+    # A warm-up on the given stream: the kernel loaded and an output-sized block in that stream's
+    # pool, so that neither a module load nor a fresh allocation synchronizes the device below
+    # (either would order the launch after the copy whatever rawops does).
+    rawops.gelu(to_cupy(x), stream=given)
+    given.synchronize()
     side = torch.cuda.Stream()
     late = written_late(x, side)
 
@@ -363,7 +369,6 @@ def test_dlpack_producer_is_ordered_before_a_given_stream():
         def __dlpack_device__(self):
             return late.__dlpack_device__()
 
-    given = cupy.cuda.Stream(non_blocking=True)
     with torch.cuda.stream(side):  # torch's __dlpack__ orders the side stream's copy
         y = rawops.gelu(OnlyDLPack(), stream=given)
     given.synchronize()
