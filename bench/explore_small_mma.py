@@ -23,14 +23,6 @@ CUBINS = {"matmul": {v: [f"RAWOPS_SMALL_MMA_NT={v[0]}", f"RAWOPS_SMALL_MMA_NWK={
                          f"RAWOPS_SMALL_TF32_STEPS={v[2]}", f"RAWOPS_SMALL_MMA_MINB={v[3]}"] for v in VARIANTS}}
 
 
-class _Handle:
-    def __init__(self, handle):
-        self.handle = handle
-
-    def __cuda_stream__(self):
-        return (0, self.handle)
-
-
 def shared_bytes(nt, nwk):
     feat = nt * 8
     stride = feat + 16 if feat % 32 == 24 else feat + 8
@@ -48,6 +40,7 @@ def main():
     out_dir, _ = started
     import rawops.matmul  # noqa: F401
     from rawops import torch_adapter as ta
+    from rawops._launch import allocating_on
 
     modules = build_modules("matmul", CUBINS["matmul"])
     rows = []
@@ -73,11 +66,9 @@ def main():
             grid = (-(-n // (nt * 8)), -(-m // 32))
 
             def launch(function=function, grid=grid, nwk=nwk, args=args, shared=shared):
-                import cupy
-
-                # torch's stream at call time: the graph captures on a side stream
-                stream = cupy.cuda.Stream.from_external(_Handle(torch.cuda.current_stream().cuda_stream))
-                function(grid, (nwk * 32,), args, shared_mem=shared, stream=stream)
+                # torch's stream at call time (the graph captures on a side stream), as a CuPy stream
+                handle = torch.cuda.current_stream().cuda_stream
+                function(grid, (nwk * 32,), args, shared_mem=shared, stream=allocating_on(handle, handle))
                 return y
 
             y.fill_(float("nan"))

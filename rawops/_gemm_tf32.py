@@ -163,6 +163,14 @@ def _launch_plan(layout, m, n, k, a, b, c, device, flags=0, pre=0):
     return cached
 
 
+def _copy_transposed(function, source, rows, cols, stream, device, workspace):
+    """(pointer, owner) of source (rows x cols floats) transposed and rounded to TF32 in scratch."""
+    copy, owner = workspace(rows * cols * 4)
+    launch(function, transpose_grid(rows, cols), TRANSPOSE_THREADS, 0, stream, (source, copy, rows, cols), "ppqq",
+           device)
+    return copy, owner
+
+
 def launch_gemm(device, layout, a, b, c, bias, aux, pre, m, n, k, flags, stream, workspace):
     """c (m, n) = epilogue(tf32(A) tf32(B)) for float32 pointers checked by the caller, as
     rawops.matmul.launch_gemm. Returns (taken, owner): taken False when `plan` refuses the
@@ -173,19 +181,14 @@ def launch_gemm(device, layout, a, b, c, bias, aux, pre, m, n, k, flags, stream,
         return False, None
     if found[0] == "hopper":
         _, function, grid, shared, (transpose_a, transpose_b), transpose_function = found
-        owners = []
-        # WGMMA reads TF32 operands K-major only: a (K x M) -> (M x K), b (K x N) -> (N x K),
-        # rounded to TF32 on the way.
-        for transpose, rows, cols, which in ((transpose_a, k, m, 0), (transpose_b, k, n, 1)):
-            if transpose:
-                source = (a, b)[which]
-                copy, owner = workspace(rows * cols * 4)
-                owners.append(owner)
-                launch(transpose_function, transpose_grid(rows, cols), TRANSPOSE_THREADS, 0, stream,
-                       (source, copy, rows, cols), "ppqq", device)
-                a, b = (copy, b) if which == 0 else (a, copy)
+        owner_a = owner_b = None
+        # WGMMA reads TF32 operands K-major only: a (K x M) -> (M x K), b (K x N) -> (N x K).
+        if transpose_a:
+            a, owner_a = _copy_transposed(transpose_function, a, k, m, stream, device, workspace)
+        if transpose_b:
+            b, owner_b = _copy_transposed(transpose_function, b, k, n, stream, device, workspace)
         _gemm_sm90.launch_gemm(function, grid, shared, device, "nt", 0, a, b, c, bias, pre, m, n, k, flags, stream)
-        return True, tuple(owners)
+        return True, (owner_a, owner_b)
     _, function, grid, block, shared, splits, reduce = found
     if splits == 1:
         launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
