@@ -10,18 +10,23 @@
 // transposes b (or a) into scratch for nn (tn) first. Tile edges are in bytes: a stage holds
 // 128 bytes of K (64 16-bit or 32 float32 elements), an output box 128 bytes of columns.
 //
-// One persistent block per SM, 384 threads in three warpgroups:
-//   producer   one thread issues the TMA loads of a 128 x 64 A tile and a 256 x 64 B tile
-//              per stage into a 4-stage ring (48 KB a stage), each stage completing on its
-//              "full" mbarrier; the warpgroup gives its registers to the consumers.
-//   consumers  two warpgroups, 64 rows of the 128 x 256 output tile each: per stage four
-//              m64n256k16 WGMMAs straight from shared memory, one stage kept in flight
-//              while the previous one is released to the producer ("empty" mbarrier); then
-//              the epilogue from the 128 float32 accumulators each thread holds (modes 0, 1
-//              and 3 of rawops/gemm_epilogue.cuh: none, bias + GELU (+ pre-activation), bias),
-//              stored through shared memory by TMA stores that drain during the next tile.
-// Tiles are walked in groups of 8 tile-rows (A rows stay in L2 while B streams), the
-// producer running ahead into the next tile while the consumers store the last.
+// One persistent block per SM, 384 threads in three warpgroups, output tiles of 128 x BN
+// (BN = 256, 128 or 64: the entry's suffix _n128 / _n64 names the narrower ones):
+//   producer   one thread issues the TMA loads of a 128 x 128-byte A tile and a BN x 128-byte
+//              B tile per stage into a ring of kStagesOf<BN> stages (4 x 48 KB at BN = 256,
+//              8 x 24 KB at 64), each stage completing on its "full" mbarrier; the warpgroup
+//              gives its registers to the consumers.
+//   consumers  two warpgroups, 64 rows of the output tile each: per stage m64nBNk16 WGMMAs
+//              straight from shared memory, one stage kept in flight while the previous one
+//              is released to the producer ("empty" mbarrier); then the epilogue from the
+//              BN / 2 float32 accumulators each thread holds (modes 0, 1 and 3 of
+//              rawops/gemm_epilogue.cuh: none, bias + GELU (+ pre-activation), bias), stored
+//              through shared memory by TMA stores that drain during the next tile.
+// Split K (splits > 1, narrow tiles only: outputs with too few tiles to fill the GPU): a work
+// unit is one tile's share of K; its raw float32 sums go straight to partial[split][M][N] and
+// kernels/matmul.cu's gemm_reduce adds the splits in order and applies the epilogue.
+// Work units are walked in groups of 8 tile-rows (A rows stay in L2 while B streams), the
+// producer running ahead into the next unit while the consumers store the last.
 // The tensor maps (TMA descriptors) are built on the host (cuTensorMapEncodeTiled) and
 // passed by value; shared-memory tiles use the 128-byte swizzle that both TMA and WGMMA read.
 #include <cuda.h>
@@ -42,7 +47,9 @@ namespace sm90 {
 
 using namespace cute;
 
-constexpr int kBM = 128, kBN = 256, kStages = 4;
+constexpr int kBM = 128;
+// Stages of the ring for a BN-wide tile: as many as the 227 KB of shared memory hold.
+template <int BN> constexpr int kStagesOf = BN == 256 ? 4 : BN == 128 ? 6 : 8;
 constexpr int kSpanBytes = 128;     // the 128-byte swizzle span: a stage's K, an output box's columns
 template <typename E> constexpr int kBKOf = kSpanBytes / int(sizeof(E));  // K elements a stage
 constexpr int kThreads = 384;       // producer warpgroup + two consumer warpgroups
@@ -59,35 +66,41 @@ template <> struct CuteType<float> { using type = cutlass::tfloat32_t; };  // WG
 // Shared-memory layout of one operand, (rows, k, stage). K-major tiles stack 8-row swizzle
 // atoms along the rows (one TMA box of rows x 64 fills a stage); MN-major tiles put the
 // atoms' K first (Step<_2,_1>), so that each 64-wide column slab is one 64 x 64 TMA box.
-template <typename E, bool K_MAJOR, int ROWS>
+template <typename E, bool K_MAJOR, int ROWS, int STAGES>
 using SmemLayout = decltype(tile_to_shape(
     conditional_t<K_MAJOR, GMMA::Layout_K_SW128_Atom<E>, GMMA::Layout_MN_SW128_Atom<E>>{},
-    make_shape(Int<ROWS>{}, Int<kBKOf<E>>{}, Int<kStages>{}),
+    make_shape(Int<ROWS>{}, Int<kBKOf<E>>{}, Int<STAGES>{}),
     conditional_t<K_MAJOR, Step<_1, _2, _3>, Step<_2, _1, _3>>{}));
 
-template <typename T, bool A_KM, bool B_KM> struct Config {
+template <typename T, bool A_KM, bool B_KM, int BN> struct Config {
   using E = typename CuteType<T>::type;
   static_assert(sizeof(E) == 2 || (A_KM && B_KM), "WGMMA reads TF32 operands K-major only");
+  static constexpr int kBN = BN, kStages = kStagesOf<BN>;
   static constexpr int kBK = kBKOf<E>;
   static constexpr GMMA::Major kMajorA = A_KM ? GMMA::Major::K : GMMA::Major::MN;
   static constexpr GMMA::Major kMajorB = B_KM ? GMMA::Major::K : GMMA::Major::MN;
-  using LayoutA = SmemLayout<E, A_KM, kBM>;
-  using LayoutB = SmemLayout<E, B_KM, kBN>;
-  // Two warpgroups side by side along M, each one m64n256k16 atom wide.
+  using LayoutA = SmemLayout<E, A_KM, kBM, kStages>;
+  using LayoutB = SmemLayout<E, B_KM, BN, kStages>;
+  // Two warpgroups side by side along M, each one m64nBNk16 atom wide.
   using Mma = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<E, E, float, Shape<Int<kBM>, Int<kBN>, Int<kBK>>, kMajorA, kMajorB>(),
+      GMMA::ss_op_selector<E, E, float, Shape<Int<kBM>, Int<BN>, Int<kBK>>, kMajorA, kMajorB>(),
       Layout<Shape<_2, _1, _1>>{}));
-  static constexpr int kStageBytes = (kBM + kBN) * kBK * int(sizeof(E));  // 48 KB for every type
+  static constexpr int kStageBytes = (kBM + BN) * kBK * int(sizeof(E));  // (128 + BN) x 128 bytes
 };
 
-template <typename E> struct alignas(1024) Shared {
+template <typename E, int BN> struct alignas(1024) Shared {
+  static constexpr int kStages = kStagesOf<BN>;
   E a[kStages][kBM * kBKOf<E>];  // 1024-byte aligned stages: the swizzle is taken from address bits
-  E b[kStages][kBN * kBKOf<E>];
+  E b[kStages][BN * kBKOf<E>];
   char out[2][kBM * kSpanBytes]; // the epilogue's two staging buffers (128 rows x 128 bytes) for the TMA stores
-  float bias[kBN];          // the tile's bias
+  float bias[BN];           // the tile's bias
   uint64_t full[kStages];
   uint64_t empty[kStages];
 };
+// rawops/_gemm_sm90.py's shared_bytes(BN) asks for sizeof + 1024 (the base's alignment).
+static_assert(sizeof(Shared<__half, 256>) + 1024 <= 232448 && sizeof(Shared<__half, 128>) + 1024 <= 232448 &&
+                  sizeof(Shared<__half, 64>) + 1024 <= 232448,
+              "a block's shared memory on sm_90");
 
 // Tile index -> (tile-row, tile-column), tile-rows grouped by kGroupRows.
 __device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& tm, int& tn) {
@@ -123,15 +136,15 @@ __device__ __forceinline__ void consumers_sync() {
 // written and while the next tile's main loop runs. `issued` counts the stores so far.
 // Accumulator i of a thread is row (t / 4) % 8 + 16 (t / 32) + 64 warpgroup + 8 ((i / 2) % 2),
 // column 2 (t % 4) + i % 2 + 8 (i / 4): CuTe's 64 x N GMMA C layout, ((4,8,4),(2,2,N/8)).
-template <typename T, typename E, class Acc>
-__device__ __forceinline__ void store_through_tma(const Acc& acc, Shared<E>& smem, const CUtensorMap* map, int thread,
-                                                  int row0, int col0, int& issued) {
+template <typename T, typename E, int BN, class Acc>
+__device__ __forceinline__ void store_through_tma(const Acc& acc, Shared<E, BN>& smem, const CUtensorMap* map,
+                                                  int thread, int row0, int col0, int& issued) {
   using Pair = conditional_t<sizeof(T) == 2, uint32_t, uint2>;
   constexpr int kCols = kSpanBytes / int(sizeof(T));  // columns a box
   const int row = 64 * (thread / 128) + 16 * (thread % 128 / 32) + thread % 32 / 4;
   const int pair_bytes = int(sizeof(Pair)) * (thread % 4);  // within an 8-column group
 #pragma unroll
-  for (int q = 0; q < kBN / kCols; ++q) {
+  for (int q = 0; q < BN / kCols; ++q) {
     const int buffer = issued & 1;
     if (thread == 0) tma_store_wait<1>();  // the store that last read this buffer is done with it
     consumers_sync();
@@ -158,10 +171,25 @@ __device__ __forceinline__ void store_through_tma(const Acc& acc, Shared<E>& sme
   }
 }
 
+// A split's raw float32 sums into partial (M x N, row-major), straight from the accumulators:
+// a warp's store covers 8 rows x 32 bytes (whole sectors). Rows and columns past the matrix
+// are dropped (N is even: a pair is in or out whole).
+template <class Acc>
+__device__ __forceinline__ void store_partial(const Acc& acc, float* partial, int thread, int64_t row0, int64_t col0,
+                                              int64_t M, int64_t N) {
+  const int64_t row = row0 + 64 * (thread / 128) + 16 * (thread % 128 / 32) + thread % 32 / 4;
+  const int64_t col = col0 + 2 * (thread % 4);
+#pragma unroll
+  for (int i = 0; i < size(acc); i += 2) {
+    const int64_t r = row + 8 * ((i / 2) % 2), c = col + 8 * (i / 4);
+    if (r < M && c < N) *reinterpret_cast<float2*>(partial + r * N + c) = make_float2(acc(i), acc(i + 1));
+  }
+}
+
 // Modes 0 (none), 1 (bias + GELU, + pre-activation) and 3 (bias) of rawops/gemm_epilogue.cuh.
 // The GELU-gradient mode (2) is not compiled here: rawops/_gemm_sm90.py never plans it.
-template <typename T, typename E, class Acc>
-__device__ __forceinline__ void store_tile(Acc& acc, Shared<E>& smem, const CUtensorMap* map_c,
+template <typename T, typename E, int BN, class Acc>
+__device__ __forceinline__ void store_tile(Acc& acc, Shared<E, BN>& smem, const CUtensorMap* map_c,
                                            const CUtensorMap* map_pre, int flags, bool has_bias, bool has_pre,
                                            int thread, int row0, int col0, int& issued) {
   const int mode = flags & 3;
@@ -183,21 +211,24 @@ __device__ __forceinline__ void store_tile(Acc& acc, Shared<E>& smem, const CUte
   store_through_tma<T>(acc, smem, map_c, thread, row0, col0, issued);
 }
 
-template <typename T, bool A_KM, bool B_KM>
+template <typename T, bool A_KM, bool B_KM, int BN>
 __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_b, const CUtensorMap* map_c,
                                      const CUtensorMap* map_pre, const T* __restrict__ bias, int flags, bool has_pre,
-                                     int64_t M, int64_t N, int64_t K) {
-  using C = Config<T, A_KM, B_KM>;
+                                     int64_t M, int64_t N, int64_t K, float* __restrict__ partial, int splits) {
+  using C = Config<T, A_KM, B_KM, BN>;
   using E = typename C::E;
+  constexpr int kBN = BN, kStages = C::kStages;
   extern __shared__ char shared_raw[];
-  Shared<E>& smem = *reinterpret_cast<Shared<E>*>(
+  Shared<E, BN>& smem = *reinterpret_cast<Shared<E, BN>*>(
       (reinterpret_cast<uintptr_t>(shared_raw) + 1023) / 1024 * 1024);
 
   const int warpgroup = threadIdx.x / 128;
+  if (BN == 256) splits = 1;  // the full-width tiles never split (the planner's rule): their code stays lean
   const int tiles_m = int((M + kBM - 1) / kBM), tiles_n = int((N + kBN - 1) / kBN);
-  const int tiles = tiles_m * tiles_n;
+  const int units = tiles_m * tiles_n * splits;
   constexpr int kBK = C::kBK;
   const int k_tiles = int((K + kBK - 1) / kBK);
+  const int split_tiles = (k_tiles + splits - 1) / splits;  // K tiles a split (the last may have fewer)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -215,10 +246,12 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
       prefetch_tma_descriptor(map_b);
       int stage = 0;
       uint32_t phase = 1;  // a fresh "empty" barrier counts as released
-      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+        const int tile = unit / splits, split = unit - tile * splits;
         int tm, tn;
         tile_coords(tile, tiles_m, tiles_n, tm, tn);
-        for (int kt = 0; kt < k_tiles; ++kt) {
+        const int kt_end = min(k_tiles, (split + 1) * split_tiles);
+        for (int kt = split * split_tiles; kt < kt_end; ++kt) {
           cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], C::kStageBytes);
           load_operand<A_KM, kBM>(map_a, &smem.full[stage], smem.a[stage], tm * kBM, kt * kBK);
@@ -245,14 +278,21 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
 
   int stage = 0;
   uint32_t phase = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int tile = unit / splits, split = unit - tile * splits;
     int tm, tn;
     tile_coords(tile, tiles_m, tiles_n, tm, tn);
     // The tile's bias, loaded now and parked in shared memory after the main loop.
-    const float bias_value = has_bias ? to_float(bias[min(int64_t(tn) * kBN + thread, N - 1)]) : 0.f;
+    const float bias_value =
+        has_bias && thread < kBN ? to_float(bias[min(int64_t(tn) * kBN + thread, N - 1)]) : 0.f;
     mma.accumulate_ = GMMA::ScaleOut::Zero;
     int release = -1;  // the stage whose WGMMAs may still be reading it
-    for (int kt = 0; kt < k_tiles; ++kt) {
+    const int kt_begin = split * split_tiles, kt_end = min(k_tiles, kt_begin + split_tiles);
+    if (kt_begin >= kt_end) {  // an empty split (the planner avoids them) still writes its zeros
+#pragma unroll
+      for (int i = 0; i < size(acc); ++i) acc(i) = 0.f;
+    }
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
@@ -272,8 +312,12 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
     warpgroup_fence_operand(acc);
     if (release >= 0 && lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[release]);
 
+    if (splits > 1) {
+      store_partial(acc, partial + int64_t(split) * M * N, thread, int64_t(tm) * kBM, int64_t(tn) * kBN, M, N);
+      continue;
+    }
     if (has_bias) {  // every consumer is past the last tile's reads of smem.bias (its barriers)
-      smem.bias[thread] = bias_value;
+      if (thread < kBN) smem.bias[thread] = bias_value;
       consumers_sync();
     }
     store_tile<T>(acc, smem, map_c, map_pre, flags, has_bias, has_pre, thread, tm * kBM, tn * kBN, issued);
@@ -285,17 +329,22 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
 }  // namespace rawops
 
 // ---------------------------------------------------------------------------- entry points
-// (map_a, map_b, map_c, map_pre, bias, m, n, k, flags): tensor maps of the operands, of c and
-// of the pre-activation (map_c again when none is stored: flags & 8 says one is), built by
-// rawops/_gemm_sm90.py; bias and flags as in kernels/matmul.cu.
-#define RAWOPS_SM90(layout, A_KM, B_KM, T, suffix)                                                          \
-  extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) gemm_sm90_##layout##_##suffix(   \
+// (map_a, map_b, map_c, map_pre, bias, m, n, k, flags, partial, splits): tensor maps of the
+// operands, of c and of the pre-activation (map_c again when none is stored: flags & 8 says
+// one is), built by rawops/_gemm_sm90.py; bias and flags as in kernels/matmul.cu; with splits
+// > 1 the sums go to partial (splits x m x n float32) and c, bias and flags are unused.
+#define RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, BN, name)                                              \
+  extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) name(                              \
       const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,                 \
       const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_pre, const T* bias, \
-      long long m, long long n, long long k, long long flags) {                                             \
-    rawops::sm90::gemm<T, A_KM, B_KM>(&map_a, &map_b, &map_c, &map_pre, bias, int(flags & 7), (flags & 8) != 0, \
-                                      m, n, k);                                                             \
+      long long m, long long n, long long k, long long flags, float* partial, long long splits) {            \
+    rawops::sm90::gemm<T, A_KM, B_KM, BN>(&map_a, &map_b, &map_c, &map_pre, bias, int(flags & 7),            \
+                                          (flags & 8) != 0, m, n, k, partial, int(splits));                  \
   }
+#define RAWOPS_SM90(layout, A_KM, B_KM, T, suffix)                                                 \
+  RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, 256, gemm_sm90_##layout##_##suffix)               \
+  RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, 128, gemm_sm90_##layout##_##suffix##_n128)        \
+  RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, 64, gemm_sm90_##layout##_##suffix##_n64)
 #define RAWOPS_SM90_FAMILY(T, suffix)      \
   RAWOPS_SM90(nn, true, false, T, suffix)  \
   RAWOPS_SM90(nt, true, true, T, suffix)   \

@@ -11,26 +11,48 @@ call reuses them.
 import os
 
 from ._launch import (TENSOR_MAP_BFLOAT16, TENSOR_MAP_FLOAT16, TENSOR_MAP_FLOAT32, TENSOR_MAP_SWIZZLE_128B,
-                      TENSOR_MAP_TFLOAT32, encode_tensor_map_2d, launch)
+                      TENSOR_MAP_TFLOAT32, encode_tensor_map_2d, launch, sm_count)
 from . import _modules
 
 FAMILY = "matmul_sm90"
 CC = 90
-TILE_M, TILE_N, STAGES = 128, 256, 4  # kBM, kBN, kStages
+TILE_M = 128  # kBM
+# Output tile widths (BN) of the entry points, the widest first: gemm_sm90_<layout>_<suffix>
+# is 256 wide, the narrower ones end in _n128 / _n64. Each has the stages kStagesOf<BN> that
+# the 227 KB of shared memory hold. The widest never splits K (the kernel forces 1).
+TILE_WIDTHS = (256, 128, 64)
+STAGES_OF = {256: 4, 128: 6, 64: 8}
+TILE_N = TILE_WIDTHS[0]
+STAGES = STAGES_OF[TILE_N]
 SPAN = 128  # kSpanBytes: a stage's K and an output box's columns, in bytes (the 128-byte swizzle)
 BOX = 64  # kBox: an M/N-major operand's TMA box edge (16-bit types only: 64 x 2 bytes, the span)
 ITEMSIZE = {0: 4, 1: 2, 2: 2}  # rawops dtype code -> bytes an element
 THREADS = 384  # kThreads: producer warpgroup + two consumer warpgroups
-# Shared<E>: the stages of both operands, two 128 x 64 output staging buffers, the tile's bias
-# (float32) and 2 x STAGES mbarriers, rounded up to 1024 bytes; + 1024 to align the dynamic
-# shared memory base inside the kernel: 232448 bytes, all that sm_90 gives a block.
-# (The same bytes for every type: a stage is 128 bytes of K.)
-SHARED_BYTES = -(-(STAGES * (TILE_M + TILE_N) * SPAN + 2 * TILE_M * SPAN + TILE_N * 4 + 2 * STAGES * 8)
-                 // 1024) * 1024 + 1024
-# Below this many output tiles per SM the portable kernels' split-K spreads the work better
-# (the Hopper kernel has no split-K yet: one block per tile).
-MIN_TILES_PER_SM = 0.5
-KINDS = "bbbbpqqqq"  # map_a, map_b, map_c, map_pre, bias, m, n, k, flags
+
+
+def shared_bytes(bn=TILE_N):
+    """Shared<E, BN>: the stages of both operands, two 128 x 128-byte output staging buffers,
+    the tile's bias (float32) and 2 x stages mbarriers, rounded up to 1024 bytes; + 1024 to
+    align the dynamic shared memory base inside the kernel (at most 232448, all that sm_90
+    gives a block). The same bytes for every type: a stage is 128 bytes of K."""
+    stages = STAGES_OF[bn]
+    return -(-(stages * (TILE_M + bn) * SPAN + 2 * TILE_M * SPAN + bn * 4 + 2 * stages * 8) // 1024) * 1024 + 1024
+
+
+SHARED_BYTES = shared_bytes()
+# From this many 128 x 256 output tiles per SM the widest tiles, unsplit, run; below it
+# `narrow_shape` picks a narrower tile and a K split.
+MIN_TILES_PER_SM = 1.0
+MAX_SPLITS = 16
+# K is split only for outputs of fewer 128 x 64 tiles an SM than this: the partials' round trip
+# and gemm_reduce cost ~3-4 us, which only a GPU left mostly idle wins back (a 32 x 768 dx over K =
+# 3072: 12 tiles; bench/results/explore_sm90_split.md).
+SPLIT_BELOW_TILES_PER_SM = 0.25
+FORCE_SHAPE = None  # (BN, splits) for every plan: the tests' and explorers' handle on the choice
+KINDS = "bbbbpqqqqpq"  # map_a, map_b, map_c, map_pre, bias, m, n, k, flags, partial, splits
+REDUCE_FAMILY, REDUCE_THREADS = "matmul", 256  # kernels/matmul.cu's gemm_reduce_<f32|f16|bf16>
+REDUCE_KINDS = "ppppppqqqq"  # rawops.matmul.KINDS
+REDUCE_SUFFIXES = {0: "f32", 1: "f16", 2: "bf16"}
 FLAG_PRE = 8  # flags bit: a pre-activation is stored (through map_pre)
 EPI_BIAS_GELU_GRAD = 2  # rawops.matmul.EPI_BIAS_GELU_GRAD
 # rawops dtype code -> the CUtensorMap type of its operands. float32 operands are read as TF32
@@ -42,9 +64,14 @@ TF32_LAYOUTS = ("nt",)
 DISABLE_ENV = "RAWOPS_NO_SM90"  # set to 1: always use the portable kernels (comparisons, debugging)
 
 
+def entry_name(layout, dtype, bn=TILE_N):
+    return f"gemm_sm90_{layout}_{SUFFIXES[dtype]}" + ("" if bn == TILE_N else f"_n{bn}")
+
+
 def entry_points():
-    names = [f"gemm_sm90_{layout}_{s}" for layout in ("nn", "nt", "tn") for s in ("f16", "bf16")]
-    return sorted(names + [f"gemm_sm90_{layout}_tf32" for layout in TF32_LAYOUTS])
+    kinds = [(layout, dtype) for layout in ("nn", "nt", "tn") for dtype in (1, 2)]
+    kinds += [(layout, 0) for layout in TF32_LAYOUTS]
+    return sorted(entry_name(layout, dtype, bn) for layout, dtype in kinds for bn in TILE_WIDTHS)
 
 
 def tile_k(dtype):
@@ -56,22 +83,61 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def operand_maps(layout, m, n, k, dtype=1):
+def operand_maps(layout, m, n, k, dtype=1, bn=TILE_N):
     """Each operand's matrix as the copy engine sees it, (inner, outer, box_inner, box_outer):
     a K-major operand is one (rows x 128 bytes of K) box per stage, an M/N-major one (16-bit
     types only) 64 x 64 boxes."""
     bk = tile_k(dtype)
     a = (k, m, bk, TILE_M) if layout[0] == "n" else (m, k, BOX, BOX)
-    b = (k, n, bk, TILE_N) if layout[1] == "t" else (n, k, BOX, BOX)
+    b = (k, n, bk, bn) if layout[1] == "t" else (n, k, BOX, BOX)
     return a, b
 
 
+# The cost model of narrow_shape (us), fitted to bench/results/explore_sm90_split.md (H100, 120
+# forced shapes; its choice was the fastest or within 12% of it on 14 of 14 outputs): with one
+# block an SM a work unit is bound by that SM's tensor pipe, UNIT_US + US_PER_MFLOP x its
+# 128-row tile's MFLOP (TF32 at half the 16-bit rate), per wave of units; a K split adds
+# gemm_reduce's launch and the partials' round trip.
+UNIT_US, US_PER_MFLOP = 3.41, 0.198
+REDUCE_US, REDUCE_US_PER_KB = 2.67, 0.00053
+
+
+def estimate_us(m, n, k, dtype, bn, splits, sms):
+    units = _ceil(m, TILE_M) * _ceil(n, bn) * splits
+    mflop = 2 * TILE_M * bn * _ceil(k, splits) * (2 if dtype == 0 else 1) / 1e6
+    us = _ceil(units, sms) * (UNIT_US + US_PER_MFLOP * mflop)
+    if splits > 1:
+        us += REDUCE_US + REDUCE_US_PER_KB * splits * m * n * 4 / 1e3
+    return us
+
+
+def narrow_shape(m, n, k, dtype, sms):
+    """(BN, K splits) for an output of too few 128 x 256 tiles: the tile width and split count
+    with the least estimated time. K is split only below SPLIT_BELOW_TILES_PER_SM; every split
+    gets at least one K stage, and split units fill at most one wave."""
+    k_tiles = _ceil(k, tile_k(dtype))
+    may_split = _ceil(m, TILE_M) * _ceil(n, TILE_WIDTHS[-1]) < SPLIT_BELOW_TILES_PER_SM * sms
+    best = None
+    for bn in TILE_WIDTHS:
+        tiles = _ceil(m, TILE_M) * _ceil(n, bn)
+        for splits in range(1, MAX_SPLITS + 1 if may_split and bn != TILE_N else 2):
+            if splits > 1 and tiles * splits > sms:
+                break
+            if _ceil(k_tiles, _ceil(k_tiles, splits)) < splits:  # a split would be empty
+                continue
+            us = estimate_us(m, n, k, dtype, bn, splits, sms)
+            if best is None or us < best[0]:
+                best = (us, bn, splits)
+    return best[1], best[2]
+
+
 def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_ptr=0, pre_ptr=0):
-    """(kernel name, grid, block, shared bytes) of the Hopper GEMM, or None when it does not
-    apply: not sm_90, not built, float32 in another layout than nt (dtype 0 means TF32: only
-    rawops/_gemm_tf32.py asks for it), operands or outputs the copy engine cannot read or
-    write (16-byte rows and pointers), k == 0, the GELU-gradient epilogue (not compiled
-    there), or too few output tiles to fill the GPU."""
+    """(kernel name, grid, shared bytes, BN, K splits) of the Hopper GEMM, or None when it does
+    not apply: not sm_90, not built, float32 in another layout than nt (dtype 0 means TF32:
+    only rawops/_gemm_tf32.py asks for it), operands or outputs the copy engine cannot read or
+    write (16-byte rows and pointers), k == 0, or the GELU-gradient epilogue (not compiled
+    there). Outputs of at least MIN_TILES_PER_SM 128 x 256 tiles an SM take those tiles,
+    persistently; fewer take narrow_shape's tile and split."""
     if not built or cc != CC or dtype not in MAP_TYPES or m == 0 or n == 0 or k == 0:
         return None
     if flags & 3 == EPI_BIAS_GELU_GRAD or (dtype == 0 and layout not in TF32_LAYOUTS):
@@ -80,10 +146,16 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_p
     per_row = 16 // ITEMSIZE[dtype]  # elements in 16 bytes
     if a_inner % per_row or b_inner % per_row or n % per_row or a_ptr % 16 or b_ptr % 16 or c_ptr % 16 or pre_ptr % 16:
         return None
-    tiles = _ceil(m, TILE_M) * _ceil(n, TILE_N)
-    if tiles < MIN_TILES_PER_SM * sms:
-        return None
-    return f"gemm_sm90_{layout}_{SUFFIXES[dtype]}", (min(tiles, sms),), THREADS, SHARED_BYTES
+    if FORCE_SHAPE is not None:
+        bn, splits = FORCE_SHAPE
+        k_tiles = _ceil(k, tile_k(dtype))
+        splits = 1 if bn == TILE_N else _ceil(k_tiles, _ceil(k_tiles, min(splits, k_tiles)))  # none empty
+    elif _ceil(m, TILE_M) * _ceil(n, TILE_N) >= MIN_TILES_PER_SM * sms:
+        bn, splits = TILE_N, 1
+    else:
+        bn, splits = narrow_shape(m, n, k, dtype, sms)
+    units = _ceil(m, TILE_M) * _ceil(n, bn) * splits
+    return entry_name(layout, dtype, bn), (min(units, sms),), shared_bytes(bn), bn, splits
 
 
 _built = {}
@@ -103,8 +175,8 @@ def built(device):
     return ok
 
 
-def function(name, device):
-    return _modules.function_with_shared(FAMILY, name, device, SHARED_BYTES)
+def function(name, device, shared=SHARED_BYTES):
+    return _modules.function_with_shared(FAMILY, name, device, shared)
 
 
 _maps = {}  # (pointer, dtype, inner, outer, box) -> CUtensorMap bytes
@@ -122,12 +194,29 @@ def tensor_map(pointer, dtype, inner, outer, box_inner, box_outer, map_type=None
     return found
 
 
-def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, bias, pre, m, n, k, flags, stream):
-    map_a, map_b = operand_maps(layout, m, n, k, dtype)
+def reduce_blocks(m, n, sms):
+    return max(1, min(_ceil(m * n, REDUCE_THREADS), sms * 8))
+
+
+def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, bias, pre, m, n, k, flags, stream,
+                bn=TILE_N, splits=1, workspace=None):
+    """c = epilogue(A B) by the Hopper kernel of `plan`. With splits > 1 the kernel writes
+    float32 partials into `workspace(nbytes)` -> (pointer, owner) scratch and gemm_reduce adds
+    them in order and applies the epilogue; the owner is returned (keep it until the launches
+    are queued), else None."""
+    map_a, map_b = operand_maps(layout, m, n, k, dtype, bn)
     operands = TF32_OPERANDS if dtype == 0 else None
     box_c = SPAN // ITEMSIZE[dtype]
     map_c = tensor_map(c, dtype, n, m, box_c, TILE_M)  # written in 128-row x 128-byte boxes
     map_pre = tensor_map(pre, dtype, n, m, box_c, TILE_M) if pre else map_c
-    args = (tensor_map(a, dtype, *map_a, operands), tensor_map(b, dtype, *map_b, operands), map_c, map_pre, bias,
-            m, n, k, flags | (FLAG_PRE if pre else 0))
-    launch(function_pointer, grid, THREADS, shared, stream, args, KINDS, device)
+    maps = (tensor_map(a, dtype, *map_a, operands), tensor_map(b, dtype, *map_b, operands), map_c, map_pre)
+    if splits == 1:
+        launch(function_pointer, grid, THREADS, shared, stream,
+               maps + (bias, m, n, k, flags | (FLAG_PRE if pre else 0), 0, 1), KINDS, device)
+        return None
+    partial, owner = workspace(splits * m * n * 4)
+    launch(function_pointer, grid, THREADS, shared, stream, maps + (0, m, n, k, 0, partial, splits), KINDS, device)
+    reduce = _modules.function_pointer(REDUCE_FAMILY, f"gemm_reduce_{REDUCE_SUFFIXES[dtype]}", device)
+    launch(reduce, (reduce_blocks(m, n, sm_count(device)),), REDUCE_THREADS, 0, stream,
+           (partial, 0, c, bias, 0, pre, m, n, splits, flags), REDUCE_KINDS, device)
+    return owner

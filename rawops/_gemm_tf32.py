@@ -45,6 +45,9 @@ REDUCE_FAMILY, REDUCE_KERNEL, REDUCE_THREADS = "matmul", "gemm_reduce_f32", 256
 KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.matmul.KINDS
 HOPPER = True  # the switch: False keeps every TF32 GEMM on mma.sync (comparisons, debugging)
 HOPPER_LAYOUTS = ("nt", "nn", "tn")  # nn, tn through transposed copies of their M/N-major operands
+# Outputs of fewer 128 x 256 tiles an SM than this stay on mma.sync (measured at session 15's
+# threshold; the Hopper kernel's narrow tiles and K splits were timed for the 16-bit types).
+HOPPER_MIN_TILES_PER_SM = 0.5
 TRANSPOSE_KERNEL, TRANSPOSE_THREADS, TRANSPOSE_TILE = "transpose_tf32_f32", 256, 64  # kTransposeTile
 
 
@@ -105,11 +108,14 @@ def plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132):
 
 
 def hopper_plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132, built=True, flags=0, pre_ptr=0):
-    """(kernel name, grid, block, shared bytes, (transpose a, transpose b)) of the Hopper TF32
-    GEMM, or None: nt as _gemm_sm90.plan takes it; in nn and tn the M/N-major operands are
+    """(kernel name, grid, shared bytes, BN, K splits, (transpose a, transpose b)) of the Hopper
+    TF32 GEMM, or None: nt as _gemm_sm90.plan takes it; in nn and tn the M/N-major operands are
     transposed into fresh scratch first (their own alignment then does not matter; K % 4 and
-    N % 4 still do). K past 65535 x 64 with a transpose stays on mma.sync (its grid.y)."""
+    N % 4 still do). K past 65535 x 64 with a transpose stays on mma.sync (its grid.y), and so
+    do outputs of fewer than HOPPER_MIN_TILES_PER_SM 128 x 256 tiles an SM."""
     if not HOPPER or layout not in HOPPER_LAYOUTS:
+        return None
+    if _ceil(m, _gemm_sm90.TILE_M) * _ceil(n, _gemm_sm90.TILE_N) < HOPPER_MIN_TILES_PER_SM * sms:
         return None
     transpose = (layout[0] == "t", layout[1] == "n")
     if any(transpose) and _ceil(k, TRANSPOSE_TILE) > MAX_GRID_Y:  # both copies have K / 64 block rows
@@ -144,10 +150,10 @@ def _launch_plan(layout, m, n, k, a, b, c, device, flags=0, pre=0):
     cc = compute_capability(device)
     hopper = hopper_plan(layout, m, n, k, cc, a, b, c, sms, _gemm_sm90.built(device), flags, pre)
     if hopper is not None:
-        name, grid, _, shared, transpose = hopper
+        name, grid, shared, bn, splits, transpose = hopper
         found = None
-        cached = ("hopper", _gemm_sm90.function(name, device), grid, shared, transpose,
-                  _modules.function_pointer(FAMILY, TRANSPOSE_KERNEL, device) if any(transpose) else 0)
+        cached = ("hopper", _gemm_sm90.function(name, device, shared), grid, shared, transpose,
+                  _modules.function_pointer(FAMILY, TRANSPOSE_KERNEL, device) if any(transpose) else 0, (bn, splits))
     else:
         found = plan(layout, m, n, k, cc, a, b, c, sms)
         cached = None
@@ -180,15 +186,16 @@ def launch_gemm(device, layout, a, b, c, bias, aux, pre, m, n, k, flags, stream,
     if found is None:
         return False, None
     if found[0] == "hopper":
-        _, function, grid, shared, (transpose_a, transpose_b), transpose_function = found
+        _, function, grid, shared, (transpose_a, transpose_b), transpose_function, (bn, splits) = found
         owner_a = owner_b = None
         # WGMMA reads TF32 operands K-major only: a (K x M) -> (M x K), b (K x N) -> (N x K).
         if transpose_a:
             a, owner_a = _copy_transposed(transpose_function, a, k, m, stream, device, workspace)
         if transpose_b:
             b, owner_b = _copy_transposed(transpose_function, b, k, n, stream, device, workspace)
-        _gemm_sm90.launch_gemm(function, grid, shared, device, "nt", 0, a, b, c, bias, pre, m, n, k, flags, stream)
-        return True, (owner_a, owner_b)
+        owner_c = _gemm_sm90.launch_gemm(function, grid, shared, device, "nt", 0, a, b, c, bias, pre, m, n, k, flags,
+                                         stream, bn, splits, workspace)
+        return True, (owner_a, owner_b, owner_c)
     _, function, grid, block, shared, splits, reduce = found
     if splits == 1:
         launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)

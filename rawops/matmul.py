@@ -54,6 +54,10 @@ SMALL_TF32_MIN_CC = 90  # thread-block clusters
 # SMALL_MMA_WARPS warps splitting K (kernels/matmul.cu: RAWOPS_SMALL_MMA_NT, _NWK).
 SMALL_MMA_TILES, SMALL_MMA_WARPS = 2, 8
 SMALL_MMA_FEATURES = SMALL_MMA_TILES * 8
+# On sm_90 x @ W^T of at most this many rows takes linear_small_mma before the Hopper GEMM: one
+# 32-row block reads W once, where a 128-row WGMMA tile computes 3/4 padding (bf16 x768->3072:
+# 4.37 against 6.75 us at 32 rows, 7.19 against 6.27 at 64; bench/results/explore_sm90_split.md).
+SMALL_MMA_BEFORE_HOPPER_M = 32
 SMALL_MMA_THREADS = 32 * SMALL_MMA_WARPS
 # The switch: True lets float32 linear_gelu at <= SMALL_MAX_M rows run linear_small_tf32 (3xTF32:
 # ~1e-6 relative against float64 where the exact FFMA kernel gives ~1e-7, both at float32 level);
@@ -231,12 +235,12 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
     if cached is None:
         sms = sm_count(device)
         cc = compute_capability(device)
-        if dtype != 0 and cc == _gemm_sm90.CC:
+        if dtype != 0 and cc == _gemm_sm90.CC and not (layout == "nt" and m <= SMALL_MMA_BEFORE_HOPPER_M):
             hopper = _gemm_sm90.plan(layout, dtype, m, n, k, cc, a, b, sms, _gemm_sm90.built(device), flags, c, pre)
-            if hopper is not None:  # splits == 0 marks the Hopper kernel (other arguments)
-                name, grid, _, shared = hopper
-                cached = _plans[key] = (_gemm_sm90.function(name, device), grid, _gemm_sm90.THREADS, shared,
-                                        0, None)
+            if hopper is not None:  # splits == 0 marks the Hopper kernel (other arguments), then (BN, splits)
+                name, grid, shared, bn, splits = hopper
+                cached = _plans[key] = (_gemm_sm90.function(name, device, shared), grid, _gemm_sm90.THREADS, shared,
+                                        0, (bn, splits))
                 return cached
         name, grid, block, shared, splits = plan(layout, dtype, m, n, k, cc, a, b, sms, c, tf32_linear)
         reduce = None
@@ -264,10 +268,9 @@ def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, 
     if m == 0 or n == 0:
         return None
     function, grid, block, shared, splits, reduce = _launch_plan(layout, dtype, m, n, k, a, b, device, flags, c, pre)
-    if splits == 0:  # the Hopper kernel
-        _gemm_sm90.launch_gemm(function, grid, shared, device, layout, dtype, a, b, c, bias, pre, m, n, k, flags,
-                               stream)
-        return None
+    if splits == 0:  # the Hopper kernel: reduce holds its (BN, K splits)
+        return _gemm_sm90.launch_gemm(function, grid, shared, device, layout, dtype, a, b, c, bias, pre, m, n, k,
+                                      flags, stream, *reduce, workspace)
     if splits == 1:
         launch(function, grid, block, shared, stream, (a, b, c, bias, aux, pre, m, n, k, flags), KINDS, device)
         return None

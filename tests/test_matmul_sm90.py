@@ -1,9 +1,10 @@
 """The Hopper GEMM (kernels/matmul_sm90.cu, rawops/_gemm_sm90.py): WGMMA + TMA on sm_90.
 
-Without a GPU: when the plan takes it, its launch shape, the kernel table against the source
-and the fatbin (one sm_90a ELF with every entry point), the arch directive of the build.
-With an sm_90 GPU (marker `gpu`): every layout and epilogue against torch in float64, with
-the tile threshold lowered so that small and odd shapes run through this kernel too.
+Without a GPU: when the plan takes it, its launch shape (tile width, K splits), the kernel
+table against the source and the fatbin (one sm_90a ELF with every entry point), the arch
+directive of the build. With an sm_90 GPU (marker `gpu`): every layout and epilogue against
+torch in float64 on every tile width, with and without K splits, forced onto small and odd
+shapes too; and the planner's own choices on the medium-batch shapes it was fitted on.
 """
 import importlib
 import os
@@ -25,8 +26,8 @@ SMS = 132
 # ------------------------------------------------------------------------------ plan (pure)
 @pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
 def test_large_half_gemms_on_sm90_take_the_hopper_kernel_persistently(layout):
-    name, grid, block, shared = hopper.plan(layout, BF16, 8192, 8192, 8192, 90, BASE, OTHER, SMS)
-    assert name == f"gemm_sm90_{layout}_bf16" and block == 384
+    name, grid, shared, bn, splits = hopper.plan(layout, BF16, 8192, 8192, 8192, 90, BASE, OTHER, SMS)
+    assert name == f"gemm_sm90_{layout}_bf16" and (bn, splits) == (256, 1) and hopper.THREADS == 384
     assert grid == (SMS,), "one persistent block per SM: 64 x 32 tiles of 128 x 256"
     # 4 stages of 48 KB, two 16 KB output buffers, the bias (1 KB), the barriers (64 bytes),
     # rounded up to 1 KB, and 1 KB to align the base: every byte of the 227 KB a block may have.
@@ -34,10 +35,58 @@ def test_large_half_gemms_on_sm90_take_the_hopper_kernel_persistently(layout):
     assert hopper.plan(layout, F16, 8192, 3072, 768, 90, BASE, OTHER, SMS)[0] == f"gemm_sm90_{layout}_f16"
 
 
-def test_the_grid_is_the_tile_count_when_tiles_are_fewer_than_sms():
-    # 8192 x 3072 -> 64 x 12 tiles (linear_gelu's forward); 1024 x 2048 -> 8 x 8 = 64 < 132.
+def test_the_grid_is_the_work_unit_count_when_units_are_fewer_than_sms():
+    # 8192 x 3072 -> 64 x 12 tiles (linear_gelu's forward); 128 x 3072 -> 48 tiles 64 wide.
     assert hopper.plan("nt", BF16, 8192, 3072, 768, 90, BASE, OTHER, SMS)[1] == (SMS,)
-    assert hopper.plan("nn", BF16, 1152, 2048, 512, 90, BASE, OTHER, SMS)[1] == (72,)
+    name, grid, shared, bn, splits = hopper.plan("nt", BF16, 128, 3072, 768, 90, BASE, OTHER, SMS)
+    assert (name, grid, shared, bn, splits) == ("gemm_sm90_nt_bf16_n64", (48,), hopper.shared_bytes(64), 64, 1)
+    name, grid, shared, bn, splits = hopper.plan("nn", BF16, 32, 768, 3072, 90, BASE, OTHER, SMS)
+    assert splits > 1 and grid == (-(-768 // bn) * splits,), "a 32 x 768 output over K = 3072: split K"
+
+
+def test_medium_outputs_take_the_modelled_fastest_narrow_tile():
+    """The model's picks on shapes bench/results/explore_sm90_split.md timed: 64-wide unsplit
+    tiles from 64 to 256 rows at 768 -> 3072 (5.4-6.3 us against 7.7 at 128 wide and 12.3 at
+    256), 128 wide at 512 rows, the widest at 1024, and a K split for a 32-row dx over K = 3072."""
+    picks = {(64, 3072, 768): (64, 1), (128, 3072, 768): (64, 1), (256, 3072, 768): (64, 1),
+             (512, 3072, 768): (128, 1), (1024, 3072, 768): (256, 1), (512, 4096, 4096): (128, 1)}
+    for (m, n, k), expected in picks.items():
+        assert hopper.narrow_shape(m, n, k, BF16, SMS) == expected, (m, n, k)
+    bn, splits = hopper.narrow_shape(32, 768, 3072, BF16, SMS)
+    assert splits >= 4
+    assert hopper.estimate_us(128, 3072, 768, BF16, 64, 2, SMS) > hopper.estimate_us(128, 3072, 768, BF16, 64, 1, SMS)
+    assert hopper.estimate_us(256, 3072, 768, F32, 64, 1, SMS) > hopper.estimate_us(256, 3072, 768, BF16, 64, 1, SMS), \
+        "TF32 runs at half the 16-bit rate"
+
+
+@pytest.mark.parametrize("m, n, k, dtype", [(32, 768, 3072, BF16), (1, 8, 64, F16), (100, 1000, 65536, BF16),
+                                            (300, 520, 1000, F32), (1000, 4096, 136, BF16)])
+def test_splits_leave_no_split_empty_fill_one_wave_and_never_split_the_widest_tile(m, n, k, dtype):
+    for bn in hopper.TILE_WIDTHS:
+        for wanted in (1, 2, 3, 5, 7, 16, 1000):
+            _, grid, shared, got_bn, splits = hopper.plan("nt", dtype, m, n, k, 90, BASE, OTHER, SMS)
+            hopper.FORCE_SHAPE = (bn, wanted)
+            try:
+                _, grid, shared, got_bn, splits = hopper.plan("nt", dtype, m, n, k, 90, BASE, OTHER, SMS)
+            finally:
+                hopper.FORCE_SHAPE = None
+            k_tiles = -(-k // hopper.tile_k(dtype))
+            per_split = -(-k_tiles // splits)
+            assert got_bn == bn and shared == hopper.shared_bytes(bn)
+            assert splits == 1 if bn == 256 else 1 <= splits <= min(wanted, k_tiles)
+            assert (splits - 1) * per_split < k_tiles, "the last split has a K stage"
+            assert grid == (min(-(-m // 128) * -(-n // bn) * splits, SMS),)
+    bn, splits = hopper.narrow_shape(m, n, k, dtype, SMS)
+    k_tiles = -(-k // hopper.tile_k(dtype))
+    assert (splits - 1) * -(-k_tiles // splits) < k_tiles
+    assert splits == 1 or -(-m // 128) * -(-n // bn) * splits <= SMS
+
+
+def test_shared_memory_of_every_tile_width_fits_a_block():
+    for bn, stages in hopper.STAGES_OF.items():
+        assert hopper.shared_bytes(bn) <= 232448
+        assert hopper.shared_bytes(bn) >= stages * (128 + bn) * 128 + 2 * 128 * 128 + bn * 4 + 1024
+    assert hopper.shared_bytes(256) == hopper.SHARED_BYTES == 227 * 1024
 
 
 def test_float32_means_tf32_and_takes_the_nt_layout_alone():
@@ -64,7 +113,6 @@ def test_float32_means_tf32_and_takes_the_nt_layout_alone():
                                                                        SMS)),
     ("k == 0: nothing for the copy engine", ("nn", BF16, 8192, 8192, 0, 90, BASE, OTHER, SMS)),
     ("empty output", ("nn", BF16, 0, 8192, 64, 90, BASE, OTHER, SMS)),
-    ("too few tiles to fill half the SMs: split-K elsewhere", ("nn", BF16, 32, 768, 3072, 90, BASE, OTHER, SMS)),
 ])
 def test_everything_else_stays_on_the_portable_kernels(why, args):
     assert hopper.plan(*args) is None, why
@@ -95,6 +143,8 @@ def test_operand_maps_read_k_major_tiles_in_one_box_and_mn_major_in_64_wide_slab
     assert b == (520, 256, 64, 64)
     a, b = hopper.operand_maps("tn", 1000, 520, 256)
     assert a == (1000, 256, 64, 64) and b == (520, 256, 64, 64)
+    assert hopper.operand_maps("nt", 1000, 520, 256, BF16, 64)[1] == (256, 520, 64, 64), "B's box: the tile width"
+    assert hopper.operand_maps("nn", 1000, 520, 256, BF16, 64)[1] == (520, 256, 64, 64)
 
 
 # ------------------------------------------------------------------------------ source, build
@@ -107,20 +157,25 @@ def test_python_constants_match_the_kernel():
     source = _source()
     constants = dict(re.findall(r"\b(k\w+) = (\d+)", source))
     assert int(constants["kConsumers"]) == hopper.THREADS - 128
-    assert (int(constants["kBM"]), int(constants["kBN"]), int(constants["kStages"])) == (
-        hopper.TILE_M, hopper.TILE_N, hopper.STAGES)
+    assert int(constants["kBM"]) == hopper.TILE_M
+    stages = re.search(r"kStagesOf = BN == 256 \? (\d+) : BN == 128 \? (\d+) : (\d+);", source).groups()
+    assert dict(zip((256, 128, 64), map(int, stages))) == hopper.STAGES_OF
+    assert "if (BN == 256) splits = 1;" in source and hopper.TILE_N == 256, "the widest tile never splits"
     assert int(constants["kSpanBytes"]) == hopper.SPAN and "kBKOf = kSpanBytes / int(sizeof(E))" in source
     assert int(constants["kThreads"]) == hopper.THREADS and int(constants["kBox"]) == hopper.BOX
 
 
 def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
     source = _source()
-    params = re.search(r"gemm_sm90_##layout##_##suffix\((.*?)\)\s*\{", source, re.S).group(1)
+    params = re.search(r"kThreads, 1\) name\((.*?)\)\s*\{", source, re.S).group(1)
     params = [p.strip() for p in params.replace("\\", " ").split(",")]
     kinds = "".join("b" if "CUtensorMap" in p else "p" if "*" in p else "q" for p in params)
     assert kinds == hopper.KINDS
     assert [p.split()[-1].lstrip("*") for p in params] == ["map_a", "map_b", "map_c", "map_pre", "bias", "m", "n",
-                                                           "k", "flags"]
+                                                           "k", "flags", "partial", "splits"]
+    widths = re.search(r"#define RAWOPS_SM90\(layout, A_KM, B_KM, T, suffix\)(.*?)\n#", source, re.S).group(1)
+    assert re.findall(r"suffix, (\d+), gemm_sm90_##layout##_##suffix([#\w]*)\)", widths) == [
+        (str(bn), "" if bn == 256 else f"##_n{bn}") for bn in hopper.TILE_WIDTHS]
     assert hopper.FLAG_PRE > mm.EPI_ERF | 3, "the pre-activation bit is above the epilogue's flags"
     family = re.search(r"#define RAWOPS_SM90_FAMILY\(T, suffix\)(.*?)\n\n", source, re.S).group(1)
     layouts = re.findall(r"RAWOPS_SM90\((\w+),", family)
@@ -128,8 +183,10 @@ def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
     suffixes = re.findall(r"^RAWOPS_SM90_FAMILY\(\w+, (\w+)\)", source, re.M)
     singles = re.findall(r"^RAWOPS_SM90\((\w+), \w+, \w+, \w+, (\w+)\)", source, re.M)
     assert singles == [(layout, "tf32") for layout in hopper.TF32_LAYOUTS]
-    assert {f"gemm_sm90_{layout}_{s}" for layout in layouts for s in suffixes} | \
-        {f"gemm_sm90_{layout}_{s}" for layout, s in singles} == set(hopper.entry_points())
+    bases = {f"gemm_sm90_{layout}_{s}" for layout in layouts for s in suffixes} | \
+        {f"gemm_sm90_{layout}_{s}" for layout, s in singles}
+    assert {base + ("" if bn == 256 else f"_n{bn}") for base in bases for bn in hopper.TILE_WIDTHS} == set(
+        hopper.entry_points())
 
 
 def test_the_source_asks_for_sm90a_only():
@@ -180,19 +237,28 @@ def _need_sm90():
         pytest.fail("sm_90 GPU but the Hopper kernels are not built (matmul_sm90.fatbin missing)")
 
 
-@pytest.fixture
-def every_shape_on_hopper(monkeypatch):
-    """Route every eligible half-type GEMM to the Hopper kernel, however few its tiles."""
+# (BN, K splits) forced on every shape: each tile width, and split K on the narrow ones (a
+# split count past the shape's K stages is cut so that none is empty).
+FORCED = [(256, 1), (128, 1), (64, 1), (128, 3), (64, 7)]
+
+
+@pytest.fixture(params=FORCED, ids=lambda f: f"bn{f[0]}-split{f[1]}")
+def every_shape_on_hopper(request, monkeypatch):
+    """Route every eligible half-type GEMM to the Hopper kernel (x @ W^T at 32 rows too), however
+    few its tiles, with the tile width and split count forced."""
     _need_sm90()
-    monkeypatch.setattr(hopper, "MIN_TILES_PER_SM", 0)
+    monkeypatch.setattr(hopper, "FORCE_SHAPE", request.param)
+    monkeypatch.setattr(mm, "SMALL_MMA_BEFORE_HOPPER_M", 0)
     mm._plans.clear()
-    yield
+    yield request.param
     mm._plans.clear()
 
 
 def _assert_hopper_planned(layout, dtype, m, n, k):
     plan = mm._launch_plan(layout, dtype, m, n, k, BASE, OTHER, 0)
     assert plan[4] == 0, f"{layout} {m}x{n}x{k} did not take the Hopper kernel"
+    if hopper.FORCE_SHAPE is not None:
+        assert plan[5][0] == hopper.FORCE_SHAPE[0], "the forced tile width"
 
 
 # (M, K, N): one row, odd rows, K not a multiple of 64, one tile, many tiles per block
@@ -278,3 +344,34 @@ def test_large_gemm_takes_the_hopper_kernel_by_default_and_is_deterministic():
     c2 = rawops.matmul(to_cupy(a), to_cupy(b))
     assert (c1 == c2).all(), "same input, same bits"
     assert_close(c1, a.double() @ b.double(), torch.bfloat16, "hopper matmul 4096^3")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout, m, n, k", [("nt", 64, 3072, 768), ("nt", 256, 3072, 768), ("nt", 512, 4096, 4096),
+                                             ("nn", 32, 768, 3072), ("tn", 3072, 768, 512)])
+def test_medium_outputs_run_the_planners_narrow_choice_deterministically(layout, m, n, k):
+    """Unforced: the medium-batch shapes of bench/results/explore_sm90_split.md run the tile and
+    split narrow_shape picks (a split among them), match float64 and repeat bit for bit."""
+    _need_sm90()
+    import cupy
+    import torch
+    from gpu_reference import assert_close, poison_pool, random, to_cupy
+
+    mm._plans.clear()
+    bn, splits = hopper.narrow_shape(m, n, k, BF16, SMS)
+    plan = mm._launch_plan(layout, BF16, m, n, k, BASE, OTHER, 0)
+    assert plan[4] == 0 and plan[5] == (bn, splits)
+    a = random((m, k) if layout[0] == "n" else (k, m), torch.bfloat16, 1.0)
+    b = random((n, k) if layout[1] == "t" else (k, n), torch.bfloat16, k ** -0.5)
+    ref = (a.double() if layout[0] == "n" else a.double().t()) @ (b.double().t() if layout[1] == "t" else b.double())
+    A, B = to_cupy(a), to_cupy(b)
+    runs = []
+    for _ in range(2):  # the library's launch on raw pointers: every layout without transposed views
+        poison_pool(m * n * 2)
+        c = cupy.empty((m, n), dtype=A.dtype)
+        owner = mm.launch_gemm(0, layout, BF16, A.data.ptr, B.data.ptr, c.data.ptr, 0, 0, 0, m, n, k, mm.EPI_NONE,
+                               cupy.cuda.get_current_stream().ptr, mm._cupy_workspace)
+        runs.append(c)
+        del owner
+    assert (runs[0] == runs[1]).all(), "same input, same bits"
+    assert_close(runs[0], ref, torch.bfloat16, f"hopper {layout} {m}x{n}x{k} BN {bn} splits {splits}")

@@ -70,7 +70,7 @@ def test_large_outputs_on_sm90_take_the_hopper_gemm_with_m_n_major_operands_tran
     expect = {"nt": (False, False), "nn": (False, True), "tn": (True, True)}
     for layout, transpose in expect.items():
         assert tf.hopper_plan(layout, 8192, 8192, 8192, 90, BASE, OTHER, C_PTR) == (
-            "gemm_sm90_nt_tf32", (132,), 384, shared, transpose), layout
+            "gemm_sm90_nt_tf32", (132,), shared, 256, 1, transpose), layout
     # a copied operand's own alignment does not matter; one read in place must be 16-byte aligned
     assert tf.hopper_plan("nn", 8192, 8192, 8192, 90, BASE, OTHER + 4, C_PTR) is not None
     assert tf.hopper_plan("tn", 8192, 8192, 8192, 90, BASE + 4, OTHER + 4, C_PTR) is not None
@@ -250,14 +250,13 @@ def _relative_error(torch, out, ref):
 def kernel(request, monkeypatch):
     """Every shape through gemm_tf32 (WIDE off), then through gemm_tf32_wide wherever it runs,
     then through the Hopper GEMM wherever it runs (sm_90: nt, and nn through b^T), its tile
-    threshold lowered so that small and odd shapes reach it too."""
-    from rawops import _gemm_sm90
-
+    threshold lowered so that small and odd shapes reach it too (on its narrow tiles and K
+    splits, as rawops._gemm_sm90.narrow_shape picks them)."""
     monkeypatch.setattr(tf, "WIDE", request.param == "wide")
     monkeypatch.setattr(tf, "WIDE_LAYOUTS", tf.LAYOUTS)
     monkeypatch.setattr(tf, "WIDE_MIN_TILES_PER_SM", 0)
     monkeypatch.setattr(tf, "HOPPER", request.param == "hopper")
-    monkeypatch.setattr(_gemm_sm90, "MIN_TILES_PER_SM", 0)
+    monkeypatch.setattr(tf, "HOPPER_MIN_TILES_PER_SM", 0)  # small outputs: narrow tiles, K splits by the model
     monkeypatch.setattr(tf, "_plans", {})
     return request.param
 
