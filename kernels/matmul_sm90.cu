@@ -85,7 +85,6 @@ template <typename T, bool A_KM, bool B_KM, int BN> struct Config {
   using Mma = decltype(make_tiled_mma(
       GMMA::ss_op_selector<E, E, float, Shape<Int<kBM>, Int<BN>, Int<kBK>>, kMajorA, kMajorB>(),
       Layout<Shape<_2, _1, _1>>{}));
-  static constexpr int kStageBytes = (kBM + BN) * kBK * int(sizeof(E));  // (128 + BN) x 128 bytes
 };
 
 template <typename E, int BN> struct alignas(1024) Shared {
@@ -229,6 +228,11 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   constexpr int kBK = C::kBK;
   const int k_tiles = int((K + kBK - 1) / kBK);
   const int split_tiles = (k_tiles + splits - 1) / splits;  // K tiles a split (the last may have fewer)
+  // A K-major A's box (rawops/_gemm_sm90.py: operand_maps) is M rounded up to 8 rows when M < 128:
+  // the copy engine's fill of out-of-bounds rows measured slow. The tile's other rows keep stale
+  // shared memory; their sums are never stored (the TMA stores clip at M, store_partial checks).
+  const int a_rows = A_KM && M < kBM ? int((M + 7) / 8 * 8) : kBM;
+  const uint32_t stage_bytes = uint32_t((a_rows + kBN) * kBK * int(sizeof(E)));
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -253,7 +257,7 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
         const int kt_end = min(k_tiles, (split + 1) * split_tiles);
         for (int kt = split * split_tiles; kt < kt_end; ++kt) {
           cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], C::kStageBytes);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], stage_bytes);
           load_operand<A_KM, kBM>(map_a, &smem.full[stage], smem.a[stage], tm * kBM, kt * kBK);
           load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN, kt * kBK);
           if (++stage == kStages) stage = 0, phase ^= 1;

@@ -83,12 +83,17 @@ def _ceil(a, b):
     return -(-a // b)
 
 
+def a_box_rows(m):
+    return TILE_M if m >= TILE_M else _ceil(m, 8) * 8
+
+
 def operand_maps(layout, m, n, k, dtype=1, bn=TILE_N):
     """Each operand's matrix as the copy engine sees it, (inner, outer, box_inner, box_outer):
     a K-major operand is one (rows x 128 bytes of K) box per stage, an M/N-major one (16-bit
-    types only) 64 x 64 boxes."""
+    types only) 64 x 64 boxes. A K-major A of fewer than 128 rows has a box of M rounded up to
+    8 rows (the kernel's a_rows): out-of-bounds rows filled by the copy engine cost time."""
     bk = tile_k(dtype)
-    a = (k, m, bk, TILE_M) if layout[0] == "n" else (m, k, BOX, BOX)
+    a = (k, m, bk, a_box_rows(m)) if layout[0] == "n" else (m, k, BOX, BOX)
     b = (k, n, bk, bn) if layout[1] == "t" else (n, k, BOX, BOX)
     return a, b
 

@@ -145,6 +145,12 @@ def test_operand_maps_read_k_major_tiles_in_one_box_and_mn_major_in_64_wide_slab
     assert a == (1000, 256, 64, 64) and b == (520, 256, 64, 64)
     assert hopper.operand_maps("nt", 1000, 520, 256, BF16, 64)[1] == (256, 520, 64, 64), "B's box: the tile width"
     assert hopper.operand_maps("nn", 1000, 520, 256, BF16, 64)[1] == (520, 256, 64, 64)
+    # one tile-row: a K-major A's box is M rounded up to 8 rows (the kernel's a_rows)
+    assert hopper.operand_maps("nt", 33, 520, 256)[0] == (256, 33, 64, 40)
+    assert hopper.operand_maps("nn", 1, 520, 256)[0] == (256, 1, 64, 8)
+    assert hopper.operand_maps("tn", 33, 520, 256)[0] == (33, 256, 64, 64), "M-major A keeps its 64 x 64 boxes"
+    source = _source()
+    assert "A_KM && M < kBM ? int((M + 7) / 8 * 8) : kBM" in source and "(a_rows + kBN) * kBK" in source
 
 
 # ------------------------------------------------------------------------------ source, build
