@@ -38,8 +38,9 @@ def _error(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-# linear_gelu's shapes (dtype, M, K, N): the small and large batch, both dtypes.
-LINEAR_SHAPES = ((torch.float32, 32, 768, 3072), (torch.bfloat16, 32, 768, 3072),
+# linear_gelu's shapes (dtype, M, K, N): the small and large batch, both dtypes, and a
+# medium batch (bfloat16 at 256 rows: the Hopper GEMM's narrow tiles).
+LINEAR_SHAPES = ((torch.float32, 32, 768, 3072), (torch.bfloat16, 32, 768, 3072), (torch.bfloat16, 256, 768, 3072),
                  (torch.float32, 8192, 768, 3072), (torch.bfloat16, 8192, 768, 3072))
 
 

@@ -41,14 +41,17 @@ def shared_bytes(bn=TILE_N):
 
 SHARED_BYTES = shared_bytes()
 # From this many 128 x 256 output tiles per SM the widest tiles, unsplit, run; below it
-# `narrow_shape` picks a narrower tile and a K split.
-MIN_TILES_PER_SM = 1.0
+# `narrow_shape` picks a narrower tile and a K split. Between half a wave and one the model
+# chose 64-wide tiles for linear_gelu's dW at 8192 tokens (3072 x 768 over K = 8192: 114 us
+# against 80 at 256 wide; bench/results/explore_bwd_routing.md), so half a wave it stays.
+MIN_TILES_PER_SM = 0.5
 MAX_SPLITS = 16
 # K is split only for outputs of fewer 128 x 64 tiles an SM than this: the partials' round trip
 # and gemm_reduce cost ~3-4 us, which only a GPU left mostly idle wins back (a 32 x 768 dx over K =
 # 3072: 12 tiles; bench/results/explore_sm90_split.md).
 SPLIT_BELOW_TILES_PER_SM = 0.25
 FORCE_SHAPE = None  # (BN, splits) for every plan: the tests' and explorers' handle on the choice
+NARROW = True  # False: outputs under MIN_TILES_PER_SM go to the portable kernels (session 15's routing)
 KINDS = "bbbbpqqqqpq"  # map_a, map_b, map_c, map_pre, bias, m, n, k, flags, partial, splits
 REDUCE_FAMILY, REDUCE_THREADS = "matmul", 256  # kernels/matmul.cu's gemm_reduce_<f32|f16|bf16>
 REDUCE_KINDS = "ppppppqqqq"  # rawops.matmul.KINDS
@@ -157,6 +160,8 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_p
         splits = 1 if bn == TILE_N else _ceil(k_tiles, _ceil(k_tiles, min(splits, k_tiles)))  # none empty
     elif _ceil(m, TILE_M) * _ceil(n, TILE_N) >= MIN_TILES_PER_SM * sms:
         bn, splits = TILE_N, 1
+    elif not NARROW:
+        return None
     else:
         bn, splits = narrow_shape(m, n, k, dtype, sms)
     units = _ceil(m, TILE_M) * _ceil(n, bn) * splits
