@@ -12,8 +12,8 @@ linear_gelu's forward at <= SMALL_MAX_M rows on sm_90+ runs 3xTF32 (three TF32 p
 term, float32-level error: ~3e-7 relative against float64 at 32x768->3072, as torch's float32;
 LINEAR_TF32 = False forces the exact kernel); float16 / bfloat16 run tensor cores
 with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
-kernel of rawops/_gemm_sm90.py when the output fills the GPU, else mma.sync, sm_80+), else
-the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
+kernel of rawops/_gemm_sm90.py, whose tile width and K split follow the output's size; x @ W^T
+at <= 32 rows the small-batch kernel; else mma.sync, sm_80+), else the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
 the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
 """
 from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, require_str,
@@ -329,8 +329,9 @@ def matmul(a, b, *, tf32=False, out=None, stream=None):
     dtype; float32 accumulation. float32 is exact float32 math (FFMA); `tf32=True` lets
     float32 run on TF32 tensor cores (operands rounded to 10 mantissa bits, ~1e-3 relative
     error; rawops/_gemm_tf32.py) on sm_80+ where K and N are multiples of 4 and the arrays
-    16-byte aligned, else the exact kernel; on sm_90 an output that fills the GPU runs on
-    WGMMA after b is copied, transposed, into K x N floats of scratch from CuPy's pool.
+    16-byte aligned, else the exact kernel; on sm_90 an output of at least half a wave of
+    128 x 256 tiles runs on WGMMA after b is copied, transposed, into K x N floats of scratch
+    from CuPy's pool.
     Half types ignore it."""
     import cupy
 
