@@ -211,8 +211,8 @@ __device__ __forceinline__ void store_tile(Acc& acc, Shared<E, BN>& smem, const 
 }
 
 template <typename T, bool A_KM, bool B_KM, int BN>
-__device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_b, const CUtensorMap* map_c,
-                                     const CUtensorMap* map_pre, const T* __restrict__ bias, int flags, bool has_pre,
+__device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_a_tail,
+                                     const CUtensorMap* map_b, const CUtensorMap* map_c, const CUtensorMap* map_pre, const T* __restrict__ bias, int flags, bool has_pre,
                                      int64_t M, int64_t N, int64_t K, float* __restrict__ partial, int splits) {
   using C = Config<T, A_KM, B_KM, BN>;
   using E = typename C::E;
@@ -228,11 +228,13 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   constexpr int kBK = C::kBK;
   const int k_tiles = int((K + kBK - 1) / kBK);
   const int split_tiles = (k_tiles + splits - 1) / splits;  // K tiles a split (the last may have fewer)
-  // A K-major A's box (rawops/_gemm_sm90.py: operand_maps) is M rounded up to 8 rows when M < 128:
-  // the copy engine's fill of out-of-bounds rows measured slow. The tile's other rows keep stale
-  // shared memory; their sums are never stored (the TMA stores clip at M, store_partial checks).
-  const int a_rows = A_KM && M < kBM ? int((M + 7) / 8 * 8) : kBM;
-  const uint32_t stage_bytes = uint32_t((a_rows + kBN) * kBK * int(sizeof(E)));
+  // A K-major A's last tile-row is read through map_a_tail, whose box is the rows left rounded up
+  // to 8 (rawops/_gemm_sm90.py: operand_maps): the copy engine's fill of out-of-bounds rows
+  // measured slow. The tile's other rows keep stale shared memory; their sums are never stored
+  // (the TMA stores clip at M, store_partial checks).
+  const int tail_rows = A_KM ? int((M - int64_t(tiles_m - 1) * kBM + 7) / 8 * 8) : kBM;
+  const uint32_t stage_bytes = uint32_t((kBM + kBN) * kBK * int(sizeof(E)));
+  const uint32_t tail_stage_bytes = uint32_t((tail_rows + kBN) * kBK * int(sizeof(E)));
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -247,6 +249,7 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (threadIdx.x == 0) {
       prefetch_tma_descriptor(map_a);
+      prefetch_tma_descriptor(map_a_tail);
       prefetch_tma_descriptor(map_b);
       int stage = 0;
       uint32_t phase = 1;  // a fresh "empty" barrier counts as released
@@ -255,10 +258,13 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
         int tm, tn;
         tile_coords(tile, tiles_m, tiles_n, tm, tn);
         const int kt_end = min(k_tiles, (split + 1) * split_tiles);
+        const bool tail = tm == tiles_m - 1;
+        const CUtensorMap* a_map = tail ? map_a_tail : map_a;
+        const uint32_t bytes = tail ? tail_stage_bytes : stage_bytes;
         for (int kt = split * split_tiles; kt < kt_end; ++kt) {
           cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
-          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], stage_bytes);
-          load_operand<A_KM, kBM>(map_a, &smem.full[stage], smem.a[stage], tm * kBM, kt * kBK);
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], bytes);
+          load_operand<A_KM, kBM>(a_map, &smem.full[stage], smem.a[stage], tm * kBM, kt * kBK);
           load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN, kt * kBK);
           if (++stage == kStages) stage = 0, phase ^= 1;
         }
@@ -333,16 +339,18 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
 }  // namespace rawops
 
 // ---------------------------------------------------------------------------- entry points
-// (map_a, map_b, map_c, map_pre, bias, m, n, k, flags, partial, splits): tensor maps of the
-// operands, of c and of the pre-activation (map_c again when none is stored: flags & 8 says
-// one is), built by rawops/_gemm_sm90.py; bias and flags as in kernels/matmul.cu; with splits
+// (map_a, map_b, map_c, map_pre, map_a_tail, bias, m, n, k, flags, partial, splits): tensor maps
+// of the operands, of c and of the pre-activation (map_c again when none is stored: flags & 8
+// says one is), and of A's last tile-row (map_a again for an M-major A), built by
+// rawops/_gemm_sm90.py; bias and flags as in kernels/matmul.cu; with splits
 // > 1 the sums go to partial (splits x m x n float32) and c, bias and flags are unused.
 #define RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, BN, name)                                              \
   extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) name(                              \
       const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,                 \
-      const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_pre, const T* bias, \
-      long long m, long long n, long long k, long long flags, float* partial, long long splits) {            \
-    rawops::sm90::gemm<T, A_KM, B_KM, BN>(&map_a, &map_b, &map_c, &map_pre, bias, int(flags & 7),            \
+      const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_pre,                \
+      const __grid_constant__ CUtensorMap map_a_tail, const T* bias, long long m, long long n, long long k,    \
+      long long flags, float* partial, long long splits) {                                                  \
+    rawops::sm90::gemm<T, A_KM, B_KM, BN>(&map_a, &map_a_tail, &map_b, &map_c, &map_pre, bias, int(flags & 7), \
                                           (flags & 8) != 0, m, n, k, partial, int(splits));                  \
   }
 #define RAWOPS_SM90(layout, A_KM, B_KM, T, suffix)                                                 \

@@ -52,7 +52,7 @@ MAX_SPLITS = 16
 SPLIT_BELOW_TILES_PER_SM = 0.25
 FORCE_SHAPE = None  # (BN, splits) for every plan: the tests' and explorers' handle on the choice
 NARROW = True  # False: outputs under MIN_TILES_PER_SM go to the portable kernels (session 15's routing)
-KINDS = "bbbbpqqqqpq"  # map_a, map_b, map_c, map_pre, bias, m, n, k, flags, partial, splits
+KINDS = "bbbbbpqqqqpq"  # map_a, map_b, map_c, map_pre, map_a_tail, bias, m, n, k, flags, partial, splits
 REDUCE_FAMILY, REDUCE_THREADS = "matmul", 256  # kernels/matmul.cu's gemm_reduce_<f32|f16|bf16>
 REDUCE_KINDS = "ppppppqqqq"  # rawops.matmul.KINDS
 REDUCE_SUFFIXES = {0: "f32", 1: "f16", 2: "bf16"}
@@ -86,17 +86,18 @@ def _ceil(a, b):
     return -(-a // b)
 
 
-def a_box_rows(m):
-    return TILE_M if m >= TILE_M else _ceil(m, 8) * 8
+def a_tail_rows(m):
+    """Rows of a K-major A's last tile-row box: those left of M, rounded up to 8 (the kernel's
+    tail_rows)."""
+    return _ceil(m - (_ceil(m, TILE_M) - 1) * TILE_M, 8) * 8
 
 
 def operand_maps(layout, m, n, k, dtype=1, bn=TILE_N):
     """Each operand's matrix as the copy engine sees it, (inner, outer, box_inner, box_outer):
     a K-major operand is one (rows x 128 bytes of K) box per stage, an M/N-major one (16-bit
-    types only) 64 x 64 boxes. A K-major A of fewer than 128 rows has a box of M rounded up to
-    8 rows (the kernel's a_rows): out-of-bounds rows filled by the copy engine cost time."""
+    types only) 64 x 64 boxes. (A K-major A's last tile-row has its own map: tail_map.)"""
     bk = tile_k(dtype)
-    a = (k, m, bk, a_box_rows(m)) if layout[0] == "n" else (m, k, BOX, BOX)
+    a = (k, m, bk, TILE_M) if layout[0] == "n" else (m, k, BOX, BOX)
     b = (k, n, bk, bn) if layout[1] == "t" else (n, k, BOX, BOX)
     return a, b
 
@@ -204,6 +205,24 @@ def tensor_map(pointer, dtype, inner, outer, box_inner, box_outer, map_type=None
     return found
 
 
+_launch_maps = {}  # (layout, dtype, a, b, c, pre, m, n, k, BN) -> the five maps of a launch
+
+
+def launch_maps(layout, dtype, a, b, c, pre, m, n, k, bn):
+    """(map_a, map_b, map_c, map_pre, map_a_tail) of a launch: a repeated call finds them by one
+    key (the eager torch path's host time; each map is also cached on its own)."""
+    if len(_launch_maps) > 1024:  # a long-running process sees many buffers: keep the cache bounded
+        _launch_maps.clear()
+    map_a, map_b = operand_maps(layout, m, n, k, dtype, bn)
+    operands = TF32_OPERANDS if dtype == 0 else None
+    box_c = SPAN // ITEMSIZE[dtype]
+    map_c = tensor_map(c, dtype, n, m, box_c, TILE_M)  # written in 128-row x 128-byte boxes
+    map_pre = tensor_map(pre, dtype, n, m, box_c, TILE_M) if pre else map_c
+    a_full = tensor_map(a, dtype, *map_a, operands)
+    a_tail = tensor_map(a, dtype, *map_a[:3], a_tail_rows(m), operands) if layout[0] == "n" else a_full
+    return a_full, tensor_map(b, dtype, *map_b, operands), map_c, map_pre, a_tail
+
+
 def reduce_blocks(m, n, sms):
     return max(1, min(_ceil(m * n, REDUCE_THREADS), sms * 8))
 
@@ -214,12 +233,10 @@ def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, 
     float32 partials into `workspace(nbytes)` -> (pointer, owner) scratch and gemm_reduce adds
     them in order and applies the epilogue; the owner is returned (keep it until the launches
     are queued), else None."""
-    map_a, map_b = operand_maps(layout, m, n, k, dtype, bn)
-    operands = TF32_OPERANDS if dtype == 0 else None
-    box_c = SPAN // ITEMSIZE[dtype]
-    map_c = tensor_map(c, dtype, n, m, box_c, TILE_M)  # written in 128-row x 128-byte boxes
-    map_pre = tensor_map(pre, dtype, n, m, box_c, TILE_M) if pre else map_c
-    maps = (tensor_map(a, dtype, *map_a, operands), tensor_map(b, dtype, *map_b, operands), map_c, map_pre)
+    key = (layout, dtype, a, b, c, pre, m, n, k, bn)
+    maps = _launch_maps.get(key)
+    if maps is None:
+        maps = _launch_maps[key] = launch_maps(layout, dtype, a, b, c, pre, m, n, k, bn)
     if splits == 1:
         launch(function_pointer, grid, THREADS, shared, stream,
                maps + (bias, m, n, k, flags | (FLAG_PRE if pre else 0), 0, 1), KINDS, device)

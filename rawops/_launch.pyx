@@ -1019,16 +1019,20 @@ cdef class TorchMapEntry:
 # None and the adapter's Python path handles it, raising its errors there: one place words them.
 cdef object _gemm_planner = None
 cdef object _gemm_options = None
+cdef object _gemm_hopper = None
 cdef dict _gemm_plans = {}
 
 
-def register_torch_gemm(planner, options):
+def register_torch_gemm(planner, options, hopper):
     """planner(layout, dtype, m, n, k, a_ptr, b_ptr, c_aligned, device, flags) -> (function,
-    grid, block, shared, splits); options: the object whose LINEAR_TF32 the planner reads
-    (rawops.matmul), read again on every float32 call so that plans cached here follow it."""
-    global _gemm_planner, _gemm_options
+    grid, block, shared, splits, extra): splits 0 marks the Hopper GEMM, extra then its (BN,
+    K splits); options: the object whose LINEAR_TF32 the planner reads (rawops.matmul), read
+    again on every float32 call so that plans cached here follow it; hopper: the Hopper GEMM's
+    launch (rawops._gemm_sm90.launch_gemm), whose tensor maps are built from the pointers."""
+    global _gemm_planner, _gemm_options, _gemm_hopper
     _gemm_planner = planner
     _gemm_options = options
+    _gemm_hopper = hopper
 
 
 cdef inline bint _plain_operand(object t, object dtype, int device):
@@ -1063,10 +1067,23 @@ cdef tuple _gemm_plan(str layout, int code, long long m, long long n, long long 
     if cached is None:
         if len(_gemm_plans) > 4096:
             _gemm_plans.clear()
-        function, grid, block, shared, splits = _gemm_planner(layout, code, m, n, k, a, b, 0, device, flags)
+        function, grid, block, shared, splits, extra = _gemm_planner(layout, code, m, n, k, a, b, 0, device, flags)
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-        cached = _gemm_plans[key] = (function, gx, gy, gz, block, shared, splits)
+        cached = _gemm_plans[key] = (function, gx, gy, gz, block, shared, splits, extra)
     return cached
+
+
+cdef _torch_hopper_linear(tuple p, int device, int code, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t bias,
+                          long long m, long long n, long long k, long long flags):
+    # The Hopper GEMM on torch's current stream of `device`: its launch builds (or finds) the
+    # tensor maps of these pointers; the function belongs to that device's context.
+    if device == _torch_current_device():
+        _gemm_hopper(p[0], (p[1],), p[5], device, "nt", code, a, b, c, bias, 0, m, n, k, flags,
+                     <uintptr_t>_torch_raw_stream(device), p[7][0])
+        return
+    with _torch_device_guard(device):
+        _gemm_hopper(p[0], (p[1],), p[5], device, "nt", code, a, b, c, bias, 0, m, n, k, flags,
+                     <uintptr_t>_torch_raw_stream(device), p[7][0])
 
 
 def torch_linear(x, weight, bias, long long flags):
@@ -1145,6 +1162,11 @@ cdef object _torch_linear(x, weight, bias, long long flags):
     cdef tuple p
     if not _same_linear(code, m, n, k, pa, pb, device, tf32 + 2 * (flags & 3)):
         p = _gemm_plan("nt", code, m, n, k, pa, pb, device, tf32, flags)
+        if p[6] == 0 and p[7][1] == 1:  # the Hopper GEMM, K unsplit (a split needs scratch: the full path)
+            out = x.new_empty(m, n) if nd == 2 else x.new_empty(tuple(shape[:nd - 1]) + (n,))
+            _torch_hopper_linear(p, device, code, pa, pb, out.data_ptr(), bias.data_ptr() if has_bias else 0,
+                                 m, n, k, flags)
+            return out
         if p[6] != 1:
             return None
         _last_linear.function = 0  # invalid while its fields change

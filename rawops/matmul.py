@@ -253,10 +253,11 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
 
 
 def linear_launch_plan(layout, dtype, m, n, k, a, b, c, device, flags):
-    """(function pointer, grid, block, shared, splits) of a launch with epilogue `flags`
+    """(function pointer, grid, block, shared, splits, extra) of a launch with epilogue `flags`
     (linear_gelu's bias + GELU: LINEAR_TF32 applies), cached per shape: the torch adapter's
-    Cython fast path (_launch.torch_linear) asks for it on a cache miss."""
-    return _launch_plan(layout, dtype, m, n, k, a, b, device, flags, c)[:5]
+    Cython fast path (_launch.torch_linear) asks for it on a cache miss. splits 0 is the Hopper
+    GEMM, extra then its (BN, K splits); else extra is the split-K reduce launch or None."""
+    return _launch_plan(layout, dtype, m, n, k, a, b, device, flags, c)
 
 
 def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, stream, workspace):

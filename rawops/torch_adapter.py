@@ -1141,10 +1141,10 @@ def seed_mlp(x, weights, biases, output_activation="none"):
 # forward also writes the pre-activation (one extra store from the same kernel) so that the
 # backward is one elementwise pass + two GEMMs, instead of recomputing x @ W^T (a third GEMM).
 _mm = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
-from . import _gemm_tf32  # noqa: E402
+from . import _gemm_sm90, _gemm_tf32  # noqa: E402
 # No-grad linear_gelu goes through the launcher's typed path (checks, cached plan, output,
 # launch in one call); it answers None for anything else and the Python path below runs.
-register_torch_gemm(_mm.linear_launch_plan, _mm)
+register_torch_gemm(_mm.linear_launch_plan, _mm, _gemm_sm90.launch_gemm)
 _module_globals = importlib.import_module("torch.nn.modules.module")
 register_torch_modules(tuple(getattr(_module_globals, name, {None: None}) for name in (
     "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks", "_global_forward_pre_hooks")),

@@ -145,12 +145,11 @@ def test_operand_maps_read_k_major_tiles_in_one_box_and_mn_major_in_64_wide_slab
     assert a == (1000, 256, 64, 64) and b == (520, 256, 64, 64)
     assert hopper.operand_maps("nt", 1000, 520, 256, BF16, 64)[1] == (256, 520, 64, 64), "B's box: the tile width"
     assert hopper.operand_maps("nn", 1000, 520, 256, BF16, 64)[1] == (520, 256, 64, 64)
-    # one tile-row: a K-major A's box is M rounded up to 8 rows (the kernel's a_rows)
-    assert hopper.operand_maps("nt", 33, 520, 256)[0] == (256, 33, 64, 40)
-    assert hopper.operand_maps("nn", 1, 520, 256)[0] == (256, 1, 64, 8)
-    assert hopper.operand_maps("tn", 33, 520, 256)[0] == (33, 256, 64, 64), "M-major A keeps its 64 x 64 boxes"
+    # a K-major A's last tile-row box: the rows left, rounded up to 8 (the kernel's tail_rows)
+    assert [hopper.a_tail_rows(m) for m in (1, 33, 128, 129, 192, 1000, 1024)] == [8, 40, 128, 8, 64, 104, 128]
     source = _source()
-    assert "A_KM && M < kBM ? int((M + 7) / 8 * 8) : kBM" in source and "(a_rows + kBN) * kBK" in source
+    assert "A_KM ? int((M - int64_t(tiles_m - 1) * kBM + 7) / 8 * 8) : kBM" in source
+    assert "(tail_rows + kBN) * kBK" in source
 
 
 # ------------------------------------------------------------------------------ source, build
@@ -177,8 +176,8 @@ def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
     params = [p.strip() for p in params.replace("\\", " ").split(",")]
     kinds = "".join("b" if "CUtensorMap" in p else "p" if "*" in p else "q" for p in params)
     assert kinds == hopper.KINDS
-    assert [p.split()[-1].lstrip("*") for p in params] == ["map_a", "map_b", "map_c", "map_pre", "bias", "m", "n",
-                                                           "k", "flags", "partial", "splits"]
+    assert [p.split()[-1].lstrip("*") for p in params] == ["map_a", "map_b", "map_c", "map_pre", "map_a_tail", "bias",
+                                                           "m", "n", "k", "flags", "partial", "splits"]
     widths = re.search(r"#define RAWOPS_SM90\(layout, A_KM, B_KM, T, suffix\)(.*?)\n#", source, re.S).group(1)
     assert re.findall(r"suffix, (\d+), gemm_sm90_##layout##_##suffix([#\w]*)\)", widths) == [
         (str(bn), "" if bn == 256 else f"##_n{bn}") for bn in hopper.TILE_WIDTHS]
