@@ -116,6 +116,27 @@ def test_cuda_graph_capture_and_replay():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows, k, n", [(32, 768, 3072), (256, 768, 3072), (64, 3072, 768)])
+def test_linear_gelu_capture_and_replay_on_every_route(rows, k, n):
+    """No-grad linear_gelu captured in a CUDA graph: the small-batch kernel (32 rows), the
+    Hopper GEMM's narrow tiles through the typed path (256 rows on sm_90) and a K-split plan
+    through the full path (64 x 3072 -> 768 on sm_90: scratch from torch's graph pool)."""
+    x = random((rows, k), torch.bfloat16)
+    w, b = random((n, k), torch.bfloat16, k ** -0.5), random((n,), torch.bfloat16)
+    ta.linear_gelu(x, w, b)  # warm-up: load modules and build tensor maps outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        y = ta.linear_gelu(x, w, b)
+    for _ in range(2):
+        x.copy_(random(x.shape, torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = F.gelu(F.linear(x.double(), w.double(), b.double()), approximate="tanh")
+        assert_close(y, ref, torch.bfloat16, f"graph replay linear_gelu {rows}x{k}->{n}")
+
+
+@pytest.mark.gpu
 def test_launches_on_torch_current_stream():
     source = random((1 << 22,), torch.bfloat16)
     side = torch.cuda.Stream()
