@@ -212,8 +212,9 @@ __device__ __forceinline__ void store_tile(Acc& acc, Shared<E, BN>& smem, const 
 
 template <typename T, bool A_KM, bool B_KM, int BN>
 __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_a_tail,
-                                     const CUtensorMap* map_b, const CUtensorMap* map_c, const CUtensorMap* map_pre, const T* __restrict__ bias, int flags, bool has_pre,
-                                     int64_t M, int64_t N, int64_t K, float* __restrict__ partial, int splits) {
+                                     const CUtensorMap* map_b, const CUtensorMap* map_c, const CUtensorMap* map_pre,
+                                     const T* __restrict__ bias, int flags, bool has_pre, int64_t M, int64_t N,
+                                     int64_t K, float* __restrict__ partial, int splits) {
   using C = Config<T, A_KM, B_KM, BN>;
   using E = typename C::E;
   constexpr int kBN = BN, kStages = C::kStages;

@@ -95,15 +95,17 @@ def a_tail_rows(m):
 def operand_maps(layout, m, n, k, dtype=1, bn=TILE_N):
     """Each operand's matrix as the copy engine sees it, (inner, outer, box_inner, box_outer):
     a K-major operand is one (rows x 128 bytes of K) box per stage, an M/N-major one (16-bit
-    types only) 64 x 64 boxes. (A K-major A's last tile-row has its own map: tail_map.)"""
+    types only) 64 x 64 boxes. (A K-major A's last tile-row has its own box: a_tail_rows.)"""
     bk = tile_k(dtype)
     a = (k, m, bk, TILE_M) if layout[0] == "n" else (m, k, BOX, BOX)
     b = (k, n, bk, bn) if layout[1] == "t" else (n, k, BOX, BOX)
     return a, b
 
 
-# The cost model of narrow_shape (us), fitted to bench/results/explore_sm90_split.md (H100, 120
-# forced shapes; its choice was the fastest or within 12% of it on 14 of 14 outputs): with one
+# The cost model of narrow_shape (us), fitted to the forced rows of bench/results/
+# explore_sm90_split_fit*.md (H100; with SPLIT_BELOW_TILES_PER_SM its choice was the fastest or
+# within 12% of it on 13 of the 14 outputs; the miss, 32 x 4096 -> 4096 unsplit at 31 us against
+# 19.5 split 4 ways, is an x @ W^T that linear_small_mma takes, 13.1 us): with one
 # block an SM a work unit is bound by that SM's tensor pipe, UNIT_US + US_PER_MFLOP x its
 # 128-row tile's MFLOP (TF32 at half the 16-bit rate), per wave of units; a K split adds
 # gemm_reduce's launch and the partials' round trip.

@@ -56,7 +56,8 @@ SMALL_MMA_TILES, SMALL_MMA_WARPS = 2, 8
 SMALL_MMA_FEATURES = SMALL_MMA_TILES * 8
 # On sm_90 x @ W^T of at most this many rows takes linear_small_mma before the Hopper GEMM: one
 # 32-row block reads W once, where a 128-row WGMMA tile computes 3/4 padding (bf16 x768->3072:
-# 4.37 against 6.75 us at 32 rows, 7.19 against 6.27 at 64; bench/results/explore_sm90_split.md).
+# 4.37 against 6.75 us at 32 rows before A's box was cut to M, 7.2 against 5.2 at 64 after;
+# bench/results/explore_sm90_split_fit.md, explore_medium_batch.md).
 SMALL_MMA_BEFORE_HOPPER_M = 32
 SMALL_MMA_THREADS = 32 * SMALL_MMA_WARPS
 # The switch: True lets float32 linear_gelu at <= SMALL_MAX_M rows run linear_small_tf32 (3xTF32:
