@@ -3,7 +3,8 @@ through gemm_reduce) on outputs with too few 128 x 256 tiles to fill the H100: e
 forced through rawops.matmul.launch_gemm (the library's launch, torch's memory and stream),
 beside the planner's own choice, the small-batch kernel where it applies, and torch (cuBLAS);
 CUDA graphs of 20 calls, each route checked against float64. The fit of
-rawops/_gemm_sm90.estimate_us comes from this table.
+rawops/_gemm_sm90.estimate_us comes from this table. Forced routes also take x @ W^T at <= 32
+rows, which the planner sends to linear_small_mma.
 
     python bench/explore_sm90_split.py [--out bench/results]
 """
@@ -21,6 +22,10 @@ SHAPES = [("nt", m, 3072, 768, B16) for m in (32, 64, 128, 256, 512, 1024)]
 SHAPES += [("nt", m, 4096, 4096, B16) for m in (32, 128, 512)]
 SHAPES += [("nn", 32, 768, 3072, B16), ("nn", 256, 4096, 4096, B16), ("tn", 3072, 768, 512, B16),
            ("nt", 256, 3072, 768, F32), ("nt", 1024, 4096, 4096, F32)]
+# TF32 nn / tn under half a wave (b, or a and b, copied transposed first; session 16's first
+# planner kept them on mma.sync, this run sent them to the Hopper kernel).
+SHAPES += [("nn", 256, 3072, 768, F32), ("nn", 1024, 1024, 1024, F32), ("tn", 768, 3072, 256, F32),
+           ("nn", 64, 64, 64, F32)]
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
@@ -89,9 +94,9 @@ def main():
             for splits in SPLITS if bn != h.TILE_N else (1,):
                 if splits > k_tiles or (splits > 1 and tiles * splits > 2 * sms):
                     break
-                routes[f"BN {bn} splits {splits} ({tiles * splits} units)"] = {(h, "FORCE_SHAPE"): (bn, splits)}
+                routes[f"BN {bn} splits {splits} ({tiles * splits} units)"] = {
+                    (h, "FORCE_SHAPE"): (bn, splits), (mm, "SMALL_MMA_BEFORE_HOPPER_M"): 0}
         for route, settings in routes.items():
-            settings = {(tf, "HOPPER_MIN_TILES_PER_SM"): 0, **settings}
             saved = {key: getattr(*key) for key in settings}
             for (module, name), value in settings.items():
                 setattr(module, name, value)

@@ -45,12 +45,10 @@ REDUCE_FAMILY, REDUCE_KERNEL, REDUCE_THREADS = "matmul", "gemm_reduce_f32", 256
 KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.matmul.KINDS
 HOPPER = True  # the switch: False keeps every TF32 GEMM on mma.sync (comparisons, debugging)
 HOPPER_LAYOUTS = ("nt", "nn", "tn")  # nn, tn through transposed copies of their M/N-major operands
-# nn and tn outputs of fewer 128 x 256 tiles an SM than this stay on mma.sync (their operand
-# copies were not timed at small sizes); nt takes the Hopper kernel at any size, its narrow tiles
-# and K splits included: 256x768->3072 with bias + GELU 8.5 us against 60.6 on mma.sync and 13.4
-# for cuBLASLt (bench/results/explore_sm90_split.md).
-HOPPER_MIN_TILES_PER_SM = 0.5
-HOPPER_ANY_SIZE_LAYOUTS = ("nt",)
+# On sm_90 every size takes the Hopper kernel, on its narrow tiles and K splits where the output
+# is small, operand copies included: nt 256x768->3072 with bias + GELU 8.5 us against 60.6 on
+# mma.sync, nn 256x768->3072 14.8 against 53.2, nn 1024^3 17.0 against 50.4; only tiny outputs
+# lose to mma.sync, by ~1 us (nn 64^3: 7.9 against 6.9; bench/results/explore_sm90_split.md).
 TRANSPOSE_KERNEL, TRANSPOSE_THREADS, TRANSPOSE_TILE = "transpose_tf32_f32", 256, 64  # kTransposeTile
 
 
@@ -114,12 +112,8 @@ def hopper_plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132, built=True, f
     """(kernel name, grid, shared bytes, BN, K splits, (transpose a, transpose b)) of the Hopper
     TF32 GEMM, or None: nt as _gemm_sm90.plan takes it; in nn and tn the M/N-major operands are
     transposed into fresh scratch first (their own alignment then does not matter; K % 4 and
-    N % 4 still do). K past 65535 x 64 with a transpose stays on mma.sync (its grid.y), and so
-    do nn and tn outputs of fewer than HOPPER_MIN_TILES_PER_SM 128 x 256 tiles an SM."""
+    N % 4 still do). K past 65535 x 64 with a transpose stays on mma.sync (its grid.y)."""
     if not HOPPER or layout not in HOPPER_LAYOUTS:
-        return None
-    if (layout not in HOPPER_ANY_SIZE_LAYOUTS
-            and _ceil(m, _gemm_sm90.TILE_M) * _ceil(n, _gemm_sm90.TILE_N) < HOPPER_MIN_TILES_PER_SM * sms):
         return None
     transpose = (layout[0] == "t", layout[1] == "n")
     if any(transpose) and _ceil(k, TRANSPOSE_TILE) > MAX_GRID_Y:  # both copies have K / 64 block rows

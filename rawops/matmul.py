@@ -331,9 +331,8 @@ def matmul(a, b, *, tf32=False, out=None, stream=None):
     dtype; float32 accumulation. float32 is exact float32 math (FFMA); `tf32=True` lets
     float32 run on TF32 tensor cores (operands rounded to 10 mantissa bits, ~1e-3 relative
     error; rawops/_gemm_tf32.py) on sm_80+ where K and N are multiples of 4 and the arrays
-    16-byte aligned, else the exact kernel; on sm_90 an output of at least half a wave of
-    128 x 256 tiles runs on WGMMA after b is copied, transposed, into K x N floats of scratch
-    from CuPy's pool.
+    16-byte aligned, else the exact kernel; on sm_90 it runs on WGMMA after b is copied,
+    transposed, into K x N floats of scratch from CuPy's pool.
     Half types ignore it."""
     import cupy
 

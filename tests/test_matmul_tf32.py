@@ -79,13 +79,13 @@ def test_large_outputs_on_sm90_take_the_hopper_gemm_with_m_n_major_operands_tran
     for why, args in [("sm_80", ("nn", 8192, 8192, 8192, 80)), ("sm_100", ("nn", 8192, 8192, 8192, 100)),
                       ("N % 4: c's rows", ("nn", 8192, 8190, 8192, 90)),
                       ("K % 4: the K-major rows", ("nt", 8192, 8192, 8190, 90)),
-                      ("too few tiles: split K on mma.sync", ("nn", 32, 768, 3072, 90)),
                       ("a copy's grid.y past 65535", ("nn", 8192, 256, 65536 * 64 + 4, 90))]:
         assert tf.hopper_plan(*args, BASE, OTHER, C_PTR) is None, why
     assert tf.hopper_plan("nn", 8192, 8192, 8192, 90, BASE, OTHER, C_PTR, built=False) is None
-    # nt (no copy) takes the Hopper kernel at any size, on its narrow tiles below half a wave
+    # every size takes the Hopper kernel, on its narrow tiles (and K splits) below half a wave
     assert tf.hopper_plan("nt", 256, 3072, 768, 90, BASE, OTHER, C_PTR)[:5] == (
         "gemm_sm90_nt_tf32_n64", (96,), _gemm_sm90.shared_bytes(64), 64, 1)
+    assert tf.hopper_plan("nn", 32, 768, 3072, 90, BASE, OTHER, C_PTR)[4] > 1, "a 32 x 768 output over K = 3072"
     assert tf.hopper_plan("nt", 1, 8, 4, 90, BASE, OTHER, C_PTR) is not None
     assert tf.hopper_plan("nt", 8192, 3072, 768, 90, BASE, OTHER, C_PTR, flags=mm.EPI_BIAS_GELU_GRAD) is None
     assert tf.transpose_grid(100, 70) == (2, 2) and tf.transpose_grid(100, 130) == (3, 2), "(column, row tiles) of 64"
@@ -260,7 +260,6 @@ def kernel(request, monkeypatch):
     monkeypatch.setattr(tf, "WIDE_LAYOUTS", tf.LAYOUTS)
     monkeypatch.setattr(tf, "WIDE_MIN_TILES_PER_SM", 0)
     monkeypatch.setattr(tf, "HOPPER", request.param == "hopper")
-    monkeypatch.setattr(tf, "HOPPER_MIN_TILES_PER_SM", 0)  # small outputs: narrow tiles, K splits by the model
     monkeypatch.setattr(tf, "_plans", {})
     return request.param
 
