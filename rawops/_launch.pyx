@@ -1073,17 +1073,32 @@ cdef tuple _gemm_plan(str layout, int code, long long m, long long n, long long 
     return cached
 
 
-cdef _torch_hopper_linear(tuple p, int device, int code, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t bias,
+cdef class _TorchScratch:
+    """A split-K launch's workspace(nbytes) -> (pointer, owner): one tensor from torch's allocator,
+    taken before the launch on the stream it runs on (so freeing it after is stream-ordered)."""
+    cdef object tensor
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __call__(self, nbytes):
+        return self.tensor.data_ptr(), self.tensor
+
+
+cdef _torch_hopper_linear(x, tuple p, int device, int code, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t bias,
                           long long m, long long n, long long k, long long flags):
     # The Hopper GEMM on torch's current stream of `device`: its launch builds (or finds) the
-    # tensor maps of these pointers; the function belongs to that device's context.
+    # tensor maps of these pointers; the function belongs to that device's context. A K split's
+    # float32 partials (splits x m x n) come from torch as elements of x's type.
+    cdef long long splits = p[7][1]
+    scratch = _TorchScratch(x.new_empty(splits * m * n * (1 if code == F32 else 2))) if splits > 1 else None
     if device == _torch_current_device():
         _gemm_hopper(p[0], (p[1],), p[5], device, "nt", code, a, b, c, bias, 0, m, n, k, flags,
-                     <uintptr_t>_torch_raw_stream(device), p[7][0])
+                     <uintptr_t>_torch_raw_stream(device), p[7][0], splits, scratch)
         return
     with _torch_device_guard(device):
         _gemm_hopper(p[0], (p[1],), p[5], device, "nt", code, a, b, c, bias, 0, m, n, k, flags,
-                     <uintptr_t>_torch_raw_stream(device), p[7][0])
+                     <uintptr_t>_torch_raw_stream(device), p[7][0], splits, scratch)
 
 
 def torch_linear(x, weight, bias, long long flags):
@@ -1162,9 +1177,9 @@ cdef object _torch_linear(x, weight, bias, long long flags):
     cdef tuple p
     if not _same_linear(code, m, n, k, pa, pb, device, tf32 + 2 * (flags & 3)):
         p = _gemm_plan("nt", code, m, n, k, pa, pb, device, tf32, flags)
-        if p[6] == 0 and p[7][1] == 1:  # the Hopper GEMM, K unsplit (a split needs scratch: the full path)
+        if p[6] == 0:  # the Hopper GEMM (not cached in _last_linear: its launch takes tensor maps)
             out = x.new_empty(m, n) if nd == 2 else x.new_empty(tuple(shape[:nd - 1]) + (n,))
-            _torch_hopper_linear(p, device, code, pa, pb, out.data_ptr(), bias.data_ptr() if has_bias else 0,
+            _torch_hopper_linear(x, p, device, code, pa, pb, out.data_ptr(), bias.data_ptr() if has_bias else 0,
                                  m, n, k, flags)
             return out
         if p[6] != 1:

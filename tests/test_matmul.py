@@ -681,12 +681,13 @@ def test_adapter_ops_compile_with_fullgraph_and_keep_their_gradients():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape, n", [((32, 768), 3072), ((2, 3, 100), 10), ((1, 64), 200), ((200, 96), 136)])
+@pytest.mark.parametrize("shape, n", [((32, 768), 3072), ((2, 3, 100), 10), ((1, 64), 200), ((200, 96), 136),
+                                      ((64, 3072), 768)])
 def test_adapter_no_grad_linear_gelu_fast_path_matches_float64(dtype, shape, n):
-    """The launcher's typed no-grad path (checks, cached plan, output, launch in one call). It
-    takes every plan but a K-split Hopper GEMM's (which needs scratch: the adapter's full path
-    runs it); the unsplit Hopper GEMM (the half types' 200 x 96 -> 136 on sm_90) it launches
-    through rawops._gemm_sm90.launch_gemm, whose tensor maps follow the pointers."""
+    """The launcher's typed no-grad path (checks, cached plan, output, launch in one call) takes
+    every plan; the Hopper GEMM's (the half types' 200 x 96 -> 136 and 64 x 3072 -> 768, a K split
+    with its scratch from torch, on sm_90) it launches through rawops._gemm_sm90.launch_gemm,
+    whose tensor maps follow the pointers."""
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_torch_pool, random
     from rawops import _launch
@@ -699,22 +700,20 @@ def test_adapter_no_grad_linear_gelu_fast_path_matches_float64(dtype, shape, n):
     code = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dt]
     rows = x.numel() // k
     plan = mm._launch_plan("nt", code, rows, n, k, x.data_ptr(), w.data_ptr(), 0, flags)
-    hopper = plan[4] == 0 and plan[5][1] > 1  # a split Hopper plan: the full path's
     for bias in (b, None):
         poison_torch_pool(x.numel() // k * n * x.element_size())  # y comes from torch's allocator
         with torch.no_grad():
             y = _launch.torch_linear(x, w, bias, flags)
         ref = torch.nn.functional.linear(x.double(), w.double(), None if bias is None else bias.double())
-        if hopper:
-            assert y is None, "the split Hopper plan is the full path's"
-        else:
-            assert y is not None and y.shape == shape[:-1] + (n,) and y.dtype == dt
-            assert_close(y, torch.nn.functional.gelu(ref, approximate="tanh"), dt, f"fast path {dtype} {shape}->{n}")
+        assert y is not None and y.shape == shape[:-1] + (n,) and y.dtype == dt
+        assert_close(y, torch.nn.functional.gelu(ref, approximate="tanh"), dt, f"fast path {dtype} {shape}->{n}")
         assert_close(ta.linear_gelu(x, w, bias), torch.nn.functional.gelu(ref, approximate="tanh"), dt, "adapter")
     if torch.cuda.get_device_capability() != (9, 0) or code == 0:
         assert plan[4] != 0, "the Hopper GEMM is sm_90's, for the 16-bit types here"
     elif shape == (200, 96):
         assert plan[4] == 0 and plan[5][1] == 1, "an unsplit Hopper plan: the fast path launched it"
+    elif shape == (64, 3072):
+        assert plan[4] == 0 and plan[5][1] > 1, "a K-split Hopper plan: the fast path launched it, scratch and all"
 
 
 @pytest.mark.gpu
