@@ -12,8 +12,9 @@ misaligned views, pre-sm_80 GPUs) gets None and its caller runs the exact FFMA k
 kernels/matmul.cu: more precise than asked, never wrong. Small outputs split K like the
 half-type tensor-core GEMM, the partials summed in order by matmul's gemm_reduce_f32.
 
-On sm_90 an output that fills the GPU goes to the Hopper GEMM instead (`hopper_plan`:
-kernels/matmul_sm90.cu, WGMMA fed by TMA, ~3x mma.sync's rate). WGMMA reads TF32 operands
+On sm_90 every output the Hopper GEMM can take goes there instead (`hopper_plan`:
+kernels/matmul_sm90.cu, WGMMA fed by TMA, ~3x mma.sync's rate; small outputs on its narrow
+tiles and K splits). WGMMA reads TF32 operands
 K-major only: nt (x @ W^T) runs as is, reading its operands as TF32 through the tensor maps;
 an M/N-major operand (b in nn, a and b in tn) is first written transposed and rounded to TF32
 (transpose_tf32_f32) into scratch from the caller's workspace (K x N floats for b, M x K for
