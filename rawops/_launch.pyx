@@ -1085,20 +1085,108 @@ cdef class _TorchScratch:
         return self.tensor.data_ptr(), self.tensor
 
 
-cdef _torch_hopper_linear(x, tuple p, int device, int code, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t bias,
-                          long long m, long long n, long long k, long long flags):
+cdef _torch_hopper_gemm(x, tuple p, str layout, int device, int code, uintptr_t a, uintptr_t b, uintptr_t c,
+                        uintptr_t bias, long long m, long long n, long long k, long long flags):
     # The Hopper GEMM on torch's current stream of `device`: its launch builds (or finds) the
     # tensor maps of these pointers; the function belongs to that device's context. A K split's
     # float32 partials (splits x m x n) come from torch as elements of x's type.
     cdef long long splits = p[7][1]
     scratch = _TorchScratch(x.new_empty(splits * m * n * (1 if code == F32 else 2))) if splits > 1 else None
     if device == _torch_current_device():
-        _gemm_hopper(p[0], (p[1],), p[5], device, "nt", code, a, b, c, bias, 0, m, n, k, flags,
+        _gemm_hopper(p[0], (p[1],), p[5], device, layout, code, a, b, c, bias, 0, m, n, k, flags,
                      <uintptr_t>_torch_raw_stream(device), p[7][0], splits, scratch)
         return
     with _torch_device_guard(device):
-        _gemm_hopper(p[0], (p[1],), p[5], device, "nt", code, a, b, c, bias, 0, m, n, k, flags,
+        _gemm_hopper(p[0], (p[1],), p[5], device, layout, code, a, b, c, bias, 0, m, n, k, flags,
                      <uintptr_t>_torch_raw_stream(device), p[7][0], splits, scratch)
+
+
+def torch_matmul(a, b):
+    """a @ b as a new tensor, launched on torch's current stream (no grad, exact float32 or the
+    half types' tensor cores); None when this fast path does not apply (the caller takes the
+    full path)."""
+    return _torch_matmul(a, b)
+
+
+cdef class TorchMatmulEntry:
+    """rawops.torch_adapter.matmul as a C-level callable (as TorchLinearEntry): the no-grad eager
+    call without tf32 goes straight to _torch_matmul; anything else (gradients, tf32=True,
+    torch.compile, anything _torch_matmul declines) to `fallback`, the adapter's Python
+    function, which dynamo traces in its place."""
+    cdef readonly object fallback
+
+    def __init__(self, fallback):
+        self.fallback = fallback
+
+    @cython.binding(False)
+    def matmul(self, a, b, tf32=False):
+        """matmul(a, b, tf32=False): a (M, K) @ b (K, N) on rawops kernels, with autograd.
+        float32 is exact float32 math; tf32=True runs float32 on TF32 tensor cores (~1e-3
+        relative error, like torch's allow_tf32) on sm_80+ where the contiguous dims are
+        multiples of 4 and the tensors 16-byte aligned, else exact; the backward's two GEMMs
+        follow the same flag. Half types ignore it."""
+        if tf32 is False and not _torch_compiler._is_compiling_flag:
+            c = _torch_matmul(a, b)
+            if c is not None:
+                return c
+        return self.fallback(a, b, tf32)
+
+
+cdef object _torch_matmul(a, b):
+    # As _torch_linear: each accessor read once; None sends the call to the Python path.
+    if not isinstance(a, _Tensor):
+        return None
+    dt = a.dtype
+    cdef int code = F32 if dt is _torch_f32 else F16 if dt is _torch_f16 else BF16 if dt is _torch_bf16 else -1
+    if code < 0:
+        return None
+    cdef int device = a.get_device()
+    if device < 0 or not a.is_contiguous() or not _plain_operand(b, dt, device):
+        return None
+    if _torch_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return None
+    ashape, bshape = a.shape, b.shape
+    if len(ashape) != 2 or len(bshape) != 2:
+        return None
+    cdef long long m = ashape[0], k = ashape[1], n = bshape[1]
+    if bshape[0] != k or m == 0 or n == 0 or k == 0:
+        return None
+    cdef uintptr_t pa = a.data_ptr(), pb = b.data_ptr()
+    cdef tuple p = _gemm_plan("nn", code, m, n, k, pa, pb, device, 0, 0)
+    out = a.new_empty(m, n)
+    cdef uintptr_t pc = out.data_ptr()
+    if p[6] == 0:
+        _torch_hopper_gemm(a, p, "nn", device, code, pa, pb, pc, 0, m, n, k, 0)
+        return out
+    cdef long long splits = p[6], flags = 0
+    cdef uintptr_t zero = 0, partial = 0
+    cdef void* params[10]
+    params[0] = &pa
+    params[1] = &pb
+    params[2] = &pc
+    params[3] = &zero
+    params[4] = &zero
+    params[5] = &zero
+    params[6] = &m
+    params[7] = &n
+    params[8] = &k
+    params[9] = &flags
+    if splits == 1:
+        _launch_torch(<uintptr_t>p[0], p[1], p[2], p[3], p[4], p[5], params, device)
+        return out
+    # Split K: float32 partials (splits x m x n) from torch on the launch's stream, then
+    # gemm_reduce adds them in order (rawops.matmul.launch_gemm's two launches).
+    scratch = a.new_empty(splits * m * n * (1 if code == F32 else 2))
+    partial = scratch.data_ptr()
+    params[2] = &partial
+    _launch_torch(<uintptr_t>p[0], p[1], p[2], p[3], p[4], p[5], params, device)
+    reduce_function, reduce_grid = p[7]
+    params[0] = &partial
+    params[1] = &zero
+    params[2] = &pc
+    params[8] = &splits
+    _launch_torch(<uintptr_t>reduce_function, reduce_grid[0], 1, 1, _gemm_options.REDUCE_THREADS, 0, params, device)
+    return out
 
 
 def torch_linear(x, weight, bias, long long flags):
@@ -1179,8 +1267,8 @@ cdef object _torch_linear(x, weight, bias, long long flags):
         p = _gemm_plan("nt", code, m, n, k, pa, pb, device, tf32, flags)
         if p[6] == 0:  # the Hopper GEMM (not cached in _last_linear: its launch takes tensor maps)
             out = x.new_empty(m, n) if nd == 2 else x.new_empty(tuple(shape[:nd - 1]) + (n,))
-            _torch_hopper_linear(x, p, device, code, pa, pb, out.data_ptr(), bias.data_ptr() if has_bias else 0,
-                                 m, n, k, flags)
+            _torch_hopper_gemm(x, p, "nt", device, code, pa, pb, out.data_ptr(), bias.data_ptr() if has_bias else 0,
+                               m, n, k, flags)
             return out
         if p[6] != 1:
             return None

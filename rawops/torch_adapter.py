@@ -17,7 +17,7 @@ import warnings
 import torch
 
 from . import elementwise as _ew
-from ._launch import (TorchLinearEntry, TorchMapEntry, register_torch, register_torch_gemm, register_torch_modules,
+from ._launch import (TorchLinearEntry, TorchMapEntry, TorchMatmulEntry, register_torch, register_torch_gemm, register_torch_modules,
                       require_str, sm_count, tensor_code, torch_seed_forward, torch_seed_module_call)
 
 # torch's raw queries cost far less than torch.cuda.current_stream(); CPU builds lack them.
@@ -363,7 +363,7 @@ relu_scale_add = TorchMapEntry({None: _RELU_SCALE_ADD}, _relu_scale_add_python).
 add = TorchMapEntry({None: _ADD}, _add_python).add
 bias_gelu = TorchMapEntry({a: _gelu_kernel(a, "fwd", bias=True) for a in _ew._GELU_MODES},
                           _bias_gelu_python).bias_gelu
-_ENTRIES = [gelu, relu, relu_scale, relu_scale_add, add, bias_gelu]  # + linear_gelu, defined below
+_ENTRIES = [gelu, relu, relu_scale, relu_scale_add, add, bias_gelu]  # + linear_gelu and matmul, defined below
 
 
 def _no_typed_module_call(module, args, kwargs):
@@ -1355,11 +1355,9 @@ _linear_gelu_op = _custom_op(
     _linear_gelu_op_backward, _linear_gelu_setup)
 
 
-def matmul(a, b, tf32=False):
-    """a (M, K) @ b (K, N) on rawops kernels, with autograd. float32 is exact float32 math;
-    tf32=True runs float32 on TF32 tensor cores (~1e-3 relative error, like torch's
-    allow_tf32) on sm_80+ where the contiguous dims are multiples of 4 and the tensors 16-byte
-    aligned, else exact; the backward's two GEMMs follow the same flag. Half types ignore it."""
+def _matmul_python(a, b, tf32=False):
+    """a (M, K) @ b (K, N) with autograd: the path of torch.compile, gradients, tf32=True, the
+    cases the entry's typed path declined (it has tried it) and errors."""
     if not isinstance(tf32, bool):
         raise TypeError(f"tf32 must be a bool, got {type(tf32).__name__}")
     if _compiling():
@@ -1383,7 +1381,8 @@ def _linear_gelu_python(x, weight, bias=None, approximate="tanh"):
 # A bound method of _launch.TorchLinearEntry, like the elementwise entries (its docstring is the
 # public one); dynamo traces _linear_gelu_python in its place.
 linear_gelu = TorchLinearEntry(_LINEAR_GELU_FLAGS, _linear_gelu_python).linear_gelu
-_ENTRIES.append(linear_gelu)
+matmul = TorchMatmulEntry(_matmul_python).matmul  # likewise: dynamo traces _matmul_python
+_ENTRIES += [linear_gelu, matmul]
 
 
 class LinearGELU(torch.nn.Module):

@@ -588,6 +588,31 @@ def test_linear_gelu_backward_makes_dpre_and_dbias_in_one_pass_from_a_saved_prea
 # ------------------------------------------------------------------------------ torch adapter
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m, k, n", [(1000, 256, 520), (64, 8192, 64), (256, 768, 3072), (32, 3072, 768), (7, 5, 3)])
+def test_adapter_no_grad_matmul_typed_path_matches_float64(dtype, m, k, n):
+    """The launcher's typed no-grad matmul: one plan per shape, K split with scratch from torch
+    (64 x 8192 -> 64 float32; 32 x 3072 -> 768 on the Hopper GEMM on sm_90), the Hopper GEMM's
+    narrow tiles (256 x 768 -> 3072 half types on sm_90), the portable kernels, odd sizes."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_torch_pool, random
+    from rawops import _launch
+    from rawops import torch_adapter as ta
+
+    dt = _torch_dtype(dtype)
+    a, b = random((m, k), dt, 1.0), random((k, n), dt, k ** -0.5)
+    ref = a.double() @ b.double()
+    poison_torch_pool(m * n * a.element_size())
+    with torch.no_grad():
+        c = _launch.torch_matmul(a, b)
+    assert c is not None and c.shape == (m, n) and c.dtype == dt
+    assert_close(c, ref, dt, f"typed matmul {dtype} {m}x{k}x{n}")
+    assert_close(ta.matmul(a, b), ref, dt, "adapter matmul, typed path")
+    assert _launch.torch_matmul(a, b.t()) is None, "a transposed view: the full path (which refuses it)"
+    assert _launch.torch_matmul(a.requires_grad_(), b) is None, "a gradient: the full path"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_adapter_matmul_forward_and_backward_match_float64(dtype):
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, random
