@@ -186,7 +186,7 @@ def test_adapter_refuses_cpu_and_integer_tensors():
 
 
 def test_entries_are_builtins_that_dynamo_traces_into_the_custom_ops_in_one_graph():
-    """The public elementwise functions and linear_gelu are C-level entries (no Python frame on
+    """The public elementwise functions, linear_gelu and matmul are C-level entries (no Python frame on
     the eager path); torch.compile must still see the custom ops, in one graph, with torch._dynamo
     imported after the adapter (the polyfills register on that import). Runs in a fresh
     interpreter; the compiled graph is recorded, not run, so no GPU is needed."""
@@ -208,7 +208,7 @@ def test_entries_are_builtins_that_dynamo_traces_into_the_custom_ops_in_one_grap
         def fn(x, b, y, w):
             return (ta.gelu(x, "none") + ta.gelu(x) + ta.relu(x) + ta.relu_scale(x, 2.0)
                     + ta.relu_scale_add(x, 0.5, y) + ta.add(x, y) + ta.bias_gelu(x, b, "tanh")
-                    + ta.linear_gelu(x[None], w, b)[0])
+                    + ta.linear_gelu(x[None], w, b)[0] + ta.matmul(x[None], w)[0])
 
         x, b, y, w = torch.randn(4), torch.randn(4), torch.randn(4), torch.randn(4, 4)
         torch.compile(fn, backend=backend, fullgraph=True)(x, b, y, w)
@@ -218,7 +218,8 @@ def test_entries_are_builtins_that_dynamo_traces_into_the_custom_ops_in_one_grap
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == ("1 ['rawops.add.default', 'rawops.bias_gelu.default', 'rawops.gelu.default', "
-                                     "'rawops.gelu.default', 'rawops.linear_gelu.default', 'rawops.relu.default', "
+                                     "'rawops.gelu.default', 'rawops.linear_gelu.default', 'rawops.matmul.default', "
+                                     "'rawops.relu.default', "
                                      "'rawops.relu_scale.default', 'rawops.relu_scale_add.default']"), result.stdout
 
 
