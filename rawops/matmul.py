@@ -13,8 +13,9 @@ term, float32-level error: ~3e-7 relative against float64 at 32x768->3072, as to
 LINEAR_TF32 = False forces the exact kernel); float16 / bfloat16 run tensor cores
 with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
 kernel of rawops/_gemm_sm90.py, whose tile width and K split follow the output's size; x @ W^T
-at <= 32 rows the small-batch kernel; else mma.sync, sm_80+), else the same FFMA kernel. Every launch goes through `launch_gemm` on raw pointers, which picks
-the kernel (`plan`, a pure function tested without a GPU); the torch adapter calls it too.
+at <= 32 rows the small-batch kernel; else mma.sync, sm_80+), else the same FFMA kernel. Every
+launch goes through `launch_gemm` on raw pointers, which picks the kernel (`plan`, a pure
+function tested without a GPU); the torch adapter calls it too.
 """
 from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, require_str,
                       sm_count, stream_pointer, wait_for_producer)
