@@ -449,12 +449,24 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 // part-filled last column tile ran float16 at 148.5 us against 141.5 without, H100: not found why;
 // bench/NOTES.md, session 10.)
 template <typename T> struct BiasBwdTile;
+constexpr float kFixedScale = 16777216.f;           // 2^24: float16's least bit, 2^-24, becomes 1
+constexpr double kFixedUnit = 1.0 / 16777216.0;     // and back
 template <> struct BiasBwdTile<float> { static constexpr int threads = 1024, rows = 64, per = 1; };
 template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, rows = 64, per = 1; };
 template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 256, rows = 128, per = 4; };
 
 // The entries take BiasBwdTile<T>'s shape; bench/explore/bias_bwd_tiles.cu instantiates others.
-template <class Op, typename T, int kThreads, int kRows, int kPer>
+// kExact (float16 only): instead of a partial row, each tile adds its column sums to one int64
+// accumulator a column in fixed point (red.add: no wait, no order). Every float16 is a whole
+// multiple of 2^-24 below 2^16, so a tile's float32 sum of them is too (below 2^22): times 2^24 it
+// is an exact integer below 2^46, and integer addition is associative, so dbias comes out the same
+// bits in any order, from the exact sum of the tiles' sums, for up to 2^17 tiles (the plan checks).
+// What it saves: the partial rows (4 MB written and read again at 16384 x 4096) and
+// column_sum_final's pass over them. A tile sum that is Inf or NaN goes to a float32 accumulator
+// instead (Inf + x, NaN + x and Inf + -Inf do not depend on the order either). `partial` is then
+// the workspace: cols int64 sums, then cols floats, zeroed by fixed_sum_zero (the launch before,
+// waited for here) and read by fixed_sum_final.
+template <class Op, typename T, int kThreads, int kRows, int kPer, bool kExact = false>
 __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T* __restrict__ x,
                                               const T* __restrict__ bias, T* __restrict__ dx,
                                               float* __restrict__ partial, int64_t rows, int64_t cols) {
@@ -502,12 +514,40 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
     for (int e = 0; e < V; ++e) sums[warp][lane * V + e] = acc[e];
   }
   __syncthreads();
+  if (kExact) wait_for_previous_grid();  // fixed_sum_zero has zeroed the accumulators
   for (int c = threadIdx.x; c < kVecs * V; c += kThreads) {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sums[w][c];
-    partial[int64_t(row_tile) * cols + int64_t(col_tile) * kVecs * V + c] = s;
+    const int64_t column = int64_t(col_tile) * kVecs * V + c;
+    if (!kExact) {
+      partial[int64_t(row_tile) * cols + column] = s;
+    } else if (isfinite(s)) {  // two's complement: the unsigned add is the signed one
+      atomicAdd(reinterpret_cast<unsigned long long*>(partial) + column,
+                static_cast<unsigned long long>(__float2ll_rn(s * kFixedScale)));
+    } else {
+      atomicAdd(partial + 2 * cols + column, s);
+    }
   }
+}
+
+// The exact dbias's two small launches around the tiles (see kExact above).
+__device__ __forceinline__ void fixed_sum_zero(unsigned* __restrict__ words, int64_t count) {
+  allow_dependent_launch();  // the tiles may start; they wait for this grid before their adds
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) words[i] = 0u;
+}
+
+__device__ __forceinline__ void fixed_sum_final(const float* __restrict__ workspace, __half* __restrict__ out,
+                                                int64_t cols) {
+  const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  wait_for_previous_grid();
+  if (col >= cols) return;
+  const float special = workspace[2 * cols + col];
+  const long long sum = reinterpret_cast<const long long*>(workspace)[col];
+  // One rounding to float16 from the exact sum (a double holds it whole below 2^53, and rounds it
+  // once below 2^63: the same bits every time). Beyond 65504 it is Inf, as torch's cast gives.
+  out[col] = special != 0.f ? __float2half_rn(special) : __double2half(__ll2double_rn(sum) * kFixedUnit);
 }
 
 }  // namespace
@@ -571,3 +611,27 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
 RAWOPS_ELEMENTWISE(float, f32)
 RAWOPS_ELEMENTWISE(__half, f16)
 RAWOPS_ELEMENTWISE(__nv_bfloat16, bf16)
+
+// float16's tiles with dbias summed exactly (bias_bwd_tile's kExact), and their two small launches.
+#define RAWOPS_BIAS_BWD_TILE_EXACT(name, Op)                                                                   \
+  extern "C" __global__ void __launch_bounds__(rawops::BiasBwdTile<__half>::threads)                           \
+      name##_f16(const __half* dy, const __half* x, const __half* bias, __half* dx, float* partial,            \
+                 long long rows, long long cols) {                                                             \
+    using Shape = rawops::BiasBwdTile<__half>;                                                                 \
+    rawops::bias_bwd_tile<rawops::Op<__half>, __half, Shape::threads, Shape::rows, Shape::per, true>(         \
+        dy, x, bias, dx, partial, rows, cols);                                                                 \
+  }
+
+RAWOPS_BIAS_BWD_TILE_EXACT(bias_gelu_tanh_bwd_tile_exact, BiasGeluTanhBwd)
+RAWOPS_BIAS_BWD_TILE_EXACT(bias_gelu_erf_bwd_tile_exact, BiasGeluErfBwd)
+RAWOPS_BIAS_BWD_TILE_EXACT(gelu_tanh_bwd_tile_exact, GeluTanhBwd)
+RAWOPS_BIAS_BWD_TILE_EXACT(gelu_erf_bwd_tile_exact, GeluErfBwd)
+
+extern "C" __global__ void __launch_bounds__(256) fixed_sum_zero(unsigned* words, long long count) {
+  rawops::fixed_sum_zero(words, count);
+}
+
+extern "C" __global__ void __launch_bounds__(256) fixed_sum_final_f16(const float* workspace, __half* out,
+                                                                     long long cols) {
+  rawops::fixed_sum_final(workspace, out, cols);
+}

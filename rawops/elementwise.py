@@ -52,6 +52,19 @@ GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
 # By dtype code: (threads, rows a tile, rows a thread), as kernels/elementwise.cu BiasBwdTile
 # compiles them.
 BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (256, 128, 4)}
+# float16's tiles can sum dbias exactly instead (kernels/elementwise.cu bias_bwd_tile's kExact):
+# each tile adds its column sums to int64 fixed-point accumulators (every float16 is a whole
+# multiple of 2^-24), so no partial rows are written or read again and dbias is the same bits in
+# any order. Three launches (zero the accumulators, the tiles, one rounding a column), the last
+# two programmatically dependent on sm_90. Up to EXACT_MAX_ROW_TILES row tiles (a tile's sum is
+# below 2^46 in fixed point, the int64 total below 2^63).
+BIAS_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in BIAS_BWD_TILE.items()}
+GELU_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in GELU_BWD_TILE.items()}
+FIXED_SUM_KERNELS = ("fixed_sum_zero", "fixed_sum_final_f16")
+EXACT_MAX_ROW_TILES = 1 << 17
+EXACT_WORKSPACE_ROWS = 3  # float32 rows of cols: the int64 sums (two), the Inf / NaN sums (one)
+USE_EXACT_HALF_SUM = True
+TILES, TILES_EXACT = 0, -1  # the plan's strip for the short tiles (partial rows / exact sums)
 # Every size and type: through the library's call the tiles measured 1.02-1.06x the walkers at
 # each shape and type tried (16384 x 4096, 8192 x 3072, 4096 x 768, 32 x 3072; H100,
 # bench/results/explore_bias_bwd_routing.md). bench/explore_bias_bwd*.py switch it off to time
@@ -192,10 +205,11 @@ def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None
 def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     """(grid, chunks, threads, strip) of the fused backward in dtype code `dtype`, or None where
     it does not apply (nothing to do, a last dim that is not whole vectors, a pointer off their
-    alignment). chunks: the rows of float32 partial sums it writes (per column) for
-    column_sum_final. strip 0 is the short-tile kernel (bias_bwd_tile: BIAS_BWD_TILE_SHAPE,
-    16-byte vectors, whole 64-column tiles; a block a tile, grid = row tiles x column tiles, a
-    row tile a chunk);
+    alignment). chunks: the rows of float32 workspace it needs (per column): the partial sums
+    it writes for column_sum_final. strip TILES (0) is the short-tile kernel (bias_bwd_tile:
+    BIAS_BWD_TILE_SHAPE, 16-byte vectors, whole 64-column tiles; a block a tile, grid = row
+    tiles x column tiles, a row tile a chunk); TILES_EXACT (-1) the same tiles for float16 with
+    dbias summed exactly in EXACT_WORKSPACE_ROWS rows of accumulators;
     otherwise the walkers (bias_bwd_partial, BIAS_BWD_SHAPE): a block is `strip` column vectors
     x threads / strip rows (`by`), grid (strips, chunks), chunk c taking rows (i * chunks + c) *
     by + ty: at most one wave of the resident blocks (a few blocks of a second wave cost a whole
@@ -210,7 +224,9 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
         chunks = -(-rows // tile_rows)
         blocks = chunks * (cols // tile_cols)
         if blocks <= 0x7FFFFFFF:
-            return (blocks,), chunks, threads, 0
+            if dtype == 1 and USE_EXACT_HALF_SUM and chunks <= EXACT_MAX_ROW_TILES:
+                return (blocks,), EXACT_WORKSPACE_ROWS, threads, TILES_EXACT
+            return (blocks,), chunks, threads, TILES
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
     vector = vector_bytes // itemsize
     if cols % vector or any(p % vector_bytes for p in pointers):
@@ -231,13 +247,31 @@ def launch_bias_gelu_backward(device, dtype, approximate, plan, dy_ptr, x_ptr, b
     grid, chunks, threads, strip = plan
     suffix = FLOAT_SUFFIXES[dtype]
     args = (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols)
-    if strip == 0:  # the short tiles
+    if strip == TILES_EXACT:
+        _launch_exact_tiles(device, approximate, grid, threads, args, dbias_ptr, stream)
+        return
+    if strip == TILES:  # the short tiles
         names, kinds = (BIAS_BWD_TILE if bias_ptr else GELU_BWD_TILE), "pppppqq"
     else:  # the walkers take their strip width too
         names, kinds, args = (BIAS_BWD_PARTIAL if bias_ptr else GELU_BWD_PARTIAL), "pppppqqq", args + (strip,)
     fused = _modules.function_pointer(FAMILY, f"{names[approximate]}_{suffix}", device)
     launch(fused, grid, threads, 0, stream, args, kinds, device)
     _launch_column_sum_final(device, suffix, partial_ptr, dbias_ptr, chunks, cols, stream)
+
+
+def _launch_exact_tiles(device, approximate, grid, threads, args, dbias_ptr, stream):
+    """float16's tiles with dbias summed exactly: zero the accumulators (args[4], the workspace),
+    the tiles (waiting for the zeroing only before their adds), then dbias rounded from them."""
+    workspace, cols = args[4], args[6]
+    dependent = _modules.compute_capability(device) >= 90
+    words = EXACT_WORKSPACE_ROWS * cols
+    zero = _modules.function_pointer(FAMILY, FIXED_SUM_KERNELS[0], device)
+    launch(zero, (-(-words // 256),), 256, 0, stream, (workspace, words), "pq", device)
+    names = BIAS_BWD_TILE_EXACT if args[2] else GELU_BWD_TILE_EXACT
+    tiles = _modules.function_pointer(FAMILY, f"{names[approximate]}_f16", device)
+    launch(tiles, grid, threads, 0, stream, args, "pppppqq", device, dependent)
+    final = _modules.function_pointer(FAMILY, FIXED_SUM_KERNELS[1], device)
+    launch(final, (-(-cols // 256),), 256, 0, stream, (workspace, dbias_ptr, cols), "ppq", device, dependent)
 
 
 def column_sum_plan(rows, cols, sms):

@@ -22,7 +22,8 @@ EXPECTED_KERNELS = {
                  *elementwise.GELU_BWD_PARTIAL.values(), *elementwise.BIAS_BWD_TILE.values(),
                  *elementwise.GELU_BWD_TILE.values())
     for suffix in SUFFIXES
-}
+} | {f"{name}_f16" for name in (*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values())
+     } | set(elementwise.FIXED_SUM_KERNELS)
 
 
 def _find_cuobjdump():
@@ -290,6 +291,11 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     assert tiles == {"bias_gelu_tanh_bwd_tile": "BiasGeluTanhBwd", "bias_gelu_erf_bwd_tile": "BiasGeluErfBwd",
                      "gelu_tanh_bwd_tile": "GeluTanhBwd", "gelu_erf_bwd_tile": "GeluErfBwd"}
     assert set(tiles) == {*elementwise.BIAS_BWD_TILE.values(), *elementwise.GELU_BWD_TILE.values()}
+    exact = dict(re.findall(r"^RAWOPS_BIAS_BWD_TILE_EXACT\((\w+),\s*(\w+)\)", source, flags=re.M))
+    assert exact == {f"{name}_exact": op for name, op in tiles.items()}
+    assert set(exact) == {*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values()}
+    for name in elementwise.FIXED_SUM_KERNELS:
+        assert re.search(rf'extern "C" __global__ void __launch_bounds__\(256\) {name}\(', source), name
     instantiated = re.findall(r"^RAWOPS_ELEMENTWISE\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 

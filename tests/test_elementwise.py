@@ -161,6 +161,64 @@ def test_tile_and_walker_backwards_agree(monkeypatch, dtype, shape):
         assert_close(to_torch(db), db64, DTYPES[dtype], f"dbias, tiles={tiles}")
 
 
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("shape", [(16384, 4096), (70001, 64), (129, 2112), (3, 5, 192)],
+                         ids=["16384x4096", "70001x64", "129x2112", "3x5x192"])
+def test_exact_half_dbias_is_dx_summed_then_rounded_once(monkeypatch, shape, approximate):
+    # float16's tiles sum dbias in int64 fixed point (elementwise.USE_EXACT_HALF_SUM): the tiles'
+    # float32 sums of 64 rows, added exactly, rounded once. Against the float64 sum of the dx it
+    # returned, rounded to float16: equal but where a tile's float32 rounding crosses a float16
+    # rounding boundary, and then one float16 step away.
+    from rawops.elementwise import TILES_EXACT, bias_gelu_bwd_plan
+
+    dy, x = random(shape, torch.float16), random(shape, torch.float16)
+    bias = random(shape[-1:], torch.float16)
+    cols = shape[-1]
+    rows = dy.numel() // cols
+    assert bias_gelu_bwd_plan(rows, cols, 1, (dy.data_ptr(), x.data_ptr(), bias.data_ptr()), 132)[3] == TILES_EXACT
+    poison_pool(dy.numel() * dy.element_size() * 2)
+    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate)
+    again = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate)[1]
+    assert cupy.array_equal(dbias, again), "dbias not repeatable"
+    monkeypatch.setattr(rawops.elementwise, "USE_EXACT_HALF_SUM", False)
+    dx_partial, dbias_partial = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate)
+    assert cupy.array_equal(dx, dx_partial), "dx differs from the partial-row tiles'"
+    dx64, db64 = _bias_gelu_grads64(dy, x, bias, approximate)
+    assert_close(to_torch(dx), dx64, torch.float16, "dx")
+    assert_close(to_torch(dbias), db64, torch.float16, "dbias")
+    ref = to_torch(dx).double().reshape(rows, cols).sum(0)
+    got = to_torch(dbias).double()
+    rounded = ref.half().double()
+    exponent = torch.frexp(rounded)[1]  # |rounded| in [2^(e-1), 2^e): float16's step is 2^(e-11)
+    step = torch.where(rounded == 0, 2.0 ** -24, torch.pow(2.0, (exponent - 11).double()).clamp(min=2 ** -24))
+    assert ((got - rounded).abs() <= step).all(), "dbias more than one float16 step from dx's sum"
+    assert (got != rounded).double().mean().item() <= 0.01, "dbias is not dx's sum rounded once"
+    differs = (to_torch(dbias_partial).double() != got).double().mean().item()
+    assert differs <= 0.01, f"{differs:.1%} of the columns differ from the partial rows' float32 total"
+
+
+def test_exact_half_dbias_carries_inf_and_nan_as_torch_does():
+    # A tile's Inf or NaN sum goes to a float accumulator beside the integers (the order does not
+    # change Inf + x, NaN + x or Inf + -Inf); a finite total past 65504 rounds to Inf, as torch's
+    # float32 sum cast to float16 does.
+    rows, cols = 4096, 256
+    dy, x = random((rows, cols), torch.float16), random((rows, cols), torch.float16)
+    bias = random((cols,), torch.float16)
+    x[:, :4], bias[:4] = 4.0, 0.0  # gelu'(4) ~ 1.0005: dx ~ dy in these columns
+    dy[5, 0] = float("inf")
+    dy[100, 1] = float("nan")
+    dy[0, 2], dy[2000, 2] = float("inf"), float("-inf")  # two row tiles: NaN however they meet
+    dy[:, 3] = 60000.0
+    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
+    torch_dbias = to_torch(dx).float().sum(0).half()
+    got = to_torch(dbias)
+    assert got[0].item() == float("inf") and torch_dbias[0].item() == float("inf")
+    assert got[1].isnan() and got[2].isnan() and torch_dbias[1].isnan() and torch_dbias[2].isnan()
+    assert got[3].item() == float("inf") and torch_dbias[3].item() == float("inf")
+    _, db64 = _bias_gelu_grads64(dy[:, 4:], x[:, 4:], bias[4:], "tanh")
+    assert_close(got[4:], db64, torch.float16, "finite columns")
+
+
 def _bias_gelu_grads64(dy, x, bias, approximate):
     x64, b64 = x.double().requires_grad_(), bias.double().requires_grad_()
     F.gelu(x64 + b64, approximate=approximate).backward(dy.double())

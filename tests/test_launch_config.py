@@ -309,14 +309,18 @@ def test_bias_gelu_bwd_plan_declines_what_the_fused_kernel_cannot_take(rows, col
 def test_tile_backward_plan_covers_every_row_and_column_vector_once(rows, cols, dtype):
     # bias_bwd_tile (kernels/elementwise.cu): block b is row tile b // col_tiles, column tile
     # b % col_tiles; thread t is vector t % vecs of the tile, rows t // vecs + k * rows / per.
+    from rawops.elementwise import EXACT_WORKSPACE_ROWS, TILES, TILES_EXACT
+
     threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
     vector = 4 if dtype == 0 else 8
     grid, chunks, block, strip = bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512, 1024), 132)
-    assert strip == 0 and block == threads and len(grid) == 1
+    assert strip == (TILES_EXACT if dtype == 1 else TILES) and block == threads and len(grid) == 1
     vecs = threads * per // tile_rows
     assert cols % (vecs * vector) == 0
     col_tiles = cols // (vecs * vector)
-    assert grid[0] == chunks * col_tiles and chunks == -(-rows // tile_rows), "a partial row per row tile"
+    assert grid[0] == -(-rows // tile_rows) * col_tiles
+    # a partial row per row tile, or float16's fixed-point accumulators (int64 + float a column)
+    assert chunks == (EXACT_WORKSPACE_ROWS if dtype == 1 else -(-rows // tile_rows))
     if rows * cols > 1 << 26:
         return  # the arithmetic above is what scales; the cover below is checked on the small ones
     seen = np.zeros((rows, cols // vector), dtype=np.int64)
@@ -337,10 +341,10 @@ def test_tile_backward_plan_covers_every_row_and_column_vector_once(rows, cols, 
 ])
 def test_tile_backward_needs_16_byte_vectors_and_the_walkers_take_8_byte_ones(dtype, pointers, tiles):
     plan = bias_gelu_bwd_plan(64, 4096, dtype, pointers, 132)
-    assert (plan[3] == 0) == tiles
+    assert (plan[3] <= 0) == tiles  # TILES or TILES_EXACT; the walkers' strip is positive
     # the tiles take whole 64-column tiles only (the kernel has no guard); the walkers the rest
     for cols in (4100, 4160 - 8, 72):
-        assert bias_gelu_bwd_plan(64, cols, dtype, (0, 256, 512), 132)[3] != 0
+        assert bias_gelu_bwd_plan(64, cols, dtype, (0, 256, 512), 132)[3] > 0
 
 
 @pytest.mark.parametrize("cc, switch, dependent", [(90, True, True), (100, True, True), (89, True, False),
@@ -364,8 +368,51 @@ def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, s
     (0, 32, 3072), (1, 8192, 3072), (2, 16384, 4096), (1, 32, 3072), (2, 8192, 3072),
 ])
 def test_every_type_and_size_takes_the_tiles(dtype, rows, cols):
-    # the unguarded tile kernel measured faster than the walkers at every shape and type tried
-    assert bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512), 132)[3] == 0
+    # the unguarded tile kernel measured faster than the walkers at every shape and type tried;
+    # float16's with dbias summed exactly
+    from rawops.elementwise import TILES, TILES_EXACT
+
+    assert bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512), 132)[3] == (TILES_EXACT if dtype == 1 else TILES)
+
+
+def test_exact_half_sums_stop_where_the_int64_total_could_overflow(monkeypatch):
+    # a 64-row tile's float16 sum is below 2^46 in units of 2^-24: at most 2^17 row tiles a column
+    from rawops import elementwise
+    from rawops.elementwise import EXACT_MAX_ROW_TILES, TILES, TILES_EXACT
+
+    assert 64 * 65504 * 2 ** 24 * EXACT_MAX_ROW_TILES < 2 ** 63
+    assert bias_gelu_bwd_plan(64 * EXACT_MAX_ROW_TILES, 64, 1, (0, 256, 512), 132)[3] == TILES_EXACT
+    grid, chunks, _, strip = bias_gelu_bwd_plan(64 * EXACT_MAX_ROW_TILES + 1, 64, 1, (0, 256, 512), 132)
+    assert strip == TILES and chunks == EXACT_MAX_ROW_TILES + 1
+    monkeypatch.setattr(elementwise, "USE_EXACT_HALF_SUM", False)
+    assert bias_gelu_bwd_plan(8192, 3072, 1, (0, 256, 512), 132)[1:] == (128, 512, TILES)
+
+
+@pytest.mark.parametrize("cc, dependent", [(90, True), (100, True), (89, False), (80, False)])
+@pytest.mark.parametrize("bias_ptr, name", [(0x4000, "bias_gelu_erf_bwd_tile_exact_f16"),
+                                            (0, "gelu_erf_bwd_tile_exact_f16")])
+def test_exact_half_sums_zero_the_workspace_then_tiles_then_round(monkeypatch, cc, dependent, bias_ptr, name):
+    # Three launches on the caller's stream: the accumulators zeroed (3 x cols words, a plain
+    # launch), the tiles and the final rounding, both dependent on sm_90+ (they wait for the
+    # launch before them with griddepcontrol.wait, which exists from sm_90).
+    from rawops import elementwise
+
+    calls, names = [], []
+    monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))
+    monkeypatch.setattr(elementwise._modules, "function_pointer", lambda family, kernel, device: names.append(kernel)
+                        or 0x100 * len(names))
+    monkeypatch.setattr(elementwise._modules, "compute_capability", lambda device: cc)
+    rows, cols = 1000, 3072
+    plan = bias_gelu_bwd_plan(rows, cols, 1, (0, 256, bias_ptr), 132)
+    elementwise.launch_bias_gelu_backward(0, 1, "none", plan, 0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, 0x6000,
+                                          rows, cols, 0x77)
+    assert names == ["fixed_sum_zero", name, "fixed_sum_final_f16"]
+    zero, tiles, final = calls
+    assert zero[:8] == (0x100, (-(-3 * cols // 256),), 256, 0, 0x77, (0x5000, 3 * cols), "pq", 0)
+    assert len(zero) == 8 or zero[8] is False
+    assert tiles == (0x200, ((-(-rows // 64)) * (cols // 64),), 512, 0, 0x77,
+                     (0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, rows, cols), "pppppqq", 0, dependent)
+    assert final == (0x300, (cols // 256,), 256, 0, 0x77, (0x5000, 0x6000, cols), "ppq", 0, dependent)
 
 
 @pytest.mark.parametrize("tiles", [True, False])
@@ -375,6 +422,7 @@ def test_fused_gelu_backward_takes_the_kernel_without_bias_for_a_null_bias(monke
     from rawops import elementwise
 
     monkeypatch.setattr(elementwise, "USE_BIAS_BWD_TILE", tiles)
+    monkeypatch.setattr(elementwise, "USE_EXACT_HALF_SUM", False)  # its launches: the test above
     kernel = kernel.format("tile" if tiles else "partial")
     calls, names = [], []
     monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))
