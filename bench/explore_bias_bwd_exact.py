@@ -20,7 +20,8 @@ from timing import copy_ceiling_tbps, device_times_us, start, switched, write_re
 # (rows, cols, bias?, approximate): bench_elementwise's row first, then linear_gelu's backward
 # (dpre and dbias without a bias) at 8192, 256 and 32 tokens of 3072 features, and a 768-wide one.
 SHAPES = [(16384, 4096, True, "tanh"), (16384, 4096, True, "none"), (8192, 3072, False, "tanh"),
-          (4096, 768, True, "tanh"), (256, 3072, False, "tanh"), (32, 3072, False, "tanh")]
+          (4096, 4096, True, "tanh"), (2048, 4096, True, "tanh"), (4096, 768, True, "tanh"),
+          (256, 3072, False, "tanh"), (32, 3072, False, "tanh")]
 
 
 def main():
@@ -37,8 +38,9 @@ def main():
         dy, x = (torch.randn(r, c, device="cuda", dtype=torch.float16) for _ in range(2))
         bias = torch.randn(c, device="cuda", dtype=torch.float16) if with_bias else None
 
-        def call(exact):
-            return switched(ew, "USE_EXACT_HALF_SUM", exact, lambda: ta._bias_gelu_bwd_fused(dy, x, bias, approximate))
+        def call(exact):  # the size threshold off: both ways at every shape
+            return switched(ew, "EXACT_MIN_ELEMENTS", 0, switched(
+                ew, "USE_EXACT_HALF_SUM", exact, lambda: ta._bias_gelu_bwd_fused(dy, x, bias, approximate)))
 
         def torch_call():
             dx = torch.ops.aten.gelu_backward(dy, x + bias if with_bias else x, approximate=approximate)

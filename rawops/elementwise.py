@@ -62,6 +62,10 @@ BIAS_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in BIA
 GELU_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in GELU_BWD_TILE.items()}
 FIXED_SUM_KERNELS = ("fixed_sum_zero", "fixed_sum_final_f16")
 EXACT_MAX_ROW_TILES = 1 << 17
+# From 2^24 elements: the third launch costs more than the partial rows below that (H100, the
+# library's call: 16384 x 4096 139.3 against 141.4 us, 8192 x 3072 57.4 against 57.6, 4096 x 768
+# 43.0 against 38.8; bench/results/explore_bias_bwd_exact.md).
+EXACT_MIN_ELEMENTS = 1 << 24
 EXACT_WORKSPACE_ROWS = 3  # float32 rows of cols: the int64 sums (two), the Inf / NaN sums (one)
 USE_EXACT_HALF_SUM = True
 TILES, TILES_EXACT = 0, -1  # the plan's strip for the short tiles (partial rows / exact sums)
@@ -224,7 +228,8 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
         chunks = -(-rows // tile_rows)
         blocks = chunks * (cols // tile_cols)
         if blocks <= 0x7FFFFFFF:
-            if dtype == 1 and USE_EXACT_HALF_SUM and chunks <= EXACT_MAX_ROW_TILES:
+            if (dtype == 1 and USE_EXACT_HALF_SUM and chunks <= EXACT_MAX_ROW_TILES
+                    and rows * cols >= EXACT_MIN_ELEMENTS):
                 return (blocks,), EXACT_WORKSPACE_ROWS, threads, TILES_EXACT
             return (blocks,), chunks, threads, TILES
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]

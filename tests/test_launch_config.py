@@ -309,18 +309,19 @@ def test_bias_gelu_bwd_plan_declines_what_the_fused_kernel_cannot_take(rows, col
 def test_tile_backward_plan_covers_every_row_and_column_vector_once(rows, cols, dtype):
     # bias_bwd_tile (kernels/elementwise.cu): block b is row tile b // col_tiles, column tile
     # b % col_tiles; thread t is vector t % vecs of the tile, rows t // vecs + k * rows / per.
-    from rawops.elementwise import EXACT_WORKSPACE_ROWS, TILES, TILES_EXACT
+    from rawops.elementwise import EXACT_MIN_ELEMENTS, EXACT_WORKSPACE_ROWS, TILES, TILES_EXACT
 
     threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
     vector = 4 if dtype == 0 else 8
     grid, chunks, block, strip = bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512, 1024), 132)
-    assert strip == (TILES_EXACT if dtype == 1 else TILES) and block == threads and len(grid) == 1
+    exact = dtype == 1 and rows * cols >= EXACT_MIN_ELEMENTS
+    assert strip == (TILES_EXACT if exact else TILES) and block == threads and len(grid) == 1
     vecs = threads * per // tile_rows
     assert cols % (vecs * vector) == 0
     col_tiles = cols // (vecs * vector)
     assert grid[0] == -(-rows // tile_rows) * col_tiles
     # a partial row per row tile, or float16's fixed-point accumulators (int64 + float a column)
-    assert chunks == (EXACT_WORKSPACE_ROWS if dtype == 1 else -(-rows // tile_rows))
+    assert chunks == (EXACT_WORKSPACE_ROWS if exact else -(-rows // tile_rows))
     if rows * cols > 1 << 26:
         return  # the arithmetic above is what scales; the cover below is checked on the small ones
     seen = np.zeros((rows, cols // vector), dtype=np.int64)
@@ -369,10 +370,11 @@ def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, s
 ])
 def test_every_type_and_size_takes_the_tiles(dtype, rows, cols):
     # the unguarded tile kernel measured faster than the walkers at every shape and type tried;
-    # float16's with dbias summed exactly
+    # float16's with dbias summed exactly from 2^24 elements
     from rawops.elementwise import TILES, TILES_EXACT
 
-    assert bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512), 132)[3] == (TILES_EXACT if dtype == 1 else TILES)
+    exact = dtype == 1 and rows * cols >= 1 << 24
+    assert bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512), 132)[3] == (TILES_EXACT if exact else TILES)
 
 
 def test_exact_half_sums_stop_where_the_int64_total_could_overflow(monkeypatch):
@@ -384,6 +386,8 @@ def test_exact_half_sums_stop_where_the_int64_total_could_overflow(monkeypatch):
     assert bias_gelu_bwd_plan(64 * EXACT_MAX_ROW_TILES, 64, 1, (0, 256, 512), 132)[3] == TILES_EXACT
     grid, chunks, _, strip = bias_gelu_bwd_plan(64 * EXACT_MAX_ROW_TILES + 1, 64, 1, (0, 256, 512), 132)
     assert strip == TILES and chunks == EXACT_MAX_ROW_TILES + 1
+    assert bias_gelu_bwd_plan(4096, 4096, 1, (0, 256, 512), 132)[3] == TILES_EXACT  # 2^24 elements
+    assert bias_gelu_bwd_plan(4095, 4096, 1, (0, 256, 512), 132)[3] == TILES  # the third launch costs more
     monkeypatch.setattr(elementwise, "USE_EXACT_HALF_SUM", False)
     assert bias_gelu_bwd_plan(8192, 3072, 1, (0, 256, 512), 132)[1:] == (128, 512, TILES)
 
@@ -402,7 +406,7 @@ def test_exact_half_sums_zero_the_workspace_then_tiles_then_round(monkeypatch, c
     monkeypatch.setattr(elementwise._modules, "function_pointer", lambda family, kernel, device: names.append(kernel)
                         or 0x100 * len(names))
     monkeypatch.setattr(elementwise._modules, "compute_capability", lambda device: cc)
-    rows, cols = 1000, 3072
+    rows, cols = 8000, 3072  # 2^24 elements and more, 125 row tiles (the last part-filled)
     plan = bias_gelu_bwd_plan(rows, cols, 1, (0, 256, bias_ptr), 132)
     elementwise.launch_bias_gelu_backward(0, 1, "none", plan, 0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, 0x6000,
                                           rows, cols, 0x77)
