@@ -188,7 +188,8 @@ def write_results(out_dir, stem, command, sections):
 
 def _fmt(value):
     if isinstance(value, float):
-        return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+        # tenths of the hundreds: the ~1% effects the elementwise rows are judged on show
+        return f"{value:.3g}" if value < 100 else f"{value:.1f}" if value < 1000 else f"{value:.0f}"
     if isinstance(value, bool):
         return "yes" if value else "NO"
     return str(value)
