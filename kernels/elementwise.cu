@@ -456,41 +456,17 @@ template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, row
 template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 256, rows = 128, per = 4; };
 
 // The entries take BiasBwdTile<T>'s shape; bench/explore/bias_bwd_tiles.cu instantiates others.
-// kSum: how the tiles' column sums become dbias.
-//  kPartialRows: one float32 row per row tile, added in order by column_sum_final.
-//  kFixed16 (float16): each tile adds its column sums to one int64 accumulator a column in fixed
-//   point (red.add: no wait, no order). Every float16 is a whole multiple of 2^-24 below 2^16, so
-//   a tile's float32 sum of them is too (below 2^22): times 2^24 it is an exact integer below
-//   2^46, and integer addition is associative, so dbias comes out the same bits in any order,
-//   from the exact sum of the tiles' sums, for up to 2^17 tiles (the plan checks).
-//  kDigits (any type): the same idea for any float32 tile sum: its 24-bit significand lands in
-//   two of kDigitCount 32-bit digits of a 288-bit fixed-point number (least bit 2^-149), each
-//   digit an int64 accumulator (31 bits of headroom for carries), added in any order; the final
-//   kernel propagates the carries and rounds once.
-// What the accumulators save: the partial rows (4 MB written and read again at 16384 x 4096 in
-// float16) and column_sum_final's pass over them. A tile sum that is Inf or NaN goes to a float32
-// accumulator instead (Inf + x, NaN + x and Inf + -Inf do not depend on the order either).
-// `partial` is then the workspace: the int64 accumulators (cols of them, or kDigitCount x cols),
-// then cols floats, zeroed by fixed_sum_zero (the launch before, waited for here) and read by
-// fixed_sum_final / digits_sum_final.
-enum DbiasSum { kPartialRows, kFixed16, kDigits };
-constexpr int kDigitCount = 9;  // 24 + 253 bits of float32 in 32-bit digits
-
-// s (finite) into the digits of column `col` (digit i at digits[i * cols + col]).
-__device__ __forceinline__ void add_to_digits(unsigned long long* __restrict__ digits, int64_t cols, int64_t col,
-                                              float s) {
-  const unsigned bits = __float_as_uint(s), field = (bits >> 23) & 0xffu;
-  const unsigned long long significand = (bits & 0x7fffffu) | (field ? 0x800000u : 0u);
-  const unsigned place = field ? field - 1 : 0;  // s = significand x 2^(place - 149)
-  const unsigned long long shifted = significand << (place & 31u);  // below 2^56
-  unsigned long long low = shifted & 0xffffffffull, high = shifted >> 32;
-  if (bits >> 31) low = 0ull - low, high = 0ull - high;  // two's complement: the unsigned add is the signed one
-  unsigned long long* digit = digits + int64_t(place >> 5) * cols + col;
-  if (low) atomicAdd(digit, low);
-  if (high) atomicAdd(digit + cols, high);
-}
-
-template <class Op, typename T, int kThreads, int kRows, int kPer, int kSum = kPartialRows>
+// kExact (float16 only): instead of a partial row, each tile adds its column sums to one int64
+// accumulator a column in fixed point (red.add: no wait, no order). Every float16 is a whole
+// multiple of 2^-24 below 2^16, so a tile's float32 sum of them is too (below 2^22): times 2^24 it
+// is an exact integer below 2^46, and integer addition is associative, so dbias comes out the same
+// bits in any order, from the exact sum of the tiles' sums, for up to 2^17 tiles (the plan checks).
+// What it saves: the partial rows (4 MB written and read again at 16384 x 4096) and
+// column_sum_final's pass over them. A tile sum that is Inf or NaN goes to a float32 accumulator
+// instead (Inf + x, NaN + x and Inf + -Inf do not depend on the order either). `partial` is then
+// the workspace: cols int64 sums, then cols floats, zeroed by fixed_sum_zero (the launch before,
+// waited for here) and read by fixed_sum_final.
+template <class Op, typename T, int kThreads, int kRows, int kPer, bool kExact = false>
 __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T* __restrict__ x,
                                               const T* __restrict__ bias, T* __restrict__ dx,
                                               float* __restrict__ partial, int64_t rows, int64_t cols) {
@@ -538,21 +514,19 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
     for (int e = 0; e < V; ++e) sums[warp][lane * V + e] = acc[e];
   }
   __syncthreads();
-  if (kSum != kPartialRows) wait_for_previous_grid();  // fixed_sum_zero has zeroed the accumulators
+  if (kExact) wait_for_previous_grid();  // fixed_sum_zero has zeroed the accumulators
   for (int c = threadIdx.x; c < kVecs * V; c += kThreads) {
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += sums[w][c];
     const int64_t column = int64_t(col_tile) * kVecs * V + c;
-    unsigned long long* accumulators = reinterpret_cast<unsigned long long*>(partial);
-    if (kSum == kPartialRows) {
+    if (!kExact) {
       partial[int64_t(row_tile) * cols + column] = s;
-    } else if (!isfinite(s)) {
-      atomicAdd(partial + 2 * (kSum == kDigits ? kDigitCount : 1) * cols + column, s);
-    } else if (kSum == kFixed16) {  // two's complement: the unsigned add is the signed one
-      atomicAdd(accumulators + column, static_cast<unsigned long long>(__float2ll_rn(s * kFixedScale)));
+    } else if (isfinite(s)) {  // two's complement: the unsigned add is the signed one
+      atomicAdd(reinterpret_cast<unsigned long long*>(partial) + column,
+                static_cast<unsigned long long>(__float2ll_rn(s * kFixedScale)));
     } else {
-      add_to_digits(accumulators, cols, column, s);
+      atomicAdd(partial + 2 * cols + column, s);
     }
   }
 }
@@ -573,48 +547,7 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
   const long long sum = reinterpret_cast<const long long*>(workspace)[col];
   // One rounding to float16 from the exact sum (a double holds it whole below 2^53, and rounds it
   // once below 2^63: the same bits every time). Beyond 65504 it is Inf, as torch's cast gives.
-  out[col] = special != 0.f ? __float2half_rn(special) : from_double<__half>(__ll2double_rn(sum) * kFixedUnit);
-}
-
-// dbias from kDigitCount digits a column (bias_bwd_tile's kDigits): carries propagated (the
-// digits' int64 sums do not depend on the order of the adds, so neither does anything computed
-// from them), the sign taken out, the magnitude summed from the top digit down in double (the
-// total's 288 bits rounded to 53, all terms positive: within a few of double's least bits), then
-// rounded once to T. Inf past T's range, as torch's cast gives.
-template <typename T>
-__device__ __forceinline__ void digits_sum_final(const float* __restrict__ workspace, T* __restrict__ out,
-                                                 int64_t cols) {
-  const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  wait_for_previous_grid();
-  if (col >= cols) return;
-  const float special = workspace[2 * kDigitCount * cols + col];
-  if (special != 0.f) {
-    out[col] = from_float<T>(special);
-    return;
-  }
-  const long long* digits = reinterpret_cast<const long long*>(workspace);
-  long long d[kDigitCount];
-#pragma unroll
-  for (int i = 0; i < kDigitCount; ++i) d[i] = digits[i * cols + col];
-  auto carry = [&d]() {  // digits 0..7 into [0, 2^32), the sign left in the top one
-#pragma unroll
-    for (int i = 0; i + 1 < kDigitCount; ++i) {
-      const long long c = d[i] >> 32;  // arithmetic: floor division by 2^32
-      d[i] -= c * (1ll << 32);
-      d[i + 1] += c;
-    }
-  };
-  carry();
-  const bool negative = d[kDigitCount - 1] < 0;
-  if (negative) {
-#pragma unroll
-    for (int i = 0; i < kDigitCount; ++i) d[i] = -d[i];
-    carry();
-  }
-  double magnitude = 0.0;
-#pragma unroll
-  for (int i = kDigitCount - 1; i >= 0; --i) magnitude += ldexp(double(d[i]), 32 * i - 149);
-  out[col] = from_double<T>(negative ? -magnitude : magnitude);
+  out[col] = special != 0.f ? __float2half_rn(special) : __double2half(__ll2double_rn(sum) * kFixedUnit);
 }
 
 }  // namespace
@@ -679,30 +612,20 @@ RAWOPS_ELEMENTWISE(float, f32)
 RAWOPS_ELEMENTWISE(__half, f16)
 RAWOPS_ELEMENTWISE(__nv_bfloat16, bf16)
 
-// The half types' tiles with dbias summed exactly (bias_bwd_tile's kFixed16 / kDigits), and their
-// small launches.
-#define RAWOPS_BIAS_BWD_TILE_SUM(name, Op, T, suffix, kSum)                                                    \
-  extern "C" __global__ void __launch_bounds__(rawops::BiasBwdTile<T>::threads)                                \
-      name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows,           \
-                      long long cols) {                                                                        \
-    using Shape = rawops::BiasBwdTile<T>;                                                                      \
-    rawops::bias_bwd_tile<rawops::Op<T>, T, Shape::threads, Shape::rows, Shape::per, rawops::kSum>(            \
+// float16's tiles with dbias summed exactly (bias_bwd_tile's kExact), and their two small launches.
+#define RAWOPS_BIAS_BWD_TILE_EXACT(name, Op)                                                                   \
+  extern "C" __global__ void __launch_bounds__(rawops::BiasBwdTile<__half>::threads)                           \
+      name##_f16(const __half* dy, const __half* x, const __half* bias, __half* dx, float* partial,            \
+                 long long rows, long long cols) {                                                             \
+    using Shape = rawops::BiasBwdTile<__half>;                                                                 \
+    rawops::bias_bwd_tile<rawops::Op<__half>, __half, Shape::threads, Shape::rows, Shape::per, true>(         \
         dy, x, bias, dx, partial, rows, cols);                                                                 \
   }
-#define RAWOPS_BIAS_BWD_TILE_EXACT(name, Op)                    \
-  RAWOPS_BIAS_BWD_TILE_SUM(name, Op, __half, f16, kFixed16)     \
-  RAWOPS_BIAS_BWD_TILE_SUM(name, Op, __nv_bfloat16, bf16, kDigits)
-#define RAWOPS_BIAS_BWD_TILE_DIGITS(name, Op) RAWOPS_BIAS_BWD_TILE_SUM(name, Op, __half, f16, kDigits)
 
 RAWOPS_BIAS_BWD_TILE_EXACT(bias_gelu_tanh_bwd_tile_exact, BiasGeluTanhBwd)
 RAWOPS_BIAS_BWD_TILE_EXACT(bias_gelu_erf_bwd_tile_exact, BiasGeluErfBwd)
 RAWOPS_BIAS_BWD_TILE_EXACT(gelu_tanh_bwd_tile_exact, GeluTanhBwd)
 RAWOPS_BIAS_BWD_TILE_EXACT(gelu_erf_bwd_tile_exact, GeluErfBwd)
-// float16 through the digits too, to time against kFixed16 (rawops.elementwise.DIGITS_FOR_F16).
-RAWOPS_BIAS_BWD_TILE_DIGITS(bias_gelu_tanh_bwd_tile_digits, BiasGeluTanhBwd)
-RAWOPS_BIAS_BWD_TILE_DIGITS(bias_gelu_erf_bwd_tile_digits, BiasGeluErfBwd)
-RAWOPS_BIAS_BWD_TILE_DIGITS(gelu_tanh_bwd_tile_digits, GeluTanhBwd)
-RAWOPS_BIAS_BWD_TILE_DIGITS(gelu_erf_bwd_tile_digits, GeluErfBwd)
 
 extern "C" __global__ void __launch_bounds__(256) fixed_sum_zero(unsigned* words, long long count) {
   rawops::fixed_sum_zero(words, count);
@@ -712,11 +635,3 @@ extern "C" __global__ void __launch_bounds__(256) fixed_sum_final_f16(const floa
                                                                      long long cols) {
   rawops::fixed_sum_final(workspace, out, cols);
 }
-
-#define RAWOPS_DIGITS_SUM_FINAL(T, suffix)                                                                    \
-  extern "C" __global__ void __launch_bounds__(256) digits_sum_final_##suffix(const float* workspace, T* out, \
-                                                                              long long cols) {               \
-    rawops::digits_sum_final(workspace, out, cols);                                                           \
-  }
-RAWOPS_DIGITS_SUM_FINAL(__half, f16)
-RAWOPS_DIGITS_SUM_FINAL(__nv_bfloat16, bf16)

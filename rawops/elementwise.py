@@ -52,31 +52,22 @@ GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
 # By dtype code: (threads, rows a tile, rows a thread), as kernels/elementwise.cu BiasBwdTile
 # compiles them.
 BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (256, 128, 4)}
-# The half types' tiles can sum dbias exactly instead (kernels/elementwise.cu bias_bwd_tile's
-# kFixed16 / kDigits): each tile adds its column sums to int64 fixed-point accumulators, so no
-# partial rows are written or read again and dbias is the same bits in any order. float16: one
-# accumulator a column in units of 2^-24 (every float16 is a whole multiple); bfloat16: 9 digits
-# of 32 bits a column, any float32 sum. Three launches (zero the accumulators, the tiles, one
-# rounding a column), the last two programmatically dependent on sm_90. Up to
-# EXACT_MAX_ROW_TILES row tiles (float16: a tile's sum is below 2^46 in fixed point, the int64
-# total below 2^63).
+# float16's tiles can sum dbias exactly instead (kernels/elementwise.cu bias_bwd_tile's kExact):
+# each tile adds its column sums to int64 fixed-point accumulators (every float16 is a whole
+# multiple of 2^-24), so no partial rows are written or read again and dbias is the same bits in
+# any order. Three launches (zero the accumulators, the tiles, one rounding a column), the last
+# two programmatically dependent on sm_90. Up to EXACT_MAX_ROW_TILES row tiles (a tile's sum is
+# below 2^46 in fixed point, the int64 total below 2^63).
 BIAS_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in BIAS_BWD_TILE.items()}
 GELU_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in GELU_BWD_TILE.items()}
-# float16 through the digits as well, timed against its fixed-point tiles (DIGITS_FOR_F16).
-BIAS_BWD_TILE_DIGITS = {approximate: f"{name}_digits" for approximate, name in BIAS_BWD_TILE.items()}
-GELU_BWD_TILE_DIGITS = {approximate: f"{name}_digits" for approximate, name in GELU_BWD_TILE.items()}
 FIXED_SUM_KERNELS = ("fixed_sum_zero", "fixed_sum_final_f16")
-DIGITS_SUM_FINAL = "digits_sum_final"  # _f16, _bf16
 EXACT_MAX_ROW_TILES = 1 << 17
 # From 2^24 elements: the third launch costs more than the partial rows below that (H100, the
-# library's call, float16: 16384 x 4096 139.2 against 141.5 us, 4096 x 4096 41.2 against 41.6,
-# 2048 x 4096 26.6 against 24.1; bench/results/explore_bias_bwd_exact.md).
+# library's call: 16384 x 4096 139.3 against 141.4 us, 8192 x 3072 57.4 against 57.6, 4096 x 768
+# 43.0 against 38.8; bench/results/explore_bias_bwd_exact.md).
 EXACT_MIN_ELEMENTS = 1 << 24
-# float32 rows of cols the accumulators take: float16 one int64 (two rows) and one float for Inf
-# and NaN; the digits 9 int64 and the float.
-FIXED_WORKSPACE_ROWS, DIGITS_WORKSPACE_ROWS = 3, 19
+EXACT_WORKSPACE_ROWS = 3  # float32 rows of cols: the int64 sums (two), the Inf / NaN sums (one)
 USE_EXACT_HALF_SUM = True
-DIGITS_FOR_F16 = False
 TILES, TILES_EXACT = 0, -1  # the plan's strip for the short tiles (partial rows / exact sums)
 # Every size and type: through the library's call the tiles measured 1.02-1.06x the walkers at
 # each shape and type tried (16384 x 4096, 8192 x 3072, 4096 x 768, 32 x 3072; H100,
@@ -221,8 +212,8 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     alignment). chunks: the rows of float32 workspace it needs (per column): the partial sums
     it writes for column_sum_final. strip TILES (0) is the short-tile kernel (bias_bwd_tile:
     BIAS_BWD_TILE_SHAPE, 16-byte vectors, whole 64-column tiles; a block a tile, grid = row
-    tiles x column tiles, a row tile a chunk); TILES_EXACT (-1) the same tiles for the half
-    types with dbias summed exactly in FIXED_ / DIGITS_WORKSPACE_ROWS rows of accumulators;
+    tiles x column tiles, a row tile a chunk); TILES_EXACT (-1) the same tiles for float16 with
+    dbias summed exactly in EXACT_WORKSPACE_ROWS rows of accumulators;
     otherwise the walkers (bias_bwd_partial, BIAS_BWD_SHAPE): a block is `strip` column vectors
     x threads / strip rows (`by`), grid (strips, chunks), chunk c taking rows (i * chunks + c) *
     by + ty: at most one wave of the resident blocks (a few blocks of a second wave cost a whole
@@ -237,9 +228,9 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
         chunks = -(-rows // tile_rows)
         blocks = chunks * (cols // tile_cols)
         if blocks <= 0x7FFFFFFF:
-            if dtype and USE_EXACT_HALF_SUM and chunks <= EXACT_MAX_ROW_TILES and rows * cols >= EXACT_MIN_ELEMENTS:
-                digits = dtype == 2 or DIGITS_FOR_F16
-                return (blocks,), DIGITS_WORKSPACE_ROWS if digits else FIXED_WORKSPACE_ROWS, threads, TILES_EXACT
+            if (dtype == 1 and USE_EXACT_HALF_SUM and chunks <= EXACT_MAX_ROW_TILES
+                    and rows * cols >= EXACT_MIN_ELEMENTS):
+                return (blocks,), EXACT_WORKSPACE_ROWS, threads, TILES_EXACT
             return (blocks,), chunks, threads, TILES
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
     vector = vector_bytes // itemsize
@@ -262,7 +253,7 @@ def launch_bias_gelu_backward(device, dtype, approximate, plan, dy_ptr, x_ptr, b
     suffix = FLOAT_SUFFIXES[dtype]
     args = (dy_ptr, x_ptr, bias_ptr, dx_ptr, partial_ptr, rows, cols)
     if strip == TILES_EXACT:
-        _launch_exact_tiles(device, dtype, approximate, grid, threads, args, chunks, dbias_ptr, stream)
+        _launch_exact_tiles(device, approximate, grid, threads, args, dbias_ptr, stream)
         return
     if strip == TILES:  # the short tiles
         names, kinds = (BIAS_BWD_TILE if bias_ptr else GELU_BWD_TILE), "pppppqq"
@@ -273,25 +264,18 @@ def launch_bias_gelu_backward(device, dtype, approximate, plan, dy_ptr, x_ptr, b
     _launch_column_sum_final(device, suffix, partial_ptr, dbias_ptr, chunks, cols, stream)
 
 
-def _launch_exact_tiles(device, dtype, approximate, grid, threads, args, workspace_rows, dbias_ptr, stream):
-    """The half types' tiles with dbias summed exactly: zero the accumulators (args[4], the
-    workspace), the tiles (waiting for the zeroing only before their adds), then dbias rounded
-    from them: float16 in fixed point, bfloat16 (or float16 with DIGITS_FOR_F16) in digits."""
+def _launch_exact_tiles(device, approximate, grid, threads, args, dbias_ptr, stream):
+    """float16's tiles with dbias summed exactly: zero the accumulators (args[4], the workspace),
+    the tiles (waiting for the zeroing only before their adds), then dbias rounded from them."""
     workspace, cols = args[4], args[6]
-    suffix = FLOAT_SUFFIXES[dtype]
-    digits = workspace_rows == DIGITS_WORKSPACE_ROWS
     dependent = _modules.compute_capability(device) >= 90
-    words = workspace_rows * cols
+    words = EXACT_WORKSPACE_ROWS * cols
     zero = _modules.function_pointer(FAMILY, FIXED_SUM_KERNELS[0], device)
     launch(zero, (-(-words // 256),), 256, 0, stream, (workspace, words), "pq", device)
-    if dtype == 1 and digits:
-        names = BIAS_BWD_TILE_DIGITS if args[2] else GELU_BWD_TILE_DIGITS
-    else:
-        names = BIAS_BWD_TILE_EXACT if args[2] else GELU_BWD_TILE_EXACT
-    tiles = _modules.function_pointer(FAMILY, f"{names[approximate]}_{suffix}", device)
+    names = BIAS_BWD_TILE_EXACT if args[2] else GELU_BWD_TILE_EXACT
+    tiles = _modules.function_pointer(FAMILY, f"{names[approximate]}_f16", device)
     launch(tiles, grid, threads, 0, stream, args, "pppppqq", device, dependent)
-    final_name = f"{DIGITS_SUM_FINAL}_{suffix}" if digits else FIXED_SUM_KERNELS[1]
-    final = _modules.function_pointer(FAMILY, final_name, device)
+    final = _modules.function_pointer(FAMILY, FIXED_SUM_KERNELS[1], device)
     launch(final, (-(-cols // 256),), 256, 0, stream, (workspace, dbias_ptr, cols), "ppq", device, dependent)
 
 

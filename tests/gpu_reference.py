@@ -58,14 +58,15 @@ def poison_torch_pool(*nbytes):
     del blocks
 
 
-def assert_close(out, ref, dtype, what="", factor=1):
+def assert_close(out, ref, dtype, what="", factor=1, floor=0.0):
     """Relative-norm error of out (a tensor or CuPy array) against a float64 reference, held
-    to factor x the dtype's tolerance; NaN never passes."""
+    to factor x the dtype's tolerance; NaN never passes. floor: the least norm the error is
+    relative to (a result that cancels to near 0 is held to the scale of its terms)."""
     out64 = (to_torch(out) if isinstance(out, cupy.ndarray) else out).double()
     assert out64.shape == ref.shape, f"{what}: shape {tuple(out64.shape)} != {tuple(ref.shape)}"
     assert not torch.isnan(out64).any(), f"{what}: NaN in output (an element left unwritten?)"
     if ref.numel() == 0:
         return
-    scale = max(ref.norm().item(), NORM_FLOOR[dtype] * ref.numel() ** 0.5)
+    scale = max(ref.norm().item(), NORM_FLOOR[dtype] * ref.numel() ** 0.5, floor)
     error = (out64 - ref).norm().item() / scale
     assert error <= factor * TOLERANCE[dtype], f"{what}: relative error {error:.3g} > {factor * TOLERANCE[dtype]:.3g}"

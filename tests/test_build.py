@@ -22,10 +22,8 @@ EXPECTED_KERNELS = {
                  *elementwise.GELU_BWD_PARTIAL.values(), *elementwise.BIAS_BWD_TILE.values(),
                  *elementwise.GELU_BWD_TILE.values())
     for suffix in SUFFIXES
-} | {f"{name}_{suffix}" for name in (*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values(),
-                                     f"{elementwise.DIGITS_SUM_FINAL}") for suffix in ("f16", "bf16")
-     } | {f"{name}_f16" for name in (*elementwise.BIAS_BWD_TILE_DIGITS.values(),
-                                     *elementwise.GELU_BWD_TILE_DIGITS.values())} | set(elementwise.FIXED_SUM_KERNELS)
+} | {f"{name}_f16" for name in (*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values())
+     } | set(elementwise.FIXED_SUM_KERNELS)
 
 
 def _find_cuobjdump():
@@ -296,11 +294,6 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     exact = dict(re.findall(r"^RAWOPS_BIAS_BWD_TILE_EXACT\((\w+),\s*(\w+)\)", source, flags=re.M))
     assert exact == {f"{name}_exact": op for name, op in tiles.items()}
     assert set(exact) == {*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values()}
-    digits = dict(re.findall(r"^RAWOPS_BIAS_BWD_TILE_DIGITS\((\w+),\s*(\w+)\)", source, flags=re.M))
-    assert digits == {f"{name}_digits": op for name, op in tiles.items()}
-    assert set(digits) == {*elementwise.BIAS_BWD_TILE_DIGITS.values(), *elementwise.GELU_BWD_TILE_DIGITS.values()}
-    assert re.findall(r"^RAWOPS_DIGITS_SUM_FINAL\(([\w ]+),\s*(\w+)\)", source, flags=re.M) == [
-        ("__half", "f16"), ("__nv_bfloat16", "bf16")]
     for name in elementwise.FIXED_SUM_KERNELS:
         assert re.search(rf'extern "C" __global__ void __launch_bounds__\(256\) {name}\(', source), name
     instantiated = re.findall(r"^RAWOPS_ELEMENTWISE\(([\w ]+),\s*(\w+)\)", source, flags=re.M)

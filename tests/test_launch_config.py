@@ -309,21 +309,19 @@ def test_bias_gelu_bwd_plan_declines_what_the_fused_kernel_cannot_take(rows, col
 def test_tile_backward_plan_covers_every_row_and_column_vector_once(rows, cols, dtype):
     # bias_bwd_tile (kernels/elementwise.cu): block b is row tile b // col_tiles, column tile
     # b % col_tiles; thread t is vector t % vecs of the tile, rows t // vecs + k * rows / per.
-    from rawops.elementwise import DIGITS_WORKSPACE_ROWS, EXACT_MIN_ELEMENTS, FIXED_WORKSPACE_ROWS, TILES, TILES_EXACT
+    from rawops.elementwise import EXACT_MIN_ELEMENTS, EXACT_WORKSPACE_ROWS, TILES, TILES_EXACT
 
     threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
     vector = 4 if dtype == 0 else 8
     grid, chunks, block, strip = bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512, 1024), 132)
-    exact = dtype != 0 and rows * cols >= EXACT_MIN_ELEMENTS
+    exact = dtype == 1 and rows * cols >= EXACT_MIN_ELEMENTS
     assert strip == (TILES_EXACT if exact else TILES) and block == threads and len(grid) == 1
     vecs = threads * per // tile_rows
     assert cols % (vecs * vector) == 0
     col_tiles = cols // (vecs * vector)
     assert grid[0] == -(-rows // tile_rows) * col_tiles
-    # a partial row per row tile, or the fixed-point accumulators (float16: int64 + float a
-    # column; bfloat16: 9 int64 digits + float)
-    workspace = {1: FIXED_WORKSPACE_ROWS, 2: DIGITS_WORKSPACE_ROWS}.get(dtype)
-    assert chunks == (workspace if exact else -(-rows // tile_rows))
+    # a partial row per row tile, or float16's fixed-point accumulators (int64 + float a column)
+    assert chunks == (EXACT_WORKSPACE_ROWS if exact else -(-rows // tile_rows))
     if rows * cols > 1 << 26:
         return  # the arithmetic above is what scales; the cover below is checked on the small ones
     seen = np.zeros((rows, cols // vector), dtype=np.int64)
@@ -372,63 +370,53 @@ def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, s
 ])
 def test_every_type_and_size_takes_the_tiles(dtype, rows, cols):
     # the unguarded tile kernel measured faster than the walkers at every shape and type tried;
-    # the half types' with dbias summed exactly from 2^24 elements
+    # float16's with dbias summed exactly from 2^24 elements
     from rawops.elementwise import TILES, TILES_EXACT
 
-    exact = dtype != 0 and rows * cols >= 1 << 24
+    exact = dtype == 1 and rows * cols >= 1 << 24
     assert bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, 512), 132)[3] == (TILES_EXACT if exact else TILES)
 
 
-@pytest.mark.parametrize("dtype, tile_rows", [(1, 64), (2, 128)])
-def test_exact_half_sums_stop_where_the_int64_total_could_overflow(monkeypatch, dtype, tile_rows):
+def test_exact_half_sums_stop_where_the_int64_total_could_overflow(monkeypatch):
     # a 64-row tile's float16 sum is below 2^46 in units of 2^-24: at most 2^17 row tiles a column
-    # (the digits take 2^31 adds of 2^32 each; the same limit keeps one rule)
     from rawops import elementwise
     from rawops.elementwise import EXACT_MAX_ROW_TILES, TILES, TILES_EXACT
 
     assert 64 * 65504 * 2 ** 24 * EXACT_MAX_ROW_TILES < 2 ** 63
-    assert bias_gelu_bwd_plan(tile_rows * EXACT_MAX_ROW_TILES, 64, dtype, (0, 256, 512), 132)[3] == TILES_EXACT
-    grid, chunks, _, strip = bias_gelu_bwd_plan(tile_rows * EXACT_MAX_ROW_TILES + 1, 64, dtype, (0, 256, 512), 132)
+    assert bias_gelu_bwd_plan(64 * EXACT_MAX_ROW_TILES, 64, 1, (0, 256, 512), 132)[3] == TILES_EXACT
+    grid, chunks, _, strip = bias_gelu_bwd_plan(64 * EXACT_MAX_ROW_TILES + 1, 64, 1, (0, 256, 512), 132)
     assert strip == TILES and chunks == EXACT_MAX_ROW_TILES + 1
-    assert bias_gelu_bwd_plan(4096, 4096, dtype, (0, 256, 512), 132)[3] == TILES_EXACT  # 2^24 elements
-    assert bias_gelu_bwd_plan(4095, 4096, dtype, (0, 256, 512), 132)[3] == TILES  # the third launch costs more
+    assert bias_gelu_bwd_plan(4096, 4096, 1, (0, 256, 512), 132)[3] == TILES_EXACT  # 2^24 elements
+    assert bias_gelu_bwd_plan(4095, 4096, 1, (0, 256, 512), 132)[3] == TILES  # the third launch costs more
     monkeypatch.setattr(elementwise, "USE_EXACT_HALF_SUM", False)
-    threads = BIAS_BWD_TILE_SHAPE[dtype][0]
-    assert bias_gelu_bwd_plan(8192, 3072, dtype, (0, 256, 512), 132)[1:] == (8192 // tile_rows, threads, TILES)
+    assert bias_gelu_bwd_plan(8192, 3072, 1, (0, 256, 512), 132)[1:] == (128, 512, TILES)
 
 
 @pytest.mark.parametrize("cc, dependent", [(90, True), (100, True), (89, False), (80, False)])
-@pytest.mark.parametrize("bias_ptr, base", [(0x4000, "bias_gelu_erf_bwd_tile"), (0, "gelu_erf_bwd_tile")])
-@pytest.mark.parametrize("dtype, digits_for_f16, tiles, final, words", [
-    (1, False, "exact_f16", "fixed_sum_final_f16", 3), (1, True, "digits_f16", "digits_sum_final_f16", 19),
-    (2, False, "exact_bf16", "digits_sum_final_bf16", 19), (2, True, "exact_bf16", "digits_sum_final_bf16", 19)])
-def test_exact_half_sums_zero_the_workspace_then_tiles_then_round(monkeypatch, cc, dependent, bias_ptr, base, dtype,
-                                                                  digits_for_f16, tiles, final, words):
-    # Three launches on the caller's stream: the accumulators zeroed (3 or 19 float32 rows of
-    # cols, a plain launch), the tiles and the final rounding, both dependent on sm_90+ (they wait
-    # for the launch before them with griddepcontrol.wait, which exists from sm_90).
+@pytest.mark.parametrize("bias_ptr, name", [(0x4000, "bias_gelu_erf_bwd_tile_exact_f16"),
+                                            (0, "gelu_erf_bwd_tile_exact_f16")])
+def test_exact_half_sums_zero_the_workspace_then_tiles_then_round(monkeypatch, cc, dependent, bias_ptr, name):
+    # Three launches on the caller's stream: the accumulators zeroed (3 x cols words, a plain
+    # launch), the tiles and the final rounding, both dependent on sm_90+ (they wait for the
+    # launch before them with griddepcontrol.wait, which exists from sm_90).
     from rawops import elementwise
 
-    monkeypatch.setattr(elementwise, "DIGITS_FOR_F16", digits_for_f16)
-    name = f"{base}_{tiles}"
     calls, names = [], []
     monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))
     monkeypatch.setattr(elementwise._modules, "function_pointer", lambda family, kernel, device: names.append(kernel)
                         or 0x100 * len(names))
     monkeypatch.setattr(elementwise._modules, "compute_capability", lambda device: cc)
-    rows, cols = 8000, 3072  # 2^24 elements and more, row tiles the last of which is part-filled
-    plan = bias_gelu_bwd_plan(rows, cols, dtype, (0, 256, bias_ptr), 132)
-    assert plan[1] == words
-    elementwise.launch_bias_gelu_backward(0, dtype, "none", plan, 0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, 0x6000,
+    rows, cols = 8000, 3072  # 2^24 elements and more, 125 row tiles (the last part-filled)
+    plan = bias_gelu_bwd_plan(rows, cols, 1, (0, 256, bias_ptr), 132)
+    elementwise.launch_bias_gelu_backward(0, 1, "none", plan, 0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, 0x6000,
                                           rows, cols, 0x77)
-    assert names == ["fixed_sum_zero", name, final]
-    zero, tile_launch, final_launch = calls
-    assert zero[:8] == (0x100, (-(-words * cols // 256),), 256, 0, 0x77, (0x5000, words * cols), "pq", 0)
+    assert names == ["fixed_sum_zero", name, "fixed_sum_final_f16"]
+    zero, tiles, final = calls
+    assert zero[:8] == (0x100, (-(-3 * cols // 256),), 256, 0, 0x77, (0x5000, 3 * cols), "pq", 0)
     assert len(zero) == 8 or zero[8] is False
-    threads, tile_rows, _ = BIAS_BWD_TILE_SHAPE[dtype]
-    assert tile_launch == (0x200, ((-(-rows // tile_rows)) * (cols // 64),), threads, 0, 0x77,
-                           (0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, rows, cols), "pppppqq", 0, dependent)
-    assert final_launch == (0x300, (cols // 256,), 256, 0, 0x77, (0x5000, 0x6000, cols), "ppq", 0, dependent)
+    assert tiles == (0x200, ((-(-rows // 64)) * (cols // 64),), 512, 0, 0x77,
+                     (0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, rows, cols), "pppppqq", 0, dependent)
+    assert final == (0x300, (cols // 256,), 256, 0, 0x77, (0x5000, 0x6000, cols), "ppq", 0, dependent)
 
 
 @pytest.mark.parametrize("tiles", [True, False])

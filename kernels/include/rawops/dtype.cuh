@@ -23,13 +23,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
-// One rounding from double (the exact column sums of rawops.elementwise's dbias).
-template <typename T> __device__ __forceinline__ T from_double(double v);
-template <> __device__ __forceinline__ __half from_double<__half>(double v) { return __double2half(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_double<__nv_bfloat16>(double v) {
-  return __double2bfloat16(v);
-}
-
 // Sixteen bytes of T: one LDG.128 / STG.128 per thread.
 template <typename T> struct alignas(16) Vec16 {
   static constexpr int size = 16 / sizeof(T);
