@@ -497,9 +497,13 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
     if (row0 + k * kRowStep < rows) {
       Vec16<T> out;
 #pragma unroll
-      for (int e = 0; e < V; ++e) {
-        out.v[e] = from_float<T>(Op::f(to_float(d[k].v[e]), to_float(v[k].v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f));
+      for (int e = 0; e < V; e += 2) {  // pairs: the half types' packed rounding (dtype.cuh from_float2)
+        from_float2<T>(Op::f(to_float(d[k].v[e]), to_float(v[k].v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f),
+                       Op::f(to_float(d[k].v[e + 1]), to_float(v[k].v[e + 1]), Op::C ? to_float(b.v[e + 1]) : 0.f,
+                             0.f),
+                       out.v + e);
         acc[e] += to_float(out.v[e]);  // the rounded dx, as column_sum(dx) would see it
+        acc[e + 1] += to_float(out.v[e + 1]);
       }
       store16(dx + (row0 + k * kRowStep) * cols + col, out);
     }

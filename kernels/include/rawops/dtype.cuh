@@ -23,6 +23,21 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
+// Two floats rounded to T at once, into out[0] and out[1]: the half types' packed conversion
+// (F2FP.*.PACK_AB). Rounding one value at a time where the rounded value is read back as a float
+// too, nvcc emitted a scalar F2F.BF16.F32 per bfloat16 element (a conversion-pipe op beside the
+// GELU's MUFU ones) and a PRMT to pack each pair.
+template <typename T> __device__ __forceinline__ void from_float2(float a, float b, T* out) {
+  out[0] = from_float<T>(a);
+  out[1] = from_float<T>(b);
+}
+template <> __device__ __forceinline__ void from_float2<__half>(float a, float b, __half* out) {
+  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(a, b);
+}
+template <> __device__ __forceinline__ void from_float2<__nv_bfloat16>(float a, float b, __nv_bfloat16* out) {
+  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(a, b);
+}
+
 // Sixteen bytes of T: one LDG.128 / STG.128 per thread.
 template <typename T> struct alignas(16) Vec16 {
   static constexpr int size = 16 / sizeof(T);
