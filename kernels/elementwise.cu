@@ -439,11 +439,10 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 // kernels reach 3.0, and many short blocks with one partial row per 64-128 rows (1-2% more
 // traffic) measured 141-142 us for the half types against the walkers' 145-148, and 270 us for
 // float32 against 282 (H100, 16384 x 4096; bench/results/explore_bias_bwd_tiles.md). Shapes per
-// type (BiasBwdTile, the same runs): float32 64 rows x 16 vectors of 1024 threads; the half types
-// 128 x 8 of 256 with 4 rows a thread (bfloat16 141.2-141.5 us; one row a thread ran 176 us).
-// float16's fastest in the explorer, 64 x 8 of 512 with one row a thread (141.5 us there), ran
-// 149 us in bench_elementwise, where dx is allocated per call: the 4-row shape (142.3 there) is
-// the one both half types measured alike.
+// type (BiasBwdTile, the same runs): float32 64 rows x 16 vectors of 1024 threads, float16 64 x 8
+// of 512 with one row a thread (141.2 us), bfloat16 128 x 8 of 512 with 2 rows a thread (139.7 us;
+// 141.0 with 4 rows of 256 threads, its shape until the packed rounding below, which took its
+// one-row shape from 176 to 150 us: explore_bias_bwd_tiles.md run 7, session 17).
 // Needs whole tiles across a row (cols % (kVecs * V) == 0: 64 columns for every type) and dy, x,
 // bias, dx 16-byte aligned (rawops/elementwise.py plans it). (The same kernel with a guard for a
 // part-filled last column tile ran float16 at 148.5 us against 141.5 without, H100: not found why;
@@ -453,7 +452,7 @@ constexpr float kFixedScale = 16777216.f;           // 2^24: float16's least bit
 constexpr double kFixedUnit = 1.0 / 16777216.0;     // and back
 template <> struct BiasBwdTile<float> { static constexpr int threads = 1024, rows = 64, per = 1; };
 template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, rows = 64, per = 1; };
-template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 256, rows = 128, per = 4; };
+template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 512, rows = 128, per = 2; };
 
 // The entries take BiasBwdTile<T>'s shape; bench/explore/bias_bwd_tiles.cu instantiates others.
 // kExact (float16 only): instead of a partial row, each tile adds its column sums to one int64

@@ -51,7 +51,7 @@ BIAS_BWD_TILE = {"tanh": "bias_gelu_tanh_bwd_tile", "none": "bias_gelu_erf_bwd_t
 GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
 # By dtype code: (threads, rows a tile, rows a thread), as kernels/elementwise.cu BiasBwdTile
 # compiles them.
-BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (256, 128, 4)}
+BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (512, 128, 2)}
 # float16's tiles can sum dbias exactly instead (kernels/elementwise.cu bias_bwd_tile's kExact):
 # each tile adds its column sums to int64 fixed-point accumulators (every float16 is a whole
 # multiple of 2^-24), so no partial rows are written or read again and dbias is the same bits in
