@@ -384,6 +384,37 @@ def test_strided_cupy_view_is_refused_not_copied():
         rawops.relu(x[:2048], out=x[::2])
 
 
+# (dtype, bits of the significand after the point, the fraction of the result the math may miss
+# beyond the result's rounding): float32 uses Numerical Recipes' erfc fit (1.2e-7) and expf; the
+# half types a degree-5 fit (8.3e-6) and ex2.approx.
+ERF_ACCURACY = [(torch.float32, 23, 1e-6), (torch.float16, 10, 2e-5), (torch.bfloat16, 7, 2e-5)]
+
+
+@pytest.mark.parametrize("dtype, bits, math", ERF_ACCURACY, ids=["float32", "float16", "bfloat16"])
+def test_erf_gelu_is_relatively_accurate_into_the_negative_tail(dtype, bits, math):
+    # Element by element against float64, down to where the result leaves the type's normal range
+    # (bfloat16: x = -13, gelu ~ -1e-37): 1 + erf(x) cancels there, so an erfc that is only
+    # absolutely accurate fails by orders of magnitude (Abramowitz-Stegun 7.1.26 did: ~40%).
+    x = torch.linspace(-14, 8, 8001, device="cuda", dtype=torch.float64).to(dtype)
+    x64 = x.double()
+    normal = torch.finfo(dtype).tiny
+    ref = F.gelu(x64)
+    out = to_torch(rawops.gelu(to_cupy(x), "none")).double()
+    keep = ref.abs() >= normal
+    allowed = (2.0 ** -bits + math) * ref.abs()
+    bad = ((out - ref).abs() > allowed) & keep
+    assert not bad.any(), f"gelu erf at x = {x64[bad][:4].tolist()}: {out[bad][:4].tolist()} vs {ref[bad][:4].tolist()}"
+    # The backward with dy = 1: gelu'(x) = Phi(x) + x phi(x); near its root (x ~ -0.75) the two
+    # terms cancel, so the error is also allowed relative to the terms.
+    cdf, pdf = 0.5 * torch.erfc(-x64 / 2 ** 0.5), torch.exp(-x64 * x64 / 2) / (2 * torch.pi) ** 0.5
+    grad = cdf + x64 * pdf
+    dgrad = to_torch(rawops.gelu_backward(to_cupy(torch.ones_like(x)), to_cupy(x), "none")).double()
+    keep = grad.abs() >= normal
+    allowed = 2.0 ** -bits * grad.abs() + math * (cdf + (x64 * pdf).abs())
+    bad = ((dgrad - grad).abs() > allowed) & keep
+    assert not bad.any(), f"gelu' erf at x = {x64[bad][:4].tolist()}: {dgrad[bad][:4].tolist()} vs {grad[bad][:4].tolist()}"
+
+
 def test_accepts_foreign_cuda_array_interface_objects():
     x = random((1000,), torch.float16)
 
