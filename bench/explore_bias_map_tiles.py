@@ -1,0 +1,120 @@
+"""bias_gelu's forward as short tiles (kernels/elementwise.cu bias_map_tile; shape variants in
+bench/explore/bias_map_tiles.cu) against the map kernel and torch, at bench_elementwise's shape
+(64M elements as 16384 x 4096), both GELU forms, every dtype, in interleaved rounds: "library"
+is the library's call as shipped, "map" the same call with the tiles switched off
+(rawops.elementwise.MAP[...].tiled), the variants launched through CuPy, each allocating its output
+as the library does. Every variant's output must be the map kernel's bits. Needs nvcc (or the
+cubin built beforehand: python bench/explore_bias_map_tiles.py --build 90, carried in bench/.cubins).
+
+    python bench/explore_bias_map_tiles.py [--out bench/results]
+"""
+import glob
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SOURCE = os.path.join(HERE, "explore", "bias_map_tiles.cu")
+ROWS, COLS = 16384, 4096
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+SHAPES = [(128, 16, 1), (128, 32, 2), (256, 32, 1), (256, 64, 2), (256, 128, 4), (512, 64, 1), (512, 128, 2),
+          (1024, 128, 1)]
+
+
+def cubin(arch):
+    """The exploration cubin for sm_<arch>, built unless cached (by content) in bench/.cubins."""
+    digest = hashlib.sha256(arch.encode())
+    for path in [SOURCE, os.path.join(ROOT, "kernels", "elementwise.cu"),
+                 *sorted(glob.glob(os.path.join(ROOT, "kernels", "include", "rawops", "*.cuh")))]:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    path = os.path.join(HERE, ".cubins", f"bias_map_tiles-sm{arch}-{digest.hexdigest()[:16]}.cubin")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
+                        SOURCE, "-o", path], check=True)
+    return path
+
+
+def main():
+    if "--build" in sys.argv:
+        print(cubin(sys.argv[sys.argv.index("--build") + 1]))
+        return 0
+    sys.path.insert(0, HERE)
+    from timing import device_times_us, start, write_results
+
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 1
+    out_dir, ceiling = started
+    import cupy
+
+    from rawops import elementwise as ew
+    from rawops import torch_adapter as ta
+    from rawops._launch import allocating_on
+
+    major, minor = torch.cuda.get_device_capability(0)
+    module = cupy.RawModule(path=cubin(f"{major}{minor}"))
+    torch_stream = torch.cuda.current_stream().cuda_stream
+    cupy_stream = allocating_on(torch_stream, torch_stream)
+    rows = []
+    for name, dtype in DTYPES.items():
+        x = torch.randn(ROWS, COLS, device="cuda", dtype=dtype)
+        bias = torch.randn(COLS, device="cuda", dtype=dtype)
+        nbytes = 2 * x.numel() * x.element_size()
+        for mode, approximate in (("tanh", "tanh"), ("erf", "none")):
+            kernel = ew.MAP[f"bias_gelu_{mode}_fwd"]
+
+            def library(approximate=approximate):
+                return ta.bias_gelu(x, bias, approximate)
+
+            def untiled(kernel=kernel, library=library):
+                kernel.tiled = False
+                try:
+                    return library()
+                finally:
+                    kernel.tiled = True
+
+            reference = untiled()
+            candidates = {"library": library, "map": untiled,
+                          "torch": lambda approximate=approximate: F.gelu(x + bias, approximate=approximate)}
+            same = {"library": torch.equal(library(), reference)}
+            for threads, tile_rows, per in SHAPES:
+                fn = module.get_function(f"bias_gelu_{mode}_fwd_tile_{threads}_{tile_rows}_{per}_{name}")
+                vecs = threads * per // tile_rows
+                grid = -(-ROWS // tile_rows) * (COLS // (vecs * 16 // x.element_size()))
+
+                def run(fn=fn, grid=grid, threads=threads):
+                    out = torch.empty_like(x)
+                    fn((grid,), (threads,), (numpy.uint64(x.data_ptr()), numpy.uint64(0), numpy.uint64(bias.data_ptr()),
+                                             numpy.uint64(out.data_ptr()), numpy.int64(x.numel()), numpy.int64(0),
+                                             numpy.int64(COLS), numpy.float32(0)), stream=cupy_stream)
+                    return out
+
+                label = f"{tile_rows} rows x {vecs} vectors, {threads} threads, {per} a thread"
+                same[label] = torch.equal(run(), reference)
+                candidates[label] = run
+            times = device_times_us(candidates)
+            for label, us in times.items():
+                row = {"dtype": name, "gelu": mode, "variant": label, "us": us, "TB/s": nbytes / us / 1e6,
+                       "of copy ceiling": nbytes / us / 1e6 / ceiling, "x map": times["map"] / us,
+                       "map's bits": same.get(label, "-")}
+                rows.append(row)
+                print(f"{name:5s} {mode:4s} {label:45s} {us:8.1f} us {row['of copy ceiling']:.3f} "
+                      f"{same.get(label, '-')}", flush=True)
+        del x
+        torch.cuda.empty_cache()
+    write_results(out_dir, "explore_bias_map_tiles", "python bench/explore_bias_map_tiles.py", [
+        (f"bias_gelu forward, {ROWS}x{COLS}: short tiles vs the map kernel",
+         ["dtype", "gelu", "variant", "us", "TB/s", "of copy ceiling", "x map", "map's bits"], rows, {})])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
