@@ -443,49 +443,6 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 #endif
 }
 
-// bias_gelu's forward (the map ops with a row vector but no second operand) as short tiles: a block is
-// kRows rows x kThreads * kPer / kRows 16-byte column vectors, each thread one column vector of kPer
-// rows (ty, ty + kRows / kPer, ...), its bias vector loaded once, every load issued before the math.
-// The map kernel's grid instead finds each 16-byte vector's column by a division and loads the
-// bias beside every vector: with erf GELU's math that took bias_gelu erf to 0.92-0.95 of the copy
-// ceiling where gelu erf alone reaches 0.97 (H100, session 17). Same signature as the map kernel
-// (rows = n / inner, cols = inner; head is 0); the launcher (_launch.pyx MapKernel) takes it for
-// whole tiles across a row (inner % (vectors x V) == 0) and 16-byte aligned a, b, c, out.
-template <typename T> struct BiasMapTile { static constexpr int threads = 256, rows = 32, per = 1; };
-
-template <class Op, typename T, int kThreads, int kRows, int kPer>
-__device__ __forceinline__ void bias_map_tile(const T* __restrict__ a, const T* __restrict__ b,
-                                              const T* __restrict__ c, T* __restrict__ out, int64_t n,
-                                              int64_t cols, float alpha) {
-  constexpr int V = Vec16<T>::size, kVecs = kThreads * kPer / kRows, kRowStep = kRows / kPer;
-  static_assert(kThreads * kPer % kRows == 0 && kRows % kPer == 0, "whole rows of whole vectors");
-  const int64_t rows = n / cols;
-  const unsigned col_tiles = unsigned(cols / (kVecs * V));  // whole tiles: the launcher checks
-  const unsigned row_tile = blockIdx.x / col_tiles, col_tile = blockIdx.x - row_tile * col_tiles;
-  const int tx = threadIdx.x % kVecs, ty = threadIdx.x / kVecs;
-  const int64_t row0 = int64_t(row_tile) * kRows + ty, col = (int64_t(col_tile) * kVecs + tx) * V;
-  Vec16<T> va[kPer], vb[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k)
-    if (row0 + k * kRowStep < rows) {
-      va[k] = load16(a + (row0 + k * kRowStep) * cols + col);
-      if (Op::B) vb[k] = load16(b + (row0 + k * kRowStep) * cols + col);
-    }
-  const Vec16<T> vc = load16(c + col);
-#pragma unroll
-  for (int k = 0; k < kPer; ++k)
-    if (row0 + k * kRowStep < rows) {
-      Vec16<T> r;
-#pragma unroll
-      for (int e = 0; e < V; e += 2)
-        from_float2<T>(Op::f(to_float(va[k].v[e]), Op::B ? to_float(vb[k].v[e]) : 0.f, to_float(vc.v[e]), alpha),
-                       Op::f(to_float(va[k].v[e + 1]), Op::B ? to_float(vb[k].v[e + 1]) : 0.f, to_float(vc.v[e + 1]),
-                             alpha),
-                       r.v + e);
-      store16(out + (row0 + k * kRowStep) * cols + col, r);
-    }
-}
-
 // The same result as bias_bwd_partial (dx bit for bit; dbias from the same rounded dx values,
 // added in another fixed order) from short blocks shaped like the map kernels': the grid covers
 // the data, a block is a tile of kRows rows x kThreads * kPer / kRows 16-byte column vectors, and
@@ -620,16 +577,6 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
     rawops::map<rawops::Op<T>>(a, b, c, out, n, head, inner, alpha);                              \
   }
 
-#define RAWOPS_BIAS_MAP_TILE(name, Op, T, suffix)                                                              \
-  extern "C" __global__ void __launch_bounds__(rawops::BiasMapTile<T>::threads)                                 \
-      name##_tile_##suffix(const T* a, const T* b, const T* c, T* out, long long n, long long head,            \
-                           long long inner, float alpha) {                                                     \
-    using Shape = rawops::BiasMapTile<T>;                                                                       \
-    rawops::bias_map_tile<rawops::Op<T>, T, Shape::threads, Shape::rows, Shape::per>(a, b, c, out, n, inner,    \
-                                                                                     alpha);                    \
-    (void)head;                                                                                                 \
-  }
-
 #define RAWOPS_BIAS_BWD_PARTIAL(name, Op, T, suffix)                                            \
   extern "C" __global__ void __launch_bounds__(rawops::kBiasBwdThreads, rawops::BiasBwdShape<T>::blocks) \
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
@@ -661,8 +608,6 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
   RAWOPS_MAP(bias_gelu_tanh_bwd, BiasGeluTanhBwd, T, suffix)                             \
   RAWOPS_MAP(bias_gelu_erf_fwd, BiasGeluErf, T, suffix)                                  \
   RAWOPS_MAP(bias_gelu_erf_bwd, BiasGeluErfBwd, T, suffix)                               \
-  RAWOPS_BIAS_MAP_TILE(bias_gelu_tanh_fwd, BiasGeluTanh, T, suffix)                      \
-  RAWOPS_BIAS_MAP_TILE(bias_gelu_erf_fwd, BiasGeluErf, T, suffix)                        \
   extern "C" __global__ void column_sum_part_##suffix(const T* x, float* partial, long long rows, \
                                                       long long cols, long long rows_per_chunk) { \
     rawops::column_sum_part(x, partial, rows, cols, rows_per_chunk);                     \

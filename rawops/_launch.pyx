@@ -642,24 +642,6 @@ cdef inline long long _map_blocks(long long n, long long head, int itemsize, int
     return max(1, min((n + per_block - 1) // per_block, <long long>sms * 32))
 
 
-cdef inline long long _bias_tile_blocks(long long n, long long inner, int itemsize, uintptr_t pointers, int threads,
-                                        int tile_rows, int per):
-    """Blocks of the short-tile launch (kernels/elementwise.cu bias_map_tile), or 0 where it does
-    not apply: empty, a row not whole tiles, an operand off 16 bytes, past one grid."""
-    cdef long long tile_cols = threads * per // tile_rows * (16 // itemsize)
-    if n <= 0 or inner <= 0 or inner % tile_cols or pointers & 15:
-        return 0
-    cdef long long blocks = (n // inner + tile_rows - 1) // tile_rows * (inner // tile_cols)
-    return blocks if blocks <= 0x7FFFFFFF else 0
-
-
-def bias_tile_launch_config(long long n, long long inner, int itemsize, uintptr_t a, uintptr_t c, uintptr_t out,
-                            tuple shape):
-    """Blocks of a row-vector op's short-tile launch for shape (threads, rows a tile, rows a
-    thread), or 0 where the map kernel runs instead; pure arithmetic, testable without a GPU."""
-    return _bias_tile_blocks(n, inner, itemsize, a | c | out, shape[0], shape[1], shape[2])
-
-
 def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b, int sms,
                       int threads=MAP_THREADS):
     """(blocks, head) of a map launch; pure arithmetic, testable without a GPU."""
@@ -756,34 +738,21 @@ cdef class MapKernel:
     cdef readonly bint reads_b
     cdef readonly bint reads_c
     cdef readonly bint capped  # the light ops' launch shape where measured (map_shape)
-    # Row-vector ops with a short-tile kernel (<name>_tile_<dtype>, kernels/elementwise.cu
-    # bias_map_tile): taken where bias_tile_launch_config applies; a switch for the benches.
-    cdef public bint tiled
     cdef uintptr_t _functions[MAX_DEVICES][N_FLOAT]
-    cdef uintptr_t _tile_functions[MAX_DEVICES][N_FLOAT]
     cdef unsigned _threads[MAX_DEVICES]
     cdef unsigned _shared[MAX_DEVICES]
-    cdef readonly tuple tile_shapes  # by dtype code: (threads, rows a tile, rows a thread)
 
     def __init__(self, str family, str name, tuple arg_names, bint reads_b=False, bint reads_c=False,
-                 bint capped=False, tuple tile_shapes=None):
+                 bint capped=False):
         self.family = family
         self.name = name
         self.arg_names = arg_names
         self.reads_b = reads_b
         self.reads_c = reads_c
         self.capped = capped
-        self.tile_shapes = tile_shapes
-        self.tiled = tile_shapes is not None
 
     def kernel_names(self):
         return [f"{self.name}_{s}" for s in FLOAT_SUFFIXES]
-
-    cdef uintptr_t tile_function(self, int device, int dtype) except 0:
-        if self._tile_functions[device][dtype] == 0:
-            self._tile_functions[device][dtype] = _modules.function_pointer(
-                self.family, f"{self.name}_tile_{FLOAT_SUFFIXES[dtype]}", device)
-        return self._tile_functions[device][dtype]
 
     cdef uintptr_t function(self, int device, int dtype) except 0:
         if device < 0 or device >= MAX_DEVICES:
@@ -949,19 +918,9 @@ cdef class MapKernel:
         # on_torch: on torch's current stream of `device` (`stream` unused)
         cdef uintptr_t function = self.function(device, dtype)
         cdef int itemsize = 4 if dtype == F32 else 2
-        cdef long long head, blocks = 0
+        cdef long long head = _map_head(n, itemsize, out, a, b if self.reads_b else 0)
         cdef unsigned threads = self._threads[device], shared = self._shared[device]
-        cdef int tile_rows, per
-        if self.tiled:
-            threads, tile_rows, per = self.tile_shapes[dtype]
-            blocks = _bias_tile_blocks(n, inner, itemsize, a | c | out, threads, tile_rows, per)
-            if blocks:
-                function, head, shared = self.tile_function(device, dtype), 0, 0
-            else:
-                threads = self._threads[device]
-        if not blocks:
-            head = _map_head(n, itemsize, out, a, b if self.reads_b else 0)
-            blocks = _map_blocks(n, head, itemsize, sm_count(device), threads)
+        cdef long long blocks = _map_blocks(n, head, itemsize, sm_count(device), threads)
         if blocks > 0x7FFFFFFF:
             raise ValueError(f"{self.name}: {n} elements exceed one launch's grid")
         cdef void* params[8]

@@ -82,15 +82,7 @@ USE_BIAS_BWD_TILE = True
 CAPPED = {"gelu_tanh_fwd", "gelu_tanh_bwd", "gelu_erf_bwd", "relu_fwd", "relu_bwd", "relu_scale_fwd",
           "relu_scale_bwd", "relu_scale_add_fwd", "add_fwd"}
 
-# bias_gelu's forward as short tiles (kernels/elementwise.cu bias_map_tile, <name>_tile_<dtype>):
-# each thread's bias vector loaded once for its rows, no division per 16 bytes. By dtype code:
-# (threads, rows a tile, rows a thread), as BiasMapTile compiles them. MapKernel takes it where a
-# row is whole tiles and every operand 16-byte aligned (_launch.bias_tile_launch_config).
-BIAS_MAP_TILE_SHAPE = ((256, 32, 1), (256, 32, 1), (256, 32, 1))
-BIAS_MAP_TILED = ("bias_gelu_tanh_fwd", "bias_gelu_erf_fwd")
-
-MAP = {name: MapKernel(FAMILY, name, names, reads_b, reads_c, name in CAPPED,
-                       BIAS_MAP_TILE_SHAPE if name in BIAS_MAP_TILED else None)
+MAP = {name: MapKernel(FAMILY, name, names, reads_b, reads_c, name in CAPPED)
        for name, (names, reads_b, reads_c) in KERNELS.items()}
 
 _GELU_MODES = {"tanh": "tanh", "none": "erf"}

@@ -20,7 +20,7 @@ EXPECTED_KERNELS = {
     f"{base}_{suffix}"
     for base in (*elementwise.KERNELS, *elementwise.COLUMN_SUM_KERNELS, *elementwise.BIAS_BWD_PARTIAL.values(),
                  *elementwise.GELU_BWD_PARTIAL.values(), *elementwise.BIAS_BWD_TILE.values(),
-                 *elementwise.GELU_BWD_TILE.values(), *(f"{name}_tile" for name in elementwise.BIAS_MAP_TILED))
+                 *elementwise.GELU_BWD_TILE.values())
     for suffix in SUFFIXES
 } | {f"{name}_f16" for name in (*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values())
      } | set(elementwise.FIXED_SUM_KERNELS)
@@ -280,7 +280,6 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     source = _kernel_source()
     defined = re.findall(r"^\s*RAWOPS_MAP\((\w+),\s*(\w+),\s*T,\s*suffix\)", source, flags=re.M)
     assert sorted(name for name, _ in defined) == sorted(elementwise.KERNELS)
-    ops = dict(defined)
     for name in elementwise.COLUMN_SUM_KERNELS:
         assert re.search(rf'extern "C" __global__ void (__launch_bounds__\([^)]*\)\s*)?\\?\s*{name}_##suffix\(',
                          source), name
@@ -297,9 +296,6 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     assert set(exact) == {*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values()}
     for name in elementwise.FIXED_SUM_KERNELS:
         assert re.search(rf'extern "C" __global__ void __launch_bounds__\(256\) {name}\(', source), name
-    map_tiles = dict(re.findall(r"^\s*RAWOPS_BIAS_MAP_TILE\((\w+),\s*(\w+),\s*T,\s*suffix\)", source, flags=re.M))
-    assert set(map_tiles) == set(elementwise.BIAS_MAP_TILED)
-    assert all(map_tiles[name] == ops[name] for name in map_tiles), "a tile kernel computes its map kernel's op"
     instantiated = re.findall(r"^RAWOPS_ELEMENTWISE\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 
@@ -327,21 +323,6 @@ def test_tile_backward_plan_uses_the_kernels_tile_shapes():
         r"per = (\d+); \};", source)}
     assert found == elementwise.BIAS_BWD_TILE_SHAPE
     assert "__launch_bounds__(rawops::BiasBwdTile<T>::threads)" in source
-
-
-def test_bias_map_tile_launch_uses_the_kernels_tile_shape():
-    # MapKernel's grid for the short tiles follows BiasMapTile<T> (threads, rows a tile, rows a
-    # thread); the kernel's launch bounds are its threads.
-    source = _kernel_source()
-    shape = re.search(r"template <typename T> struct BiasMapTile \{ static constexpr int threads = (\d+), "
-                      r"rows = (\d+), per = (\d+); \};", source)
-    assert shape, "BiasMapTile not found"
-    assert "template <> struct BiasMapTile" not in source, "per-type shapes: compare each with the table"
-    assert elementwise.BIAS_MAP_TILE_SHAPE == (tuple(map(int, shape.groups())),) * 3
-    assert "__launch_bounds__(rawops::BiasMapTile<T>::threads)" in source
-    for name in elementwise.BIAS_MAP_TILED:
-        assert elementwise.MAP[name].tiled and elementwise.MAP[name].tile_shapes == elementwise.BIAS_MAP_TILE_SHAPE
-    assert not any(kernel.tiled for name, kernel in elementwise.MAP.items() if name not in elementwise.BIAS_MAP_TILED)
 
 
 def test_python_table_reads_the_operands_each_kernel_reads():

@@ -348,27 +348,6 @@ def test_tile_backward_needs_16_byte_vectors_and_the_walkers_take_8_byte_ones(dt
         assert bias_gelu_bwd_plan(64, cols, dtype, (0, 256, 512), 132)[3] > 0
 
 
-@pytest.mark.parametrize("shape", [(256, 32, 1), (512, 128, 2), (128, 16, 1)])
-@pytest.mark.parametrize("itemsize", [4, 2])
-def test_bias_map_tiles_cover_whole_rows_and_leave_the_rest_to_the_map_kernel(shape, itemsize):
-    # bias_map_tile: block b is row tile b // col_tiles, column tile b % col_tiles; a row tile past
-    # the last row is cut by the kernel (rows need not be whole tiles), columns must be.
-    from rawops._launch import bias_tile_launch_config
-
-    threads, tile_rows, per = shape
-    cols = threads * per // tile_rows * (16 // itemsize)
-    for rows, inner in [(1, cols), (tile_rows, cols), (tile_rows + 1, 3 * cols), (16384, 4096 // cols * cols),
-                        (2 ** 31 // cols + 5, cols)]:
-        n = rows * inner
-        assert bias_tile_launch_config(n, inner, itemsize, 256, 512, 1024, shape) == -(-rows // tile_rows) * (
-            inner // cols)
-    assert bias_tile_launch_config(0, cols, itemsize, 256, 512, 1024, shape) == 0  # empty: the map kernel's
-    assert bias_tile_launch_config(7 * (cols + 1), cols + 1, itemsize, 256, 512, 1024, shape) == 0  # part tile
-    for pointers in [(264, 512, 1024), (256, 520, 1024), (256, 512, 1032)]:  # an operand off 16 bytes
-        assert bias_tile_launch_config(7 * cols, cols, itemsize, *pointers, shape) == 0
-    assert bias_tile_launch_config(cols * tile_rows * 2 ** 31, cols, itemsize, 0, 0, 0, shape) == 0  # past a grid
-
-
 @pytest.mark.parametrize("cc, switch, dependent", [(90, True, True), (100, True, True), (89, True, False),
                                                   (80, True, False), (90, False, False)])
 def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, switch, dependent):
