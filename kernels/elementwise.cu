@@ -67,38 +67,41 @@ __device__ __forceinline__ float gelu_tanh_grad(float x) {
 // fit of Numerical Recipes (erfcc: fractional error < 1.2e-7 everywhere). Relative accuracy
 // holds in the negative tail, where 1 + erff(x) cancels (a single-element test caught that
 // with Abramowitz & Stegun 7.1.26), and it costs ~16 instructions, a third of normcdff's.
-// The half types round the result to 8 or 11 bits: their P is a degree-5 fit of the same
-// function, log(erfc(z) / t) + z^2 on t in [1/6, 1] (z <= 10; erfc(10) is below float32's range),
-// fractional error < 8.3e-6 (five FMAs instead of nine; least squares on Chebyshev nodes against
-// mpmath, session 17). Outside the fit, P stays in [-1.27, -1.09] while -z^2 < -100: exp underflows.
-template <typename T> __device__ __forceinline__ float erfc_positive(float z) {  // z >= 0
+__device__ __forceinline__ float erfc_positive(float z) {  // z >= 0
   const float t = rcp_approx(fmaf(0.5f, z, 1.f));
-  float p;
-  if (sizeof(T) == 4) {
-    p = 0.17087277f;
-    p = fmaf(p, t, -0.82215223f);
-    p = fmaf(p, t, 1.48851587f);
-    p = fmaf(p, t, -1.13520398f);
-    p = fmaf(p, t, 0.27886807f);
-    p = fmaf(p, t, -0.18628806f);
-    p = fmaf(p, t, 0.09678418f);
-    p = fmaf(p, t, 0.37409196f);
-    p = fmaf(p, t, 1.00002368f);
-    p = fmaf(p, t, -1.26551223f);
-  } else {
-    p = 0.23058574f;
-    p = fmaf(p, t, -0.71484584f);
-    p = fmaf(p, t, 0.48126912f);
-    p = fmaf(p, t, 0.2506239f);
-    p = fmaf(p, t, 1.0190123f);
-    p = fmaf(p, t, -1.2666371f);
-  }
-  // Half types: one ex2.approx (relative error ~1e-6 here) instead of expf's range reduction.
-  const float e = sizeof(T) == 4 ? expf(fmaf(-z, z, p)) : ex2_approx(kLog2e * fmaf(-z, z, p));
-  return t * e;
+  float p = 0.17087277f;
+  p = fmaf(p, t, -0.82215223f);
+  p = fmaf(p, t, 1.48851587f);
+  p = fmaf(p, t, -1.13520398f);
+  p = fmaf(p, t, 0.27886807f);
+  p = fmaf(p, t, -0.18628806f);
+  p = fmaf(p, t, 0.09678418f);
+  p = fmaf(p, t, 0.37409196f);
+  p = fmaf(p, t, 1.00002368f);
+  p = fmaf(p, t, -1.26551223f);
+  return t * expf(fmaf(-z, z, p));
 }
+// Phi(x) = erfc(|x| / sqrt 2) / 2 for x < 0. The half types round the result to 8 or 11 bits:
+// their P is a degree-5 fit of the same function, log(erfc(z) / t) + z^2 on t in [1/6, 1] (z <= 10;
+// erfc(10) is below float32's range), fractional error < 8.3e-6 (five FMAs instead of nine; least
+// squares on Chebyshev nodes against mpmath, session 17; outside the fit P stays in [-1.27, -1.09]
+// while -z^2 < -100, so exp underflows), with the constants folded in: erfc(z) / 2 = t exp2(log2(e)
+// (P(t) - z^2) - 1), log2(e) and the -1 in P's coefficients, z^2 = x^2 / 2 taken from x, one ex2.approx.
 template <typename T> __device__ __forceinline__ float normal_cdf(float x) {
-  const float tail = 0.5f * erfc_positive<T>(fabsf(x) * kInvSqrt2);
+  float tail;
+  if (sizeof(T) == 4) {
+    tail = 0.5f * erfc_positive(fabsf(x) * kInvSqrt2);
+  } else {
+    const float t = rcp_approx(fmaf(0.5f * kInvSqrt2, fabsf(x), 1.f));
+    float p = 0.33266491f;  // the fit (0.23058574, -0.71484584, 0.48126912, 0.2506239, 1.0190123,
+    // -1.2666371 from t^5 down) times log2(e), the last less 1
+    p = fmaf(p, t, -1.0313046f);
+    p = fmaf(p, t, 0.69432455f);
+    p = fmaf(p, t, 0.36157385f);
+    p = fmaf(p, t, 1.4701240f);
+    p = fmaf(p, t, -2.8273711f);
+    tail = t * ex2_approx(fmaf(-0.5f * kLog2e * x, x, p));
+  }
   return x < 0.f ? tail : 1.f - tail;
 }
 template <typename T> __device__ __forceinline__ float gelu_erf(float x) { return x * normal_cdf<T>(x); }
@@ -106,7 +109,7 @@ template <typename T> __device__ __forceinline__ float gelu_erf(float x) { retur
 // t Q(t) exp(-z^2) with z = |x| / sqrt 2, so exp(-z^2) = exp(-x^2 / 2) is phi's too; Q(t) = erfcx(z)
 // / t is a degree-6 fit on t in [1/6, 1] (fractional error < 1.8e-6 in float32 Horner; least squares
 // on Chebyshev nodes against mpmath, session 17; in [0.28, 0.34] beyond the fit, where exp(-z^2)
-// underflows). One MUFU an element fewer than erfc_positive's ex2 beside phi's.
+// underflows). One MUFU an element fewer than an ex2 for erfc beside phi's.
 template <typename T> __device__ __forceinline__ float gelu_erf_grad(float x) {
   if (sizeof(T) == 4) return fmaf(x * kInvSqrt2Pi, expf(-0.5f * x * x), normal_cdf<T>(x));
   const float gauss = ex2_approx(-0.5f * kLog2e * x * x);  // exp(-x^2 / 2)
