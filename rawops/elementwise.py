@@ -63,8 +63,8 @@ GELU_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in GEL
 FIXED_SUM_KERNELS = ("fixed_sum_zero", "fixed_sum_final_f16")
 EXACT_MAX_ROW_TILES = 1 << 17
 # From 2^24 elements: the third launch costs more than the partial rows below that (H100, the
-# library's call: 16384 x 4096 139.3 against 141.4 us, 8192 x 3072 57.4 against 57.6, 4096 x 768
-# 43.0 against 38.8; bench/results/explore_bias_bwd_exact.md).
+# library's call: 16384 x 4096 139.2 against 141.5 us, 4096 x 4096 41.2 against 41.6, 2048 x 4096
+# 26.6 against 24.1, 4096 x 768 27.0 against 23.2; bench/results/explore_bias_bwd_exact.md).
 EXACT_MIN_ELEMENTS = 1 << 24
 EXACT_WORKSPACE_ROWS = 3  # float32 rows of cols: the int64 sums (two), the Inf / NaN sums (one)
 USE_EXACT_HALF_SUM = True
