@@ -223,21 +223,13 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
   for (int64_t chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {
     const int64_t first_vec = chunk * chunk_size + threadIdx.x;
     int64_t col = Op::C ? column_of(head + first_vec * V, inner) : 0;
-    // Every load in flight before any math, the row vector's 16 bytes too: loaded beside the
-    // math (after the column's division), its latency sat on each vector's critical path.
-    Vec16<T> va[kUnroll], vb[kUnroll], vc[kUnroll];
-    int64_t load_col = col;
+    Vec16<T> va[kUnroll], vb[kUnroll];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
+    for (int k = 0; k < kUnroll; ++k) {  // every load in flight before any math
       const int64_t j = first_vec + k * blockDim.x;
       if (j < nvec) {
         va[k] = load16(a + head + j * V);
         if (Op::B) vb[k] = load16(b + head + j * V);
-        if (Op::C && c_vectors) vc[k] = load16(c + load_col);
-      }
-      if (Op::C && kUnroll > 1) {
-        load_col += col_step;
-        load_col = load_col >= inner ? load_col - inner : load_col;
       }
     }
 #pragma unroll
@@ -246,14 +238,7 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
       if (j < nvec) {
         const int64_t first = head + j * V;
         float cv[V];
-        if (Op::C) {
-          if (c_vectors) {
-#pragma unroll
-            for (int e = 0; e < V; ++e) cv[e] = to_float(vc[k].v[e]);
-          } else {
-            row_values(c, col, inner, false, cv);
-          }
-        }
+        if (Op::C) row_values(c, col, inner, c_vectors, cv);
         Vec16<T> r;
 #pragma unroll
         for (int e = 0; e < V; ++e) {
