@@ -12,7 +12,7 @@ import os
 
 from ._launch import (TENSOR_MAP_BFLOAT16, TENSOR_MAP_FLOAT16, TENSOR_MAP_FLOAT32, TENSOR_MAP_SWIZZLE_128B,
                       TENSOR_MAP_TFLOAT32, encode_tensor_map_2d, launch, sm_count)
-from . import _modules
+from . import _gemm_reduce, _modules
 
 FAMILY = "matmul_sm90"
 CC = 90
@@ -53,9 +53,6 @@ SPLIT_BELOW_TILES_PER_SM = 0.25
 FORCE_SHAPE = None  # (BN, splits) for every plan: the tests' and explorers' handle on the choice
 NARROW = True  # False: outputs under MIN_TILES_PER_SM go to the portable kernels (session 15's routing)
 KINDS = "bbbbbpqqqqpq"  # map_a, map_b, map_c, map_pre, map_a_tail, bias, m, n, k, flags, partial, splits
-REDUCE_FAMILY, REDUCE_THREADS = "matmul", 256  # kernels/matmul.cu's gemm_reduce_<f32|f16|bf16>
-REDUCE_KINDS = "ppppppqqqq"  # rawops.matmul.KINDS
-REDUCE_SUFFIXES = {0: "f32", 1: "f16", 2: "bf16"}
 FLAG_PRE = 8  # flags bit: a pre-activation is stored (through map_pre)
 EPI_BIAS_GELU_GRAD = 2  # rawops.matmul.EPI_BIAS_GELU_GRAD
 # rawops dtype code -> the CUtensorMap type of its operands. float32 operands are read as TF32
@@ -225,10 +222,6 @@ def launch_maps(layout, dtype, a, b, c, pre, m, n, k, bn):
     return a_full, tensor_map(b, dtype, *map_b, operands), map_c, map_pre, a_tail
 
 
-def reduce_blocks(m, n, sms):
-    return max(1, min(_ceil(m * n, REDUCE_THREADS), sms * 8))
-
-
 def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, bias, pre, m, n, k, flags, stream,
                 bn=TILE_N, splits=1, workspace=None):
     """c = epilogue(A B) by the Hopper kernel of `plan`. With splits > 1 the kernel writes
@@ -245,7 +238,7 @@ def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, 
         return None
     partial, owner = workspace(splits * m * n * 4)
     launch(function_pointer, grid, THREADS, shared, stream, maps + (0, m, n, k, 0, partial, splits), KINDS, device)
-    reduce = _modules.function_pointer(REDUCE_FAMILY, f"gemm_reduce_{REDUCE_SUFFIXES[dtype]}", device)
-    launch(reduce, (reduce_blocks(m, n, sm_count(device)),), REDUCE_THREADS, 0, stream,
-           (partial, 0, c, bias, 0, pre, m, n, splits, flags), REDUCE_KINDS, device)
+    reduce = _modules.function_pointer(_gemm_reduce.FAMILY, _gemm_reduce.kernel_name(dtype), device)
+    launch(reduce, (_gemm_reduce.blocks(m, n, sm_count(device)),), _gemm_reduce.THREADS, 0, stream,
+           (partial, 0, c, bias, 0, pre, m, n, splits, flags), _gemm_reduce.KINDS, device)
     return owner

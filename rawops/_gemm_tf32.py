@@ -21,7 +21,7 @@ an M/N-major operand (b in nn, a and b in tn) is first written transposed and ro
 a), then nt runs on the copies.
 """
 from ._launch import launch, sm_count
-from . import _gemm_sm90, _modules
+from . import _gemm_reduce, _gemm_sm90, _modules
 
 FAMILY = "matmul_tf32"
 LAYOUTS = ("nn", "nt", "tn")  # as rawops.matmul: b (K, N) | b given as (N, K) | a given as (K, M)
@@ -42,7 +42,6 @@ WIDE_CCS = (80, 90, 100)
 # the tiles would leave block slots (2 per SM) idle, aiming at ~3 waves.
 SPLIT_MIN_K, SPLIT_CHUNK, MAX_SPLITS = 1024, 256, 16
 MAX_BLOCKS, MAX_GRID_Y = 1 << 31, 65535
-REDUCE_FAMILY, REDUCE_KERNEL, REDUCE_THREADS = "matmul", "gemm_reduce_f32", 256
 KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.matmul.KINDS
 HOPPER = True  # the switch: False keeps every TF32 GEMM on mma.sync (comparisons, debugging)
 HOPPER_LAYOUTS = ("nt", "nn", "tn")  # nn, tn through transposed copies of their M/N-major operands
@@ -128,10 +127,6 @@ def transpose_grid(rows, cols):
     return (_ceil(cols, TRANSPOSE_TILE), _ceil(rows, TRANSPOSE_TILE))
 
 
-def reduce_blocks(m, n, sms):
-    return max(1, min(_ceil(m * n, REDUCE_THREADS), sms * 8))
-
-
 # ------------------------------------------------------------------------------ launches on raw pointers
 _plans = {}  # (layout, m, n, k, a, b, c 16-byte aligned, device) -> launch, or None
 compute_capability = _modules.compute_capability  # module-level: tests replace it here
@@ -160,7 +155,8 @@ def _launch_plan(layout, m, n, k, a, b, c, device, flags=0, pre=0):
         name, grid, block, shared, splits = found
         reduce = None
         if splits > 1:
-            reduce = (_modules.function_pointer(REDUCE_FAMILY, REDUCE_KERNEL, device), (reduce_blocks(m, n, sms),))
+            reduce = (_modules.function_pointer(_gemm_reduce.FAMILY, _gemm_reduce.kernel_name(0), device),
+                      (_gemm_reduce.blocks(m, n, sms),))
         cached = ("mma", _function(name, device, shared), grid, block, shared, splits, reduce)
     if len(_plans) > 4096:  # shapes of a long-running process: keep the cache bounded
         _plans.clear()
@@ -201,6 +197,6 @@ def launch_gemm(device, layout, a, b, c, bias, aux, pre, m, n, k, flags, stream,
         return True, None
     partial, owner = workspace(splits * m * n * 4)
     launch(function, grid, block, shared, stream, (a, b, partial, 0, 0, 0, m, n, k, 0), KINDS, device)
-    launch(reduce[0], reduce[1], REDUCE_THREADS, 0, stream, (partial, 0, c, bias, aux, pre, m, n, splits, flags),
-           KINDS, device)
+    launch(reduce[0], reduce[1], _gemm_reduce.THREADS, 0, stream, (partial, 0, c, bias, aux, pre, m, n, splits, flags),
+           _gemm_reduce.KINDS, device)
     return True, owner

@@ -20,6 +20,7 @@ function tested without a GPU); the torch adapter calls it too.
 from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, require_str,
                       sm_count, stream_pointer, wait_for_producer)
 from . import _gemm_sm90, _gemm_tf32, _modules, _rows
+from ._gemm_reduce import THREADS as REDUCE_THREADS, blocks as reduce_blocks, kernel_name as reduce_kernel_name
 
 FAMILY = "matmul"
 LAYOUTS = ("nn", "nt", "tn")  # b (K, N) | b given as (N, K) | a given as (K, M)
@@ -74,7 +75,6 @@ MMA_MIN_CC = 80
 # 128 x 128 would fill half of the H100's 264 block slots), aiming at ~3 waves.
 SPLIT_MIN_K, MAX_SPLITS = 128, 64
 MMA_SPLIT_MIN_K, MMA_SPLIT_CHUNK, MMA_MAX_SPLITS = 1024, 256, 16
-REDUCE_THREADS = 256
 
 EPI_NONE, EPI_BIAS_GELU, EPI_BIAS_GELU_GRAD, EPI_BIAS = 0, 1, 2, 3
 EPI_ERF = 4
@@ -213,9 +213,6 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
     return name, grid, block, shared, splits
 
 
-def reduce_blocks(m, n, sms):
-    return max(1, min(_ceil(m * n, REDUCE_THREADS), sms * 8))
-
 
 # ------------------------------------------------------------------------------ launches on raw pointers
 compute_capability = _modules.compute_capability  # module-level: tests replace it here
@@ -247,7 +244,7 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
         name, grid, block, shared, splits = plan(layout, dtype, m, n, k, cc, a, b, sms, c, tf32_linear)
         reduce = None
         if splits > 1:
-            reduce = (_function(f"gemm_reduce_{FLOAT_SUFFIXES[dtype]}", device, 0), (reduce_blocks(m, n, sms),))
+            reduce = (_function(reduce_kernel_name(dtype), device, 0), (reduce_blocks(m, n, sms),))
         if len(_plans) > 4096:  # shapes of a long-running process: keep the cache bounded
             _plans.clear()
         cached = _plans[key] = (_function(name, device, shared), grid, block, shared, splits, reduce)

@@ -190,7 +190,10 @@ def test_entry_points_take_the_matrix_family_arguments():
     assert f'extern "C" __global__ void __launch_bounds__({tf.TRANSPOSE_THREADS}) {tf.TRANSPOSE_KERNEL}(' in source
     assert sorted([f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in layouts]
                   + [tf.TRANSPOSE_KERNEL]) == tf.entry_points()
-    assert tf.REDUCE_KERNEL in mm.entry_points(), "split K reuses matmul's reduction"
+    from rawops import _gemm_reduce
+
+    assert _gemm_reduce.FAMILY == mm.FAMILY and _gemm_reduce.KINDS == mm.KINDS
+    assert {_gemm_reduce.kernel_name(d) for d in range(3)} <= set(mm.entry_points()), "split K reuses matmul's reduction"
 
 
 @needs_cuobjdump
