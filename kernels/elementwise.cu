@@ -158,7 +158,11 @@ __device__ __forceinline__ void row_values(const T* c, int64_t col, int64_t inne
   if (vectors) {
     const Vec16<T> cvec = load16(c + col);
 #pragma unroll
-    for (int e = 0; e < V; ++e) cv[e] = to_float(cvec.v[e]);
+    for (int e = 0; e < V; e += 2) {
+      const float2 pair = to_float2(cvec, e);
+      cv[e] = pair.x;
+      cv[e + 1] = pair.y;
+    }
     return;
   }
 #pragma unroll
@@ -241,9 +245,10 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
         if (Op::C) row_values(c, col, inner, c_vectors, cv);
         Vec16<T> r;
 #pragma unroll
-        for (int e = 0; e < V; ++e) {
-          const float bv = Op::B ? to_float(vb[k].v[e]) : 0.f;
-          r.v[e] = from_float<T>(Op::f(to_float(va[k].v[e]), bv, Op::C ? cv[e] : 0.f, alpha));
+        for (int e = 0; e < V; e += 2) {  // pairs: bfloat16 converts two from a 32-bit word (to_float2)
+          const float2 av = to_float2(va[k], e), bv = Op::B ? to_float2(vb[k], e) : make_float2(0.f, 0.f);
+          r.v[e] = from_float<T>(Op::f(av.x, bv.x, Op::C ? cv[e] : 0.f, alpha));
+          r.v[e + 1] = from_float<T>(Op::f(av.y, bv.y, Op::C ? cv[e + 1] : 0.f, alpha));
         }
         store16(out + first, r);
       }

@@ -44,6 +44,16 @@ template <typename T> struct alignas(16) Vec16 {
   T v[size];
 };
 
+// Elements e and e + 1 of a vector as floats. bfloat16 takes its pair from one 32-bit word, a
+// shift and a mask; one at a time nvcc extracts each 16-bit half and then shifts it.
+template <typename T> __device__ __forceinline__ float2 to_float2(const Vec16<T>& v, int e) {
+  return make_float2(to_float(v.v[e]), to_float(v.v[e + 1]));
+}
+template <> __device__ __forceinline__ float2 to_float2<__nv_bfloat16>(const Vec16<__nv_bfloat16>& v, int e) {
+  const unsigned w = reinterpret_cast<const unsigned*>(v.v)[e / 2];
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
 template <typename T> __device__ __forceinline__ Vec16<T> load16(const T* p) {
 #if defined(RAWOPS_PLAIN_LOADS)
   const uint4 raw = *reinterpret_cast<const uint4*>(p);
