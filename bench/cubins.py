@@ -47,6 +47,24 @@ def build_cubins(family, variants, arch):
     return paths
 
 
+def build_source(source, arch):
+    """The cubin of an exploration source (bench/explore/*.cu, which may include kernels/*.cu) for
+    sm_<arch>, built unless cached by the content of it, kernels/*.cu and the shared headers."""
+    digest = hashlib.sha256(arch.encode())
+    for path in [source, *sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu"))),
+                 *sorted(glob.glob(os.path.join(ROOT, "kernels", "include", "rawops", "*.cuh")))]:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    stem = os.path.splitext(os.path.basename(source))[0]
+    path = os.path.join(CACHE, f"{stem}-sm{arch}-{digest.hexdigest()[:16]}.cubin")
+    if not os.path.exists(path):
+        os.makedirs(CACHE, exist_ok=True)
+        subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
+                        source, "-o", path + ".tmp"], check=True)
+        os.replace(path + ".tmp", path)
+    return path
+
+
 def build_modules(family, variants, arch=None):
     """{key: cupy.RawModule} for {key: [macro, ...]}, built or found in the cache."""
     import cupy

@@ -16,17 +16,13 @@ bench/explore_bias_bwd_tiles.py --build 90, carried in bench/.cubins).
                                                        # with dx, dbias, partial allocated per call
                                                        # (as the library call does)
 """
-import glob
-import hashlib
 import os
-import subprocess
 import sys
 
 import numpy
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 SOURCE = os.path.join(HERE, "explore", "bias_bwd_tiles.cu")
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -49,18 +45,11 @@ ALLOC_SHAPES = [(512, 64, 1, 0), (256, 128, 4, 0)]
 
 
 def cubin(arch):
-    """The exploration cubin for sm_<arch>, built unless cached (by content) in bench/.cubins."""
-    digest = hashlib.sha256(arch.encode())
-    for path in [SOURCE, os.path.join(ROOT, "kernels", "elementwise.cu"),
-                 *sorted(glob.glob(os.path.join(ROOT, "kernels", "include", "rawops", "*.cuh")))]:
-        with open(path, "rb") as f:
-            digest.update(f.read())
-    path = os.path.join(HERE, ".cubins", f"bias_bwd_tiles-sm{arch}-{digest.hexdigest()[:16]}.cubin")
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
-                        SOURCE, "-o", path], check=True)
-    return path
+    """The exploration cubin for sm_<arch> (bench/cubins.py build_source: cached by content in
+    bench/.cubins)."""
+    from cubins import build_source
+
+    return build_source(SOURCE, arch)
 
 
 ROUTING_SHAPES = [((16384, 4096), True), ((8192, 3072), False), ((32, 3072), False), ((4096, 768), True)]

@@ -1,17 +1,17 @@
 """bias_gelu's forward as short tiles (bench/explore/bias_map_tiles.cu bias_map_tile, several shapes)
 against the library's call (the map kernel) and torch, at bench_elementwise's shape (64M elements
 as 16384 x 4096), both GELU forms, every dtype, in interleaved rounds, the variants launched through
-CuPy, each allocating its output as the library does. Every variant's output must be the map
-kernel's bits. Run 1 (session 17) also had the library taking the 256 x 32 tiles (since removed):
-no shape beat the map kernel but bfloat16 erf (94.1 against 96.9 us). Needs nvcc (or the cubin built
+CuPy, each allocating its output as the library does, and the map kernel in the capped launch shape
+of the light ops on sm_90 (_launch.map_shape: 128 threads, unused dynamic shared memory holding 13
+blocks an SM). Every variant's output must be the map kernel's bits. Run 1 (session 17) also had the
+library taking the 256 x 32 tiles (since removed): no shape beat the map kernel but bfloat16 erf
+(94.1 against 96.9 us). The capped shape was timed by bench/explore_bias_gelu_fwd.py, since merged
+here (git history: 5e29e20; bench/results/explore_bias_gelu_fwd.md). Needs nvcc (or the cubin built
 beforehand: python bench/explore_bias_map_tiles.py --build 90, carried in bench/.cubins).
 
     python bench/explore_bias_map_tiles.py [--out bench/results]
 """
-import glob
-import hashlib
 import os
-import subprocess
 import sys
 
 import numpy
@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 SOURCE = os.path.join(HERE, "explore", "bias_map_tiles.cu")
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -28,18 +27,11 @@ SHAPES = [(128, 16, 1), (128, 32, 2), (256, 32, 1), (256, 64, 2), (256, 128, 4),
 
 
 def cubin(arch):
-    """The exploration cubin for sm_<arch>, built unless cached (by content) in bench/.cubins."""
-    digest = hashlib.sha256(arch.encode())
-    for path in [SOURCE, os.path.join(ROOT, "kernels", "elementwise.cu"),
-                 *sorted(glob.glob(os.path.join(ROOT, "kernels", "include", "rawops", "*.cuh")))]:
-        with open(path, "rb") as f:
-            digest.update(f.read())
-    path = os.path.join(HERE, ".cubins", f"bias_map_tiles-sm{arch}-{digest.hexdigest()[:16]}.cubin")
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        subprocess.run(["nvcc", "-O3", "-std=c++17", f"-I{ROOT}/kernels/include", "--cubin", f"-arch=sm_{arch}",
-                        SOURCE, "-o", path], check=True)
-    return path
+    """The exploration cubin for sm_<arch> (bench/cubins.py build_source: cached by content in
+    bench/.cubins)."""
+    from cubins import build_source
+
+    return build_source(SOURCE, arch)
 
 
 def main():
@@ -55,6 +47,7 @@ def main():
     out_dir, ceiling = started
     import cupy
 
+    from rawops import elementwise as ew
     from rawops import torch_adapter as ta
     from rawops._launch import allocating_on
 
@@ -71,10 +64,12 @@ def main():
             def library(approximate=approximate):
                 return ta.bias_gelu(x, bias, approximate)
 
+            kernel_name = f"bias_gelu_{mode}_fwd"
+            capped = ew.MapKernel(ew.FAMILY, kernel_name, *ew.KERNELS[kernel_name], capped=True)
             reference = library()
-            candidates = {"library": library,
+            candidates = {"library": library, "map, capped launch": lambda capped=capped: capped.torch_call(x, c=bias),
                           "torch": lambda approximate=approximate: F.gelu(x + bias, approximate=approximate)}
-            same = {}
+            same = {"map, capped launch": torch.equal(candidates["map, capped launch"](), reference)}
             for threads, tile_rows, per in SHAPES:
                 fn = module.get_function(f"bias_gelu_{mode}_fwd_tile_{threads}_{tile_rows}_{per}_{name}")
                 vecs = threads * per // tile_rows

@@ -485,11 +485,12 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 // part-filled last column tile ran float16 at 148.5 us against 141.5 without, H100: not found why;
 // bench/NOTES.md, session 10.)
 template <typename T> struct BiasBwdTile;
-constexpr float kFixedScale = 16777216.f;           // 2^24: float16's least bit, 2^-24, becomes 1
-constexpr double kFixedUnit = 1.0 / 16777216.0;     // and back
 template <> struct BiasBwdTile<float> { static constexpr int threads = 1024, rows = 64, per = 1; };
 template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, rows = 64, per = 1; };
 template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 512, rows = 128, per = 2; };
+
+constexpr float kFixedScale = 16777216.f;        // kExact below: float16's least bit, 2^-24, becomes 1
+constexpr double kFixedUnit = 1.0 / 16777216.0;  // and back
 
 // The entries take BiasBwdTile<T>'s shape; bench/explore/bias_bwd_tiles.cu instantiates others.
 // kExact (float16 only): instead of a partial row, each tile adds its column sums to one int64

@@ -1,15 +1,16 @@
 """kernels/matmul.cu's gemm_reduce, shared by every GEMM that splits K (the portable kernels,
 TF32, the Hopper kernel): it adds the float32 partials in split order (deterministic) and applies
 the epilogue. Its launch shape, in one place."""
+from ._launch import FLOAT_SUFFIXES
+
 FAMILY = "matmul"
 THREADS = 256
 KINDS = "ppppppqqqq"  # (partial, 0, c, bias, aux, pre, m, n, splits, flags): rawops.matmul.KINDS
-SUFFIXES = ("f32", "f16", "bf16")
 
 
 def kernel_name(dtype):
     """gemm_reduce_<f32|f16|bf16> for dtype code 0, 1, 2."""
-    return f"gemm_reduce_{SUFFIXES[dtype]}"
+    return f"gemm_reduce_{FLOAT_SUFFIXES[dtype]}"
 
 
 def blocks(m, n, sms):

@@ -213,7 +213,6 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
     return name, grid, block, shared, splits
 
 
-
 # ------------------------------------------------------------------------------ launches on raw pointers
 compute_capability = _modules.compute_capability  # module-level: tests replace it here
 
