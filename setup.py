@@ -61,6 +61,11 @@ class BuildKernelsAndExtensions(build_ext):
             sources = [path for path in sources if os.path.splitext(os.path.basename(path))[0] in only]
         # Families built for their own targets; kept for those this build leaves as they are.
         specific = dict((nvcc_helpers.read_manifest(fatbin_dir) or {}).get("specific", {}))
+        if only is not None:  # the other families' fatbins stay: the manifest must still be true of them
+            kept = {f for f in families - only - set(specific) if os.path.exists(os.path.join(fatbin_dir, f"{f}.fatbin"))}
+            conflict = nvcc_helpers.kept_fatbins_conflict(fatbin_dir, archs, kept)
+            if conflict:
+                raise SystemExit(f"rawops: {conflict}")
         jobs = []
         for cu_path in sources:
             family = os.path.splitext(os.path.basename(cu_path))[0]

@@ -53,6 +53,39 @@ def elementwise_host(ta, lines):
               "| call | host us |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in measured.items()]
 
 
+def cupy_host(lines):
+    """The CuPy API's call (rawops.gelu: a C-level entry since session 18) beside the Python
+    wrapper it replaced, the kernel's call alone and a bare cupy.RawKernel launch, and the
+    CuPy pieces every call pays."""
+    import cupy
+    import numpy
+
+    import rawops
+    from rawops import _modules, elementwise
+
+    n = 1024
+    c = cupy.random.standard_normal(n, dtype=cupy.float32)
+    c_out = cupy.empty_like(c)
+    bare = _modules.get_function("elementwise", "gelu_tanh_fwd_f32", 0)
+    args = (c, 0, 0, c_out, numpy.int64(n), numpy.int64(0), numpy.int64(1), numpy.float32(0))
+    kernel = elementwise.MAP["gelu_tanh_fwd"]
+    f32 = numpy.dtype(numpy.float32)
+    measured = host_times_us({
+        "bare cupy.RawKernel launch (out preallocated)": lambda: bare((1,), (256,), args),
+        "rawops.gelu(c) (C entry)": lambda: rawops.gelu(c),
+        "elementwise._gelu_python(c) (the Python wrapper it replaced)": lambda: elementwise._gelu_python(c),
+        "MapKernel.__call__(c)": lambda: kernel(c),
+        "rawops.gelu(c, out=c_out) (C entry)": lambda: rawops.gelu(c, out=c_out),
+        "rawops.relu(c) (C entry)": lambda: rawops.relu(c),
+        "  part: cupy.ndarray((n,), numpy dtype)": lambda: cupy.ndarray((n,), f32),
+        "  part: cupy.empty((n,), numpy dtype)": lambda: cupy.empty((n,), f32),
+        "  part: cupy.cuda.get_current_stream(0).ptr": lambda: cupy.cuda.get_current_stream(0).ptr,
+        "  part: cupy.cuda.runtime.getDevice()": cupy.cuda.runtime.getDevice,
+    })
+    lines += ["", "## CuPy API, host time per call, 1K float32 elements (interleaved rounds)", "",
+              "| call | host us |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in measured.items()]
+
+
 def seed_batch32(ta, lines):
     from rawops._launch import torch_seed_forward
 
@@ -108,6 +141,7 @@ def main():
 
     lines = [f"- device: {torch.cuda.get_device_name()} (torch {torch.__version__})",
              "- command: python bench/explore_host.py"]
+    cupy_host(lines)
     elementwise_host(ta, lines)
     seed_batch32(ta, lines)
     text = "\n".join(lines) + "\n"

@@ -944,10 +944,11 @@ cdef class MapKernel:
 # the whole margin to torch's own op on a ~9 us call. Everything else (a gradient needed, an
 # export trace) goes to `fallback`, the adapter's Python function; dynamo traces that function
 # in the entry's place (the adapter registers it with torch.compiler.substitute_in_graph).
-cdef class TorchMapEntry:
-    """One elementwise op of the torch adapter. `kernels`: {mode: MapKernel} (gelu's 'tanh' /
-    'none'; the key None for ops without a mode); `fallback(*args)`: the Python function
-    with the same signature, for grad, tracing and errors."""
+cdef class _MapEntry:
+    """One elementwise op as C-level callables (bound methods: no Python frame a call).
+    `kernels`: {mode: MapKernel} (gelu's 'tanh' / 'none'; the key None for ops without a
+    mode); `fallback`: the Python function with the same signature, which takes whatever
+    the entry does not (and raises the errors, worded in one place)."""
     cdef dict kernels
     cdef MapKernel plain  # kernels[None], when the op has no mode
     cdef readonly object fallback
@@ -957,12 +958,80 @@ cdef class TorchMapEntry:
         self.plain = kernels.get(None)
         self.fallback = fallback
 
-    cdef inline bint _tracing(self):
-        return _torch_compiler._is_compiling_flag
-
     cdef inline MapKernel _mode(self, approximate):
         # Anything but a string (a list would not even hash) goes to the fallback, which names it.
         return self.kernels.get(approximate) if type(approximate) is str else None
+
+
+cdef class CupyMapEntry(_MapEntry):
+    """One elementwise op of the CuPy API (rawops.gelu, ...): the call MapKernel makes, without
+    the Python wrapper's frames in front of it."""
+
+    @cython.binding(False)
+    def gelu(self, x, approximate="tanh", *, out=None, stream=None):
+        """gelu(x, approximate="tanh", *, out=None, stream=None): GELU,
+        0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))), or the exact erf form with
+        approximate='none' (torch.nn.functional.gelu's argument)."""
+        cdef MapKernel kernel = self._mode(approximate)
+        if kernel is None:
+            return self.fallback(x, approximate, out=out, stream=stream)
+        return kernel._call(x, None, None, 0.0, out, stream, False)
+
+    @cython.binding(False)
+    def gelu_backward(self, dy, x, approximate="tanh", *, out=None, stream=None):
+        """gelu_backward(dy, x, approximate="tanh", *, out=None, stream=None): dx = dy * gelu'(x)."""
+        cdef MapKernel kernel = self._mode(approximate)
+        if kernel is None:
+            return self.fallback(dy, x, approximate, out=out, stream=stream)
+        return kernel._call(dy, x, None, 0.0, out, stream, False)
+
+    @cython.binding(False)
+    def bias_gelu(self, x, bias, approximate="tanh", *, out=None, stream=None):
+        """bias_gelu(x, bias, approximate="tanh", *, out=None, stream=None): gelu(x + bias), bias
+        of shape (x.shape[-1],) broadcast over the leading dims."""
+        cdef MapKernel kernel = self._mode(approximate)
+        if kernel is None:
+            return self.fallback(x, bias, approximate, out=out, stream=stream)
+        return kernel._call(x, None, bias, 0.0, out, stream, False)
+
+    @cython.binding(False)
+    def relu(self, x, *, out=None, stream=None):
+        """relu(x, *, out=None, stream=None): max(x, 0); NaN stays NaN, as in torch.relu."""
+        return self.plain._call(x, None, None, 0.0, out, stream, False)
+
+    @cython.binding(False)
+    def relu_backward(self, dy, x, *, out=None, stream=None):
+        """relu_backward(dy, x, *, out=None, stream=None): dx = dy where x > 0, else 0."""
+        return self.plain._call(dy, x, None, 0.0, out, stream, False)
+
+    @cython.binding(False)
+    def relu_scale(self, x, alpha, *, out=None, stream=None):
+        """relu_scale(x, alpha, *, out=None, stream=None): relu(x) * alpha in one pass (torch
+        eager runs two kernels)."""
+        return self.plain._call(x, None, None, real_scalar(alpha, "alpha"), out, stream, False)
+
+    @cython.binding(False)
+    def relu_scale_backward(self, dy, x, alpha, *, out=None, stream=None):
+        """relu_scale_backward(dy, x, alpha, *, out=None, stream=None): dx = dy * alpha where
+        x > 0, else 0."""
+        return self.plain._call(dy, x, None, real_scalar(alpha, "alpha"), out, stream, False)
+
+    @cython.binding(False)
+    def relu_scale_add(self, x, alpha, y, *, out=None, stream=None):
+        """relu_scale_add(x, alpha, y, *, out=None, stream=None): relu(x) * alpha + y in one pass."""
+        return self.plain._call(x, y, None, real_scalar(alpha, "alpha"), out, stream, False)
+
+    @cython.binding(False)
+    def add(self, a, b, *, out=None, stream=None):
+        """add(a, b, *, out=None, stream=None): a + b, same shape and dtype (no broadcasting)."""
+        return self.plain._call(a, b, None, 0.0, out, stream, False)
+
+
+cdef class TorchMapEntry(_MapEntry):
+    """One elementwise op of the torch adapter; its fallback also takes grad and tracing."""
+
+    cdef inline bint _tracing(self):
+        return _torch_compiler._is_compiling_flag
 
     @cython.binding(False)
     def gelu(self, x, approximate="tanh"):

@@ -148,11 +148,31 @@ def compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, log=print, targe
 MANIFEST = "manifest.json"
 
 
+def manifest_targets(archs):
+    """The manifest's record of a build's targets: {'archs': ['sm_80', ...], 'ptx': ['compute_90']}."""
+    return {"archs": [f"sm_{sm}" for sm, _ in archs], "ptx": [f"compute_{sm}" for sm, ptx in archs if ptx]}
+
+
+def kept_fatbins_conflict(fatbin_dir, archs, kept):
+    """Why a build of some families (RAWOPS_FAMILIES) cannot keep the fatbins of the others
+    (`kept`) under one manifest: they were built for other targets than `archs`; None if it can."""
+    if not kept:
+        return None
+    old = read_manifest(fatbin_dir)
+    old_targets = {key: old.get(key) for key in ("archs", "ptx")} if old else None
+    if old_targets == manifest_targets(archs):
+        return None
+    built = f"{old_targets['archs']} + PTX {old_targets['ptx']}" if old_targets else "unrecorded targets"
+    new = manifest_targets(archs)
+    return (f"{FAMILIES_ENV} keeps {', '.join(sorted(kept))} as built for {built}, but this build targets "
+            f"{new['archs']} + PTX {new['ptx']}: set {ARCH_ENV} as for that build, or build every family")
+
+
 def write_manifest(fatbin_dir, archs, nvcc, specific=None):
     """Record what the build compiled, for `rawops info` and the build tests; `specific`
     maps a family built for its own targets to them ({'matmul_sm90': ['sm_90a']})."""
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
-    manifest = {"archs": [f"sm_{sm}" for sm, _ in archs], "ptx": [f"compute_{sm}" for sm, ptx in archs if ptx],
+    manifest = {**manifest_targets(archs),
                 "nvcc": version[-1] if version else "unknown", "flags": list(NVCC_FLAGS),
                 "specific": specific or {}}
     with open(os.path.join(fatbin_dir, MANIFEST), "w") as f:

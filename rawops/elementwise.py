@@ -5,7 +5,7 @@ including 0, contiguous, offset views included. Output is a new CuPy array unles
 is given (in-place with `out=x` is allowed). Launches go on CuPy's current stream of the
 data's device, or on `stream=`. Kernels: kernels/elementwise.cu.
 """
-from ._launch import (MapKernel, allocating_on, as_array, hold_if_capturing, launch, real_scalar, require_str,
+from ._launch import (CupyMapEntry, MapKernel, allocating_on, as_array, hold_if_capturing, launch, require_str,
                       resolve_device, sm_count, stream_pointer, wait_for_producer)
 from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES
 from . import _modules
@@ -115,55 +115,36 @@ def _gelu_kernel(table, approximate):
     return kernel
 
 
-def gelu(x, approximate="tanh", *, out=None, stream=None):
-    """GELU: 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))), or the exact erf form with
-    approximate='none' (torch.nn.functional.gelu's argument)."""
+def _gelu_python(x, approximate="tanh", *, out=None, stream=None):
     return _gelu_kernel(_GELU_FWD, approximate)(x, out=out, stream=stream)
 
 
-def gelu_backward(dy, x, approximate="tanh", *, out=None, stream=None):
-    """dx = dy * gelu'(x)."""
+def _gelu_backward_python(dy, x, approximate="tanh", *, out=None, stream=None):
     return _gelu_kernel(_GELU_BWD, approximate)(dy, x, out=out, stream=stream)
 
 
-def relu(x, *, out=None, stream=None):
-    """max(x, 0); NaN stays NaN, as in torch.relu."""
-    return MAP["relu_fwd"](x, out=out, stream=stream)
+def _bias_gelu_python(x, bias, approximate="tanh", *, out=None, stream=None):
+    return _gelu_kernel(_BIAS_GELU_FWD, approximate)(x, c=bias, out=out, stream=stream)
 
 
-def relu_backward(dy, x, *, out=None, stream=None):
-    """dx = dy where x > 0, else 0."""
-    return MAP["relu_bwd"](dy, x, out=out, stream=stream)
-
-
-def relu_scale(x, alpha, *, out=None, stream=None):
-    """relu(x) * alpha in one pass (torch eager runs two kernels)."""
-    return MAP["relu_scale_fwd"](x, alpha=real_scalar(alpha, "alpha"), out=out, stream=stream)
-
-
-def relu_scale_backward(dy, x, alpha, *, out=None, stream=None):
-    """dx = dy * alpha where x > 0, else 0."""
-    return MAP["relu_scale_bwd"](dy, x, alpha=real_scalar(alpha, "alpha"), out=out, stream=stream)
-
-
-def relu_scale_add(x, alpha, y, *, out=None, stream=None):
-    """relu(x) * alpha + y in one pass."""
-    return MAP["relu_scale_add_fwd"](x, y, alpha=real_scalar(alpha, "alpha"), out=out, stream=stream)
+# The public functions: bound methods of _launch.CupyMapEntry (C-level callables, documented
+# there), which go straight into the kernel's checked launch. An approximate that is not exactly
+# the string 'tanh' or 'none' goes to the Python functions above, which name it (or accept a str
+# subclass). The plain ops need no fallback: the kernel's call raises their errors.
+gelu = CupyMapEntry(dict(_GELU_FWD), _gelu_python).gelu
+gelu_backward = CupyMapEntry(dict(_GELU_BWD), _gelu_backward_python).gelu_backward
+bias_gelu = CupyMapEntry(dict(_BIAS_GELU_FWD), _bias_gelu_python).bias_gelu
+relu = CupyMapEntry({None: MAP["relu_fwd"]}, None).relu
+relu_backward = CupyMapEntry({None: MAP["relu_bwd"]}, None).relu_backward
+relu_scale = CupyMapEntry({None: MAP["relu_scale_fwd"]}, None).relu_scale
+relu_scale_backward = CupyMapEntry({None: MAP["relu_scale_bwd"]}, None).relu_scale_backward
+relu_scale_add = CupyMapEntry({None: MAP["relu_scale_add_fwd"]}, None).relu_scale_add
+add = CupyMapEntry({None: MAP["add_fwd"]}, None).add
 
 
 def relu_scale_add_backward(dy, x, alpha, *, out=None, stream=None):
     """(dx, dy_for_y): dx as relu_scale_backward; y's gradient is dy itself (no copy)."""
     return relu_scale_backward(dy, x, alpha, out=out, stream=stream), dy
-
-
-def add(a, b, *, out=None, stream=None):
-    """a + b, same shape and dtype (no broadcasting)."""
-    return MAP["add_fwd"](a, b, out=out, stream=stream)
-
-
-def bias_gelu(x, bias, approximate="tanh", *, out=None, stream=None):
-    """gelu(x + bias), bias of shape (x.shape[-1],) broadcast over the leading dims."""
-    return _gelu_kernel(_BIAS_GELU_FWD, approximate)(x, c=bias, out=out, stream=stream)
 
 
 def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None):

@@ -208,6 +208,24 @@ def test_manifest_round_trips_and_is_absent_when_not_written(tmp_path):
         "specific": {}}
 
 
+def test_a_partial_build_keeps_other_families_only_when_built_for_the_same_targets(tmp_path):
+    """RAWOPS_FAMILIES rebuilds some families and keeps the other fatbins: the manifest written
+    afterwards names one set of targets, so a build for other targets stops and says why."""
+    fake_nvcc = tmp_path / "nvcc"
+    fake_nvcc.write_text("#!/bin/sh\necho 'Build cuda_99.9'\n")
+    fake_nvcc.chmod(0o755)
+    archs = [(80, False), (90, True)]
+    assert _nvcc.kept_fatbins_conflict(str(tmp_path), [(90, False)], set()) is None  # nothing kept
+    message = _nvcc.kept_fatbins_conflict(str(tmp_path), archs, {"norm"})
+    assert "norm" in message and "unrecorded targets" in message  # no manifest: cannot know
+    _nvcc.write_manifest(str(tmp_path), archs, str(fake_nvcc))
+    assert _nvcc.kept_fatbins_conflict(str(tmp_path), archs, {"norm", "mlp"}) is None
+    message = _nvcc.kept_fatbins_conflict(str(tmp_path), [(90, False)], {"norm", "mlp"})
+    assert message == (f"{_nvcc.FAMILIES_ENV} keeps mlp, norm as built for ['sm_80', 'sm_90'] + PTX ['compute_90'], "
+                       f"but this build targets ['sm_90'] + PTX []: set {_nvcc.ARCH_ENV} as for that build, "
+                       "or build every family")
+
+
 def test_fatbin_info_reader_rejects_a_file_that_is_not_a_fatbin(tmp_path):
     junk = tmp_path / "junk.fatbin"
     junk.write_bytes(b"\x7fELF" + bytes(60))

@@ -396,6 +396,34 @@ def test_masked_cai_is_a_value_error():
         rawops.gelu(f32(mask=f32(ptr=OTHER)))
 
 
+CUPY_ENTRIES = ["gelu", "gelu_backward", "bias_gelu", "relu", "relu_backward", "relu_scale", "relu_scale_backward",
+                "relu_scale_add", "add"]
+
+
+def test_cupy_api_functions_are_c_entries_and_a_str_subclass_mode_takes_the_python_function():
+    """The CuPy API's elementwise functions are builtins (no Python frame a call). A mode that is
+    not exactly a str goes to the Python function, which accepts a str subclass as its value:
+    both calls reach the launcher's check of x."""
+    from rawops import elementwise
+
+    assert all(type(getattr(rawops, name)).__name__ == "builtin_function_or_method" for name in CUPY_ENTRIES)
+    assert rawops.gelu.__self__.fallback is elementwise._gelu_python
+
+    class Mode(str):
+        pass
+
+    masked = f32(mask=f32(ptr=OTHER))
+    for mode in ("tanh", Mode("tanh"), Mode("none")):
+        with pytest.raises(ValueError, match=r"^x is a masked array"):
+            rawops.gelu(masked, mode)
+        with pytest.raises(ValueError, match=r"^x is a masked array"):
+            rawops.bias_gelu(masked, f32((8,), ptr=OTHER), mode)
+        with pytest.raises(ValueError, match=r"^dy is a masked array"):
+            rawops.gelu_backward(masked, f32(ptr=OTHER), mode)
+    with pytest.raises(ValueError, match=r"^approximate must be 'tanh' or 'none', got 'fast'"):
+        rawops.gelu(masked, Mode("fast"))
+
+
 def test_mask_none_is_not_a_mask():
     assert_passes_validation(rawops.gelu, f32(mask=None))
 
