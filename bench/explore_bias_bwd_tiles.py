@@ -35,6 +35,14 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # Run 4: (threads, rows a tile, rows a thread, dynamic shared memory KB to cap the blocks an SM).
 # Run 7 (session 17): the tiles round dx in packed pairs (dtype.cuh from_float2; bfloat16 had one
 # F2F.BF16.F32 an element): do the half types' shapes move? Runs 1-6 timed SHAPES_RUN4.
+# Run 8 (session 18): the tiles also read their operands in pairs (to_float2: bfloat16's pair from one
+# 32-bit word), which took the bfloat16 tiles from 56 registers to 40 (2 -> 3 blocks of 512 an SM). The
+# library's fatbin carried from the commit before, so "shipped" is the old code beside every shape new.
+# Then the library itself timed with each fatbin (new, old, new; 23:25): bfloat16 141.0-141.2 us against
+# 139.6-139.8, and float16's exact tiles, whose SASS changed only in scheduling, 142.5-143.2 against
+# 138.8. Reverted (bench/results/explore_bias_bwd_tiles_pairs.md).
+# Run 9 (session 18): dx stored by one STG.E.128 a vector (dtype.cuh store16_pinned) where nvcc had
+# split store16 into four 32-bit STG.E in every tile kernel; the library's fatbin swapped as in run 8.
 SHAPES_RUN4 = [(512, 64, 1, 0), (512, 64, 1, 64), (512, 64, 1, 100), (1024, 64, 1, 0), (1024, 128, 1, 0),
                (512, 64, 2, 0), (512, 128, 2, 0), (512, 128, 2, 64), (512, 256, 4, 0), (256, 128, 4, 0)]
 SHAPES = [(512, 64, 1, 0), (1024, 128, 1, 0), (512, 64, 2, 0), (512, 128, 2, 0), (256, 64, 2, 0), (256, 128, 4, 0),

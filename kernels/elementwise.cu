@@ -542,7 +542,7 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
         acc[e] += to_float(out.v[e]);  // the rounded dx, as column_sum(dx) would see it
         acc[e + 1] += to_float(out.v[e + 1]);
       }
-      store16(dx + (row0 + k * kRowStep) * cols + col, out);
+      store16_pinned(dx + (row0 + k * kRowStep) * cols + col, out);
     }
   // A warp's lanes tx, tx + kVecs, ... hold the same columns of different rows.
 #pragma unroll

@@ -85,4 +85,14 @@ template <typename T> __device__ __forceinline__ void store16(T* p, const Vec16<
 #endif
 }
 
+// store16 with its width pinned: one STG.E.128. In bias_bwd_tile nvcc split store16 into four
+// 32-bit STG.E (4x the store instructions, each writing a quarter of every sector). Only there:
+// as asm volatile it also reorders a kernel's schedule, and every other store16 already gets
+// the 128-bit store.
+template <typename T> __device__ __forceinline__ void store16_pinned(T* p, const Vec16<T>& v) {
+  const unsigned* w = reinterpret_cast<const unsigned*>(v.v);
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
 }  // namespace rawops
