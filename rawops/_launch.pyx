@@ -937,13 +937,15 @@ cdef class MapKernel:
         return _launch(function, <unsigned>blocks, 1, 1, threads, shared, stream, params, device)
 
 
-# ---------------------------------------------------------------------------- torch eager entries
-# The torch adapter's elementwise functions as C-level callables: each public function is a
-# bound method of a TorchMapEntry (a builtin, not a Python function), whose no-grad eager call
-# goes straight to the kernel's _torch_call. A Python wrapper's frames cost ~0.3 us a call,
-# the whole margin to torch's own op on a ~9 us call. Everything else (a gradient needed, an
-# export trace) goes to `fallback`, the adapter's Python function; dynamo traces that function
-# in the entry's place (the adapter registers it with torch.compiler.substitute_in_graph).
+# ---------------------------------------------------------------------------- elementwise entries
+# The public elementwise functions as C-level callables: each is a bound method of an entry (a
+# builtin, not a Python function) whose common call goes straight to the kernel. A Python
+# wrapper's frames cost ~0.3 us a call on the torch side, the whole margin to torch's own op on a
+# ~9 us call, and 0.8 us on the CuPy side (bench/results/explore_host.md). CuPy API: CupyMapEntry,
+# into MapKernel._call. Torch adapter: TorchMapEntry, whose no-grad eager call goes to
+# _torch_call; everything else (a gradient needed, an export trace) goes to `fallback`, the
+# adapter's Python function, which dynamo traces in the entry's place (the adapter registers it
+# with torch.compiler.substitute_in_graph).
 cdef class _MapEntry:
     """One elementwise op as C-level callables (bound methods: no Python frame a call).
     `kernels`: {mode: MapKernel} (gelu's 'tanh' / 'none'; the key None for ops without a
