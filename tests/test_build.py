@@ -167,6 +167,25 @@ def test_embedded_ptx_has_every_kernel_entry_point(fatbin):
     assert entries == EXPECTED_KERNELS
 
 
+@needs_cuobjdump
+def test_backward_tiles_store_dx_as_one_16_byte_vector_on_every_architecture(fatbin):
+    """bias_bwd_tile's dx goes out by one 128-bit STG a vector (dtype.cuh store16_pinned): nvcc had
+    split store16 there into four 32-bit STG at offsets +4, +8, +12 of one address."""
+    tiles = sorted(name for name in EXPECTED_KERNELS if "_bwd_tile_" in name)
+    assert len(tiles) == 16
+    sections = re.split(r"\n\s*Function : ", cuobjdump("--dump-sass", fatbin))[1:]
+    seen = collections.Counter()
+    for section in sections:
+        name = section.split(None, 1)[0]
+        if name not in tiles:
+            continue
+        seen[name] += 1
+        assert re.search(r"\bSTG\.E(\.\w+)*\.128\b", section), f"{name}: no 128-bit store"
+        split = re.findall(r"\bSTG\.E(?:\.SYS)? +(?:desc\[\w+\])?\[R\d+(?:\.64)?\+0x[4c]\]", section)
+        assert not split, f"{name}: 32-bit stores at +4 / +12 of one address (a split vector store): {split}"
+    assert seen == {name: len(list_elf_archs(fatbin)) for name in tiles}
+
+
 def test_map_kernels_ask_for_names_the_fatbin_table_lists():
     # MapKernel builds '<name>_<suffix>' at launch; those must be among the names checked above.
     asked = {name for kernel in elementwise.MAP.values() for name in kernel.kernel_names()}
