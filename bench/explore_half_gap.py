@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import device_times_us, start  # noqa: E402
+from timing import device_times_us, start, write_results  # noqa: E402
 
 N = 64 << 20
 
@@ -51,19 +51,18 @@ def main():
     out_dir, _ = started
     from rawops import torch_adapter as ta
 
-    lines = [f"- device: {torch.cuda.get_device_name()} (torch {torch.__version__})",
-             "- command: python bench/explore_half_gap.py", "",
-             "| case | rawops us | torch us | x torch |", "|---|---|---|---|"]
+    rows = []
     for repeat in range(2):
         for name, fns in cases(ta).items():
             ours, theirs = device_times_us(fns).values()
-            line = f"| {name} (pass {repeat + 1}) | {ours:.2f} | {theirs:.2f} | {theirs / ours:.4f} |"
-            print(line, flush=True)
-            lines.append(line)
+            # Ties are the question: four decimals, not timing._fmt's three figures.
+            rows.append({"case": f"{name} (pass {repeat + 1})", "rawops us": f"{ours:.2f}", "torch us": f"{theirs:.2f}",
+                         "x torch": f"{theirs / ours:.4f}"})
+            print(rows[-1], flush=True)
         torch.cuda.empty_cache()
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(out_dir, "explore_half_gap.md"), "w") as f:
-        f.write(text)
+    write_results(out_dir, "explore_half_gap", "python bench/explore_half_gap.py", [
+        ("The library's and torch's float16 / bfloat16 kernels on shared buffers, 64M elements",
+         ["case", "rawops us", "torch us", "x torch"], rows, {})])
     return 0
 
 

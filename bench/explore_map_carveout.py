@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from timing import device_times_us, start  # noqa: E402
+from timing import device_times_us, start, write_results  # noqa: E402
 
 N = 64 << 20
 # (threads, dynamic shared KB, preferred carveout %: -1 = the driver's choice)
@@ -44,10 +44,8 @@ def main():
 
     from rawops import _modules
 
-    lines = [f"- device: {torch.cuda.get_device_name()} (torch {torch.__version__})",
-             "- command: python bench/explore_map_carveout.py", "",
-             "| kernel | threads | dynamic smem KB | carveout % | blocks/SM | us | torch us | x torch |",
-             "|---|---|---|---|---|---|---|---|"]
+    header = ["kernel", "threads", "dynamic smem KB", "carveout %", "blocks/SM", "us", "torch us", "x torch"]
+    rows = []
     for name, dtype, reads, theirs in CASES:
         x, y = (torch.randn(N, device="cuda", dtype=dtype) for _ in range(2))
         kernel = _modules.get_function("elementwise", f"{name}_{SUFFIX[dtype]}", 0)
@@ -74,15 +72,15 @@ def main():
         times = device_times_us(fns)
         for key in SHAPES:
             threads, kb, carveout = key
-            line = (f"| {name}_{SUFFIX[dtype]} | {threads} | {kb} | {carveout} | {occupancy[key]} | {times[key]:.2f} "
-                    f"| {times['torch']:.2f} | {times['torch'] / times[key]:.4f} |")
-            print(line, flush=True)
-            lines.append(line)
+            rows.append(dict(zip(header, (f"{name}_{SUFFIX[dtype]}", threads, kb, carveout, occupancy[key],
+                                          f"{times[key]:.2f}", f"{times['torch']:.2f}",
+                                          f"{times['torch'] / times[key]:.4f}"))))
+            print(rows[-1], flush=True)
         kernel.preferred_shared_memory_carveout = -1
         del x, y, fns, ref
         torch.cuda.empty_cache()
-    with open(os.path.join(out_dir, "explore_map_carveout.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_results(out_dir, "explore_map_carveout", "python bench/explore_map_carveout.py", [
+        ("The capped map launch's shapes and carveouts, 64M elements", header, rows, {})])
     return 0
 
 
