@@ -38,7 +38,7 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 # Run 8 (session 18): the tiles also read their operands in pairs (to_float2: bfloat16's pair from one
 # 32-bit word), which took the bfloat16 tiles from 56 registers to 40 (2 -> 3 blocks of 512 an SM). The
 # library's fatbin carried from the commit before, so "shipped" is the old code beside every shape new.
-# Then the library itself timed with each fatbin (new, old, new; 23:25): bfloat16 141.0-141.2 us against
+# Then the library itself timed with each fatbin (new, old, new; 23:22): bfloat16 141.0-141.2 us against
 # 139.6-139.8, and float16's exact tiles, whose SASS changed only in scheduling, 142.5-143.2 against
 # 138.8. Reverted (bench/results/explore_bias_bwd_tiles_pairs.md).
 # Run 9 (session 18): dx stored by one STG.E.128 a vector (dtype.cuh store16_pinned) where nvcc had
