@@ -74,6 +74,8 @@ ctypedef CUresult (*EventCreate_t)(void**, unsigned) nogil
 ctypedef CUresult (*EventRecord_t)(void*, void*) nogil
 ctypedef CUresult (*StreamWaitEvent_t)(void*, void*, unsigned) nogil
 ctypedef CUresult (*EventDestroy_t)(void*) nogil
+ctypedef CUresult (*CtxGetDevice_t)(int*) nogil
+ctypedef CUresult (*DeviceGet_t)(int*, int) nogil
 ctypedef CUresult (*TensorMapEncodeTiled_t)(void*, int, uint32_t, void*, const uint64_t*, const uint64_t*,
                                             const uint32_t*, const uint32_t*, int, int, int, int) nogil
 # cuda.h's CUlaunchAttribute (an id, padded to 8 bytes, then a 64-byte value union) and
@@ -96,6 +98,8 @@ cdef EventCreate_t _cuEventCreate = NULL
 cdef EventRecord_t _cuEventRecord = NULL
 cdef StreamWaitEvent_t _cuStreamWaitEvent = NULL
 cdef EventDestroy_t _cuEventDestroy = NULL
+cdef CtxGetDevice_t _cuCtxGetDevice = NULL
+cdef DeviceGet_t _cuDeviceGet = NULL
 cdef TensorMapEncodeTiled_t _cuTensorMapEncodeTiled = NULL  # CUDA 12+ drivers; NULL on older ones
 cdef LaunchKernelEx_t _cuLaunchKernelEx = NULL  # CUDA 12+ drivers; NULL on older ones
 
@@ -122,7 +126,7 @@ cdef void* _symbol(void* handle, const char* name) except NULL:
 cdef int _load_driver() except -1:
     global _cuLaunchKernel, _cuPointerGetAttributes, _cuGetErrorName
     global _cuEventCreate, _cuEventRecord, _cuStreamWaitEvent, _cuEventDestroy, _cuTensorMapEncodeTiled
-    global _cuLaunchKernelEx
+    global _cuLaunchKernelEx, _cuCtxGetDevice, _cuDeviceGet
     if _cuLaunchKernel != NULL:
         return 0
     cdef void* handle = dlopen(b"libcuda.so.1", RTLD_NOW | RTLD_LOCAL)
@@ -135,6 +139,8 @@ cdef int _load_driver() except -1:
     _cuEventRecord = <EventRecord_t>_symbol(handle, b"cuEventRecord")
     _cuStreamWaitEvent = <StreamWaitEvent_t>_symbol(handle, b"cuStreamWaitEvent")
     _cuEventDestroy = <EventDestroy_t>_symbol(handle, b"cuEventDestroy_v2")
+    _cuCtxGetDevice = <CtxGetDevice_t>_symbol(handle, b"cuCtxGetDevice")
+    _cuDeviceGet = <DeviceGet_t>_symbol(handle, b"cuDeviceGet")
     _cuTensorMapEncodeTiled = <TensorMapEncodeTiled_t>dlsym(handle, b"cuTensorMapEncodeTiled")
     _cuLaunchKernelEx = <LaunchKernelEx_t>dlsym(handle, b"cuLaunchKernelEx")
     _cuLaunchKernel = <LaunchKernel_t>_symbol(handle, b"cuLaunchKernel")
@@ -552,11 +558,30 @@ cdef int _launch_dependent(uintptr_t function, unsigned gx, unsigned gy, unsigne
     return _check(rc, "kernel launch")
 
 
+# Each ordinal's CUdevice handle + 1 (0: not asked yet), for _device_is_current.
+cdef int _device_handles[MAX_DEVICES]
+
+
+cdef bint _device_is_current(int device) except -1:
+    """Whether the thread's current CUDA context is on GPU `device`: what torch's current-device
+    query (cudaGetDevice) answers, asked of the driver in ~0.05 us where torch's Python query
+    costs ~0.25 us, a call's margin to a native op (bench/results/explore_linear_call.md, host
+    parts). No current context: False (the caller's device guard makes one current)."""
+    _load_driver()
+    cdef int current = -1, handle
+    if _device_handles[device] == 0:
+        _check(_cuDeviceGet(&handle, device), "cuDeviceGet")
+        _device_handles[device] = handle + 1
+    if _cuCtxGetDevice(&current) != 0:
+        return False
+    return current + 1 == _device_handles[device]
+
+
 cdef int _launch_torch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned shared,
                        void** params, int device) except -1:
     """_launch on torch's current stream of `device`. The function belongs to that device's
     context, so torch's current device is switched around the launch when it differs."""
-    if device == _torch_current_device():
+    if _device_is_current(device):
         return _launch(function, gx, gy, gz, bx, shared, <uintptr_t>_torch_raw_stream(device), params, device)
     with _torch_device_guard(device):
         return _launch(function, gx, gy, gz, bx, shared, <uintptr_t>_torch_raw_stream(device), params, device)
@@ -665,21 +690,18 @@ cdef object _torch_f16 = None
 cdef object _torch_bf16 = None
 cdef object _torch_empty_like = None
 cdef object _torch_raw_stream = None
-cdef object _torch_current_device = None
 cdef object _torch_device_guard = None
 cdef object _torch_grad_enabled = None  # torch.is_grad_enabled
 cdef object _torch_compiler = None  # torch.compiler: _is_compiling_flag is set while exporting
 
 
-def register_torch(tensor_type, float_dtypes, empty_like, raw_stream, current_device, device_guard, grad_enabled,
-                   compiler_module):
+def register_torch(tensor_type, float_dtypes, empty_like, raw_stream, device_guard, grad_enabled, compiler_module):
     global _Tensor, _torch_f32, _torch_f16, _torch_bf16, _torch_empty_like
-    global _torch_raw_stream, _torch_current_device, _torch_device_guard, _torch_grad_enabled, _torch_compiler
+    global _torch_raw_stream, _torch_device_guard, _torch_grad_enabled, _torch_compiler
     _Tensor = tensor_type
     _torch_f32, _torch_f16, _torch_bf16 = float_dtypes
     _torch_empty_like = empty_like
     _torch_raw_stream = raw_stream
-    _torch_current_device = current_device
     _torch_device_guard = device_guard
     _torch_grad_enabled = grad_enabled
     _torch_compiler = compiler_module
@@ -1163,7 +1185,7 @@ cdef _torch_hopper_gemm(x, tuple p, str layout, int device, int code, uintptr_t 
     # float32 partials (splits x m x n) come from torch as elements of x's type.
     cdef long long splits = p[7][1]
     scratch = _TorchScratch(x.new_empty(splits * m * n * (1 if code == F32 else 2))) if splits > 1 else None
-    if device == _torch_current_device():
+    if _device_is_current(device):
         _gemm_hopper(p[0], (p[1],), p[5], device, layout, code, a, b, c, bias, 0, m, n, k, flags,
                      <uintptr_t>_torch_raw_stream(device), p[7][0], splits, scratch)
         return

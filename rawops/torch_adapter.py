@@ -27,7 +27,7 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 # The tensor checks and launches run in the Cython launcher (MapKernel.torch_call); it gets
 # torch's types and entry points from here, so that rawops itself never imports torch.
 register_torch(torch.Tensor, (torch.float32, torch.float16, torch.bfloat16), torch.empty_like, _raw_stream,
-               _current_device, torch.cuda.device, torch.is_grad_enabled, torch.compiler)
+               torch.cuda.device, torch.is_grad_enabled, torch.compiler)
 
 
 def _column_sum(x):

@@ -1,6 +1,5 @@
 """rawops.torch_adapter: the same kernels for torch tensors, with autograd, torch.compile,
 CUDA graphs and modules; checked against torch in float64."""
-import types
 
 import pytest
 
@@ -145,6 +144,33 @@ def test_launches_on_torch_current_stream():
         y = ta.relu_scale(x, 3.0)
     side.synchronize()
     assert_close(y, F.relu(source.double()) * 3.0, torch.bfloat16, "side stream")
+
+
+@pytest.mark.gpu
+def test_fast_paths_from_a_thread_that_never_touched_cuda():
+    # The no-grad paths ask the driver which GPU the thread's context is on; a new thread has no
+    # context until something makes one current (the device guard, or _launch's retry).
+    import threading
+
+    x, w, b = random((32, 256), torch.float32), random((384, 256), torch.float32), random((384,), torch.float32)
+    results, errors = [], []
+
+    def calls():
+        try:
+            results.extend([ta.gelu(x, "tanh"), ta.linear_gelu(x, w, b), ta.gelu(x, "none")])
+        except Exception as error:  # reported below: a thread's exception would vanish
+            errors.append(error)
+
+    thread = threading.Thread(target=calls)
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert not errors, errors
+    x64 = x.double()
+    assert_close(results[0], F.gelu(x64, approximate="tanh"), torch.float32, "thread gelu")
+    assert_close(results[1], F.gelu(F.linear(x64, w.double(), b.double()), approximate="tanh"), torch.float32,
+                 "thread linear_gelu")
+    assert_close(results[2], F.gelu(x64), torch.float32, "thread gelu erf")
 
 
 @pytest.mark.gpu
