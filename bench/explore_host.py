@@ -9,6 +9,7 @@ import copy
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -140,7 +141,8 @@ def main():
     from rawops import torch_adapter as ta
 
     lines = [f"- device: {torch.cuda.get_device_name()} (torch {torch.__version__})",
-             "- command: python bench/explore_host.py"]
+             "- command: python bench/explore_host.py",
+             f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"]
     cupy_host(lines)
     elementwise_host(ta, lines)
     seed_batch32(ta, lines)
