@@ -564,9 +564,12 @@ cdef int _device_handles[MAX_DEVICES]
 
 cdef bint _device_is_current(int device) except -1:
     """Whether the thread's current CUDA context is on GPU `device`: what torch's current-device
-    query (cudaGetDevice) answers, asked of the driver in ~0.05 us where torch's Python query
-    costs ~0.25 us, a call's margin to a native op (bench/results/explore_linear_call.md, host
-    parts). No current context: False (the caller's device guard makes one current)."""
+    query (cudaGetDevice) answers, asked of the driver from C, where torch._C._cuda_getDevice()
+    costs 0.15-0.19 us a call from here (bench/results/explore_linear_call.md, host parts: 0.21-0.25
+    with the loop's 0.06), on a ~7-12 us call whose margin to torch's own op is about that. No
+    current context (a new thread) or an ordinal past MAX_DEVICES: False (the caller's device guard)."""
+    if device < 0 or device >= MAX_DEVICES:
+        return False
     _load_driver()
     cdef int current = -1, handle
     if _device_handles[device] == 0:
