@@ -15,13 +15,13 @@ import os
 import statistics
 import sys
 
-import numpy
 import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from cubins import build_modules  # noqa: E402
+from explore_map_carveout import CASES as CARVEOUT_CASES, SUFFIX, blocks_per_sm, check_bits, map_call  # noqa: E402
 from timing import device_times_us, start, write_results  # noqa: E402
 
 N = 64 << 20
@@ -30,17 +30,9 @@ WIDE = ["RAWOPS_MAP_MAX_THREADS=1024"]
 # (threads, dynamic shared KB) of the wide build; ("library", 128, 16) is the shipped kernel and shape.
 SHAPES = [("library", 128, 16), ("wide", 128, 16), ("wide", 128, 0), ("wide", 512, 0), ("wide", 640, 0),
           ("wide", 704, 0), ("wide", 768, 0), ("wide", 832, 0), ("wide", 1024, 0)]
-GELU_BWD = torch.ops.aten.gelu_backward
-CASES = [  # kernel, dtype, operands read (x, then dy as b), torch's op
-    ("relu_fwd", torch.float16, 1, lambda x, y: F.relu(x)),
-    ("gelu_erf_bwd", torch.float16, 2, lambda x, y: GELU_BWD(y, x)),
-    ("gelu_tanh_fwd", torch.float16, 1, lambda x, y: F.gelu(x, approximate="tanh")),
-    ("gelu_tanh_bwd", torch.float16, 2, lambda x, y: GELU_BWD(y, x, approximate="tanh")),
-    ("add_fwd", torch.float16, 2, lambda x, y: x + y),
-    ("relu_fwd", torch.bfloat16, 1, lambda x, y: F.relu(x)),
-    ("relu_fwd", torch.float32, 1, lambda x, y: F.relu(x)),
-]
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# explore_map_carveout's kernels, and tanh GELU's forward after relu f16.
+CASES = CARVEOUT_CASES[:1] + [("gelu_tanh_fwd", torch.float16, 1, lambda x, y: F.gelu(x, approximate="tanh"))] \
+    + CARVEOUT_CASES[1:]
 
 
 def main():
@@ -48,8 +40,6 @@ def main():
     if started is None:
         return 1
     out_dir, _ = started
-    import cupy
-
     from rawops import _modules
 
     wide = build_modules("elementwise", {"wide": WIDE})["wide"]
@@ -58,29 +48,18 @@ def main():
     rows = []
     for name, dtype, reads, theirs in CASES:
         x, y = (torch.randn(N, device="cuda", dtype=dtype) for _ in range(2))
-        vec = 16 // x.element_size()
         kernels = {"library": _modules.get_function("elementwise", f"{name}_{SUFFIX[dtype]}", 0),
                    "wide": wide.get_function(f"{name}_{SUFFIX[dtype]}")}
         fns, occupancy = {"torch": lambda x=x, y=y: theirs(x, y)}, {}
         for build, threads, kb in SHAPES:
             kernel = kernels[build]
-            if kb * 1024 > 48 * 1024:
-                kernel.max_dynamic_shared_size_bytes = kb * 1024
 
-            def ours(kernel=kernel, threads=threads, kb=kb, x=x, y=y):
-                out = torch.empty_like(x)
-                b = y.data_ptr() if reads == 2 else 0
-                args = (x.data_ptr(), b, 0, out.data_ptr(), numpy.int64(N), numpy.int64(0), numpy.int64(1),
-                        numpy.float32(0.5))
-                kernel(((N // vec + threads - 1) // threads,), (threads,), args, shared_mem=kb * 1024)
-                return out
-            occupancy[(build, threads, kb)] = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                kernel.kernel.ptr, threads, kb * 1024)
+            def ours(kernel=kernel, threads=threads, kb=kb, x=x, y=y, reads=reads):
+                return map_call(kernel, x, y, reads, threads, kb)
+            occupancy[(build, threads, kb)] = blocks_per_sm(kernel, threads, kb)
             fns[(build, threads, kb)] = ours
         ref = theirs(x, y)
-        for key, fn in fns.items():
-            if key != "torch":
-                assert torch.equal(fn(), ref) or name.startswith("gelu"), f"{name} {key}: not torch's bits"
+        check_bits(name, fns, ref)
         readings = [device_times_us(fns) for _ in range(READINGS)]
         torch_us = statistics.median(r["torch"] for r in readings)
         for key in SHAPES:

@@ -35,13 +35,37 @@ CASES = [  # kernel, dtype, operands read (x, then dy as b), torch's op
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
+def map_call(kernel, x, y, reads, threads, kb):
+    """One launch of a map kernel (a cupy.RawKernel) over x (and y when it reads two operands) into a
+    new tensor, as the library launches it: 16-byte vectors from element 0, blocks of `threads`
+    covering them, `kb` KB of dynamic shared memory."""
+    out = torch.empty_like(x)
+    vec = 16 // x.element_size()
+    args = (x.data_ptr(), y.data_ptr() if reads == 2 else 0, 0, out.data_ptr(), numpy.int64(x.numel()),
+            numpy.int64(0), numpy.int64(1), numpy.float32(0.5))
+    kernel(((x.numel() // vec + threads - 1) // threads,), (threads,), args, shared_mem=kb * 1024)
+    return out
+
+
+def blocks_per_sm(kernel, threads, kb):
+    """The driver's occupancy for a launch shape (cupy.RawKernel, threads, KB of dynamic shared memory)."""
+    import cupy
+
+    return cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, kb * 1024)
+
+
+def check_bits(name, fns, ref):
+    """Every shape of a kernel gives torch's bits (GELU's math differs from torch's in the last bits)."""
+    for key, fn in fns.items():
+        if key != "torch":
+            assert torch.equal(fn(), ref) or name.startswith("gelu"), f"{name} {key}: not torch's bits"
+
+
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
         return 1
     out_dir, _ = started
-    import cupy
-
     from rawops import _modules
 
     header = ["kernel", "threads", "dynamic smem KB", "carveout %", "blocks/SM", "us", "torch us", "x torch"]
@@ -49,26 +73,17 @@ def main():
     for name, dtype, reads, theirs in CASES:
         x, y = (torch.randn(N, device="cuda", dtype=dtype) for _ in range(2))
         kernel = _modules.get_function("elementwise", f"{name}_{SUFFIX[dtype]}", 0)
-        vec = 16 // x.element_size()
         fns = {"torch": lambda x=x, y=y: theirs(x, y)}
         occupancy = {}
         for threads, kb, carveout in SHAPES:
-            def ours(threads=threads, kb=kb, carveout=carveout, x=x, y=y):
+            def ours(threads=threads, kb=kb, carveout=carveout, x=x, y=y, reads=reads):
                 kernel.preferred_shared_memory_carveout = carveout
-                out = torch.empty_like(x)
-                b = y.data_ptr() if reads == 2 else 0
-                args = (x.data_ptr(), b, 0, out.data_ptr(), numpy.int64(N), numpy.int64(0), numpy.int64(1),
-                        numpy.float32(0.5))
-                kernel((N // vec // threads,), (threads,), args, shared_mem=kb * 1024)
-                return out
+                return map_call(kernel, x, y, reads, threads, kb)
             kernel.preferred_shared_memory_carveout = carveout
-            occupancy[(threads, kb, carveout)] = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
-                kernel.kernel.ptr, threads, kb * 1024)
+            occupancy[(threads, kb, carveout)] = blocks_per_sm(kernel, threads, kb)
             fns[(threads, kb, carveout)] = ours
         ref = theirs(x, y)
-        for key, fn in fns.items():
-            if key != "torch":
-                assert torch.equal(fn(), ref) or name.startswith("gelu"), f"{name} {key}: not torch's bits"
+        check_bits(name, fns, ref)
         times = device_times_us(fns)
         for key in SHAPES:
             threads, kb, carveout = key
