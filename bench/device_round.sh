@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# One round on a GPU machine: build for its architecture, run every test, run the
-# benchmarks. Results go to $OUT (the device tool's folder) or bench/results: one log
-# (build, `rawops info`, tests) plus each benchmark's .md/.json (and the elementwise .png);
-# the device tool returns at most 8 files: RAWOPS_BUNDLE=1 packs them into $OUT/results.tgz.
+# One round on a GPU machine: build for its architecture, run every test file, run the
+# benchmarks. Results go to $OUT (the device tool's folder) or bench/results: one log (build,
+# `rawops info`, tests) in $OUT/round.log, each benchmark's $OUT/<gpu>/<family>.md|json (and the
+# elementwise .png), and $OUT/history.csv with the run's rows appended. When $OUT is not
+# bench/results, bench/results/history.csv is copied there first, so the history.csv that comes
+# back is the whole file to commit over bench/results/history.csv.
 #   bash bench/device_round.sh [pytest args...]
-#   RAWOPS_BENCH="norm mlp"   which bench/bench_<name>.py to run (default: every one)
+#   RAWOPS_BENCH="norm mlp"   which bench/bench_<family>.py to run (default: every one; "none": none)
 #   RAWOPS_TESTS="tests/test_norm.py ..."   which test files (default: all but packaging, nvrtc)
-#   RAWOPS_FAMILIES="norm softmax"   build only these kernel families (setup.py); "none_such" builds
-#     none and keeps the fatbins in rawops/_fatbin: build them on the CPU machine first
-#     (RAWOPS_CUDA_ARCH_LIST=9.0 python setup.py build_ext --inplace) and carry rawops/_fatbin, so the
-#     GPU machine's time goes to tests and timings (its build then takes ~30 s instead of ~150)
+#   RAWOPS_FAMILIES="norm softmaxes"   build only these kernel families (setup.py); "none_such" builds
+#     none and keeps the fatbins in rawops/_fatbin. Unset, and rawops/_fatbin holds a fatbin for every
+#     kernels/*.cu family with this GPU's architecture in each (built on the CPU machine with
+#     RAWOPS_CUDA_ARCH_LIST=9.0 python setup.py build_ext --inplace and carried), it is none_such: the
+#     GPU's time then goes to tests and timings. Set it (to the family names) to rebuild with nvcc.
 #   RAWOPS_SKIP_BUILD=1   reuse the last build (a second call while the machine is warm)
-#   RAWOPS_EXPLORE="timeline bias_bwd"   also run bench/explore_<name>.py (after the benchmarks); their
-#     cubins can be built here beforehand (python bench/cubins.py 90) and carried (bench/.cubins)
+#   RAWOPS_COMMIT=<sha>   the commit the rows are recorded under (default: git rev-parse, else unknown)
+#   RAWOPS_BUNDLE=1   pack $OUT into $OUT/results.tgz (+ round.log beside it): the device tool brings
+#     back few files
 #   .whl/nvidia_cutlass-*.whl (carried): CuTe headers for the Hopper GEMM (no network there)
 # Each test file runs in its own pytest process: a kernel fault poisons the CUDA context
 # of its process only, so one broken family cannot fail the others' tests.
@@ -24,6 +28,15 @@ FINAL_OUT=$OUT
 if [ "${RAWOPS_BUNDLE:-0}" = 1 ]; then OUT=$(mktemp -d); fi
 LOG="$OUT/round.log"
 mkdir -p "$OUT"
+if [ "$(realpath "$OUT")" != "$(realpath bench/results)" ] && [ ! -e "$OUT/history.csv" ] \
+  && [ -e bench/results/history.csv ]; then
+  cp bench/results/history.csv "$OUT/history.csv"
+fi
+if [ -z "${RAWOPS_COMMIT:-}" ]; then
+  RAWOPS_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  export RAWOPS_COMMIT
+fi
+echo "commit: $RAWOPS_COMMIT" | tee "$LOG"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 # The Hopper GEMM's CuTe headers: the GPU machine has no network, so the nvidia-cutlass wheel
 # travels in .whl/ (carried) and its headers are unpacked from it.
@@ -32,11 +45,33 @@ if [ -z "${RAWOPS_CUTLASS_INCLUDE:-}" ] && ls .whl/nvidia_cutlass-*.whl >/dev/nu
     && export RAWOPS_CUTLASS_INCLUDE=/tmp/cutlass-wheel/cutlass_library/source/include
 fi
 arch=$(python3 -c "import cupy; d=cupy.cuda.Device(0).compute_capability; print(d[:-1]+'.'+d[-1])")
+# Prebuilt fatbins: every family's fatbin present and holding sm_<arch> (an arch-specific family,
+# `// rawops-arch: 90a`, only where this GPU is one of its targets).
+prebuilt() {
+  python3 - "$arch" <<'PY'
+import glob, os, re, sys
+sys.path.insert(0, "rawops")
+from _fatbin_info import fatbin_architectures
+sm = "sm_" + sys.argv[1].replace(".", "")
+for source in sorted(glob.glob("kernels/*.cu")):
+    family = os.path.splitext(os.path.basename(source))[0]
+    directive = re.search(r"//\s*rawops-arch:\s*(\S+)", open(source).read())
+    if directive and sys.argv[1].replace(".", "") not in re.findall(r"\d+", directive.group(1)):
+        continue
+    path = f"rawops/_fatbin/{family}.fatbin"
+    if not os.path.exists(path) or not any(a == sm or a == sm + "a" for a in fatbin_architectures(path)):
+        sys.exit(1)
+PY
+}
+if [ -z "${RAWOPS_FAMILIES+set}" ] && prebuilt; then
+  export RAWOPS_FAMILIES=none_such
+  echo "rawops/_fatbin holds every family for sm_${arch/./}: building without nvcc" | tee -a "$LOG"
+fi
 start=$(date +%s)
 if [ "${RAWOPS_SKIP_BUILD:-0}" = 1 ]; then  # a second call on the same warm machine
-  echo "build skipped (RAWOPS_SKIP_BUILD=1)" | tee "$LOG"
+  echo "build skipped (RAWOPS_SKIP_BUILD=1)" | tee -a "$LOG"
 else
-  RAWOPS_CUDA_ARCH_LIST=$arch python3 -m pip install --no-build-isolation --no-deps -e . >"$LOG" 2>&1 \
+  RAWOPS_CUDA_ARCH_LIST=$arch python3 -m pip install --no-build-isolation --no-deps -e . >>"$LOG" 2>&1 \
     || { tail -50 "$LOG"; exit 1; }
   echo "build for $arch took $(( $(date +%s) - start )) s" | tee -a "$LOG"
 fi
@@ -49,16 +84,15 @@ for f in ${RAWOPS_TESTS:-$(ls tests/test_*.py | grep -v -e test_packaging -e tes
   echo "$f: $(tail -1 "$LOG")"
 done
 grep -E "^(FAILED|ERROR)" "$LOG" | head -40
+bench_rc=0
 for b in ${RAWOPS_BENCH:-$(cd bench && ls bench_*.py | sed "s/^bench_//; s/\.py$//")}; do
+  [ "$b" = none ] && continue
   echo "== bench_$b"
-  python3 "bench/bench_$b.py" --out "$OUT" 2>&1 | tail -40
+  python3 "bench/bench_$b.py" --out "$OUT" 2>&1 | tail -40 || bench_rc=1
 done
-for e in ${RAWOPS_EXPLORE:-}; do
-  echo "== explore_$e"
-  python3 "bench/explore_$e.py" --out "$OUT" 2>&1 | tail -40
-done
-echo "tests exit code: $tests_rc"
+echo "tests exit code: $tests_rc, benches: $bench_rc"
 if [ "$OUT" != "$FINAL_OUT" ]; then
+  mkdir -p "$FINAL_OUT"
   tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . && cp "$LOG" "$FINAL_OUT/round.log"
 fi
-exit $tests_rc
+exit $(( tests_rc | bench_rc ))

@@ -1,12 +1,45 @@
-"""Timing and reporting shared by the benchmarks: CUDA events, warm-up, medians, the copy
-ceiling, and results written as markdown + JSON (+ PNG) under bench/results/."""
+"""The benchmarks' shared harness: CUDA-event timing (warm-up, interleaved rounds, medians), the
+copy ceiling, and the results every bench writes.
+
+A bench run on one GPU writes
+  <out>/<gpu>/<family>.md and .json   the latest run on that GPU model (replaced by the next one);
+                                      <gpu> is gpu_key(): h100, h200, else a slug of the name;
+  <out>/history.csv                   one line appended per measured row, every family alike:
+      gpu,commit,date,op,dtype,shape,us,torch_us,ratio_vs_torch
+    gpu      gpu_key()
+    commit   $RAWOPS_COMMIT if set (a device machine may hold the tree without its git history),
+             else `git rev-parse --short HEAD`, else "unknown"
+    date     UTC, "YYYY-MM-DD HH:MM"
+    us       the library's time for the row (device time; host time where the op says "host")
+    torch_us the torch baseline's time in the same run (empty where the row has none)
+    ratio_vs_torch  torch_us / us (above 1: the library is faster)
+Every row a bench reports is a dict with at least the keys of HISTORY_KEYS: "op", "dtype",
+"shape", "rawops us" and "torch us" (None where there is no torch counterpart). A row whose
+"rawops us" is None is a reference (torch alone, a bare launch): it is in the tables, not in the
+history.
+"""
+import csv
 import json
+import math
 import os
+import re
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUT = os.path.join(HERE, "results")
+HISTORY = "history.csv"
+HISTORY_COLUMNS = ["gpu", "commit", "date", "op", "dtype", "shape", "us", "torch_us", "ratio_vs_torch"]
+HISTORY_KEYS = ("op", "dtype", "shape", "rawops us", "torch us")
+GPU_KEYS = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H200": "h200"}
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+# ---------------------------------------------------------------------------------- timing
 
 def graphed(fn):
     """fn captured once in a CUDA graph; the returned callable replays it (device time
@@ -23,33 +56,11 @@ def graphed(fn):
     return graph.replay
 
 
-def graph_per_call_us(fn, calls=20, reps=50):
-    """Device time per call of fn in a CUDA graph of `calls` calls (no host time)."""
-    def burst():
-        for _ in range(calls):
-            fn()
-    return device_time_us(graphed(burst), reps=reps) / calls
-
-
-def switched(module, name, value, fn):
-    """fn with module.<name> set to value around each call (restored after, also on an error):
-    a library switch (a routing flag, a kernel choice) timed beside the default in one run."""
-    def call():
-        saved = getattr(module, name)
-        setattr(module, name, value)
-        try:
-            return fn()
-        finally:
-            setattr(module, name, saved)
-    return call
-
-
 def event_pairs(reps, stream):
-    """reps (start, end) timing events, each recorded once on `stream` already: torch creates a
-    CUDA event at its first record(), and record() without a stream asks for the current one,
-    so a fresh pair timed `record(); fn(); record()` counts an event creation and a stream
-    query of the host inside the interval (an empty pair measured 12-35 us on lent H100 hosts,
-    bench/results/explore_linear_call.md). Record the returned pairs on the same stream."""
+    """reps (start, end) timing events, each recorded once on `stream` already. torch creates a
+    CUDA event at its first record(), and record() without a stream asks for the current one:
+    a pair made inside the timed interval would count an event creation and a stream query of
+    the host. Record the returned pairs on the same stream."""
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in pairs:
         start.record(stream)
@@ -74,9 +85,8 @@ def device_time_us(fn, warmup=10, reps=50):
 
 def device_times_us(fns, warmup=10, reps=20, rounds=5):
     """{name: median device time in us} of each callable (one event pair around each call),
-    measured in interleaved rounds (A, B, A, B, ...) so that drift in the host's or the GPU's
-    speed during the run falls on every candidate alike: timed one after the other, a small
-    call's row moved by 30% between runs on the same machine (bench/NOTES.md)."""
+    measured in interleaved rounds (A, B, A, B, ...): drift in the host's or the GPU's speed
+    during the run then falls on every candidate alike."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -120,8 +130,8 @@ def loop_times_us(fns, calls=20, reps=10, rounds=5):
 
 def host_times_us(fns, calls=1000, rounds=15):
     """{name: median host time per call in us} for a dict of callables, measured in
-    interleaved rounds (A, B, C, A, B, C, ...) so that drift in the host's speed, which is
-    large on a shared VM, falls on every candidate alike. The GPU keeps up with tiny launches."""
+    interleaved rounds (A, B, C, A, B, C, ...) so that drift in the host's speed falls on every
+    candidate alike. The GPU keeps up with tiny launches."""
     for fn in fns.values():
         for _ in range(200):
             fn()
@@ -138,7 +148,8 @@ def host_times_us(fns, calls=1000, rounds=15):
 
 
 def copy_ceiling_tbps(nbytes=1 << 30):
-    """Device-to-device copy bandwidth, bytes read + written, TB/s."""
+    """Device-to-device copy bandwidth, bytes read + written, TB/s: the bar of every
+    memory-bound row is a fraction of it, measured in the same run."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
     us = device_time_us(lambda: dst.copy_(src), reps=30)
@@ -149,10 +160,10 @@ def start(description):
     """The common start of a benchmark script: (--out folder, copy ceiling), or None with a
     one-line message when there is no GPU."""
     import argparse
-    import sys
 
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="results folder: <out>/<gpu>/<family>.md|json and <out>/history.csv")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench: no CUDA GPU here; the benchmark needs one (the tests run without).", file=sys.stderr)
@@ -162,31 +173,113 @@ def start(description):
     return args.out, ceiling
 
 
+# ---------------------------------------------------------------------------------- results
+
+def gpu_key(name=None):
+    """The results folder of a GPU model: h100, h200, else the lower-cased name as a slug."""
+    name = name or torch.cuda.get_device_name()
+    return GPU_KEYS.get(name) or re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
 def device_name():
     props = torch.cuda.get_device_properties(0)
     return f"{props.name} ({props.multi_processor_count} SMs, torch {torch.__version__})"
 
 
-def write_results(out_dir, stem, command, sections):
-    """sections: [(title, header, rows, notes)], rows being dicts keyed by the header.
-    Writes <stem>.md and <stem>.json under out_dir and returns the markdown."""
-    os.makedirs(out_dir, exist_ok=True)
-    meta = {"device": device_name(), "command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+def commit():
+    """$RAWOPS_COMMIT, else the checkout's short HEAD, else "unknown"."""
+    if os.environ.get("RAWOPS_COMMIT"):
+        return os.environ["RAWOPS_COMMIT"]
+    try:
+        done = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
+
+
+def results_dir(out_dir, gpu=None):
+    """<out>/<gpu>, created."""
+    path = os.path.join(out_dir, gpu or gpu_key())
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def write_results(out_dir, family, command, sections):
+    """sections: [(title, header, rows, notes)], rows being dicts keyed by (at least) the header
+    and HISTORY_KEYS. Writes <out>/<gpu>/<family>.md and .json, appends the rows to
+    <out>/history.csv, and returns the markdown."""
+    meta = {"device": device_name(), "gpu": gpu_key(), "commit": commit(), "command": command,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return write_meta_results(out_dir, family, meta, sections)
+
+
+def write_meta_results(out_dir, family, meta, sections):
+    """write_results with the run's meta given (device, gpu, commit, command, date ...)."""
+    folder = results_dir(out_dir, meta["gpu"])
+    text = render(meta, sections)
+    with open(os.path.join(folder, f"{family}.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(folder, f"{family}.json"), "w") as f:
+        json.dump({"meta": meta, "sections": [{"title": t, "notes": n, "rows": r} for t, _, r, n in sections]}, f,
+                  indent=1)
+    append_history(out_dir, meta, [row for _, _, rows, _ in sections for row in rows])
+    return text
+
+
+def render(meta, sections):
+    """The markdown of a results file: the meta as a list, then one table per section."""
     lines = [f"- {k}: {v}" for k, v in meta.items()]
     for title, header, rows, notes in sections:
         lines += ["", f"## {title}", "", *[f"- {k}: {v}" for k, v in notes.items()], "",
                   "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(_fmt(row[h]) for h in header) + " |" for row in rows]
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
-        json.dump({"meta": meta, "sections": [{"title": t, "notes": n, "rows": r} for t, _, r, n in sections]}, f,
-                  indent=1)
-    return text
+        lines += ["| " + " | ".join(_fmt(row.get(h)) for h in header) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def history_rows(meta, rows):
+    """The history.csv lines (dicts keyed by HISTORY_COLUMNS) of a run's rows."""
+    date = meta["date"].replace(" UTC", "")
+    lines = []
+    for row in rows:
+        missing = [k for k in HISTORY_KEYS if k not in row]
+        if missing:
+            print(f"bench: row {row.get('op', row)!r} lacks {missing}: not in {HISTORY}", file=sys.stderr)
+            continue
+        us, torch_us = _number(row["rawops us"]), _number(row["torch us"])
+        if us is None:
+            continue
+        lines.append({"gpu": meta["gpu"], "commit": meta["commit"], "date": date, "op": row["op"],
+                      "dtype": row["dtype"], "shape": row["shape"], "us": f"{us:.3f}",
+                      "torch_us": "" if torch_us is None else f"{torch_us:.3f}",
+                      "ratio_vs_torch": "" if torch_us is None else f"{torch_us / us:.4f}"})
+    return lines
+
+
+def append_history(out_dir, meta, rows):
+    """Append a run's rows to <out>/history.csv (its header written first if the file is new)."""
+    path = os.path.join(out_dir, HISTORY)
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    if not new:
+        with open(path, newline="") as f:
+            header = next(csv.reader(f), None)
+        if header != HISTORY_COLUMNS:
+            raise ValueError(f"{path}: columns {header}, expected {HISTORY_COLUMNS}")
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, HISTORY_COLUMNS, lineterminator="\n")
+        if new:
+            writer.writeheader()
+        writer.writerows(history_rows(meta, rows))
+
+
+def _number(value):
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
 
 
 def _fmt(value):
+    if value is None:
+        return "-"
     if isinstance(value, float):
         # tenths of the hundreds: the ~1% effects the elementwise rows are judged on show
         return f"{value:.3g}" if value < 100 else f"{value:.1f}" if value < 1000 else f"{value:.0f}"

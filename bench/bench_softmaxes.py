@@ -1,0 +1,90 @@
+"""Benchmark of the softmaxes family (softmax, log_softmax over the last dim) against torch
+eager, in one run on one GPU.
+
+Rows of 4096 (16384 rows), 768 and 1000 (a transformer's width and an odd one), each over
+64M elements (256 MB of float32, past L2); forward and backward, every dtype. CUDA events,
+median of 50 after warm-up, rawops then torch. Bytes count each tensor read once and written
+once: forward x + y; backward dy + y + dx. torch's backward is aten's _softmax_backward_data /
+_log_softmax_backward_data on the same y. The bar at width 4096: forward >= 90% of the copy
+ceiling measured in the same run, backward >= 2.0x torch's (log_softmax's: torch's backward
+already streams at the copy ceiling, so 2x is beyond the hardware and the row is judged against
+the ceiling instead); the other widths are reported.
+
+    python bench/bench_softmaxes.py [--out bench/results]
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import DTYPES, device_time_us, start, write_results  # noqa: E402
+
+WIDTHS = (4096, 768, 1000)
+ELEMENTS = 16384 * 4096
+BAR_WIDTH = 4096
+
+
+def rows_of(width):
+    return ELEMENTS // width
+
+
+def _cases(ta_sm, x, dy):
+    """op -> (rawops call, torch call, bytes moved, forward?)."""
+    rows_bytes = x.numel() * x.element_size()
+    y_sm, y_lsm = ta_sm.forward("softmax", x), ta_sm.forward("log_softmax", x)
+    aten = torch.ops.aten
+    return {
+        "softmax fwd": (lambda: ta_sm.forward("softmax", x), lambda: torch.softmax(x, -1), 2 * rows_bytes, True),
+        "softmax bwd": (lambda: ta_sm.backward("softmax", dy, y_sm),
+                        lambda: aten._softmax_backward_data(dy, y_sm, -1, x.dtype), 3 * rows_bytes, False),
+        "log_softmax fwd": (lambda: ta_sm.forward("log_softmax", x), lambda: torch.log_softmax(x, -1),
+                            2 * rows_bytes, True),
+        "log_softmax bwd": (lambda: ta_sm.backward("log_softmax", dy, y_lsm),
+                            lambda: aten._log_softmax_backward_data(dy, y_lsm, -1, x.dtype), 3 * rows_bytes, False),
+    }
+
+
+def device_rows(ta_sm, ceiling):
+    rows = []
+    for n in WIDTHS:
+        for dtype_name, dtype in DTYPES.items():
+            x, dy = (torch.randn(rows_of(n), n, device="cuda", dtype=dtype) for _ in range(2))
+            for name, (ours, theirs, nbytes, forward) in _cases(ta_sm, x, dy).items():
+                us_ours, us_torch = device_time_us(ours), device_time_us(theirs)
+                tbps, speedup = nbytes / us_ours / 1e6, us_torch / us_ours
+                # 2x torch, where that is within the copy ceiling; at the ceiling otherwise
+                bar_tbps = 0.9 * ceiling if forward else min(2.0 * nbytes / us_torch / 1e6, 0.9 * ceiling)
+                meets = tbps >= bar_tbps if n == BAR_WIDTH else "-"
+                rows.append({"op": name, "dtype": dtype_name, "shape": f"{rows_of(n)}x{n}", "rawops us": us_ours,
+                             "torch us": us_torch, "rawops TB/s": tbps, "torch TB/s": nbytes / us_torch / 1e6,
+                             "of copy ceiling": tbps / ceiling, "x torch": speedup, "meets target": meets})
+                print(f"{name:16s} {n:5d} {dtype_name:5s} rawops {us_ours:8.1f} us {tbps:5.2f} TB/s | "
+                      f"torch {us_torch:8.1f} us | {speedup:4.2f}x", flush=True)
+            del x, dy
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 1
+    out_dir, ceiling = started
+    from rawops.torch_adapter import softmaxes as ta_sm
+
+    header = ["op", "dtype", "shape", "rawops us", "torch us", "rawops TB/s", "torch TB/s", "of copy ceiling",
+              "x torch", "meets target"]
+    text = write_results(out_dir, "softmaxes", "python bench/bench_softmaxes.py", [
+        (f"Device time, {ELEMENTS} elements a tensor", header, device_rows(ta_sm, ceiling),
+         {"copy ceiling TB/s": round(ceiling, 3),
+          f"targets (width {BAR_WIDTH})": "forward >= 90% of the copy ceiling; backward >= 2.0x torch's backward "
+                                          "or, where that exceeds the copy ceiling, >= 90% of the ceiling",
+          "bytes": "forward x + y; backward dy + y + dx"}),
+    ])
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
