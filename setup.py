@@ -98,8 +98,11 @@ class BuildKernelsAndExtensions(build_ext):
         nvcc_helpers.write_manifest(fatbin_dir, archs, nvcc, specific)
 
 
+# The launcher's layers (rawops/_launch/__init__.py), lowest first; each cimports those below it.
+LAUNCH_LAYERS = ("driver", "arrays", "streams", "launch", "torch_fast")
+
 extensions = cythonize(
-    [Extension("rawops._launch", ["rawops/_launch.pyx"])],
+    [Extension(f"rawops._launch.{layer}", [f"rawops/_launch/{layer}.pyx"]) for layer in LAUNCH_LAYERS],
     compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
 )
 
@@ -107,6 +110,7 @@ setup(
     ext_modules=extensions,
     cmdclass={"build_ext": BuildKernelsAndExtensions},
     # The generated C of the launcher is a build intermediate, not package data.
-    exclude_package_data={"rawops": ["*.c"]},
-    package_data={"rawops": ["_fatbin/*.fatbin", "_fatbin/manifest.json", "_kernels/*.cu", "_kernels/include/rawops/*.cuh"]},
+    exclude_package_data={"rawops": ["*.c"], "rawops._launch": ["*.c"]},
+    package_data={"rawops": ["_fatbin/*.fatbin", "_fatbin/manifest.json", "_kernels/*.cu", "_kernels/include/rawops/*.cuh"],
+                  "rawops._launch": ["*.pxd"]},
 )

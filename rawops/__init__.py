@@ -6,6 +6,7 @@ DLPack producer, zero-copy, with no build or import dependency on torch.
 
 torch users: `rawops.torch_adapter` (autograd, torch.compile, nn.Modules).
 """
+from . import config
 from ._launch import NoDeviceError, as_array, release_captured_scratch
 from .elementwise import (
     add,
@@ -21,8 +22,8 @@ from .elementwise import (
     relu_scale_add_backward,
     relu_scale_backward,
 )
-from .matmul import linear_gelu, linear_gelu_backward, matmul
-from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward, seed_mlp
+from .gemm import linear_gelu, linear_gelu_backward, matmul
+from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward
 from .norm import (
     layer_norm,
     layer_norm_backward,
@@ -31,7 +32,7 @@ from .norm import (
     rms_norm_backward,
     rms_norm_forward,
 )
-from .softmax import log_softmax, log_softmax_backward, softmax, softmax_backward
+from .softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "bias_gelu",
     "bias_gelu_backward",
     "column_sum",
+    "config",
     "fused_mlp",
     "fused_mlp_backward",
     "fused_mlp_forward",
@@ -65,7 +67,6 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_forward",
-    "seed_mlp",
     "softmax",
     "softmax_backward",
 ]

@@ -1,11 +1,11 @@
-"""kernels/matmul.cu's gemm_reduce, shared by every GEMM that splits K (the portable kernels,
+"""kernels/gemm.cu's gemm_reduce, shared by every GEMM that splits K (the portable kernels,
 TF32, the Hopper kernel): it adds the float32 partials in split order (deterministic) and applies
 the epilogue. Its launch shape, in one place."""
 from ._launch import FLOAT_SUFFIXES
 
-FAMILY = "matmul"
+FAMILY = "gemm"
 THREADS = 256
-KINDS = "ppppppqqqq"  # (partial, 0, c, bias, aux, pre, m, n, splits, flags): rawops.matmul.KINDS
+KINDS = "ppppppqqqq"  # (partial, 0, c, bias, aux, pre, m, n, splits, flags): rawops.gemm.KINDS
 
 
 def kernel_name(dtype):

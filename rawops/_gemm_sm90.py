@@ -1,20 +1,19 @@
-"""The Hopper GEMM (kernels/matmul_sm90.cu): WGMMA tensor cores fed by TMA, sm_90 only.
+"""The Hopper GEMM (kernels/gemm_sm90.cu): WGMMA tensor cores fed by TMA, sm_90 only.
 
 rawops.matmul routes a float16 / bfloat16 GEMM here when `plan` accepts it, else it runs the
-portable kernels of kernels/matmul.cu; rawops/_gemm_tf32.py routes float32 with tf32=True here
+portable kernels of kernels/gemm.cu; rawops/_gemm_tf32.py routes float32 with tf32=True here
 (the nt layout only: WGMMA reads TF32 operands K-major). The kernel reads its operands through
 TMA tensor maps (CUtensorMap, built by the driver on the host and passed by value), so each
 operand's rows must be whole 16-byte units (a contiguous dim % 8 for 16-bit types, % 4 for
 float32) and its pointer 16-byte aligned. Maps are cached per (pointer, shape): a repeated
 call reuses them.
 """
-import os
 
 from ._launch import (TENSOR_MAP_BFLOAT16, TENSOR_MAP_FLOAT16, TENSOR_MAP_FLOAT32, TENSOR_MAP_SWIZZLE_128B,
                       TENSOR_MAP_TFLOAT32, encode_tensor_map_2d, launch, sm_count)
-from . import _gemm_reduce, _modules
+from . import _gemm_reduce, _modules, config
 
-FAMILY = "matmul_sm90"
+FAMILY = "gemm_sm90"
 CC = 90
 TILE_M = 128  # kBM
 # Output tile widths (BN) of the entry points, the widest first: gemm_sm90_<layout>_<suffix>
@@ -50,18 +49,15 @@ MAX_SPLITS = 16
 # and gemm_reduce cost ~3-4 us, which only a GPU left mostly idle wins back (a 32 x 768 dx over K =
 # 3072: 12 tiles; bench/results/explore_sm90_split.md).
 SPLIT_BELOW_TILES_PER_SM = 0.25
-FORCE_SHAPE = None  # (BN, splits) for every plan: the tests' and explorers' handle on the choice
-NARROW = True  # False: outputs under MIN_TILES_PER_SM go to the portable kernels (session 15's routing)
 KINDS = "bbbbbpqqqqpq"  # map_a, map_b, map_c, map_pre, map_a_tail, bias, m, n, k, flags, partial, splits
 FLAG_PRE = 8  # flags bit: a pre-activation is stored (through map_pre)
-EPI_BIAS_GELU_GRAD = 2  # rawops.matmul.EPI_BIAS_GELU_GRAD
+EPI_BIAS_GELU_GRAD = 2  # rawops.gemm.EPI_BIAS_GELU_GRAD
 # rawops dtype code -> the CUtensorMap type of its operands. float32 operands are read as TF32
 # (TF32_OPERANDS); c and the pre-activation are written as float32.
 TF32_OPERANDS = TENSOR_MAP_TFLOAT32
 MAP_TYPES = {0: TENSOR_MAP_FLOAT32, 1: TENSOR_MAP_FLOAT16, 2: TENSOR_MAP_BFLOAT16}
 SUFFIXES = {0: "tf32", 1: "f16", 2: "bf16"}
 TF32_LAYOUTS = ("nt",)
-DISABLE_ENV = "RAWOPS_NO_SM90"  # set to 1: always use the portable kernels (comparisons, debugging)
 
 
 def entry_name(layout, dtype, bn=TILE_N):
@@ -154,13 +150,13 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_p
     per_row = 16 // ITEMSIZE[dtype]  # elements in 16 bytes
     if a_inner % per_row or b_inner % per_row or n % per_row or a_ptr % 16 or b_ptr % 16 or c_ptr % 16 or pre_ptr % 16:
         return None
-    if FORCE_SHAPE is not None:
-        bn, splits = FORCE_SHAPE
+    if config.gemm_sm90_shape is not None:
+        bn, splits = config.gemm_sm90_shape
         k_tiles = _ceil(k, tile_k(dtype))
         splits = 1 if bn == TILE_N else _ceil(k_tiles, _ceil(k_tiles, min(splits, k_tiles)))  # none empty
     elif _ceil(m, TILE_M) * _ceil(n, TILE_N) >= MIN_TILES_PER_SM * sms:
         bn, splits = TILE_N, 1
-    elif not NARROW:
+    elif not config.gemm_sm90_narrow:
         return None
     else:
         bn, splits = narrow_shape(m, n, k, dtype, sms)
@@ -172,17 +168,17 @@ _built = {}
 
 
 def built(device):
-    """Whether this installation holds the Hopper kernels for `device` (checked once)."""
+    """Whether this installation holds the Hopper kernels for `device` (checked once) and
+    config.gemm_sm90 lets them run."""
     ok = _built.get(device)
     if ok is None:
-        ok = os.environ.get(DISABLE_ENV) != "1"
-        if ok:
-            try:
-                _modules.get_function(FAMILY, entry_points()[0], device)
-            except _modules.FamilyUnavailable:
-                ok = False
+        try:
+            _modules.get_function(FAMILY, entry_points()[0], device)
+            ok = True
+        except _modules.FamilyUnavailable:
+            ok = False
         _built[device] = ok
-    return ok
+    return ok and config.gemm_sm90
 
 
 def function(name, device, shared=SHARED_BYTES):

@@ -1,4 +1,4 @@
-"""The TF32 tensor-core GEMM (kernels/matmul_tf32.cu): float32 operands rounded to TF32
+"""The TF32 tensor-core GEMM (kernels/gemm_tf32.cu): float32 operands rounded to TF32
 (10 mantissa bits) and multiplied on mma.sync m16n8k8 tensor cores, float32 accumulation,
 sm_80+. The opt-in behind rawops.matmul(..., tf32=True) and the torch adapter's
 matmul(..., tf32=True).
@@ -9,11 +9,11 @@ few), and takes what the kernels can: float32 on sm_80+, every
 operand's contiguous dim % 4 == 0 (16-byte cp.async rows), N % 4 == 0 where b is N-major
 (nn, tn: float4 stores of c), a, b and c 16-byte aligned. Everything else (odd sizes,
 misaligned views, pre-sm_80 GPUs) gets None and its caller runs the exact FFMA kernels of
-kernels/matmul.cu: more precise than asked, never wrong. Small outputs split K like the
+kernels/gemm.cu: more precise than asked, never wrong. Small outputs split K like the
 half-type tensor-core GEMM, the partials summed in order by matmul's gemm_reduce_f32.
 
 On sm_90 every output the Hopper GEMM can take goes there instead (`hopper_plan`:
-kernels/matmul_sm90.cu, WGMMA fed by TMA, ~3x mma.sync's rate; small outputs on its narrow
+kernels/gemm_sm90.cu, WGMMA fed by TMA, ~3x mma.sync's rate; small outputs on its narrow
 tiles and K splits). WGMMA reads TF32 operands
 K-major only: nt (x @ W^T) runs as is, reading its operands as TF32 through the tensor maps;
 an M/N-major operand (b in nn, a and b in tn) is first written transposed and rounded to TF32
@@ -21,9 +21,9 @@ an M/N-major operand (b in nn, a and b in tn) is first written transposed and ro
 a), then nt runs on the copies.
 """
 from ._launch import launch, sm_count
-from . import _gemm_reduce, _gemm_sm90, _modules
+from . import _gemm_reduce, _gemm_sm90, _modules, config
 
-FAMILY = "matmul_tf32"
+FAMILY = "gemm_tf32"
 LAYOUTS = ("nn", "nt", "tn")  # as rawops.matmul: b (K, N) | b given as (N, K) | a given as (K, M)
 MIN_CC = 80  # mma.sync .tf32, cp.async
 TILE, TILE_K, STAGES, THREADS = 128, 16, 4, 256  # kTf32Tile, kTf32K, kTf32Stages, kTf32Threads
@@ -33,7 +33,6 @@ KMAJOR_STRIDE = TILE_K + 4  # kTf32KMajorStride; an M/N-major tile is [TILE_K][r
 # for outputs of at least one 128 x 256 tile per SM (else the 128 x 128 kernel, split K), and
 # only in nn (matmul's forward): measured at 8192^3 on the H100 (bench/NOTES.md), wide against
 # 128 x 128 ran nn 121.6 / 98.3 TFLOP/s, nt 110.2 / 120.3, tn 93.8 / 94.9.
-WIDE = True
 WIDE_LAYOUTS = ("nn",)
 WIDE_N, WIDE_STAGES = 256, 4  # kTf32WideStages
 WIDE_MIN_TILES_PER_SM = 1.0
@@ -42,8 +41,7 @@ WIDE_CCS = (80, 90, 100)
 # the tiles would leave block slots (2 per SM) idle, aiming at ~3 waves.
 SPLIT_MIN_K, SPLIT_CHUNK, MAX_SPLITS = 1024, 256, 16
 MAX_BLOCKS, MAX_GRID_Y = 1 << 31, 65535
-KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.matmul.KINDS
-HOPPER = True  # the switch: False keeps every TF32 GEMM on mma.sync (comparisons, debugging)
+KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.gemm.KINDS
 HOPPER_LAYOUTS = ("nt", "nn", "tn")  # nn, tn through transposed copies of their M/N-major operands
 # On sm_90 every size takes the Hopper kernel, on its narrow tiles and K splits where the output
 # is small, operand copies included: nt 256x768->3072 with bias + GELU 8.5 us against 60.6 on
@@ -98,7 +96,7 @@ def plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132):
     if _ceil(m, TILE) > MAX_GRID_Y or _ceil(n, TILE) * _ceil(m, TILE) >= MAX_BLOCKS:  # 32-bit tile order
         return None
     wide_tiles = _ceil(n, WIDE_N) * _ceil(m, TILE)
-    if WIDE and layout in WIDE_LAYOUTS and cc in WIDE_CCS and wide_tiles >= WIDE_MIN_TILES_PER_SM * sms:
+    if config.tf32_wide and layout in WIDE_LAYOUTS and cc in WIDE_CCS and wide_tiles >= WIDE_MIN_TILES_PER_SM * sms:
         return (f"gemm_tf32_wide_{layout}_f32", (_ceil(n, WIDE_N), _ceil(m, TILE)), THREADS,
                 shared_bytes(layout, WIDE_N, WIDE_STAGES), 1)
     grid = (_ceil(n, TILE), _ceil(m, TILE))
@@ -113,7 +111,7 @@ def hopper_plan(layout, m, n, k, cc, a_ptr, b_ptr, c_ptr, sms=132, built=True, f
     TF32 GEMM, or None: nt as _gemm_sm90.plan takes it; in nn and tn the M/N-major operands are
     transposed into fresh scratch first (their own alignment then does not matter; K % 4 and
     N % 4 still do). K past 65535 x 64 with a transpose stays on mma.sync (its grid.y)."""
-    if not HOPPER or layout not in HOPPER_LAYOUTS:
+    if not config.tf32_sm90 or layout not in HOPPER_LAYOUTS:
         return None
     transpose = (layout[0] == "t", layout[1] == "n")
     if any(transpose) and _ceil(k, TRANSPOSE_TILE) > MAX_GRID_Y:  # both copies have K / 64 block rows
@@ -128,7 +126,7 @@ def transpose_grid(rows, cols):
 
 
 # ------------------------------------------------------------------------------ launches on raw pointers
-_plans = {}  # (layout, m, n, k, a, b, c 16-byte aligned, device) -> launch, or None
+_plans = {}  # (layout, m, n, k, a, b, c 16-byte aligned, device, ..., config generation) -> launch, or None
 compute_capability = _modules.compute_capability  # module-level: tests replace it here
 
 
@@ -137,7 +135,8 @@ def _function(name, device, shared):
 
 
 def _launch_plan(layout, m, n, k, a, b, c, device, flags=0, pre=0):
-    key = (layout, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device, flags & 3, pre % 16 == 0)
+    key = (layout, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device, flags & 3, pre % 16 == 0,
+           config._generation)
     if key in _plans:
         return _plans[key]
     sms = sm_count(device)
@@ -174,7 +173,7 @@ def _copy_transposed(function, source, rows, cols, stream, device, workspace):
 
 def launch_gemm(device, layout, a, b, c, bias, aux, pre, m, n, k, flags, stream, workspace):
     """c (m, n) = epilogue(tf32(A) tf32(B)) for float32 pointers checked by the caller, as
-    rawops.matmul.launch_gemm. Returns (taken, owner): taken False when `plan` refuses the
+    rawops.gemm.launch_gemm. Returns (taken, owner): taken False when `plan` refuses the
     shape (nothing launched: the caller runs the exact kernel); owner keeps split-K scratch
     from `workspace(nbytes)` alive until the launches are queued."""
     found = _launch_plan(layout, m, n, k, a, b, c, device, flags, pre)

@@ -1,7 +1,7 @@
 """Find each kernel family's code and load it once per device through cupy.RawModule.
 
 Where the code comes from, first match wins:
-  RAWOPS_DEV=1       kernels/<family>.cu of a source checkout, rebuilt with nvcc for the
+  config.dev_kernels kernels/<family>.cu of a source checkout, rebuilt with nvcc for the
                      current GPU whenever its content hash changes (cached on disk);
   installed fatbin   rawops/_fatbin/<family>.fatbin, built by setup.py;
   NVRTC fallback     the shipped source compiled through CuPy at first use (one warning;
@@ -14,13 +14,11 @@ import os
 import threading
 import warnings
 
-from . import _nvcc
+from . import _nvcc, config
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 FATBIN_DIR = os.path.join(PACKAGE_DIR, "_fatbin")
 CHECKOUT_KERNELS = os.path.join(os.path.dirname(PACKAGE_DIR), "kernels")
-DEV_ENV = "RAWOPS_DEV"
-FORCE_NVRTC_ENV = "RAWOPS_FORCE_NVRTC"
 DEV_CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "rawops")
 
 _lock = threading.Lock()
@@ -78,14 +76,14 @@ def _dev_mode_fatbin(family, device):
         raise FamilyUnavailable(f"rawops: '{family}' has no code for sm_{major}{minor} (only {directive})")
     cutlass = _nvcc.cutlass_include() if _nvcc.uses_cutlass(cu_path) else None
     if _nvcc.uses_cutlass(cu_path) and cutlass is None:
-        raise FamilyUnavailable(f"rawops: {DEV_ENV}=1 cannot rebuild '{family}' without CuTe headers "
+        raise FamilyUnavailable(f"rawops: config.dev_kernels cannot rebuild '{family}' without CuTe headers "
                                 f"(pip install nvidia-cutlass, or set {_nvcc.CUTLASS_ENV})")
     digest = _nvcc.source_digest(cu_path, include_dir)
     out_path = os.path.join(DEV_CACHE, f"{family}-sm{major}{minor}-{digest}.fatbin")
     if not os.path.exists(out_path):
         nvcc = _nvcc.find_nvcc()
         if nvcc is None:
-            raise RuntimeError(f"{DEV_ENV}=1 needs nvcc on PATH (or CUDA_HOME) to rebuild {cu_path}")
+            raise RuntimeError(f"rawops: config.dev_kernels needs nvcc on PATH (or CUDA_HOME) to rebuild {cu_path}")
         tmp_path = f"{out_path}.{os.getpid()}.tmp"
         _nvcc.compile_fatbin(nvcc, cu_path, include_dir, tmp_path, [arch], targets=targets, cutlass=cutlass)
         os.replace(tmp_path, out_path)  # atomic: concurrent processes never see half a file
@@ -115,7 +113,7 @@ def nvrtc_options():
     headers that CuPy bundles (nvcc finds CUB itself; NVRTC does not)."""
     import cupy
 
-    options = ["-std=c++17", f"-I{os.path.join(kernel_source_dir(), 'include')}"]
+    options = ["-std=c++17", *_nvcc.CONSTANT_DEFINES, f"-I{os.path.join(kernel_source_dir(), 'include')}"]
     cccl = os.path.join(os.path.dirname(cupy.__file__), "_core", "include", "cupy", "_cccl")
     for part in ("cub", "thrust", "libcudacxx"):
         if os.path.isdir(os.path.join(cccl, part)):
@@ -127,14 +125,14 @@ def _load_module(family, device):
     import cupy
 
     with cupy.cuda.Device(device):
-        if os.environ.get(DEV_ENV) == "1":
+        if config.dev_kernels:
             return cupy.RawModule(path=_dev_mode_fatbin(family, device))
         path = fatbin_path(family)
         if _nvcc.arch_directive(os.path.join(kernel_source_dir(), f"{family}.cu")):
             if not os.path.exists(path):
                 raise FamilyUnavailable(f"rawops: '{family}' was not built in this installation")
             return cupy.RawModule(path=path)
-        if os.path.exists(path) and os.environ.get(FORCE_NVRTC_ENV) != "1":
+        if os.path.exists(path) and not config.force_nvrtc:
             return cupy.RawModule(path=path)
         return _nvrtc_module(family)
 

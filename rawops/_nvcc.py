@@ -5,10 +5,23 @@ time, before rawops or its dependencies are importable, and the development mode
 `_modules.py` reuses it at import to rebuild edited kernels.
 """
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
+
+
+def _load_constants():
+    # By path, as setup.py loads this file: the constants every kernel is compiled with.
+    spec = importlib.util.spec_from_file_location(
+        "_rawops_constants", os.path.join(os.path.dirname(os.path.abspath(__file__)), "_constants.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CONSTANT_DEFINES = tuple(_load_constants().defines())
 
 # SASS for every generation we ship, PTX of the newest so that later GPUs JIT it.
 DEFAULT_ARCHS = "7.5;8.0;8.6;8.9;9.0;10.0;12.0+PTX"
@@ -16,7 +29,7 @@ ARCH_ENV = "RAWOPS_CUDA_ARCH_LIST"
 # Development only: build just these families ("norm softmax"), e.g. a GPU round on one
 # family; the others' fatbins are left as they are (absent on a fresh machine).
 FAMILIES_ENV = "RAWOPS_FAMILIES"
-# --compress-mode=size: nvcc's default left matmul_tf32's fatbin uncompressed (9.7 MB for
+# --compress-mode=size: nvcc's default left gemm_tf32.s fatbin uncompressed (9.7 MB for
 # sm_90, 6.8 MB of it -lineinfo's PTX text; 1.0 MB compressed); the driver decompresses at load.
 NVCC_FLAGS = ("-O3", "-lineinfo", "-std=c++17", "--threads", "0", "--compress-mode=size")
 # A family that needs an architecture-specific target says so on its first line,
@@ -119,8 +132,10 @@ def find_nvcc():
 
 
 def source_digest(cu_path, include_dir):
-    """Hash of a kernel source and every shared header: the dev-mode cache key."""
+    """Hash of a kernel source, every shared header and the constants it is compiled with:
+    the dev-mode cache key."""
     digest = hashlib.sha256(open(cu_path, "rb").read())
+    digest.update(" ".join(CONSTANT_DEFINES).encode())
     for root, _, files in sorted(os.walk(include_dir)):
         for name in sorted(files):
             digest.update(name.encode())
@@ -134,7 +149,8 @@ def compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, log=print, targe
     include folder and the flags CuTe needs."""
     gencode = specific_gencode_flags(targets) if targets else gencode_flags(archs)
     extra = [f"-I{cutlass}", *CUTLASS_FLAGS] if cutlass else []
-    cmd = [nvcc, *NVCC_FLAGS, f"-I{include_dir}", *extra, "--fatbin", *gencode, cu_path, "-o", out_path]
+    cmd = [nvcc, *NVCC_FLAGS, *CONSTANT_DEFINES, f"-I{include_dir}", *extra, "--fatbin", *gencode, cu_path, "-o",
+           out_path]
     names = (" ".join(f"sm_{t}" for t in targets) if targets
              else " ".join(f"sm_{sm}" + ("+PTX" if ptx else "") for sm, ptx in archs))
     log(f"rawops: nvcc {os.path.basename(cu_path)} -> {os.path.basename(out_path)} [{names}]")
@@ -170,7 +186,7 @@ def kept_fatbins_conflict(fatbin_dir, archs, kept):
 
 def write_manifest(fatbin_dir, archs, nvcc, specific=None):
     """Record what the build compiled, for `rawops info` and the build tests; `specific`
-    maps a family built for its own targets to them ({'matmul_sm90': ['sm_90a']})."""
+    maps a family built for its own targets to them ({"gemm_sm90": ["sm_90a"]})."""
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     manifest = {**manifest_targets(archs),
                 "nvcc": version[-1] if version else "unknown", "flags": list(NVCC_FLAGS),

@@ -8,7 +8,7 @@ data's device, or on `stream=`. Kernels: kernels/elementwise.cu.
 from ._launch import (CupyMapEntry, MapKernel, allocating_on, as_array, hold_if_capturing, launch, require_str,
                       resolve_device, sm_count, stream_pointer, wait_for_producer)
 from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES
-from . import _modules
+from . import _modules, config
 
 FAMILY = "elementwise"
 
@@ -67,13 +67,7 @@ EXACT_MAX_ROW_TILES = 1 << 17
 # 26.6 against 24.1, 4096 x 768 27.0 against 23.2; bench/results/explore_bias_bwd_exact.md).
 EXACT_MIN_ELEMENTS = 1 << 24
 EXACT_WORKSPACE_ROWS = 3  # float32 rows of cols: the int64 sums (two), the Inf / NaN sums (one)
-USE_EXACT_HALF_SUM = True
 TILES, TILES_EXACT = 0, -1  # the plan's strip for the short tiles (partial rows / exact sums)
-# Every size and type: through the library's call the tiles measured 1.02-1.06x the walkers at
-# each shape and type tried (16384 x 4096, 8192 x 3072, 4096 x 768, 32 x 3072; H100,
-# bench/results/explore_bias_bwd_routing.md). bench/explore_bias_bwd*.py switch it off to time
-# the walkers.
-USE_BIAS_BWD_TILE = True
 
 # The ops launched in the capped shape on sm_90 (_launch.map_shape), each measured faster so
 # (bench/results/explore_map_occupancy.md): the light ones and the erf GELU backward (f16
@@ -85,19 +79,19 @@ CAPPED = {"gelu_tanh_fwd", "gelu_tanh_bwd", "gelu_erf_bwd", "relu_fwd", "relu_bw
 MAP = {name: MapKernel(FAMILY, name, names, reads_b, reads_c, name in CAPPED)
        for name, (names, reads_b, reads_c) in KERNELS.items()}
 
-_GELU_MODES = {"tanh": "tanh", "none": "erf"}
+GELU_MODES = {"tanh": "tanh", "none": "erf"}
 
 
-def _gelu_mode(approximate):
+def gelu_mode(approximate):
     require_str(approximate, "approximate")
-    mode = _GELU_MODES.get(approximate)
+    mode = GELU_MODES.get(approximate)
     if mode is None:
         raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")
     return mode
 
 
 def _by_mode(pattern):
-    return {approximate: MAP[pattern.format(mode)] for approximate, mode in _GELU_MODES.items()}
+    return {approximate: MAP[pattern.format(mode)] for approximate, mode in GELU_MODES.items()}
 
 
 # Looked up per call: a dict hit is cheaper than formatting the kernel's name.
@@ -108,22 +102,22 @@ _BIAS_GELU_FWD, _BIAS_GELU_BWD = _by_mode("bias_gelu_{}_fwd"), _by_mode("bias_ge
 def _gelu_kernel(table, approximate):
     try:
         kernel = table.get(approximate)
-    except TypeError:  # unhashable: _gelu_mode names the argument
+    except TypeError:  # unhashable: gelu_mode names the argument
         kernel = None
     if kernel is None:
-        _gelu_mode(approximate)
+        gelu_mode(approximate)
     return kernel
 
 
-def _gelu_python(x, approximate="tanh", *, out=None, stream=None):
+def _gelu_python(x, approximate="none", *, out=None, stream=None):
     return _gelu_kernel(_GELU_FWD, approximate)(x, out=out, stream=stream)
 
 
-def _gelu_backward_python(dy, x, approximate="tanh", *, out=None, stream=None):
+def _gelu_backward_python(dy, x, approximate="none", *, out=None, stream=None):
     return _gelu_kernel(_GELU_BWD, approximate)(dy, x, out=out, stream=stream)
 
 
-def _bias_gelu_python(x, bias, approximate="tanh", *, out=None, stream=None):
+def _bias_gelu_python(x, bias, approximate="none", *, out=None, stream=None):
     return _gelu_kernel(_BIAS_GELU_FWD, approximate)(x, c=bias, out=out, stream=stream)
 
 
@@ -147,7 +141,7 @@ def relu_scale_add_backward(dy, x, alpha, *, out=None, stream=None):
     return relu_scale_backward(dy, x, alpha, out=out, stream=stream), dy
 
 
-def bias_gelu_backward(dy, x, bias, approximate="tanh", *, out=None, stream=None):
+def bias_gelu_backward(dy, x, bias, approximate="none", *, out=None, stream=None):
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over the leading dims
     (deterministic: the same input gives the same bits). One pass over dy and x when the last
     dim is whole vectors and every operand aligned to them (bias_gelu_bwd_plan: 16-byte vectors,
@@ -205,11 +199,11 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     vector = 16 // itemsize
     threads, tile_rows, per = BIAS_BWD_TILE_SHAPE[dtype]
     tile_cols = threads * per // tile_rows * vector  # whole column tiles only (the kernel has no guard)
-    if USE_BIAS_BWD_TILE and cols % tile_cols == 0 and not any(p % 16 for p in pointers):
+    if config.bias_gelu_backward_tiles and cols % tile_cols == 0 and not any(p % 16 for p in pointers):
         chunks = -(-rows // tile_rows)
         blocks = chunks * (cols // tile_cols)
         if blocks <= 0x7FFFFFFF:
-            if (dtype == 1 and USE_EXACT_HALF_SUM and chunks <= EXACT_MAX_ROW_TILES
+            if (dtype == 1 and config.exact_half_dbias and chunks <= EXACT_MAX_ROW_TILES
                     and rows * cols >= EXACT_MIN_ELEMENTS):
                 return (blocks,), EXACT_WORKSPACE_ROWS, threads, TILES_EXACT
             return (blocks,), chunks, threads, TILES
@@ -278,15 +272,14 @@ def launch_column_sum(device, dtype, x_ptr, partial_ptr, out_ptr, rows, cols, ch
 
 
 # column_sum_final waits for the kernel before it (kernels/include/rawops/dependent_launch.cuh), so on
-# sm_90+ it is launched programmatically dependent: its launch overlaps that kernel's end.
-# bench/explore_bias_bwd.py switches it off to measure both.
-DEPENDENT_FINAL = True
+# sm_90+ it is launched programmatically dependent (config.dependent_launch): its launch overlaps
+# that kernel's end.
 
 
 def _launch_column_sum_final(device, suffix, partial_ptr, out_ptr, chunks, cols, stream):
     final = _modules.function_pointer(FAMILY, f"column_sum_final_{suffix}", device)
     launch(final, (-(-cols // FINAL_COLUMNS),), FINAL_THREADS, 0, stream, (partial_ptr, out_ptr, chunks, cols),
-           "ppqq", device, DEPENDENT_FINAL and _modules.compute_capability(device) >= 90)
+           "ppqq", device, config.dependent_launch and _modules.compute_capability(device) >= 90)
 
 
 def column_sum(x, *, stream=None):

@@ -21,7 +21,7 @@ Kernels: kernels/mlp.cu.
 """
 from ._launch import (NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, require_str, sm_count,
                       stream_pointer, wait_for_producer)
-from . import _modules, _rows
+from . import _modules, _rows, config
 
 FAMILY = "mlp"
 SUFFIXES = ("f32",)  # the dtypes each table kernel exists in (<name>_<suffix>)
@@ -111,7 +111,6 @@ SEED_TC_WEIGHT_BYTES = 4 * (128 * 104 + 64 * 136 + 16 * 72 + 128 + 64 + 16)  # k
 SEED_TC_LDX = 104  # kStLdx: floats per staged x row
 SEED_TC_MIN_WARPS = 4  # fewer fit beside the weights (sm_86/89/120's ~100 KB): the FFMA kernel
 SEED_TC_WARP_STEP = 4  # warps a block come in multiples of this (the SM's four schedulers)
-USE_SEED_TC = True  # False: the exact FFMA kernel (seed_mlp_fwd) for every forward beyond SMALL_BATCH_MAX
 SMALL_THREADS = 256  # kSmallThreads
 GRAD_THREADS = 256  # kGradThreads
 DGRAD_ROWS = 64  # kDgradRows
@@ -129,11 +128,9 @@ TC_RESIDENT = 16  # flags bit (kResident): every layer's weights resident in sha
 RESIDENT_MAX_SMEM = 112 * 1024
 FAST_MAX_WARPS = 16  # the fast forward's block: __launch_bounds__(512, 1), one block per SM
 FAST_MIN_WARPS = 4  # fewer warps' staging rows fit beside the weights: the tile kernels instead
-USE_FAST = True  # False: the WMMA tile kernels for every forward (bench/bench_mlp.py compares)
 FAST_BWD_MAX_WARPS = 8  # the fused backward's block: __launch_bounds__(256, 1)
 FAST_BWD_MIN_WARPS = 2
 FAST_BWD_ROWS = 32  # kBwdRows: rows a warp owns in a tile
-USE_FAST_BWD = True  # False: the chain + wgrad tile kernels for every backward
 DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 SUPPORTED_TEXT = ("fused_mlp supports: float32 with sizes (100, 128, 64, 10), activation 'relu' and biases "
                   "(the source network); float16/bfloat16 with n_in 1..128, 1..8 hidden layers of one width in "
@@ -200,7 +197,7 @@ def seed_launch(batch, device, training=False):
     """(function pointer, grid, block, shared bytes) of the source network's forward. The
     training forward (which keeps h1, h2) always takes the exact FFMA kernels."""
     tc = None
-    if batch > SMALL_BATCH_MAX and USE_SEED_TC and not training:
+    if batch > SMALL_BATCH_MAX and config.mlp_tf32 and not training:
         fit = seed_tc_fit(device)
         if fit is not None:
             tc = (SEED_TC, *fit, sm_count(device))
@@ -578,7 +575,7 @@ def launch_forward(plan, device, x, weights, biases, y, batch, stream, saved=Non
     bs = (list(biases) if biases is not None else []) + [0] * (9 - (len(biases) if biases is not None else 0))
     args = (x, y, saved[0] if saved is not None else 0, *ws, *bs, batch, plan.n_in, plan.width, plan.n_out,
             plan.hidden, plan.act | (plan.out_act << 2))
-    fast = fast_fit(plan, device) if USE_FAST else None
+    fast = fast_fit(plan, device) if config.mlp_fast_forward else None
     if fast is not None:
         warps, smem = fast
         name = f"tc_mlp_w{plan.width}_{FAST_ACTIVATIONS[plan.act]}_fwd"
@@ -623,7 +620,7 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
         grads = [(g1, 0, x, 0), (g2, 0, h1, 0), (dy, gm, h2, 0)]
         chunks, rows = wgrad_plan(batch, 2 * sm_count(device), WGRAD_ROWS)
         partial = _modules.function_pointer(FAMILY, "mlp_wgrad_bwd_f32", device)
-    elif batch and USE_FAST_BWD and fast_bwd_fit(plan, device) is not None:
+    elif batch and config.mlp_fast_backward and fast_bwd_fit(plan, device) is not None:
         _launch_fast_backward(plan, device, dy, x, y, saved[0], weights, dx, dweights, dbiases, batch, stream, tmp)
         return keep
     else:
@@ -672,8 +669,8 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
 
 
 # The layers' reduce waits for the fused backward (kernels/include/rawops/dependent_launch.cuh), so
-# on sm_90+ it is launched programmatically dependent: its launch overlaps the backward's end.
-DEPENDENT_REDUCE = True
+# on sm_90+ it is launched programmatically dependent (config.dependent_launch): its launch overlaps
+# the backward's end.
 
 
 def _launch_fast_backward(plan, device, dy, x, y, save, weights, dx, dweights, dbiases, batch, stream, tmp):
@@ -695,7 +692,7 @@ def _launch_fast_backward(plan, device, dy, x, y, save, weights, dx, dweights, d
     dbs = (list(dbiases) if dbiases is not None else []) + [0] * (9 - (len(dbiases) if dbiases is not None else 0))
     launch(reduce, (-(-largest // 32), len(layout)), 256, 0, stream,
            (ws, grid, stride, plan.n_in, plan.width, plan.n_out, plan.hidden, *dws, *dbs), REDUCE_LAYERS_KINDS,
-           device, DEPENDENT_REDUCE and compute_capability(device) >= 90)
+           device, config.dependent_launch and compute_capability(device) >= 90)
 
 
 # ------------------------------------------------------------------------------ CuPy API: the general network

@@ -448,18 +448,16 @@ def test_source_digest_changes_with_the_kernel_and_with_any_shared_header(tmp_pa
     assert len({first, second, third}) == 3
 
 
-# ------------------------------------------------------------------------------ row families (norm, softmax)
-import importlib  # noqa: E402
+# ------------------------------------------------------------------------------ row families (norm, softmaxes)
 
-# By module path: `rawops.softmax` as an attribute is the function of the same name.
-norm = importlib.import_module("rawops.norm")
-softmax = importlib.import_module("rawops.softmax")
+import rawops.norm as norm  # noqa: E402
+import rawops.softmaxes as softmaxes  # noqa: E402
 
-mlp = importlib.import_module("rawops.mlp")
+import rawops.mlp as mlp  # noqa: E402
 
 # family -> its Python table; the fatbin must hold <base>_<suffix> for each, on every arch
 # (suffixes: the module's SUFFIXES where a family exists in fewer dtypes, as mlp).
-ROW_FAMILIES = {"norm": norm, "softmax": softmax}
+ROW_FAMILIES = {"norm": norm, "softmaxes": softmaxes}
 TABLE_FAMILIES = {**ROW_FAMILIES, "mlp": mlp}
 # CUB's util_device.cuh defines one global kernel (EmptyKernel, for its PTX-version query)
 # in every unit that includes it; it is not ours and nothing launches it.
@@ -524,9 +522,9 @@ def test_norm_table_matches_the_kernels_defined_in_the_source():
 
 
 def test_softmax_table_matches_the_kernels_defined_in_the_source():
-    source = _source("softmax")
+    source = _source("softmaxes")
     ops = re.findall(r"^\s*RAWOPS_SOFTMAX\((\w+),\s*(true|false),\s*T,\s*suffix\)", source, flags=re.M)
-    assert {f"{op}_{d}" for op, _ in ops for d in ("fwd", "bwd")} == set(softmax.KERNELS)
+    assert {f"{op}_{d}" for op, _ in ops for d in ("fwd", "bwd")} == set(softmaxes.KERNELS)
     assert dict(ops) == {"softmax": "false", "log_softmax": "true"}, "the LOG flag of each op"
     instantiated = re.findall(r"^RAWOPS_SOFTMAX_FAMILY\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
@@ -534,7 +532,7 @@ def test_softmax_table_matches_the_kernels_defined_in_the_source():
 
 @pytest.mark.parametrize("family, kinds", [
     ("norm", {"_fwd": norm.FWD_KINDS, "_bwd": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
-    ("softmax", {"_fwd": softmax.FWD_KINDS, "_bwd": softmax.BWD_KINDS}),
+    ("softmaxes", {"_fwd": softmaxes.FWD_KINDS, "_bwd": softmaxes.BWD_KINDS}),
 ])
 def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
     # The generic launcher marshals one slot per kind: a count or type mismatch passes

@@ -492,7 +492,7 @@ def test_nvrtc_fallback_compiles_and_matches(monkeypatch):
     """The path taken when the build had no nvcc: sources compiled by NVRTC at first use."""
     from rawops import _modules
 
-    monkeypatch.setenv("RAWOPS_FORCE_NVRTC", "1")
+    monkeypatch.setattr(rawops.config, "force_nvrtc", True)
     monkeypatch.setattr(_modules, "_modules", {})
     monkeypatch.setattr(_modules, "_functions", {})
     with pytest.warns(RuntimeWarning, match="NVRTC"):
@@ -519,12 +519,12 @@ def _launch_relu_f32(kernel, n=4097):
 
 
 def test_dev_mode_rebuilds_the_checkout_kernels_once_per_content(monkeypatch, tmp_path):
-    """RAWOPS_DEV=1: kernels/<family>.cu compiled by nvcc for this GPU, cached by content hash."""
+    """config.dev_kernels: kernels/<family>.cu compiled by nvcc for this GPU, cached by content hash."""
     from rawops import _modules, _nvcc
 
     if _nvcc.find_nvcc() is None or not _modules._is_checkout_kernels(_modules.CHECKOUT_KERNELS):
         pytest.skip("dev mode needs nvcc and a source checkout")
-    monkeypatch.setenv("RAWOPS_DEV", "1")
+    monkeypatch.setattr(rawops.config, "dev_kernels", True)
     monkeypatch.setattr(_modules, "DEV_CACHE", str(tmp_path))
     for attempt in range(2):  # the second load finds the cached build
         monkeypatch.setattr(_modules, "_modules", {})

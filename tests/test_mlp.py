@@ -5,7 +5,6 @@ backward, the torch adapter (autograd, custom ops, FusedMLP).
 Without a GPU: launch arithmetic, and every argument check firing before any launch (fake
 __cuda_array_interface__ producers, as in test_validation.py). With one (marker `gpu`):
 against torch.nn.Sequential in float64 on fresh random weights and inputs."""
-import importlib
 import re
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 import rawops
 from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
 
-mlp = importlib.import_module("rawops.mlp")
+import rawops.mlp as mlp  # noqa: E402
 
 SHAPES = {"w1": (128, 100), "b1": (128,), "w2": (64, 128), "b2": (64,), "w3": (10, 64), "b3": (10,)}
 NAMES = list(SHAPES)

@@ -161,7 +161,7 @@ def test_norm_and_softmax_families_on_gpu1(dtype):
         close(backward(cp(dy), y), rdx, dtype, f"{forward.__name__} dx", factor=2)
 
 
-# Each reaches another kernel of the matrix family (see rawops.matmul.plan).
+# Each reaches another kernel of the matrix family (see rawops.gemm.plan).
 MATMULS = {
     "f32 simt": (F32, 257, 129, 100, False),
     "f32 split-K + reduce": (F32, 64, 64, 8192, False),

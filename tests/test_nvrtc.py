@@ -32,13 +32,13 @@ def _cuda_include():
 NVRTC = _nvrtc()
 ALL_SOURCES = sorted(glob.glob(os.path.join(_modules.kernel_source_dir(), "*.cu")))
 # A family built for specific targets (the Hopper GEMM, CuTe headers) has no NVRTC fallback:
-# without its fatbin its callers use the portable kernels (tests/test_matmul_sm90.py).
+# without its fatbin its callers use the portable kernels (tests/test_gemm_sm90.py).
 SOURCES = [s for s in ALL_SOURCES if _nvcc.arch_directive(s) is None]
 
 
 def test_only_the_arch_specific_families_lack_the_nvrtc_fallback():
     skipped = sorted(os.path.basename(s) for s in ALL_SOURCES if s not in SOURCES)
-    assert skipped == ["matmul_sm90.cu"]
+    assert skipped == ["gemm_sm90.cu"]
 
 
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC not installed (pip install nvidia-cuda-nvrtc)")

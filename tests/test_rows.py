@@ -1,6 +1,5 @@
 """Row families (norm, softmax) without a GPU: launch plans, and argument checks that fire
 before any launch (fake __cuda_array_interface__ producers, as in test_validation.py)."""
-import importlib
 
 import pytest
 
@@ -8,8 +7,8 @@ import rawops
 from rawops import _rows
 from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
 
-norm = importlib.import_module("rawops.norm")
-softmax_module = importlib.import_module("rawops.softmax")
+import rawops.norm as norm  # noqa: E402
+import rawops.softmaxes as softmax_module  # noqa: E402
 
 
 # ------------------------------------------------------------------------------ launch plans

@@ -3,7 +3,6 @@ CuPy's pool on the given stream, so that it is ordered with the launches that wr
 the pool hands out on the *current* stream is only ordered with that stream's work. Calls
 captured on a CuPy stream replay on new inputs, and the scratch a captured call uses is never
 handed to a later array while its graph may replay."""
-import importlib
 
 import cupy
 import pytest
@@ -17,7 +16,7 @@ from rawops import elementwise  # noqa: E402
 from rawops._launch import sm_count  # noqa: E402
 from rawops._modules import compute_capability  # noqa: E402
 
-matmul_module = importlib.import_module("rawops.matmul")  # the attribute rawops.matmul is the function
+import rawops.gemm as matmul_module  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-// The GEMM epilogue shared by the matrix kernels (kernels/matmul.cu, kernels/matmul_sm90.cu):
+// The GEMM epilogue shared by the matrix kernels (kernels/gemm.cu, kernels/gemm_sm90.cu):
 // what is stored at C[m][n] for a float32 accumulator, with bias, GELU and its gradient.
 //
 // Epilogue (flags & 3): 0 none; 1 bias + GELU, the pre-activation also stored when `pre` is

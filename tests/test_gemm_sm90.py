@@ -1,4 +1,4 @@
-"""The Hopper GEMM (kernels/matmul_sm90.cu, rawops/_gemm_sm90.py): WGMMA + TMA on sm_90.
+"""The Hopper GEMM (kernels/gemm_sm90.cu, rawops/_gemm_sm90.py): WGMMA + TMA on sm_90.
 
 Without a GPU: when the plan takes it, its launch shape (tile width, K splits), the kernel
 table against the source and the fatbin (one sm_90a ELF with every entry point), the arch
@@ -6,7 +6,6 @@ directive of the build. With an sm_90 GPU (marker `gpu`): every layout and epilo
 torch in float64 on every tile width, with and without K splits, forced onto small and odd
 shapes too; and the planner's own choices on the medium-batch shapes it was fitted on.
 """
-import importlib
 import os
 import re
 
@@ -18,7 +17,7 @@ from rawops import _launch, _modules, _nvcc
 from test_build import elf_entry_symbols, list_elf_archs, list_ptx_archs, needs_cuobjdump
 from test_validation import BASE, OTHER
 
-mm = importlib.import_module("rawops.matmul")
+import rawops.gemm as mm  # noqa: E402
 F32, F16, BF16 = 0, 1, 2
 SMS = 132
 
@@ -153,7 +152,7 @@ def test_operand_maps_read_k_major_tiles_in_one_box_and_mn_major_in_64_wide_slab
 
 # ------------------------------------------------------------------------------ source, build
 def _source():
-    with open(os.path.join(_modules.kernel_source_dir(), "matmul_sm90.cu")) as f:
+    with open(os.path.join(_modules.kernel_source_dir(), "gemm_sm90.cu")) as f:
         return f.read()
 
 
@@ -194,7 +193,7 @@ def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
 
 
 def test_the_source_asks_for_sm90a_only():
-    path = os.path.join(_modules.kernel_source_dir(), "matmul_sm90.cu")
+    path = os.path.join(_modules.kernel_source_dir(), "gemm_sm90.cu")
     assert _nvcc.arch_directive(path) == ["90a"]
     assert _nvcc.uses_cutlass(path)
     assert _nvcc.arch_directive(os.path.join(_modules.kernel_source_dir(), "matmul.cu")) is None
@@ -215,7 +214,7 @@ def test_fatbin_is_one_sm90a_elf_with_every_entry_point():
     path = _modules.fatbin_path(hopper.FAMILY)
     if not os.path.exists(path):
         if os.environ.get("CI") and _nvcc.cutlass_include() is not None:
-            pytest.fail("CI has nvcc and the CuTe headers but the build made no matmul_sm90.fatbin")
+            pytest.fail("CI has nvcc and the CuTe headers but the build made no gemm_sm90.fatbin")
         pytest.skip(f"{path} absent (no CuTe headers, sm_90 not targeted, or RAWOPS_FAMILIES left it out)")
     assert list_elf_archs(path) == ["sm_90a"] and list_ptx_archs(path) == []
     assert {arch: sorted(names) for arch, names in elf_entry_symbols(path).items()} == {
@@ -238,7 +237,7 @@ def _need_sm90():
     if int(cupy.cuda.Device(0).compute_capability) != 90:
         pytest.skip("the Hopper kernel runs on sm_90 only")
     if not hopper.built(0):
-        pytest.fail("sm_90 GPU but the Hopper kernels are not built (matmul_sm90.fatbin missing)")
+        pytest.fail("sm_90 GPU but the Hopper kernels are not built (gemm_sm90.fatbin missing)")
 
 
 # (BN, K splits) forced on every shape: each tile width, and split K on the narrow ones (a

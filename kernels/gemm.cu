@@ -27,7 +27,7 @@
 //   linear_small_*  nt with M <= 32 rows per blockIdx.y (x @ W^T, small batch), sm_80+: x
 //                   staged in shared memory, 24 output features per block (details below).
 //   linear_small_tf32_nt_f32  the same for float32 linear_gelu on sm_90+ in 3xTF32 on the
-//                   tensor pipe (float32-level error; rawops.matmul.LINEAR_TF32 switches it off).
+//                   tensor pipe (float32-level error; rawops.config.linear_tf32 switches it off).
 // Measured on the H100 (bench/NOTES.md): bf16 8192^3 ~270 TFLOP/s (0.35x cuBLAS), f32 45.6
 // (0.88x), linear_gelu f32 32x768->3072 12.5 us of kernel time exact (v5), 7.6 in 3xTF32 (v7).
 #include "rawops/dtype.cuh"

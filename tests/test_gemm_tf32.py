@@ -1,4 +1,4 @@
-"""The TF32 GEMM's contract (kernels/matmul_tf32.cu, rawops/_gemm_tf32.py): matmul(tf32=True).
+"""The TF32 GEMM's contract (kernels/gemm_tf32.cu, rawops/_gemm_tf32.py): matmul(tf32=True).
 
 Without a GPU: which shapes the TF32 kernel takes and which go to the exact kernels, its grid
 and shared memory (pure arithmetic), argument checks, the fatbin holding its entry points on
@@ -6,7 +6,6 @@ every architecture. With one (marker `gpu`): against torch in float64 on fresh r
 held to TF32's ~1e-3 relative-norm tolerance *and* shown to be TF32 (its error is far above
 exact float32's) where the kernel runs, exact where it does not; every layout, the epilogues,
 odd and empty shapes, out=, poisoned outputs, NaN inputs; the torch adapter with autograd."""
-import importlib
 import os
 import re
 
@@ -17,7 +16,7 @@ from rawops import _gemm_tf32 as tf
 from test_build import elf_entry_symbols, expected_elf_archs, needs_cuobjdump
 from test_validation import BASE, OTHER, f32
 
-mm = importlib.import_module("rawops.matmul")
+import rawops.gemm as mm  # noqa: E402
 C_PTR = OTHER * 2
 TF32_TOLERANCE = 1e-3  # relative norm (issue 4); TF32 rounding alone is ~2^-11 per operand
 EXACT_TOLERANCE = 1e-5  # exact float32 FFMA at these K: ~1e-7
@@ -25,13 +24,13 @@ EXACT_TOLERANCE = 1e-5  # exact float32 FFMA at these K: ~1e-7
 
 # ------------------------------------------------------------------------------ plan
 def test_wide_kernels_are_compiled_exactly_where_the_planner_may_pick_them():
-    # kernels/matmul_tf32.cu traps in the wide entries for every other target (build time):
+    # kernels/gemm_tf32.cu traps in the wide entries for every other target (build time):
     # its list of architectures must be the planner's WIDE_CCS.
-    path = os.path.join(os.path.dirname(__file__), "..", "kernels", "matmul_tf32.cu")
+    path = os.path.join(os.path.dirname(__file__), "..", "kernels", "gemm_tf32.cu")
     source = open(path).read()
     guard = re.search(r"#if defined\(__CUDA_ARCH__\)((?: && __CUDA_ARCH__ != \d+)+)\n"
                       r"#define RAWOPS_TF32_WIDE\(A_KM, B_KM\) __trap\(\)", source)
-    assert guard, "kernels/matmul_tf32.cu no longer guards the wide entries by architecture"
+    assert guard, "kernels/gemm_tf32.cu no longer guards the wide entries by architecture"
     assert sorted(int(a) // 10 for a in re.findall(r"!= (\d+)", guard.group(1))) == sorted(tf.WIDE_CCS)
 
 
@@ -165,7 +164,7 @@ def test_adapter_tf32_must_be_a_bool():
 def _source():
     from rawops import _modules
 
-    with open(os.path.join(_modules.kernel_source_dir(), "matmul_tf32.cu")) as f:
+    with open(os.path.join(_modules.kernel_source_dir(), "gemm_tf32.cu")) as f:
         return f.read()
 
 

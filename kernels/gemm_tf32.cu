@@ -4,7 +4,7 @@
 //   C[m][n] = epilogue(sum_k tf32(A(m, k)) tf32(B(k, n))),  float32 accumulation.
 // tf32(x) rounds x to 10 mantissa bits (cvt.rna.tf32.f32, nearest, ties away): each product
 // carries ~2^-11 relative error, the sum ~1e-4..1e-3 relative to its norm (torch's
-// allow_tf32 precision). Layouts and epilogue exactly as kernels/matmul.cu (nn a (M, K) b (K, N);
+// allow_tf32 precision). Layouts and epilogue exactly as kernels/gemm.cu (nn a (M, K) b (K, N);
 // nt a (M, K) b (N, K); tn a (K, M) b (K, N); flags & 3: none / bias+GELU / bias+GELU' / bias).
 //
 // gemm_tf32_<layout>_f32, sm_80+: mma.sync.m16n8k8.row.col.f32.tf32.tf32.f32, 128 x 128 block
@@ -254,7 +254,7 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
   rawops::gemm_tf32<A_KM, B_KM, 256, rawops::kTf32WideStages>(     \
       a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k)
 #endif
-// Every entry: (a, b, c, bias, aux, pre, m, n, k, flags), as kernels/matmul.cu; grids in
+// Every entry: (a, b, c, bias, aux, pre, m, n, k, flags), as kernels/gemm.cu; grids in
 // rawops/_gemm_tf32.py.
 #define RAWOPS_TF32_GEMM_ARGS                                                                            \
   const float *a, const float *b, float *c, const float *bias, const float *aux, float *pre, long long m, \
@@ -273,7 +273,7 @@ RAWOPS_TF32(nt, true, true)
 RAWOPS_TF32(tn, false, false)
 
 // in (rows x cols, row-major) -> out (cols x rows), each value rounded to TF32 (to_tf32: nearest,
-// ties away, as the mma.sync kernels round): the Hopper TF32 GEMM (kernels/matmul_sm90.cu) reads
+// ties away, as the mma.sync kernels round): the Hopper TF32 GEMM (kernels/gemm_sm90.cu) reads
 // its operands K-major only, so nn's b (K x N) and tn's a and b go through this first
 // (rawops/_gemm_tf32.py). 64 x 64 tiles through shared memory, 65-float rows so that the column
 // reads are conflict-free; 256 threads (64 x 4), 16 values each; grid (ceil(cols / 64),

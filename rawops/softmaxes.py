@@ -2,12 +2,12 @@
 
 float32, float16 or bfloat16 arrays of any shape with at least one dimension, any row
 width, any number of rows including 0; math in float32, the row max subtracted first (no
-overflow at any magnitude). Kernels: kernels/softmax.cu.
+overflow at any magnitude). Kernels: kernels/softmaxes.cu.
 """
 from ._launch import NUMPY_DTYPES, allocating_on, launch, stream_pointer, wait_for_producer
 from . import _modules, _rows
 
-FAMILY = "softmax"
+FAMILY = "softmaxes"
 
 # The family's table: kernel base name -> argument names; each exists once per dtype.
 KERNELS = {

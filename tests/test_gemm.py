@@ -5,7 +5,6 @@ check firing before any launch (fake __cuda_array_interface__ producers), and th
 holding every entry point on every architecture. With one (marker `gpu`): against torch in
 float64 on fresh random data, weights included; odd and empty shapes; backward; gradcheck;
 torch.compile(fullgraph=True)."""
-import importlib
 import os
 import re
 
@@ -15,7 +14,7 @@ import rawops
 from test_build import elf_entry_symbols, expected_elf_archs, needs_cuobjdump
 from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
 
-mm = importlib.import_module("rawops.matmul")
+import rawops.gemm as mm  # noqa: E402
 F32, F16, BF16 = 0, 1, 2
 
 
@@ -261,7 +260,7 @@ def test_every_entry_point_has_the_table_signature():
 def test_fatbin_has_every_entry_point_on_every_architecture():
     from rawops import _modules
 
-    path = _modules.fatbin_path("matmul")
+    path = _modules.fatbin_path("gemm")
     if not os.path.exists(path):
         pytest.skip(f"{path} absent (built without nvcc, or RAWOPS_FAMILIES left it out)")
     per_arch = elf_entry_symbols(path)

@@ -3,7 +3,7 @@
 // (matmul's tf32=True), on sm_90a, with the tensor-core main loop of CuTe (CUTLASS's
 // headers): WGMMA fed by the TMA copy engine.
 //
-// Same contract as kernels/matmul.cu (layouts nn / nt / tn on row-major storage, the
+// Same contract as kernels/gemm.cu (layouts nn / nt / tn on row-major storage, the
 // epilogue of rawops/gemm_epilogue.cuh, float32 accumulation), for operands the copy engine
 // can read: 16-byte aligned, 16-byte rows (rawops/_gemm_sm90.py checks). WGMMA reads TF32
 // operands K-major only, so float32 has the nt layout alone (x @ W^T); rawops/_gemm_tf32.py
@@ -24,7 +24,7 @@
 //              through shared memory by TMA stores that drain during the next tile.
 // Split K (splits > 1, narrow tiles only: outputs with too few tiles to fill the GPU): a work
 // unit is one tile's share of K; its raw float32 sums go straight to partial[split][M][N] and
-// kernels/matmul.cu's gemm_reduce adds the splits in order and applies the epilogue.
+// kernels/gemm.cu's gemm_reduce adds the splits in order and applies the epilogue.
 // Work units are walked in groups of 8 tile-rows (A rows stay in L2 while B streams), the
 // producer running ahead into the next unit while the consumers store the last.
 // The tensor maps (TMA descriptors) are built on the host (cuTensorMapEncodeTiled) and
@@ -343,7 +343,7 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
 // (map_a, map_b, map_c, map_pre, map_a_tail, bias, m, n, k, flags, partial, splits): tensor maps
 // of the operands, of c and of the pre-activation (map_c again when none is stored: flags & 8
 // says one is), and of A's last tile-row (map_a again for an M-major A), built by
-// rawops/_gemm_sm90.py; bias and flags as in kernels/matmul.cu; with splits
+// rawops/_gemm_sm90.py; bias and flags as in kernels/gemm.cu; with splits
 // > 1 the sums go to partial (splits x m x n float32) and c, bias and flags are unused.
 #define RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, BN, name)                                              \
   extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) name(                              \

@@ -1,16 +1,16 @@
 """The matrix family: matmul and linear_gelu (Linear + bias + GELU in one kernel), forward
-and backward. Kernels: kernels/matmul.cu.
+and backward. Kernels: kernels/gemm.cu.
 
 matmul(a, b)                       a (M, K) @ b (K, N)
 linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn.Linear layout
 linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
 float32 runs exact float32 math (FFMA, no tensor cores) unless matmul's `tf32=True` asks for
-TF32 tensor cores (rawops/_gemm_tf32.py: kernels/matmul_tf32.cu, or kernels/matmul_sm90.cu on
+TF32 tensor cores (rawops/_gemm_tf32.py: kernels/gemm_tf32.cu, or kernels/gemm_sm90.cu on
 sm_90), with one exception: float32
 linear_gelu's forward at <= SMALL_MAX_M rows on sm_90+ runs 3xTF32 (three TF32 products per
 term, float32-level error: ~3e-7 relative against float64 at 32x768->3072, as torch's float32;
-LINEAR_TF32 = False forces the exact kernel); float16 / bfloat16 run tensor cores
+rawops.config.linear_tf32 = False forces the exact kernel); float16 / bfloat16 run tensor cores
 with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
 kernel of rawops/_gemm_sm90.py, whose tile width and K split follow the output's size; x @ W^T
 at <= 32 rows the small-batch kernel; else mma.sync, sm_80+), else the same FFMA kernel. Every
@@ -19,13 +19,13 @@ function tested without a GPU); the torch adapter calls it too.
 """
 from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, require_str,
                       sm_count, stream_pointer, wait_for_producer)
-from . import _gemm_sm90, _gemm_tf32, _modules, _rows
+from . import _gemm_sm90, _gemm_tf32, _modules, _rows, config
 from ._gemm_reduce import THREADS as REDUCE_THREADS, blocks as reduce_blocks, kernel_name as reduce_kernel_name
 
-FAMILY = "matmul"
+FAMILY = "gemm"
 LAYOUTS = ("nn", "nt", "tn")  # b (K, N) | b given as (N, K) | a given as (K, M)
 MMA_SUFFIXES = ("f16", "bf16")
-# Every entry point has the same parameters (kernels/matmul.cu, RAWOPS_GEMM_ARGS).
+# Every entry point has the same parameters (kernels/gemm.cu, RAWOPS_GEMM_ARGS).
 ARGS = ("a", "b", "c", "bias", "aux", "pre", "m", "n", "k", "flags")
 KINDS = "ppppppqqqq"
 
@@ -33,7 +33,7 @@ SIMT_TILE, SIMT_THREADS = 128, 256  # kSimtTile, kSimtThreads (gemm_simt and gem
 SIMT_VEC_K = 16  # kVecK: gemm_simt_vec's K tile
 # gemm_small_m_nn (float32 nn with <= SMALL_M_ROWS rows and whole float4 rows: linear_gelu's dx at
 # small batch): blocks of SMALL_M_ROWS x SMALL_M_COLS outputs, SMALL_M_THREADS threads, split K
-# into chunks of at least SMALL_M_MIN_K aiming at SMALL_M_SLOTS blocks an SM (kernels/matmul.cu).
+# into chunks of at least SMALL_M_MIN_K aiming at SMALL_M_SLOTS blocks an SM (kernels/gemm.cu).
 SMALL_M_ROWS, SMALL_M_COLS, SMALL_M_THREADS = 32, 64, 128
 SMALL_M_MIN_K, SMALL_M_SLOTS = 64, 3
 MMA_TILE, MMA_K, MMA_STAGES, MMA_THREADS = 128, 32, 3, 256  # kMmaTile, kMmaK, kMmaStages, kMmaThreads
@@ -46,14 +46,14 @@ SMALL_MIN_CC = 80
 SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
 # linear_small_tf32 (sm_90+, float32 linear_gelu forward only, 3xTF32 on the tensor pipe): a
 # CTA (a cluster of SMALL_TF32_CLUSTER CTAs; 1 ships) owns SMALL_TF32_FEATURES features, its
-# SMALL_TF32_WARPS warps splitting K (kernels/matmul.cu: RAWOPS_SMALL_TF32 arguments C, 1, NT, NWK).
+# SMALL_TF32_WARPS warps splitting K (kernels/gemm.cu: RAWOPS_SMALL_TF32 arguments C, 1, NT, NWK).
 SMALL_TF32_CLUSTER, SMALL_TF32_TILES, SMALL_TF32_WARPS = 1, 3, 16
 SMALL_TF32_FEATURES = SMALL_TF32_TILES * 8
 SMALL_TF32_THREADS = 32 * SMALL_TF32_WARPS
 SMALL_TF32_MIN_CC = 90  # thread-block clusters
 # linear_small_mma (sm_90+, float16 / bfloat16 x @ W^T at <= SMALL_MAX_M rows): linear_small_tf32's
 # kernel with one m16n8k16 mma a product, SMALL_MMA_TILES n8 tiles (features / 8) a CTA and
-# SMALL_MMA_WARPS warps splitting K (kernels/matmul.cu: RAWOPS_SMALL_MMA_NT, _NWK).
+# SMALL_MMA_WARPS warps splitting K (kernels/gemm.cu: RAWOPS_SMALL_MMA_NT, _NWK).
 SMALL_MMA_TILES, SMALL_MMA_WARPS = 2, 8
 SMALL_MMA_FEATURES = SMALL_MMA_TILES * 8
 # On sm_90 x @ W^T of at most this many rows takes linear_small_mma before the Hopper GEMM: one
@@ -62,11 +62,8 @@ SMALL_MMA_FEATURES = SMALL_MMA_TILES * 8
 # bench/results/explore_sm90_split_fit.md, explore_medium_batch.md).
 SMALL_MMA_BEFORE_HOPPER_M = 32
 SMALL_MMA_THREADS = 32 * SMALL_MMA_WARPS
-# The switch: True lets float32 linear_gelu at <= SMALL_MAX_M rows run linear_small_tf32 (3xTF32:
-# ~1e-6 relative against float64 where the exact FFMA kernel gives ~1e-7, both at float32 level);
-# False forces exact FFMA everywhere. matmul (and every other GEMM) never takes it. Read when a
-# shape is planned; plans are cached per value: `importlib.import_module("rawops.matmul").LINEAR_TF32 = False`.
-LINEAR_TF32 = True
+# config.linear_tf32 lets float32 linear_gelu at <= SMALL_MAX_M rows run linear_small_tf32 (3xTF32,
+# float32-level error); off, exact FFMA everywhere. matmul (and every other GEMM) never takes it.
 MAX_GRID_Y = 65535
 MMA_MIN_CC = 80
 # Split K (+ gemm_reduce) when the output has too few tiles to fill the GPU. FFMA: at least
@@ -122,7 +119,7 @@ def small_shared_bytes(itemsize):
 def small_tf32_shared_bytes(warps=SMALL_TF32_WARPS, f=SMALL_TF32_FEATURES):
     """linear_small_tf32's (and linear_small_mma's) dynamic shared memory: a float32 partial
     tile of SMALL_ROWS rows x f features per warp along K, rows padded to a 32-bank-clean
-    stride (kernels/matmul.cu: SmallTf32::kStride)."""
+    stride (kernels/gemm.cu: SmallTf32::kStride)."""
     stride = f + 16 if f % 32 == 24 else f + 8
     return warps * SMALL_ROWS * stride * 4
 
@@ -163,7 +160,7 @@ def vector_ffma(layout, dtype, m, n, k, a_ptr, b_ptr, c_ptr):
 def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear=False):
     """(kernel name, grid, block, dynamic shared bytes, K splits) of C (m, n) = A B in `layout`.
 
-    `tf32_linear`: the caller is float32 linear_gelu's forward with LINEAR_TF32 on; then x @ W^T
+    `tf32_linear`: the caller is float32 linear_gelu's forward with config.linear_tf32 on; then x @ W^T
     with at most SMALL_MAX_M rows and 16-byte rows on sm_90+ runs linear_small_tf32 (3xTF32).
     Half types there run linear_small_mma (the same kernel, one mma a product) on sm_90+.
     Else linear_small for x @ W^T with at most SMALL_MAX_M rows and 16-byte rows on sm_80+; tensor cores
@@ -221,14 +218,14 @@ def _function(name, device, shared):
     return _modules.function_with_shared(FAMILY, name, device, shared)
 
 
-# (layout, dtype, m, n, k, a, b, c 16-byte aligned, device, gelu-gradient, pre aligned, tf32_linear) -> launch
+# (layout, dtype, m, n, k, a, b, c 16-byte aligned, device, gelu-gradient, pre aligned, config generation) -> launch
 _plans = {}
 
 
 def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=0):
-    tf32_linear = flags & 3 == EPI_BIAS_GELU and LINEAR_TF32 is True
+    tf32_linear = flags & 3 == EPI_BIAS_GELU and config.linear_tf32
     key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device,
-           flags & 3 == EPI_BIAS_GELU_GRAD, pre % 16 == 0, tf32_linear)
+           flags & 3 == EPI_BIAS_GELU_GRAD, pre % 16 == 0, config._generation)
     cached = _plans.get(key)
     if cached is None:
         sms = sm_count(device)
@@ -252,7 +249,7 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
 
 def linear_launch_plan(layout, dtype, m, n, k, a, b, c, device, flags):
     """(function pointer, grid, block, shared, splits, extra) of a launch with epilogue `flags`
-    (linear_gelu's bias + GELU: LINEAR_TF32 applies), cached per shape: the torch adapter's
+    (linear_gelu's bias + GELU: config.linear_tf32 applies), cached per shape: the torch adapter's
     Cython fast path (_launch.torch_linear) asks for it on a cache miss. splits 0 is the Hopper
     GEMM, extra then its (BN, K splits); else extra is the split-K reduce launch or None."""
     return _launch_plan(layout, dtype, m, n, k, a, b, device, flags, c)
@@ -381,7 +378,7 @@ def _prod(shape):
     return p
 
 
-def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False, out=None, stream=None):
+def linear_gelu(x, weight, bias=None, approximate="none", *, save_preactivation=False, out=None, stream=None):
     """gelu(x @ weight.T + bias) in one kernel, as
     torch.nn.functional.gelu(torch.nn.functional.linear(x, weight, bias), approximate=...).
 
@@ -391,7 +388,7 @@ def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False
 
     float32 at <= 128 rows (in_features % 4 == 0, 16-byte aligned x and weight) on sm_90+
     runs 3xTF32 tensor-core math, float32-level (~3e-7 relative error against float64, as
-    torch's float32 GEMM); `rawops.matmul`'s module flag LINEAR_TF32 = False forces exact FFMA
+    torch's float32 GEMM); rawops.config.linear_tf32 = False forces exact FFMA
     (~1e-7). Every other float32 shape is exact FFMA. (3xTF32 splits each value into two TF32
     parts: an infinite input gives NaN there.)"""
     import cupy
@@ -414,7 +411,7 @@ def linear_gelu(x, weight, bias, approximate="tanh", *, save_preactivation=False
     return (y, pre) if save_preactivation else y
 
 
-def linear_gelu_backward(dy, x, weight, bias=None, approximate="tanh", *, preactivation=None, stream=None):
+def linear_gelu_backward(dy, x, weight, bias=None, approximate="none", *, preactivation=None, stream=None):
     """(dx, dweight, dbias) of linear_gelu; dbias is None when bias is None.
 
     With `preactivation` (from save_preactivation=True) dpre = dy * gelu'(pre) is one

@@ -1,0 +1,28 @@
+"""rawops for PyTorch: functions with torch.nn.functional's signatures, autograd, torch.library
+custom ops (torch.compile) and nn.Modules, one module per kernel family.
+
+The only part of rawops that imports torch. It launches the same kernels as the CuPy API,
+straight from tensors' raw pointers on torch's current stream of the tensor's device: no DLPack
+round trip, nothing copied for the layouts the kernels take (each family's docstring says what
+else costs a copy). Three paths, cheapest first:
+  no grad needed, not compiling   launch directly (the elementwise ops, linear_gelu, matmul and
+                                  the source network's FusedMLP are C-level entries);
+  grad needed, eager              an autograd.Function around the same launches;
+  inside torch.compile            the torch.library custom ops `rawops::<op>`, with fake (meta)
+                                  kernels and registered autograd, so fullgraph works.
+Everything is capturable in torch.cuda.graph: launches only, no allocation outside torch.
+"""
+from ._common import install_substitutes
+from .elementwise import GELU, BiasGELU, ReLU, ReLUScale, add, bias_gelu, gelu, relu, relu_scale, relu_scale_add
+from .gemm import LinearGELU, linear_gelu, matmul
+from .mlp import FusedMLP, fused_mlp
+from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm
+from .softmaxes import LogSoftmax, Softmax, log_softmax, softmax
+
+install_substitutes()  # last: every family has registered its C-level entries
+
+__all__ = [
+    "BiasGELU", "FusedMLP", "GELU", "LayerNorm", "LinearGELU", "LogSoftmax", "RMSNorm", "ReLU", "ReLUScale",
+    "Softmax", "add", "bias_gelu", "fused_mlp", "gelu", "layer_norm", "linear_gelu", "log_softmax", "matmul",
+    "relu", "relu_scale", "relu_scale_add", "rms_norm", "softmax",
+]

@@ -1,0 +1,264 @@
+"""The norm family for torch: layer_norm and rms_norm with torch.nn.functional's signatures, their
+autograd (deterministic dweight / dbias), `rawops::` custom ops, and the modules LayerNorm and
+RMSNorm, which load torch.nn.LayerNorm / torch.nn.RMSNorm state_dicts unchanged.
+
+The kernels normalise rows of a dense tensor; normalized_shape of several dims normalises their
+product as one row (a view of a contiguous input). An input that is not contiguous is first
+copied into a contiguous tensor (one extra read and write of it).
+"""
+import math
+
+import torch
+
+from .. import norm as _norm
+from .._launch import sm_count
+from ._common import checked, compiling, custom_op, dense, fast_apply, needs_grad, on_device, raw_stream
+
+_KINDS = ("layer_norm", "rms_norm")
+
+
+def _rows(x, name="x"):
+    code = checked(x, name)
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension (the op works over the last dim)")
+    n = x.shape[-1]
+    return code, (x.numel() // n if n else 0), n
+
+
+def _row_vector(t, name, x):
+    if t is None:
+        return 0
+    checked(t, name, like=x)
+    if t.shape != x.shape[-1:]:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected ({x.shape[-1]},): one value per element "
+                         "of x's last dim")
+    return t.data_ptr()
+
+
+# ------------------------------------------------------------------- raw launches (no autograd)
+def forward(op, x, weight, bias, eps):
+    """(y, mean, rstd) of op ('layer_norm' or 'rms_norm') over x's last dim; mean and rstd are
+    float32, one per row (mean is an empty tensor for rms_norm)."""
+    x = dense(x)
+    code, rows, n = _rows(x)
+    w, b = _row_vector(weight, "weight", x), _row_vector(bias, "bias", x)
+    eps = _norm.check_eps(eps, code)
+    y = torch.empty_like(x)
+    stats = x.shape[:-1]
+    mean = torch.empty(stats if op == "layer_norm" else (0,), dtype=torch.float32, device=x.device)
+    rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
+    if rows and n:
+        device = x.get_device()
+        on_device(device, _norm.launch_forward, op, device, code, x.element_size(), x.data_ptr(), w, b,
+                  y.data_ptr(), mean.data_ptr() if op == "layer_norm" else 0, rstd.data_ptr(), rows, n,
+                  eps, raw_stream(device))
+    elif rows:
+        mean.fill_(float("nan"))
+        rstd.fill_(float("nan"))
+    return y, mean, rstd
+
+
+def _stats(t, name, x):
+    """The forward's float32 mean/rstd as the backward reads them: one per row of x, dense, on
+    x's GPU (the rawops::*_backward ops can be called with anything)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} has dtype {t.dtype}, expected torch.float32 (the forward's statistics)")
+    if t.shape != x.shape[:-1]:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(x.shape[:-1])} (one per row of x)")
+    if t.get_device() != x.get_device():
+        raise ValueError(f"{name} is on {t.device}, expected {x.device} like x")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; the kernels read one value per row, densely")
+
+
+def backward(op, dy, x, weight, mean, rstd, need_dweight, need_dbias):
+    """(dx, dweight, dbias) of op from the forward's statistics; dweight / dbias are empty
+    tensors where not wanted. dweight and dbias are the same bits on every run."""
+    dy, x = dense(dy), dense(x)
+    code, rows, n = _rows(x)
+    checked(dy, "dy", like=x)
+    if dy.shape != x.shape:
+        raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {tuple(x.shape)} like x")
+    if op == "layer_norm":
+        _stats(mean, "mean", x)
+    _stats(rstd, "rstd", x)
+    w = _row_vector(weight, "weight", x)
+    need_dweight = need_dweight and weight is not None
+    dx = torch.empty_like(x)
+    make = torch.zeros if not (rows and n) else torch.empty
+    dweight = make(n if need_dweight else 0, dtype=x.dtype, device=x.device)
+    dbias = make(n if need_dbias else 0, dtype=x.dtype, device=x.device)
+    if rows and n:
+        device = x.get_device()
+        plan = _norm.backward_plan(rows, n, x.element_size(), sm_count(device), dy.data_ptr(), x.data_ptr(), w,
+                                   dx.data_ptr())
+        partial_dw = torch.empty((plan[3], n) if need_dweight else (0,), dtype=torch.float32, device=x.device)
+        partial_db = torch.empty((plan[3], n) if need_dbias else (0,), dtype=torch.float32, device=x.device)
+        on_device(device, _norm.launch_backward, op, device, code, x.element_size(), dy.data_ptr(),
+                  x.data_ptr(), w, mean.data_ptr() if op == "layer_norm" else 0, rstd.data_ptr(), dx.data_ptr(),
+                  partial_dw.data_ptr() if need_dweight else 0, partial_db.data_ptr() if need_dbias else 0,
+                  dweight.data_ptr() if need_dweight else 0, dbias.data_ptr() if need_dbias else 0, rows, n,
+                  plan, raw_stream(device))
+    return dx, dweight, dbias
+
+
+# ------------------------------------------------------------------- autograd and custom ops
+class _Norm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, op):
+        y, mean, rstd = forward(op, x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.op, ctx.has_bias = op, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbias = backward(ctx.op, dy, x, weight, mean, rstd, ctx.needs_input_grad[1],
+                                      ctx.has_bias and ctx.needs_input_grad[2])
+        return (dx, dweight if ctx.needs_input_grad[1] else None,
+                dbias if ctx.has_bias and ctx.needs_input_grad[2] else None, None, None)
+
+
+_norm_apply = fast_apply(_Norm)
+
+
+def _stats_like(x, op):
+    return x.new_empty(x.shape[:-1] if op == "layer_norm" else (0,), dtype=torch.float32)
+
+
+def _custom_ops(op):
+    """The custom ops of one norm: forward -> (y, mean, rstd), backward -> (dx, dw, db)."""
+    backward_op = custom_op(
+        f"{op}_backward",
+        "(Tensor dy, Tensor x, Tensor? weight, Tensor mean, Tensor rstd, bool need_dweight, bool need_dbias)"
+        " -> (Tensor, Tensor, Tensor)",
+        lambda dy, x, weight, mean, rstd, need_dw, need_db: backward(op, dy, x, weight, mean, rstd, need_dw, need_db),
+        lambda dy, x, weight, mean, rstd, need_dw, need_db: (
+            torch.empty_like(x), x.new_empty(x.shape[-1] if need_dw and weight is not None else 0),
+            x.new_empty(x.shape[-1] if need_db else 0)))
+
+    def setup(ctx, inputs, output):
+        x, weight, bias, _ = inputs
+        _, mean, rstd = output
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+
+    def backward_formula(ctx, dy, _dmean, _drstd):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbias = backward_op(dy, x, weight, mean, rstd, ctx.has_weight, ctx.has_bias)
+        return dx, dweight if ctx.has_weight else None, dbias if ctx.has_bias else None, None
+
+    forward_op = custom_op(
+        f"{op}_forward", "(Tensor x, Tensor? weight, Tensor? bias, float? eps) -> (Tensor, Tensor, Tensor)",
+        lambda x, weight, bias, eps: forward(op, x, weight, bias, eps),
+        lambda x, weight, bias, eps: (torch.empty_like(x), _stats_like(x, op),
+                                      x.new_empty(x.shape[:-1], dtype=torch.float32)),
+        backward_formula, setup)
+    return forward_op
+
+
+_FORWARD_OPS = {op: _custom_ops(op) for op in _KINDS}
+
+
+# ------------------------------------------------------------------- public functions
+def _normalized(normalized_shape):
+    """normalized_shape as a tuple of ints (an int is one dim), as torch reads it."""
+    if isinstance(normalized_shape, int) and not isinstance(normalized_shape, bool):
+        return (normalized_shape,)
+    try:
+        shape = tuple(normalized_shape)
+    except TypeError:
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints, got "
+                        f"{type(normalized_shape).__name__}") from None
+    if not shape or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise ValueError(f"normalized_shape must be a non-empty sequence of ints, got {normalized_shape!r}")
+    return shape
+
+
+def _run(op, input, normalized_shape, weight, bias, eps):
+    shape = _normalized(normalized_shape)
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
+    if input.dim() < len(shape) or tuple(input.shape[input.dim() - len(shape):]) != shape:
+        raise ValueError(f"{op}: normalized_shape={list(shape)} expects input of shape [*, "
+                         f"{', '.join(map(str, shape))}], got {list(input.shape)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != shape):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a tensor of normalized_shape {shape}, got {got}")
+    input = dense(input)
+    folded = len(shape) > 1  # several trailing dims: one row of their product
+    if folded:
+        n = math.prod(shape)
+        out_shape = input.shape
+        input = input.reshape(*input.shape[:input.dim() - len(shape)], n)
+        weight = weight.reshape(n) if weight is not None else None
+        bias = bias.reshape(n) if bias is not None else None
+    if compiling():
+        y = _FORWARD_OPS[op](input, weight, bias, eps)[0]
+    elif needs_grad(input, weight, bias):
+        y = _norm_apply(input, weight, bias, eps, op)
+    else:
+        y = forward(op, input, weight, bias, eps)[0]
+    return y.reshape(out_shape) if folded else y
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.layer_norm on rawops kernels: (input - mean) / sqrt(var + eps) over the
+    trailing dims of normalized_shape, times weight, plus bias."""
+    return _run("layer_norm", input, normalized_shape, weight, bias, eps)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """torch.nn.functional.rms_norm on rawops kernels: input / sqrt(mean(input^2) + eps) over the
+    trailing dims of normalized_shape, times weight; eps=None is the dtype's machine epsilon."""
+    return _run("rms_norm", input, normalized_shape, weight, None, eps)
+
+
+# ------------------------------------------------------------------- modules
+class LayerNorm(torch.nn.Module):
+    """Drop-in torch.nn.LayerNorm: same arguments, same parameters (`weight`, `bias`), so it
+    loads a torch.nn.LayerNorm state_dict unchanged."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
+        super().__init__()
+        self.normalized_shape = _normalized(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        factory = {"device": device, "dtype": dtype}
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.ones(self.normalized_shape, **factory))
+            self.bias = torch.nn.Parameter(torch.zeros(self.normalized_shape, **factory)) if bias else None
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, input):
+        return layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class RMSNorm(torch.nn.Module):
+    """Drop-in torch.nn.RMSNorm (parameter `weight`; eps=None is the dtype's machine epsilon, as
+    in torch)."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
+        super().__init__()
+        self.normalized_shape = _normalized(normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.ones(self.normalized_shape, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, input):
+        return rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
