@@ -218,14 +218,15 @@ def _function(name, device, shared):
     return _modules.function_with_shared(FAMILY, name, device, shared)
 
 
-# (layout, dtype, m, n, k, a, b, c 16-byte aligned, device, gelu-gradient, pre aligned, config generation) -> launch
+# (layout, dtype, m, n, k, a, b, c 16-byte aligned, device, gelu-gradient, pre aligned, tf32_linear,
+#  config generation) -> launch
 _plans = {}
 
 
 def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=0):
     tf32_linear = flags & 3 == EPI_BIAS_GELU and config.linear_tf32
     key = (layout, dtype, m, n, k, a % 16 == 0, b % 16 == 0, c % 16 == 0, device,
-           flags & 3 == EPI_BIAS_GELU_GRAD, pre % 16 == 0, config._generation)
+           flags & 3 == EPI_BIAS_GELU_GRAD, pre % 16 == 0, tf32_linear, config._generation)
     cached = _plans.get(key)
     if cached is None:
         sms = sm_count(device)

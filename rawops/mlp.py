@@ -417,13 +417,18 @@ def make_plan(dtype, sizes, activation, output_activation, has_bias):
 _plans = {}
 
 
-def _make_plan(dtype, sizes, activation, output_activation, has_bias):
+def check_activations(activation, output_activation):
+    """TypeError / ValueError naming a hidden or output activation that is not supported."""
     require_str(activation, "activation")
     require_str(output_activation, "output_activation")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     if output_activation not in OUTPUT_ACTIVATIONS:
         raise ValueError(f"output_activation must be one of {sorted(OUTPUT_ACTIVATIONS)}, got {output_activation!r}")
+
+
+def _make_plan(dtype, sizes, activation, output_activation, has_bias):
+    check_activations(activation, output_activation)
     sizes = tuple(int(v) for v in sizes)
     p = Plan()
     p.dtype, p.sizes, p.has_bias = dtype, sizes, bool(has_bias)

@@ -109,7 +109,7 @@ def test_in_place_out_equals_input(dtype):
     x = random((10007,), DTYPES[dtype])
     expected = F.gelu(x.double(), approximate="tanh")
     xc = to_cupy(x)
-    assert rawops.gelu(xc, out=xc).data.ptr == x.data_ptr()
+    assert rawops.gelu(xc, out=xc, approximate="tanh").data.ptr == x.data_ptr()
     assert_close(x, expected, DTYPES[dtype], "in place")
 
 
@@ -132,8 +132,8 @@ def test_offset_views_vector_and_scalar_paths(dtype, x_offset, out_offset):
 def test_bias_gelu_backward_dbias_is_deterministic_and_correct():
     dy, x = random((4096, 768), torch.float32), random((4096, 768), torch.float32)
     bias = random((768,), torch.float32)
-    dx1, db1 = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
-    dx2, db2 = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
+    dx1, db1 = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate="tanh")
+    dx2, db2 = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate="tanh")
     assert cupy.array_equal(db1, db2) and cupy.array_equal(dx1, dx2), "same input, same bits"
     b64 = bias.double().requires_grad_()
     F.gelu(x.double() + b64, approximate="tanh").backward(dy.double())
@@ -152,10 +152,10 @@ def test_tile_and_walker_backwards_agree(monkeypatch, dtype, shape):
     bias = random(shape[-1:], DTYPES[dtype])
     results = {}
     for tiles in (True, False):
-        monkeypatch.setattr(rawops.elementwise, "USE_BIAS_BWD_TILE", tiles)
+        monkeypatch.setattr(rawops.config, "bias_gelu_backward_tiles", tiles)
         poison_pool(dy.numel() * dy.element_size() * 2)
-        first = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
-        again = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
+        first = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate="tanh")
+        again = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate="tanh")
         assert cupy.array_equal(first[1], again[1]), f"tiles={tiles}: dbias not repeatable"
         results[tiles] = first
     assert cupy.array_equal(results[True][0], results[False][0]), "dx differs between the two kernels"
@@ -169,7 +169,7 @@ def test_tile_and_walker_backwards_agree(monkeypatch, dtype, shape):
 @pytest.mark.parametrize("shape", [(16384, 4096), (70001, 64), (129, 2112), (3, 5, 192)],
                          ids=["16384x4096", "70001x64", "129x2112", "3x5x192"])
 def test_exact_half_dbias_is_dx_summed_then_rounded_once(monkeypatch, shape, approximate):
-    # float16's tiles sum dbias in int64 fixed point (elementwise.USE_EXACT_HALF_SUM): the tiles'
+    # float16's tiles sum dbias in int64 fixed point (config.exact_half_dbias): the tiles'
     # float32 sums of 64 rows, added exactly, rounded once. Against the float64 sum of the dx it
     # returned, rounded to float16: equal but where the tiles' float32 rounding (at most ~20
     # additions deep, each off by 2^-24 of what it adds up) crosses a rounding boundary, and then
@@ -189,7 +189,7 @@ def test_exact_half_dbias_is_dx_summed_then_rounded_once(monkeypatch, shape, app
     dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate)
     again = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate)[1]
     assert cupy.array_equal(dbias, again), "dbias not repeatable"
-    monkeypatch.setattr(rawops.elementwise, "USE_EXACT_HALF_SUM", False)
+    monkeypatch.setattr(rawops.config, "exact_half_dbias", False)
     dx_partial = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate)[0]
     assert cupy.array_equal(dx, dx_partial), "dx differs from the partial-row tiles'"
     dx64, db64 = _bias_gelu_grads64(dy, x, bias, approximate)
@@ -223,7 +223,7 @@ def test_exact_half_dbias_carries_inf_nan_and_range_as_torch_does(monkeypatch):
     dy[0, 2], dy[2000, 2] = float("inf"), float("-inf")  # two row tiles: NaN however they meet
     dy[:, 3] = 60000.0  # every tile finite, the total past the range
     dy[:, 4] = 2.0 ** -20  # subnormal dx
-    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias))
+    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), approximate="tanh")
     torch_dbias = to_torch(dx).float().sum(0).to(dtype)
     got = to_torch(dbias)
     assert got[0].item() == float("inf") and torch_dbias[0].item() == float("inf")
@@ -280,10 +280,10 @@ def test_fused_bias_gelu_backward_out_and_in_place(dtype, in_place, cols):
     if in_place == "foreign out" and dtype == "bfloat16":
         # __cuda_array_interface__ has no bfloat16 typestr (torch gives '<V2'): refused, by name.
         with pytest.raises(TypeError, match=r"^out has dtype '<V2' .*pass bfloat16 as a CuPy array"):
-            rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), out=given)
+            rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), out=given, approximate="tanh")
         assert torch.isnan(out).all()
         return
-    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), out=given)
+    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), out=given, approximate="tanh")
     assert dx is given
     assert_close(out, dx64, DTYPES[dtype], "dx")
     assert_close(to_torch(dbias), db64, DTYPES[dtype], "dbias")
@@ -294,7 +294,7 @@ def test_fused_bias_gelu_backward_on_an_explicit_stream():
     dx64, db64 = _bias_gelu_grads64(dy, x, bias, "tanh")
     stream = cupy.cuda.Stream(non_blocking=True)
     dy = written_late(dy, stream)  # NaN unless the launch waits behind `stream`'s work
-    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), stream=stream)
+    dx, dbias = rawops.bias_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(bias), stream=stream, approximate="tanh")
     stream.synchronize()
     assert_close(to_torch(dx), dx64, torch.float16, "dx")
     assert_close(to_torch(dbias), db64, torch.float16, "dbias")
@@ -312,13 +312,13 @@ def test_runs_on_current_cupy_stream_and_explicit_stream():
     stream = cupy.cuda.Stream(non_blocking=True)
     late = written_late(x, stream)  # NaN unless the launch waits behind `stream`'s work
     with stream:
-        y = rawops.gelu(to_cupy(late))
+        y = rawops.gelu(to_cupy(late), approximate="tanh")
     stream.synchronize()
     assert_close(to_torch(y), expected, torch.float32, "current stream")
     other = cupy.cuda.Stream(non_blocking=True)
     out = cupy.full(x.shape, cupy.nan, dtype=cupy.float32)
     late = written_late(x, other)
-    rawops.gelu(to_cupy(late), out=out, stream=other)
+    rawops.gelu(to_cupy(late), out=out, stream=other, approximate="tanh")
     other.synchronize()
     assert_close(to_torch(out), expected, torch.float32, "stream=")
 
@@ -339,7 +339,7 @@ def test_a_given_stream_in_every_form_is_the_one_launched_on(form):
     late = written_late(x, side)  # NaN unless the launch waits behind `side`'s work
     given = {"cupy": cupy.cuda.Stream.from_external(_StreamProtocol(side.cuda_stream)), "torch": side,
              "int": side.cuda_stream}[form]
-    y = rawops.gelu(to_cupy(late), stream=given)
+    y = rawops.gelu(to_cupy(late), stream=given, approximate="tanh")
     side.synchronize()
     assert_close(to_torch(y), F.gelu(x.double(), approximate="tanh"), torch.float32, f"stream= as {form}")
 
@@ -379,7 +379,7 @@ def test_tensor_past_2_pow_31_elements():
 def test_strided_cupy_view_is_refused_not_copied():
     x = to_cupy(random((4096,), torch.float32))
     with pytest.raises(ValueError, match="x is not C-contiguous"):
-        rawops.gelu(x[::2])
+        rawops.gelu(x[::2], approximate="tanh")
     with pytest.raises(ValueError, match="out is not C-contiguous"):
         rawops.relu(x[:2048], out=x[::2])
 
@@ -429,7 +429,7 @@ def test_accepts_foreign_cuda_array_interface_objects():
     class Foreign:  # any producer: only the protocol, no CuPy, no torch type
         __cuda_array_interface__ = x.__cuda_array_interface__
 
-    y = rawops.gelu(Foreign())
+    y = rawops.gelu(Foreign(), approximate="tanh")
     assert_close(to_torch(y), F.gelu(x.double(), approximate="tanh"), torch.float16, "foreign CAI")
 
 
@@ -443,7 +443,7 @@ def test_host_pointer_in_cuda_array_interface_is_refused():
                                     "version": 3, "strides": None, "stream": None}
 
     with pytest.raises(ValueError, match="x"):
-        rawops.gelu(Lying())
+        rawops.gelu(Lying(), approximate="tanh")
 
 
 def test_bfloat16_through_dlpack_producer():
@@ -470,7 +470,7 @@ def test_dlpack_producer_is_ordered_before_a_given_stream():
     # A warm-up on the given stream: the kernel loaded and an output-sized block in that stream's
     # pool, so that neither a module load nor a fresh allocation synchronizes the device below
     # (either would order the launch after the copy whatever rawops does).
-    rawops.gelu(to_cupy(x), stream=given)
+    rawops.gelu(to_cupy(x), stream=given, approximate="tanh")
     given.synchronize()
     side = torch.cuda.Stream()
     late = written_late(x, side)
@@ -483,7 +483,7 @@ def test_dlpack_producer_is_ordered_before_a_given_stream():
             return late.__dlpack_device__()
 
     with torch.cuda.stream(side):  # torch's __dlpack__ orders the side stream's copy
-        y = rawops.gelu(OnlyDLPack(), stream=given)
+        y = rawops.gelu(OnlyDLPack(), stream=given, approximate="tanh")
     given.synchronize()
     assert_close(to_torch(y), F.gelu(x.double(), approximate="tanh"), torch.float32, "DLPack on stream=")
 
@@ -564,7 +564,7 @@ def test_launch_from_a_thread_that_never_touched_cuda():
 
     x = to_cupy(random((10007,), torch.float32))
     results = []
-    thread = threading.Thread(target=lambda: results.append(rawops.gelu(x)))
+    thread = threading.Thread(target=lambda: results.append(rawops.gelu(x, approximate="tanh")))
     thread.start()
     thread.join()
     cupy.cuda.Device().synchronize()

@@ -101,9 +101,9 @@ def test_only_linear_gelu_forward_takes_3xtf32_and_the_switch_turns_it_off(plann
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU_GRAD)[0] == "linear_small_nt_f32", "backward recompute"
     assert mm.linear_launch_plan("nt", F32, 32, 3072, 768, BASE, OTHER, 0, 0, mm.EPI_BIAS_GELU)[0] == \
         "linear_small_tf32_nt_f32", "the torch fast path's planner"
-    monkeypatch.setattr(mm, "LINEAR_TF32", False)
+    monkeypatch.setattr(rawops.config, "linear_tf32", False)
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_nt_f32", "a cached plan must not win"
-    monkeypatch.setattr(mm, "LINEAR_TF32", True)
+    monkeypatch.setattr(rawops.config, "linear_tf32", True)
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_tf32_nt_f32"
 
 
@@ -218,7 +218,7 @@ def test_an_output_past_one_grid_is_refused():
 def _source():
     from rawops import _modules
 
-    with open(os.path.join(_modules.kernel_source_dir(), "matmul.cu")) as f:
+    with open(os.path.join(_modules.kernel_source_dir(), "gemm.cu")) as f:
         return f.read()
 
 
@@ -319,20 +319,20 @@ def test_matmul_out_must_fit_and_stay_apart_from_the_inputs():
 ])
 def test_linear_gelu_refuses_parameters_of_the_wrong_shape(weight, bias, message):
     with pytest.raises(ValueError, match=message):
-        rawops.linear_gelu(f32((4, 8)), weight, bias)
+        rawops.linear_gelu(f32((4, 8)), weight, bias, approximate="tanh")
 
 
 def test_linear_gelu_refuses_bad_dtypes_approximations_and_dy():
     with pytest.raises(TypeError, match=r"^weight has dtype float16, expected float32 like x"):
-        rawops.linear_gelu(f32((4, 8)), f16((5, 8), ptr=OTHER), None)
+        rawops.linear_gelu(f32((4, 8)), f16((5, 8), ptr=OTHER), None, approximate="tanh")
     with pytest.raises(TypeError, match=r"^bias has dtype float16, expected float32 like x"):
-        rawops.linear_gelu(f32((4, 8)), f32((5, 8), ptr=OTHER), f16((5,), ptr=OTHER * 2))
+        rawops.linear_gelu(f32((4, 8)), f32((5, 8), ptr=OTHER), f16((5,), ptr=OTHER * 2), approximate="tanh")
     with pytest.raises(ValueError, match=r"^approximate must be 'tanh' or 'none', got 'erf'"):
         rawops.linear_gelu(f32((4, 8)), f32((5, 8), ptr=OTHER), None, approximate="erf")
     with pytest.raises(ValueError, match=r"^x must have at least one dimension"):
-        rawops.linear_gelu(f32(()), f32((5, 8), ptr=OTHER), None)
+        rawops.linear_gelu(f32(()), f32((5, 8), ptr=OTHER), None, approximate="tanh")
     with pytest.raises(ValueError, match=r"^dy has shape \(4, 6\), expected \(4, 5\)"):
-        rawops.linear_gelu_backward(f32((4, 6), ptr=OTHER * 3), f32((4, 8)), f32((5, 8), ptr=OTHER))
+        rawops.linear_gelu_backward(f32((4, 6), ptr=OTHER * 3), f32((4, 8)), f32((5, 8), ptr=OTHER), approximate="tanh")
     with pytest.raises(ValueError, match=r"^preactivation has shape"):
         rawops.linear_gelu_backward(f32((4, 5), ptr=OTHER * 3), f32((4, 8)), f32((5, 8), ptr=OTHER),
                                     preactivation=f32((5, 4), ptr=OTHER * 4))
@@ -345,10 +345,10 @@ def test_adapter_refuses_bad_arguments_before_any_launch():
     with pytest.raises(ValueError, match=r"^a is on cpu"):
         ta.matmul(torch.ones(4, 8), torch.ones(8, 3))
     with pytest.raises(ValueError, match=r"^x is on cpu"):
-        ta.linear_gelu(torch.ones(4, 8), torch.ones(5, 8))
+        ta.linear_gelu(torch.ones(4, 8), torch.ones(5, 8), approximate="tanh")
     with pytest.raises(ValueError, match=r"^approximate must be"):
         ta.LinearGELU(8, 5, approximate="erf")
-    module = ta.LinearGELU(8, 5)
+    module = ta.LinearGELU(8, 5, approximate="tanh")
     linear = torch.nn.Linear(8, 5)
     module.load_state_dict(linear.state_dict())  # same names and shapes as nn.Linear
     assert torch.equal(module.weight, linear.weight) and torch.equal(module.bias, linear.bias)
@@ -493,7 +493,7 @@ def test_linear_gelu_float32_small_batch_3xtf32_matches_float64(m, k, n, approxi
 
 @pytest.mark.gpu
 def test_linear_tf32_switch_forces_the_exact_kernel_in_both_paths(monkeypatch):
-    """LINEAR_TF32 = False: the exact FFMA kernel, also through the adapter's cached fast path;
+    """config.linear_tf32 = False: the exact FFMA kernel, also through the adapter's cached fast path;
     3xTF32 stays at float32 level next to it (both printed with -s)."""
     torch = pytest.importorskip("torch")
     from gpu_reference import random, to_cupy
@@ -507,10 +507,10 @@ def test_linear_tf32_switch_forces_the_exact_kernel_in_both_paths(monkeypatch):
     flags = mm.EPI_BIAS_GELU
     with torch.no_grad():
         fast_tf32 = _launch.torch_linear(x, w, b, flags)
-        api_tf32 = torch.from_dlpack(rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b)))
-        monkeypatch.setattr(mm, "LINEAR_TF32", False)
+        api_tf32 = torch.from_dlpack(rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b), approximate="tanh"))
+        monkeypatch.setattr(rawops.config, "linear_tf32", False)
         fast_exact = _launch.torch_linear(x, w, b, flags)
-        api_exact = torch.from_dlpack(rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b)))
+        api_exact = torch.from_dlpack(rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b), approximate="tanh"))
         torch_f32 = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate="tanh")
     torch.cuda.synchronize()
     assert torch.equal(fast_tf32, api_tf32) and torch.equal(fast_exact, api_exact), "one kernel per setting"
@@ -526,7 +526,7 @@ def test_linear_gelu_keeps_leading_dims():
     from gpu_reference import assert_close, random, to_cupy
 
     x, w, b = random((3, 11, 64), torch.float32), random((40, 64), torch.float32, 0.1), random((40,), torch.float32)
-    y = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b))
+    y = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b), approximate="tanh")
     assert y.shape == (3, 11, 40)
     ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()), approximate="tanh")
     assert_close(y, ref, torch.float32, "3-D x")
@@ -548,10 +548,10 @@ def test_linear_gelu_backward_matches_torch_float64(dtype, m, k, n, saved):
     y64.backward(dy.double())
     pre = None
     if saved:
-        _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True)
+        _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True, approximate="tanh")
     size = x.element_size()
     poison_pool(m * k * size, n * k * size, n * size)  # dx, dweight, dbias (at m = 0: dweight must be written 0)
-    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre)
+    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre, approximate="tanh")
     factor = 1 if dt == torch.float32 else 2  # dpre is rounded to the storage type before the GEMMs
     what = f"{dtype} {m}x{k}->{n} {'saved' if saved else 'recomputed'}"
     assert_close(dx, x64.grad, dt, f"dx {what}", factor)
@@ -575,10 +575,10 @@ def test_linear_gelu_backward_makes_dpre_and_dbias_in_one_pass_from_a_saved_prea
     x, w = random((64, 96), torch.float16, 1.0), random((136, 96), torch.float16, 0.1)
     bias = random((136,), torch.float16, 1.0)
     dy = random((64, 136), torch.float16, 1.0)
-    _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True)
-    rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre)
+    _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True, approximate="tanh")
+    rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre, approximate="tanh")
     assert (fused_bias_ptrs, column_sums) == ([0], [])
-    module = ta.LinearGELU(96, 136, device="cuda", dtype=torch.float16)
+    module = ta.LinearGELU(96, 136, device="cuda", dtype=torch.float16, approximate="tanh")
     module(x.requires_grad_()).backward(dy)
     assert (fused_bias_ptrs, column_sums) == ([0, 0], [])
     torch.cuda.synchronize()
@@ -639,7 +639,7 @@ def test_adapter_linear_gelu_module_matches_nn_linear_gelu_in_float64(dtype, m):
 
     dt = _torch_dtype(dtype)
     linear = torch.nn.Linear(96, 136).cuda().to(dt)
-    module = ta.LinearGELU(96, 136, device="cuda", dtype=dt)
+    module = ta.LinearGELU(96, 136, device="cuda", dtype=dt, approximate="tanh")
     module.load_state_dict(linear.state_dict())
     x = random((m, 96), dt, 1.0).requires_grad_()
     dy = random((m, 136), dt, 1.0)
@@ -671,7 +671,7 @@ def test_adapter_gradcheck_on_small_sizes():
     b = torch.randn(7, device="cuda", requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # float32 inputs: gradcheck warns, tolerances below account for it
-        assert torch.autograd.gradcheck(lambda x, w, b: ta.linear_gelu(x, w, b), (x, w, b), eps=1e-2, atol=2e-2,
+        assert torch.autograd.gradcheck(lambda x, w, b: ta.linear_gelu(x, w, b, approximate="tanh"), (x, w, b), eps=1e-2, atol=2e-2,
                                         rtol=2e-2)
         assert torch.autograd.gradcheck(lambda x, w: ta.matmul(x, w.t().contiguous()), (x, w), eps=1e-2, atol=2e-2,
                                         rtol=2e-2)
@@ -684,7 +684,7 @@ def test_adapter_ops_compile_with_fullgraph_and_keep_their_gradients():
     from rawops import torch_adapter as ta
 
     def f(x, w, b, w2):
-        return ta.matmul(ta.linear_gelu(x, w, b), w2).sum()
+        return ta.matmul(ta.linear_gelu(x, w, b, approximate="tanh"), w2).sum()
 
     x = random((64, 48), torch.float32).requires_grad_()
     w = random((80, 48), torch.float32, 0.2).requires_grad_()

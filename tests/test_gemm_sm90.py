@@ -63,11 +63,11 @@ def test_medium_outputs_take_the_modelled_fastest_narrow_tile():
 def test_splits_leave_no_split_empty_fill_one_wave_and_never_split_the_widest_tile(m, n, k, dtype):
     for bn in hopper.TILE_WIDTHS:
         for wanted in (1, 2, 3, 5, 7, 16, 1000):
-            hopper.FORCE_SHAPE = (bn, wanted)
+            rawops.config.gemm_sm90_shape = (bn, wanted)
             try:
                 _, grid, shared, got_bn, splits = hopper.plan("nt", dtype, m, n, k, 90, BASE, OTHER, SMS)
             finally:
-                hopper.FORCE_SHAPE = None
+                rawops.config.gemm_sm90_shape = None
             k_tiles = -(-k // hopper.tile_k(dtype))
             per_split = -(-k_tiles // splits)
             assert got_bn == bn and shared == hopper.shared_bytes(bn)
@@ -196,7 +196,7 @@ def test_the_source_asks_for_sm90a_only():
     path = os.path.join(_modules.kernel_source_dir(), "gemm_sm90.cu")
     assert _nvcc.arch_directive(path) == ["90a"]
     assert _nvcc.uses_cutlass(path)
-    assert _nvcc.arch_directive(os.path.join(_modules.kernel_source_dir(), "matmul.cu")) is None
+    assert _nvcc.arch_directive(os.path.join(_modules.kernel_source_dir(), "gemm.cu")) is None
 
 
 @pytest.mark.parametrize("archs, expected", [
@@ -250,7 +250,7 @@ def every_shape_on_hopper(request, monkeypatch):
     """Route every eligible half-type GEMM to the Hopper kernel (x @ W^T at 32 rows too), however
     few its tiles, with the tile width and split count forced."""
     _need_sm90()
-    monkeypatch.setattr(hopper, "FORCE_SHAPE", request.param)
+    monkeypatch.setattr(rawops.config, "gemm_sm90_shape", request.param)
     monkeypatch.setattr(mm, "SMALL_MMA_BEFORE_HOPPER_M", 0)
     mm._plans.clear()
     yield request.param
@@ -260,8 +260,8 @@ def every_shape_on_hopper(request, monkeypatch):
 def _assert_hopper_planned(layout, dtype, m, n, k):
     plan = mm._launch_plan(layout, dtype, m, n, k, BASE, OTHER, 0)
     assert plan[4] == 0, f"{layout} {m}x{n}x{k} did not take the Hopper kernel"
-    if hopper.FORCE_SHAPE is not None:
-        assert plan[5][0] == hopper.FORCE_SHAPE[0], "the forced tile width"
+    if rawops.config.gemm_sm90_shape is not None:
+        assert plan[5][0] == rawops.config.gemm_sm90_shape[0], "the forced tile width"
 
 
 # (M, K, N): one row, odd rows, K not a multiple of 64, one tile, many tiles per block
@@ -326,8 +326,8 @@ def test_linear_backward_nn_and_tn_match_float64(every_shape_on_hopper, dtype, m
     torch.nn.functional.gelu(torch.nn.functional.linear(x64, w64, b64), approximate="tanh").backward(dy.double())
     pre = None
     if saved:
-        _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True)
-    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre)
+        _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True, approximate="tanh")
+    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre, approximate="tanh")
     assert_close(dx, x64.grad, dt, f"hopper dx {dtype}", 2)
     assert_close(dw, w64.grad, dt, f"hopper dweight {dtype}", 2)
     assert_close(db, b64.grad, dt, f"hopper dbias {dtype}", 2)

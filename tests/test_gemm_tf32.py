@@ -91,7 +91,7 @@ def test_large_outputs_on_sm90_take_the_hopper_gemm_with_m_n_major_operands_tran
 
 
 def test_the_hopper_switch_turns_it_off(monkeypatch):
-    monkeypatch.setattr(tf, "HOPPER", False)
+    monkeypatch.setattr(rawops.config, "tf32_sm90", False)
     assert tf.hopper_plan("nt", 8192, 8192, 8192, 90, BASE, OTHER, C_PTR) is None
 
 
@@ -254,14 +254,14 @@ def _relative_error(torch, out, ref):
 
 @pytest.fixture(params=["narrow", "wide", "hopper"])
 def kernel(request, monkeypatch):
-    """Every shape through gemm_tf32 (WIDE off), then through gemm_tf32_wide wherever it runs,
+    """Every shape through gemm_tf32 (config.tf32_wide off), then through gemm_tf32_wide wherever it runs,
     then through the Hopper GEMM wherever it runs (sm_90: nt, and nn through b^T), its tile
     threshold lowered so that small and odd shapes reach it too (on its narrow tiles and K
     splits, as rawops._gemm_sm90.narrow_shape picks them)."""
-    monkeypatch.setattr(tf, "WIDE", request.param == "wide")
+    monkeypatch.setattr(rawops.config, "tf32_wide", request.param == "wide")
     monkeypatch.setattr(tf, "WIDE_LAYOUTS", tf.LAYOUTS)
     monkeypatch.setattr(tf, "WIDE_MIN_TILES_PER_SM", 0)
-    monkeypatch.setattr(tf, "HOPPER", request.param == "hopper")
+    monkeypatch.setattr(rawops.config, "tf32_sm90", request.param == "hopper")
     monkeypatch.setattr(tf, "_plans", {})
     return request.param
 
@@ -353,12 +353,12 @@ def test_tf32_gemm_epilogues_match_the_matrix_family(kernel, layout, flags, m, k
         # and the gradient epilogue is checked on it at float32's.
         # The gradient epilogue never runs on the Hopper GEMM (_gemm_sm90.plan refuses it): v from
         # the kernel that does run it.
-        hopper, tf.HOPPER = tf.HOPPER, False
+        hopper, rawops.config.tf32_sm90 = rawops.config.tf32_sm90, False
         tf._plans.clear()
         try:
             v_kernel, taken = _run(layout, a, b, m, n, k, bias, None, None, mm.EPI_BIAS)
         finally:
-            tf.HOPPER = hopper
+            rawops.config.tf32_sm90 = hopper
             tf._plans.clear()
         assert taken
         assert _relative_error(torch, v_kernel, v) < TF32_TOLERANCE, "pre-activation"

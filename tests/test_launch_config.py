@@ -18,6 +18,7 @@ import re
 import numpy as np
 import pytest
 
+import rawops
 from rawops import _modules
 from rawops._launch import MAP_SHAPE, launch, map_launch_config, sm_count
 from rawops.elementwise import (BIAS_BWD_SHAPE, BIAS_BWD_THREADS, BIAS_BWD_TILE_SHAPE, bias_gelu_bwd_plan,
@@ -274,7 +275,7 @@ def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(monkeypatch,
     # the walkers (bias_bwd_partial): where the short tiles do not apply, or switched off as here
     from rawops import elementwise
 
-    monkeypatch.setattr(elementwise, "USE_BIAS_BWD_TILE", False)
+    monkeypatch.setattr(rawops.config, "bias_gelu_backward_tiles", False)
     grid, chunks, threads, strip = bias_gelu_bwd_plan(rows, cols, 0 if itemsize == 4 else 1, (0, 256, 512), sms)
     strips = grid[0]
     assert grid == (strips, chunks) and strip > 0
@@ -358,7 +359,7 @@ def test_final_column_sum_is_a_dependent_launch_on_sm_90_only(monkeypatch, cc, s
     monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))
     monkeypatch.setattr(elementwise._modules, "function_pointer", lambda family, name, device: 0x1000)
     monkeypatch.setattr(elementwise._modules, "compute_capability", lambda device: cc)
-    monkeypatch.setattr(elementwise, "DEPENDENT_FINAL", switch)
+    monkeypatch.setattr(rawops.config, "dependent_launch", switch)
     elementwise._launch_column_sum_final(0, "f16", 0x2000, 0x3000, 198, 4096, 0)
     (function, grid, block, shared, stream, args, kinds, device, is_dependent), = calls
     assert (function, grid, block, args, kinds) == (0x1000, (4096 // 32,), 1024, (0x2000, 0x3000, 198, 4096), "ppqq")
@@ -388,7 +389,7 @@ def test_exact_half_sums_stop_where_the_int64_total_could_overflow(monkeypatch):
     assert strip == TILES and chunks == EXACT_MAX_ROW_TILES + 1
     assert bias_gelu_bwd_plan(4096, 4096, 1, (0, 256, 512), 132)[3] == TILES_EXACT  # 2^24 elements
     assert bias_gelu_bwd_plan(4095, 4096, 1, (0, 256, 512), 132)[3] == TILES  # the third launch costs more
-    monkeypatch.setattr(elementwise, "USE_EXACT_HALF_SUM", False)
+    monkeypatch.setattr(rawops.config, "exact_half_dbias", False)
     assert bias_gelu_bwd_plan(8192, 3072, 1, (0, 256, 512), 132)[1:] == (128, 512, TILES)
 
 
@@ -425,8 +426,8 @@ def test_fused_gelu_backward_takes_the_kernel_without_bias_for_a_null_bias(monke
     # linear_gelu's backward passes no bias (dpre = dy * gelu'(pre)): the kernel must not read one.
     from rawops import elementwise
 
-    monkeypatch.setattr(elementwise, "USE_BIAS_BWD_TILE", tiles)
-    monkeypatch.setattr(elementwise, "USE_EXACT_HALF_SUM", False)  # its launches: the test above
+    monkeypatch.setattr(rawops.config, "bias_gelu_backward_tiles", tiles)
+    monkeypatch.setattr(rawops.config, "exact_half_dbias", False)  # its launches: the test above
     kernel = kernel.format("tile" if tiles else "partial")
     calls, names = [], []
     monkeypatch.setattr(elementwise, "launch", lambda *args: calls.append(args))

@@ -1,6 +1,6 @@
-"""The MLP family's contract: seed_mlp / fused_mlp on the source network 100-128-64-10
-(float32) and tiny-cuda-nn-style networks (float16 / bfloat16 on tensor cores), forward,
-backward, the torch adapter (autograd, custom ops, FusedMLP).
+"""The MLP family's contract: fused_mlp on the source network 100-128-64-10 (float32) and
+tiny-cuda-nn-style networks (float16 / bfloat16 on tensor cores), forward, backward, the torch
+adapter (autograd, custom ops, FusedMLP).
 
 Without a GPU: launch arithmetic, and every argument check firing before any launch (fake
 __cuda_array_interface__ producers, as in test_validation.py). With one (marker `gpu`):
@@ -16,6 +16,9 @@ import rawops.mlp as mlp  # noqa: E402
 
 SHAPES = {"w1": (128, 100), "b1": (128,), "w2": (64, 128), "b2": (64,), "w3": (10, 64), "b3": (10,)}
 NAMES = list(SHAPES)
+# The source network's parameters by their names in fused_mlp's arguments.
+ARGUMENT = {"w1": "weights[0]", "b1": "biases[0]", "w2": "weights[1]", "b2": "biases[1]", "w3": "weights[2]",
+            "b3": "biases[2]"}
 
 
 def _params(**replace):
@@ -23,6 +26,11 @@ def _params(**replace):
     params = {name: f32(shape, ptr=OTHER + i * 0x10000) for i, (name, shape) in enumerate(SHAPES.items())}
     params.update(replace)
     return [params[name] for name in NAMES]
+
+
+def source_mlp(x, w1, b1, w2, b2, w3, b3, **kwargs):
+    """The source network through the public API: fused_mlp with its three layers and ReLU."""
+    return rawops.fused_mlp(x, [w1, w2, w3], [b1, b2, b3], "relu", **kwargs)
 
 
 # ------------------------------------------------------------------------------ launch arithmetic
@@ -42,38 +50,41 @@ def test_launch_kinds_are_one_per_table_argument():
 
 # ------------------------------------------------------------------------------ validation
 def test_valid_calls_get_past_validation():
-    assert_passes_validation(rawops.seed_mlp, f32((32, 100)), *_params())
-    assert_passes_validation(rawops.seed_mlp, f32((0, 100)), *_params())
-    assert_passes_validation(rawops.seed_mlp, f32((32, 100)), *_params(), out=f32((32, 10), ptr=OTHER * 2))
-    assert_passes_validation(rawops.seed_mlp, f32((3, 100)), *_params(), output_activation="relu")
-    assert_passes_validation(rawops.seed_mlp, f32((3, 100), readonly=True), *_params())
+    assert_passes_validation(source_mlp, f32((32, 100)), *_params())
+    assert_passes_validation(source_mlp, f32((0, 100)), *_params())
+    assert_passes_validation(source_mlp, f32((32, 100)), *_params(), out=f32((32, 10), ptr=OTHER * 2))
+    assert_passes_validation(source_mlp, f32((3, 100)), *_params(), output_activation="relu")
+    assert_passes_validation(source_mlp, f32((3, 100), readonly=True), *_params())
 
 
 @pytest.mark.parametrize("shape", [(32, 99), (32,), (100,), (2, 16, 100), ()])
 def test_x_of_the_wrong_shape_is_a_value_error_naming_x(shape):
-    with pytest.raises(ValueError, match=r"^x has shape .*, expected \(B, 100\)"):
-        rawops.seed_mlp(f32(shape), *_params())
+    # A 2-D x of the wrong width disagrees with the first weight, which the error names.
+    expected = r"^weights\[0\] has shape \(128, 100\), expected \(out, 99\)" if len(shape) == 2 else \
+        r"^x has shape .*, expected \(batch, n_in\)"
+    with pytest.raises(ValueError, match=expected):
+        source_mlp(f32(shape), *_params())
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_parameter_of_the_wrong_shape_is_a_value_error_naming_it(name):
     shape = SHAPES[name]
     wrong = shape[::-1] if len(shape) == 2 else (shape[0] + 1,)
-    expected = "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
-    with pytest.raises(ValueError, match=rf"^{name} has shape .*, expected {re.escape(expected)}"):
-        rawops.seed_mlp(f32((4, 100)), *_params(**{name: f32(wrong, ptr=OTHER + 0x100000)}))
+    with pytest.raises(ValueError, match=rf"^{re.escape(ARGUMENT[name])} has shape {re.escape(str(wrong))}, expected"):
+        source_mlp(f32((4, 100)), *_params(**{name: f32(wrong, ptr=OTHER + 0x100000)}))
 
 
 @pytest.mark.parametrize("name", ["x", *NAMES])
 def test_an_argument_that_is_not_float32_is_a_type_error_naming_it(name):
     x = f32((4, 100))
     if name == "x":
-        x = f16((4, 100))
-        params = _params()
+        x = FakeCAI((4, 100), "<i4")
+        params, pattern = _params(), r"^x has dtype (int32|<i4); fused_mlp supports float32, float16, bfloat16"
     else:
         params = _params(**{name: f16(SHAPES[name], ptr=OTHER + 0x100000)})
-    with pytest.raises(TypeError, match=rf"^{name} has dtype float16; seed_mlp supports float32"):
-        rawops.seed_mlp(x, *params)
+        pattern = rf"^{re.escape(ARGUMENT[name])} has dtype float16, expected float32 like x"
+    with pytest.raises(TypeError, match=pattern):
+        source_mlp(x, *params)
 
 
 @pytest.mark.parametrize("name", ["x", *NAMES])
@@ -84,44 +95,44 @@ def test_a_non_contiguous_or_misaligned_argument_is_a_value_error_naming_it(name
                          (FakeCAI(shape, ptr=OTHER + 0x100002), "is misaligned")]:
         x = bad if name == "x" else f32((4, 100))
         params = _params() if name == "x" else _params(**{name: bad})
-        with pytest.raises(ValueError, match=rf"^{name} {message}"):
-            rawops.seed_mlp(x, *params)
+        with pytest.raises(ValueError, match=rf"^{re.escape(ARGUMENT.get(name, name))} {message}"):
+            source_mlp(x, *params)
 
 
 def test_an_argument_in_host_memory_is_a_type_error_naming_it():
     np = pytest.importorskip("numpy")
-    with pytest.raises(TypeError, match=r"^w2 is (a host array|in host memory)"):
-        rawops.seed_mlp(f32((4, 100)), *_params(w2=np.zeros((64, 128), np.float32)))
+    with pytest.raises(TypeError, match=r"^weights\[1\] is (a host array|in host memory)"):
+        source_mlp(f32((4, 100)), *_params(w2=np.zeros((64, 128), np.float32)))
 
 
 def test_out_must_be_batch_by_10_float32_writable_and_apart_from_every_input():
     x = f32((4, 100))
     with pytest.raises(ValueError, match=r"^out has shape \(4, 11\), expected \(4, 10\)"):
-        rawops.seed_mlp(x, *_params(), out=f32((4, 11), ptr=OTHER * 2))
-    with pytest.raises(TypeError, match=r"^out has dtype float16; seed_mlp supports float32"):
-        rawops.seed_mlp(x, *_params(), out=f16((4, 10), ptr=OTHER * 2))
+        source_mlp(x, *_params(), out=f32((4, 11), ptr=OTHER * 2))
+    with pytest.raises(TypeError, match=r"^out has dtype float16, expected float32 like x"):
+        source_mlp(x, *_params(), out=f16((4, 10), ptr=OTHER * 2))
     with pytest.raises(ValueError, match=r"^out is read-only"):
-        rawops.seed_mlp(x, *_params(), out=f32((4, 10), ptr=OTHER * 2, readonly=True))
+        source_mlp(x, *_params(), out=f32((4, 10), ptr=OTHER * 2, readonly=True))
     with pytest.raises(ValueError, match=r"^out overlaps x; pass a separate array"):
-        rawops.seed_mlp(x, *_params(), out=f32((4, 10), ptr=BASE + 64))
-    with pytest.raises(ValueError, match=r"^out overlaps b3"):
-        rawops.seed_mlp(x, *_params(), out=f32((4, 10), ptr=OTHER + 5 * 0x10000 + 16))
+        source_mlp(x, *_params(), out=f32((4, 10), ptr=BASE + 64))
+    with pytest.raises(ValueError, match=r"^out overlaps biases\[2\]"):
+        source_mlp(x, *_params(), out=f32((4, 10), ptr=OTHER + 5 * 0x10000 + 16))
 
 
 def test_out_right_after_x_does_not_count_as_overlap():
-    assert_passes_validation(rawops.seed_mlp, f32((4, 100)), *_params(), out=f32((4, 10), ptr=BASE + 4 * 400))
+    assert_passes_validation(source_mlp, f32((4, 100)), *_params(), out=f32((4, 10), ptr=BASE + 4 * 400))
 
 
 @pytest.mark.parametrize("activation", ["gelu", "Relu"])
 def test_an_unknown_output_activation_is_a_value_error(activation):
     with pytest.raises(ValueError, match=r"^output_activation must be one of \['none', 'relu'\]"):
-        rawops.seed_mlp(f32((4, 100)), *_params(), output_activation=activation)
+        source_mlp(f32((4, 100)), *_params(), output_activation=activation)
 
 
 @pytest.mark.parametrize("activation", [None, ["relu"]])
 def test_an_output_activation_that_is_not_a_string_is_a_type_error(activation):
     with pytest.raises(TypeError, match=r"^output_activation must be a string, got "):
-        rawops.seed_mlp(f32((4, 100)), *_params(), output_activation=activation)
+        source_mlp(f32((4, 100)), *_params(), output_activation=activation)
 
 
 # ------------------------------------------------------------------------------ on the GPU
@@ -162,20 +173,20 @@ def _reference(net, x):
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", BATCHES)
 @pytest.mark.parametrize("output_activation", ["none", "relu"])
-def test_seed_mlp_matches_torch_float64(batch, output_activation):
+def test_source_network_matches_torch_float64(batch, output_activation):
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
     net = _network(torch, output_activation == "relu")  # fresh random weights every call
     x = random((batch, 100), torch.float32)
     poison_pool(batch * 10 * 4)
-    y = rawops.seed_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), output_activation=output_activation)
+    y = source_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), output_activation=output_activation)
     assert y.shape == (batch, 10) and y.dtype == "float32"
-    assert_close(y, _reference(net, x), torch.float32, f"seed_mlp batch {batch}")
+    assert_close(y, _reference(net, x), torch.float32, f"source network batch {batch}")
 
 
 @pytest.mark.gpu
-def test_seed_mlp_writes_into_out_and_touches_nothing_past_it():
+def test_source_network_writes_into_out_and_touches_nothing_past_it():
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, random, to_cupy
 
@@ -183,7 +194,7 @@ def test_seed_mlp_writes_into_out_and_touches_nothing_past_it():
     x = random((1000, 100), torch.float32)
     buffer = torch.full((1000 * 10 + 64,), float("nan"), device="cuda")
     out = buffer[: 1000 * 10].view(1000, 10)
-    y = rawops.seed_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), out=to_cupy(out))
+    y = source_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), out=to_cupy(out))
     torch.cuda.synchronize()
     assert_close(out, _reference(net, x), torch.float32, "out=")
     assert torch.isnan(buffer[1000 * 10:]).all(), "wrote past out"
@@ -191,7 +202,7 @@ def test_seed_mlp_writes_into_out_and_touches_nothing_past_it():
 
 
 @pytest.mark.gpu
-def test_seed_mlp_on_offset_views_and_a_given_stream():
+def test_source_network_on_offset_views_and_a_given_stream():
     """Inputs that start off 16-byte alignment (a sliced parameter buffer) and a non-default stream."""
     torch = pytest.importorskip("torch")
     import cupy
@@ -203,20 +214,20 @@ def test_seed_mlp_on_offset_views_and_a_given_stream():
     stream = cupy.cuda.Stream(non_blocking=True)
     # An offset view, NaN unless the launch waits behind `stream`'s work.
     x = written_late(source, stream, into=torch.empty(77 * 100 + 1, device="cuda")[1:].view(77, 100))
-    y = rawops.seed_mlp(to_cupy(x), *(to_cupy(v) for v in views), stream=stream)
+    y = source_mlp(to_cupy(x), *(to_cupy(v) for v in views), stream=stream)
     stream.synchronize()
     assert_close(y, _reference(net, x), torch.float32, "offset views")
 
 
 @pytest.mark.gpu
-def test_seed_mlp_propagates_nan_like_torch():
+def test_source_network_propagates_nan_like_torch():
     torch = pytest.importorskip("torch")
     from gpu_reference import to_cupy
 
     net = _network(torch)
     x = torch.randn(70, 100, device="cuda")
     x[3, 7] = float("nan")
-    y = torch.from_dlpack(rawops.seed_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net))))
+    y = torch.from_dlpack(source_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net))))
     assert torch.isnan(y[3]).all() and not torch.isnan(y[torch.arange(70, device="cuda") != 3]).any()
 
 
@@ -228,13 +239,13 @@ def test_adapter_refuses_bad_arguments_before_any_launch():
     weights = [torch.ones(s) for s in ((128, 100), (64, 128), (10, 64))]
     biases = [torch.ones(s) for s in (128, 64, 10)]
     with pytest.raises(ValueError, match=r"^x is on cpu"):
-        ta.seed_mlp(torch.ones(4, 100), weights, biases)
+        ta.fused_mlp(torch.ones(4, 100), weights, biases)
     with pytest.raises(TypeError, match=r"^x has dtype torch.int32"):
-        ta.seed_mlp(torch.ones(4, 100, dtype=torch.int32), weights, biases)
-    with pytest.raises(ValueError, match=r"^seed_mlp takes 3 weights and 3 biases, got 2 and 3"):
-        ta.seed_mlp(torch.ones(4, 100), weights[:2], biases)
+        ta.fused_mlp(torch.ones(4, 100, dtype=torch.int32), weights, biases)
+    with pytest.raises(ValueError, match=r"^biases must be None or a list of 2 tensors, one per weight"):
+        ta.fused_mlp(torch.ones(4, 100), weights[:2], biases)
     with pytest.raises(ValueError, match=r"^output_activation must be one of"):
-        ta.seed_mlp(torch.ones(4, 100), weights, biases, output_activation="gelu")
+        ta.fused_mlp(torch.ones(4, 100), weights, biases, output_activation="gelu")
 
 
 @pytest.mark.gpu
@@ -249,24 +260,24 @@ def test_adapter_matches_torch_float64_on_torch_current_stream(batch):
     stream = torch.cuda.Stream()
     x = written_late(random((batch, 100), torch.float32), stream)  # NaN unless the launch waits behind `stream`
     with torch.cuda.stream(stream), torch.no_grad():
-        y = ta.seed_mlp(x, (w1, w2, w3), (b1, b2, b3))
+        y = ta.fused_mlp(x, (w1, w2, w3), (b1, b2, b3))
     stream.synchronize()
     assert_close(y, _reference(net, x), torch.float32, f"adapter batch {batch}")
 
 
 @pytest.mark.gpu
-def test_adapter_seed_mlp_checks_shapes_and_has_a_gradient_now():
+def test_adapter_source_network_checks_shapes_and_has_a_gradient():
     torch = pytest.importorskip("torch")
     from rawops import torch_adapter as ta
 
     net = _network(torch)
     linears = [m for m in net if isinstance(m, torch.nn.Linear)]
     x = torch.randn(4, 100, device="cuda", requires_grad=True)
-    ta.seed_mlp(x, [m.weight for m in linears], [m.bias for m in linears]).sum().backward()
+    ta.fused_mlp(x, [m.weight for m in linears], [m.bias for m in linears]).sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
-    with pytest.raises(ValueError, match=r"^w2 has shape \(128, 64\), expected \(64, 128\)"):
-        ta.seed_mlp(torch.randn(4, 100, device="cuda"), [linears[0].weight, linears[1].weight.t().contiguous(),
-                                                        linears[2].weight], [m.bias for m in linears])
+    with pytest.raises(ValueError, match=r"^weights\[1\] has shape \(128, 64\), expected \(out, 128\)"):
+        ta.fused_mlp(torch.randn(4, 100, device="cuda"), [linears[0].weight, linears[1].weight.t().contiguous(),
+                                                         linears[2].weight], [m.bias for m in linears])
 
 
 
@@ -522,7 +533,7 @@ def test_the_training_forward_and_the_switch_keep_the_exact_ffma_kernel(monkeypa
     mlp.launch_seed_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0, h1s=9, h2s=10)
     mlp.launch_seed_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0)
     assert launched == ["seed_mlp_fwd_f32", "seed_mlp_tc32_fwd_f32"]
-    monkeypatch.setattr(mlp, "USE_SEED_TC", False)
+    monkeypatch.setattr(rawops.config, "mlp_tf32", False)
     assert mlp.seed_launch(1 << 20, 0)[0] == "seed_mlp_fwd_f32"
 
 
@@ -886,7 +897,7 @@ def test_fast_and_tile_forwards_agree(case, monkeypatch):
     args = ([to_cupy(w) for w in weights], [to_cupy(b) for b in biases] if bias else None, act, out_act)
     x = to_cupy(random((5000, sizes[0]), dtype, scale=1.0))
     fast = to_torch(rawops.fused_mlp(x, *args))
-    monkeypatch.setattr(mlp, "USE_FAST", False)
+    monkeypatch.setattr(rawops.config, "mlp_fast_forward", False)
     tile = to_torch(rawops.fused_mlp(x, *args))
     assert_close(fast, tile.double(), dtype, "fast vs tile kernel")
 
@@ -1056,7 +1067,7 @@ def test_fused_and_tile_backwards_agree(case, monkeypatch):
     x, dy = to_cupy(random((5000, sizes[0]), dtype, scale=1.0)), to_cupy(random((5000, sizes[-1]), dtype, scale=1.0))
     y, saved = rawops.fused_mlp_forward(x, cw, cb, act, out_act)
     fused = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb, act, out_act)
-    monkeypatch.setattr(mlp, "USE_FAST_BWD", False)
+    monkeypatch.setattr(rawops.config, "mlp_fast_backward", False)
     tile = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb, act, out_act)
     for i, (a, b) in enumerate(zip([fused[0]] + fused[1] + fused[2], [tile[0]] + tile[1] + tile[2], strict=True)):
         assert_close(a, to_torch(b).double(), dtype, f"gradient {i}: fused vs tile kernels", factor=4)
@@ -1142,7 +1153,7 @@ def test_3xtf32_forward_matches_torch_float64(variant, batch, output_activation,
     net = _network(torch, output_activation == "relu")
     x = random((batch, 100), torch.float32)
     poison_pool(batch * 40)
-    y = rawops.seed_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), output_activation=output_activation)
+    y = source_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), output_activation=output_activation)
     assert names == [f"{variant}_f32"]
     assert_close(y, _reference(net, x), torch.float32, f"{variant} batch {batch}")
 
@@ -1165,7 +1176,7 @@ def test_3xtf32_forward_on_misaligned_views_nan_and_out(variant, monkeypatch):
     x[4999, 99] = float("nan")
     buffer = torch.full((batch * 10 + 1 + 64,), float("nan"), device="cuda")
     out = buffer[1: 1 + batch * 10].view(batch, 10)
-    rawops.seed_mlp(to_cupy(x), *(to_cupy(v) for v in views), out=to_cupy(out))
+    source_mlp(to_cupy(x), *(to_cupy(v) for v in views), out=to_cupy(out))
     torch.cuda.synchronize()
     assert names == [f"{variant}_f32"]
     assert torch.isnan(buffer[1 + batch * 10:]).all() and torch.isnan(buffer[0]), "wrote outside out"
@@ -1184,7 +1195,7 @@ def test_large_batch_forwards_match_torch_float64(batch, use_tc, monkeypatch):
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
-    monkeypatch.setattr(mlp, "USE_SEED_TC", use_tc)
+    monkeypatch.setattr(rawops.config, "mlp_tf32", use_tc)
     names = _launched_kernels(monkeypatch)
     net = _network(torch, True)
     weights, biases = _net_params(net)
@@ -1485,7 +1496,7 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     assert args[-1] == 1 and args[2] == 5 and args[-5:-1] == (64, 64, 64, 4)
     mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1000, 0)
     assert calls[-1][1] == (2,)  # 32 tiles of 32 rows over 16 warps
-    monkeypatch.setattr(mlp, "USE_FAST", False)  # the WMMA tile kernel, as before
+    monkeypatch.setattr(rawops.config, "mlp_fast_forward", False)  # the WMMA tile kernel, as before
     mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1 << 20, 0, saved=[5])
     fn, grid, block, smem, ok, args = calls[-1]
     assert (fn, grid, block, smem, ok) == ("tc_mlp_nf4_fwd_f16", (264,), 256, 75264, True)
@@ -1512,7 +1523,7 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     assert calls[-1][0] == "mlp_wgrad_reduce_layers_bwd_f16" and dependent[-1] is False
     monkeypatch.setattr(mlp, "compute_capability", lambda device: 90)
     calls.clear()
-    monkeypatch.setattr(mlp, "USE_FAST_BWD", False)  # the chain + wgrad tile kernels, as before
+    monkeypatch.setattr(rawops.config, "mlp_fast_backward", False)  # the chain + wgrad tile kernels, as before
     keep = mlp.launch_backward(plan, 0, 10, 11, 12, [13], [2] * 5, 14, [20 + i for i in range(5)],
                                [30 + i for i in range(5)], 1000, 0, lambda shape, dt: (shape, 100))
     names = [c[0] for c in calls]

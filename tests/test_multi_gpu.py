@@ -131,7 +131,7 @@ def test_elementwise_family_on_gpu1(dtype):
           "bias_gelu")
     poison_gpu1(nbytes, 768 * x.element_size())
     _, (dx, dbias) = grads64(lambda a, b: F.gelu(a + b, approximate="tanh"), [x, bias], dy)
-    got_dx, got_dbias = rawops.bias_gelu_backward(cp(dy), cp(x), cp(bias))  # the fused one-pass kernel
+    got_dx, got_dbias = rawops.bias_gelu_backward(cp(dy), cp(x), cp(bias), approximate="tanh")  # the fused one-pass kernel
     close(got_dx, dx, dtype, "bias_gelu_backward dx")
     close(got_dbias, dbias, dtype, "bias_gelu_backward dbias", factor=5)
     close(rawops.column_sum(cp(y)), y.double().sum(0), dtype, "column_sum", factor=5)
@@ -185,12 +185,12 @@ def test_matmul_on_gpu1(case):
 def test_linear_gelu_forward_and_backward_on_gpu1(dtype, m, n, k):
     x, w, b, dy = rand((m, k), dtype), rand((n, k), dtype, k ** -0.5), rand((n,), dtype), rand((m, n), dtype)
     poison_gpu1(m * n * x.element_size())
-    y, pre = rawops.linear_gelu(cp(x), cp(w), cp(b), save_preactivation=True)
+    y, pre = rawops.linear_gelu(cp(x), cp(w), cp(b), save_preactivation=True, approximate="tanh")
     ry, expected = grads64(lambda a, c, d: F.gelu(F.linear(a, c, d), approximate="tanh"), [x, w, b], dy)
     close(y, ry, dtype, "linear_gelu y")
     close(pre, F.linear(x.double(), w.double(), b.double()), dtype, "linear_gelu pre")
     for kept in (None, pre):  # the pre-activation recomputed by a GEMM, or the kept one
-        got = rawops.linear_gelu_backward(cp(dy), cp(x), cp(w), cp(b), preactivation=kept)
+        got = rawops.linear_gelu_backward(cp(dy), cp(x), cp(w), cp(b), preactivation=kept, approximate="tanh")
         for name, g, e in zip(("dx", "dweight", "dbias"), got, expected, strict=True):
             close(g, e, dtype, f"linear_gelu_backward {name} (pre {'kept' if kept is not None else 'recomputed'})",
                   factor=5)
@@ -254,7 +254,7 @@ def test_cupy_api_launches_on_gpu1s_current_stream():
     with cupy.cuda.Device(DATA):
         side.use()
     try:
-        y = rawops.gelu(cp(late))
+        y = rawops.gelu(cp(late), approximate="tanh")
         z = rawops.matmul(cp(late), cp(w))
     finally:
         with cupy.cuda.Device(DATA):
@@ -270,12 +270,12 @@ def test_a_given_stream_of_the_other_gpu_is_refused():
     gpu0_stream = cupy.cuda.Stream(non_blocking=True)
     for stream in (gpu0_stream, torch.cuda.Stream(device=0)):  # raw int handles are taken as given
         with pytest.raises(ValueError, match=r"^stream is on device 0, the arrays on device 1"):
-            rawops.gelu(cp(x), stream=stream)
+            rawops.gelu(cp(x), stream=stream, approximate="tanh")
         with pytest.raises(ValueError, match=r"^stream is on device 0, the arrays on device 1"):
             rawops.matmul(cp(x.view(10, 100)), cp(rand((100, 8), F32)), stream=stream)
     with on_gpu1():
         gpu1_stream = cupy.cuda.Stream(non_blocking=True)
-    y = rawops.gelu(cp(x), stream=gpu1_stream)  # its own GPU's stream, given from GPU 0: accepted
+    y = rawops.gelu(cp(x), stream=gpu1_stream, approximate="tanh")  # its own GPU's stream, given from GPU 0: accepted
     gpu1_stream.synchronize()
     close(y, F.gelu(x.double(), approximate="tanh"), F32, "gelu on a given GPU 1 stream")
 
@@ -289,7 +289,7 @@ def test_cupy_arrays_on_two_gpus_are_refused_naming_the_stray_one():
     with pytest.raises(ValueError, match=r"is on device 0, .* on device 1; all arguments must be on one GPU"):
         rawops.matmul(cp(a1), cupy.from_dlpack(b0))
     with pytest.raises(ValueError, match=r"is on device 0, .* on device 1; all arguments must be on one GPU"):
-        rawops.linear_gelu(cp(a1), cp(b1), cupy.from_dlpack(b0[0]))
+        rawops.linear_gelu(cp(a1), cp(b1), cupy.from_dlpack(b0[0]), approximate="tanh")
     with pytest.raises(ValueError, match=r"is on device 0, .* on device 1; all arguments must be on one GPU"):
         rawops.layer_norm(cp(a1), cupy.from_dlpack(b0[0]))
 
@@ -302,12 +302,12 @@ def test_adapter_elementwise_rows_and_matrix_ops_with_autograd_on_gpu1(dtype):
     cases = {
         "gelu": (lambda a: ta.gelu(a, "none"), F.gelu, [x]),
         "add": (ta.add, torch.add, [x, y]),
-        "bias_gelu": (ta.bias_gelu, lambda a, c: F.gelu(a + c, approximate="tanh"), [x, bias]),
-        "layer_norm": (lambda a, c, d: ta.layer_norm(a, c, d), lambda a, c, d: F.layer_norm(a, (128,), c, d),
+        "bias_gelu": (ta.bias_gelu, lambda a, c: F.gelu(a + c), [x, bias]),
+        "layer_norm": (lambda a, c, d: ta.layer_norm(a, (128,), c, d), lambda a, c, d: F.layer_norm(a, (128,), c, d),
                        [x, w, bias]),
         "softmax": (ta.softmax, lambda a: F.softmax(a, -1), [x]),
         "matmul": (ta.matmul, torch.matmul, [x[0], y[0].t().detach().contiguous().requires_grad_()]),
-        "linear_gelu": (ta.linear_gelu, lambda a, c, d: F.gelu(F.linear(a, c, d), approximate="tanh"),
+        "linear_gelu": (ta.linear_gelu, lambda a, c, d: F.gelu(F.linear(a, c, d)),
                         [x, rand((96, 128), dtype, 128 ** -0.5).requires_grad_(), rand((96,), dtype).requires_grad_()]),
     }
     for name, (call, reference, inputs) in cases.items():
@@ -362,7 +362,7 @@ def test_adapter_launches_on_gpu1s_current_torch_stream():
     try:
         with torch.no_grad():
             y = ta.gelu(late, "tanh")
-            z = ta.linear_gelu(late, w, b)
+            z = ta.linear_gelu(late, w, b, approximate="tanh")
             m = ta.matmul(late, w.t().contiguous())
             f = ta.fused_mlp(late_mlp, mlp, None)
     finally:
@@ -383,6 +383,6 @@ def test_adapter_refuses_tensors_on_two_gpus():
     with pytest.raises(ValueError, match=r"cuda:0.*cuda:1|cuda:1.*cuda:0"):
         ta.add(a1, a0)
     with pytest.raises(ValueError, match=r"cuda:0.*cuda:1|cuda:1.*cuda:0"):
-        ta.linear_gelu(a1, rand((16, 64), F32, device=GPU0))
+        ta.linear_gelu(a1, rand((16, 64), F32, device=GPU0), approximate="tanh")
     with pytest.raises(ValueError, match=r"cuda:0.*cuda:1|cuda:1.*cuda:0"):
-        ta.layer_norm(a1, rand((64,), F32, device=GPU0))
+        ta.layer_norm(a1, (64,), rand((64,), F32, device=GPU0))

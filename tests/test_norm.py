@@ -204,7 +204,8 @@ def test_adapter_autograd_matches_torch(op, dtype):
     dt = DTYPES[dtype]
     x, dy, w, b = _inputs(67, 1000, dt)
     leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-    y = ta.layer_norm(*leaves, eps=1e-5) if op == "layer_norm" else ta.rms_norm(leaves[0], leaves[1], eps=1e-5)
+    y = (ta.layer_norm(leaves[0], (1000,), *leaves[1:], eps=1e-5) if op == "layer_norm"
+         else ta.rms_norm(leaves[0], (1000,), leaves[1], eps=1e-5))
     y.backward(dy)
     ry, rdx, rdw, rdb = _reference(op, x, dy, w, b, 1e-5)
     check(y.detach(), ry, dt, "adapter y")
@@ -233,7 +234,8 @@ def test_adapter_torch_compile_fullgraph():
     from rawops import torch_adapter as ta
 
     x, dy, w, b = _inputs(32, 768, torch.float32)
-    compiled = torch.compile(lambda x, w, b: ta.rms_norm(ta.layer_norm(x, w, b), w, 1e-5), fullgraph=True)
+    compiled = torch.compile(lambda x, w, b: ta.rms_norm(ta.layer_norm(x, (768,), w, b), (768,), w, 1e-5),
+                             fullgraph=True)
     leaves = [t.clone().requires_grad_() for t in (x, w, b)]
     compiled(*leaves).backward(dy)
     ref = [t.double().requires_grad_() for t in (x, w, b)]
@@ -247,4 +249,5 @@ def test_adapter_gradcheck():
 
     x, _, w, b = _inputs(3, 9, torch.float32)
     inputs = [t.requires_grad_() for t in (x, w, b)]
-    assert torch.autograd.gradcheck(lambda x, w, b: ta.layer_norm(x, w, b), inputs, eps=1e-2, atol=3e-2, rtol=3e-2)
+    assert torch.autograd.gradcheck(lambda x, w, b: ta.layer_norm(x, (9,), w, b), inputs, eps=1e-2, atol=3e-2,
+                                    rtol=3e-2)

@@ -188,14 +188,17 @@ def test_adapter_refuses_bad_arguments_before_any_launch():
     torch = pytest.importorskip("torch")
     from rawops import torch_adapter as ta
 
-    with pytest.raises(ValueError, match=r"^x is on cpu"):
-        ta.layer_norm(torch.ones(4, 8))
-    with pytest.raises(TypeError, match=r"^x has dtype torch.int32"):
-        ta.softmax(torch.ones(4, dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"^dim must be the last dim"):
-        ta.softmax(torch.ones(4, 8), dim=0)
-    with pytest.raises(ValueError, match=r"^normalized_shape must be one dim"):
-        ta.LayerNorm((4, 8))
+    with pytest.raises(ValueError, match=r"^input is on cpu"):
+        ta.layer_norm(torch.ones(4, 8), (8,))
+    with pytest.raises(TypeError, match=r"^input has dtype torch.int32"):
+        ta.softmax(torch.ones(4, dtype=torch.int32), -1)
+    with pytest.raises(IndexError, match=r"^softmax: dim 2 is out of range for a tensor of 2 dims"):
+        ta.softmax(torch.ones(4, 8), dim=2)
+    with pytest.raises(ValueError, match=r"^layer_norm: normalized_shape=\[9\] expects input of shape \[\*, 9\], "
+                                         r"got \[4, 8\]"):
+        ta.layer_norm(torch.ones(4, 8), (9,))
+    with pytest.raises(ValueError, match=r"^normalized_shape must be a non-empty sequence of ints"):
+        ta.LayerNorm(())
 
 
 def test_adapter_modules_have_torch_parameter_names():

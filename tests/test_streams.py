@@ -49,7 +49,7 @@ def _case(name):
         dx64, = torch.autograd.grad(F.gelu(pre, approximate="tanh"), pre, dy64)
         chunks = elementwise.bias_gelu_bwd_plan(ROWS, COLS, 0, (X.data.ptr, DY.data.ptr, BIAS.data.ptr),
                                               sm_count(X.device.id))[1]
-        return (lambda s: rawops.bias_gelu_backward(DY, X, BIAS, stream=s), [dx64, dx64.sum(0)],
+        return (lambda s: rawops.bias_gelu_backward(DY, X, BIAS, stream=s, approximate="tanh"), [dx64, dx64.sum(0)],
                 [x.nbytes, COLS * f32, chunks * COLS * f32])
     if name == "column_sum":
         chunks = elementwise.column_sum_plan(ROWS, COLS, sm_count(X.device.id))[0]
@@ -109,7 +109,7 @@ def _graph_case(name):
             pre = (x.double() + bias.double()).requires_grad_()
             dx, = torch.autograd.grad(F.gelu(pre, approximate="tanh"), pre, dy.double())
             return [dx, dx.sum(0)]
-        return lambda: list(rawops.bias_gelu_backward(DY, X, BIAS)), [x, dy, bias], bias_gelu_grads
+        return lambda: list(rawops.bias_gelu_backward(DY, X, BIAS, approximate="tanh")), [x, dy, bias], bias_gelu_grads
     if name == "matmul split-K":  # 64 x 64 x 8192: split along K, partials in scratch, then gemm_reduce
         a, b = random((64, 8192), torch.float32), random((8192, 64), torch.float32)
         A, B = to_cupy(a), to_cupy(b)
@@ -118,7 +118,7 @@ def _graph_case(name):
         x, w, bias = random((32, 768), torch.float32), random((3072, 768), torch.float32, 768 ** -0.5), \
             random((3072,), torch.float32)
         X, W, BIAS = to_cupy(x), to_cupy(w), to_cupy(bias)
-        return (lambda: [rawops.linear_gelu(X, W, BIAS)], [x, w, bias],
+        return (lambda: [rawops.linear_gelu(X, W, BIAS, approximate="tanh")], [x, w, bias],
                 lambda: [F.gelu(F.linear(x.double(), w.double(), bias.double()), approximate="tanh")])
     if name == "fused_mlp":
         weights = [random(shape, torch.float32, shape[1] ** -0.5) for shape in SIZES]
@@ -174,7 +174,7 @@ def _scratch_case(name):
             pre = (x.double() + bias.double()).requires_grad_()
             dx, = torch.autograd.grad(F.gelu(pre, approximate="tanh"), pre, dy.double())
             return [dx, dx.sum(0)]
-        return lambda: list(rawops.bias_gelu_backward(DY, X, BIAS)), grads, chunks * COLS * 4
+        return lambda: list(rawops.bias_gelu_backward(DY, X, BIAS, approximate="tanh")), grads, chunks * COLS * 4
     a, b = random((64, 8192), torch.float32), random((8192, 64), torch.float32)
     A, B = to_cupy(a), to_cupy(b)
     device = A.device.id

@@ -99,12 +99,12 @@ def test_cuda_graph_capture_and_replay():
     x = random((1 << 16,), torch.float16)
     bias_x = random((256, 256), torch.float16)
     bias = random((256,), torch.float16)
-    ta.gelu(x), ta.bias_gelu(bias_x, bias)  # warm-up: load modules outside capture
+    ta.gelu(x, approximate="tanh"), ta.bias_gelu(bias_x, bias, approximate="tanh")  # warm-up: load modules outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = ta.gelu(x)
-        z = ta.bias_gelu(bias_x, bias)
+        y = ta.gelu(x, approximate="tanh")
+        z = ta.bias_gelu(bias_x, bias, approximate="tanh")
     for _ in range(2):
         x.copy_(random(x.shape, torch.float16))
         bias_x.copy_(random(bias_x.shape, torch.float16))
@@ -122,11 +122,11 @@ def test_linear_gelu_capture_and_replay_on_every_route(rows, k, n):
     through the full path (64 x 3072 -> 768 on sm_90: scratch from torch's graph pool)."""
     x = random((rows, k), torch.bfloat16)
     w, b = random((n, k), torch.bfloat16, k ** -0.5), random((n,), torch.bfloat16)
-    ta.linear_gelu(x, w, b)  # warm-up: load modules and build tensor maps outside capture
+    ta.linear_gelu(x, w, b, approximate="tanh")  # warm-up: load modules and build tensor maps outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
-        y = ta.linear_gelu(x, w, b)
+        y = ta.linear_gelu(x, w, b, approximate="tanh")
     for _ in range(2):
         x.copy_(random(x.shape, torch.bfloat16))
         graph.replay()
@@ -179,34 +179,38 @@ def test_modules_are_drop_in():
     assert_close(ta.GELU()(x), torch.nn.GELU()(x.double()), torch.float32, "GELU")
     assert_close(ta.GELU("tanh")(x), torch.nn.GELU("tanh")(x.double()), torch.float32, "GELU tanh")
     assert_close(ta.ReLU()(x), torch.nn.ReLU()(x.double()), torch.float32, "ReLU")
-    layer = ta.BiasGELU(300, device="cuda")
+    layer = ta.BiasGELU(300, device="cuda", approximate="tanh")
     with torch.no_grad():
         layer.bias.copy_(random((300,), torch.float32))
     assert_close(layer(x), F.gelu(x.double() + layer.bias.double(), approximate="tanh"), torch.float32, "BiasGELU")
 
 
 @pytest.mark.gpu
-def test_adapter_checks_arguments_on_the_gpu():
+def test_adapter_checks_arguments_on_the_gpu_and_takes_any_layout():
     x = random((10, 10), torch.float32)
-    with pytest.raises(TypeError, match=r"^b has dtype torch.float16, expected torch.float32 like a"):
+    with pytest.raises(TypeError, match=r"^other has dtype torch.float16, expected torch.float32 like input"):
         ta.add(x, random((10, 10), torch.float16))
-    with pytest.raises(ValueError, match=r"^b has shape \(10, 11\), expected \(10, 10\) like a"):
+    with pytest.raises(ValueError, match=r"^other has shape \(10, 11\), expected \(10, 10\) like input"):
         ta.add(x, random((10, 11), torch.float32))
-    with pytest.raises(ValueError, match=r"^x is not contiguous"):
-        ta.gelu(x.t())
+    assert_close(ta.gelu(x.t()), F.gelu(x.t().double()), torch.float32, "gelu of a transposed view")
+    inplace = x.t().clone().t()  # a transposed layout, relu'd in place
+    assert ta.relu(inplace, inplace=True) is inplace
+    assert_close(inplace, F.relu(x.double()), torch.float32, "relu in place on a strided tensor")
     with pytest.raises(ValueError, match=r"^bias has shape \(9,\)"):
-        ta.bias_gelu(x, random((9,), torch.float32))
-    assert ta.gelu(random((0, 5), torch.float32)).shape == (0, 5)
+        ta.bias_gelu(x, random((9,), torch.float32), approximate="tanh")
+    assert ta.gelu(random((0, 5), torch.float32), approximate="tanh").shape == (0, 5)
 
 
 def test_adapter_refuses_cpu_and_integer_tensors():
     """Runs without a GPU too: the checks come before any launch."""
-    with pytest.raises(ValueError, match="x is on cpu"):
+    with pytest.raises(ValueError, match="^input is on cpu"):
         ta.gelu(torch.ones(4))
-    with pytest.raises(TypeError, match="x has dtype torch.int32"):
+    with pytest.raises(TypeError, match="^input has dtype torch.int32"):
         ta.relu(torch.ones(4, dtype=torch.int32))
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+    with pytest.raises(TypeError, match="^input must be a torch.Tensor"):
         ta.relu([1.0, 2.0])
+    with pytest.raises(TypeError, match="^inplace must be a bool"):
+        ta.relu(torch.ones(4), inplace=1)
     with pytest.raises(ValueError, match="approximate"):
         ta.GELU("fast")
 
@@ -224,7 +228,9 @@ def test_entries_are_builtins_that_dynamo_traces_into_the_custom_ops_in_one_grap
         import sys, types, torch
         import rawops.torch_adapter as ta
         assert "torch._dynamo" not in sys.modules, "importing the adapter imported dynamo"
-        assert all(isinstance(f, types.BuiltinFunctionType) for f in ta._ENTRIES)
+        from rawops.torch_adapter import _common
+        assert len(_common._SUBSTITUTES) == 9  # six elementwise entries, linear_gelu, matmul, FusedMLP's call
+        assert all(isinstance(entry, types.BuiltinFunctionType) for entry, _ in _common._SUBSTITUTES)
         graphs = []
 
         def backend(gm, inputs):
@@ -234,7 +240,7 @@ def test_entries_are_builtins_that_dynamo_traces_into_the_custom_ops_in_one_grap
         def fn(x, b, y, w):
             return (ta.gelu(x, "none") + ta.gelu(x) + ta.relu(x) + ta.relu_scale(x, 2.0)
                     + ta.relu_scale_add(x, 0.5, y) + ta.add(x, y) + ta.bias_gelu(x, b, "tanh")
-                    + ta.linear_gelu(x[None], w, b)[0] + ta.matmul(x[None], w)[0])
+                    + ta.linear_gelu(x[None], w, b, approximate="tanh")[0] + ta.matmul(x[None], w)[0])
 
         x, b, y, w = torch.randn(4), torch.randn(4), torch.randn(4), torch.randn(4, 4)
         torch.compile(fn, backend=backend, fullgraph=True)(x, b, y, w)
@@ -260,14 +266,14 @@ def test_entries_send_grad_and_bad_modes_to_the_python_path(monkeypatch):
     with pytest.raises(ValueError, match="CUDA"):
         ta.relu_scale_add(x, 2.0, x)
     seen = []
-    monkeypatch.setattr(ta, "_gelu_c_apply", lambda *args: seen.append(args) or "autograd")
+    monkeypatch.setattr(ta.elementwise, "_gelu_c_apply", lambda *args: seen.append(args) or "autograd")
     assert ta.gelu(x.requires_grad_(), "tanh") == "autograd" and len(seen) == 1
     with torch.no_grad():
         with pytest.raises(ValueError, match="CUDA"):  # no grad needed: the launch path again
             ta.gelu(x)
     # linear_gelu's entry: the same routing to _linear_gelu_python
     w = torch.randn(3, 4)
-    monkeypatch.setattr(ta, "_linear_gelu_apply", lambda *args: seen.append(args) or "autograd")
+    monkeypatch.setattr(ta.gemm, "_linear_gelu_apply", lambda *args: seen.append(args) or "autograd")
     assert ta.linear_gelu(x[None], w, None, "tanh") == "autograd" and len(seen) == 2
     with torch.no_grad():
         with pytest.raises(ValueError, match="CUDA"):

@@ -158,7 +158,7 @@ def test_bias_op_first_argument_of_unsupported_dtype_is_a_type_error(op):
 
 def test_gelu_of_int32_names_x_and_the_supported_dtypes():
     with pytest.raises(TypeError, match=r"^x has dtype <i4; .*supports float32, float16, bfloat16"):
-        rawops.gelu(FakeCAI((16,), "<i4"))
+        rawops.gelu(FakeCAI((16,), "<i4"), approximate="tanh")
 
 
 def test_an_array_that_refuses_to_export_is_a_type_error_naming_it():
@@ -168,12 +168,12 @@ def test_an_array_that_refuses_to_export_is_a_type_error_naming_it():
             raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad.")
 
     with pytest.raises(TypeError, match=r"^x cannot be read through __cuda_array_interface__: Can't get"):
-        rawops.gelu(RequiresGrad())
+        rawops.gelu(RequiresGrad(), approximate="tanh")
 
 
 def test_v2_typestr_is_a_type_error_that_explains_bfloat16():
     with pytest.raises(TypeError, match=r"^x has dtype '<V2'.*bfloat16.*CuPy.*DLPack"):
-        rawops.gelu(FakeCAI((16,), "<V2"))
+        rawops.gelu(FakeCAI((16,), "<V2"), approximate="tanh")
 
 
 @pytest.mark.parametrize("op", [o for o in sorted(OPS) if len(OPS[o][1]) == 2])
@@ -190,7 +190,7 @@ def test_relu_scale_add_with_float16_y_for_float32_x_names_y():
 
 def test_out_of_another_dtype_is_a_type_error_naming_out():
     with pytest.raises(TypeError, match=r"^out has dtype float16, expected float32 like x"):
-        rawops.gelu(f32(), out=f16(ptr=OTHER))
+        rawops.gelu(f32(), out=f16(ptr=OTHER), approximate="tanh")
 
 
 # ------------------------------------------------------------------------------ shapes
@@ -239,14 +239,14 @@ def test_non_contiguous_second_operand_and_out_are_value_errors_naming_them(layo
     with pytest.raises(ValueError, match=r"^b is not C-contiguous"):
         rawops.add(f32(shape), f32(shape, ptr=OTHER, strides=strides))
     with pytest.raises(ValueError, match=r"^out is not C-contiguous"):
-        rawops.gelu(f32(shape), out=f32(shape, ptr=OTHER, strides=strides))
+        rawops.gelu(f32(shape), out=f32(shape, ptr=OTHER, strides=strides), approximate="tanh")
 
 
 # ------------------------------------------------------------------------------ alignment
 @pytest.mark.parametrize("make, offset", [(f32, 2), (f32, 1), (f32, 6), (f16, 1), (f16, 3)])
 def test_out_not_aligned_to_its_element_size_is_a_value_error_naming_out(make, offset):
     with pytest.raises(ValueError, match=rf"^out is misaligned: address 0x{OTHER + offset:x} is not a multiple"):
-        rawops.gelu(make(), out=make(ptr=OTHER + offset))
+        rawops.gelu(make(), out=make(ptr=OTHER + offset), approximate="tanh")
 
 
 def test_second_operand_not_aligned_to_its_element_size_is_a_value_error_naming_it():
@@ -273,18 +273,18 @@ def test_column_sum_of_a_misaligned_array_is_a_value_error():
 # ------------------------------------------------------------------------------ out
 def test_read_only_out_is_a_value_error():
     with pytest.raises(ValueError, match=r"^out is read-only"):
-        rawops.gelu(f32(), out=f32(ptr=OTHER, readonly=True))
+        rawops.gelu(f32(), out=f32(ptr=OTHER, readonly=True), approximate="tanh")
 
 
 def test_read_only_out_equal_to_x_is_still_refused():
     with pytest.raises(ValueError, match=r"^out is read-only"):
-        rawops.gelu(f32(readonly=True), out=f32(readonly=True))
+        rawops.gelu(f32(readonly=True), out=f32(readonly=True), approximate="tanh")
 
 
 @pytest.mark.parametrize("shift", [4, 16, 4 * 8 * 4 - 4, -4, -(4 * 8 * 4 - 4)])
 def test_out_partially_overlapping_x_is_a_value_error(shift):
     with pytest.raises(ValueError, match=r"^out partially overlaps x"):
-        rawops.gelu(f32(ptr=BASE + 0x1000), out=f32(ptr=BASE + 0x1000 + shift))
+        rawops.gelu(f32(ptr=BASE + 0x1000), out=f32(ptr=BASE + 0x1000 + shift), approximate="tanh")
 
 
 def test_out_partially_overlapping_the_second_operand_is_a_value_error_naming_it():
@@ -306,34 +306,34 @@ def test_bias_of_the_wrong_shape_is_a_value_error_naming_bias(op, bias_shape):
 
 def test_bias_of_another_dtype_is_a_type_error_naming_bias():
     with pytest.raises(TypeError, match=r"^bias has dtype float16, expected float32 like x"):
-        rawops.bias_gelu(f32((4, 8)), f16((8,), ptr=OTHER))
+        rawops.bias_gelu(f32((4, 8)), f16((8,), ptr=OTHER), approximate="tanh")
 
 
 def test_missing_bias_is_a_type_error_naming_bias():
     with pytest.raises(TypeError, match=r"needs bias$"):
-        rawops.bias_gelu(f32((4, 8)), None)
+        rawops.bias_gelu(f32((4, 8)), None, approximate="tanh")
 
 
 def test_bias_with_a_zero_dimensional_x_is_a_value_error():
     with pytest.raises(ValueError, match=r"^bias has shape \(1,\), expected one value per element of x's last dim"):
-        rawops.bias_gelu(f32(()), f32((1,), ptr=OTHER))
+        rawops.bias_gelu(f32(()), f32((1,), ptr=OTHER), approximate="tanh")
 
 
 def test_misaligned_bias_is_a_value_error_naming_bias():
     with pytest.raises(ValueError, match=r"^bias is misaligned"):
-        rawops.bias_gelu(f32((4, 8)), f32((8,), ptr=OTHER + 2))
+        rawops.bias_gelu(f32((4, 8)), f32((8,), ptr=OTHER + 2), approximate="tanh")
 
 
 def test_out_partially_overlapping_bias_is_a_value_error():
     with pytest.raises(ValueError, match=r"^out partially overlaps bias"):
-        rawops.bias_gelu(f32((4, 8), ptr=BASE), f32((8,), ptr=OTHER + 16), out=f32((4, 8), ptr=OTHER))
+        rawops.bias_gelu(f32((4, 8), ptr=BASE), f32((8,), ptr=OTHER + 16), out=f32((4, 8), ptr=OTHER), approximate="tanh")
 
 
 def test_out_starting_at_bias_of_a_2d_x_is_refused():
     # out == bias exactly is not an in-place update here: row 0 of out overwrites the bias
     # that the other rows still read, so the result depends on thread scheduling.
     with pytest.raises(ValueError, match=r"^out .*overlaps bias"):
-        rawops.bias_gelu(f32((4, 8), ptr=BASE), f32((8,), ptr=OTHER), out=f32((4, 8), ptr=OTHER))
+        rawops.bias_gelu(f32((4, 8), ptr=BASE), f32((8,), ptr=OTHER), out=f32((4, 8), ptr=OTHER), approximate="tanh")
 
 
 def test_out_equal_to_bias_of_a_1d_x_is_an_elementwise_in_place_update():
@@ -343,7 +343,7 @@ def test_out_equal_to_bias_of_a_1d_x_is_an_elementwise_in_place_update():
 # ------------------------------------------------------------------------------ not device arrays
 def test_numpy_array_is_a_type_error_about_host_memory():
     with pytest.raises(TypeError, match=r"^x is in host memory.*GPU"):
-        rawops.gelu(np.zeros(16, np.float32))
+        rawops.gelu(np.zeros(16, np.float32), approximate="tanh")
 
 
 def test_object_with_only_array_interface_is_a_type_error_about_host_memory():
@@ -351,13 +351,13 @@ def test_object_with_only_array_interface_is_a_type_error_about_host_memory():
         __array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
 
     with pytest.raises(TypeError, match=r"^x is a host array \(HostOnly\)"):
-        rawops.gelu(HostOnly())
+        rawops.gelu(HostOnly(), approximate="tanh")
 
 
 def test_torch_cpu_tensor_is_a_type_error_about_host_memory():
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match=r"^x is in host memory"):
-        rawops.gelu(torch.zeros(4))
+        rawops.gelu(torch.zeros(4), approximate="tanh")
     with pytest.raises(TypeError, match=r"^y is in host memory"):
         rawops.relu_scale_add(f32((4,)), 1.0, torch.zeros(4))
 
@@ -365,14 +365,14 @@ def test_torch_cpu_tensor_is_a_type_error_about_host_memory():
 @pytest.mark.parametrize("value", [[1.0, 2.0], 3, 2.5, None, "x", {"shape": (4,)}])
 def test_plain_python_values_are_type_errors(value):
     with pytest.raises(TypeError, match=r"^x must be a GPU array \(CuPy, or anything with __cuda_array_interface__"):
-        rawops.gelu(value)
+        rawops.gelu(value, approximate="tanh")
 
 
 def test_a_list_as_second_operand_or_out_is_a_type_error_naming_it():
     with pytest.raises(TypeError, match=r"^b must be a GPU array"):
         rawops.add(f32(), [1.0])
     with pytest.raises(TypeError, match=r"^out must be a GPU array"):
-        rawops.gelu(f32(), out=[1.0])
+        rawops.gelu(f32(), out=[1.0], approximate="tanh")
 
 
 def test_missing_second_operand_is_a_type_error_naming_it():
@@ -383,17 +383,17 @@ def test_missing_second_operand_is_a_type_error_naming_it():
 # ------------------------------------------------------------------------------ CAI protocol
 def test_cai_stream_zero_is_a_value_error():
     with pytest.raises(ValueError, match=r"^x: __cuda_array_interface__ stream 0 is forbidden"):
-        rawops.gelu(f32(stream=0))
+        rawops.gelu(f32(stream=0), approximate="tanh")
 
 
 def test_cai_stream_zero_on_out_names_out():
     with pytest.raises(ValueError, match=r"^out: __cuda_array_interface__ stream 0"):
-        rawops.gelu(f32(), out=f32(ptr=OTHER, stream=0))
+        rawops.gelu(f32(), out=f32(ptr=OTHER, stream=0), approximate="tanh")
 
 
 def test_masked_cai_is_a_value_error():
     with pytest.raises(ValueError, match=r"^x is a masked array"):
-        rawops.gelu(f32(mask=f32(ptr=OTHER)))
+        rawops.gelu(f32(mask=f32(ptr=OTHER)), approximate="tanh")
 
 
 CUPY_ENTRIES = ["gelu", "gelu_backward", "bias_gelu", "relu", "relu_backward", "relu_scale", "relu_scale_backward",
@@ -454,7 +454,8 @@ def test_an_activation_that_is_not_a_string_is_a_type_error_naming_it(kwargs, na
         rawops.fused_mlp(f16(), weights, **kwargs)
     if name == "output_activation":
         with pytest.raises(TypeError, match=rf"^{name} must be a string, got "):
-            rawops.seed_mlp(f32((4, 100)), *[f32((1,))] * 6, output_activation=None)
+            rawops.fused_mlp(f32((4, 100)), [f32((128, 100), ptr=OTHER), f32((64, 128), ptr=OTHER * 2),
+                                             f32((10, 64), ptr=OTHER * 3)], None, output_activation=None)
 
 
 # ------------------------------------------------------------------------------ scalars
@@ -497,7 +498,7 @@ def test_negative_stream_handle_is_a_value_error():
                                             ((4, 8), ("a", 4))])
 def test_strides_that_do_not_match_the_shape_are_a_value_error_naming_the_array(shape, strides):
     with pytest.raises(ValueError, match=r"^x has __cuda_array_interface__ strides .* expected None or one int per"):
-        rawops.gelu(f32(shape, strides=strides))
+        rawops.gelu(f32(shape, strides=strides), approximate="tanh")
     with pytest.raises(ValueError, match=r"^a has __cuda_array_interface__ strides"):
         rawops.matmul(f32(shape, strides=strides), f32((8, 4), ptr=OTHER))
     with pytest.raises(ValueError, match=r"^x has __cuda_array_interface__ strides"):
@@ -509,7 +510,7 @@ def test_an_interface_missing_a_required_key_is_a_type_error_naming_the_array(dr
     x = f32()
     del x.cai[drop]
     with pytest.raises(TypeError, match=r"^x has a malformed __cuda_array_interface__"):
-        rawops.gelu(x)
+        rawops.gelu(x, approximate="tanh")
 
 
 @pytest.mark.parametrize("shape", [(4, -1), (4, 8.0), "48"])
@@ -517,7 +518,7 @@ def test_an_interface_with_a_bad_shape_is_a_type_error(shape):
     x = f32()
     x.cai["shape"] = shape
     with pytest.raises(TypeError, match=r"^x has a malformed __cuda_array_interface__"):
-        rawops.gelu(x)
+        rawops.gelu(x, approximate="tanh")
 
 
 @pytest.mark.parametrize("stream", ["7", -3, 1.0])
@@ -691,25 +692,31 @@ def torch_path():
     return torch, rawops.elementwise.MAP
 
 
+def _map_call(kernel, *args, **kwargs):
+    from rawops._launch import map_call
+
+    return map_call(kernel, *args, **kwargs)
+
+
 def test_torch_path_refuses_a_cpu_tensor_before_touching_cuda(torch_path):
     torch, kernels = torch_path
     with pytest.raises(ValueError, match=r"^x is on cpu; rawops runs on CUDA tensors"):
-        kernels["gelu_tanh_fwd"].torch_call(torch.zeros(4))
+        _map_call(kernels["gelu_tanh_fwd"], torch.zeros(4))
     with pytest.raises(ValueError, match=r"^a is on cpu"):
-        kernels["add_fwd"].torch_call(torch.zeros(4), torch.zeros(4))
+        _map_call(kernels["add_fwd"], torch.zeros(4), torch.zeros(4))
 
 
 @pytest.mark.parametrize("dtype", ["int32", "float64", "complex64"])
 def test_torch_path_refuses_unsupported_dtypes_naming_the_argument(torch_path, dtype):
     torch, kernels = torch_path
     with pytest.raises(TypeError, match=rf"^x has dtype torch.{dtype}; rawops supports float32, float16, bfloat16"):
-        kernels["relu_fwd"].torch_call(torch.zeros(4, dtype=getattr(torch, dtype)))
+        _map_call(kernels["relu_fwd"], torch.zeros(4, dtype=getattr(torch, dtype)))
 
 
 def test_torch_path_refuses_non_tensors(torch_path):
     _, kernels = torch_path
     with pytest.raises(TypeError, match=r"^x must be a torch.Tensor, got FakeCAI"):
-        kernels["relu_fwd"].torch_call(f32())
+        _map_call(kernels["relu_fwd"], f32())
 
 
 # ------------------------------------------------------------------------------ arrays on two GPUs
@@ -828,9 +835,9 @@ def test_torch_adapter_norms_check_eps(torch_path, on_gpu0, eps, error, pattern)
 
     x = on_gpu0(torch.randn(4, 8))
     with pytest.raises(error, match=pattern):
-        ta.layer_norm(x, eps=eps)
+        ta.layer_norm(x, (8,), eps=eps)
     with pytest.raises(error, match=pattern):
-        ta.rms_norm(x, eps=eps)
+        ta.rms_norm(x, (8,), eps=eps)
 
 
 def test_torch_adapter_approximate_that_is_not_a_string_is_a_type_error(torch_path, on_gpu0):
@@ -856,13 +863,16 @@ def test_torch_adapter_alpha_must_be_a_real_number(torch_path, on_gpu0):
             ta.relu_scale_add(x, alpha, x)
 
 
-def test_torch_seed_mlp_needs_three_weights_and_three_biases(torch_path):
+def test_torch_fused_mlp_needs_lists_of_weights_and_biases_and_biases_on_the_source_network(torch_path, on_gpu0):
     torch, _ = torch_path
     from rawops import torch_adapter as ta
 
-    with pytest.raises(TypeError, match=r"^seed_mlp's biases must be a list or tuple of 3 tensors, got NoneType"):
-        ta.seed_mlp(torch.zeros(4, 100), [torch.zeros(1)] * 3, None)
-    with pytest.raises(TypeError, match=r"^seed_mlp's weights must be a list or tuple of 3 tensors, got Tensor"):
-        ta.seed_mlp(torch.zeros(4, 100), torch.zeros(3, 1), [torch.zeros(1)] * 3)
-    with pytest.raises(ValueError, match=r"^seed_mlp takes 3 weights and 3 biases, got 2 and 3"):
-        ta.seed_mlp(torch.zeros(4, 100), [torch.zeros(1)] * 2, [torch.zeros(1)] * 3)
+    x = on_gpu0(torch.zeros(4, 100))
+    weights = [on_gpu0(torch.zeros(s)) for s in ((128, 100), (64, 128), (10, 64))]
+    with pytest.raises(ValueError, match=r"^float32 network of sizes \(100, 128, 64, 10\) with activation 'relu', "
+                                         r"no biases is not supported"):
+        ta.fused_mlp(x, weights, None)
+    with pytest.raises(ValueError, match=r"^weights must be a non-empty list of \[out, in\] tensors"):
+        ta.fused_mlp(x, on_gpu0(torch.zeros(3, 1)), [torch.zeros(1)] * 3)
+    with pytest.raises(ValueError, match=r"^biases must be None or a list of 2 tensors, one per weight"):
+        ta.fused_mlp(x, weights[:2], [on_gpu0(torch.zeros(1))] * 3)

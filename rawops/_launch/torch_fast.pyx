@@ -97,9 +97,11 @@ cdef int _launch_torch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz
 
 
 # ---------------------------------------------------------------------------- elementwise
-cdef object _map_call(MapKernel self, a, b, c, float alpha, out, bint soft=False):
+cdef object _map_call(MapKernel self, a, b, c, float alpha, out, bint soft=False, tuple names=None):
     # soft: None for operands that are not contiguous (the entries' callers copy them first).
-    cdef tuple names = self.arg_names
+    # names: the operands' names in the caller's signature (errors name them), else the kernel's.
+    if names is None:
+        names = self.arg_names
     cdef int device = -1
     cdef int code = _tensor_code(a, names[0], &device, soft)
     if code == -2:
@@ -144,10 +146,16 @@ cdef object _map_call(MapKernel self, a, b, c, float alpha, out, bint soft=False
     return out
 
 
-def map_call(MapKernel kernel, a, b=None, c=None, float alpha=0.0, out=None):
+def map_call(MapKernel kernel, a, b=None, c=None, float alpha=0.0, out=None, tuple names=None):
     """An elementwise op on torch tensors, on torch's current stream: returns out (a new tensor
-    unless given)."""
-    return _map_call(kernel, a, b, c, alpha, out)
+    unless given). names: the operands' names for errors (default: the kernel table's)."""
+    return _map_call(kernel, a, b, c, alpha, out, False, names)
+
+
+# The operands' names in the adapter's signatures (torch's), for its errors.
+cdef tuple _INPUT = ("input",)
+cdef tuple _INPUT_OTHER = ("input", "other")
+cdef tuple _INPUT_BIAS = ("input", "bias")
 
 
 cdef class TorchMapEntry(_MapEntry):
@@ -168,7 +176,7 @@ torch.nn.functional.gelu on rawops kernels: approximate 'none' (erf) or 'tanh'."
         cdef MapKernel kernel = self._mode(approximate)
         if kernel is None or self._tracing() or (getattr(input, "requires_grad", False) and _torch_grad_enabled()):
             return self.fallback(input, approximate)
-        y = _map_call(kernel, input, None, None, 0.0, None, True)
+        y = _map_call(kernel, input, None, None, 0.0, None, True, _INPUT)
         return y if y is not None else self.fallback(input, approximate)
 
     @cython.binding(False)
@@ -180,7 +188,7 @@ torch.nn.functional.relu on rawops kernels (NaN stays NaN); inplace=True writes 
         if self._tracing() or (getattr(input, "requires_grad", False) and _torch_grad_enabled()) or (
                 inplace is not False):
             return self.fallback(input, inplace)
-        y = _map_call(self.plain, input, None, None, 0.0, None, True)
+        y = _map_call(self.plain, input, None, None, 0.0, None, True, _INPUT)
         return y if y is not None else self.fallback(input, inplace)
 
     @cython.binding(False)
@@ -191,7 +199,7 @@ torch.nn.functional.relu on rawops kernels (NaN stays NaN); inplace=True writes 
 relu(input) * alpha in one kernel."""
         if self._tracing() or (getattr(input, "requires_grad", False) and _torch_grad_enabled()):
             return self.fallback(input, alpha)
-        y = _map_call(self.plain, input, None, None, real_scalar(alpha, "alpha"), None, True)
+        y = _map_call(self.plain, input, None, None, real_scalar(alpha, "alpha"), None, True, _INPUT)
         return y if y is not None else self.fallback(input, alpha)
 
     @cython.binding(False)
@@ -203,7 +211,7 @@ relu(input) * alpha + other in one kernel (other of input's shape and dtype)."""
         if self._tracing() or ((getattr(input, "requires_grad", False) or getattr(other, "requires_grad", False))
                                and _torch_grad_enabled()):
             return self.fallback(input, alpha, other)
-        y = _map_call(self.plain, input, other, None, real_scalar(alpha, "alpha"), None, True)
+        y = _map_call(self.plain, input, other, None, real_scalar(alpha, "alpha"), None, True, _INPUT_OTHER)
         return y if y is not None else self.fallback(input, alpha, other)
 
     @cython.binding(False)
@@ -215,7 +223,7 @@ input + other in one kernel (same shape and dtype; no broadcasting)."""
         if self._tracing() or ((getattr(input, "requires_grad", False) or getattr(other, "requires_grad", False))
                                and _torch_grad_enabled()):
             return self.fallback(input, other)
-        y = _map_call(self.plain, input, other, None, 0.0, None, True)
+        y = _map_call(self.plain, input, other, None, 0.0, None, True, _INPUT_OTHER)
         return y if y is not None else self.fallback(input, other)
 
     @cython.binding(False)
@@ -229,7 +237,7 @@ gelu(input + bias), bias of shape (input.shape[-1],) broadcast over the leading 
                 (getattr(input, "requires_grad", False) or getattr(bias, "requires_grad", False))
                 and _torch_grad_enabled()):
             return self.fallback(input, bias, approximate)
-        y = _map_call(kernel, input, None, bias, 0.0, None, True)
+        y = _map_call(kernel, input, None, bias, 0.0, None, True, _INPUT_BIAS)
         return y if y is not None else self.fallback(input, bias, approximate)
 
 

@@ -44,9 +44,9 @@ def on_device(device, launch, *args):
 
 
 def dense(t):
-    """t itself when C-contiguous, else a contiguous copy: autograd may hand a broadcast
-    (stride-0) gradient (from .sum(), say), and the row kernels read dense rows."""
-    return t if t.is_contiguous() else t.contiguous()
+    """t itself when C-contiguous (or not a tensor: the launcher's checks name it), else a
+    contiguous copy: a strided view, or the broadcast (stride-0) gradient autograd may hand over."""
+    return t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
 
 
 def checked(t, name, like=None, like_name="x"):

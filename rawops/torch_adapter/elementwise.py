@@ -20,6 +20,8 @@ _GELU_BWD = {a: _GELU_KERNELS[(a, "bwd", False)] for a in _ew.GELU_MODES}
 _RELU, _RELU_BWD = _ew.MAP["relu_fwd"], _ew.MAP["relu_bwd"]
 _RELU_SCALE, _RELU_SCALE_BWD = _ew.MAP["relu_scale_fwd"], _ew.MAP["relu_scale_bwd"]
 _RELU_SCALE_ADD, _ADD = _ew.MAP["relu_scale_add_fwd"], _ew.MAP["add_fwd"]
+# The operands' names in the public signatures (torch's), for the errors of the public paths.
+_INPUT, _INPUT_OTHER, _INPUT_BIAS = ("input",), ("input", "other"), ("input", "bias")
 
 
 def gelu_kernel(approximate, direction, bias=False):
@@ -134,7 +136,7 @@ class _GELU(torch.autograd.Function):
     def forward(ctx, x, forward_kernel, backward_kernel):
         ctx.save_for_backward(x)
         ctx.backward_kernel = backward_kernel
-        return map_call(forward_kernel, x)
+        return map_call(forward_kernel, x, names=_INPUT)
 
     @staticmethod
     def backward(ctx, dy):
@@ -148,9 +150,9 @@ class _ReLU(torch.autograd.Function):
     def forward(ctx, x, inplace):
         if inplace:
             ctx.mark_dirty(x)
-            y = map_call(_RELU, x, out=x)
+            y = map_call(_RELU, x, out=x, names=_INPUT)
         else:
-            y = map_call(_RELU, x)
+            y = map_call(_RELU, x, names=_INPUT)
         ctx.save_for_backward(y)
         return y
 
@@ -164,7 +166,7 @@ class _ReLUScale(torch.autograd.Function):
     def forward(ctx, x, alpha):
         ctx.save_for_backward(x)
         ctx.alpha = alpha
-        return map_call(_RELU_SCALE, x, alpha=alpha)
+        return map_call(_RELU_SCALE, x, alpha=alpha, names=_INPUT)
 
     @staticmethod
     def backward(ctx, dy):
@@ -176,7 +178,7 @@ class _ReLUScaleAdd(torch.autograd.Function):
     def forward(ctx, x, alpha, y):
         ctx.save_for_backward(x)
         ctx.alpha = alpha
-        return map_call(_RELU_SCALE_ADD, x, y, alpha=alpha)
+        return map_call(_RELU_SCALE_ADD, x, y, alpha=alpha, names=_INPUT_OTHER)
 
     @staticmethod
     def backward(ctx, dy):
@@ -186,7 +188,7 @@ class _ReLUScaleAdd(torch.autograd.Function):
 class _Add(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b):
-        return map_call(_ADD, a, b)
+        return map_call(_ADD, a, b, names=_INPUT_OTHER)
 
     @staticmethod
     def backward(ctx, dy):
@@ -198,7 +200,7 @@ class _BiasGELU(torch.autograd.Function):
     def forward(ctx, x, bias, approximate):
         ctx.save_for_backward(x, bias)
         ctx.approximate = approximate
-        return map_call(gelu_kernel(approximate, "fwd", bias=True), x, c=bias)
+        return map_call(gelu_kernel(approximate, "fwd", bias=True), x, c=bias, names=_INPUT_BIAS)
 
     @staticmethod
     def backward(ctx, dy):
@@ -254,7 +256,7 @@ def _gelu_python(input, approximate="none"):
         if functorch_active():
             return _GELU.apply(dense(input), forward_kernel, backward_kernel)
         return _gelu_c_apply(dense(input), forward_kernel, backward_kernel)
-    return map_call(forward_kernel, dense(input))
+    return map_call(forward_kernel, dense(input), names=_INPUT)
 
 
 def _relu_python(input, inplace=False):
@@ -267,7 +269,7 @@ def _relu_python(input, inplace=False):
         return input.copy_(_relu_python(input.contiguous()))
     if getattr(input, "requires_grad", False) and grad_enabled():
         return _relu_apply(dense(input), inplace)
-    return map_call(_RELU, input, out=input) if inplace else map_call(_RELU, dense(input))
+    return map_call(_RELU, input, out=input, names=_INPUT) if inplace else map_call(_RELU, dense(input), names=_INPUT)
 
 
 def _relu_scale_python(input, alpha):
@@ -276,7 +278,7 @@ def _relu_scale_python(input, alpha):
         return _relu_scale_op(input, alpha)
     if getattr(input, "requires_grad", False) and grad_enabled():
         return _relu_scale_apply(dense(input), alpha)
-    return map_call(_RELU_SCALE, dense(input), alpha=alpha)
+    return map_call(_RELU_SCALE, dense(input), alpha=alpha, names=_INPUT)
 
 
 def _relu_scale_add_python(input, alpha, other):
@@ -285,7 +287,7 @@ def _relu_scale_add_python(input, alpha, other):
         return _relu_scale_add_op(input, alpha, other)
     if needs_grad(input, other):
         return _relu_scale_add_apply(dense(input), alpha, dense(other))
-    return map_call(_RELU_SCALE_ADD, dense(input), dense(other), alpha=alpha)
+    return map_call(_RELU_SCALE_ADD, dense(input), dense(other), alpha=alpha, names=_INPUT_OTHER)
 
 
 def _add_python(input, other):
@@ -293,7 +295,7 @@ def _add_python(input, other):
         return _add_op(input, other)
     if needs_grad(input, other):
         return _add_apply(dense(input), dense(other))
-    return map_call(_ADD, dense(input), dense(other))
+    return map_call(_ADD, dense(input), dense(other), names=_INPUT_OTHER)
 
 
 def _bias_gelu_python(input, bias, approximate="none"):
@@ -302,7 +304,7 @@ def _bias_gelu_python(input, bias, approximate="none"):
     kernel = gelu_kernel(approximate, "fwd", bias=True)
     if needs_grad(input, bias):
         return _bias_gelu_apply(dense(input), dense(bias), approximate)
-    return map_call(kernel, dense(input), c=dense(bias))
+    return map_call(kernel, dense(input), c=dense(bias), names=_INPUT_BIAS)
 
 
 # The public functions: bound methods of rawops._launch.TorchMapEntry (C-level callables: the

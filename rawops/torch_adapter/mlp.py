@@ -33,13 +33,14 @@ _MLP_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat
 
 
 def _mlp_plan(x, weights, biases, activation, output_activation):
-    code = checked(x, "x")
-    if x.dim() != 2:
-        raise ValueError(f"x has shape {tuple(x.shape)}, expected (batch, n_in)")
+    _mlp.check_activations(activation, output_activation)
     if not isinstance(weights, (list, tuple)) or not weights:
         raise ValueError("weights must be a non-empty list of [out, in] tensors (torch.nn.Linear layout)")
     if biases is not None and (not isinstance(biases, (list, tuple)) or len(biases) != len(weights)):
         raise ValueError(f"biases must be None or a list of {len(weights)} tensors, one per weight")
+    code = checked(x, "x")
+    if x.dim() != 2:
+        raise ValueError(f"x has shape {tuple(x.shape)}, expected (batch, n_in)")
     sizes = [x.shape[1]]
     for i, w in enumerate(weights):
         checked(w, f"weights[{i}]", like=x)
