@@ -39,9 +39,9 @@ TARGETS = {("source", 32, "fwd"): 5.0, ("source", 1 << 20, "fwd"): 2.0, ("tc", 1
            ("tc", 1 << 20, "fwd+bwd"): 3.0}
 
 
-def mlp_module():
-    """rawops.mlp the module (its tunables and plan caches), whatever the package's attribute is."""
-    return importlib.import_module("rawops.mlp")
+def plans_module():
+    """rawops._mlp_plans, the module of the MLP family's plans (its tunables and plan cache)."""
+    return importlib.import_module("rawops._mlp_plans")
 
 
 def sequential(sizes, dtype):
@@ -57,7 +57,7 @@ def sequential(sizes, dtype):
 def drop_launch_cache(fused):
     """Forget FusedMLP's validated plan and its per-batch launches, so that the next call plans
     again under the current switches (the typed fast path runs before any plan check)."""
-    names = [name for name in ("_fast_key", "_seed_state") if hasattr(fused, name)]
+    names = [name for name in ("_fast_key", "_source_state") if hasattr(fused, name)]
     if not names:
         raise RuntimeError("FusedMLP's launch caches are not where bench_mlp.drop_launch_cache looks")
     for name in names:
@@ -78,19 +78,19 @@ def with_switch(fused, fn, **switches):
 
 def tile_kernels_us(fused, ours):
     """(resident, streaming) times of the WMMA tile kernels on the same call (fast forward off)."""
-    mlp = mlp_module()
+    plans = plans_module()
 
     def timed(resident_max):
-        saved = mlp.RESIDENT_MAX_SMEM
-        mlp.RESIDENT_MAX_SMEM = resident_max
-        mlp._plans.clear()
+        saved = plans.RESIDENT_MAX_SMEM
+        plans.RESIDENT_MAX_SMEM = resident_max
+        plans._plans.clear()
         try:
             return with_switch(fused, lambda: device_time_us(ours), mlp_fast_forward=False)
         finally:
-            mlp.RESIDENT_MAX_SMEM = saved
-            mlp._plans.clear()
+            plans.RESIDENT_MAX_SMEM = saved
+            plans._plans.clear()
 
-    return timed(mlp.RESIDENT_MAX_SMEM), timed(0)
+    return timed(plans.RESIDENT_MAX_SMEM), timed(0)
 
 
 def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fwd, bytes_fwdbwd, graph):

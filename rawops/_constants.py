@@ -11,6 +11,111 @@ Grouped by family; each value's meaning is documented where the kernel uses it.
 MAP_UNROLL = 1
 
 
+# gemm: kernels/gemm.cu, gemm_small.cu, gemm_tf32.cu, gemm_sm90.cu (rawops/gemm.py, _gemm_*.py)
+# The epilogue's flags (kernels/include/rawops/gemm_epilogue.cuh): the mode in bits 0-1, then two bits.
+GEMM_EPI_NONE = 0
+GEMM_EPI_BIAS_GELU = 1  # bias + GELU, the pre-activation also stored where `pre` is given
+GEMM_EPI_BIAS_GELU_GRAD = 2  # bias + GELU gradient: out = aux * gelu'(acc + bias)
+GEMM_EPI_BIAS = 3
+GEMM_EPI_ERF = 4  # exact-erf GELU, else the tanh approximation
+GEMM_EPI_PRE = 8  # the Hopper kernel's flags: a pre-activation is stored (through its own tensor map)
+# gemm_simt, gemm_simt_vec (exact FFMA): square block tiles and threads; gemm_simt_vec's K a tile
+GEMM_SIMT_TILE = 128
+GEMM_SIMT_THREADS = 256
+GEMM_SIMT_VEC_K = 16
+# gemm_mma (mma.sync, half types): square block tiles, K a stage, stages, threads; each staged
+# row padded by GEMM_MMA_PAD elements (ldmatrix conflict-free)
+GEMM_MMA_TILE = 128
+GEMM_MMA_K = 32
+GEMM_MMA_STAGES = 3
+GEMM_MMA_THREADS = 256
+GEMM_MMA_PAD = 8
+GEMM_REDUCE_THREADS = 256  # gemm_reduce's block
+# gemm_small_m_nn: a block's rows (all of M) and columns, its threads
+GEMM_SMALL_M_ROWS = 32
+GEMM_SMALL_M_COLS = 64
+GEMM_SMALL_M_THREADS = 128
+# linear_small (x @ W^T at small batch): rows a blockIdx.y (linear_small_tc too), output features
+# a block, threads sharing a feature along K, K a staged chunk of x
+GEMM_SMALL_ROWS = 32
+GEMM_SMALL_FEATURES = 24
+GEMM_SMALL_GROUPS = 16
+GEMM_SMALL_K = 768
+# linear_small_tc's shipped shapes: float32 in 3xTF32 (a cluster of CLUSTER CTAs, TILES n8 tiles
+# of features a CTA, WARPS warps splitting K), and the 16-bit types (MMA_TILES, MMA_WARPS)
+GEMM_SMALL_TF32_CLUSTER = 1
+GEMM_SMALL_TF32_TILES = 3
+GEMM_SMALL_TF32_WARPS = 16
+GEMM_SMALL_MMA_TILES = 2
+GEMM_SMALL_MMA_WARPS = 8
+# gemm_tf32 (mma.sync TF32): square block tiles, K a stage, stages, threads; a K-major staged row
+# padded by KMAJOR_PAD floats, an M/N-major one by MNMAJOR_PAD; gemm_tf32_wide's tile width and
+# stages; transpose_tf32_f32's square tile and threads
+GEMM_TF32_TILE = 128
+GEMM_TF32_K = 16
+GEMM_TF32_STAGES = 4
+GEMM_TF32_THREADS = 256
+GEMM_TF32_KMAJOR_PAD = 4
+GEMM_TF32_MNMAJOR_PAD = 8
+GEMM_TF32_WIDE_N = 256
+GEMM_TF32_WIDE_STAGES = 4
+GEMM_TF32_TRANSPOSE_TILE = 64
+GEMM_TF32_TRANSPOSE_THREADS = 256
+# gemm_sm90 (WGMMA + TMA): output tile rows, bytes of a stage's K (the 128-byte swizzle span), an
+# M/N-major operand's TMA box edge, threads (three warpgroups), stages of the ring per tile width
+GEMM_SM90_TILE_M = 128
+GEMM_SM90_SPAN_BYTES = 128
+GEMM_SM90_BOX = 64
+GEMM_SM90_THREADS = 384
+GEMM_SM90_STAGES_N256 = 4
+GEMM_SM90_STAGES_N128 = 6
+GEMM_SM90_STAGES_N64 = 8
+
+# mlp: kernels/mlp_source.cu, mlp_tiles.cu, mlp_fused.cu, include/rawops/mlp.cuh (rawops/mlp.py, _mlp_plans.py)
+# Activation codes; the tensor-core kernels' flags hold the hidden one in bits 0-1, the output one
+# shifted by MLP_OUTPUT_ACT_SHIFT, and MLP_TC_RESIDENT; the source network's flags are its output
+# activation code (none or ReLU).
+MLP_ACT_NONE = 0
+MLP_ACT_RELU = 1
+MLP_ACT_GELU = 2  # exact erf GELU
+MLP_OUTPUT_ACT_SHIFT = 2
+MLP_TC_RESIDENT = 16  # the tile kernels: every layer's weights resident, persistent warps
+MLP_MAX_LAYERS = 9  # weight and bias pointers a tensor-core entry takes: up to 8 hidden layers
+MLP_MAX_WIDTH = 128  # the widest n_in, width, n_out of the tensor-core kernels: a layer's bias row
+# The source network 100-128-64-10: its sizes; source_mlp_fwd's samples a block and threads;
+# source_mlp_small_fwd's; the 3xTF32 forwards' warps a block (32- and 16-row warp tiles) and the
+# row strides (floats) of their resident W1, W2, W3 and staged x rows
+MLP_SOURCE_IN = 100
+MLP_SOURCE_H1 = 128
+MLP_SOURCE_H2 = 64
+MLP_SOURCE_OUT = 10
+MLP_SOURCE_TILE = 64
+MLP_SOURCE_THREADS = 128
+MLP_SOURCE_SMALL_TILE = 2
+MLP_SOURCE_SMALL_THREADS = 256
+MLP_SOURCE_TC32_WARPS = 8
+MLP_SOURCE_TC16_WARPS = 16
+MLP_SOURCE_TC_LD1 = 104
+MLP_SOURCE_TC_LD2 = 136
+MLP_SOURCE_TC_LD3 = 72
+MLP_SOURCE_TC_LDX = 104
+# The source network's backward: threads of mlp_dgrad_bwd / mlp_wgrad_bwd, rows a dgrad block,
+# rows a wgrad step; mlp_wgrad_reduce_bwd's block
+MLP_GRAD_THREADS = 256
+MLP_DGRAD_ROWS = 64
+MLP_WGRAD_ROWS = 32
+MLP_REDUCE_THREADS = 256
+# The WMMA tile kernels: warps a block (16 rows each), rows a tc_mlp_wgrad step
+MLP_TC_WARPS = 8
+MLP_WGRAD_TC_ROWS = 64
+# The register-resident forward's and the fused backward's most warps a block (one block an SM),
+# the fused backward's rows a warp; mlp_wgrad_reduce_layers_bwd's outputs a block and runs an output
+MLP_FAST_MAX_WARPS = 16
+MLP_FAST_BWD_MAX_WARPS = 8
+MLP_FAST_BWD_ROWS = 32
+MLP_REDUCE_LAYERS_OUTPUTS = 32
+MLP_REDUCE_LAYERS_RUNS = 8
+
 def defines():
     """The -D flags of every constant, sorted by name (part of the fatbin cache key)."""
     return [f"-DRAWOPS_{name}={value}" for name, value in sorted(globals().items())

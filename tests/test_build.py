@@ -456,9 +456,10 @@ import rawops.softmaxes as softmaxes  # noqa: E402
 import rawops.mlp as mlp  # noqa: E402
 
 # family -> its Python table; the fatbin must hold <base>_<suffix> for each, on every arch
-# (suffixes: the module's SUFFIXES where a family exists in fewer dtypes, as mlp).
+# (suffixes: the module's SUFFIXES where a family exists in fewer dtypes). mlp's kernels live in
+# several fatbins (kernels/mlp_*.cu): its FAMILY_OF names each entry point's.
 ROW_FAMILIES = {"norm": norm, "softmaxes": softmaxes}
-TABLE_FAMILIES = {**ROW_FAMILIES, "mlp": mlp}
+TABLE_FAMILIES = {**ROW_FAMILIES, **{family: mlp for family in sorted(set(mlp.FAMILY_OF.values()))}}
 # CUB's util_device.cuh defines one global kernel (EmptyKernel, for its PTX-version query)
 # in every unit that includes it; it is not ours and nothing launches it.
 CUB_INTERNAL = re.compile(r"^_ZN3cub\w*EmptyKernel")
@@ -475,8 +476,8 @@ def _row_family_fatbin(family):
 
 def _row_family_expected(family):
     module = TABLE_FAMILIES[family]
-    if hasattr(module, "ENTRY_POINTS"):  # a family whose tables differ in dtypes lists its names
-        return set(module.ENTRY_POINTS)
+    if hasattr(module, "FAMILY_OF"):  # a family over several fatbins lists each entry point's
+        return {name for name, home in module.FAMILY_OF.items() if home == family}
     return {f"{base}_{suffix}" for base in module.KERNELS for suffix in getattr(module, "SUFFIXES", SUFFIXES)}
 
 
@@ -551,15 +552,17 @@ def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
 
 
 def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signatures():
-    # mlp's float32 kernels are plain extern "C" functions; the launch kinds must match each
-    # parameter list (a mismatch passes garbage to the kernel). The per-dtype entries are
-    # stamped out by macros (RAWOPS_REDUCE, RAWOPS_TC_ENTRIES): their parameter lists are
-    # checked against the tables' lengths, and every name must come from a macro in the source.
-    source = _source("mlp")
+    # The source network's float32 kernels (kernels/mlp_source.cu) are plain extern "C" functions;
+    # the launch kinds must match each parameter list (a mismatch passes garbage to the kernel).
+    # The per-dtype entries are stamped out by macros (RAWOPS_REDUCE, RAWOPS_TC_ENTRIES in
+    # kernels/mlp_tiles.cu): their parameter lists are checked against the tables' lengths, and
+    # every name must come from a macro in its file.
+    source = _source("mlp_source")
     signatures = dict(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*(\w+)\(([^)]*)\)', source))
     assert set(signatures) == {f"{base}_f32" for base in mlp.KERNELS}
-    kinds = {"seed_mlp_fwd": mlp.SEED_FWD_KINDS, "seed_mlp_small_fwd": mlp.SEED_FWD_KINDS,
-             **{variant: mlp.SEED_FWD_KINDS for variant in mlp.SEED_TC_VARIANTS},
+    assert {f"{base}_f32" for base in mlp.KERNELS} == {n for n, f in mlp.FAMILY_OF.items() if f == "mlp_source"}
+    kinds = {"source_mlp_fwd": mlp.SOURCE_FWD_KINDS, "source_mlp_small_fwd": mlp.SOURCE_FWD_KINDS,
+             **{variant: mlp.SOURCE_FWD_KINDS for variant in mlp.plans.SOURCE_TC_VARIANTS},
              "mlp_dgrad_bwd": mlp.DGRAD_KINDS, "mlp_wgrad_bwd": mlp.WGRAD_KINDS}
     assert set(kinds) == set(mlp.KERNELS)
     for base, expected_kinds in kinds.items():
@@ -567,14 +570,16 @@ def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signature
         got = "".join("p" if "*" in p else "f" if p.split()[0] == "float" else "q" for p in params)
         assert got == expected_kinds, f"{base}_f32: launch kinds {expected_kinds!r}, signature {got!r}"
         assert [p.split()[-1].lstrip("*") for p in params] == list(mlp.KERNELS[base]), "table names the parameters"
+    tiles = _source("mlp_tiles")
     macro_kinds = {"mlp_wgrad_reduce_bwd": mlp.REDUCE_KINDS}
-    for nf in mlp.TC_NFS:
+    for nf in mlp.plans.TC_NFS:
         macro_kinds.update({f"tc_mlp_nf{nf}_fwd": mlp.TC_FWD_KINDS, f"tc_mlp_nf{nf}_bwd": mlp.TC_BWD_KINDS,
                             f"tc_mlp_wgrad_nf{nf}_bwd": mlp.TC_WGRAD_KINDS})
     assert set(macro_kinds) == set(mlp.KERNELS_ALL_FLOATS) | set(mlp.TC_KERNELS)
     for stamp in ("mlp_wgrad_reduce_bwd_##suffix(", "tc_mlp_nf##NF##_fwd_##suffix(", "tc_mlp_nf##NF##_bwd_##suffix(",
                   "tc_mlp_wgrad_nf##NF##_bwd_##suffix("):
-        assert stamp in source
+        assert stamp in tiles
     for base, expected_kinds in macro_kinds.items():
         table = {**mlp.KERNELS_ALL_FLOATS, **mlp.TC_KERNELS}[base]
         assert len(expected_kinds) == len(table), base
+    assert "mlp_wgrad_reduce_layers_bwd_##suffix(" in _source("mlp_fused_bwd")

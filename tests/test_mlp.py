@@ -12,6 +12,7 @@ import pytest
 import rawops
 from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
 
+import rawops._mlp_plans as plans  # noqa: E402
 import rawops.mlp as mlp  # noqa: E402
 
 SHAPES = {"w1": (128, 100), "b1": (128,), "w2": (64, 128), "b2": (64,), "w3": (10, 64), "b3": (10,)}
@@ -28,6 +29,13 @@ def _params(**replace):
     return [params[name] for name in NAMES]
 
 
+def _kernel_source(family):
+    from rawops import _modules
+
+    with open(__import__("os").path.join(_modules.kernel_source_dir(), f"{family}.cu")) as f:
+        return f.read()
+
+
 def source_mlp(x, w1, b1, w2, b2, w3, b3, **kwargs):
     """The source network through the public API: fused_mlp with its three layers and ReLU."""
     return rawops.fused_mlp(x, [w1, w2, w3], [b1, b2, b3], "relu", **kwargs)
@@ -36,16 +44,16 @@ def source_mlp(x, w1, b1, w2, b2, w3, b3, **kwargs):
 # ------------------------------------------------------------------------------ launch arithmetic
 @pytest.mark.parametrize("batch, blocks", [(1, 1), (64, 1), (65, 2), (1 << 20, 1 << 14), ((1 << 20) + 3, (1 << 14) + 1)])
 def test_one_block_per_tile_of_64_samples(batch, blocks):
-    assert mlp.seed_blocks(batch) == blocks
+    assert plans.source_blocks(batch) == blocks
 
 
 def test_a_batch_past_one_grid_is_refused():
     with pytest.raises(ValueError, match="exceeds one launch's grid"):
-        mlp.seed_blocks(mlp.SEED_TILE * mlp._rows.MAX_GRID + 1)
+        plans.source_blocks(plans.SOURCE_TILE * plans.MAX_GRID + 1)
 
 
 def test_launch_kinds_are_one_per_table_argument():
-    assert len(mlp.SEED_FWD_KINDS) == len(mlp.KERNELS["seed_mlp_fwd"])
+    assert len(mlp.SOURCE_FWD_KINDS) == len(mlp.KERNELS["source_mlp_fwd"])
 
 
 # ------------------------------------------------------------------------------ validation
@@ -295,8 +303,8 @@ def _fake_net(sizes, maker=f16, bias=True):
     (0, (100, 128, 64, 10), "relu"), (1, (64, 64, 64, 64, 64, 64), "relu"), (2, (3, 16, 16, 1), "gelu"),
     (1, (128,) + (128,) * 8 + (128,), "none"), (1, (1, 32, 1), "relu")])
 def test_supported_networks_get_a_plan(dtype, sizes, activation):
-    plan = mlp.make_plan(dtype, sizes, activation, "none", True)
-    assert plan.regime == ("seed" if dtype == 0 else "tc")
+    plan = plans.make_plan(dtype, sizes, activation, "none", True)
+    assert plan.regime == ("source" if dtype == 0 else "tc")
     assert plan.layers == len(sizes) - 1 and plan.n_in == sizes[0] and plan.n_out == sizes[-1]
 
 
@@ -313,7 +321,7 @@ def test_supported_networks_get_a_plan(dtype, sizes, activation):
 ])
 def test_unsupported_networks_are_a_value_error_naming_what_is_supported(dtype, sizes, activation, bias, fragment):
     with pytest.raises(ValueError, match="fused_mlp supports: float32 with sizes") as info:
-        mlp.make_plan(dtype, sizes, activation, "none", bias)
+        plans.make_plan(dtype, sizes, activation, "none", bias)
     assert fragment in str(info.value)
 
 
@@ -322,16 +330,16 @@ def test_unsupported_networks_are_a_value_error_naming_what_is_supported(dtype, 
     ("relu", "gelu", r"^output_activation must be one of \['none', 'relu'\]")])
 def test_unknown_activations_are_a_value_error(activation, output_activation, match):
     with pytest.raises(ValueError, match=match):
-        mlp.make_plan(1, TC_SIZES, activation, output_activation, True)
+        plans.make_plan(1, TC_SIZES, activation, output_activation, True)
 
 
 def test_shared_memory_of_the_tile_kernels():
     # 8 warps x 256 float scratch + 128 float biases + [128][72] tile + [64][72] weights, 2 bytes
-    assert mlp.tc_smem_bytes(64, 64, 64) == 8192 + 512 + 2 * (128 * 72 + 64 * 72)
-    assert mlp.tc_smem_bytes(3, 16, 1) == 8192 + 512 + 2 * (128 * 24 + 16 * 24)
-    assert mlp.tc_smem_bytes(128, 128, 128) > 48 * 1024  # needs the opt-in attribute (sm_80+)
+    assert plans.tc_smem_bytes(64, 64, 64) == 8192 + 512 + 2 * (128 * 72 + 64 * 72)
+    assert plans.tc_smem_bytes(3, 16, 1) == 8192 + 512 + 2 * (128 * 24 + 16 * 24)
+    assert plans.tc_smem_bytes(128, 128, 128) > 48 * 1024  # needs the opt-in attribute (sm_80+)
     # resident: 5 layers' biases, every layer's weights stacked (4 x 64 rows + 64 output rows)
-    assert mlp.tc_smem_bytes(64, 64, 64, 4) == 8192 + 5 * 512 + 2 * (128 * 72 + 320 * 72)
+    assert plans.tc_smem_bytes(64, 64, 64, 4) == 8192 + 5 * 512 + 2 * (128 * 72 + 320 * 72)
 
 
 @pytest.mark.parametrize("limit, fit", [(232448, (True, 75264)), (101376, (True, 75264)),
@@ -340,7 +348,7 @@ def test_weights_stay_resident_only_where_the_device_holds_them(monkeypatch, lim
     # H100 227 KB, sm_86 99 KB: resident; sm_75 64 KB: streamed; too little: a ValueError before launch
     monkeypatch.setattr(mlp, "optin_smem", lambda device: limit)
     monkeypatch.setattr(mlp, "_fits", {})
-    plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
+    plan = plans.make_plan(1, (64,) * 6, "relu", "none", True)
     if fit is None:
         with pytest.raises(ValueError, match=r"needs 36352 bytes of shared memory per block; device 0 allows 30000"):
             mlp.tc_fit(plan, 0)
@@ -350,7 +358,7 @@ def test_weights_stay_resident_only_where_the_device_holds_them(monkeypatch, lim
 
 def test_bfloat16_before_sm80_is_refused_before_any_launch(monkeypatch):
     monkeypatch.setattr(mlp, "compute_capability", lambda device: 75)
-    plan = mlp.make_plan(2, (64,) * 6, "relu", "none", True)
+    plan = plans.make_plan(2, (64,) * 6, "relu", "none", True)
     with pytest.raises(RuntimeError, match=r"bfloat16 needs sm_80\+ .* device 0 is sm_75: use float16"):
         mlp.prepare(plan, 0)
 
@@ -358,11 +366,11 @@ def test_bfloat16_before_sm80_is_refused_before_any_launch(monkeypatch):
 def test_fast_forward_shared_memory():
     # 5 layers' float biases, weights with rows padded by 8 ([64][72] x 5), 16 warps x 32 rows
     # of x and y staging ([32][72] each)
-    assert mlp.fast_smem_bytes(64, 64, 64, 4, 16) == 5 * 512 + 2 * 5 * 64 * 72 + 2 * 16 * 32 * 144 == 196096
+    assert plans.fast_smem_bytes(64, 64, 64, 4, 16) == 5 * 512 + 2 * 5 * 64 * 72 + 2 * 16 * 32 * 144 == 196096
     # odd sizes pad to 16: [16][24] in, [16][24] out, one hidden layer (no hidden-to-hidden weights)
-    assert mlp.fast_smem_bytes(3, 16, 1, 1, 4) == 2 * 512 + 2 * (16 * 24 + 16 * 24) + 2 * 4 * 32 * 48
+    assert plans.fast_smem_bytes(3, 16, 1, 1, 4) == 2 * 512 + 2 * (16 * 24 + 16 * 24) + 2 * 4 * 32 * 48
     # 128 wide: 16-row warp tiles
-    assert mlp.fast_smem_bytes(128, 128, 128, 2, 1) == 3 * 512 + 2 * 3 * 128 * 136 + 2 * 16 * 272
+    assert plans.fast_smem_bytes(128, 128, 128, 2, 1) == 3 * 512 + 2 * 3 * 128 * 136 + 2 * 16 * 272
 
 
 @pytest.mark.parametrize("sizes, cc, limit, fit", [
@@ -376,7 +384,7 @@ def test_fast_forward_runs_where_its_weights_and_four_warps_fit(monkeypatch, siz
     monkeypatch.setattr(mlp, "optin_smem", lambda device: limit)
     monkeypatch.setattr(mlp, "compute_capability", lambda device: cc)
     monkeypatch.setattr(mlp, "_fast_fits", {})
-    assert mlp.fast_fit(mlp.make_plan(1, sizes, "relu", "none", True), 0) == fit
+    assert mlp.fast_fit(plans.make_plan(1, sizes, "relu", "none", True), 0) == fit
 
 
 def test_a_kernels_shared_memory_limit_is_only_ever_raised(monkeypatch):
@@ -387,7 +395,7 @@ def test_a_kernels_shared_memory_limit_is_only_ever_raised(monkeypatch):
     monkeypatch.setattr(mlp._modules, "function_pointer", lambda family, name, device: name)
     monkeypatch.setattr(mlp, "_ready", {})
     monkeypatch.setattr(mlp, "_smem_set", {})
-    plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
+    plan = plans.make_plan(1, (64,) * 6, "relu", "none", True)
     for smem in (196096, 100000, 196096, 200000):
         mlp._tc_function("tc_mlp_w64_relu_fwd", plan, 0, smem)
         assert kernel.max_dynamic_shared_size_bytes >= smem
@@ -395,14 +403,13 @@ def test_a_kernels_shared_memory_limit_is_only_ever_raised(monkeypatch):
 
 
 def test_fast_forward_entries_match_the_table():
-    source = open(__import__("os").path.join(__import__("os").path.dirname(__file__), "..", "kernels",
-                                             "mlp.cu")).read()
+    source = _kernel_source("mlp_fused_fwd")
     assert "tc_mlp_w##W##_##ACT##_fwd_##suffix(" in source
     widths = re.findall(r"^  RAWOPS_TC_FAST_ACTS\(suffix, T, (\d+), (\d+)\)", source, flags=re.M)
     acts = re.findall(r"^  RAWOPS_TC_FAST\(suffix, T, W, MT, (\w+), rawops::kAct(\w+)\)", source, flags=re.M)
-    assert all(name == code.lower() and mlp.FAST_ACTIVATIONS[mlp.ACTIVATIONS[name]] == name for name, code in acts)
+    assert all(name == code.lower() and plans.FAST_ACTIVATIONS[plans.ACTIVATIONS[name]] == name for name, code in acts)
     assert {f"tc_mlp_w{w}_{a}_fwd" for w, _ in widths for a, _ in acts} == set(mlp.TC_FAST_KERNELS)
-    assert all(int(mt) * 16 == mlp.fast_rows(int(w)) for w, mt in widths), "kMT x 16 = fast_rows(width)"
+    assert all(int(mt) * 16 == plans.fast_rows(int(w)) for w, mt in widths), "kMT x 16 = fast_rows(width)"
     assert all(args == mlp._TC_FWD_ARGS for args in mlp.TC_FAST_KERNELS.values())
     assert len(mlp.TC_FWD_KINDS) == len(mlp._TC_FWD_ARGS)
     for w in (16, 32, 64, 128):
@@ -413,12 +420,12 @@ def test_fast_forward_entries_match_the_table():
 def test_fused_backward_shared_memory():
     # float accumulators [64][64 + 2 x 8 db slots] x 5, weights [64][72] x 5, 8 warps x 32 rows of
     # G and A ([72] each)
-    assert mlp.fast_bwd_smem_bytes(64, 64, 64, 4, 8) == 4 * 5 * 64 * 80 + 2 * 5 * 64 * 72 + 2 * 8 * 32 * 144 == 222208
+    assert plans.fast_bwd_smem_bytes(64, 64, 64, 4, 8) == 4 * 5 * 64 * 80 + 2 * 5 * 64 * 72 + 2 * 8 * 32 * 144 == 222208
     # inputs and outputs wider than the hidden width: layer 0 [32][128 + 4 x 8], output layer
     # [128][32 + 8]; G and A rows as wide as the widest side
-    assert mlp.fast_bwd_smem_bytes(128, 32, 128, 2, 2) == (4 * (32 * 160 + 32 * 40 + 128 * 40)
+    assert plans.fast_bwd_smem_bytes(128, 32, 128, 2, 2) == (4 * (32 * 160 + 32 * 40 + 128 * 40)
                                                            + 2 * (32 * 136 + 32 * 40 + 128 * 40) + 2 * 2 * 32 * 272)
-    layout, stride = mlp.fast_bwd_partials(mlp.make_plan(1, (17, 32, 5), "relu", "none", True))
+    layout, stride = plans.fast_bwd_partials(plans.make_plan(1, (17, 32, 5), "relu", "none", True))
     assert layout == [(0, 32, 17, 32, 32), (32 * 32 + 32, 5, 32, 16, 32)] and stride == 32 * 33 + 16 * 33
 
 
@@ -434,25 +441,24 @@ def test_fused_backward_runs_where_its_accumulators_and_two_warps_fit(monkeypatc
     monkeypatch.setattr(mlp, "optin_smem", lambda device: limit)
     monkeypatch.setattr(mlp, "compute_capability", lambda device: cc)
     monkeypatch.setattr(mlp, "_fast_bwd_fits", {})
-    assert mlp.fast_bwd_fit(mlp.make_plan(1, sizes, "relu", "none", True), 0) == fit
+    assert mlp.fast_bwd_fit(plans.make_plan(1, sizes, "relu", "none", True), 0) == fit
 
 
 def test_fused_backward_entries_match_the_table():
-    source = open(__import__("os").path.join(__import__("os").path.dirname(__file__), "..", "kernels",
-                                             "mlp.cu")).read()
+    source = _kernel_source("mlp_fused_bwd")
     assert "tc_mlp_w##W##_##ACT##_bwd_##suffix(" in source
     widths = re.findall(r"^  RAWOPS_TC_FAST_BWD_ACTS\(suffix, T, (\d+)\)", source, flags=re.M)
     acts = re.findall(r"^  RAWOPS_TC_FAST_BWD\(suffix, T, W, (\w+), rawops::kAct(\w+)\)", source, flags=re.M)
     assert all(name == code.lower() for name, code in acts)
     assert {f"tc_mlp_w{w}_{a}_bwd" for w in widths for a, _ in acts} == set(mlp.TC_FAST_BWD_KERNELS)
-    assert tuple(int(w) for w in widths) == mlp.FAST_BWD_WIDTHS
+    assert tuple(int(w) for w in widths) == plans.FAST_BWD_WIDTHS
     signature = re.search(r"tc_mlp_w##W##_##ACT##_bwd_##suffix\((.*?)\)\s*\{", source.replace("\\\n", " "),
                           flags=re.S).group(1)
     params = [p.strip() for p in signature.replace("RAWOPS_TC_PARAMS(T)", ", ".join(f"const T *w{i}" for i in range(9)))
               .split(",")]
     assert [p.split()[-1].lstrip("*") for p in params] == list(mlp._TC_FAST_BWD_ARGS)
     assert "".join("p" if "*" in p else "q" for p in params) == mlp.TC_FAST_BWD_KINDS
-    for w in mlp.FAST_BWD_WIDTHS:
+    for w in plans.FAST_BWD_WIDTHS:
         for a in ("relu", "gelu", "none"):
             assert {f"tc_mlp_w{w}_{a}_bwd_f16", f"tc_mlp_w{w}_{a}_bwd_bf16"} <= mlp.ENTRY_POINTS
 
@@ -460,104 +466,107 @@ def test_fused_backward_entries_match_the_table():
 @pytest.mark.parametrize("sizes, nf", [((64,) * 6, 4), ((3, 16, 16, 1), 4), ((17, 32, 5), 4), ((100, 128, 10), 8),
                                        ((128,) + (32,) * 8 + (128,), 8), ((48, 32, 32, 33), 4)])
 def test_the_tile_kernels_hold_the_widest_layer(sizes, nf):
-    assert mlp.make_plan(1, sizes, "relu", "none", True).nf == nf
+    assert plans.make_plan(1, sizes, "relu", "none", True).nf == nf
 
 
 def test_small_networks_keep_their_weights_resident_and_large_ones_stream():
-    assert mlp.make_plan(1, (64,) * 6, "relu", "none", True).resident
-    assert mlp.make_plan(2, (3, 16, 16, 1), "gelu", "none", True).resident
-    assert not mlp.make_plan(1, (128,) * 10, "relu", "none", True).resident
-    plan = mlp.make_plan(1, (128,) * 10, "relu", "none", True)
-    assert plan.smem == mlp.tc_smem_bytes(128, 128, 128)
-    assert mlp.tc_wgrad_smem_bytes(10, 100) == 2 * 64 * (16 + 8 + 112 + 8)
+    assert plans.make_plan(1, (64,) * 6, "relu", "none", True).resident
+    assert plans.make_plan(2, (3, 16, 16, 1), "gelu", "none", True).resident
+    assert not plans.make_plan(1, (128,) * 10, "relu", "none", True).resident
+    plan = plans.make_plan(1, (128,) * 10, "relu", "none", True)
+    assert plan.smem == plans.tc_smem_bytes(128, 128, 128)
+    assert plans.tc_wgrad_smem_bytes(10, 100) == 2 * 64 * (16 + 8 + 112 + 8)
 
 
 @pytest.mark.parametrize("batch", [1, 31, 32, 33, 1000, 4096, (1 << 20) + 3, 1 << 22])
 @pytest.mark.parametrize("unit", [32, 64])
 def test_weight_gradient_chunks_cover_the_batch_once(batch, unit):
-    chunks, rows = mlp.wgrad_plan(batch, 264, unit)
+    chunks, rows = plans.wgrad_plan(batch, 264, unit)
     assert rows % unit == 0 and 1 <= chunks <= 264
     assert (chunks - 1) * rows < batch <= chunks * rows
 
 
 def test_batch_zero_has_no_chunks():
-    assert mlp.wgrad_plan(0, 264, 64) == (0, 64)
+    assert plans.wgrad_plan(0, 264, 64) == (0, 64)
 
 
 @pytest.mark.parametrize("batch, kernel", [(1, "small"), (4096, "small"), (4097, "tiled")])
 def test_small_batches_take_the_small_kernel(batch, kernel):
-    assert (batch <= mlp.SMALL_BATCH_MAX) == (kernel == "small")
-    assert mlp.small_blocks(batch) == -(-batch // 2)
+    assert (batch <= plans.SMALL_BATCH_MAX) == (kernel == "small")
+    assert plans.small_blocks(batch) == -(-batch // 2)
 
 
 def test_shared_memory_of_the_3xtf32_source_kernels():
     # W1 [128][104], W2 [64][136], W3 [16][72], biases 128 + 64 + 16, floats; x rows [rows][104] a warp
-    assert mlp.SEED_TC_WEIGHT_BYTES == 4 * 23376 == 93504
-    assert mlp.seed_tc_smem(16, 16) == 93504 + 16 * 16 * 416 == 200000
-    assert mlp.seed_tc_smem(32, 8) == 200000 <= 232448  # the H100's opt-in
+    assert plans.SOURCE_TC_WEIGHT_BYTES == 4 * 23376 == 93504
+    assert plans.source_tc_smem(16, 16) == 93504 + 16 * 16 * 416 == 200000
+    assert plans.source_tc_smem(32, 8) == 200000 <= 232448  # the H100's opt-in
 
 
 def _route(monkeypatch, cc, limit, sms=132):
-    """seed_launch on a fake device: (kernel name, grid, block, shared bytes)."""
+    """source_launch on a fake device: (kernel name, grid, block, shared bytes)."""
     kernel = type("Kernel", (), {"max_dynamic_shared_size_bytes": 0})()
     monkeypatch.setattr(mlp, "compute_capability", lambda device: cc)
     monkeypatch.setattr(mlp, "optin_smem", lambda device: limit)
     monkeypatch.setattr(mlp, "sm_count", lambda device: sms)
-    monkeypatch.setattr(mlp, "_seed_tc_fits", {})
+    monkeypatch.setattr(mlp, "_source_tc_fits", {})
     monkeypatch.setattr(mlp._modules, "get_function", lambda family, name, device: kernel)
     monkeypatch.setattr(mlp._modules, "function_pointer", lambda family, name, device: name)
     return kernel
 
 
 @pytest.mark.parametrize("batch, cc, limit, expected", [
-    (1, 90, 232448, ("seed_mlp_small_fwd_f32", 1, 256, 0)),
-    (4096, 90, 232448, ("seed_mlp_small_fwd_f32", 2048, 256, 0)),
-    (4097, 90, 232448, ("seed_mlp_tc32_fwd_f32", 17, 256, 200000)),          # 129 tiles of 32 rows / 8 warps
-    (1 << 20, 90, 232448, ("seed_mlp_tc32_fwd_f32", 132, 256, 200000)),      # H100: persistent, one block per SM
-    (1 << 20, 80, 166912, ("seed_mlp_tc32_fwd_f32", 132, 128, 93504 + 4 * 13312)),  # A100's 163 KB: 4 warps, not 5
-    (1 << 20, 86, 101376, ("seed_mlp_fwd_f32", 1 << 14, 128, 0)),          # ~99 KB: no room beside the weights
-    (1 << 20, 75, 65536, ("seed_mlp_fwd_f32", 1 << 14, 128, 0)),           # no tf32 mma.sync / cp.async
+    (1, 90, 232448, ("source_mlp_small_fwd_f32", 1, 256, 0)),
+    (4096, 90, 232448, ("source_mlp_small_fwd_f32", 2048, 256, 0)),
+    (4097, 90, 232448, ("source_mlp_tc32_fwd_f32", 17, 256, 200000)),          # 129 tiles of 32 rows / 8 warps
+    (1 << 20, 90, 232448, ("source_mlp_tc32_fwd_f32", 132, 256, 200000)),      # H100: persistent, one block per SM
+    (1 << 20, 80, 166912, ("source_mlp_tc32_fwd_f32", 132, 128, 93504 + 4 * 13312)),  # A100's 163 KB: 4 warps, not 5
+    (1 << 20, 86, 101376, ("source_mlp_fwd_f32", 1 << 14, 128, 0)),          # ~99 KB: no room beside the weights
+    (1 << 20, 75, 65536, ("source_mlp_fwd_f32", 1 << 14, 128, 0)),           # no tf32 mma.sync / cp.async
 ])
 def test_the_source_network_picks_its_kernel_by_batch_and_device(monkeypatch, batch, cc, limit, expected):
     kernel = _route(monkeypatch, cc, limit)
-    assert mlp.seed_launch(batch, 0) == expected
+    assert mlp.source_launch(batch, 0) == expected
     if "tc" in expected[0]:
         assert kernel.max_dynamic_shared_size_bytes == expected[3], "the shared-memory limit is set before launch"
 
 
 def test_the_training_forward_and_the_switch_keep_the_exact_ffma_kernel(monkeypatch):
     _route(monkeypatch, 90, 232448)
-    assert mlp.seed_launch(1 << 20, 0, training=True)[0] == "seed_mlp_fwd_f32"  # keeps h1, h2 for the backward
+    assert mlp.source_launch(1 << 20, 0, training=True)[0] == "source_mlp_fwd_f32"  # keeps h1, h2 for the backward
     launched = []
     monkeypatch.setattr(mlp, "launch", lambda function, *args: launched.append(function))
-    mlp.launch_seed_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0, h1s=9, h2s=10)
-    mlp.launch_seed_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0)
-    assert launched == ["seed_mlp_fwd_f32", "seed_mlp_tc32_fwd_f32"]
+    mlp.launch_source_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0, h1s=9, h2s=10)
+    mlp.launch_source_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0)
+    assert launched == ["source_mlp_fwd_f32", "source_mlp_tc32_fwd_f32"]
     monkeypatch.setattr(rawops.config, "mlp_tf32", False)
-    assert mlp.seed_launch(1 << 20, 0)[0] == "seed_mlp_fwd_f32"
+    assert mlp.source_launch(1 << 20, 0)[0] == "source_mlp_fwd_f32"
 
 
-@pytest.mark.parametrize("variant, batch, grid", [("seed_mlp_tc16_fwd", 4097, 17), ("seed_mlp_tc16_fwd", 1 << 20, 132),
-                                                  ("seed_mlp_tc32_fwd", 4097, 17), ("seed_mlp_tc32_fwd", 40000, 132)])
+@pytest.mark.parametrize("variant, batch, grid", [("source_mlp_tc16_fwd", 4097, 17), ("source_mlp_tc16_fwd", 1 << 20, 132),
+                                                  ("source_mlp_tc32_fwd", 4097, 17), ("source_mlp_tc32_fwd", 40000, 132)])
 def test_both_3xtf32_variants_launch_with_their_own_tiles(monkeypatch, variant, batch, grid):
     _route(monkeypatch, 90, 232448)
-    monkeypatch.setattr(mlp, "SEED_TC", variant)
-    rows, warps = mlp.SEED_TC_VARIANTS[variant]
-    assert mlp.seed_launch(batch, 0) == (f"{variant}_f32", grid, 32 * warps, mlp.seed_tc_smem(rows, warps))
+    monkeypatch.setattr(plans, "SOURCE_TC", variant)
+    rows, warps = plans.SOURCE_TC_VARIANTS[variant]
+    assert mlp.source_launch(batch, 0) == (f"{variant}_f32", grid, 32 * warps, plans.source_tc_smem(rows, warps))
 
 
 def test_3xtf32_entries_match_the_table_and_trap_before_sm80():
-    source = open(__import__("os").path.join(__import__("os").path.dirname(__file__), "..", "kernels",
-                                             "mlp.cu")).read()
-    entries = re.findall(r"__launch_bounds__\((\d+), 1\)\s+(seed_mlp_tc\w+?_fwd)_f32\(.*?seed_tc_fwd<(\d+), (\d+)>",
-                         source, flags=re.S)
-    assert {name for _, name, _, _ in entries} == set(mlp.SEED_TC_VARIANTS)
-    for threads, name, mt, chunk in entries:
-        rows, warps = mlp.SEED_TC_VARIANTS[name]
-        assert (int(threads), int(mt) * 16) == (32 * warps, rows), name
+    # Each variant's launch bounds name its warps in rawops/_constants.py (the table's source
+    # too), and its template its rows: 16 x kMT.
+    from rawops import _constants
+
+    source = _kernel_source("mlp_source")
+    entries = re.findall(r"__launch_bounds__\(32 \* RAWOPS_(\w+), 1\)\s+(source_mlp_tc\w+?_fwd)_f32\(.*?"
+                         r"source_tc_fwd<(\d+), (\d+)>", source, flags=re.S)
+    assert {name for _, name, _, _ in entries} == set(plans.SOURCE_TC_VARIANTS)
+    for constant, name, mt, chunk in entries:
+        rows, warps = plans.SOURCE_TC_VARIANTS[name]
+        assert (getattr(_constants, constant), int(mt) * 16) == (warps, rows), name
         assert 128 % int(chunk) == 0
-    assert re.search(r"__CUDA_ARCH__ >= 800\n#define RAWOPS_SEED_TC_CALL\(call\) call\n#else\n"
-                     r"#define RAWOPS_SEED_TC_CALL\(call\) __trap\(\)", source), "sm_80+ only, a trap below"
+    assert re.search(r"__CUDA_ARCH__ >= 800\n#define RAWOPS_SOURCE_TC_CALL\(call\) call\n#else\n"
+                     r"#define RAWOPS_SOURCE_TC_CALL\(call\) __trap\(\)", source), "sm_80+ only, a trap below"
 
 
 def test_fused_mlp_valid_calls_get_past_validation():
@@ -775,7 +784,7 @@ FAST_IDS = [f"{'-'.join(map(str, c[0][:2]))}x{len(c[0]) - 2}-{c[0][-1]}-{c[1]}-{
 def _fast_on_this_gpu(sizes, dtype_code):
     import cupy
 
-    plan = mlp.make_plan(dtype_code, sizes, "relu", "none", True)
+    plan = plans.make_plan(dtype_code, sizes, "relu", "none", True)
     return mlp.fast_fit(plan, cupy.cuda.Device().id) is not None
 
 
@@ -815,7 +824,7 @@ def test_training_forward_saves_every_pre_activation(case, batch):
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
     if sizes[1] < 128 or len(sizes) < 8:
-        plan = mlp.make_plan(1 if dtype == torch.float16 else 2, sizes, act, out_act, bias)
+        plan = plans.make_plan(1 if dtype == torch.float16 else 2, sizes, act, out_act, bias)
         assert mlp.fast_fit(plan, cupy.cuda.Device().id) is not None, "expected the fast forward"
     net = _sequential(torch, sizes, act, out_act, dtype, bias)
     weights, biases = _net_params(net)
@@ -970,7 +979,7 @@ def test_fused_backward_matches_torch_float64(case, batch, need_dx):
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
-    plan = mlp.make_plan(1 if dtype == torch.float16 else 2, sizes, act, out_act, bias)
+    plan = plans.make_plan(1 if dtype == torch.float16 else 2, sizes, act, out_act, bias)
     assert (mlp.fast_bwd_fit(plan, cupy.cuda.Device().id) is not None) == (sizes[1] <= 64)
     net = _sequential(torch, sizes, act, out_act, dtype, bias)
     weights, biases = _net_params(net)
@@ -1076,7 +1085,7 @@ def test_fused_and_tile_backwards_agree(case, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [0, 1, 33, 1000, 4096, 4097, 70000])
 @pytest.mark.parametrize("output_activation", ["none", "relu"])
-def test_seed_backward_matches_torch_float64(batch, output_activation):
+def test_source_backward_matches_torch_float64(batch, output_activation):
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, random, to_cupy, to_torch
 
@@ -1127,8 +1136,8 @@ def _launched_kernels(monkeypatch):
     def recording(function, *args):
         if not by_pointer:
             for name in mlp.ENTRY_POINTS:
-                if name.startswith("seed_mlp"):
-                    by_pointer[modules.function_pointer(mlp.FAMILY, name, args[-1])] = name
+                if name.startswith("source_mlp"):
+                    by_pointer[modules.function_pointer(mlp.FAMILY_OF[name], name, args[-1])] = name
         names.append(by_pointer.get(function, function))
         return launch(function, *args)
 
@@ -1139,7 +1148,7 @@ def _launched_kernels(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 33, 4097, 70000])
 @pytest.mark.parametrize("output_activation", ["none", "relu"])
-@pytest.mark.parametrize("variant", sorted(mlp.SEED_TC_VARIANTS))
+@pytest.mark.parametrize("variant", sorted(plans.SOURCE_TC_VARIANTS))
 def test_3xtf32_forward_matches_torch_float64(variant, batch, output_activation, monkeypatch):
     # Every batch through the 3xTF32 kernel (SMALL_BATCH_MAX 0): one row, a partial tile, one
     # row past a whole number of tiles, more tiles than the grid's warps. 1e-5 is the float32
@@ -1147,8 +1156,8 @@ def test_3xtf32_forward_matches_torch_float64(variant, batch, output_activation,
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
-    monkeypatch.setattr(mlp, "SMALL_BATCH_MAX", 0)
-    monkeypatch.setattr(mlp, "SEED_TC", variant)
+    monkeypatch.setattr(plans, "SMALL_BATCH_MAX", 0)
+    monkeypatch.setattr(plans, "SOURCE_TC", variant)
     names = _launched_kernels(monkeypatch)
     net = _network(torch, output_activation == "relu")
     x = random((batch, 100), torch.float32)
@@ -1159,14 +1168,14 @@ def test_3xtf32_forward_matches_torch_float64(variant, batch, output_activation,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", sorted(mlp.SEED_TC_VARIANTS))
+@pytest.mark.parametrize("variant", sorted(plans.SOURCE_TC_VARIANTS))
 def test_3xtf32_forward_on_misaligned_views_nan_and_out(variant, monkeypatch):
     """x off 16-byte alignment (the 4-byte cp.async path), y 4-byte aligned (scalar stores),
     weights in one flat buffer, a NaN in two rows of different tiles: NaN stays in its row."""
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, random, to_cupy
 
-    monkeypatch.setattr(mlp, "SEED_TC", variant)
+    monkeypatch.setattr(plans, "SOURCE_TC", variant)
     names = _launched_kernels(monkeypatch)
     net = _network(torch)
     views = _offset_weight_views(torch, net)
@@ -1206,7 +1215,7 @@ def test_large_batch_forwards_match_torch_float64(batch, use_tc, monkeypatch):
     assert_close(y, _reference(net, x), torch.float32, f"inference, tc={use_tc}")
     poison_pool(batch * 40)
     y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, "relu", "relu")
-    assert names == [f"{mlp.SEED_TC}_f32" if use_tc else "seed_mlp_fwd_f32", "seed_mlp_fwd_f32"]
+    assert names == [f"{plans.SOURCE_TC}_f32" if use_tc else "source_mlp_fwd_f32", "source_mlp_fwd_f32"]
     assert_close(y, _reference(net, x), torch.float32, "training")
     h1 = torch.relu(x.double() @ weights[0].double().T + biases[0].double())
     assert_close(saved[0], h1, torch.float32, "kept h1")
@@ -1246,7 +1255,7 @@ def test_fused_mlp_float32_is_the_source_network(batch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", TC_CASES[:3] + [((100, 128, 64, 10), "relu", "relu", "float32", True)],
-                         ids=TC_IDS[:3] + ["seed"])
+                         ids=TC_IDS[:3] + ["source"])
 @pytest.mark.parametrize("batch", [0, 33, 1000])
 def test_adapter_autograd_matches_torch_float64(case, batch):
     torch = pytest.importorskip("torch")
@@ -1390,25 +1399,25 @@ def test_fused_mlp_typed_call_keeps_module_semantics():
     want = _reference(net, x)
     with torch.no_grad():
         module(x)  # validates the parameters once: the typed path is armed
-        assert module._seed_state is not None
-        assert_close(_launch.torch_seed_module_call(module, (x,), {}), want, torch.float32, "typed call")
+        assert module._source_state is not None
+        assert_close(_launch.torch_source_module_call(module, (x,), {}), want, torch.float32, "typed call")
         seen = []
         handle = module.register_forward_hook(lambda m, args, out: seen.append(out.shape))
-        assert _launch.torch_seed_module_call(module, (x,), {}) is None  # a hook: nn.Module.__call__
+        assert _launch.torch_source_module_call(module, (x,), {}) is None  # a hook: nn.Module.__call__
         assert_close(module(x), want, torch.float32, "with a hook")
         handle.remove()
         handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, args: seen.append("pre"))
         try:
-            assert _launch.torch_seed_module_call(module, (x,), {}) is None
+            assert _launch.torch_source_module_call(module, (x,), {}) is None
             module(x)
         finally:
             handle.remove()
         assert seen == [(33, 10), "pre"]
-        assert _launch.torch_seed_module_call(module, (x,), {}) is not None
-        assert _launch.torch_seed_module_call(module, (x, x), {}) is None
-        assert _launch.torch_seed_module_call(module, (), {"x": x}) is None
+        assert _launch.torch_source_module_call(module, (x,), {}) is not None
+        assert _launch.torch_source_module_call(module, (x, x), {}) is None
+        assert _launch.torch_source_module_call(module, (), {"x": x}) is None
         assert_close(module(x=x), want, torch.float32, "keyword x")
-    assert _launch.torch_seed_module_call(module, (x,), {}) is None  # grad mode: autograd decides
+    assert _launch.torch_source_module_call(module, (x,), {}) is None  # grad mode: autograd decides
     y = module(x)
     assert y.requires_grad and y.grad_fn is not None
     y.sum().backward()
@@ -1449,10 +1458,10 @@ def test_fused_mlp_module_inference_fast_path_rechecks_what_changes():
     with torch.no_grad():
         first = module(x)
         assert torch.equal(module(x), first)  # second call: the cached plan
-        assert module._seed_state is not None, "the source network takes the typed fast path"
-        state, module._seed_state = module._seed_state, None
+        assert module._source_state is not None, "the source network takes the typed fast path"
+        state, module._source_state = module._source_state, None
         assert torch.equal(module(x), first), "the Python path and the typed one agree"
-        module._seed_state = state
+        module._source_state = state
         big = random((5000, 100), torch.float32)  # past the small-batch kernel
         assert_close(module(big), _reference(net, big), torch.float32, "typed fast path, batch 5000")
         assert_close(first, _reference(net, x), torch.float32, "typed fast path, batch 33")
@@ -1485,7 +1494,7 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
 
     monkeypatch.setattr(mlp._modules, "get_function", lambda family, name, device: Kernel())
     monkeypatch.setattr(mlp, "_fast_fits", {})
-    plan = mlp.make_plan(1, (64,) * 6, "relu", "none", True)
+    plan = plans.make_plan(1, (64,) * 6, "relu", "none", True)
     monkeypatch.setitem(mlp._per_sm, ("tc_mlp_w64_relu_fwd", "f16", 0, 196096, 512), 1)
     monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_fwd", "f16", 0, 75264, 256), 2)
     monkeypatch.setitem(mlp._per_sm, ("tc_mlp_nf4_bwd", "f16", 0, 75264, 256), 2)
@@ -1500,7 +1509,7 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     mlp.launch_forward(plan, 0, 1, [2] * 5, [3] * 5, 4, 1 << 20, 0, saved=[5])
     fn, grid, block, smem, ok, args = calls[-1]
     assert (fn, grid, block, smem, ok) == ("tc_mlp_nf4_fwd_f16", (264,), 256, 75264, True)
-    assert args[-1] == 1 | mlp.TC_RESIDENT and args[2] == 5
+    assert args[-1] == 1 | plans.TC_RESIDENT and args[2] == 5
     calls.clear()
     # the fused backward: one block of 8 warps per SM, then one ordered reduce per layer
     monkeypatch.setattr(mlp, "_fast_bwd_fits", {})
@@ -1531,8 +1540,8 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     assert names[1:] == ["tc_mlp_wgrad_nf4_bwd_f16", "mlp_wgrad_reduce_bwd_f16"] * 5
     assert all(c[4] for c in calls) and len(keep) == 2
     calls.clear()
-    seed = mlp.make_plan(0, (100, 128, 64, 10), "relu", "relu", True)
-    mlp.launch_backward(seed, 0, 10, 11, 12, [13, 14], [2, 3, 4], 0, [20, 21, 22], [30, 31, 32], 70000, 0,
+    source = plans.make_plan(0, (100, 128, 64, 10), "relu", "relu", True)
+    mlp.launch_backward(source, 0, 10, 11, 12, [13, 14], [2, 3, 4], 0, [20, 21, 22], [30, 31, 32], 70000, 0,
                         lambda shape, dt: (shape, 100))
     assert [c[0] for c in calls] == ["mlp_dgrad_bwd_f32"] * 2 + ["mlp_wgrad_bwd_f32", "mlp_wgrad_reduce_bwd_f32"] * 3
     assert calls[0][5][1] == 12  # the output ReLU masks dy by y

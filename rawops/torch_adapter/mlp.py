@@ -12,6 +12,7 @@ import importlib
 
 import torch
 
+from .. import _mlp_plans
 from .. import mlp as _mlp
 from .._launch import register_torch_modules, torch_source_forward, torch_source_module_call
 from ._common import checked, compiling, current_device, custom_op, dense, fast_apply, grad_enabled, on_device
@@ -33,7 +34,7 @@ _MLP_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat
 
 
 def _mlp_plan(x, weights, biases, activation, output_activation):
-    _mlp.check_activations(activation, output_activation)
+    _mlp_plans.check_activations(activation, output_activation)
     if not isinstance(weights, (list, tuple)) or not weights:
         raise ValueError("weights must be a non-empty list of [out, in] tensors (torch.nn.Linear layout)")
     if biases is not None and (not isinstance(biases, (list, tuple)) or len(biases) != len(weights)):
@@ -53,7 +54,7 @@ def _mlp_plan(x, weights, biases, activation, output_activation):
             checked(b, f"biases[{i}]", like=x)
             if tuple(b.shape) != (w.shape[0],):
                 raise ValueError(f"biases[{i}] has shape {tuple(b.shape)}, expected ({w.shape[0]},)")
-    return _mlp.make_plan(code, sizes, activation, output_activation, biases is not None)
+    return _mlp_plans.make_plan(code, sizes, activation, output_activation, biases is not None)
 
 
 def _mlp_empty(device):
@@ -64,11 +65,11 @@ def _mlp_empty(device):
 
 
 def _mlp_forward(x, weights, biases, plan, training):
-    """(y, saved): saved is [] in inference, else the buffers of _mlp.saved_shapes."""
+    """(y, saved): saved is [] in inference, else the buffers of _mlp_plans.saved_shapes."""
     batch = x.shape[0]
     y = torch.empty((batch, plan.n_out), dtype=x.dtype, device=x.device)
     saved = [torch.empty(shape, dtype=_MLP_TORCH_DTYPES[dt], device=x.device)
-             for shape, dt in _mlp.saved_shapes(plan, batch)] if training else []
+             for shape, dt in _mlp_plans.saved_shapes(plan, batch)] if training else []
     device = x.get_device()
     if device == current_device():
         _mlp_launch_forward(x, weights, biases, plan, y, saved, training, batch, device)
@@ -132,7 +133,7 @@ def _mlp_backward_operands(dy, x, y, saved, plan):
     dy = dense(dy)
     batch = x.shape[0]
     expected = [("dy", dy, (batch, plan.n_out)), ("y", y, (batch, plan.n_out))]
-    kept = _mlp.saved_shapes(plan, batch)
+    kept = _mlp_plans.saved_shapes(plan, batch)
     expected += [(f"saved[{i}]", t, shape) for i, (t, (shape, _)) in enumerate(zip(saved, kept, strict=True))]
     for name, t, shape in expected:
         checked(t, name, like=x)
@@ -162,13 +163,13 @@ def _fused_mlp_train_impl(x, weights, biases, activation, output_activation):
 
 def _fused_mlp_train_fake(x, weights, biases, activation, output_activation):
     plan = _mlp_op_plan(x, weights, biases, activation, output_activation)
-    saved = [x.new_empty(shape, dtype=_MLP_TORCH_DTYPES[dt]) for shape, dt in _mlp.saved_shapes(plan, x.shape[0])]
+    saved = [x.new_empty(shape, dtype=_MLP_TORCH_DTYPES[dt]) for shape, dt in _mlp_plans.saved_shapes(plan, x.shape[0])]
     return (x.new_empty((x.shape[0], plan.n_out)), *_mlp_saved_pair(x, saved))
 
 
 def _fused_mlp_backward_impl(dy, x, y, s1, s2, weights, biases, activation, output_activation, need_dx):
     plan = _mlp_op_plan(x, weights, biases, activation, output_activation)
-    saved = [s1, s2] if plan.regime == "seed" else [s1]
+    saved = [s1, s2] if plan.regime == "source" else [s1]
     dy = _mlp_backward_operands(dy, x, y, saved, plan)
     dx, dws, dbs = _mlp_backward(dy, x, y, saved, weights, biases, plan, need_dx)
     return [dx if dx is not None else x.new_empty(0), *dws, *(dbs or ())]
@@ -263,7 +264,7 @@ class FusedMLP(torch.nn.Module):
         code = {None: 0, torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}.get(dtype)
         if code is None:
             raise TypeError(f"dtype {dtype}; FusedMLP supports float32, float16, bfloat16")
-        _mlp.make_plan(code, sizes, activation, output_activation, bias)  # ValueError before allocating
+        _mlp_plans.make_plan(code, sizes, activation, output_activation, bias)  # ValueError before allocating
         self.sizes, self.activation, self.output_activation = sizes, activation, output_activation
         linears = [torch.nn.Linear(a, b, bias=bias, device=device, dtype=dtype) for a, b in zip(sizes, sizes[1:])]
         self.weights = torch.nn.ParameterList([m.weight for m in linears])
@@ -281,8 +282,9 @@ class FusedMLP(torch.nn.Module):
                 raise ValueError("from_sequential wants one activation between consecutive Linear layers")
             name = _activation_name(layers[i])
             if i + 1 == len(layers):
-                if name not in _mlp.OUTPUT_ACTIVATIONS:
-                    raise ValueError(f"output activation {name!r}: FusedMLP supports {sorted(_mlp.OUTPUT_ACTIVATIONS)}")
+                if name not in _mlp_plans.OUTPUT_ACTIVATIONS:
+                    raise ValueError(f"output activation {name!r}: FusedMLP supports "
+                                     f"{sorted(_mlp_plans.OUTPUT_ACTIVATIONS)}")
                 out_act = name
                 i += 1
                 continue
@@ -346,12 +348,12 @@ class FusedMLP(torch.nn.Module):
             plan = _mlp_plan(x, weights, biases, self.activation, self.output_activation)
             self._fast_key, self._fast_plan = key, plan
             self._source_state = None
-            if plan.regime == "seed" and biases is not None:
+            if plan.regime == "source" and biases is not None:
                 device = first.get_device()
                 pointers = (weights[0].data_ptr(), biases[0].data_ptr(), weights[1].data_ptr(), biases[1].data_ptr(),
                             weights[2].data_ptr(), biases[2].data_ptr())
                 self._source_state = (first.dtype, device, pointers, plan.out_act, {},
-                                      lambda batch: _mlp.seed_launch(batch, device))
+                                      lambda batch: _mlp.source_launch(batch, device))
         return _mlp_forward(x, weights, biases, plan, False)[0]
 
     def extra_repr(self):

@@ -1,0 +1,834 @@
+// MLP family, the source network: the float32 network 100-128-64-10 with ReLU (fused_mlp in
+// float32), forward in one launch and its backward.
+//
+//   y = act(relu(relu(x W1^T + b1) W2^T + b2) W3^T + b3),  act = relu if flags & kOutputRelu
+//   weights in torch.nn.Linear layout: W of shape [out, in], row-major. Arguments of every
+//   forward: (x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags); h1s / h2s (training: the
+//   post-ReLU activations [batch][128] and [batch][64] the backward reads) may be null.
+// Per sample: 42,752 FLOPs (2 x (100x128 + 128x64 + 64x10)); 400 B of x read, 40 B of y
+// written (~97 FLOP a byte: compute-bound at any batch worth a launch). The hidden activations
+// live in shared memory and registers only. Three forwards, picked by rawops/mlp.py:
+//   source_mlp_small_fwd_f32   small batches, exact float32 FFMA: 2 samples a block;
+//   source_mlp_fwd_f32         exact float32 FFMA, register-tiled (the training forward);
+//   source_mlp_tc{32,16}_fwd_f32  inference at large batches on sm_80+: 3xTF32 on mma.sync,
+//                              float32-level error.
+// The backward: mlp_dgrad_bwd_f32 (the chain, one layer a launch) and mlp_wgrad_bwd_f32 (weight
+// and bias gradient partials per chunk of rows), summed in order by mlp_wgrad_reduce_bwd_f32
+// (kernels/mlp_tiles.cu).
+//
+// source_mlp_fwd_f32: one block of 128 threads per tile of 64 samples (grid = ceil(batch / 64));
+// each layer is a register-tiled GEMM over the tile (layer 1: 8 samples x 8 units per thread,
+// 4 LDS.128 per 64 FFMA; layer 2: 8 x 4, 3 per 32; layer 3: one sample x 10 outputs on half the
+// threads, 3% of the FLOPs), every dot product summed in k order. Weights are staged through
+// shared memory in K chunks, transposed to [k][unit] so a thread reads its units as float4;
+// everything fits the 48 KB of static shared memory (47.6 KB: 4 blocks / 16 warps per SM where
+// 228 KB are, 1 block on sm_75's 64 KB), so no opt-in attribute is needed on any target. The
+// price: each block reads the 87 KB of weights again from L2.
+#include "rawops/dtype.cuh"
+#include "rawops/mma_sync.cuh"
+#include "rawops/mlp.cuh"
+
+namespace rawops {
+namespace {
+
+constexpr int kIn = RAWOPS_MLP_SOURCE_IN, kH1 = RAWOPS_MLP_SOURCE_H1, kH2 = RAWOPS_MLP_SOURCE_H2,
+              kOut = RAWOPS_MLP_SOURCE_OUT;
+constexpr int64_t kOutputRelu = kActRelu;  // flags: the output activation's code, none or ReLU
+constexpr int kThreads = RAWOPS_MLP_SOURCE_THREADS;
+constexpr int kTile = RAWOPS_MLP_SOURCE_TILE;  // samples per block
+constexpr int kChunk1 = 20;  // layer-1 K per staged pass (100 = 5 x 20)
+constexpr int kChunk2 = 32;  // layer-2 K per staged pass (128 = 4 x 32)
+// Row strides of the staged [k][sample] / [k][unit] arrays, padded by 4 floats: rows stay
+// 16-byte aligned for float4 reads, and the transposing stores spread over the banks
+// (3- to 4-way conflicts instead of 20- to 32-way).
+constexpr int kXStride = kTile + 4;
+constexpr int kW1Stride = kH1 + 4;
+constexpr int kW2Stride = kH2 + 4;
+constexpr int kW3Stride = 12;  // 10 outputs, padded to three float4
+constexpr int kStage = kChunk1 * kXStride + kChunk1 * kW1Stride;
+static_assert(kIn % kChunk1 == 0 && kH1 % kChunk2 == 0, "K chunks must divide K");
+static_assert(kChunk2 * kW2Stride <= kStage && kH2 * kW3Stride <= kStage, "stage holds every chunk");
+static_assert((kH1 * kTile + kStage) * 4 <= 48 * 1024, "static shared memory limit");
+static_assert(kThreads == 128 && kTile == 64, "the thread tiling below: 8 sample groups x 16 unit groups");
+
+__device__ __forceinline__ float4 lds4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
+__device__ __forceinline__ void source_mlp_fwd(const float* __restrict__ x, const float* __restrict__ w1,
+                                               const float* __restrict__ b1, const float* __restrict__ w2,
+                                               const float* __restrict__ b2, const float* __restrict__ w3,
+                                               const float* __restrict__ b3, float* __restrict__ y,
+                                               float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch,
+                                               int64_t flags) {
+  // h: layer 1's output transposed, [128 units][64 samples]; then layer 2's, [64][64].
+  __shared__ __align__(16) float h[kH1 * kTile];
+  __shared__ __align__(16) float stage[kStage];
+  float* const xt = stage;                         // [kChunk1][kXStride]  x chunk, transposed
+  float* const w1t = stage + kChunk1 * kXStride;   // [kChunk1][kW1Stride] W1 chunk, transposed
+  float* const w2t = stage;                        // [kChunk2][kW2Stride]
+  float* const w3t = stage;                        // [kH2][kW3Stride]
+
+  const int t = threadIdx.x;
+  const int64_t first = int64_t(blockIdx.x) * kTile;
+  // A thread's samples are ts*4 + {0..3} and 32 + ts*4 + {0..3}: eight threads reading
+  // float4s at one k cover 128 contiguous bytes (no bank conflict); the eight share their units.
+  const int ts = t % 8;
+  const int tu = t / 8;  // 16 groups
+
+  // ---------------------------------------------------------------- layer 1: 64 x 128, K = 100
+  float acc[8][8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float bias = __ldg(b1 + (j < 4 ? tu * 4 + j : 64 + tu * 4 + j - 4));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i][j] = bias;
+  }
+  for (int k0 = 0; k0 < kIn; k0 += kChunk1) {
+    __syncthreads();  // the previous chunk is consumed
+    for (int e = t; e < kTile * kChunk1; e += kThreads) {  // consecutive threads: consecutive k of a row
+      const int s = e / kChunk1, k = e - s * kChunk1;
+      const int64_t sample = first + s;
+      xt[k * kXStride + s] = sample < batch ? __ldg(x + sample * kIn + k0 + k) : 0.f;
+    }
+    for (int e = t; e < kH1 * kChunk1; e += kThreads) {
+      const int u = e / kChunk1, k = e - u * kChunk1;
+      w1t[k * kW1Stride + u] = __ldg(w1 + u * kIn + k0 + k);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kChunk1; ++k) {
+      const float4 xa = lds4(xt + k * kXStride + ts * 4), xb = lds4(xt + k * kXStride + 32 + ts * 4);
+      const float4 wa = lds4(w1t + k * kW1Stride + tu * 4), wb = lds4(w1t + k * kW1Stride + 64 + tu * 4);
+      const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+      const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(xv[i], wv[j], acc[i][j]);
+    }
+  }
+  if (h1s != nullptr) {  // training: keep relu(layer 1) per sample for the backward ([batch][128])
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t sample = first + (i < 4 ? ts * 4 + i : 32 + ts * 4 + i - 4);
+      if (sample < batch) {
+        float* row = h1s + sample * kH1;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) row[j < 4 ? tu * 4 + j : 64 + tu * 4 + j - 4] = relu(acc[i][j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {  // h[unit][sample], four samples per float4 store
+    const int u = j < 4 ? tu * 4 + j : 64 + tu * 4 + j - 4;
+    *reinterpret_cast<float4*>(h + u * kTile + ts * 4) =
+        make_float4(relu(acc[0][j]), relu(acc[1][j]), relu(acc[2][j]), relu(acc[3][j]));
+    *reinterpret_cast<float4*>(h + u * kTile + 32 + ts * 4) =
+        make_float4(relu(acc[4][j]), relu(acc[5][j]), relu(acc[6][j]), relu(acc[7][j]));
+  }
+
+  // ---------------------------------------------------------------- layer 2: 64 x 64, K = 128
+  // Same samples per thread; units tu*4 + {0..3}.
+  float acc2[8][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float bias = __ldg(b2 + tu * 4 + j);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc2[i][j] = bias;
+  }
+  for (int k0 = 0; k0 < kH1; k0 += kChunk2) {
+    __syncthreads();  // h complete (first pass); the previous chunk consumed
+    for (int e = t; e < kH2 * kChunk2; e += kThreads) {
+      const int u = e / kChunk2, k = e - u * kChunk2;
+      w2t[k * kW2Stride + u] = __ldg(w2 + u * kH1 + k0 + k);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kChunk2; ++k) {
+      const float* hk = h + (k0 + k) * kTile;
+      const float4 ha = lds4(hk + ts * 4), hb = lds4(hk + 32 + ts * 4);
+      const float4 w = lds4(w2t + k * kW2Stride + tu * 4);
+      const float hv[8] = {ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w};
+      const float wv[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc2[i][j] = fmaf(hv[i], wv[j], acc2[i][j]);
+    }
+  }
+  if (h2s != nullptr) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t sample = first + (i < 4 ? ts * 4 + i : 32 + ts * 4 + i - 4);
+      if (sample < batch) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) h2s[sample * kH2 + tu * 4 + j] = relu(acc2[i][j]);
+      }
+    }
+  }
+  __syncthreads();  // every thread is done reading layer 1's h and the last W2 chunk
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int u = tu * 4 + j;
+    *reinterpret_cast<float4*>(h + u * kTile + ts * 4) =
+        make_float4(relu(acc2[0][j]), relu(acc2[1][j]), relu(acc2[2][j]), relu(acc2[3][j]));
+    *reinterpret_cast<float4*>(h + u * kTile + 32 + ts * 4) =
+        make_float4(relu(acc2[4][j]), relu(acc2[5][j]), relu(acc2[6][j]), relu(acc2[7][j]));
+  }
+  for (int e = t; e < kOut * kH2; e += kThreads) {
+    const int o = e / kH2, k = e - o * kH2;
+    w3t[k * kW3Stride + o] = __ldg(w3 + e);  // w3[o][k]
+  }
+  __syncthreads();
+
+  // ---------------------------------------------------------------- layer 3: 64 x 10, K = 64
+  if (t >= kTile) return;
+  const int64_t sample = first + t;
+  if (sample >= batch) return;
+  float out[kOut];
+#pragma unroll
+  for (int o = 0; o < kOut; ++o) out[o] = __ldg(b3 + o);
+#pragma unroll 8
+  for (int k = 0; k < kH2; ++k) {
+    const float hv = h[k * kTile + t];  // consecutive threads, consecutive words
+    const float4 wa = lds4(w3t + k * kW3Stride), wb = lds4(w3t + k * kW3Stride + 4);
+    const float2 wc = *reinterpret_cast<const float2*>(w3t + k * kW3Stride + 8);
+    const float wv[kOut] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w, wc.x, wc.y};
+#pragma unroll
+    for (int o = 0; o < kOut; ++o) out[o] = fmaf(hv, wv[o], out[o]);
+  }
+  float* row = y + sample * kOut;
+#pragma unroll
+  for (int o = 0; o < kOut; ++o) row[o] = (flags & kOutputRelu) ? relu(out[o]) : out[o];
+}
+
+}  // namespace
+}  // namespace rawops
+
+// Four blocks per SM where shared memory holds four (sm_80, sm_90, sm_100: <= 128 registers);
+// sm_120 holds two (100 KB per SM), so its registers need no cap (capped at 128 it spills).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define RAWOPS_SOURCE_MIN_BLOCKS 2
+#else
+#define RAWOPS_SOURCE_MIN_BLOCKS 4
+#endif
+extern "C" __global__ void __launch_bounds__(rawops::kThreads, RAWOPS_SOURCE_MIN_BLOCKS)
+    source_mlp_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                       const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                       long long flags) {
+  rawops::source_mlp_fwd(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags);
+}
+
+// =====================================================================================
+// Small batches of the source network: source_mlp_small_fwd_f32.
+// The tiled kernel above gives one block all of a small batch (batch 32: one block, latency-bound
+// on its ten staged weight chunks). Here a block of 8 warps takes kSmallTile = 2 samples, so a
+// batch of 32 spreads over 16 SMs; each warp owns units and reads their weight rows straight from
+// L2 (coalesced: lane k reads W[u][k + 32 i]). A warp's partial dot products (units x samples per
+// lane) are summed by one reduce-scatter over the lanes (deterministic, 31 shuffles for 32 sums
+// where a butterfly per sum takes 160). Three barriers in all. Launch: ceil(batch / 2) blocks.
+// =====================================================================================
+namespace rawops {
+namespace {
+
+constexpr int kSmallTile = RAWOPS_MLP_SOURCE_SMALL_TILE;
+constexpr int kSmallThreads = RAWOPS_MLP_SOURCE_SMALL_THREADS;  // 8 warps
+static_assert(kSmallThreads == 8 * 32, "the units of a layer are dealt over 8 warps");
+
+__host__ __device__ constexpr int log2_of(int v) { return v <= 1 ? 0 : 1 + log2_of(v / 2); }
+
+// Sums each of a lane's V values over the warp's 32 lanes (V a power of two <= 32). Each
+// halving exchange sends the half of the values the partner keeps and adds the half it
+// receives, so after log2 V of them a lane holds one value summed over 2^(log2 V) lanes: index
+// lane >> (5 - log2 V). Plain exchanges finish the sum over the lanes that share that index.
+// The order of every addition is fixed: the same inputs give the same bits.
+template <int C, int V> __device__ __forceinline__ void halving_exchanges(float (&v)[V], int lane) {
+  if constexpr (C > 1) {
+    constexpr int m = 16 * C / V;  // the lane bit this exchange splits on: 16, 8, ...
+    const bool upper = (lane & m) != 0;
+#pragma unroll
+    for (int i = 0; i < C / 2; ++i) {
+      const float send = upper ? v[i] : v[i + C / 2];
+      const float keep = upper ? v[i + C / 2] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+    }
+    halving_exchanges<C / 2>(v, lane);
+  }
+}
+
+template <int V> __device__ __forceinline__ float warp_reduce_scatter(float (&v)[V], int lane) {
+  static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "V must be a power of two <= 32");
+  halving_exchanges<V>(v, lane);
+  float r = v[0];
+#pragma unroll
+  for (int m = 16 / V; m >= 1; m /= 2) r += __shfl_xor_sync(0xffffffffu, r, m);
+  return r;
+}
+
+// A warp's share of one dense layer for kSmallTile samples: units u = warp + 8 j (j <
+// kUnitsPerWarp, u < kN), lane k reading W[u][k + 32 i]. Every weight of the warp's units, and
+// the one bias of the sum this lane finishes, is loaded into registers at the kernel's start
+// (load), so the three layers pay one L2 latency together instead of one each.
+template <int kK, int kN, int kUnitsPerWarp> struct SmallWeights {
+  static constexpr int kSteps = (kK + 31) / 32;
+  static constexpr int kSums = kUnitsPerWarp * kSmallTile;  // index j * kSmallTile + s
+  static constexpr int kLanesPerSum = 32 / kSums;
+  static constexpr int kSumShift = 5 - log2_of(kSums);  // lane >> kSumShift: the sum a lane finishes
+  float w[kUnitsPerWarp][kSteps];
+  float bias;  // of unit_of(lane)
+  __device__ __forceinline__ static int sum_of(int lane) { return lane >> kSumShift; }
+  __device__ __forceinline__ static int unit_of(int lane, int warp) { return warp + 8 * (sum_of(lane) / kSmallTile); }
+  __device__ __forceinline__ void load(const float* __restrict__ W, const float* __restrict__ B, int warp, int lane) {
+#pragma unroll
+    for (int j = 0; j < kUnitsPerWarp; ++j) {
+      const int u = warp + 8 * j;
+#pragma unroll
+      for (int i = 0; i < kSteps; ++i) {
+        const int k = lane + 32 * i;
+        w[j][i] = (u < kN && k < kK) ? __ldg(W + u * kK + k) : 0.f;
+      }
+    }
+    const int u = unit_of(lane, warp);
+    bias = u < kN ? __ldg(B + u) : 0.f;
+  }
+  // out[s][u] = act(b[u] + sum_k in[s][k] w[u][k]) (in/out in shared memory).
+  __device__ __forceinline__ void apply(const float* __restrict__ in, float* __restrict__ out,
+                                        float* __restrict__ save, int64_t first, int64_t batch, bool relu_out,
+                                        float* __restrict__ y_global, int warp, int lane) const {
+    float acc[kSums];
+#pragma unroll
+    for (int j = 0; j < kUnitsPerWarp; ++j)
+#pragma unroll
+      for (int s = 0; s < kSmallTile; ++s) {
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < kSteps; ++i) {
+          const int k = lane + 32 * i;
+          if (k < kK) a = fmaf(in[s * kK + k], w[j][i], a);
+        }
+        acc[j * kSmallTile + s] = a;
+      }
+    const float v = warp_reduce_scatter(acc, lane);
+    const int u = unit_of(lane, warp), s = sum_of(lane) % kSmallTile;
+    if (u < kN && lane % kLanesPerSum == 0) {
+      float r = v + bias;
+      if (relu_out) r = relu(r);
+      const int64_t sample = first + s;
+      if (out != nullptr) out[s * kN + u] = r;
+      if (sample < batch) {
+        if (save != nullptr) save[sample * kN + u] = r;
+        if (y_global != nullptr) y_global[sample * kN + u] = r;
+      }
+    }
+  }
+};
+
+__device__ __forceinline__ void source_mlp_small_fwd(const float* __restrict__ x, const float* __restrict__ w1,
+                                                     const float* __restrict__ b1, const float* __restrict__ w2,
+                                                     const float* __restrict__ b2, const float* __restrict__ w3,
+                                                     const float* __restrict__ b3, float* __restrict__ y,
+                                                     float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch,
+                                                     int64_t flags) {
+  __shared__ float xs[kSmallTile * kIn];
+  __shared__ float h1[kSmallTile * kH1];
+  __shared__ float h2[kSmallTile * kH2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t first = int64_t(blockIdx.x) * kSmallTile;
+  SmallWeights<kIn, kH1, kH1 / 8> l1;
+  SmallWeights<kH1, kH2, kH2 / 8> l2;
+  SmallWeights<kH2, kOut, 2> l3;
+  l1.load(w1, b1, warp, lane);
+  l2.load(w2, b2, warp, lane);
+  l3.load(w3, b3, warp, lane);
+  for (int e = threadIdx.x; e < kSmallTile * kIn; e += kSmallThreads) {
+    const int s = e / kIn;
+    xs[e] = first + s < batch ? __ldg(x + first * kIn + e) : 0.f;
+  }
+  __syncthreads();
+  l1.apply(xs, h1, h1s, first, batch, true, nullptr, warp, lane);
+  __syncthreads();
+  l2.apply(h1, h2, h2s, first, batch, true, nullptr, warp, lane);
+  __syncthreads();
+  l3.apply(h2, nullptr, nullptr, first, batch, (flags & kOutputRelu) != 0, y, warp, lane);
+}
+
+
+}  // namespace
+}  // namespace rawops
+
+extern "C" __global__ void __launch_bounds__(rawops::kSmallThreads)
+    source_mlp_small_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                             const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                             long long flags) {
+  rawops::source_mlp_small_fwd(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags);
+}
+
+// =====================================================================================
+// The source network's backward (SIMT, exact float32 FMA), one layer a launch.
+//   mlp_dgrad_bwd_f32: out[b][k] = (sum_n G'[b][n] W[n][k]) * (H == null || H[b][k] > 0)
+//     with G' = G * (Gm == null || Gm[b][n] > 0): one step of the chain g_{l-1} = (g_l W_l)
+//     masked by relu'(z_{l-1}), read off the kept post-ReLU activation (h > 0 iff z > 0).
+//     Blocks of kGradThreads threads, kDgradRows rows each (N, K <= 128).
+//   mlp_wgrad_bwd_f32: per chunk of rows (one block each), P[n][k] = sum_b G'[b][n] act(A[b][k])
+//     and sum_b G'[b][n], written to a float32 workspace; mlp_wgrad_reduce_bwd_f32
+//     (kernels/mlp_tiles.cu) adds the chunks in chunk order (deterministic, no atomics) into dW
+//     and db.
+// =====================================================================================
+namespace rawops {
+namespace {
+
+constexpr int kDgradRows = RAWOPS_MLP_DGRAD_ROWS, kDgradChunk = 32, kGradThreads = RAWOPS_MLP_GRAD_THREADS;
+
+__device__ __forceinline__ float masked(float v, const float* m, int64_t i) {
+  return (m == nullptr || m[i] > 0.f) ? v : 0.f;
+}
+
+template <int kKJ>
+__device__ __forceinline__ void dgrad_f32_tile(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ W, const float* __restrict__ H,
+                                          float* __restrict__ out, int64_t batch, int N, int K,
+                                          float (*gs)[kDgradChunk + 1], float (*ws)[128]) {
+  const int t = threadIdx.x, rg = t / 16, kg = t % 16;
+  const int64_t row0 = int64_t(blockIdx.x) * kDgradRows;
+  float acc[4][kKJ];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) acc[i][j] = 0.f;
+  for (int n0 = 0; n0 < N; n0 += kDgradChunk) {
+    // Every load of the step in flight before the barrier, then the stores.
+    constexpr int kG = kDgradRows * kDgradChunk / kGradThreads, kW = kDgradChunk * 128 / kGradThreads;
+    float gl[kG], wl[kW];
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      const int e = t + i * kGradThreads, r = e / kDgradChunk, n = e % kDgradChunk;
+      const int64_t row = row0 + r, idx = row * N + n0 + n;
+      gl[i] = (row < batch && n0 + n < N) ? masked(G[idx], Gm, idx) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const int e = t + i * kGradThreads, n = e / 128, k = e % 128;
+      wl[i] = (n0 + n < N && k < K) ? __ldg(W + (n0 + n) * K + k) : 0.f;
+    }
+    __syncthreads();  // the previous step is consumed
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      const int e = t + i * kGradThreads;
+      gs[e / kDgradChunk][e % kDgradChunk] = gl[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kW; ++i) {
+      const int e = t + i * kGradThreads;
+      ws[e / 128][e % 128] = wl[i];
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int n = 0; n < kDgradChunk; ++n) {
+      float gv[4], wv[kKJ];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) gv[i] = gs[rg + 16 * i][n];
+#pragma unroll
+      for (int j = 0; j < kKJ; ++j) wv[j] = ws[n][kg + 16 * j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < kKJ; ++j) acc[i][j] = fmaf(gv[i], wv[j], acc[i][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = row0 + rg + 16 * i;
+    if (row >= batch) continue;
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) {
+      const int k = kg + 16 * j;
+      if (k < K) out[row * K + k] = masked(acc[i][j], H, row * K + k);
+    }
+  }
+}
+
+__device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ W, const float* __restrict__ H,
+                                          float* __restrict__ out, int64_t batch, int N, int K) {
+  __shared__ float gs[kDgradRows][kDgradChunk + 1];
+  __shared__ __align__(16) float ws[kDgradChunk][128];
+  if (K <= 64)
+    dgrad_f32_tile<4>(G, Gm, W, H, out, batch, N, K, gs, ws);
+  else if (K <= 112)
+    dgrad_f32_tile<7>(G, Gm, W, H, out, batch, N, K, gs, ws);
+  else
+    dgrad_f32_tile<8>(G, Gm, W, H, out, batch, N, K, gs, ws);
+}
+
+constexpr int kWgradRows = RAWOPS_MLP_WGRAD_ROWS;  // rows staged a step
+
+
+template <int kNI, int kKJ>
+__device__ __forceinline__ void wgrad_f32_tile(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ A, float* __restrict__ ws, int64_t batch, int N,
+                                          int K, int k_p, int64_t db_offset, int64_t stride, int a_act,
+                                          int64_t rows_per_chunk,
+                                               float (*gs)[129], float (*as)[129]) {
+  const int t = threadIdx.x, ng = t / 16, kg = t % 16;
+  const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
+  float acc[kNI][kKJ];
+#pragma unroll
+  for (int i = 0; i < kNI; ++i)
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) acc[i][j] = 0.f;
+  float db = 0.f;
+  for (int64_t r0 = begin; r0 < end; r0 += kWgradRows) {
+    // Every load of the step in flight before the barrier, then the stores (N, K <= 128).
+    constexpr int kL = kWgradRows * 128 / kGradThreads;
+    float gl[kL], al[kL];
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      const int e = t + i * kGradThreads;
+      gl[i] = al[i] = 0.f;
+      if (e < kWgradRows * N) {
+        const int r = e / N, n = e % N;
+        const int64_t idx = (r0 + r) * N + n;
+        if (r0 + r < end) gl[i] = masked(G[idx], Gm, idx);
+      }
+      if (e < kWgradRows * K) {
+        const int r = e / K, k = e % K;
+        if (r0 + r < end) al[i] = A[(r0 + r) * K + k];
+      }
+    }
+    __syncthreads();  // the previous step is consumed
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      const int e = t + i * kGradThreads;
+      if (e < kWgradRows * N) gs[e / N][e % N] = gl[i];
+      if (e < kWgradRows * K) as[e / K][e % K] = activate(al[i], a_act);
+    }
+    __syncthreads();
+    if (t < N)
+      for (int r = 0; r < kWgradRows; ++r) db += gs[r][t];
+#pragma unroll 2
+    for (int r = 0; r < kWgradRows; ++r) {
+      float gv[kNI], av[kKJ];
+#pragma unroll
+      for (int i = 0; i < kNI; ++i) gv[i] = gs[r][ng + 16 * i];
+#pragma unroll
+      for (int j = 0; j < kKJ; ++j) av[j] = as[r][kg + 16 * j];
+#pragma unroll
+      for (int i = 0; i < kNI; ++i)
+#pragma unroll
+        for (int j = 0; j < kKJ; ++j) acc[i][j] = fmaf(gv[i], av[j], acc[i][j]);
+    }
+  }
+  float* part = ws + int64_t(blockIdx.x) * stride;
+#pragma unroll
+  for (int i = 0; i < kNI; ++i) {
+    const int n = ng + 16 * i;
+    if (n >= N) continue;
+#pragma unroll
+    for (int j = 0; j < kKJ; ++j) {
+      const int k = kg + 16 * j;
+      if (k < K) part[n * k_p + k] = acc[i][j];
+    }
+  }
+  if (t < N) part[db_offset + t] = db;
+}
+
+// The thread tile fitted to the layer (a thread holds n = ng + 16 i, k = kg + 16 j): the
+// source network's 128x100, 64x128 and 10x64 gradients, and 128x128 for anything else.
+__device__ __forceinline__ void wgrad_f32(const float* __restrict__ G, const float* __restrict__ Gm,
+                                          const float* __restrict__ A, float* __restrict__ ws, int64_t batch, int N,
+                                          int K, int k_p, int64_t db_offset, int64_t stride, int a_act,
+                                          int64_t rows_per_chunk) {
+  __shared__ float gs[kWgradRows][129];
+  __shared__ float as[kWgradRows][129];
+  if (N <= 16 && K <= 64)
+    wgrad_f32_tile<1, 4>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+  else if (N <= 64)
+    wgrad_f32_tile<4, 8>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+  else if (K <= 112)
+    wgrad_f32_tile<8, 7>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+  else
+    wgrad_f32_tile<8, 8>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
+}
+
+
+}  // namespace
+}  // namespace rawops
+
+
+extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
+    mlp_dgrad_bwd_f32(const float* G, const float* Gm, const float* W, const float* H, float* out, long long batch,
+                      long long N, long long K) {
+  rawops::dgrad_f32(G, Gm, W, H, out, batch, int(N), int(K));
+}
+
+extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
+    mlp_wgrad_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch, long long N,
+                      long long K, long long k_p, long long db_offset, long long stride, long long a_act,
+                      long long rows_per_chunk) {
+  rawops::wgrad_f32(G, Gm, A, ws, batch, int(N), int(K), int(k_p), db_offset, stride, int(a_act), rows_per_chunk);
+}
+
+// =====================================================================================
+// The source network at large batches on the tensor pipe: source_mlp_tc{32,16}_fwd_f32, 3xTF32
+// through mma.sync m16n8k8 (sm_80+, inference: h1s and h2s must be null; the training forward
+// keeps the exact FFMA kernel, whose kept activations give the backward exact ReLU masks). Same
+// arguments as source_mlp_fwd_f32. Each product is big_a big_b + big_a small_b + small_a big_b
+// (big = tf32(v), small = v - big: split_tf32_fast), accumulated in float32: float32-level error.
+// Why this shape: operands read as fragments from shared memory would be split after every load,
+// and the split costs as much as the FFMA it replaces; here a warp owns kRows = 16 kMT rows and
+// walks all three layers with its activations in registers. K is permuted inside each k8
+// slice (A slot t <- column 2t, slot t + 4 <- column 2t + 1; B the same), so the C fragment
+// of an n8 tile (columns 2t, 2t + 1 of rows g, g + 8), plus bias, ReLU and split, is the A
+// fragment of one k8 slice of the next layer, and a lane's two B values are adjacent floats
+// of a weight row: one 8-byte load from the resident [out][in] rows (row strides = 8 mod 32
+// floats: conflict-free). Layer 1 runs in column chunks of kC, each chunk fed into layer 2's
+// accumulators at once (registers stay bounded). x is staged per warp by cp.async (zero-
+// filled to K = 104 and past the batch), the next tile's fetch issued once layer 1 has read
+// it. Weights (93.5 KB, float) resident per block, split when loaded into fragments;
+// persistent warps, no block barrier after the weight load. Launch: at most one block an SM, as
+// many warps as fit (up to the entry's launch bounds), kStX floats of weights and biases then
+// kRows x kStLdx floats of x per warp of dynamic shared memory (rawops/_mlp_plans.py:
+// source_tc_smem).
+// =====================================================================================
+namespace rawops {
+namespace {
+
+constexpr int kStK1 = 104;                                   // layer 1's K: 100 padded to 13 k8 slices
+constexpr int kStLd1 = RAWOPS_MLP_SOURCE_TC_LD1, kStLd2 = RAWOPS_MLP_SOURCE_TC_LD2,  // weight row strides
+              kStLd3 = RAWOPS_MLP_SOURCE_TC_LD3;                                    // (floats), all 8 mod 32
+constexpr int kStLdx = RAWOPS_MLP_SOURCE_TC_LDX;                                    // x staging rows (8 mod 32 too)
+constexpr int kStW2 = kH1 * kStLd1, kStW3 = kStW2 + kH2 * kStLd2, kStB1 = kStW3 + 16 * kStLd3;
+constexpr int kStB2 = kStB1 + kH1, kStB3 = kStB2 + kH2, kStX = kStB3 + 16;  // 23,376 floats = 93,504 bytes
+static_assert(kStX % 4 == 0 && kStLdx % 4 == 0, "x staging rows 16-byte aligned");
+static_assert(kStLd1 % 32 == 8 && kStLd2 % 32 == 8 && kStLd3 % 32 == 8 && kStLdx % 32 == 8, "conflict-free");
+
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ float2 lds2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
+// relu(v + b), NaN kept (torch.relu): one max.NaN (sm_80+) instead of relu()'s compare and select.
+__device__ __forceinline__ float bias_relu(float v, float b) {
+  float r = v + b;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("max.NaN.f32 %0, %0, 0f00000000;\n" : "+f"(r));
+#endif
+  return r;
+}
+
+// A fragment of one k8 slice, split: a0 = (row g, column 2t), a1 = (g + 8, 2t), a2 = (g, 2t + 1),
+// a3 = (g + 8, 2t + 1) in the permuted order.
+struct SplitA {
+  unsigned big[4], small[4];
+  __device__ __forceinline__ void set(float a0, float a1, float a2, float a3) {
+    const float v[4] = {a0, a1, a2, a3};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const Tf32Split s = split_tf32_fast(v[i]);
+      big[i] = s.big;
+      small[i] = s.small;
+    }
+  }
+  // The next layer's A fragment from C fragment c (d0, d1 at row g; d2, d3 at row g + 8):
+  // bias + ReLU, then the split; the permuted K puts columns 2t, 2t + 1 in slots t, t + 4.
+  __device__ __forceinline__ void set_bias_relu(const float (&c)[4], float2 b) {
+    set(bias_relu(c[0], b.x), bias_relu(c[2], b.x), bias_relu(c[1], b.y), bias_relu(c[3], b.y));
+  }
+};
+
+// d[m][n] += a[m] W^T for one k8 slice and n8 tile, w the lane's address in the tile's weight
+// rows (row g, column 2t of the slice): one 8-byte load, split once for the kMT row tiles.
+template <int kMT, int kN>
+__device__ __forceinline__ void mma_slice(float (&d)[kMT][kN][4], int n, const SplitA (&a)[kMT], const float* w) {
+  const float2 v = lds2(w);
+  const Tf32Split s0 = split_tf32_fast(v.x), s1 = split_tf32_fast(v.y);
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+    mma_m16n8k8_tf32x3(d[m][n], a[m].big, a[m].small, s0.big, s1.big, s0.small, s1.small);
+}
+
+// The warp's kRows x rows into its staging rows [kRows][kStLdx]: 16-byte cp.async when x is
+// 16-byte aligned (rows are 400 bytes), else 4-byte; columns 100..103 and rows past the batch zero.
+template <int kRows>
+__device__ __forceinline__ void source_fetch_x(float* xs, const float* __restrict__ xt, int rows_valid, bool vec,
+                                               int lane) {
+  const unsigned base = smem_addr(xs);
+  if (vec) {
+    constexpr int kCpr = kStK1 / 4;  // 26 chunks a row, the last one zeros
+    for (int e = lane; e < kRows * kCpr; e += 32) {
+      const int r = e / kCpr, c = (e - r * kCpr) * 4;
+      const bool ok = r < rows_valid && c < kIn;
+      cp_async16(base + 4u * unsigned(r * kStLdx + c), ok ? xt + r * kIn + c : xt, ok ? 16 : 0);
+    }
+  } else {
+    for (int e = lane; e < kRows * kStK1; e += 32) {
+      const int r = e / kStK1, c = e - r * kStK1;
+      const bool ok = r < rows_valid && c < kIn;
+      cp_async4(base + 4u * unsigned(r * kStLdx + c), ok ? xt + r * kIn + c : xt, ok ? 4 : 0);
+    }
+  }
+  cp_async_commit();
+}
+
+template <int kMT, int kC>
+__device__ void source_tc_fwd(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1,
+                              const float* __restrict__ w2, const float* __restrict__ b2,
+                              const float* __restrict__ w3, const float* __restrict__ b3, float* __restrict__ y,
+                              int64_t batch, int64_t flags) {
+  constexpr int kRows = 16 * kMT, kJ = kC / 8;
+  static_assert(kH1 % kC == 0 && kC % 8 == 0, "layer-1 chunks of whole n8 tiles");
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  float* sm = reinterpret_cast<float*>(tc_smem);
+  // Weights [out][in] with zero padding (W1 columns 100..103 meet x's zero columns; W3 rows
+  // 10..15 give the unused output columns), then the biases.
+  for (int e = threadIdx.x; e < kH1 * kStLd1; e += blockDim.x) {
+    const int u = e / kStLd1, k = e - u * kStLd1;
+    sm[e] = k < kIn ? __ldg(w1 + u * kIn + k) : 0.f;
+  }
+  for (int e = threadIdx.x; e < kH2 * kStLd2; e += blockDim.x) {
+    const int u = e / kStLd2, k = e - u * kStLd2;
+    sm[kStW2 + e] = k < kH1 ? __ldg(w2 + u * kH1 + k) : 0.f;
+  }
+  for (int e = threadIdx.x; e < 16 * kStLd3; e += blockDim.x) {
+    const int u = e / kStLd3, k = e - u * kStLd3;
+    sm[kStW3 + e] = (u < kOut && k < kH2) ? __ldg(w3 + u * kH2 + k) : 0.f;
+  }
+  for (int e = threadIdx.x; e < kH1 + kH2 + 16; e += blockDim.x)
+    sm[kStB1 + e] = e < kH1 ? __ldg(b1 + e) : e < kH1 + kH2 ? __ldg(b2 + e - kH1) : e - kH1 - kH2 < kOut ? __ldg(b3 + e - kH1 - kH2) : 0.f;
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  float* xs = sm + kStX + warp * kRows * kStLdx;
+  const float* xa = xs + g * kStLdx + 2 * t;  // the lane's A reads: rows 16 m + g (+ 8), columns 8 kk + 2t (+ 1)
+  const float* w1b = sm + g * kStLd1 + 2 * t;  // its B reads: row (unit) g of each n8 tile, the same columns
+  const float* w2b = sm + kStW2 + g * kStLd2 + 2 * t;
+  const float* w3b = sm + kStW3 + g * kStLd3 + 2 * t;
+  const bool xvec = reinterpret_cast<size_t>(x) % 16 == 0;
+  const bool yvec = reinterpret_cast<size_t>(y) % 8 == 0;
+  const bool out_relu = flags & kOutputRelu;
+
+  // Tiles dealt warp-major (as the fast forward): a last partial round lands on a few warps of every SM.
+  const int64_t tiles = (batch + kRows - 1) / kRows, step = int64_t(gridDim.x) * warps;
+  int64_t tile = int64_t(warp) * gridDim.x + blockIdx.x;
+  auto rows_of = [&](int64_t tl) { return int(batch - tl * kRows < kRows ? batch - tl * kRows : kRows); };
+  if (tile < tiles) source_fetch_x<kRows>(xs, x + tile * kRows * kIn, rows_of(tile), xvec, lane);
+  for (; tile < tiles; tile += step) {
+    const int64_t row0 = tile * kRows;
+    cp_async_wait_all();
+    __syncwarp();  // every lane's x rows landed
+
+    float acc2[kMT][kH2 / 8][4];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m)
+#pragma unroll
+      for (int n = 0; n < kH2 / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc2[m][n][i] = 0.f;
+#pragma unroll 1
+    for (int c0 = 0; c0 < kH1; c0 += kC) {
+      // Layer 1, columns c0 .. c0 + kC: 13 k8 slices of the staged x.
+      float acc1[kMT][kJ][4];
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+#pragma unroll
+        for (int j = 0; j < kJ; ++j)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc1[m][j][i] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kStK1 / 8; ++kk) {
+        SplitA a[kMT];
+#pragma unroll
+        for (int m = 0; m < kMT; ++m) {
+          const float2 lo = lds2(xa + 16 * m * kStLdx + 8 * kk), hi = lds2(xa + (16 * m + 8) * kStLdx + 8 * kk);
+          a[m].set(lo.x, hi.x, lo.y, hi.y);
+        }
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) mma_slice(acc1, j, a, w1b + (c0 + 8 * j) * kStLd1 + 8 * kk);
+      }
+      if (c0 + kC == kH1) {
+        __syncwarp();  // every lane has read its x rows: the next tile's fetch may overwrite them
+        if (tile + step < tiles)
+          source_fetch_x<kRows>(xs, x + (tile + step) * kRows * kIn, rows_of(tile + step), xvec, lane);
+      }
+      // Bias, ReLU, split: each n8 tile of the chunk is one k8 slice of layer 2.
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) {
+        const float2 bb = lds2(sm + kStB1 + c0 + 8 * j + 2 * t);
+        SplitA a[kMT];
+#pragma unroll
+        for (int m = 0; m < kMT; ++m)
+          a[m].set_bias_relu(acc1[m][j], bb);
+#pragma unroll
+        for (int n = 0; n < kH2 / 8; ++n) mma_slice(acc2, n, a, w2b + 8 * n * kStLd2 + c0 + 8 * j);
+      }
+    }
+
+    // Layer 3: 8 k8 slices from layer 2's accumulators, 2 n8 tiles (columns 10..15 unused).
+    float acc3[kMT][2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kH2 / 8; ++kk) {
+      const float2 bb = lds2(sm + kStB2 + 8 * kk + 2 * t);
+      SplitA a[kMT];
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+        a[m].set_bias_relu(acc2[m][kk], bb);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) mma_slice(acc3, n, a, w3b + 8 * n * kStLd3 + 8 * kk);
+    }
+    // y: lane holds columns 8n + 2t, + 1 of rows 16 m + g (+ 8).
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int col = 8 * n + 2 * t;
+      if (col >= kOut) continue;
+      const float2 bb = lds2(sm + kStB3 + col);
+#pragma unroll
+      for (int m = 0; m < kMT; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = row0 + 16 * m + g + 8 * h;
+          if (r >= batch) continue;
+          float v0 = acc3[m][n][2 * h] + bb.x, v1 = acc3[m][n][2 * h + 1] + bb.y;
+          if (out_relu) {
+            v0 = relu(v0);
+            v1 = relu(v1);
+          }
+          float* p = y + r * kOut + col;
+          if (yvec) {
+            *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+          } else {
+            p[0] = v0;
+            p[1] = v1;
+          }
+        }
+    }
+  }
+  cp_async_wait_all();  // nothing may be in flight into shared memory when the block exits
+}
+
+}  // namespace
+}  // namespace rawops
+
+// Two variants (rawops/mlp.py launches SOURCE_TC; docs/performance.md compares them): 32-row warp
+// tiles, 8 warps (each B fragment's split serves 2 row tiles); 16-row tiles, 16 warps, <= 128
+// registers. Layer 1 in 64-column chunks (32-column chunks split x twice as often). Warps a block
+// come in multiples of 4: each SM quarter has its own tensor core.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define RAWOPS_SOURCE_TC_CALL(call) call
+#else
+#define RAWOPS_SOURCE_TC_CALL(call) __trap()  // mma.sync tf32 and cp.async: sm_80; never launched there
+#endif
+extern "C" __global__ void __launch_bounds__(32 * RAWOPS_MLP_SOURCE_TC32_WARPS, 1)
+    source_mlp_tc32_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                            const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                            long long flags) {
+  RAWOPS_SOURCE_TC_CALL((rawops::source_tc_fwd<2, 64>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
+}
+extern "C" __global__ void __launch_bounds__(32 * RAWOPS_MLP_SOURCE_TC16_WARPS, 1)
+    source_mlp_tc16_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
+                            const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
+                            long long flags) {
+  RAWOPS_SOURCE_TC_CALL((rawops::source_tc_fwd<1, 64>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
+}
+#undef RAWOPS_SOURCE_TC_CALL
