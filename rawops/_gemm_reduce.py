@@ -1,10 +1,11 @@
 """kernels/gemm.cu's gemm_reduce, shared by every GEMM that splits K (the portable kernels,
 TF32, the Hopper kernel): it adds the float32 partials in split order (deterministic) and applies
 the epilogue. Its launch shape, in one place."""
+from . import _constants as C
 from ._launch import FLOAT_SUFFIXES
 
 FAMILY = "gemm"
-THREADS = 256
+THREADS = C.GEMM_REDUCE_THREADS
 KINDS = "ppppppqqqq"  # (partial, 0, c, bias, aux, pre, m, n, splits, flags): rawops.gemm.KINDS
 
 

@@ -1,5 +1,8 @@
 """The matrix family: matmul and linear_gelu (Linear + bias + GELU in one kernel), forward
-and backward. Kernels: kernels/gemm.cu.
+and backward. Kernels: kernels/gemm.cu (the general kernels and the split-K reduction) and
+kernels/gemm_small.cu (small batches), each its own fatbin (`family_of`); TF32 and Hopper in
+rawops/_gemm_tf32.py and rawops/_gemm_sm90.py. Shapes shared with the kernels come from
+rawops/_constants.py.
 
 matmul(a, b)                       a (M, K) @ b (K, N)
 linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn.Linear layout
@@ -9,8 +12,8 @@ float32 runs exact float32 math (FFMA, no tensor cores) unless matmul's `tf32=Tr
 TF32 tensor cores (rawops/_gemm_tf32.py: kernels/gemm_tf32.cu, or kernels/gemm_sm90.cu on
 sm_90), with one exception: float32
 linear_gelu's forward at <= SMALL_MAX_M rows on sm_90+ runs 3xTF32 (three TF32 products per
-term, float32-level error: ~3e-7 relative against float64 at 32x768->3072, as torch's float32;
-rawops.config.linear_tf32 = False forces the exact kernel); float16 / bfloat16 run tensor cores
+term, float32-level error, as torch's float32; rawops.config.linear_tf32 = False forces the
+exact kernel); float16 / bfloat16 run tensor cores
 with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
 kernel of rawops/_gemm_sm90.py, whose tile width and K split follow the output's size; x @ W^T
 at <= 32 rows the small-batch kernel; else mma.sync, sm_80+), else the same FFMA kernel. Every
@@ -19,47 +22,50 @@ function tested without a GPU); the torch adapter calls it too.
 """
 from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, require_str,
                       sm_count, stream_pointer, wait_for_producer)
+from . import _constants as C
 from . import _gemm_sm90, _gemm_tf32, _modules, _rows, config
 from ._gemm_reduce import THREADS as REDUCE_THREADS, blocks as reduce_blocks, kernel_name as reduce_kernel_name
 
-FAMILY = "gemm"
+FAMILY = "gemm"  # kernels/gemm.cu: gemm_simt*, gemm_mma*, gemm_reduce*
+SMALL_FAMILY = "gemm_small"  # kernels/gemm_small.cu: linear_small*, gemm_small_m_nn
 LAYOUTS = ("nn", "nt", "tn")  # b (K, N) | b given as (N, K) | a given as (K, M)
 MMA_SUFFIXES = ("f16", "bf16")
-# Every entry point has the same parameters (kernels/gemm.cu, RAWOPS_GEMM_ARGS).
+# Every entry point has the same parameters (RAWOPS_GEMM_ARGS, kernels/include/rawops/gemm_epilogue.cuh).
 ARGS = ("a", "b", "c", "bias", "aux", "pre", "m", "n", "k", "flags")
 KINDS = "ppppppqqqq"
 
-SIMT_TILE, SIMT_THREADS = 128, 256  # kSimtTile, kSimtThreads (gemm_simt and gemm_simt_vec)
-SIMT_VEC_K = 16  # kVecK: gemm_simt_vec's K tile
+SIMT_TILE, SIMT_THREADS = C.GEMM_SIMT_TILE, C.GEMM_SIMT_THREADS  # gemm_simt and gemm_simt_vec
+SIMT_VEC_K = C.GEMM_SIMT_VEC_K  # gemm_simt_vec's K tile
 # gemm_small_m_nn (float32 nn with <= SMALL_M_ROWS rows and whole float4 rows: linear_gelu's dx at
 # small batch): blocks of SMALL_M_ROWS x SMALL_M_COLS outputs, SMALL_M_THREADS threads, split K
-# into chunks of at least SMALL_M_MIN_K aiming at SMALL_M_SLOTS blocks an SM (kernels/gemm.cu).
-SMALL_M_ROWS, SMALL_M_COLS, SMALL_M_THREADS = 32, 64, 128
+# into chunks of at least SMALL_M_MIN_K aiming at SMALL_M_SLOTS blocks an SM.
+SMALL_M_ROWS, SMALL_M_COLS, SMALL_M_THREADS = C.GEMM_SMALL_M_ROWS, C.GEMM_SMALL_M_COLS, C.GEMM_SMALL_M_THREADS
 SMALL_M_MIN_K, SMALL_M_SLOTS = 64, 3
-MMA_TILE, MMA_K, MMA_STAGES, MMA_THREADS = 128, 32, 3, 256  # kMmaTile, kMmaK, kMmaStages, kMmaThreads
-KMAJOR_STRIDE, MNMAJOR_STRIDE = MMA_K + 8, MMA_TILE + 8  # kKMajorStride, kMNMajorStride
-# linear_small: kSmallFeatures x kSmallGroups threads, kSmallRows rows per blockIdx.y, x staged
-# kSmallK columns at a time in dynamic shared memory (cp.async: sm_80+).
-SMALL_FEATURES, SMALL_GROUPS, SMALL_ROWS, SMALL_K = 24, 16, 32, 768
+MMA_TILE, MMA_K, MMA_STAGES, MMA_THREADS = C.GEMM_MMA_TILE, C.GEMM_MMA_K, C.GEMM_MMA_STAGES, C.GEMM_MMA_THREADS
+KMAJOR_STRIDE = MMA_K + C.GEMM_MMA_PAD  # a K-major staged row; an M/N-major one is rows + GEMM_MMA_PAD
+# linear_small: SMALL_FEATURES x SMALL_GROUPS threads, SMALL_ROWS rows per blockIdx.y, x staged
+# SMALL_K columns at a time in dynamic shared memory (cp.async: sm_80+).
+SMALL_FEATURES, SMALL_GROUPS, SMALL_ROWS, SMALL_K = (C.GEMM_SMALL_FEATURES, C.GEMM_SMALL_GROUPS, C.GEMM_SMALL_ROWS,
+                                                     C.GEMM_SMALL_K)
 SMALL_THREADS = SMALL_FEATURES * SMALL_GROUPS
 SMALL_MIN_CC = 80
 SMALL_MAX_M = 128  # linear_small re-reads W (from L2) once per 32 rows: worth it up to here
 # linear_small_tf32 (sm_90+, float32 linear_gelu forward only, 3xTF32 on the tensor pipe): a
 # CTA (a cluster of SMALL_TF32_CLUSTER CTAs; 1 ships) owns SMALL_TF32_FEATURES features, its
-# SMALL_TF32_WARPS warps splitting K (kernels/gemm.cu: RAWOPS_SMALL_TF32 arguments C, 1, NT, NWK).
-SMALL_TF32_CLUSTER, SMALL_TF32_TILES, SMALL_TF32_WARPS = 1, 3, 16
+# SMALL_TF32_WARPS warps splitting K.
+SMALL_TF32_CLUSTER, SMALL_TF32_TILES, SMALL_TF32_WARPS = (C.GEMM_SMALL_TF32_CLUSTER, C.GEMM_SMALL_TF32_TILES,
+                                                          C.GEMM_SMALL_TF32_WARPS)
 SMALL_TF32_FEATURES = SMALL_TF32_TILES * 8
 SMALL_TF32_THREADS = 32 * SMALL_TF32_WARPS
 SMALL_TF32_MIN_CC = 90  # thread-block clusters
 # linear_small_mma (sm_90+, float16 / bfloat16 x @ W^T at <= SMALL_MAX_M rows): linear_small_tf32's
 # kernel with one m16n8k16 mma a product, SMALL_MMA_TILES n8 tiles (features / 8) a CTA and
-# SMALL_MMA_WARPS warps splitting K (kernels/gemm.cu: RAWOPS_SMALL_MMA_NT, _NWK).
-SMALL_MMA_TILES, SMALL_MMA_WARPS = 2, 8
+# SMALL_MMA_WARPS warps splitting K.
+SMALL_MMA_TILES, SMALL_MMA_WARPS = C.GEMM_SMALL_MMA_TILES, C.GEMM_SMALL_MMA_WARPS
 SMALL_MMA_FEATURES = SMALL_MMA_TILES * 8
 # On sm_90 x @ W^T of at most this many rows takes linear_small_mma before the Hopper GEMM: one
-# 32-row block reads W once, where a 128-row WGMMA tile computes 3/4 padding (bf16 x768->3072:
-# 4.37 against 6.75 us at 32 rows before A's box was cut to M, 7.2 against 5.2 at 64 after;
-# bench/results/explore_sm90_split_fit.md, explore_medium_batch.md).
+# 32-row block reads W once, where a 128-row WGMMA tile computes 3/4 padding; from 64 rows the
+# Hopper GEMM is the faster (docs/performance.md).
 SMALL_MMA_BEFORE_HOPPER_M = 32
 SMALL_MMA_THREADS = 32 * SMALL_MMA_WARPS
 # config.linear_tf32 lets float32 linear_gelu at <= SMALL_MAX_M rows run linear_small_tf32 (3xTF32,
@@ -73,19 +79,29 @@ MMA_MIN_CC = 80
 SPLIT_MIN_K, MAX_SPLITS = 128, 64
 MMA_SPLIT_MIN_K, MMA_SPLIT_CHUNK, MMA_MAX_SPLITS = 1024, 256, 16
 
-EPI_NONE, EPI_BIAS_GELU, EPI_BIAS_GELU_GRAD, EPI_BIAS = 0, 1, 2, 3
-EPI_ERF = 4
+EPI_NONE, EPI_BIAS_GELU, EPI_BIAS_GELU_GRAD, EPI_BIAS = (C.GEMM_EPI_NONE, C.GEMM_EPI_BIAS_GELU,
+                                                     C.GEMM_EPI_BIAS_GELU_GRAD, C.GEMM_EPI_BIAS)
+EPI_ERF = C.GEMM_EPI_ERF
 GELU_FLAGS = {"tanh": 0, "none": EPI_ERF}
 
 
-def entry_points():
-    """Every extern "C" kernel the fatbin must hold, on every architecture."""
+def entry_points(family=FAMILY):
+    """Every extern "C" kernel the fatbin of `family` (FAMILY or SMALL_FAMILY) must hold, on
+    every architecture."""
+    if family == SMALL_FAMILY:
+        names = [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + ["linear_small_tf32_nt_f32", "gemm_small_m_nn_f32"]
+        names += [f"linear_small_mma_nt_{s}" for s in MMA_SUFFIXES]
+        return sorted(names)
     names = [f"gemm_simt_{layout}_{s}" for layout in LAYOUTS for s in FLOAT_SUFFIXES]
     names += [f"gemm_simt_vec_{layout}_f32" for layout in LAYOUTS]
-    names += [f"linear_small_nt_{s}" for s in FLOAT_SUFFIXES] + [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
-    names += ["linear_small_tf32_nt_f32", "gemm_small_m_nn_f32"] + [f"linear_small_mma_nt_{s}" for s in MMA_SUFFIXES]
+    names += [f"gemm_reduce_{s}" for s in FLOAT_SUFFIXES]
     names += [f"gemm_mma_{layout}_{s}" for layout in LAYOUTS for s in MMA_SUFFIXES]
     return sorted(names)
+
+
+def family_of(name):
+    """The fatbin holding kernel `name`: SMALL_FAMILY for the small-batch kernels, else FAMILY."""
+    return SMALL_FAMILY if name.startswith(("linear_small", "gemm_small")) else FAMILY
 
 
 def gelu_flags(approximate):
@@ -106,7 +122,7 @@ def mma_shared_bytes(layout, bn=MMA_TILE):
     rows) and a B tile (bn rows), each stored [rows][32 + 8] when K-contiguous, else
     [32][rows + 8]; 2-byte elements."""
     a_kmajor, b_kmajor = layout[0] == "n", layout[1] == "t"
-    tile = lambda kmajor, rows: rows * KMAJOR_STRIDE if kmajor else MMA_K * (rows + 8)  # noqa: E731
+    tile = lambda kmajor, rows: rows * KMAJOR_STRIDE if kmajor else MMA_K * (rows + C.GEMM_MMA_PAD)  # noqa: E731
     return MMA_STAGES * (tile(a_kmajor, MMA_TILE) + tile(b_kmajor, bn)) * 2
 
 
@@ -119,7 +135,7 @@ def small_shared_bytes(itemsize):
 def small_tf32_shared_bytes(warps=SMALL_TF32_WARPS, f=SMALL_TF32_FEATURES):
     """linear_small_tf32's (and linear_small_mma's) dynamic shared memory: a float32 partial
     tile of SMALL_ROWS rows x f features per warp along K, rows padded to a 32-bank-clean
-    stride (kernels/gemm.cu: SmallTf32::kStride)."""
+    stride (kernels/gemm_small.cu: SmallTf32::kStride)."""
     stride = f + 16 if f % 32 == 24 else f + 8
     return warps * SMALL_ROWS * stride * 4
 
@@ -215,7 +231,7 @@ compute_capability = _modules.compute_capability  # module-level: tests replace 
 
 
 def _function(name, device, shared):
-    return _modules.function_with_shared(FAMILY, name, device, shared)
+    return _modules.function_with_shared(family_of(name), name, device, shared)
 
 
 # (layout, dtype, m, n, k, a, b, c 16-byte aligned, device, gelu-gradient, pre aligned, tf32_linear,
@@ -388,10 +404,9 @@ def linear_gelu(x, weight, bias=None, approximate="none", *, save_preactivation=
     pre = x @ weight.T + bias is written by the same kernel for the backward.
 
     float32 at <= 128 rows (in_features % 4 == 0, 16-byte aligned x and weight) on sm_90+
-    runs 3xTF32 tensor-core math, float32-level (~3e-7 relative error against float64, as
-    torch's float32 GEMM); rawops.config.linear_tf32 = False forces exact FFMA
-    (~1e-7). Every other float32 shape is exact FFMA. (3xTF32 splits each value into two TF32
-    parts: an infinite input gives NaN there.)"""
+    runs 3xTF32 tensor-core math, float32-level error (as torch's float32 GEMM);
+    rawops.config.linear_tf32 = False forces exact FFMA. Every other float32 shape is exact
+    FFMA. (3xTF32 splits each value into two TF32 parts: an infinite input gives NaN there.)"""
     import cupy
 
     flags = gelu_flags(approximate) | EPI_BIAS_GELU

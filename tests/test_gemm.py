@@ -15,6 +15,7 @@ from test_build import elf_entry_symbols, expected_elf_archs, needs_cuobjdump
 from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
 
 import rawops.gemm as mm  # noqa: E402
+from rawops import _constants  # noqa: E402
 F32, F16, BF16 = 0, 1, 2
 
 
@@ -39,12 +40,11 @@ def test_half_types_at_small_batch_take_the_tensor_pipe_on_sm90():
         assert mm.plan("nt", dtype, 32, 3072, 768, 90, BASE, OTHER, tf32_linear=True)[0] == name, "linear_gelu too"
         assert mm.plan("nt", dtype, 32, 3072, 768, 80, BASE, OTHER)[0] == f"linear_small_nt_{suffix}", "sm_80: FFMA"
         assert mm.plan("nt", dtype, 32, 3072, 764, 90, BASE, OTHER)[0] != name, "K % 8: rows not 16-byte vectors"
-    source = _source()
-    entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, 1, 1, RAWOPS_SMALL_MMA_NT, RAWOPS_SMALL_MMA_NWK,"
-                         r"\s+RAWOPS_SMALL_MMA_MINB\)", source, re.M)
-    assert sorted(entries) == ["bf16", "f16"]
-    shape = re.search(r"#ifndef RAWOPS_SMALL_MMA_NT\n#define RAWOPS_SMALL_MMA_NT (\d+)\n#define RAWOPS_SMALL_MMA_NWK (\d+)", source)
-    assert tuple(map(int, shape.groups())) == (mm.SMALL_MMA_TILES, mm.SMALL_MMA_WARPS), "the shipped shape"
+    source = _source("gemm_small")
+    entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, 1, 1, RAWOPS_GEMM_SMALL_MMA_TILES,"
+                         r"\s+RAWOPS_GEMM_SMALL_MMA_WARPS, 2\)", source, re.M)
+    assert sorted(entries) == ["bf16", "f16"], "the shipped shape, from rawops/_constants.py"
+    assert (mm.SMALL_MMA_TILES, mm.SMALL_MMA_WARPS) == (_constants.GEMM_SMALL_MMA_TILES, _constants.GEMM_SMALL_MMA_WARPS)
 
 
 @pytest.mark.parametrize("why, args", [
@@ -215,40 +215,60 @@ def test_an_output_past_one_grid_is_refused():
 
 
 # ------------------------------------------------------------------------------ the build
-def _source():
+def _source(family="gemm"):
     from rawops import _modules
 
-    with open(os.path.join(_modules.kernel_source_dir(), "gemm.cu")) as f:
+    with open(os.path.join(_modules.kernel_source_dir(), f"{family}.cu")) as f:
         return f.read()
 
 
+def _constant_macros(source):
+    """{kernel constant: the rawops/_constants.py name it is read from} of `constexpr int k.. = RAWOPS_..`."""
+    return dict(re.findall(r"\b(k\w+) = RAWOPS_(\w+)\b", source))
+
+
 def test_small_batch_launch_shape_matches_the_kernel_macros():
-    source = _source()
-    constant = lambda name: int(re.search(rf"constexpr int {name} = (\d+);", source).group(1))  # noqa: E731
-    assert (mm.SMALL_FEATURES, mm.SMALL_GROUPS) == (constant("kSmallFeatures"), constant("kSmallGroups"))
-    assert (mm.SMALL_ROWS, mm.SMALL_K) == (constant("kSmallRows"), constant("kSmallK"))
-    assert mm.SIMT_VEC_K == constant("kVecK")
+    # The kernels read their shapes from rawops/_constants.py, as the planner does.
+    small, general = _constant_macros(_source("gemm_small")), _constant_macros(_source())
+    assert {name: small[name] for name in ("kSmallFeatures", "kSmallGroups", "kSmallRows", "kSmallK")} == {
+        "kSmallFeatures": "GEMM_SMALL_FEATURES", "kSmallGroups": "GEMM_SMALL_GROUPS", "kSmallRows": "GEMM_SMALL_ROWS",
+        "kSmallK": "GEMM_SMALL_K"}
+    assert (mm.SMALL_FEATURES, mm.SMALL_GROUPS, mm.SMALL_ROWS, mm.SMALL_K) == (
+        _constants.GEMM_SMALL_FEATURES, _constants.GEMM_SMALL_GROUPS, _constants.GEMM_SMALL_ROWS, _constants.GEMM_SMALL_K)
+    assert general["kVecK"] == "GEMM_SIMT_VEC_K" and mm.SIMT_VEC_K == _constants.GEMM_SIMT_VEC_K
+    assert {small[k] for k in ("kSmallMRows", "kSmallMCols", "kSmallMThreads")} == {
+        "GEMM_SMALL_M_ROWS", "GEMM_SMALL_M_COLS", "GEMM_SMALL_M_THREADS"}
+    assert {general[k] for k in ("kSimtTile", "kSimtThreads", "kMmaTile", "kMmaK", "kMmaStages", "kMmaThreads",
+                                 "kReduceThreads")} == {
+        "GEMM_SIMT_TILE", "GEMM_SIMT_THREADS", "GEMM_MMA_TILE", "GEMM_MMA_K", "GEMM_MMA_STAGES", "GEMM_MMA_THREADS",
+        "GEMM_REDUCE_THREADS"}
     partial_sums = mm.SMALL_GROUPS * mm.SMALL_ROWS * mm.SMALL_FEATURES * 4
     assert partial_sums <= mm.small_shared_bytes(2) <= mm.small_shared_bytes(4) <= 99 * 1024, "fits sm_86/89"
 
 
 def test_3xtf32_small_batch_shape_matches_its_entry_and_traps_below_sm90():
-    source = _source()
-    entry = re.search(r"^RAWOPS_SMALL_TF32\(linear_small_tf32_nt_f32, (\d+), (\d+), (\d+), (\d+), (\d+)\)", source,
-                      re.M)
-    c, nwn, nt, nwk, _ = map(int, entry.groups())
-    assert (c, nwn, nt, nwk) == (mm.SMALL_TF32_CLUSTER, 1, mm.SMALL_TF32_TILES, mm.SMALL_TF32_WARPS)
+    source = _source("gemm_small")
+    entry = re.search(r"^RAWOPS_SMALL_TC\(linear_small_tf32_nt_f32, float, RAWOPS_(\w+), (\d+), RAWOPS_(\w+),\s+"
+                      r"RAWOPS_(\w+), (\d+)\)", source, re.M)
+    c, nwn, nt, nwk, _ = entry.groups()
+    assert (c, nwn, nt, nwk) == ("GEMM_SMALL_TF32_CLUSTER", "1", "GEMM_SMALL_TF32_TILES", "GEMM_SMALL_TF32_WARPS")
+    assert (mm.SMALL_TF32_CLUSTER, mm.SMALL_TF32_TILES, mm.SMALL_TF32_WARPS) == (
+        _constants.GEMM_SMALL_TF32_CLUSTER, _constants.GEMM_SMALL_TF32_TILES, _constants.GEMM_SMALL_TF32_WARPS)
     body = source[source.index("__device__ __forceinline__ void linear_small_tc("):]
     assert body.index("__CUDA_ARCH__ >= 900") < body.index("__trap()"), "sm_80..89 compile a trap"
     assert mm.SMALL_TF32_MIN_CC == 90 and mm.small_tf32_shared_bytes() <= 99 * 1024, "fits sm_120's 99 KB"
 
 
 def test_every_entry_point_has_the_table_signature():
-    source = _source()
-    params = re.search(r"#define RAWOPS_GEMM_ARGS\(T\)\s*\\\s*(.*?)\n#define", source, re.S).group(1)
+    from rawops import _modules
+
+    with open(os.path.join(_modules.kernel_source_dir(), "include", "rawops", "gemm_epilogue.cuh")) as f:
+        header = f.read()
+    params = re.search(r"#define RAWOPS_GEMM_ARGS\(T\)\s*\\\s*(.*?)\n#define", header, re.S).group(1)
     params = [p.strip() for p in params.replace("\\", " ").split(",")]
     assert [p.split()[-1].lstrip("*") for p in params] == list(mm.ARGS)
     assert "".join("p" if "*" in p else "q" for p in params) == mm.KINDS
+    source = _source()
     macros = re.findall(r"^\s*RAWOPS_(SIMT|MMA)\((\w+),", source, re.M)
     assert sorted({layout for _, layout in macros}) == sorted(mm.LAYOUTS)
     families = re.findall(r"^RAWOPS_MATMUL_(MMA_)?FAMILY\([\w ]+, (\w+)\)", source, re.M)
@@ -257,16 +277,18 @@ def test_every_entry_point_has_the_table_signature():
 
 
 @needs_cuobjdump
-def test_fatbin_has_every_entry_point_on_every_architecture():
+@pytest.mark.parametrize("family", [mm.FAMILY, mm.SMALL_FAMILY])
+def test_fatbin_has_every_entry_point_on_every_architecture(family):
     from rawops import _modules
 
-    path = _modules.fatbin_path("gemm")
+    path = _modules.fatbin_path(family)
     if not os.path.exists(path):
         pytest.skip(f"{path} absent (built without nvcc, or RAWOPS_FAMILIES left it out)")
     per_arch = elf_entry_symbols(path)
     assert sorted(per_arch) == expected_elf_archs()
     for arch, names in sorted(per_arch.items()):
-        assert sorted(names) == mm.entry_points(), arch
+        assert sorted(names) == mm.entry_points(family), arch
+    assert all(mm.family_of(name) == family for name in mm.entry_points(family))
 
 
 # ------------------------------------------------------------------------------ validation

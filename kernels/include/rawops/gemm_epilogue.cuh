@@ -1,21 +1,23 @@
-// The GEMM epilogue shared by the matrix kernels (kernels/gemm.cu, kernels/gemm_sm90.cu):
-// what is stored at C[m][n] for a float32 accumulator, with bias, GELU and its gradient.
+// The GEMM epilogue shared by the matrix kernels (kernels/gemm.cu, gemm_small.cu, gemm_tf32.cu,
+// gemm_sm90.cu): what is stored at C[m][n] for a float32 accumulator, with bias, GELU and its
+// gradient; the split-K range of a block; the entry points' common parameters.
 //
-// Epilogue (flags & 3): 0 none; 1 bias + GELU, the pre-activation also stored when `pre` is
-// not null; 2 bias + GELU gradient, out = aux[m][n] * gelu'(acc + bias); 3 bias only.
-// flags & 4: exact-erf GELU, else the tanh approximation. bias may be null (no bias).
+// Epilogue (flags & 3): kEpiNone; kEpiBiasGelu, bias + GELU, the pre-activation also stored
+// when `pre` is not null; kEpiBiasGeluGrad, bias + GELU gradient, out = aux[m][n] *
+// gelu'(acc + bias); kEpiBias, bias only. flags & kEpiErf: exact-erf GELU, else the tanh
+// approximation. bias may be null (no bias). The codes: rawops/_constants.py GEMM_EPI_*.
 #pragma once
 
 #include "rawops/dtype.cuh"
 
 namespace rawops {
 
-constexpr int kEpiNone = 0, kEpiBiasGelu = 1, kEpiBias = 3;  // 2: bias + GELU gradient
-constexpr int kEpiErf = 4;
+constexpr int kEpiNone = RAWOPS_GEMM_EPI_NONE, kEpiBiasGelu = RAWOPS_GEMM_EPI_BIAS_GELU,
+              kEpiBiasGeluGrad = RAWOPS_GEMM_EPI_BIAS_GELU_GRAD, kEpiBias = RAWOPS_GEMM_EPI_BIAS;
+constexpr int kEpiErf = RAWOPS_GEMM_EPI_ERF;
 
 // Half types: tanh.approx (one MUFU op, relative error ~2^-11, under bf16/f16 rounding)
-// instead of tanhf's ~20 instructions. Measured at bf16 8192x768->3072: 331 -> 327 us, so
-// the epilogue is not what limits that shape (bench/NOTES.md). float32 keeps tanhf (1e-5).
+// instead of tanhf's ~20 instructions. float32 keeps tanhf.
 template <typename T> __device__ __forceinline__ float tanh_for(float u) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
   if (sizeof(T) == 2) {
@@ -78,4 +80,22 @@ __device__ __forceinline__ void split_k_range(int64_t M, int64_t N, int64_t K, f
   }
 }
 
+// Four adjacent float32 outputs (m, n .. n + 3) as one float4 (N % 4 == 0 keeps it whole): the
+// raw sums into this split's partial slab, or through the epilogue into c.
+__device__ __forceinline__ void store_outputs4(float* c, float* partial, const Epilogue<float>& epi, int64_t N,
+                                               int64_t m, int64_t n, float v0, float v1, float v2, float v3) {
+  if (partial != nullptr)
+    *reinterpret_cast<float4*>(partial + m * N + n) = make_float4(v0, v1, v2, v3);
+  else
+    *reinterpret_cast<float4*>(c + m * N + n) =
+        make_float4(epi(v0, m, n), epi(v1, m, n + 1), epi(v2, m, n + 2), epi(v3, m, n + 3));
+}
+
 }  // namespace rawops
+
+// The parameters of every matrix entry point but the Hopper kernel's: (a, b, c, bias, aux, pre,
+// m, n, k, flags) (rawops/gemm.py: ARGS, KINDS), and the epilogue they describe.
+#define RAWOPS_GEMM_ARGS(T)                                                                              \
+  const T *a, const T *b, T *c, const T *bias, const T *aux, T *pre, long long m, long long n, long long k, \
+      long long flags
+#define RAWOPS_EPI(T) rawops::Epilogue<T>{bias, aux, pre, n, int(flags)}
