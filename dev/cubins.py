@@ -1,10 +1,11 @@
 """Cubins of kernels/<family>.cu (or of an experiment's own .cu that includes it) built with nvcc,
 one per set of -D macros, for timing variants side by side in one process without a library
-build. The nvcc runs go in parallel, with the library's own flags (rawops/_nvcc.py) and, for a
-family with an arch directive (`// rawops-arch: 90a`), its specific target. Cached by content
-(sources, shared headers, macros, architecture) under dev/.cubins: build them where nvcc is
-(`python dev/cubins.py 90 elementwise RAWOPS_MAP_UNROLL=2`) and carry dev/.cubins to the GPU
-machine instead of compiling on its time.
+build. The nvcc runs go in parallel, with the library's own flags and constants (rawops/_nvcc.py:
+every rawops/_constants.py value as -DRAWOPS_<NAME>; a variant's macro of the same name replaces
+it) and, for a family with an arch directive (`// rawops-arch: 90a`), its specific target. Cached
+by content (sources, shared headers, macros and constants, architecture) under dev/.cubins: build
+them where nvcc is (`python dev/cubins.py 90 elementwise RAWOPS_MAP_UNROLL=2`) and carry
+dev/.cubins to the GPU machine instead of compiling on its time.
 
     from cubins import build_modules
     modules = build_modules("elementwise", {"shipped": [], "unroll2": ["RAWOPS_MAP_UNROLL=2"]})
@@ -49,8 +50,15 @@ def _target(source, arch):
     return f"sm_{arch}"
 
 
-def _digest(sources, macros, arch):
-    digest = hashlib.sha256(f"{arch} {sorted(macros)}".encode())
+def _defines(helpers, macros):
+    """The library's constants as -D flags, less those a variant's macros name, then the macros."""
+    named = {m.split("=", 1)[0] for m in macros}
+    constants = [d for d in helpers.CONSTANT_DEFINES if d[2:].split("=", 1)[0] not in named]
+    return [*constants, *(f"-D{m}" for m in macros)]
+
+
+def _digest(sources, defines, arch):
+    digest = hashlib.sha256(f"{arch} {sorted(defines)}".encode())
     for path in [*sources, *sorted(glob.glob(os.path.join(INCLUDE, "rawops", "*.cuh")))]:
         with open(path, "rb") as f:
             digest.update(f.read())
@@ -78,11 +86,12 @@ def build_cubins(source, variants, arch):
     os.makedirs(CACHE, exist_ok=True)
     paths, jobs = {}, {}
     for key, macros in variants.items():
-        paths[key] = out = os.path.join(CACHE, f"{stem}-{target}-{_digest(sources, macros, arch)}.cubin")
+        defines = _defines(helpers, macros)
+        paths[key] = out = os.path.join(CACHE, f"{stem}-{target}-{_digest(sources, defines, arch)}.cubin")
         if not os.path.exists(out):
             flags = [f for f in helpers.NVCC_FLAGS if f != "--compress-mode=size"]
             jobs[key] = subprocess.Popen([nvcc, *flags, f"-I{INCLUDE}", *extra, "--cubin", f"-arch={target}",
-                                          *(f"-D{m}" for m in macros), path, "-o", out + ".tmp"])
+                                          *defines, path, "-o", out + ".tmp"])
     for key, proc in jobs.items():
         if proc.wait() != 0:
             raise RuntimeError(f"nvcc failed for {stem} {key}: {variants[key]}")

@@ -1,20 +1,16 @@
 // MLP family, the source network: the float32 network 100-128-64-10 with ReLU (fused_mlp in
-// float32), forward in one launch and its backward.
+// float32), its forwards and its backward.
 //
 //   y = act(relu(relu(x W1^T + b1) W2^T + b2) W3^T + b3),  act = relu if flags & kOutputRelu
-//   weights in torch.nn.Linear layout: W of shape [out, in], row-major. Arguments of every
-//   forward: (x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags); h1s / h2s (training: the
-//   post-ReLU activations [batch][128] and [batch][64] the backward reads) may be null.
+//   weights in torch.nn.Linear layout: W of shape [out, in], row-major. Every forward takes
+//   (x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags); h1s / h2s (training: the post-ReLU
+//   activations [batch][128] and [batch][64] the backward reads) may be null.
 // Per sample: 42,752 FLOPs (2 x (100x128 + 128x64 + 64x10)); 400 B of x read, 40 B of y
 // written (~97 FLOP a byte: compute-bound at any batch worth a launch). The hidden activations
-// live in shared memory and registers only. Three forwards, picked by rawops/mlp.py:
-//   source_mlp_small_fwd_f32   small batches, exact float32 FFMA: 2 samples a block;
-//   source_mlp_fwd_f32         exact float32 FFMA, register-tiled (the training forward);
-//   source_mlp_tc{32,16}_fwd_f32  inference at large batches on sm_80+: 3xTF32 on mma.sync,
-//                              float32-level error.
-// The backward: mlp_dgrad_bwd_f32 (the chain, one layer a launch) and mlp_wgrad_bwd_f32 (weight
-// and bias gradient partials per chunk of rows), summed in order by mlp_wgrad_reduce_bwd_f32
-// (kernels/mlp_tiles.cu).
+// live in shared memory and registers only. rawops/mlp.py picks source_mlp_small_fwd_f32 for
+// small batches, else source_mlp_tc{32,16}_fwd_f32 (3xTF32, inference on sm_80+) or
+// source_mlp_fwd_f32 (exact FFMA, the training forward); the backward is mlp_dgrad_bwd_f32 and
+// mlp_wgrad_bwd_f32, summed by mlp_wgrad_reduce_bwd_f32 (kernels/mlp_tiles.cu).
 //
 // source_mlp_fwd_f32: one block of 128 threads per tile of 64 samples (grid = ceil(batch / 64));
 // each layer is a register-tiled GEMM over the tile (layer 1: 8 samples x 8 units per thread,
@@ -351,7 +347,6 @@ __device__ __forceinline__ void source_mlp_small_fwd(const float* __restrict__ x
   l3.apply(h2, nullptr, nullptr, first, batch, (flags & kOutputRelu) != 0, y, warp, lane);
 }
 
-
 }  // namespace
 }  // namespace rawops
 
@@ -384,9 +379,9 @@ __device__ __forceinline__ float masked(float v, const float* m, int64_t i) {
 
 template <int kKJ>
 __device__ __forceinline__ void dgrad_f32_tile(const float* __restrict__ G, const float* __restrict__ Gm,
-                                          const float* __restrict__ W, const float* __restrict__ H,
-                                          float* __restrict__ out, int64_t batch, int N, int K,
-                                          float (*gs)[kDgradChunk + 1], float (*ws)[128]) {
+                                               const float* __restrict__ W, const float* __restrict__ H,
+                                               float* __restrict__ out, int64_t batch, int N, int K,
+                                               float (*gs)[kDgradChunk + 1], float (*ws)[128]) {
   const int t = threadIdx.x, rg = t / 16, kg = t % 16;
   const int64_t row0 = int64_t(blockIdx.x) * kDgradRows;
   float acc[4][kKJ];
@@ -461,13 +456,11 @@ __device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const flo
 
 constexpr int kWgradRows = RAWOPS_MLP_WGRAD_ROWS;  // rows staged a step
 
-
 template <int kNI, int kKJ>
 __device__ __forceinline__ void wgrad_f32_tile(const float* __restrict__ G, const float* __restrict__ Gm,
-                                          const float* __restrict__ A, float* __restrict__ ws, int64_t batch, int N,
-                                          int K, int k_p, int64_t db_offset, int64_t stride, int a_act,
-                                          int64_t rows_per_chunk,
-                                               float (*gs)[129], float (*as)[129]) {
+                                               const float* __restrict__ A, float* __restrict__ ws, int64_t batch,
+                                               int N, int K, int k_p, int64_t db_offset, int64_t stride, int a_act,
+                                               int64_t rows_per_chunk, float (*gs)[129], float (*as)[129]) {
   const int t = threadIdx.x, ng = t / 16, kg = t % 16;
   const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
   const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
@@ -550,10 +543,8 @@ __device__ __forceinline__ void wgrad_f32(const float* __restrict__ G, const flo
     wgrad_f32_tile<8, 8>(G, Gm, A, ws, batch, N, K, k_p, db_offset, stride, a_act, rows_per_chunk, gs, as);
 }
 
-
 }  // namespace
 }  // namespace rawops
-
 
 extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
     mlp_dgrad_bwd_f32(const float* G, const float* Gm, const float* W, const float* H, float* out, long long batch,

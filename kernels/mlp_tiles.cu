@@ -1,6 +1,6 @@
 // MLP family, the WMMA tile kernels: tiny-cuda-nn-style networks in float16 / bfloat16 on tensor
 // cores (WMMA 16x16x16, float32 accumulation), forward, backward chain and weight gradients, for
-// the networks the register-resident kernels (kernels/mlp_fused.cu) do not take: every backward
+// the networks the register-resident kernels (kernels/mlp_fused_*.cu) do not take: every backward
 // of 128-wide networks, networks whose weights leave too little shared memory there, sm_75.
 //   sizes: n_in in 1..128 (zero-padded to a multiple of 16), `hidden` layers (1..8) of one
 //   width (16, 32, 64 or 128), n_out in 1..128; weights in nn.Linear layout [out][in];

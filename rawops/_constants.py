@@ -10,9 +10,8 @@ Grouped by family; each value's meaning is documented where the kernel uses it.
 # elementwise: vectors of 16 bytes a thread handles per block step of the map kernels
 MAP_UNROLL = 1
 
-
 # gemm: kernels/gemm.cu, gemm_small.cu, gemm_tf32.cu, gemm_sm90.cu (rawops/gemm.py, _gemm_*.py)
-# The epilogue's flags (kernels/include/rawops/gemm_epilogue.cuh): the mode in bits 0-1, then two bits.
+# The epilogue's flags (kernels/include/rawops/gemm_epilogue.cuh): the mode in bits 0-1, then flag bits.
 GEMM_EPI_NONE = 0
 GEMM_EPI_BIAS_GELU = 1  # bias + GELU, the pre-activation also stored where `pre` is given
 GEMM_EPI_BIAS_GELU_GRAD = 2  # bias + GELU gradient: out = aux * gelu'(acc + bias)
@@ -71,7 +70,8 @@ GEMM_SM90_STAGES_N256 = 4
 GEMM_SM90_STAGES_N128 = 6
 GEMM_SM90_STAGES_N64 = 8
 
-# mlp: kernels/mlp_source.cu, mlp_tiles.cu, mlp_fused.cu, include/rawops/mlp.cuh (rawops/mlp.py, _mlp_plans.py)
+# mlp: kernels/mlp_source.cu, mlp_tiles.cu, mlp_fused_fwd.cu, mlp_fused_bwd.cu, include/rawops/mlp.cuh
+# (rawops/mlp.py, _mlp_plans.py)
 # Activation codes; the tensor-core kernels' flags hold the hidden one in bits 0-1, the output one
 # shifted by MLP_OUTPUT_ACT_SHIFT, and MLP_TC_RESIDENT; the source network's flags are its output
 # activation code (none or ReLU).
@@ -115,6 +115,7 @@ MLP_FAST_BWD_MAX_WARPS = 8
 MLP_FAST_BWD_ROWS = 32
 MLP_REDUCE_LAYERS_OUTPUTS = 32
 MLP_REDUCE_LAYERS_RUNS = 8
+
 
 def defines():
     """The -D flags of every constant, sorted by name (part of the fatbin cache key)."""

@@ -1,5 +1,5 @@
-// Programmatic dependent launch (sm_90+): a kernel launched with it (rawops/_launch.pyx,
-// _launch_dependent) may be scheduled while the stream's previous kernel still runs, hiding
+// Programmatic dependent launch (sm_90+): a kernel launched with it (rawops/_launch/driver.pyx,
+// launch_dependent) may be scheduled while the stream's previous kernel still runs, hiding
 // its launch latency; it must call wait_for_previous_grid() before reading that kernel's
 // output (the previous grid complete, its memory visible). allow_dependent_launch() in the
 // previous kernel lets the dependent grid be scheduled before its blocks exit. Both compile

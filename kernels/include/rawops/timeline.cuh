@@ -1,7 +1,7 @@
-// Exploration only (bench/explore_timeline.py): per-block or per-warp timestamps read back from
-// the module global `rawops_timeline`, to see where a kernel's time goes (launch ramp, wait for
-// the first data, math, barriers, the tail) where ncu gives only totals. Compiled in with
-// -DRAWOPS_TIMELINE alone; the shipped build has neither the global nor the stamps.
+// Experiments only (a variant built by dev/cubins.py with RAWOPS_TIMELINE): per-block or per-warp
+// timestamps read back from the module global `rawops_timeline`, to see where a kernel's time
+// goes (launch ramp, wait for the first data, math, barriers, the tail) where ncu gives only
+// totals. The shipped build has neither the global nor the stamps.
 #pragma once
 
 #ifdef RAWOPS_TIMELINE
