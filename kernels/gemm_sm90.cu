@@ -47,14 +47,21 @@ namespace sm90 {
 
 using namespace cute;
 
-constexpr int kBM = 128;
+constexpr int kBM = RAWOPS_GEMM_SM90_TILE_M;
 // Stages of the ring for a BN-wide tile: as many as the 227 KB of shared memory hold.
-template <int BN> constexpr int kStagesOf = BN == 256 ? 4 : BN == 128 ? 6 : 8;
-constexpr int kSpanBytes = 128;     // the 128-byte swizzle span: a stage's K, an output box's columns
+template <int BN>
+constexpr int kStagesOf = BN == 256   ? RAWOPS_GEMM_SM90_STAGES_N256
+                          : BN == 128 ? RAWOPS_GEMM_SM90_STAGES_N128
+                                      : RAWOPS_GEMM_SM90_STAGES_N64;
+// The 128-byte swizzle span: a stage's K, an output box's columns.
+constexpr int kSpanBytes = RAWOPS_GEMM_SM90_SPAN_BYTES;
 template <typename E> constexpr int kBKOf = kSpanBytes / int(sizeof(E));  // K elements a stage
-constexpr int kThreads = 384;       // producer warpgroup + two consumer warpgroups
+constexpr int kThreads = RAWOPS_GEMM_SM90_THREADS;  // producer warpgroup + two consumer warpgroups
 constexpr int kGroupRows = 8;       // tile-rows per group of the tile order
-constexpr int kBox = 64;            // an M/N-major operand's TMA box edge (16-bit only): 64 x 2 bytes = the span
+// An M/N-major operand's TMA box edge (16-bit only): 64 x 2 bytes = the span.
+constexpr int kBox = RAWOPS_GEMM_SM90_BOX;
+constexpr int kFlagPre = RAWOPS_GEMM_EPI_PRE;  // flags: a pre-activation is stored (through map_pre)
+static_assert(kThreads == 3 * 128 && kSpanBytes == 128 && kBox * 2 == kSpanBytes, "the warpgroups and swizzle below");
 constexpr int kConsumers = 256;     // the two consumer warpgroups
 constexpr int kEpilogueBarrier = 1; // named barrier of the consumers (0 is __syncthreads)
 
@@ -230,8 +237,8 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   const int k_tiles = int((K + kBK - 1) / kBK);
   const int split_tiles = (k_tiles + splits - 1) / splits;  // K tiles a split (the last may have fewer)
   // A K-major A's last tile-row is read through map_a_tail, whose box is the rows left rounded up
-  // to 8 (rawops/_gemm_sm90.py: operand_maps): the copy engine's fill of out-of-bounds rows
-  // measured slow. The tile's other rows keep stale shared memory; their sums are never stored
+  // to 8 (rawops/_gemm_sm90.py: operand_maps): the copy engine's fill of out-of-bounds rows is
+  // slow. The tile's other rows keep stale shared memory; their sums are never stored
   // (the TMA stores clip at M, store_partial checks).
   const int tail_rows = A_KM ? int((M - int64_t(tiles_m - 1) * kBM + 7) / 8 * 8) : kBM;
   const uint32_t stage_bytes = uint32_t((kBM + kBN) * kBK * int(sizeof(E)));
@@ -341,8 +348,9 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
 
 // ---------------------------------------------------------------------------- entry points
 // (map_a, map_b, map_c, map_pre, map_a_tail, bias, m, n, k, flags, partial, splits): tensor maps
-// of the operands, of c and of the pre-activation (map_c again when none is stored: flags & 8
-// says one is), and of A's last tile-row (map_a again for an M-major A), built by
+// of the operands, of c and of the pre-activation (map_c again when none is stored: flags &
+// kFlagPre says one is; the epilogue's bits are below it), and of A's last tile-row (map_a again
+// for an M-major A), built by
 // rawops/_gemm_sm90.py; bias and flags as in kernels/gemm.cu; with splits
 // > 1 the sums go to partial (splits x m x n float32) and c, bias and flags are unused.
 #define RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, BN, name)                                              \
@@ -352,7 +360,8 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
       const __grid_constant__ CUtensorMap map_a_tail, const T* bias, long long m, long long n, long long k,    \
       long long flags, float* partial, long long splits) {                                                  \
     rawops::sm90::gemm<T, A_KM, B_KM, BN>(&map_a, &map_a_tail, &map_b, &map_c, &map_pre, bias, int(flags & 7), \
-                                          (flags & 8) != 0, m, n, k, partial, int(splits));                  \
+                                          (flags & rawops::sm90::kFlagPre) != 0, m, n, k, partial,          \
+                                          int(splits));                                                    \
   }
 #define RAWOPS_SM90(layout, A_KM, B_KM, T, suffix)                                                 \
   RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, 256, gemm_sm90_##layout##_##suffix)               \

@@ -13,7 +13,7 @@
 // 2 blocks per SM on sm_80/90). gemm_tf32_wide_<layout>_f32: the same with 128 x 256 tiles, warps
 // of 64 x 64 (120 KB, one block per SM; sm_80/90/100 only), for outputs that fill the GPU.
 // Split K over gridDim.z as the other GEMMs (float32 partials,
-// matmul's gemm_reduce_f32 applies the epilogue). Needs every operand's contiguous dim % 4 == 0,
+// kernels/gemm.cu's gemm_reduce_f32 applies the epilogue). Needs every operand's contiguous dim % 4 == 0,
 // N % 4 == 0 when b is N-major, 16-byte aligned pointers (rawops/_gemm_tf32.py checks; else
 // the exact FFMA kernels). Older archs compile a body that traps; the planner never picks it.
 //
@@ -30,8 +30,6 @@
 //     136 floats = 8 mod 32 banks: each 8-lane phase of an LDS.128 hits 32 distinct banks.
 // Per 8 k and warp (64 x 32): 16 mma, 24 cvt (2 instructions each in SASS), 2-4 ldmatrix.x4 or
 // 2-4 LDS.128 per operand.
-// Measured on the H100 at 8192^3 (bench/NOTES.md): 121.6 TFLOP/s nn (wide), 120.3 nt, 94.9 tn
-// (128 x 128); cuBLAS TF32 ~360-417 in the same run; exact FFMA 48.
 #include "rawops/dtype.cuh"
 #include "rawops/cp_async.cuh"
 #include "rawops/gemm_epilogue.cuh"
@@ -40,18 +38,20 @@
 namespace rawops {
 namespace {
 
-constexpr int kTf32Threads = 256;
-constexpr int kTf32Tile = 128;  // BM = BN
-constexpr int kTf32K = 16;      // floats of K per stage
-constexpr int kTf32Stages = 4;
-constexpr int kTf32WideStages = 4;  // gemm_tf32_wide: 128 x 256 tiles, 120 KB (sm_80/90/100 only)
+constexpr int kTf32Threads = RAWOPS_GEMM_TF32_THREADS;
+constexpr int kTf32Tile = RAWOPS_GEMM_TF32_TILE;  // BM = BN
+constexpr int kTf32K = RAWOPS_GEMM_TF32_K;        // floats of K per stage
+constexpr int kTf32Stages = RAWOPS_GEMM_TF32_STAGES;
+constexpr int kTf32WideN = RAWOPS_GEMM_TF32_WIDE_N;  // gemm_tf32_wide: 128 x 256 tiles, 120 KB (sm_80/90/100 only)
+constexpr int kTf32WideStages = RAWOPS_GEMM_TF32_WIDE_STAGES;
 constexpr int kTf32Group = 8;  // block tiles walk 8 tile-rows at a time (L2 reuse of B's panels)
-constexpr int kTf32KMajorStride = kTf32K + 4;  // [rows][16 + 4]
+constexpr int kTf32KMajorStride = kTf32K + RAWOPS_GEMM_TF32_KMAJOR_PAD;  // [rows][16 + 4]
 // [16 k][rows + 8] when the operand is M- or N-contiguous (rows + 8 = 8 mod 32 banks).
+constexpr int kTf32MnMajorPad = RAWOPS_GEMM_TF32_MNMAJOR_PAD;
 
 template <bool KM, int ROWS> struct Tf32Tile {
-  static constexpr int stride = KM ? kTf32KMajorStride : ROWS + 8;
-  static constexpr int elems = KM ? ROWS * kTf32KMajorStride : kTf32K * (ROWS + 8);
+  static constexpr int stride = KM ? kTf32KMajorStride : ROWS + kTf32MnMajorPad;
+  static constexpr int elems = KM ? ROWS * kTf32KMajorStride : kTf32K * (ROWS + kTf32MnMajorPad);
 };
 
 // One operand tile (128 rows of M or N, 16 of K) from global, 16 bytes per cp.async, 2 per thread
@@ -66,8 +66,8 @@ __device__ __forceinline__ void tf32_load_tile(float* s, const float* __restrict
 }
 
 // BN = 128: warps of 64 x 32, 2 blocks per SM. BN = 256 (gemm_tf32_wide): warps of 64 x 64, half
-// the shared-memory and L2 bytes per MAC of BN = 128 (which ran at ~100-120 TFLOP/s on the H100,
-// near what 32 FLOP per L2 byte allows), one block per SM.
+// the shared-memory and L2 bytes per MAC of BN = 128 (32 FLOP per L2 byte, L2-bound), one block
+// per SM.
 // Split K (gridDim.z > 1): block z sums k in [z kc, (z + 1) kc) into partial[z][M][N] (raw sums).
 template <bool A_KM, bool B_KM, int BN, int STAGES>
 __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const float* __restrict__ b,
@@ -250,21 +250,20 @@ __device__ __forceinline__ void gemm_tf32(const float* __restrict__ a, const flo
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ != 800 && __CUDA_ARCH__ != 900 && __CUDA_ARCH__ != 1000
 #define RAWOPS_TF32_WIDE(A_KM, B_KM) __trap()
 #else
-#define RAWOPS_TF32_WIDE(A_KM, B_KM)                               \
-  rawops::gemm_tf32<A_KM, B_KM, 256, rawops::kTf32WideStages>(     \
-      a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k)
+#define RAWOPS_TF32_WIDE(A_KM, B_KM)                                                                   \
+  rawops::gemm_tf32<A_KM, B_KM, rawops::kTf32WideN, rawops::kTf32WideStages>(a, b, c, RAWOPS_EPI(float), m, n, \
+                                                                             k)
 #endif
-// Every entry: (a, b, c, bias, aux, pre, m, n, k, flags), as kernels/gemm.cu; grids in
+// Every entry: RAWOPS_GEMM_ARGS (rawops/gemm_epilogue.cuh), as kernels/gemm.cu; grids in
 // rawops/_gemm_tf32.py.
-#define RAWOPS_TF32_GEMM_ARGS                                                                            \
-  const float *a, const float *b, float *c, const float *bias, const float *aux, float *pre, long long m, \
-      long long n, long long k, long long flags
 #define RAWOPS_TF32(layout, A_KM, B_KM)                                                                      \
-  extern "C" __global__ void __launch_bounds__(256, 2) gemm_tf32_##layout##_f32(RAWOPS_TF32_GEMM_ARGS) {    \
-    rawops::gemm_tf32<A_KM, B_KM, 128, rawops::kTf32Stages>(                                               \
-        a, b, c, rawops::Epilogue<float>{bias, aux, pre, n, int(flags)}, m, n, k);                           \
+  extern "C" __global__ void __launch_bounds__(rawops::kTf32Threads, 2)                                    \
+      gemm_tf32_##layout##_f32(RAWOPS_GEMM_ARGS(float)) {                                                   \
+    rawops::gemm_tf32<A_KM, B_KM, rawops::kTf32Tile, rawops::kTf32Stages>(a, b, c, RAWOPS_EPI(float), m, n,  \
+                                                                          k);                               \
   }                                                                                                         \
-  extern "C" __global__ void __launch_bounds__(256, 1) gemm_tf32_wide_##layout##_f32(RAWOPS_TF32_GEMM_ARGS) { \
+  extern "C" __global__ void __launch_bounds__(rawops::kTf32Threads, 1)                                    \
+      gemm_tf32_wide_##layout##_f32(RAWOPS_GEMM_ARGS(float)) {                                              \
     RAWOPS_TF32_WIDE(A_KM, B_KM);                                                                           \
   }
 
@@ -277,11 +276,12 @@ RAWOPS_TF32(tn, false, false)
 // its operands K-major only, so nn's b (K x N) and tn's a and b go through this first
 // (rawops/_gemm_tf32.py). 64 x 64 tiles through shared memory, 65-float rows so that the column
 // reads are conflict-free; 256 threads (64 x 4), 16 values each; grid (ceil(cols / 64),
-// ceil(rows / 64)). H100, nn at 8192^3 less nt (bench/results/explore_tf32_hopper.md): 266 us for
-// 512 MB moved, 1.9 TB/s (32 x 32 tiles of 4 values a thread: 291 us); the copy ceiling is 3.0.
-constexpr int kTransposeTile = 64;
-extern "C" __global__ void __launch_bounds__(256) transpose_tf32_f32(const float* in, float* out, long long rows,
-                                                                      long long cols) {
+// ceil(rows / 64)). Moves 2 x rows x cols x 4 bytes.
+constexpr int kTransposeTile = RAWOPS_GEMM_TF32_TRANSPOSE_TILE;
+constexpr int kTransposeThreads = RAWOPS_GEMM_TF32_TRANSPOSE_THREADS;
+static_assert(kTransposeThreads == 4 * kTransposeTile, "4 rows of the tile a step: i += 4 below");
+extern "C" __global__ void __launch_bounds__(kTransposeThreads)
+    transpose_tf32_f32(const float* in, float* out, long long rows, long long cols) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];
   const int tx = threadIdx.x % kTransposeTile, ty = threadIdx.x / kTransposeTile;
   const long long r0 = (long long)blockIdx.y * kTransposeTile, c0 = (long long)blockIdx.x * kTransposeTile;

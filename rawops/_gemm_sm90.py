@@ -11,22 +11,23 @@ call reuses them.
 
 from ._launch import (TENSOR_MAP_BFLOAT16, TENSOR_MAP_FLOAT16, TENSOR_MAP_FLOAT32, TENSOR_MAP_SWIZZLE_128B,
                       TENSOR_MAP_TFLOAT32, encode_tensor_map_2d, launch, sm_count)
+from . import _constants as C
 from . import _gemm_reduce, _modules, config
 
 FAMILY = "gemm_sm90"
 CC = 90
-TILE_M = 128  # kBM
+TILE_M = C.GEMM_SM90_TILE_M
 # Output tile widths (BN) of the entry points, the widest first: gemm_sm90_<layout>_<suffix>
-# is 256 wide, the narrower ones end in _n128 / _n64. Each has the stages kStagesOf<BN> that
-# the 227 KB of shared memory hold. The widest never splits K (the kernel forces 1).
+# is 256 wide, the narrower ones end in _n128 / _n64. Each has the stages that the 227 KB of
+# shared memory hold. The widest never splits K (the kernel forces 1).
 TILE_WIDTHS = (256, 128, 64)
-STAGES_OF = {256: 4, 128: 6, 64: 8}
+STAGES_OF = {256: C.GEMM_SM90_STAGES_N256, 128: C.GEMM_SM90_STAGES_N128, 64: C.GEMM_SM90_STAGES_N64}
 TILE_N = TILE_WIDTHS[0]
 STAGES = STAGES_OF[TILE_N]
-SPAN = 128  # kSpanBytes: a stage's K and an output box's columns, in bytes (the 128-byte swizzle)
-BOX = 64  # kBox: an M/N-major operand's TMA box edge (16-bit types only: 64 x 2 bytes, the span)
+SPAN = C.GEMM_SM90_SPAN_BYTES  # a stage's K and an output box's columns, in bytes (the 128-byte swizzle)
+BOX = C.GEMM_SM90_BOX  # an M/N-major operand's TMA box edge (16-bit types only: 64 x 2 bytes, the span)
 ITEMSIZE = {0: 4, 1: 2, 2: 2}  # rawops dtype code -> bytes an element
-THREADS = 384  # kThreads: producer warpgroup + two consumer warpgroups
+THREADS = C.GEMM_SM90_THREADS  # producer warpgroup + two consumer warpgroups
 
 
 def shared_bytes(bn=TILE_N):
@@ -40,18 +41,18 @@ def shared_bytes(bn=TILE_N):
 
 SHARED_BYTES = shared_bytes()
 # From this many 128 x 256 output tiles per SM the widest tiles, unsplit, run; below it
-# `narrow_shape` picks a narrower tile and a K split. Between half a wave and one the model
-# chose 64-wide tiles for linear_gelu's dW at 8192 tokens (3072 x 768 over K = 8192: 114 us
-# against 80 at 256 wide; bench/results/explore_bwd_routing.md), so half a wave it stays.
+# `narrow_shape` picks a narrower tile and a K split. (Between half a wave and one the model
+# would pick 64-wide tiles for linear_gelu's dW at 8192 tokens, slower than the widest:
+# docs/performance.md.)
 MIN_TILES_PER_SM = 0.5
 MAX_SPLITS = 16
 # K is split only for outputs of fewer 128 x 64 tiles an SM than this: the partials' round trip
-# and gemm_reduce cost ~3-4 us, which only a GPU left mostly idle wins back (a 32 x 768 dx over K =
-# 3072: 12 tiles; bench/results/explore_sm90_split.md).
+# and gemm_reduce cost a few microseconds (REDUCE_US below), which only a GPU left mostly idle
+# wins back (a 32 x 768 dx over K = 3072: 12 tiles).
 SPLIT_BELOW_TILES_PER_SM = 0.25
 KINDS = "bbbbbpqqqqpq"  # map_a, map_b, map_c, map_pre, map_a_tail, bias, m, n, k, flags, partial, splits
-FLAG_PRE = 8  # flags bit: a pre-activation is stored (through map_pre)
-EPI_BIAS_GELU_GRAD = 2  # rawops.gemm.EPI_BIAS_GELU_GRAD
+FLAG_PRE = C.GEMM_EPI_PRE  # flags bit: a pre-activation is stored (through map_pre)
+EPI_BIAS_GELU_GRAD = C.GEMM_EPI_BIAS_GELU_GRAD
 # rawops dtype code -> the CUtensorMap type of its operands. float32 operands are read as TF32
 # (TF32_OPERANDS); c and the pre-activation are written as float32.
 TF32_OPERANDS = TENSOR_MAP_TFLOAT32
@@ -95,13 +96,10 @@ def operand_maps(layout, m, n, k, dtype=1, bn=TILE_N):
     return a, b
 
 
-# The cost model of narrow_shape (us), fitted to the forced rows of bench/results/
-# explore_sm90_split_fit*.md (H100; with SPLIT_BELOW_TILES_PER_SM its choice was the fastest or
-# within 12% of it on 13 of the 14 outputs; the miss, 32 x 4096 -> 4096 unsplit at 31 us against
-# 19.5 split 4 ways, is an x @ W^T that linear_small_mma takes, 13.1 us): with one
-# block an SM a work unit is bound by that SM's tensor pipe, UNIT_US + US_PER_MFLOP x its
-# 128-row tile's MFLOP (TF32 at half the 16-bit rate), per wave of units; a K split adds
-# gemm_reduce's launch and the partials' round trip.
+# The cost model of narrow_shape (us), fitted to H100 timings of forced tile widths and splits
+# (docs/performance.md): with one block an SM a work unit is bound by that SM's tensor pipe,
+# UNIT_US + US_PER_MFLOP x its 128-row tile's MFLOP (TF32 at half the 16-bit rate), per wave of
+# units; a K split adds gemm_reduce's launch and the partials' round trip.
 UNIT_US, US_PER_MFLOP = 3.41, 0.198
 REDUCE_US, REDUCE_US_PER_KB = 2.67, 0.00053
 

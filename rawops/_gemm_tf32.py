@@ -10,7 +10,7 @@ operand's contiguous dim % 4 == 0 (16-byte cp.async rows), N % 4 == 0 where b is
 (nn, tn: float4 stores of c), a, b and c 16-byte aligned. Everything else (odd sizes,
 misaligned views, pre-sm_80 GPUs) gets None and its caller runs the exact FFMA kernels of
 kernels/gemm.cu: more precise than asked, never wrong. Small outputs split K like the
-half-type tensor-core GEMM, the partials summed in order by matmul's gemm_reduce_f32.
+half-type tensor-core GEMM, the partials summed in order by kernels/gemm.cu's gemm_reduce_f32.
 
 On sm_90 every output the Hopper GEMM can take goes there instead (`hopper_plan`:
 kernels/gemm_sm90.cu, WGMMA fed by TMA, ~3x mma.sync's rate; small outputs on its narrow
@@ -20,21 +20,22 @@ an M/N-major operand (b in nn, a and b in tn) is first written transposed and ro
 (transpose_tf32_f32) into scratch from the caller's workspace (K x N floats for b, M x K for
 a), then nt runs on the copies.
 """
+from . import _constants as C
 from ._launch import launch, sm_count
 from . import _gemm_reduce, _gemm_sm90, _modules, config
 
 FAMILY = "gemm_tf32"
 LAYOUTS = ("nn", "nt", "tn")  # as rawops.matmul: b (K, N) | b given as (N, K) | a given as (K, M)
 MIN_CC = 80  # mma.sync .tf32, cp.async
-TILE, TILE_K, STAGES, THREADS = 128, 16, 4, 256  # kTf32Tile, kTf32K, kTf32Stages, kTf32Threads
-KMAJOR_STRIDE = TILE_K + 4  # kTf32KMajorStride; an M/N-major tile is [TILE_K][rows + 8]
-# gemm_tf32_wide: 128 x 256 tiles (warps of 64 x 64, one block per SM), kTf32WideStages stages,
+TILE, TILE_K, STAGES, THREADS = C.GEMM_TF32_TILE, C.GEMM_TF32_K, C.GEMM_TF32_STAGES, C.GEMM_TF32_THREADS
+KMAJOR_STRIDE = TILE_K + C.GEMM_TF32_KMAJOR_PAD  # a K-major staged row; an M/N-major one is rows + MNMAJOR_PAD
+MNMAJOR_PAD = C.GEMM_TF32_MNMAJOR_PAD
+# gemm_tf32_wide: 128 x 256 tiles (warps of 64 x 64, one block per SM), WIDE_STAGES stages,
 # 120 KB of shared memory: only where a block may have that much (sm_80, sm_90, sm_100), only
 # for outputs of at least one 128 x 256 tile per SM (else the 128 x 128 kernel, split K), and
-# only in nn (matmul's forward): measured at 8192^3 on the H100 (bench/NOTES.md), wide against
-# 128 x 128 ran nn 121.6 / 98.3 TFLOP/s, nt 110.2 / 120.3, tn 93.8 / 94.9.
+# only in nn (matmul's forward), the layout it runs faster (docs/performance.md).
 WIDE_LAYOUTS = ("nn",)
-WIDE_N, WIDE_STAGES = 256, 4  # kTf32WideStages
+WIDE_N, WIDE_STAGES = C.GEMM_TF32_WIDE_N, C.GEMM_TF32_WIDE_STAGES
 WIDE_MIN_TILES_PER_SM = 1.0
 WIDE_CCS = (80, 90, 100)
 # Split K as rawops.matmul's tensor-core GEMM (mma_split_count): only for K >= SPLIT_MIN_K when
@@ -44,10 +45,10 @@ MAX_BLOCKS, MAX_GRID_Y = 1 << 31, 65535
 KINDS = "ppppppqqqq"  # (a, b, c, bias, aux, pre, m, n, k, flags): rawops.gemm.KINDS
 HOPPER_LAYOUTS = ("nt", "nn", "tn")  # nn, tn through transposed copies of their M/N-major operands
 # On sm_90 every size takes the Hopper kernel, on its narrow tiles and K splits where the output
-# is small, operand copies included: nt 256x768->3072 with bias + GELU 8.5 us against 60.6 on
-# mma.sync, nn 256x768->3072 14.8 against 53.2, nn 1024^3 17.0 against 50.4; only tiny outputs
-# lose to mma.sync, by ~1 us (nn 64^3: 7.9 against 6.9; bench/results/explore_sm90_split.md).
-TRANSPOSE_KERNEL, TRANSPOSE_THREADS, TRANSPOSE_TILE = "transpose_tf32_f32", 256, 64  # kTransposeTile
+# is small, operand copies included: all but tiny outputs run faster there than on mma.sync, and
+# those lose little (docs/performance.md).
+TRANSPOSE_KERNEL = "transpose_tf32_f32"
+TRANSPOSE_THREADS, TRANSPOSE_TILE = C.GEMM_TF32_TRANSPOSE_THREADS, C.GEMM_TF32_TRANSPOSE_TILE
 
 
 def entry_points():
@@ -64,7 +65,7 @@ def shared_bytes(layout, bn=TILE, stages=STAGES):
     """Dynamic shared memory: `stages` stages of an A tile (128 rows of M, 16 of K) and a B tile
     (bn rows of N), each stored [rows][16 + 4] when K-contiguous, else [16][rows + 8]; 4-byte
     elements."""
-    tile = lambda kmajor, rows: rows * KMAJOR_STRIDE if kmajor else TILE_K * (rows + 8)  # noqa: E731
+    tile = lambda kmajor, rows: rows * KMAJOR_STRIDE if kmajor else TILE_K * (rows + MNMAJOR_PAD)  # noqa: E731
     return stages * (tile(layout[0] == "n", TILE) + tile(layout[1] == "t", bn)) * 4
 
 

@@ -169,24 +169,30 @@ def _source():
 
 
 def test_planner_constants_match_the_kernel():
+    # The kernel reads its shapes from rawops/_constants.py, as the planner does.
+    from rawops import _constants
+
     source = _source()
-    constant = lambda name: int(re.search(rf"constexpr int {name} = (\d+);", source).group(1))  # noqa: E731
-    assert (tf.TILE, tf.TILE_K, tf.STAGES, tf.THREADS, tf.WIDE_STAGES) == (
-        constant("kTf32Tile"), constant("kTf32K"), constant("kTf32Stages"), constant("kTf32Threads"),
-        constant("kTf32WideStages"))
-    assert "kTf32KMajorStride = kTf32K + 4;" in source and "KM ? kTf32KMajorStride : ROWS + 8;" in source
-    assert "gemm_tf32<A_KM, B_KM, 256, rawops::kTf32WideStages>" in source, "the wide kernel's tile"
-    assert constant("kTransposeTile") == tf.TRANSPOSE_TILE, "the operand copies' tile (transpose_grid)"
+    macro = dict(re.findall(r"\b(k\w+) = RAWOPS_(\w+)\b", source))
+    planner = {"kTf32Tile": tf.TILE, "kTf32K": tf.TILE_K, "kTf32Stages": tf.STAGES, "kTf32Threads": tf.THREADS,
+               "kTf32WideN": tf.WIDE_N, "kTf32WideStages": tf.WIDE_STAGES, "kTf32MnMajorPad": tf.MNMAJOR_PAD,
+               "kTransposeTile": tf.TRANSPOSE_TILE, "kTransposeThreads": tf.TRANSPOSE_THREADS}
+    assert {name: getattr(_constants, macro[name]) for name in planner} == planner
+    assert "kTf32KMajorStride = kTf32K + RAWOPS_GEMM_TF32_KMAJOR_PAD;" in source
+    assert tf.KMAJOR_STRIDE == tf.TILE_K + _constants.GEMM_TF32_KMAJOR_PAD
+    assert "KM ? kTf32KMajorStride : ROWS + kTf32MnMajorPad;" in source
+    assert "gemm_tf32<A_KM, B_KM, rawops::kTf32WideN, rawops::kTf32WideStages>" in source, "the wide kernel's tile"
+    assert "gemm_tf32<A_KM, B_KM, rawops::kTf32Tile, rawops::kTf32Stages>" in source
 
 
 def test_entry_points_take_the_matrix_family_arguments():
     source = _source()
-    params = re.search(r"#define RAWOPS_TF32_GEMM_ARGS\s*\\\s*(.*?)\n#define", source, re.S).group(1)
-    params = [p.strip() for p in params.replace("\\", " ").split(",")]
-    assert [p.split()[-1].lstrip("*") for p in params] == list(mm.ARGS)
-    assert "".join("p" if "*" in p else "q" for p in params) == mm.KINDS == tf.KINDS
+    # the matrix family's parameters (RAWOPS_GEMM_ARGS, tests/test_gemm.py checks them against mm.ARGS)
+    assert re.findall(r"gemm_tf32_(?:wide_)?##layout##_f32\((\w+\(\w+\))\)", source) == ["RAWOPS_GEMM_ARGS(float)"] * 2
+    assert mm.KINDS == tf.KINDS
     layouts = re.findall(r"^RAWOPS_TF32\((\w+),", source, re.M)
-    assert f'extern "C" __global__ void __launch_bounds__({tf.TRANSPOSE_THREADS}) {tf.TRANSPOSE_KERNEL}(' in source
+    assert (f'extern "C" __global__ void __launch_bounds__(kTransposeThreads)\n    {tf.TRANSPOSE_KERNEL}('
+            in source)
     assert sorted([f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in layouts]
                   + [tf.TRANSPOSE_KERNEL]) == tf.entry_points()
     from rawops import _gemm_reduce
