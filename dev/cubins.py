@@ -50,7 +50,7 @@ def _target(source, arch):
 
 
 def _digest(sources, macros, arch):
-    digest = hashlib.sha256(f"{arch} {sorted(macros)}".encode())
+    digest = hashlib.sha256(f"{arch} {sorted(macros)} {_nvcc_helpers().CONSTANT_DEFINES}".encode())
     for path in [*sources, *sorted(glob.glob(os.path.join(INCLUDE, "rawops", "*.cuh")))]:
         with open(path, "rb") as f:
             digest.update(f.read())
@@ -81,8 +81,11 @@ def build_cubins(source, variants, arch):
         paths[key] = out = os.path.join(CACHE, f"{stem}-{target}-{_digest(sources, macros, arch)}.cubin")
         if not os.path.exists(out):
             flags = [f for f in helpers.NVCC_FLAGS if f != "--compress-mode=size"]
-            jobs[key] = subprocess.Popen([nvcc, *flags, f"-I{INCLUDE}", *extra, "--cubin", f"-arch={target}",
-                                          *(f"-D{m}" for m in macros), path, "-o", out + ".tmp"])
+            # The library's constants (rawops/_constants.py), less those the variant sets itself.
+            own = {m.split("=", 1)[0] for m in macros}
+            constants = [d for d in helpers.CONSTANT_DEFINES if d[2:].split("=", 1)[0] not in own]
+            jobs[key] = subprocess.Popen([nvcc, *flags, *constants, f"-I{INCLUDE}", *extra, "--cubin",
+                                          f"-arch={target}", *(f"-D{m}" for m in macros), path, "-o", out + ".tmp"])
     for key, proc in jobs.items():
         if proc.wait() != 0:
             raise RuntimeError(f"nvcc failed for {stem} {key}: {variants[key]}")
