@@ -28,7 +28,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import device_time_us, device_times_us, graphed, loop_times_us, start, write_results  # noqa: E402
+from timing import compiled, device_time_us, device_times_us, graphed, loop_times_us, start, write_results  # noqa: E402
 
 PEAK_TFLOPS = {torch.float32: 66.9, torch.float16: 989.0, torch.bfloat16: 989.0}
 PEAK_TF32_TFLOPS = 495.0
@@ -79,17 +79,21 @@ def linear_rows(ta, ceiling):
         def epilogue():
             return torch._addmm_activation(b, x, w.t(), use_gelu=True)
 
+        inductor = compiled(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"))
         with torch.no_grad():
             error = _error(ours(), ref)
-            us, us_eager, us_lt, us_graph, us_eager_graph, us_lt_graph = device_times_us({
+            times = device_times_us({
                 "rawops": ours, "eager": eager, "epilogue": epilogue, "rawops graph": graphed(ours),
-                "eager graph": graphed(eager), "epilogue graph": graphed(epilogue)}).values()
+                "eager graph": graphed(eager), "epilogue graph": graphed(epilogue), "compile": lambda: inductor(x, w, b)})
+            us, us_eager, us_lt, us_graph, us_eager_graph, us_lt_graph = (
+                times[k] for k in ("rawops", "eager", "epilogue", "rawops graph", "eager graph", "epilogue graph"))
             us_loop, us_eager_loop = loop_times_us({"rawops": ours, "eager": eager}).values()
         flops = 2 * m * k * n
         nbytes = (m * k + n * k + n + m * n) * x.element_size()
         compute, memory = _floors(flops, nbytes, dtype, ceiling)
         rows.append(_row("linear_gelu fwd", dtype, f"{m}x{k}->{n}", **{
-            "rawops us": us, "torch us": us_eager, "cuBLASLt epilogue us": us_lt, "x torch": us_eager / us,
+            "rawops us": us, "torch us": us_eager, "torch.compile us": times["compile"], "cuBLASLt epilogue us": us_lt,
+            "x torch": us_eager / us,
             "x epilogue": us_lt / us, "rawops loop us": us_loop, "torch loop us": us_eager_loop,
             "x torch (loops)": us_eager_loop / us_loop, "rawops graph us": us_graph, "torch graph us": us_eager_graph,
             "epilogue graph us": us_lt_graph, "x torch (graphs)": us_eager_graph / us_graph,
@@ -113,14 +117,20 @@ def linear_train_rows(ta, ceiling):
         def eager():
             F.gelu(F.linear(x, w, b), approximate="tanh").backward(dy)
 
-        us, us_eager = device_times_us({"rawops": ours, "eager": eager}).values()
+        inductor = compiled(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"))
+
+        def compiled_step():
+            inductor(x, w, b).backward(dy)
+
+        times = device_times_us({"rawops": ours, "eager": eager, "compile": compiled_step})
+        us, us_eager = times["rawops"], times["eager"]
         flops = 3 * 2 * m * k * n
         # forward: x, W, b read, y and pre written; backward: dy, pre, W, x read, dx, dW, db written.
         nbytes = (2 * m * k + 2 * n * k + n + 2 * m * n + 2 * m * n + m * k + n * k + n) * x.element_size()
         compute, memory = _floors(flops, nbytes, dtype, ceiling)
         rows.append(_row("linear_gelu fwd+bwd", dtype, f"{m}x{k}->{n}", **{
-            "rawops us": us, "torch us": us_eager, "x torch": us_eager / us, "rawops TFLOP/s": flops / us / 1e6,
-            "compute floor us": compute, "memory floor us": memory}))
+            "rawops us": us, "torch us": us_eager, "torch.compile us": times["compile"], "x torch": us_eager / us,
+            "rawops TFLOP/s": flops / us / 1e6, "compute floor us": compute, "memory floor us": memory}))
         print(rows[-1], flush=True)
     return rows
 
@@ -192,7 +202,8 @@ def main():
 
     sections = [
         ("linear_gelu forward (no grad)",
-         ["op", "dtype", "shape", "rawops us", "torch us", "cuBLASLt epilogue us", "x torch", "x epilogue",
+         ["op", "dtype", "shape", "rawops us", "torch us", "torch.compile us", "cuBLASLt epilogue us", "x torch",
+          "x epilogue",
           "rawops loop us", "torch loop us", "x torch (loops)", "rawops graph us", "torch graph us",
           "epilogue graph us", "x torch (graphs)", "rawops TFLOP/s", "compute floor us", "memory floor us",
           "rel error vs f64"], linear_rows(ta, ceiling),
@@ -204,8 +215,8 @@ def main():
           "graph us": "a one-call CUDA graph replayed (no host cost)",
           "copy ceiling TB/s": round(ceiling, 3)}),
         ("linear_gelu forward + backward (autograd)",
-         ["op", "dtype", "shape", "rawops us", "torch us", "x torch", "rawops TFLOP/s", "compute floor us",
-          "memory floor us"], linear_train_rows(ta, ceiling),
+         ["op", "dtype", "shape", "rawops us", "torch us", "torch.compile us", "x torch", "rawops TFLOP/s",
+          "compute floor us", "memory floor us"], linear_train_rows(ta, ceiling),
          {"torch us": "eager F.gelu(F.linear(...)).backward(dy)", "flops": "3 GEMMs of 2MKN (forward, dx, dW)"}),
         ("linear_gelu backward alone (CUDA graphs, device time)",
          ["op", "dtype", "shape", "rawops us", "rawops recompute us", "torch us", "x torch", "rawops TFLOP/s",

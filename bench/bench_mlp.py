@@ -23,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import device_time_us, device_times_us, graphed, start, write_results  # noqa: E402
+from timing import compiled, device_time_us, device_times_us, graphed, start, write_results  # noqa: E402
 
 SOURCE_SIZES = (100, 128, 64, 10)
 SOURCE_FLOPS = 2 * (100 * 128 + 128 * 64 + 64 * 10)  # forward, per sample
@@ -108,6 +108,7 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
             ffma_out = with_switch(fused, lambda: fused(x), mlp_tf32=False)
             ffma_error = ((ffma_out.double() - ref).norm() / ref.norm()).item()
     rows = []
+    inductor = compiled(net)
     for mode in ("fwd", "fwd+bwd"):
         if mode == "fwd":
             def ours():
@@ -117,6 +118,10 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
             def eager():
                 with torch.no_grad():
                     net(x)
+
+            def compiled_call():
+                with torch.no_grad():
+                    inductor(x)
         else:
             fused_params, net_params = list(fused.parameters()), list(net.parameters())
 
@@ -125,7 +130,10 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
 
             def eager():
                 torch.autograd.grad(net(x), net_params, dy)
-        timed = device_times_us({"ours": ours, "eager": eager})
+
+            def compiled_call():
+                torch.autograd.grad(inductor(x), net_params, dy)
+        timed = device_times_us({"ours": ours, "eager": eager, "compile": compiled_call})
         us_ours, us_eager = timed["ours"], timed["eager"]
         us_graph = device_time_us(graphed(eager)) if graph and mode == "fwd" else float("nan")
         # the library's call replayed from a CUDA graph: the kernel's time without the host's
@@ -145,7 +153,7 @@ def _rows(ta, name, sizes, dtype, batch, ceiling, flops_fwd, flops_bwd, bytes_fw
                      "shape": f"{batch}x{'-'.join(map(str, sizes))}",
                      "rawops us": us_ours, "rawops graph us": us_ours_graph, "rawops FFMA us": us_ffma,
                      "rawops tile us": us_tile, "rawops streaming us": us_streaming,
-                     "torch us": us_eager, "torch graph us": us_graph,
+                     "torch us": us_eager, "torch graph us": us_graph, "torch.compile us": timed["compile"],
                      "x torch": speedup, "x torch graph": us_graph / us_ours, "rawops TFLOP/s": flops / us_ours / 1e6,
                      "compute floor us": flops / (FP32_PEAK_TFLOPS if dtype == torch.float32 else HALF_PEAK_TFLOPS)
                      / 1e6, "memory floor us": moved / ceiling / 1e6, "rel error vs f64": error,
@@ -204,7 +212,8 @@ def main():
                   2 * (64 + 64), 2 * (64 + 64 + 64 + 64), True)
     sweep = width_sweep(ta)
     header = ["op", "dtype", "shape", "rawops us", "rawops graph us", "rawops FFMA us", "rawops tile us",
-              "rawops streaming us", "torch us", "torch graph us", "x torch", "x torch graph", "rawops TFLOP/s",
+              "rawops streaming us", "torch us", "torch graph us", "torch.compile us", "x torch", "x torch graph",
+              "rawops TFLOP/s",
               "compute floor us", "memory floor us", "rel error vs f64", "FFMA rel error vs f64",
               "torch rel error vs f64", "target x torch", "meets target"]
     text = write_results(out_dir, "mlp", "python bench/bench_mlp.py", [

@@ -5,8 +5,10 @@ Rows of 4096 (16384 rows), 768 and 1000 (a transformer's width and an odd one), 
 median of 50 after warm-up, rawops then torch. Bytes count each tensor read once and written
 once: forward x + y; backward dy + x + dx (torch's three passes); weight, bias, dweight, dbias
 and the float32 statistics too (small beside the rows). torch's backward is timed alone: its
-forward graph built once, autograd.grad replayed. The bar at width 4096: forward >= 90% of the
-copy ceiling measured in the same run, backward >= 2.0x torch's; the other widths are reported.
+forward graph built once, autograd.grad replayed. At width 4096 torch.compile's and
+Liger-Kernel's kernels (where installed; its defaults) are timed too, the same way. The bar at
+width 4096: forward >= 90% of the copy ceiling measured in the same run, backward >= 2.0x
+torch's; the other widths are reported.
 
     python bench/bench_norm.py [--out bench/results]
 """
@@ -17,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import DTYPES, device_time_us, start, write_results  # noqa: E402
+from timing import DTYPES, compiled, device_time_us, liger, start, write_results  # noqa: E402
 
 WIDTHS = (4096, 768, 1000)
 ELEMENTS = 16384 * 4096
@@ -34,6 +36,25 @@ def torch_backward(fn, inputs, dy):
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     out = fn(*leaves)
     return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)
+
+
+def _others(x, dy, w, b):
+    """op -> {torch.compile: call, liger: call} at the bar's width (the compiled functions are
+    compiled at their first call, inside the warm-up)."""
+    n, lig = x.shape[-1], liger()
+    ln = compiled(lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS))
+    rms = compiled(lambda x, w: F.rms_norm(x, (n,), w, EPS))
+    others = {"layer_norm fwd": {"torch.compile": lambda: ln(x, w, b)},
+              "layer_norm bwd": {"torch.compile": torch_backward(ln, (x, w, b), dy)},
+              "rms_norm fwd": {"torch.compile": lambda: rms(x, w)},
+              "rms_norm bwd": {"torch.compile": torch_backward(rms, (x, w), dy)}}
+    if lig is not None:
+        others["layer_norm fwd"]["liger"] = lambda: lig.liger_layer_norm(x, w, b, EPS)
+        others["layer_norm bwd"]["liger"] = torch_backward(lambda x, w, b: lig.liger_layer_norm(x, w, b, EPS),
+                                                           (x, w, b), dy)
+        others["rms_norm fwd"]["liger"] = lambda: lig.liger_rms_norm(x, w, EPS)
+        others["rms_norm bwd"]["liger"] = torch_backward(lambda x, w: lig.liger_rms_norm(x, w, EPS), (x, w), dy)
+    return others
 
 
 def _cases(ta_norm, x, dy, w, b):
@@ -62,13 +83,17 @@ def device_rows(ta_norm, ceiling):
         for dtype_name, dtype in DTYPES.items():
             x, dy = (torch.randn(rows_of(n), n, device="cuda", dtype=dtype) for _ in range(2))
             w, b = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+            others = _others(x, dy, w, b) if n == BAR_WIDTH else {}
             for name, (ours, theirs, nbytes, forward) in _cases(ta_norm, x, dy, w, b).items():
                 us_ours, us_torch = device_time_us(ours), device_time_us(theirs)
+                extra = {f"{k} us": device_time_us(fn) for k, fn in others.get(name, {}).items()}
                 tbps, speedup = nbytes / us_ours / 1e6, us_torch / us_ours
                 meets = (tbps >= 0.9 * ceiling if forward else speedup >= 2.0) if n == BAR_WIDTH else "-"
                 rows.append({"op": name, "dtype": dtype_name, "shape": f"{rows_of(n)}x{n}", "rawops us": us_ours,
                              "torch us": us_torch, "rawops TB/s": tbps, "torch TB/s": nbytes / us_torch / 1e6,
-                             "of copy ceiling": tbps / ceiling, "x torch": speedup, "meets target": meets})
+                             "of copy ceiling": tbps / ceiling, "x torch": speedup, "meets target": meets,
+                             "torch.compile us": extra.get("torch.compile us", float("nan")),
+                             "liger us": extra.get("liger us", float("nan"))})
                 print(f"{name:16s} {n:5d} {dtype_name:5s} rawops {us_ours:8.1f} us {tbps:5.2f} TB/s | "
                       f"torch {us_torch:8.1f} us | {speedup:4.2f}x", flush=True)
             del x, dy
@@ -83,8 +108,8 @@ def main():
     out_dir, ceiling = started
     from rawops.torch_adapter import norm as ta_norm
 
-    header = ["op", "dtype", "shape", "rawops us", "torch us", "rawops TB/s", "torch TB/s", "of copy ceiling",
-              "x torch", "meets target"]
+    header = ["op", "dtype", "shape", "rawops us", "torch us", "torch.compile us", "liger us", "rawops TB/s",
+              "torch TB/s", "of copy ceiling", "x torch", "meets target"]
     text = write_results(out_dir, "norm", "python bench/bench_norm.py", [
         (f"Device time, {ELEMENTS} elements a tensor", header, device_rows(ta_norm, ceiling),
          {"copy ceiling TB/s": round(ceiling, 3),

@@ -8,7 +8,9 @@ once: forward x + y; backward dy + y + dx. torch's backward is aten's _softmax_b
 _log_softmax_backward_data on the same y. The bar at width 4096: forward >= 90% of the copy
 ceiling measured in the same run, backward >= 2.0x torch's (log_softmax's: torch's backward
 already streams at the copy ceiling, so 2x is beyond the hardware and the row is judged against
-the ceiling instead); the other widths are reported.
+the ceiling instead); the other widths are reported. At width 4096 torch.compile's kernels and
+Liger-Kernel's softmax (where installed) are timed too; their backwards through autograd.grad
+replayed on a graph built once.
 
     python bench/bench_softmaxes.py [--out bench/results]
 """
@@ -18,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import DTYPES, device_time_us, start, write_results  # noqa: E402
+from timing import DTYPES, compiled, device_time_us, liger, start, write_results  # noqa: E402
 
 WIDTHS = (4096, 768, 1000)
 ELEMENTS = 16384 * 4096
@@ -27,6 +29,26 @@ BAR_WIDTH = 4096
 
 def rows_of(width):
     return ELEMENTS // width
+
+
+def _backward(fn, x, dy):
+    """A backward alone: the forward graph built once, autograd.grad replayed."""
+    leaf = x.detach().clone().requires_grad_()
+    out = fn(leaf)
+    return lambda: torch.autograd.grad(out, (leaf,), dy, retain_graph=True)
+
+
+def _others(x, dy):
+    """op -> {torch.compile: call, liger: call} at the bar's width."""
+    lig = liger()
+    sm, lsm = compiled(lambda x: torch.softmax(x, -1)), compiled(lambda x: torch.log_softmax(x, -1))
+    others = {"softmax fwd": {"torch.compile": lambda: sm(x)}, "softmax bwd": {"torch.compile": _backward(sm, x, dy)},
+              "log_softmax fwd": {"torch.compile": lambda: lsm(x)},
+              "log_softmax bwd": {"torch.compile": _backward(lsm, x, dy)}}
+    if lig is not None:
+        others["softmax fwd"]["liger"] = lambda: lig.liger_softmax(x)
+        others["softmax bwd"]["liger"] = _backward(lig.liger_softmax, x, dy)
+    return others
 
 
 def _cases(ta_sm, x, dy):
@@ -50,15 +72,19 @@ def device_rows(ta_sm, ceiling):
     for n in WIDTHS:
         for dtype_name, dtype in DTYPES.items():
             x, dy = (torch.randn(rows_of(n), n, device="cuda", dtype=dtype) for _ in range(2))
+            others = _others(x, dy) if n == BAR_WIDTH else {}
             for name, (ours, theirs, nbytes, forward) in _cases(ta_sm, x, dy).items():
                 us_ours, us_torch = device_time_us(ours), device_time_us(theirs)
+                extra = {f"{k} us": device_time_us(fn) for k, fn in others.get(name, {}).items()}
                 tbps, speedup = nbytes / us_ours / 1e6, us_torch / us_ours
                 # 2x torch, where that is within the copy ceiling; at the ceiling otherwise
                 bar_tbps = 0.9 * ceiling if forward else min(2.0 * nbytes / us_torch / 1e6, 0.9 * ceiling)
                 meets = tbps >= bar_tbps if n == BAR_WIDTH else "-"
                 rows.append({"op": name, "dtype": dtype_name, "shape": f"{rows_of(n)}x{n}", "rawops us": us_ours,
                              "torch us": us_torch, "rawops TB/s": tbps, "torch TB/s": nbytes / us_torch / 1e6,
-                             "of copy ceiling": tbps / ceiling, "x torch": speedup, "meets target": meets})
+                             "of copy ceiling": tbps / ceiling, "x torch": speedup, "meets target": meets,
+                             "torch.compile us": extra.get("torch.compile us", float("nan")),
+                             "liger us": extra.get("liger us", float("nan"))})
                 print(f"{name:16s} {n:5d} {dtype_name:5s} rawops {us_ours:8.1f} us {tbps:5.2f} TB/s | "
                       f"torch {us_torch:8.1f} us | {speedup:4.2f}x", flush=True)
             del x, dy
@@ -73,8 +99,8 @@ def main():
     out_dir, ceiling = started
     from rawops.torch_adapter import softmaxes as ta_sm
 
-    header = ["op", "dtype", "shape", "rawops us", "torch us", "rawops TB/s", "torch TB/s", "of copy ceiling",
-              "x torch", "meets target"]
+    header = ["op", "dtype", "shape", "rawops us", "torch us", "torch.compile us", "liger us", "rawops TB/s",
+              "torch TB/s", "of copy ceiling", "x torch", "meets target"]
     text = write_results(out_dir, "softmaxes", "python bench/bench_softmaxes.py", [
         (f"Device time, {ELEMENTS} elements a tensor", header, device_rows(ta_sm, ceiling),
          {"copy ceiling TB/s": round(ceiling, 3),

@@ -147,6 +147,22 @@ def host_times_us(fns, calls=1000, rounds=15):
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def compiled(fn):
+    """torch.compile(fn) with static shapes: what a torch user gets from the compiler. Its first
+    calls (the benches' warm-up) compile it."""
+    return torch.compile(fn, dynamic=False)
+
+
+def liger():
+    """Liger-Kernel's functional API (liger_kernel.transformers.functional), or None where it is
+    not installed: its columns then read nan."""
+    try:
+        from liger_kernel.transformers import functional
+    except Exception:  # not installed, or its Triton does not import here
+        return None
+    return functional
+
+
 def copy_ceiling_tbps(nbytes=1 << 30):
     """Device-to-device copy bandwidth, bytes read + written, TB/s: the bar of every
     memory-bound row is a fraction of it, measured in the same run."""

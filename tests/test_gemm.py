@@ -720,7 +720,7 @@ def test_adapter_no_grad_linear_gelu_fast_path_matches_float64(dtype, shape, n):
     dt = _torch_dtype(dtype)
     k = shape[-1]
     x, w, b = random(shape, dt, 1.0), random((n, k), dt, k ** -0.5), random((n,), dt, 1.0)
-    flags = ta._LINEAR_GELU_FLAGS["tanh"]
+    flags = ta.gemm._LINEAR_GELU_FLAGS["tanh"]
     code = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[dt]
     rows = x.numel() // k
     plan = mm._launch_plan("nt", code, rows, n, k, x.data_ptr(), w.data_ptr(), 0, flags)

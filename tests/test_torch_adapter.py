@@ -280,3 +280,163 @@ def test_entries_send_grad_and_bad_modes_to_the_python_path(monkeypatch):
             ta.linear_gelu(x[None], w)
         with pytest.raises(ValueError, match="approximate"):
             ta.linear_gelu(x[None], w, None, "fast")
+
+
+# ------------------------------------------------------------------------------ torch's signatures
+F_COUNTERPARTS = ["gelu", "relu", "layer_norm", "rms_norm", "softmax", "log_softmax"]
+
+
+def _torch_signature(function):
+    """inspect.signature of a torch.nn.functional function; for a builtin without one, the
+    signature its docstring opens with (`gelu(input, approximate = 'none') -> Tensor`)."""
+    import ast
+    import inspect
+
+    try:
+        return inspect.signature(function)
+    except ValueError:
+        first = next(line for line in function.__doc__.splitlines() if line.strip())
+        parameters = first.strip().split("->")[0].strip()
+        parameters = parameters[parameters.index("("):]
+        namespace = {}
+        exec(compile(ast.parse(f"def f{parameters}: pass"), "<signature>", "exec"), namespace)
+        return inspect.signature(namespace["f"])
+
+
+def _shape_of(signature):
+    """(name, kind, default) of each parameter: annotations aside, what a caller can write."""
+    return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+
+
+@pytest.mark.parametrize("name", F_COUNTERPARTS)
+def test_functions_take_torch_nn_functional_signatures(name):
+    """Replacing F.<name> by ta.<name> is a one-word change: same parameter names, kinds and
+    defaults (torch's own annotations aside)."""
+    import inspect
+
+    ours = inspect.signature(getattr(ta, name))
+    assert _shape_of(ours) == _shape_of(_torch_signature(getattr(F, name))), f"{name}{ours}"
+
+
+def test_every_public_callable_has_an_inspectable_signature():
+    """help() and editors show every function: the C-level entries carry text signatures."""
+    import inspect
+
+    import rawops
+
+    for module in (ta, rawops):
+        for name in module.__all__:
+            value = getattr(module, name)
+            if callable(value) and not (isinstance(value, type) and issubclass(value, BaseException)):
+                assert inspect.signature(value) is not None, f"{module.__name__}.{name}"
+    assert list(inspect.signature(ta.matmul).parameters) == ["input", "other", "tf32"]
+    assert list(inspect.signature(rawops.gelu).parameters) == ["x", "approximate", "out", "stream"]
+
+
+def test_softmax_without_dim_warns_and_picks_torch_dim():
+    """dim=None: torch's legacy choice (0 for 0-, 1- and 3-D inputs, else 1), with its warning;
+    the check of the tensor comes after (a CPU tensor is still refused)."""
+    with pytest.warns(UserWarning, match="Implicit dimension choice for softmax"):
+        with pytest.raises(ValueError, match="^input is on cpu"):
+            ta.softmax(torch.ones(2, 3))
+
+
+# ------------------------------------------------------------------------------ any dim, any layout
+def _layouts(shape, dtype):
+    """The same values as a contiguous tensor, a transposed view, a stepped slice and an offset
+    view: (name, tensor) pairs, each a fresh draw."""
+    base = random(shape, dtype)
+    wide = random((shape[0], shape[1] * 2 + 1), dtype)
+    return [("contiguous", base), ("transposed", random(shape[::-1], dtype).t()),
+            ("stepped", random((shape[0] * 2, shape[1]), dtype)[::2]), ("sliced columns", wide[:, 1:shape[1] + 1]),
+            ("offset", random((shape[0] * shape[1] + 1,), dtype)[1:].view(shape))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_ops_give_torch_answer_on_every_layout(dtype):
+    dt = DTYPES[dtype]
+    for layout, x in _layouts((67, 130), dt):
+        y = random(x.shape, dt)
+        bias = random((130,), dt)
+        assert_close(ta.gelu(x), F.gelu(x.double()), dt, f"gelu {layout}")
+        assert_close(ta.relu(x), F.relu(x.double()), dt, f"relu {layout}")
+        assert_close(ta.add(x, y), x.double() + y.double(), dt, f"add {layout}")
+        assert_close(ta.bias_gelu(x, bias, "tanh"), F.gelu(x.double() + bias.double(), approximate="tanh"), dt,
+                     f"bias_gelu {layout}")
+        leaf = x.detach().clone().requires_grad_()
+        ta.gelu(leaf, "tanh").sum().backward()  # sum's gradient is a broadcast (stride-0) tensor
+        reference = x.detach().double().requires_grad_()
+        F.gelu(reference, approximate="tanh").sum().backward()
+        assert_close(leaf.grad, reference.grad, dt, f"gelu gradient {layout}")
+        inplace = x.clone() if layout == "contiguous" else x.detach().clone().t().contiguous().t()
+        expected = F.relu(inplace.double())
+        assert ta.relu(inplace, inplace=True) is inplace
+        assert_close(inplace, expected, dt, f"relu in place {layout}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norms_give_torch_answer_on_every_layout_and_normalized_shape(dtype):
+    dt = DTYPES[dtype]
+    for layout, x in _layouts((67, 130), dt):
+        w, b = random((130,), dt), random((130,), dt)
+        assert_close(ta.layer_norm(x, (130,), w, b), F.layer_norm(x.double(), (130,), w.double(), b.double()), dt,
+                     f"layer_norm {layout}", factor=4)
+        assert_close(ta.rms_norm(x, (130,), w, 1e-5), F.rms_norm(x.double(), (130,), w.double(), 1e-5), dt,
+                     f"rms_norm {layout}", factor=4)
+    # Several trailing dims normalised together, with autograd through the folded rows.
+    x, dy = random((5, 7, 3, 40), dt), random((5, 7, 3, 40), dt)
+    w, b = random((3, 40), dt), random((3, 40), dt)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = ta.layer_norm(leaves[0], (3, 40), leaves[1], leaves[2])
+    y.backward(dy)
+    reference = [t.double().requires_grad_() for t in (x, w, b)]
+    expected = F.layer_norm(reference[0], (3, 40), reference[1], reference[2])
+    expected.backward(dy.double())
+    assert_close(y, expected.detach(), dt, "layer_norm over (3, 40)", factor=4)
+    for got, want, what in zip(leaves, reference, ("dx", "dweight", "dbias")):
+        assert_close(got.grad, want.grad, dt, f"layer_norm over (3, 40) {what}", factor=16)
+    assert_close(ta.rms_norm(x, [3, 40]), F.rms_norm(x.double(), [3, 40]), dt, "rms_norm over [3, 40]", factor=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmaxes_give_torch_answer_over_any_dim(dtype):
+    dt = DTYPES[dtype]
+    x = random((6, 33, 70), dt)
+    for op in ("softmax", "log_softmax"):
+        ours, theirs = getattr(ta, op), getattr(F, op)
+        for dim in (0, 1, 2, -1, -3):
+            got = ours(x, dim)
+            assert got.stride() == x.stride(), f"{op} dim {dim}: torch's layout"
+            assert_close(got, theirs(x.double(), dim), dt, f"{op} dim {dim}", factor=4)
+        assert_close(ours(x.transpose(0, 2), 1), theirs(x.transpose(0, 2).double(), 1), dt, f"{op} transposed",
+                     factor=4)
+        with pytest.warns(UserWarning, match="Implicit dimension choice"):
+            assert_close(ours(x), theirs(x.double(), 1), dt, f"{op} dim=None", factor=4)
+        assert ours(x, -1, dtype=torch.float32).dtype == torch.float32
+        assert_close(ours(torch.tensor(3.0, device="cuda"), 0), theirs(torch.tensor(3.0, dtype=torch.float64), 0).cuda(),
+                     torch.float32, f"{op} of a scalar")
+        leaf = x.clone().requires_grad_()
+        dy = random(x.shape, dt)
+        ours(leaf, 0).backward(dy)
+        reference = x.double().requires_grad_()
+        theirs(reference, 0).backward(dy.double())
+        assert_close(leaf.grad, reference.grad, dt, f"{op} dim 0 gradient", factor=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_takes_torch_matmul_shapes_and_layouts(dtype):
+    dt = DTYPES[dtype]
+    b = random((48, 40), dt, 48 ** -0.5)
+    for what, a in [("3-D", random((2, 5, 48), dt)), ("1-D", random((48,), dt)), ("transposed", random((48, 9), dt).t())]:
+        assert_close(ta.matmul(a, b), torch.matmul(a.double(), b.double()), dt, f"matmul {what} @ 2-D", factor=4)
+    a, v = random((7, 48), dt), random((48,), dt, 48 ** -0.5)
+    assert_close(ta.matmul(a, v), torch.matmul(a.double(), v.double()), dt, "matmul 2-D @ 1-D", factor=4)
+    dot = ta.matmul(a[0], v)
+    assert dot.shape == () and dot.dtype == dt
+    assert_close(dot, torch.dot(a[0].double(), v.double()), dt, "matmul 1-D @ 1-D", factor=4)
+    with pytest.raises(ValueError, match="batched other"):
+        ta.matmul(random((2, 5, 48), dt), random((2, 48, 40), dt))

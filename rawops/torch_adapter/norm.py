@@ -225,11 +225,14 @@ def _run(op, input, normalized_shape, weight, bias, eps):
         if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != shape):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name} must be a tensor of normalized_shape {shape}, got {got}")
-    checked(input, "input")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is not None:
-            checked(t, name, like=input, like_name="input")
-    input = row_strided(input)  # a layout the kernels cannot take is copied once, here (autograd saves it)
+    # A layout the kernels cannot take is copied once, here (autograd saves the copy); so is a
+    # weight or bias that is not contiguous.
+    input, weight, bias = row_strided(input), dense(weight), dense(bias)
+    if not compiling():  # errors name the public arguments (the custom ops check for themselves)
+        checked(input, "input")
+        for name, t in (("weight", weight), ("bias", bias)):
+            if t is not None:
+                checked(t, name, like=input, like_name="input")
     folded = len(shape) > 1  # several trailing dims: one row of their product (reshape: a view or a copy)
     if folded:
         n = math.prod(shape)

@@ -116,10 +116,11 @@ def _run(op, input, dim, stacklevel, dtype):
         input = input.to(dtype)
     if input.dim() == 0:  # a scalar is a row of one
         return _run(op, input.reshape(1), 0, stacklevel, None).reshape(())
-    checked(input, "input")
     moved = dim != input.dim() - 1
-    # a layout the kernels cannot take is copied once, here (autograd saves it)
+    # a layout the kernels cannot take is copied once, here (autograd saves the copy)
     x = input.movedim(dim, -1).contiguous() if moved else row_strided(input)
+    if not compiling():  # errors name the public argument (the custom ops check for themselves)
+        checked(x, "input")
     if compiling():
         y = _OPS[op](x)
     elif needs_grad(x):
