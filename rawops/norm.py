@@ -226,35 +226,39 @@ def _backward(op, dy, x, weight, mean, rstd, want_dbias, stream):
 
 def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, out=None, stream=None):
     """(y, mean, rstd): y = (x - mean) * rstd * weight + bias over the last dim, with
-    rstd = 1 / sqrt(biased variance + eps); mean and rstd float32 of shape x.shape[:-1]."""
+    rstd = 1 / sqrt(biased variance + eps); mean and rstd float32 of shape x.shape[:-1].
+    x and out= may be row-strided views (the module docstring)."""
     return _forward("layer_norm", x, weight, bias, eps, out, stream)
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, stream=None):
-    """torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)."""
+    """torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps); x and out= may be
+    row-strided views (the module docstring)."""
     return _forward("layer_norm", x, weight, bias, eps, out, stream)[0]
 
 
 def layer_norm_backward(dy, x, weight, mean, rstd, *, stream=None):
     """(dx, dweight, dbias) from the forward's mean and rstd; dweight is None without
-    weight. dweight and dbias are summed over rows deterministically (same bits every run)."""
+    weight. dweight and dbias are summed over rows deterministically (same bits every run).
+    dy and x may be row-strided views (dy broadcast over the rows included)."""
     return _backward("layer_norm", dy, x, weight, mean, rstd, True, stream)
 
 
 def rms_norm_forward(x, weight=None, eps=None, *, out=None, stream=None):
     """(y, rstd): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), float32 of shape
-    x.shape[:-1]."""
+    x.shape[:-1]. x and out= may be row-strided views (the module docstring)."""
     y, _, rstd = _forward("rms_norm", x, weight, None, eps, out, stream)
     return y, rstd
 
 
 def rms_norm(x, weight=None, eps=None, *, out=None, stream=None):
     """torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps); eps=None is x's
-    dtype's machine epsilon, as in torch."""
+    dtype's machine epsilon, as in torch. x and out= may be row-strided views."""
     return _forward("rms_norm", x, weight, None, eps, out, stream)[0]
 
 
 def rms_norm_backward(dy, x, weight, rstd, *, stream=None):
-    """(dx, dweight) from the forward's rstd; dweight is None without weight."""
+    """(dx, dweight) from the forward's rstd; dweight is None without weight. dy and x may be
+    row-strided views."""
     dx, dweight, _ = _backward("rms_norm", dy, x, weight, None, rstd, False, stream)
     return dx, dweight

@@ -84,20 +84,24 @@ def _run(op, direction, arrays, out, stream):
 
 
 def softmax(x, *, out=None, stream=None):
-    """exp(x - max) / sum(exp(x - max)) over the last dim."""
+    """exp(x - max) / sum(exp(x - max)) over the last dim; x and out=
+    may be row-strided views (module docstring)."""
     return _run("softmax", "fwd", [(x, "x")], out, stream)
 
 
 def log_softmax(x, *, out=None, stream=None):
-    """x - max - log(sum(exp(x - max))) over the last dim."""
+    """x - max - log(sum(exp(x - max))) over the last dim; x and out=
+    may be row-strided views (module docstring)."""
     return _run("log_softmax", "fwd", [(x, "x")], out, stream)
 
 
 def softmax_backward(dy, y, *, out=None, stream=None):
-    """dx = y * (dy - sum(dy * y)), y being softmax's output."""
+    """dx = y * (dy - sum(dy * y)), y being softmax's output; dy, y and out= may be
+    row-strided views (module docstring)."""
     return _run("softmax", "bwd", [(dy, "dy"), (y, "y")], out, stream)
 
 
 def log_softmax_backward(dy, y, *, out=None, stream=None):
-    """dx = dy - exp(y) * sum(dy), y being log_softmax's output."""
+    """dx = dy - exp(y) * sum(dy), y being log_softmax's output; dy, y and out= may be
+    row-strided views (module docstring)."""
     return _run("log_softmax", "bwd", [(dy, "dy"), (y, "y")], out, stream)

@@ -585,7 +585,9 @@ cdef class CupyMapEntry(_MapEntry):
 --
 
 GELU: x * Phi(x) with approximate='none' (erf), or 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))
-with approximate='tanh' (torch.nn.functional.gelu's argument and default)."""
+with approximate='tanh' (torch.nn.functional.gelu's argument and default).
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         cdef MapKernel kernel = self._mode(approximate)
         if kernel is None:
             return self.fallback(x, approximate, out=out, stream=stream)
@@ -596,7 +598,9 @@ with approximate='tanh' (torch.nn.functional.gelu's argument and default)."""
         """gelu_backward($self, dy, x, approximate='none', *, out=None, stream=None)
 --
 
-dx = dy * gelu'(x)."""
+dx = dy * gelu'(x).
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         cdef MapKernel kernel = self._mode(approximate)
         if kernel is None:
             return self.fallback(dy, x, approximate, out=out, stream=stream)
@@ -607,7 +611,9 @@ dx = dy * gelu'(x)."""
         """bias_gelu($self, x, bias, approximate='none', *, out=None, stream=None)
 --
 
-gelu(x + bias), bias of shape (x.shape[-1],) broadcast over the leading dims, in one pass."""
+gelu(x + bias), bias of shape (x.shape[-1],) broadcast over the leading dims, in one pass.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         cdef MapKernel kernel = self._mode(approximate)
         if kernel is None:
             return self.fallback(x, bias, approximate, out=out, stream=stream)
@@ -618,7 +624,9 @@ gelu(x + bias), bias of shape (x.shape[-1],) broadcast over the leading dims, in
         """relu($self, x, *, out=None, stream=None)
 --
 
-max(x, 0); NaN stays NaN, as in torch.relu."""
+max(x, 0); NaN stays NaN, as in torch.relu.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(x, None, None, 0.0, out, stream, False)
 
     @cython.binding(False)
@@ -626,7 +634,9 @@ max(x, 0); NaN stays NaN, as in torch.relu."""
         """relu_backward($self, dy, x, *, out=None, stream=None)
 --
 
-dx = dy where x > 0, else 0."""
+dx = dy where x > 0, else 0.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(dy, x, None, 0.0, out, stream, False)
 
     @cython.binding(False)
@@ -634,7 +644,9 @@ dx = dy where x > 0, else 0."""
         """relu_scale($self, x, alpha, *, out=None, stream=None)
 --
 
-relu(x) * alpha in one pass."""
+relu(x) * alpha in one pass.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(x, None, None, real_scalar(alpha, "alpha"), out, stream, False)
 
     @cython.binding(False)
@@ -642,7 +654,9 @@ relu(x) * alpha in one pass."""
         """relu_scale_backward($self, dy, x, alpha, *, out=None, stream=None)
 --
 
-dx = dy * alpha where x > 0, else 0."""
+dx = dy * alpha where x > 0, else 0.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(dy, x, None, real_scalar(alpha, "alpha"), out, stream, False)
 
     @cython.binding(False)
@@ -650,7 +664,9 @@ dx = dy * alpha where x > 0, else 0."""
         """relu_scale_add($self, x, alpha, y, *, out=None, stream=None)
 --
 
-relu(x) * alpha + y in one pass."""
+relu(x) * alpha + y in one pass.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(x, y, None, real_scalar(alpha, "alpha"), out, stream, False)
 
     @cython.binding(False)
@@ -658,5 +674,7 @@ relu(x) * alpha + y in one pass."""
         """add($self, a, b, *, out=None, stream=None)
 --
 
-a + b, same shape and dtype (no broadcasting)."""
+a + b, same shape and dtype (no broadcasting).
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(a, b, None, 0.0, out, stream, False)
