@@ -9,26 +9,39 @@
 //   head   elements before `out` (and a, b) reach 16-byte alignment; -1 when a, b and out
 //          disagree modulo 16, which forces the scalar path (correct, slower)
 // Traffic: each input read once, out written once, 16 bytes per access per thread.
-// Launch: 256 threads, each block owning UNROLL x 256 consecutive 16-byte vectors, every
-// load issued before the math (64 bytes in flight per thread); one block per 1024 vectors,
-// so the hardware balances the many short blocks (a persistent grid-stride version left a
-// partial last wave: 88% of the copy ceiling, see bench/NOTES.md). The scalar fallback is a
-// grid-stride loop.
+// Launch: RAWOPS_MAP_THREADS threads, each block owning RAWOPS_MAP_UNROLL x blockDim
+// consecutive 16-byte vectors, every load issued before the math; one block per chunk, so the
+// hardware balances the many short blocks (a persistent grid-stride grid leaves a partial last
+// wave: docs/performance.md). The scalar fallback is a grid-stride loop.
+//
+// Each op also has a strided entry, <op>_strided_<dtype>, for operands of any layout (views with
+// steps, transposes, broadcast stride-0 inputs, strided out=):
+//   (const T* a, const T* b, const T* c, T* out, int64 n, float alpha, MapLayout layout)
+// The host (rawops/_launch/launch.pyx, plan_layout) drops size-1 dims, orders the dims by out's
+// strides and merges dims that are contiguous in every operand; layout holds the result (see
+// MapLayout). Element by element, RAWOPS_MAP_STRIDED_UNROLL a thread per block step, all their
+// loads issued before the math; a grid-stride loop over a bounded grid.
 // Math in float32; 64-bit indices throughout (tensors past 2^31 elements).
 #include "rawops/dependent_launch.cuh"
 #include "rawops/dtype.cuh"
-#include "rawops/timeline.cuh"
 
 namespace rawops {
+
+// The strided kernels' iteration space: `ndim` (>= 1) dims, outermost first, and each
+// operand's stride of each dim in elements (negative or 0 allowed: a reversed view, a broadcast
+// input). Operands a, b, c, out in that order; an operand the op does not read has strides 0, and
+// the row vector c has stride 0 in every dim but its column dim. out's strides never make two
+// elements share memory (the host refuses such an out=).
+struct MapLayout {
+  int64_t ndim;
+  int64_t shape[RAWOPS_MAP_MAX_DIMS];
+  int64_t stride[4][RAWOPS_MAP_MAX_DIMS];
+};
+
 namespace {
 
-#ifndef RAWOPS_MAP_UNROLL
-#define RAWOPS_MAP_UNROLL 1  // overridable to try variants (bench/explore_map.py)
-#endif
 constexpr int kUnroll = RAWOPS_MAP_UNROLL;
-#ifndef RAWOPS_MAP_MAX_THREADS
-#define RAWOPS_MAP_MAX_THREADS 256  // the launcher uses 256; explore_map.py also tries 512
-#endif
+constexpr int kStridedUnroll = RAWOPS_MAP_STRIDED_UNROLL;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
@@ -37,7 +50,7 @@ constexpr float kGeluCubic = 0.044715f;
 // tanh-GELU as x * sigmoid(2u): 0.5 (1 + tanh(u)) == 1 / (1 + exp(-2u)), with exp(-2u)
 // folded into one ex2 of x * (A x^2 + B). Seven instructions (two MUFU) instead of tanhf's
 // polynomial and __frcp_rn's slow-path call: at 8 elements per 16-byte load the half types
-// are otherwise issue-bound (see bench/NOTES.md). Saturates correctly: ex2 -> inf gives -0,
+// are otherwise issue-bound (docs/performance.md). Saturates correctly: ex2 -> inf gives -0,
 // ex2 -> 0 gives x. Approximate ex2/rcp: relative error ~1e-7, far under float32 rounding
 // of the comparisons we are held to.
 __device__ __forceinline__ float ex2_approx(float v) {
@@ -84,7 +97,7 @@ __device__ __forceinline__ float erfc_positive(float z) {  // z >= 0
 // Phi(x) = erfc(|x| / sqrt 2) / 2 for x < 0. The half types round the result to 8 or 11 bits:
 // their P is a degree-5 fit of the same function, log(erfc(z) / t) + z^2 on t in [1/6, 1] (z <= 10;
 // erfc(10) is below float32's range), fractional error < 8.3e-6 (five FMAs instead of nine; least
-// squares on Chebyshev nodes against mpmath, session 17; outside the fit P stays in [-1.27, -1.09]
+// squares on Chebyshev nodes against mpmath; outside the fit P stays in [-1.27, -1.09]
 // while -z^2 < -100, so exp underflows), with the constants folded in: erfc(z) / 2 = t exp2(log2(e)
 // (P(t) - z^2) - 1), log2(e) and the -1 in P's coefficients, z^2 = x^2 / 2 taken from x, one ex2.approx.
 template <typename T> __device__ __forceinline__ float normal_cdf(float x) {
@@ -108,7 +121,7 @@ template <typename T> __device__ __forceinline__ float gelu_erf(float x) { retur
 // gelu'(x) = Phi(x) + x phi(x). The half types share one ex2 between the two terms: erfc(z) =
 // t Q(t) exp(-z^2) with z = |x| / sqrt 2, so exp(-z^2) = exp(-x^2 / 2) is phi's too; Q(t) = erfcx(z)
 // / t is a degree-6 fit on t in [1/6, 1] (fractional error < 1.8e-6 in float32 Horner; least squares
-// on Chebyshev nodes against mpmath, session 17; in [0.28, 0.34] beyond the fit, where exp(-z^2)
+// on Chebyshev nodes against mpmath; in [0.28, 0.34] beyond the fit, where exp(-z^2)
 // underflows). One MUFU an element fewer than an ex2 for erfc beside phi's.
 template <typename T> __device__ __forceinline__ float gelu_erf_grad(float x) {
   if (sizeof(T) == 4) return fmaf(x * kInvSqrt2Pi, expf(-0.5f * x * x), normal_cdf<T>(x));
@@ -185,22 +198,6 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
                                     const T* __restrict__ c, T* __restrict__ out, int64_t n,
                                     int64_t head, int64_t inner, float alpha) {
   constexpr int V = Vec16<T>::size;
-#ifdef RAWOPS_MAP_MINIMAL
-  // bench/explore_map.py only: torch's structure (32-bit index, one vector a thread, no head,
-  // tail or loop) for aligned inputs of whole vectors below 2^31 elements, no row vector.
-  if (!Op::C) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < int(n / V)) {
-      const Vec16<T> va = load16(a + i * V);
-      Vec16<T> vb, r;
-      if (Op::B) vb = load16(b + i * V);
-#pragma unroll
-      for (int e = 0; e < V; ++e) r.v[e] = from_float<T>(Op::f(to_float(va.v[e]), Op::B ? to_float(vb.v[e]) : 0.f, 0.f, alpha));
-      store16(out + i * V, r);
-    }
-    return;
-  }
-#endif
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t nthreads = int64_t(gridDim.x) * blockDim.x;
 
@@ -260,25 +257,94 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
   }
 }
 
+// Each operand's offset of element i of a strided launch: i's coordinates in the layout's
+// shape, innermost dim first. Index is unsigned 32-bit where every index fits (a 64-bit division
+// is a long software sequence, paid per element and dim here).
+template <class Op, typename Index>
+__device__ __forceinline__ void strided_offsets(Index i, const MapLayout& layout, int64_t& a, int64_t& b,
+                                                int64_t& c, int64_t& out) {
+  a = b = c = out = 0;
+  for (int d = int(layout.ndim) - 1; d > 0; --d) {
+    const Index size = Index(layout.shape[d]);
+    const Index q = i / size;
+    const int64_t coord = int64_t(i - q * size);
+    i = q;
+    a += coord * layout.stride[0][d];
+    if (Op::B) b += coord * layout.stride[1][d];
+    if (Op::C) c += coord * layout.stride[2][d];
+    out += coord * layout.stride[3][d];
+  }
+  const int64_t coord = int64_t(i);  // the outermost dim's: no division
+  a += coord * layout.stride[0][0];
+  if (Op::B) b += coord * layout.stride[1][0];
+  if (Op::C) c += coord * layout.stride[2][0];
+  out += coord * layout.stride[3][0];
+}
+
+// The strided entries' body: element i of the layout's iteration order, i in [0, n). Work comes
+// in chunks of kStridedUnroll * blockDim elements, a thread's elements blockDim apart (so that a
+// warp's stores are consecutive where out's innermost stride is 1), every load issued before the
+// math; blocks take chunks blockIdx.x, blockIdx.x + gridDim.x, ... Reads and writes are each
+// element's own, by one thread: out == a or b exactly (in place) is safe here too.
+template <class Op, typename Index, typename T>
+__device__ __forceinline__ void map_strided_loop(const T* __restrict__ a, const T* __restrict__ b,
+                                                 const T* __restrict__ c, T* __restrict__ out, int64_t n,
+                                                 float alpha, const MapLayout& layout) {
+  const int64_t chunk_size = int64_t(blockDim.x) * kStridedUnroll;
+  for (int64_t first = int64_t(blockIdx.x) * chunk_size + threadIdx.x; first < n;
+       first += int64_t(gridDim.x) * chunk_size) {
+    float av[kStridedUnroll], bv[kStridedUnroll], cv[kStridedUnroll];
+    int64_t where[kStridedUnroll];
+#pragma unroll
+    for (int k = 0; k < kStridedUnroll; ++k) {
+      const int64_t i = first + int64_t(k) * blockDim.x;
+      if (i < n) {
+        int64_t oa, ob, oc;
+        strided_offsets<Op>(Index(i), layout, oa, ob, oc, where[k]);
+        av[k] = to_float(a[oa]);
+        bv[k] = Op::B ? to_float(b[ob]) : 0.f;
+        cv[k] = Op::C ? to_float(c[oc]) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kStridedUnroll; ++k)
+      if (first + int64_t(k) * blockDim.x < n) out[where[k]] = from_float<T>(Op::f(av[k], bv[k], cv[k], alpha));
+  }
+}
+
+template <class Op, typename T>
+__device__ __forceinline__ void map_strided(const T* a, const T* b, const T* c, T* out, int64_t n, float alpha,
+                                            const MapLayout& layout) {
+  if ((n >> 31) == 0) {  // every index and size fits 32 bits: one hardware division a dim
+    map_strided_loop<Op, unsigned>(a, b, c, out, n, alpha, layout);
+  } else {
+    map_strided_loop<Op, unsigned long long>(a, b, c, out, n, alpha, layout);
+  }
+}
+
 // Deterministic column sums of a (rows x cols) matrix, in two launches (no atomics, so the
 // same input gives the same bits): partial[chunk, col] over a chunk of rows, then the chunks
-// summed in a fixed order. Used for dbias. Reads the matrix once, coalesced along a row.
+// summed in a fixed order. Used for dbias. Element (r, col) of x is x[r * row_stride + col *
+// col_stride] (cols and 1 for a dense matrix; a strided dx of bias_gelu_backward's out=
+// otherwise). Reads the matrix once, coalesced along a row where col_stride is 1.
 template <typename T>
 __device__ __forceinline__ void column_sum_part(const T* __restrict__ x, float* __restrict__ partial,
-                                                int64_t rows, int64_t cols, int64_t rows_per_chunk) {
+                                                int64_t rows, int64_t cols, int64_t rows_per_chunk,
+                                                int64_t row_stride, int64_t col_stride) {
   const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= cols) return;
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = min(rows, r0 + rows_per_chunk);
+  const T* column = x + col * col_stride;
   float acc = 0.f;
-  for (int64_t r = r0; r < r1; ++r) acc += to_float(x[r * cols + col]);
+  for (int64_t r = r0; r < r1; ++r) acc += to_float(column[r * row_stride]);
   partial[int64_t(blockIdx.y) * cols + col] = acc;
 }
 
 // Blocks of kFinalColumns x kFinalGroups threads: group g sums chunks g, g + kFinalGroups, ...
-// of its column in order, then group 0 adds the groups in order. One thread a column (the
-// first version) waited on L2 once per chunk: ~10 us for 132 chunks of 4096 columns (estimate).
-constexpr int kFinalColumns = 32, kFinalGroups = 32;
+// of its column in order, then group 0 adds the groups in order: with one thread a column,
+// each thread would wait on L2 once per chunk, one chunk after another.
+constexpr int kFinalColumns = RAWOPS_COLUMN_SUM_FINAL_COLUMNS, kFinalGroups = RAWOPS_COLUMN_SUM_FINAL_GROUPS;
 // Launched programmatically dependent on the kernel that writes the partials (sm_90): it waits
 // for that grid before the first read. Each thread's loads are issued kFinalBatch at a time
 // before their adds (in chunk order: the sum is the same, bit for bit).
@@ -315,33 +381,23 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
 // linear_gelu's backward: dpre = dy * gelu'(pre) and dbias = its column sums): dx = dy *
 // gelu'(x + bias), written as the map kernel writes it, and the column sums of that dx (the
 // rounded values, as column_sum(dx) would see them) over each chunk of rows into
-// partial[chunk][col];
-// column_sum_final then adds the chunks. One pass over dy and x: the map kernel + column_sum
-// re-read dx, 4 tensor passes where 3 are needed (2.0-2.2 TB/s counted, bench/NOTES.md).
+// partial[chunk][col]; column_sum_final then adds the chunks. One pass over dy and x: the map
+// kernel + column_sum re-read dx, 4 tensor passes where 3 are needed.
 // Launch (rawops/elementwise.py: bias_gelu_bwd_plan): 1-D blocks of strip x `by` threads;
 // thread (tx, ty) = (t % strip, t / strip) owns column vector blockIdx.x * strip + tx (of
 // BiasBwdShape<T>::bytes) and rows (i * chunks + blockIdx.y) * by + ty. Needs cols % V == 0
 // and dy, x, bias, dx aligned to the vector (the plan checks; otherwise the unfused pair runs).
 // Streaming: each thread keeps `ahead` rows of loads in flight at all times (a row's math,
 // then the load of the row `ahead` further), `bytes` of each operand a row.
-// Per storage type (bench/results/explore_bias_bwd*.md, H100): float32 16-byte vectors, 3
-// blocks of 256 an SM, 2 rows ahead; the half types 8-byte vectors, 6 blocks, 1 row ahead. A
-// first version (8 rows loaded, then their math) ran 2.3-2.8 TB/s counted; every shape swept
-// since, spill-free, lands within ~5% of these (2.7-2.84 TB/s), under the map kernels' 3.0
-// for reasons not yet found (bench/NOTES.md). A spill is fatal (bf16 at 4 blocks: 248 us).
-// The macros override both types at once (bench/explore_bias_bwd.py).
-// Keeping the rows in flight in shared memory instead (cp.async, each thread its own slots) ran
-// 5-10% slower at every depth tried (bench/NOTES.md, session 8; the code is in git history).
+// Per storage type (RAWOPS_BIAS_BWD_*, rawops/_constants.py): float32 16-byte vectors, 2 rows
+// ahead; the half types 8-byte vectors, 1 row ahead, twice the blocks an SM (the shapes swept,
+// and why the short tiles below replaced these where they apply: docs/performance.md). A spill
+// is fatal: the launch bounds keep `blocks` resident, and the plan's grid is one wave of them.
 template <typename T> struct BiasBwdShape {
-#ifdef RAWOPS_BIAS_BWD_BYTES
-  static constexpr int bytes = RAWOPS_BIAS_BWD_BYTES, blocks = RAWOPS_BIAS_BWD_BLOCKS, ahead = RAWOPS_BIAS_BWD_AHEAD;
-#else
-  static constexpr int bytes = sizeof(T) == 4 ? 16 : 8, blocks = sizeof(T) == 4 ? 3 : 6, ahead = sizeof(T) == 4 ? 2 : 1;
-#endif
+  static constexpr int bytes = sizeof(T) == 4 ? RAWOPS_BIAS_BWD_F32_BYTES : RAWOPS_BIAS_BWD_HALF_BYTES;
+  static constexpr int blocks = sizeof(T) == 4 ? RAWOPS_BIAS_BWD_F32_BLOCKS : RAWOPS_BIAS_BWD_HALF_BLOCKS;
+  static constexpr int ahead = sizeof(T) == 4 ? 2 : 1;
 };
-#ifndef RAWOPS_BIAS_BWD_THREADS
-#define RAWOPS_BIAS_BWD_THREADS 256
-#endif
 constexpr int kBiasBwdThreads = RAWOPS_BIAS_BWD_THREADS;
 
 template <typename T, int kBytes> struct alignas(kBytes) VecN {
@@ -380,10 +436,6 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   using Vec = VecN<T, kBytes>;
   constexpr int V = Vec::size;
   __shared__ float sums[V][kBiasBwdThreads];
-#ifdef RAWOPS_TIMELINE  // thread 0: entry, its rows done, partial written
-  const int slot = int(blockIdx.y * gridDim.x + blockIdx.x);
-  if (threadIdx.x == 0) timeline_mark(slot, 0, timeline_now());
-#endif
   // column_sum_final (launched dependent) may take its SM slots as ours free up; it waits for
   // this whole grid before reading the partials.
   allow_dependent_launch();
@@ -391,7 +443,7 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
   const int64_t col = (int64_t(blockIdx.x) * strip + tx) * V;
   // Chunk c takes rows (i * chunks + c) * by + ty, i = 0, 1, ...: the whole grid walks memory in
   // order, as the map kernels' short blocks do (contiguous chunks, each block walking its own
-  // range, measured 2-3% slower: bench/results/explore_bias_bwd_cyclic.md).
+  // range, were slower: docs/performance.md).
   const int64_t r_first = int64_t(blockIdx.y) * by + ty, r_step = int64_t(gridDim.y) * by;
   const int n = r_first < rows ? int((rows - r_first + r_step - 1) / r_step) : 0;  // 32-bit: rows / chunks
   float acc[V];
@@ -435,15 +487,12 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
       }
     }
   }
-#ifdef RAWOPS_TIMELINE
-  if (threadIdx.x == 0) timeline_mark(slot, 1, timeline_now());
-#endif
 #pragma unroll
   for (int e = 0; e < V; ++e) sums[e][threadIdx.x] = acc[e];
   __syncthreads();
   if (ty == 0 && col < cols) {
     // One vector store per 4 (or 2) floats: scalar stores 16 bytes apart left a warp's store
-    // spanning 4x the sectors it wrote (ncu: 2% of the kernel's sectors excessive, all here).
+    // spanning 4x the sectors it wrote.
     // col is a multiple of V and cols of V, so dst is 4V-byte aligned.
     float* dst = partial + int64_t(blockIdx.y) * cols + col;
     float s[V];
@@ -461,9 +510,6 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
       *reinterpret_cast<float2*>(dst) = make_float2(s[0], s[1]);
     }
   }
-#ifdef RAWOPS_TIMELINE
-  if (threadIdx.x == 0) timeline_mark(slot, 2, timeline_now());
-#endif
 }
 
 // The same result as bias_bwd_partial (dx bit for bit; dbias from the same rounded dx values,
@@ -472,34 +518,35 @@ __device__ __forceinline__ void bias_bwd_partial(const T* __restrict__ dy, const
 // each thread owns one vector of kPer rows (ty, ty + kRows / kPer, ...), every load issued before
 // the math. The tile's column sums (a warp's rows by shuffles, then the warps in order through
 // shared memory) go to partial[row tile][col]; column_sum_final adds the row tiles in order. Why:
-// the long-lived walkers of bias_bwd_partial streamed at ~2.78 TB/s counted where the map
-// kernels reach 3.0, and many short blocks with one partial row per 64-128 rows (1-2% more
-// traffic) measured 141-142 us for the half types against the walkers' 145-148, and 270 us for
-// float32 against 282 (H100, 16384 x 4096; bench/results/explore_bias_bwd_tiles.md). Shapes per
-// type (BiasBwdTile, the same runs): float32 64 rows x 16 vectors of 1024 threads, float16 64 x 8
-// of 512 with one row a thread (141.2 us), bfloat16 128 x 8 of 512 with 2 rows a thread (139.7 us;
-// 141.0 with 4 rows of 256 threads, its shape until the packed rounding below, which took its
-// one-row shape from 176 to 150 us: explore_bias_bwd_tiles.md run 7, session 17).
-// Needs whole tiles across a row (cols % (kVecs * V) == 0: 64 columns for every type) and dy, x,
-// bias, dx 16-byte aligned (rawops/elementwise.py plans it). (The same kernel with a guard for a
-// part-filled last column tile ran float16 at 148.5 us against 141.5 without, H100: not found why;
-// bench/NOTES.md, session 10.)
+// the long-lived walkers of bias_bwd_partial stream below the map kernels' rate, and many short
+// blocks with one partial row per 64-128 rows (a little more traffic) finish sooner
+// (docs/performance.md). Shapes per type: BiasBwdTile, from RAWOPS_BIAS_BWD_TILE_*. Needs whole tiles across a row (cols % (kVecs * V) == 0: 64 columns for every type) and
+// dy, x, bias, dx 16-byte aligned (rawops/elementwise.py plans it); the kernel has no guard for a
+// part-filled last column tile (one made float16 slower: docs/performance.md).
 template <typename T> struct BiasBwdTile;
-template <> struct BiasBwdTile<float> { static constexpr int threads = 1024, rows = 64, per = 1; };
-template <> struct BiasBwdTile<__half> { static constexpr int threads = 512, rows = 64, per = 1; };
-template <> struct BiasBwdTile<__nv_bfloat16> { static constexpr int threads = 512, rows = 128, per = 2; };
+template <> struct BiasBwdTile<float> {
+  static constexpr int threads = RAWOPS_BIAS_BWD_TILE_F32_THREADS, rows = RAWOPS_BIAS_BWD_TILE_F32_ROWS,
+                       per = RAWOPS_BIAS_BWD_TILE_F32_PER;
+};
+template <> struct BiasBwdTile<__half> {
+  static constexpr int threads = RAWOPS_BIAS_BWD_TILE_F16_THREADS, rows = RAWOPS_BIAS_BWD_TILE_F16_ROWS,
+                       per = RAWOPS_BIAS_BWD_TILE_F16_PER;
+};
+template <> struct BiasBwdTile<__nv_bfloat16> {
+  static constexpr int threads = RAWOPS_BIAS_BWD_TILE_BF16_THREADS, rows = RAWOPS_BIAS_BWD_TILE_BF16_ROWS,
+                       per = RAWOPS_BIAS_BWD_TILE_BF16_PER;
+};
 
 constexpr float kFixedScale = 16777216.f;        // kExact below: float16's least bit, 2^-24, becomes 1
 constexpr double kFixedUnit = 1.0 / 16777216.0;  // and back
 
-// The entries take BiasBwdTile<T>'s shape; bench/explore/bias_bwd_tiles.cu instantiates others.
+// The entries take BiasBwdTile<T>'s shape.
 // kExact (float16 only): instead of a partial row, each tile adds its column sums to one int64
 // accumulator a column in fixed point (red.add: no wait, no order). Every float16 is a whole
 // multiple of 2^-24 below 2^16, so a tile's float32 sum of them is too (below 2^22): times 2^24 it
 // is an exact integer below 2^46, and integer addition is associative, so dbias comes out the same
 // bits in any order, from the exact sum of the tiles' sums, for up to 2^17 tiles (the plan checks).
-// What it saves: the partial rows (4 MB written and read again at 16384 x 4096) and
-// column_sum_final's pass over them. A tile sum that is Inf or NaN goes to a float32 accumulator
+// What it saves: the partial rows (written and read again) and column_sum_final's pass over them. A tile sum that is Inf or NaN goes to a float32 accumulator
 // instead (Inf + x, NaN + x and Inf + -Inf do not depend on the order either). `partial` is then
 // the workspace: cols int64 sums, then cols floats, zeroed by fixed_sum_zero (the launch before,
 // waited for here) and read by fixed_sum_final.
@@ -594,11 +641,17 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
 }  // namespace
 }  // namespace rawops
 
-#define RAWOPS_MAP(name, Op, T, suffix)                                                         \
-  extern "C" __global__ void __launch_bounds__(RAWOPS_MAP_MAX_THREADS)                         \
-      name##_##suffix(const T* a, const T* b, const T* c, T* out, long long n, long long head, \
-                      long long inner, float alpha) {                                          \
-    rawops::map<rawops::Op<T>>(a, b, c, out, n, head, inner, alpha);                              \
+// Each op twice: the contiguous entry and the strided one (<name>_strided_<suffix>).
+#define RAWOPS_MAP(name, Op, T, suffix)                                                                \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_MAP_THREADS)                                    \
+      name##_##suffix(const T* a, const T* b, const T* c, T* out, long long n, long long head,        \
+                      long long inner, float alpha) {                                                 \
+    rawops::map<rawops::Op<T>>(a, b, c, out, n, head, inner, alpha);                                  \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_MAP_THREADS)                                    \
+      name##_strided_##suffix(const T* a, const T* b, const T* c, T* out, long long n, float alpha,   \
+                              rawops::MapLayout layout) {                                             \
+    rawops::map_strided<rawops::Op<T>>(a, b, c, out, n, alpha, layout);                               \
   }
 
 #define RAWOPS_BIAS_BWD_PARTIAL(name, Op, T, suffix)                                            \
@@ -633,8 +686,9 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
   RAWOPS_MAP(bias_gelu_erf_fwd, BiasGeluErf, T, suffix)                                  \
   RAWOPS_MAP(bias_gelu_erf_bwd, BiasGeluErfBwd, T, suffix)                               \
   extern "C" __global__ void column_sum_part_##suffix(const T* x, float* partial, long long rows, \
-                                                      long long cols, long long rows_per_chunk) { \
-    rawops::column_sum_part(x, partial, rows, cols, rows_per_chunk);                     \
+                                                      long long cols, long long rows_per_chunk,   \
+                                                      long long row_stride, long long col_stride) { \
+    rawops::column_sum_part(x, partial, rows, cols, rows_per_chunk, row_stride, col_stride); \
   }                                                                                      \
   extern "C" __global__ void __launch_bounds__(rawops::kFinalColumns * rawops::kFinalGroups) \
       column_sum_final_##suffix(const float* partial, T* out, long long chunks, long long cols) { \
@@ -668,11 +722,13 @@ RAWOPS_BIAS_BWD_TILE_EXACT(bias_gelu_erf_bwd_tile_exact, BiasGeluErfBwd)
 RAWOPS_BIAS_BWD_TILE_EXACT(gelu_tanh_bwd_tile_exact, GeluTanhBwd)
 RAWOPS_BIAS_BWD_TILE_EXACT(gelu_erf_bwd_tile_exact, GeluErfBwd)
 
-extern "C" __global__ void __launch_bounds__(256) fixed_sum_zero(unsigned* words, long long count) {
+extern "C" __global__ void __launch_bounds__(RAWOPS_FIXED_SUM_THREADS) fixed_sum_zero(unsigned* words,
+                                                                                   long long count) {
   rawops::fixed_sum_zero(words, count);
 }
 
-extern "C" __global__ void __launch_bounds__(256) fixed_sum_final_f16(const float* workspace, __half* out,
-                                                                     long long cols) {
+extern "C" __global__ void __launch_bounds__(RAWOPS_FIXED_SUM_THREADS) fixed_sum_final_f16(const float* workspace,
+                                                                                        __half* out,
+                                                                                        long long cols) {
   rawops::fixed_sum_final(workspace, out, cols);
 }

@@ -17,6 +17,8 @@
 //   row), then writes one float32 row of partial_dw / partial_db [chunks, n] (chunks: the
 //   launch's warps or blocks). norm_param_grad sums those rows in a fixed order. x and dy
 //   are read once, dx written once; the partials are a few MB at most.
+// Rows: x, y, dy and dx each have their own row stride (rows.cuh: a row-strided view, or n);
+// weight, bias, mean, rstd and the partial rows are dense.
 // Launch: mode and block from rawops/_rows.py (see rawops/rows.cuh); the backward's grid is
 // what the occupancy API says the device holds at once, its shared memory from
 // rawops/norm.py (column_smem).
@@ -30,12 +32,12 @@ template <typename T, bool RMS>
 __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T* __restrict__ w,
                                                 const T* __restrict__ b, T* __restrict__ y,
                                                 float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                                int64_t rows, int64_t n, float eps, bool vec, bool has_w,
-                                                bool has_b, RowReducer& reduce) {
+                                                int64_t rows, int64_t n, int64_t x_stride, int64_t y_stride,
+                                                float eps, bool vec, bool has_w, bool has_b, RowReducer& reduce) {
   constexpr int V = Vec16<T>::size;
   const int64_t nvec = (n + V - 1) / V;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * n;
+    const T* xr = x + row * x_stride;
     // Shifted sums: with the shift near the mean, s2 - s1^2/n does not cancel.
     const float shift = RMS ? 0.f : to_float(xr[0]);
     float s[2] = {0.f, 0.f};
@@ -58,7 +60,7 @@ __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T
       if (!RMS) mean_out[row] = mean;
       rstd_out[row] = rstd;
     }
-    T* yr = y + row * n;
+    T* yr = y + row * y_stride;
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float v[V], wv[V], bv[V];
       load_row(xr, j, n, vec, 0.f, v);
@@ -79,24 +81,25 @@ __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ w,
                                          const T* __restrict__ b, T* __restrict__ y, float* __restrict__ mean_out,
-                                         float* __restrict__ rstd_out, int64_t rows, int64_t n, float eps, int mode,
-                                         bool vec, bool has_w, bool has_b) {
+                                         float* __restrict__ rstd_out, int64_t rows, int64_t n, int64_t x_stride,
+                                         int64_t y_stride, float eps, int mode, bool vec, bool has_w, bool has_b) {
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
   RowReducer reduce(storage, c.warp);
   if (mode == kStreamRow) {
-    norm_fwd_stream<T, RMS>(x, w, b, y, mean_out, rstd_out, rows, n, eps, vec, has_w, has_b, reduce);
+    norm_fwd_stream<T, RMS>(x, w, b, y, mean_out, rstd_out, rows, n, x_stride, y_stride, eps, vec, has_w, has_b,
+                            reduce);
     return;
   }
   constexpr int V = Vec16<T>::size;
   constexpr int ITEMS = kFwdVectors;
   using Slice = RowSlice<T, ITEMS>;
   for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
-    const T* xr = x + row * n;
+    const T* xr = x + row * x_stride;
     Slice xs;
     xs.load(xr, c, n);
     // Summed relative to the row's first element: with a large common offset (1e4) a plain
-    // float32 sum loses the mean to rounding (3e-4 relative error in y, measured).
+    // float32 sum loses the mean to rounding, visibly in y.
     const float shift = RMS ? 0.f : to_float(xr[0]);
     float sum = 0.f;
 #pragma unroll
@@ -123,7 +126,7 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
       if (!RMS) mean_out[row] = mean;
       rstd_out[row] = rstd;
     }
-    T* yr = y + row * n;
+    T* yr = y + row * y_stride;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
@@ -170,7 +173,8 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
                                                 const T* __restrict__ w, const float* __restrict__ mean_in,
                                                 const float* __restrict__ rstd_in, T* __restrict__ dx,
                                                 float* partial_dw, float* partial_db, int64_t rows, int64_t n,
-                                                bool vec, bool has_w, RowReducer& reduce) {
+                                                int64_t dy_stride, int64_t x_stride, int64_t dx_stride, bool vec,
+                                                bool has_w, RowReducer& reduce) {
   constexpr int V = Vec16<T>::size;
   const int64_t nvec = (n + V - 1) / V;
   // This block's partial rows, updated in place by the thread that owns each column (same
@@ -187,8 +191,8 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
     }
   }
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * n;
-    const T* dyr = dy + row * n;
+    const T* xr = x + row * x_stride;
+    const T* dyr = dy + row * dy_stride;
     const float m = RMS ? 0.f : mean_in[row];
     float sums[3] = {0.f, 0.f, 0.f};
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
@@ -206,7 +210,7 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
     }
     reduce.reduce(sums, SumOp());
     const NormRowTerms t = NormRowTerms::from<RMS>(sums, rstd_in[row], 1.f / float(n));  // once a row: streaming rows are wide
-    T* dxr = dx + row * n;
+    T* dxr = dx + row * dx_stride;
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float xv[V], gv[V], wv[V];
       load_row(xr, j, n, vec, 0.f, xv);
@@ -228,8 +232,8 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
 }
 
 // The register modes' dw / db partials: each thread's running sums for the columns it holds,
-// in dynamic shared memory (registers held them before: 32 a thread in 16-bit types, which
-// with the row capped a 256-thread block at 2 per SM; see bench/NOTES.md). Only the owning
+// in dynamic shared memory (held in registers, 32 a thread in 16-bit types, they capped a
+// 256-thread block at 2 per SM: docs/performance.md). Only the owning
 // thread touches its slots, so no barrier, no atomics, a fixed order. float4 q of thread t
 // lies at [q][t]: a warp's 16-byte accesses are contiguous, free of bank conflicts.
 template <typename T>
@@ -283,13 +287,14 @@ template <typename T, bool RMS>
 __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                                          const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                                          T* __restrict__ dx, float* __restrict__ partial_dw,
-                                         float* __restrict__ partial_db, int64_t rows, int64_t n, int mode, bool vec,
-                                         bool has_w) {
+                                         float* __restrict__ partial_db, int64_t rows, int64_t n, int64_t dy_stride,
+                                         int64_t x_stride, int64_t dx_stride, int mode, bool vec, bool has_w) {
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
   RowReducer reduce(storage, c.warp);
   if (mode == kStreamRow) {
-    norm_bwd_stream<T, RMS>(dy, x, w, mean_in, rstd_in, dx, partial_dw, partial_db, rows, n, vec, has_w, reduce);
+    norm_bwd_stream<T, RMS>(dy, x, w, mean_in, rstd_in, dx, partial_dw, partial_db, rows, n, dy_stride, x_stride,
+                            dx_stride, vec, has_w, reduce);
     return;
   }
   constexpr int V = Vec16<T>::size;
@@ -302,10 +307,11 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
 
   for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
     // Loading the next row before this one's reduction (software pipelining) cost 16 more
-    // registers: it spilled at 64, and at ~96 (two blocks an SM) ran slower (bench/NOTES.md).
+    // registers: it spilled at 64, and ran slower with the registers to hold it
+    // (docs/performance.md).
     Slice xs, ds;
-    xs.load(x + row * n, c, n);
-    ds.load(dy + row * n, c, n);  // dy = 0 past the row's end
+    xs.load(x + row * x_stride, c, n);
+    ds.load(dy + row * dy_stride, c, n);  // dy = 0 past the row's end
     const float m = RMS ? 0.f : mean_in[row];
     const float rstd = rstd_in[row];
     float sums[K];
@@ -341,7 +347,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     reduce.reduce(sums, ShuffleSumOp());
     const float row_sums[3] = {RMS ? 0.f : sums[1], RMS ? 0.f : sums[2], sums[0]};
     const NormRowTerms t = NormRowTerms::from<RMS>(row_sums, rstd, inv_n);
-    T* dxr = dx + row * n;
+    T* dxr = dx + row * dx_stride;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
@@ -374,9 +380,10 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
 }
 
 // dw[col] = sum over chunks of partial_dw[chunk, col] (blockIdx.y == 0), db likewise
-// (blockIdx.y == 1), in chunk order. 512 threads: 32 columns x 16 chunk lanes, each lane
-// summing chunks lane, lane + 16, ... then the 16 lanes added in order in shared memory.
-// Reads the partials once, coalesced along a row.
+// (blockIdx.y == 1), in chunk order. Blocks of kParamColumns columns x kParamLanes chunk lanes,
+// each lane summing chunks lane, lane + kParamLanes, ... then the lanes added in order in shared
+// memory. Reads the partials once, coalesced along a row.
+constexpr int kParamColumns = RAWOPS_NORM_PARAM_GRAD_COLUMNS, kParamLanes = RAWOPS_NORM_PARAM_GRAD_LANES;
 template <typename T>
 __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partial_dw,
                                                 const float* __restrict__ partial_db, T* __restrict__ dw,
@@ -384,30 +391,30 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
   const float* partial = blockIdx.y == 0 ? partial_dw : partial_db;
   T* out = blockIdx.y == 0 ? dw : db;
   if (out == nullptr) return;
-  __shared__ float lanes[16][33];
-  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
-  const int64_t col = int64_t(blockIdx.x) * 32 + tx;
-  // Loads issued 8 at a time, added in the same order (the same bits as one at a time).
-  // Measured no faster than the plain loop (10-15 us either way at 528 x 4096 partial rows).
+  __shared__ float lanes[kParamLanes][kParamColumns + 1];  // + 1: a lane's column in another bank
+  const int tx = threadIdx.x % kParamColumns, ty = threadIdx.x / kParamColumns;
+  const int64_t col = int64_t(blockIdx.x) * kParamColumns + tx;
+  // Loads issued 8 at a time, added in the same order (the same bits as one at a time); no
+  // faster than the plain loop where measured (docs/performance.md).
   constexpr int kBatch = 8;
   float acc = 0.f;
   if (col < n) {
     int64_t k = ty;
-    for (; k + (kBatch - 1) * 16 < chunks; k += kBatch * 16) {
+    for (; k + (kBatch - 1) * kParamLanes < chunks; k += kBatch * kParamLanes) {
       float v[kBatch];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i) v[i] = __ldcs(partial + (k + i * 16) * n + col);  // read once
+      for (int i = 0; i < kBatch; ++i) v[i] = __ldcs(partial + (k + i * kParamLanes) * n + col);  // read once
 #pragma unroll
       for (int i = 0; i < kBatch; ++i) acc += v[i];
     }
-    for (; k < chunks; k += 16) acc += __ldcs(partial + k * n + col);
+    for (; k < chunks; k += kParamLanes) acc += __ldcs(partial + k * n + col);
   }
   lanes[ty][tx] = acc;
   __syncthreads();
   if (ty == 0 && col < n) {
     float total = 0.f;
 #pragma unroll
-    for (int l = 0; l < 16; ++l) total += lanes[l][tx];
+    for (int l = 0; l < kParamLanes; ++l) total += lanes[l][tx];
     out[col] = from_float<T>(total);
   }
 }
@@ -415,37 +422,41 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
 }  // namespace
 }  // namespace rawops
 
-// `vec` carries flags: bit 0 16-byte rows, bit 1 weight given, bit 2 bias given. Absent
+// `vec` carries flags (RAWOPS_NORM_FLAG_*): 16-byte rows, weight given, bias given. Absent
 // weight / bias still arrive as valid pointers (x): nvcc hoists their loop-invariant loads
 // above the `has_w` test (seen in SASS: a null bias faulted), so a null pointer is unsafe.
-#define RAWOPS_NORM(name, RMS, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                                   \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, FWD_MIN_BLOCKS)                      \
-      name##_fwd_##suffix(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,               \
-                          long long rows, long long n, long long mode, long long vec, float eps) {          \
-    rawops::norm_fwd<T, RMS>(x, w, b, y, mean, rstd, rows, n, eps, int(mode), vec & 1, vec & 2, vec & 4);  \
-  }                                                                                                         \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, BWD_MIN_BLOCKS)                      \
-      name##_bwd_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx, \
-                          float* partial_dw, float* partial_db, long long rows, long long n, long long mode, \
-                          long long vec) {                                                                  \
-    rawops::norm_bwd<T, RMS>(dy, x, w, mean, rstd, dx, partial_dw, partial_db, rows, n, int(mode),         \
-                             vec & 1, vec & 2);                                                             \
+// The *_stride arguments: each operand's row stride in elements (rows.cuh).
+#define RAWOPS_NORM(name, RMS, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                                      \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, FWD_MIN_BLOCKS)                         \
+      name##_fwd_##suffix(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, long long rows,  \
+                          long long n, long long x_stride, long long y_stride, long long mode, long long vec,  \
+                          float eps) {                                                                         \
+    rawops::norm_fwd<T, RMS>(x, w, b, y, mean, rstd, rows, n, x_stride, y_stride, eps, int(mode),             \
+                             vec & RAWOPS_NORM_FLAG_VECTORS, vec & RAWOPS_NORM_FLAG_WEIGHT,                   \
+                             vec & RAWOPS_NORM_FLAG_BIAS);                                                     \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, BWD_MIN_BLOCKS)                         \
+      name##_bwd_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx,    \
+                          float* partial_dw, float* partial_db, long long rows, long long n, long long dy_stride, \
+                          long long x_stride, long long dx_stride, long long mode, long long vec) {            \
+    rawops::norm_bwd<T, RMS>(dy, x, w, mean, rstd, dx, partial_dw, partial_db, rows, n, dy_stride, x_stride,  \
+                             dx_stride, int(mode), vec & RAWOPS_NORM_FLAG_VECTORS,                            \
+                             vec & RAWOPS_NORM_FLAG_WEIGHT);                                                   \
   }
 
 #define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)            \
   RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS)                         \
   RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)                           \
-  extern "C" __global__ void __launch_bounds__(512)                                                    \
+  extern "C" __global__ void __launch_bounds__(rawops::kParamColumns * rawops::kParamLanes)             \
       norm_param_grad_##suffix(const float* partial_dw, const float* partial_db, T* dw, T* db,         \
                                long long chunks, long long n) {                                        \
     rawops::norm_param_grad(partial_dw, partial_db, dw, db, chunks, n);                                \
   }
 
 // Register bounds (blocks of 512 per SM; 2 = 64 registers a thread, 1 = what ptxas picks up
-// to 128); the backward's grid is what the occupancy API then reports (rawops/norm.py).
-// bfloat16's forward at 87 registers (its elements unpacked one a register) ran at 2.6 TB/s;
-// held as words it fits 64. 16-bit backward, 16384 x 4096 (bench/NOTES.md): layer_norm at 64
-// (four 256-thread blocks an SM) 156 us, at 79 (three) 162; rms_norm at 64 161 us, at 78 148.
+// to 128); the backward's grid is what the occupancy API then reports (rawops/norm.py). The
+// 16-bit rms_norm backward runs faster with the registers it asks for, layer_norm's at 64
+// (docs/performance.md); bfloat16's forward fits 64 with its row held as 32-bit words.
 RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
 RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
 RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)

@@ -9,6 +9,7 @@
 // Traffic: forward reads x once and writes y once; backward reads y and dy once, writes dx
 // once. Rows wider than the registers hold (streaming mode) are read twice: an online
 // (max, sum) pass, then the pass that writes.
+// Rows: x, y, dy and dx each have their own row stride (rows.cuh: a row-strided view, or n).
 // Launch: mode, block and grid from rawops/_rows.py (see rawops/rows.cuh).
 #include "rawops/rows.cuh"
 
@@ -22,11 +23,12 @@ __device__ __forceinline__ float exp_shifted(float x, float max) { return exp2f(
 
 template <typename T, bool LOG>
 __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
-                                                   int64_t n, bool vec, RowReducer& reduce) {
+                                                   int64_t n, int64_t x_stride, int64_t y_stride, bool vec,
+                                                   RowReducer& reduce) {
   constexpr int V = Vec16<T>::size;
   const int64_t nvec = (n + V - 1) / V;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * n;
+    const T* xr = x + row * x_stride;
     float m = -INFINITY, s = 0.f;  // online: s = sum of exp(x - m) over this thread's elements
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float v[V];
@@ -47,7 +49,7 @@ __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* _
     const float scaled = m == -INFINITY ? s : s * exp_shifted(m, row_max);
     const float sum = reduce(scaled, SumOp());
     const float inv = 1.f / sum, log_sum = logf(sum);
-    T* yr = y + row * n;
+    T* yr = y + row * y_stride;
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float v[V];
       load_row(xr, j, n, vec, 0.f, v);
@@ -60,19 +62,19 @@ __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* _
 
 template <typename T, bool LOG>
 __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n,
-                                            int mode, bool vec) {
+                                            int64_t x_stride, int64_t y_stride, int mode, bool vec) {
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
   RowReducer reduce(storage, c.warp);
   if (mode == kStreamRow) {
-    softmax_fwd_stream<T, LOG>(x, y, rows, n, vec, reduce);
+    softmax_fwd_stream<T, LOG>(x, y, rows, n, x_stride, y_stride, vec, reduce);
     return;
   }
   constexpr int V = Vec16<T>::size;
   constexpr int ITEMS = kFwdVectors;
   using Slice = RowSlice<T, ITEMS>;
   for (int64_t row = c.row; row < rows; row += c.step) {
-    const T* xr = x + row * n;
+    const T* xr = x + row * x_stride;
     Slice xs;
     xs.load(xr, c, n);
     float m = -INFINITY;
@@ -90,7 +92,7 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
         if (Slice::valid(c, k, n)) s += exp_shifted(xs.at(k, e), row_max);
     const float sum = reduce(s, SumOp());
     const float inv = 1.f / sum, shift = row_max + logf(sum);
-    T* yr = y + row * n;
+    T* yr = y + row * y_stride;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
@@ -113,7 +115,8 @@ __device__ __forceinline__ float bwd_dx(float dy, float y, float total) {
 
 template <typename T, bool LOG>
 __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* __restrict__ y, T* __restrict__ dx,
-                                            int64_t rows, int64_t n, int mode, bool vec) {
+                                            int64_t rows, int64_t n, int64_t dy_stride, int64_t y_stride,
+                                            int64_t dx_stride, int mode, bool vec) {
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
   RowReducer reduce(storage, c.warp);
@@ -121,8 +124,8 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
   if (mode == kStreamRow) {
     const int64_t nvec = (n + V - 1) / V;
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-      const T* dyr = dy + row * n;
-      const T* yr = y + row * n;
+      const T* dyr = dy + row * dy_stride;
+      const T* yr = y + row * y_stride;
       float t = 0.f;
       for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
         float dv[V], yv[V];
@@ -132,7 +135,7 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
         for (int e = 0; e < V; ++e) t += bwd_term<LOG>(dv[e], yv[e]);
       }
       const float total = reduce(t, SumOp());
-      T* dxr = dx + row * n;
+      T* dxr = dx + row * dx_stride;
       for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
         float dv[V], yv[V];
         load_row(dyr, j, n, vec, 0.f, dv);
@@ -148,15 +151,15 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
   using Slice = RowSlice<T, ITEMS>;
   for (int64_t row = c.row; row < rows; row += c.step) {
     Slice ds, ys;
-    ds.load(dy + row * n, c, n);  // 0 past the row's end: adds nothing
-    ys.load(y + row * n, c, n);
+    ds.load(dy + row * dy_stride, c, n);  // 0 past the row's end: adds nothing
+    ys.load(y + row * y_stride, c, n);
     float t = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)
 #pragma unroll
       for (int e = 0; e < V; ++e) t += bwd_term<LOG>(ds.at(k, e), ys.at(k, e));
     const float total = reduce(t, SumOp());
-    T* dxr = dx + row * n;
+    T* dxr = dx + row * dx_stride;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
@@ -172,15 +175,17 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
 }  // namespace
 }  // namespace rawops
 
-#define RAWOPS_SOFTMAX(name, LOG, T, suffix)                                                              \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                                       \
-      name##_fwd_##suffix(const T* x, T* y, long long rows, long long n, long long mode, long long vec) { \
-    rawops::softmax_fwd<T, LOG>(x, y, rows, n, int(mode), vec != 0);                                     \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                                       \
-      name##_bwd_##suffix(const T* dy, const T* y, T* dx, long long rows, long long n, long long mode,    \
-                          long long vec) {                                                                \
-    rawops::softmax_bwd<T, LOG>(dy, y, dx, rows, n, int(mode), vec != 0);                                \
+// The *_stride arguments: each operand's row stride in elements (rows.cuh).
+#define RAWOPS_SOFTMAX(name, LOG, T, suffix)                                                                   \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                  \
+      name##_fwd_##suffix(const T* x, T* y, long long rows, long long n, long long x_stride, long long y_stride, \
+                          long long mode, long long vec) {                                                     \
+    rawops::softmax_fwd<T, LOG>(x, y, rows, n, x_stride, y_stride, int(mode), vec != 0);                      \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                  \
+      name##_bwd_##suffix(const T* dy, const T* y, T* dx, long long rows, long long n, long long dy_stride,   \
+                          long long y_stride, long long dx_stride, long long mode, long long vec) {            \
+    rawops::softmax_bwd<T, LOG>(dy, y, dx, rows, n, dy_stride, y_stride, dx_stride, int(mode), vec != 0);     \
   }
 
 #define RAWOPS_SOFTMAX_FAMILY(T, suffix)     \

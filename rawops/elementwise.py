@@ -1,14 +1,23 @@
 """Elementwise ops: gelu, relu, relu_scale, relu_scale_add, bias_gelu, add, and backwards.
 
 All take float32, float16 or bfloat16 arrays (math in float32), of any shape and size
-including 0, contiguous, offset views included. Output is a new CuPy array unless `out=`
-is given (in-place with `out=x` is allowed). Launches go on CuPy's current stream of the
-data's device, or on `stream=`. Kernels: kernels/elementwise.cu.
+including 0. Output is a new C-contiguous CuPy array unless `out=` is given (in-place with
+`out=x` is allowed). Launches go on CuPy's current stream of the data's device, or on
+`stream=`. Kernels: kernels/elementwise.cu.
+
+Layouts: every array argument may be any strided view (offsets, steps such as `x[::3]`, a
+transposed matrix, a broadcast stride-0 input such as `cupy.broadcast_to(y, x.shape)`, the bias
+a view with a step): such calls run the strided kernels on the views as they are, no copy.
+out= may be strided too, as long as no two of its elements share memory (a stride of 0 in out
+is refused), and it must not partly overlap an input (out=x exactly is in place). Contiguous
+calls take the contiguous kernels only. A view whose byte strides are not whole elements is a
+ValueError naming it. bias_gelu_backward's out= must have its rows at one stride (dbias is summed
+from it); column_sum takes C-contiguous arrays.
 """
 from ._launch import (CupyMapEntry, MapKernel, allocating_on, as_array, hold_if_capturing, launch, require_str,
                       resolve_device, sm_count, stream_pointer, wait_for_producer)
 from ._launch import FLOAT_SUFFIXES, NUMPY_DTYPES
-from . import _modules, config
+from . import _constants, _modules, config
 
 FAMILY = "elementwise"
 
@@ -30,28 +39,37 @@ KERNELS = {
     "bias_gelu_erf_fwd": (("x", "bias"), False, True),
     "bias_gelu_erf_bwd": (("dy", "x", "bias"), True, True),
 }
+# Each also exists as <name>_strided_<dtype> (any layout of every operand: MapKernel).
+STRIDED = {name: f"{name}_strided" for name in KERNELS}
 # Two-stage deterministic column sum (dbias); launched through the generic launcher.
 COLUMN_SUM_KERNELS = ("column_sum_part", "column_sum_final")
-FINAL_COLUMNS, FINAL_THREADS = 32, 1024  # column_sum_final: 32 columns x 32 chunk groups a block
+COLUMN_SUM_THREADS = 256  # column_sum_part: a thread a column, a block of them a chunk of rows
+# column_sum_final: a block of FINAL_COLUMNS columns x their chunk groups
+FINAL_COLUMNS = _constants.COLUMN_SUM_FINAL_COLUMNS
+FINAL_THREADS = FINAL_COLUMNS * _constants.COLUMN_SUM_FINAL_GROUPS
 # bias_gelu's backward with the column sums' first stage fused in (dx and dbias in one pass
 # over dy and x), by approximate; launched through the generic launcher.
 BIAS_BWD_PARTIAL = {"tanh": "bias_gelu_tanh_bwd_partial", "none": "bias_gelu_erf_bwd_partial"}
 # The same kernel without a bias: linear_gelu's backward, dpre = dy * gelu'(pre) and its column
 # sums (dbias) in one pass.
 GELU_BWD_PARTIAL = {"tanh": "gelu_tanh_bwd_partial", "none": "gelu_erf_bwd_partial"}
-BIAS_BWD_THREADS = 256
-# By itemsize: (vector bytes per thread and row, blocks resident an SM by the launch bounds),
-# as kernels/elementwise.cu BiasBwdShape compiles them. The grid is one wave of those blocks.
-BIAS_BWD_SHAPE = {4: (16, 3), 2: (8, 6)}
+BIAS_BWD_THREADS = _constants.BIAS_BWD_THREADS
+# By itemsize: (vector bytes per thread and row, blocks resident an SM by the launch bounds) of
+# kernels/elementwise.cu BiasBwdShape. The grid is one wave of those blocks.
+BIAS_BWD_SHAPE = {4: (_constants.BIAS_BWD_F32_BYTES, _constants.BIAS_BWD_F32_BLOCKS),
+                  2: (_constants.BIAS_BWD_HALF_BYTES, _constants.BIAS_BWD_HALF_BLOCKS)}
 MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (the column sums' chunks)
-# The same backward from short tiles (kernels/elementwise.cu bias_bwd_tile, measured 2-5% faster:
-# bench/results/explore_bias_bwd_tiles.md), wherever the last dim is whole 16-byte vectors and
-# every operand 16-byte aligned; the walkers above keep what is only 8-byte aligned.
+# The same backward from short tiles (kernels/elementwise.cu bias_bwd_tile, faster than the walkers:
+# docs/performance.md), wherever the last dim is whole 16-byte vectors and every operand 16-byte
+# aligned; the walkers above keep what is only 8-byte aligned.
 BIAS_BWD_TILE = {"tanh": "bias_gelu_tanh_bwd_tile", "none": "bias_gelu_erf_bwd_tile"}
 GELU_BWD_TILE = {"tanh": "gelu_tanh_bwd_tile", "none": "gelu_erf_bwd_tile"}
-# By dtype code: (threads, rows a tile, rows a thread), as kernels/elementwise.cu BiasBwdTile
-# compiles them.
-BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (512, 128, 2)}
+# By dtype code: (threads, rows a tile, rows a thread) of kernels/elementwise.cu BiasBwdTile.
+BIAS_BWD_TILE_SHAPE = {
+    0: (_constants.BIAS_BWD_TILE_F32_THREADS, _constants.BIAS_BWD_TILE_F32_ROWS, _constants.BIAS_BWD_TILE_F32_PER),
+    1: (_constants.BIAS_BWD_TILE_F16_THREADS, _constants.BIAS_BWD_TILE_F16_ROWS, _constants.BIAS_BWD_TILE_F16_PER),
+    2: (_constants.BIAS_BWD_TILE_BF16_THREADS, _constants.BIAS_BWD_TILE_BF16_ROWS,
+        _constants.BIAS_BWD_TILE_BF16_PER)}
 # float16's tiles can sum dbias exactly instead (kernels/elementwise.cu bias_bwd_tile's kExact):
 # each tile adds its column sums to int64 fixed-point accumulators (every float16 is a whole
 # multiple of 2^-24), so no partial rows are written or read again and dbias is the same bits in
@@ -61,18 +79,17 @@ BIAS_BWD_TILE_SHAPE = {0: (1024, 64, 1), 1: (512, 64, 1), 2: (512, 128, 2)}
 BIAS_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in BIAS_BWD_TILE.items()}
 GELU_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in GELU_BWD_TILE.items()}
 FIXED_SUM_KERNELS = ("fixed_sum_zero", "fixed_sum_final_f16")
+FIXED_SUM_THREADS = _constants.FIXED_SUM_THREADS  # their blocks (and launch bound)
 EXACT_MAX_ROW_TILES = 1 << 17
-# From 2^24 elements: the third launch costs more than the partial rows below that (H100, the
-# library's call: 16384 x 4096 139.2 against 141.5 us, 4096 x 4096 41.2 against 41.6, 2048 x 4096
-# 26.6 against 24.1, 4096 x 768 27.0 against 23.2; bench/results/explore_bias_bwd_exact.md).
+# From 2^24 elements: below that the third launch costs more than the partial rows it saves
+# (docs/performance.md).
 EXACT_MIN_ELEMENTS = 1 << 24
 EXACT_WORKSPACE_ROWS = 3  # float32 rows of cols: the int64 sums (two), the Inf / NaN sums (one)
 TILES, TILES_EXACT = 0, -1  # the plan's strip for the short tiles (partial rows / exact sums)
 
 # The ops launched in the capped shape on sm_90 (_launch.map_shape), each measured faster so
-# (bench/results/explore_map_occupancy.md): the light ones and the erf GELU backward (f16
-# 0.991 -> 1.001x torch, bf16 1.002 -> 1.005x); the erf GELU forward and bias_gelu do more math
-# per byte read and measured slower capped.
+# (docs/performance.md): the light ones and the erf GELU backward; the erf GELU forward and
+# bias_gelu do more math per byte read and measured slower capped.
 CAPPED = {"gelu_tanh_fwd", "gelu_tanh_bwd", "gelu_erf_bwd", "relu_fwd", "relu_bwd", "relu_scale_fwd",
           "relu_scale_bwd", "relu_scale_add_fwd", "add_fwd"}
 
@@ -143,16 +160,22 @@ def relu_scale_add_backward(dy, x, alpha, *, out=None, stream=None):
 
 def bias_gelu_backward(dy, x, bias, approximate="none", *, out=None, stream=None):
     """(dx, dbias): dx = dy * gelu'(x + bias), dbias = dx summed over the leading dims
-    (deterministic: the same input gives the same bits). One pass over dy and x when the last
-    dim is whole vectors and every operand aligned to them (bias_gelu_bwd_plan: 16-byte vectors,
-    or 8-byte ones for the half types); otherwise dx, then its column sums. Checked once."""
+    (deterministic: the same input gives the same bits). One pass over dy and x when every
+    operand is contiguous, the last dim whole vectors and every operand aligned to them
+    (bias_gelu_bwd_plan: 16-byte vectors, or 8-byte ones for the half types); otherwise dx (the
+    strided kernel for strided operands), then its column sums. dy, x, bias may be any strided
+    views; out= any layout whose leading dims collapse to one row stride. Checked once."""
     import cupy
 
     kernel = _gelu_kernel(_BIAS_GELU_BWD, approximate)
+    # dbias is summed from dx where it is written: (row stride, column stride) of out's rows,
+    # checked before anything else asks the GPU.
+    dx_strides = _out_matrix_strides(out)
     a_dy, a_x, a_bias, a_out, device = kernel.check(dy, x, bias, out)
     cols = a_bias.size
     rows = a_dy.size // cols if cols else 0
     dtype = NUMPY_DTYPES[a_dy.dtype]
+    dense = a_dy.contiguous and a_x.contiguous and a_bias.contiguous and (a_out is None or a_out.contiguous)
     s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
     with cupy.cuda.Device(device), allocating_on(stream, s):
         for operand in (a_dy, a_x, a_bias):
@@ -164,21 +187,42 @@ def bias_gelu_backward(dy, x, bias, approximate="none", *, out=None, stream=None
             return dx, cupy.zeros((cols,), dtype=dtype)
         dbias = cupy.empty((cols,), dtype=dtype)
         sms = sm_count(device)
-        plan = bias_gelu_bwd_plan(rows, cols, a_dy.dtype, (a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr), sms)
+        plan = bias_gelu_bwd_plan(rows, cols, a_dy.dtype, (a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr), sms) if dense \
+            else None
         if plan is not None:
             partial = cupy.empty((plan[1], cols), dtype="float32")
             launch_bias_gelu_backward(device, a_dy.dtype, approximate, plan, a_dy.ptr, a_x.ptr, a_bias.ptr,
                                       dx_ptr, partial.data.ptr, dbias.data.ptr, rows, cols, s)
             hold_if_capturing(s, partial)
-        else:  # the map kernel (scalar head and tail where misaligned), then dx's column sums
-            kernel.launch_pointers(device, a_dy.dtype, a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr, a_dy.size, cols,
-                                   0.0, s)
+        else:  # the map kernel (scalar head and tail where misaligned; strided), then dx's column sums
+            kernel.launch_arrays(device, a_dy, a_x, a_bias, a_out, dx_ptr, 0.0, s)
             chunks, rows_per_chunk = column_sum_plan(rows, cols, sms)
             partial = cupy.empty((chunks, cols), dtype="float32")
             launch_column_sum(device, a_dy.dtype, dx_ptr, partial.data.ptr, dbias.data.ptr, rows, cols, chunks,
-                              rows_per_chunk, s)
+                              rows_per_chunk, s, *(dx_strides or (cols, 1)))
             hold_if_capturing(s, partial)
     return dx, dbias
+
+
+def _out_matrix_strides(out):
+    """(row stride, column stride) in elements of a strided out= seen as (rows, last dim); None
+    for no out, a C-contiguous one, or one the launcher's checks refuse (they name it)."""
+    if out is None:
+        return None
+    try:
+        a = as_array(out, "out")
+    except (TypeError, ValueError):
+        return None
+    if a.contiguous or a.strides is None or not a.shape:
+        return None
+    shape, strides = a.shape, a.strides
+    lead = [(d, s) for d, s in zip(shape[:-1], strides[:-1]) if d != 1]
+    for (_, outer), (size, inner) in zip(lead, lead[1:]):
+        if outer != inner * size:
+            raise ValueError(f"{a.name} has leading dims {shape[:-1]} with strides {strides[:-1]} (elements) that do "
+                             "not collapse to one row stride; bias_gelu_backward sums dbias from out's rows: pass an "
+                             "out whose rows are at one stride, or none")
+    return (lead[-1][1] if lead else shape[-1] * strides[-1]), strides[-1]
 
 
 def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
@@ -246,12 +290,13 @@ def _launch_exact_tiles(device, approximate, grid, threads, args, dbias_ptr, str
     dependent = _modules.compute_capability(device) >= 90
     words = EXACT_WORKSPACE_ROWS * cols
     zero = _modules.function_pointer(FAMILY, FIXED_SUM_KERNELS[0], device)
-    launch(zero, (-(-words // 256),), 256, 0, stream, (workspace, words), "pq", device)
+    launch(zero, (-(-words // FIXED_SUM_THREADS),), FIXED_SUM_THREADS, 0, stream, (workspace, words), "pq", device)
     names = BIAS_BWD_TILE_EXACT if args[2] else GELU_BWD_TILE_EXACT
     tiles = _modules.function_pointer(FAMILY, f"{names[approximate]}_f16", device)
     launch(tiles, grid, threads, 0, stream, args, "pppppqq", device, dependent)
     final = _modules.function_pointer(FAMILY, FIXED_SUM_KERNELS[1], device)
-    launch(final, (-(-cols // 256),), 256, 0, stream, (workspace, dbias_ptr, cols), "ppq", device, dependent)
+    launch(final, (-(-cols // FIXED_SUM_THREADS),), FIXED_SUM_THREADS, 0, stream, (workspace, dbias_ptr, cols), "ppq",
+           device, dependent)
 
 
 def column_sum_plan(rows, cols, sms):
@@ -262,12 +307,15 @@ def column_sum_plan(rows, cols, sms):
     return (rows + rows_per_chunk - 1) // rows_per_chunk, rows_per_chunk
 
 
-def launch_column_sum(device, dtype, x_ptr, partial_ptr, out_ptr, rows, cols, chunks, rows_per_chunk, stream):
-    """Both column-sum stages on raw pointers; partial holds chunks x cols float32."""
+def launch_column_sum(device, dtype, x_ptr, partial_ptr, out_ptr, rows, cols, chunks, rows_per_chunk, stream,
+                      row_stride=None, col_stride=1):
+    """Both column-sum stages on raw pointers; partial holds chunks x cols float32. Element (r,
+    c) of x is at r * row_stride + c * col_stride elements (row_stride None: cols, dense rows)."""
     suffix = FLOAT_SUFFIXES[dtype]
     part = _modules.function_pointer(FAMILY, f"column_sum_part_{suffix}", device)
-    launch(part, ((cols + 255) // 256, chunks), 256, 0, stream, (x_ptr, partial_ptr, rows, cols, rows_per_chunk),
-           "ppqqq", device)
+    launch(part, (-(-cols // COLUMN_SUM_THREADS), chunks), COLUMN_SUM_THREADS, 0, stream,
+           (x_ptr, partial_ptr, rows, cols, rows_per_chunk, cols if row_stride is None else row_stride, col_stride),
+           "ppqqqqq", device)
     _launch_column_sum_final(device, suffix, partial_ptr, out_ptr, chunks, cols, stream)
 
 

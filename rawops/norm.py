@@ -4,30 +4,40 @@ float32, float16 or bfloat16 arrays of any shape with at least one dimension (le
 are rows), any row width, any number of rows including 0; math in float32. weight/bias are
 optional, of shape (x.shape[-1],) and x's dtype. The forward also returns the per-row
 float32 statistics the backward needs. Kernels: kernels/norm.cu.
+
+Layouts: x, dy and out= may be views whose last dim is contiguous and whose leading dims
+collapse to one row stride (`x[:, :n]` of a wider matrix, `x[::2]`, a broadcast of one row):
+launched as they are, no copy; the 16-byte path is kept wherever every row starts 16-byte
+aligned. Any other layout (a transpose, a step in the last dim) is a ValueError naming the
+argument. weight, bias, mean and rstd must be contiguous; y and dx are new contiguous arrays
+(y: out= when given).
 """
 from ._launch import (NUMPY_DTYPES, allocating_on, hold_if_capturing, launch, real_scalar, sm_count, stream_pointer,
                       wait_for_producer)
-from . import _modules, _rows
+from . import _constants, _modules, _rows
 
 FAMILY = "norm"
 
 # The family's table: kernel base name -> argument names. Each exists once per dtype in the
 # fatbin (<name>_f32, _f16, _bf16); the launch kinds are those of launch_forward/_backward.
+_FWD_ARGS = ("x", "weight", "bias", "y", "mean", "rstd", "rows", "n", "x_stride", "y_stride", "mode", "vec", "eps")
+_BWD_ARGS = ("dy", "x", "weight", "mean", "rstd", "dx", "partial_dw", "partial_db", "rows", "n", "dy_stride",
+             "x_stride", "dx_stride", "mode", "vec")
 KERNELS = {
-    "layer_norm_fwd": ("x", "weight", "bias", "y", "mean", "rstd", "rows", "n", "mode", "vec", "eps"),
-    "layer_norm_bwd": ("dy", "x", "weight", "mean", "rstd", "dx", "partial_dw", "partial_db", "rows", "n",
-                       "mode", "vec"),
-    "rms_norm_fwd": ("x", "weight", "bias", "y", "mean", "rstd", "rows", "n", "mode", "vec", "eps"),
-    "rms_norm_bwd": ("dy", "x", "weight", "mean", "rstd", "dx", "partial_dw", "partial_db", "rows", "n",
-                     "mode", "vec"),
+    "layer_norm_fwd": _FWD_ARGS,
+    "layer_norm_bwd": _BWD_ARGS,
+    "rms_norm_fwd": _FWD_ARGS,
+    "rms_norm_bwd": _BWD_ARGS,
     # Second stage of dweight/dbias: the per-block partial rows summed in a fixed order.
     "norm_param_grad": ("partial_dw", "partial_db", "dweight", "dbias", "chunks", "n"),
 }
-FWD_KINDS = "ppppppqqqqf"
-BWD_KINDS = "ppppppppqqqq"
+FWD_KINDS = "ppppppqqqqqqf"
+BWD_KINDS = "ppppppppqqqqqqq"
 PARAM_GRAD_KINDS = "ppppqq"
-PARAM_GRAD_COLUMNS = 32  # columns per block of norm_param_grad
-PARAM_GRAD_THREADS = 512  # its block: 32 columns x 16 lanes over the partial rows
+PARAM_GRAD_COLUMNS = _constants.NORM_PARAM_GRAD_COLUMNS  # columns per block of norm_param_grad
+PARAM_GRAD_THREADS = PARAM_GRAD_COLUMNS * _constants.NORM_PARAM_GRAD_LANES  # x lanes over the partial rows
+FLAG_VECTORS, FLAG_WEIGHT, FLAG_BIAS = (_constants.NORM_FLAG_VECTORS, _constants.NORM_FLAG_WEIGHT,
+                                        _constants.NORM_FLAG_BIAS)
 
 # eps=None (torch.nn.RMSNorm's default): the storage dtype's machine epsilon, as torch.
 MACHINE_EPS = (2.0 ** -23, 2.0 ** -10, 2.0 ** -7)
@@ -38,16 +48,17 @@ def forward_plan(rows, n, itemsize, aligned):
     return _rows.row_plan(rows, n, _rows.FWD_BYTES // itemsize, itemsize, aligned)
 
 
-# The backward kernels are bound to 64 registers a thread (kernels/norm.cu, __launch_bounds__
-# (512, 2)): 65536 / 64 of their threads fit an SM.
-BWD_THREADS_PER_SM = 1024
+# The backward kernels' launch bounds (kernels/norm.cu: ROW_MIN_BLOCKS blocks of ROW_MAX_THREADS)
+# guarantee this many of their threads an SM; the occupancy API refines it at launch.
+BWD_THREADS_PER_SM = _constants.ROW_MIN_BLOCKS * _constants.ROW_MAX_THREADS
 
 
-def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx):
-    """(mode, blocks, threads, chunks, aligned) for pointers dy, x, weight (0: none), dx: the
-    grid fills each SM once (each block or warp accumulates dw/db over its rows); chunks is
-    the number of partial rows of dweight / dbias."""
-    aligned = _rows.vectors(n, itemsize, dy, x, weight, dx)
+def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx, strides=()):
+    """(mode, blocks, threads, chunks, aligned) for pointers dy, x, weight (0: none), dx and the
+    row strides of dy, x, dx (`strides`; default dense rows): the grid fills each SM once
+    (each block or warp accumulates dw/db over its rows); chunks is the number of partial rows
+    of dweight / dbias."""
+    aligned = _rows.vectors(n, itemsize, dy, x, weight, dx, strides=strides)
     mode, blocks, threads = _rows.row_plan(rows, n, _rows.BWD_BYTES // itemsize, itemsize, aligned)
     blocks = min(blocks, _rows.resident_blocks(sms, threads, BWD_THREADS_PER_SM))
     return mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned
@@ -85,21 +96,29 @@ def resident(name, device, threads, smem):
     return blocks
 
 
-def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream):
+def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream, x_stride=None,
+                   y_stride=None):
     """One forward launch (op: 'layer_norm' or 'rms_norm'); pointers checked by the caller,
-    0 for an absent weight / bias / mean. rows > 0 and n > 0."""
-    aligned = _rows.vectors(n, itemsize, x, weight, bias, y)
+    0 for an absent weight / bias / mean; x_stride / y_stride: the row strides of x and y in
+    elements (None: n, dense rows). rows > 0 and n > 0."""
+    x_stride = n if x_stride is None else x_stride
+    y_stride = n if y_stride is None else y_stride
+    aligned = _rows.vectors(n, itemsize, x, weight, bias, y, strides=(x_stride, y_stride))
     mode, blocks, threads = forward_plan(rows, n, itemsize, aligned)
     # Flags, not null pointers, say what is absent (see the note in kernels/norm.cu).
-    flags = aligned | (2 if weight else 0) | (4 if bias else 0)
+    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (FLAG_BIAS if bias else 0)
     launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), threads,
-           0, stream, (x, weight or x, bias or x, y, mean, rstd, rows, n, mode, flags, eps), FWD_KINDS, device)
+           0, stream, (x, weight or x, bias or x, y, mean, rstd, rows, n, x_stride, y_stride, mode, flags, eps),
+           FWD_KINDS, device)
 
 
 def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, partial_dw, partial_db, dweight,
-                    dbias, rows, n, plan, stream):
+                    dbias, rows, n, plan, stream, strides=None):
     """dx, and dweight / dbias (0: not wanted) through partial buffers of plan[3] x n float32
-    each (0 where not wanted), plan = backward_plan(...) of the same pointers. rows > 0, n > 0."""
+    each (0 where not wanted), plan = backward_plan(...) of the same pointers and strides;
+    strides: the row strides of dy, x and dx in elements (None: n each, dense rows). rows > 0,
+    n > 0."""
+    dy_stride, x_stride, dx_stride = strides if strides is not None else (n, n, n)
     mode, blocks, threads, chunks, aligned = plan
     name = _rows.kernel_name(f"{op}_bwd", dtype)
     smem = column_smem(mode, threads, itemsize, bool(partial_dw) + bool(partial_db))
@@ -112,9 +131,10 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
     # for a second wave; its partial rows, fewer, are the ones summed.
     blocks = min(blocks, resident(name, device, threads, smem))
     chunks = _rows.chunks(mode, blocks, threads)
-    flags = aligned | (2 if weight else 0)
+    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0)
     launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, smem, stream,
-           (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, mode, flags), BWD_KINDS, device)
+           (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, dy_stride, x_stride, dx_stride, mode,
+            flags), BWD_KINDS, device)
     if dweight or dbias:
         launch(_modules.function_pointer(FAMILY, _rows.kernel_name("norm_param_grad", dtype), device),
                (-(-n // PARAM_GRAD_COLUMNS), 2), PARAM_GRAD_THREADS, 0, stream,
@@ -160,7 +180,8 @@ def _forward(op, x, weight, bias, eps, out, stream):
         if rows and n:
             launch_forward(op, device, X.dtype, X.itemsize, X.ptr, W.ptr if W else 0, B.ptr if B else 0,
                            O.ptr if O is not None else y.data.ptr, mean.data.ptr if mean is not None else 0,
-                           rstd.data.ptr, rows, n, eps, s)
+                           rstd.data.ptr, rows, n, eps, s, _rows.row_stride(X),
+                           _rows.row_stride(O) if O is not None else n)
         elif rows:  # rows of width 0: statistics of nothing, as torch gives them
             if mean is not None:
                 mean.fill(float("nan"))
@@ -188,8 +209,9 @@ def _backward(op, dy, x, weight, mean, rstd, want_dbias, stream):
         dweight = cupy.zeros((n,), dtype) if W is not None else None
         dbias = cupy.zeros((n,), dtype) if want_dbias else None
         if rows and n:
+            strides = (_rows.row_stride(DY), _rows.row_stride(X), n)
             plan = backward_plan(rows, n, X.itemsize, sm_count(device), DY.ptr, X.ptr, W.ptr if W else 0,
-                                 dx.data.ptr)
+                                 dx.data.ptr, strides)
             partial_dw = cupy.ndarray((plan[3], n), cupy.float32) if dweight is not None else None
             partial_db = cupy.ndarray((plan[3], n), cupy.float32) if dbias is not None else None
             launch_backward(op, device, X.dtype, X.itemsize, DY.ptr, X.ptr, W.ptr if W else 0,
@@ -197,42 +219,46 @@ def _backward(op, dy, x, weight, mean, rstd, want_dbias, stream):
                             partial_dw.data.ptr if partial_dw is not None else 0,
                             partial_db.data.ptr if partial_db is not None else 0,
                             dweight.data.ptr if dweight is not None else 0,
-                            dbias.data.ptr if dbias is not None else 0, rows, n, plan, s)
+                            dbias.data.ptr if dbias is not None else 0, rows, n, plan, s, strides)
             hold_if_capturing(s, partial_dw, partial_db)
     return dx, dweight, dbias
 
 
 def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, out=None, stream=None):
     """(y, mean, rstd): y = (x - mean) * rstd * weight + bias over the last dim, with
-    rstd = 1 / sqrt(biased variance + eps); mean and rstd float32 of shape x.shape[:-1]."""
+    rstd = 1 / sqrt(biased variance + eps); mean and rstd float32 of shape x.shape[:-1].
+    x and out= may be row-strided views (the module docstring)."""
     return _forward("layer_norm", x, weight, bias, eps, out, stream)
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, stream=None):
-    """torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)."""
+    """torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps); x and out= may be
+    row-strided views (the module docstring)."""
     return _forward("layer_norm", x, weight, bias, eps, out, stream)[0]
 
 
 def layer_norm_backward(dy, x, weight, mean, rstd, *, stream=None):
     """(dx, dweight, dbias) from the forward's mean and rstd; dweight is None without
-    weight. dweight and dbias are summed over rows deterministically (same bits every run)."""
+    weight. dweight and dbias are summed over rows deterministically (same bits every run).
+    dy and x may be row-strided views (dy broadcast over the rows included)."""
     return _backward("layer_norm", dy, x, weight, mean, rstd, True, stream)
 
 
 def rms_norm_forward(x, weight=None, eps=None, *, out=None, stream=None):
     """(y, rstd): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps), float32 of shape
-    x.shape[:-1]."""
+    x.shape[:-1]. x and out= may be row-strided views (the module docstring)."""
     y, _, rstd = _forward("rms_norm", x, weight, None, eps, out, stream)
     return y, rstd
 
 
 def rms_norm(x, weight=None, eps=None, *, out=None, stream=None):
     """torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps); eps=None is x's
-    dtype's machine epsilon, as in torch."""
+    dtype's machine epsilon, as in torch. x and out= may be row-strided views."""
     return _forward("rms_norm", x, weight, None, eps, out, stream)[0]
 
 
 def rms_norm_backward(dy, x, weight, rstd, *, stream=None):
-    """(dx, dweight) from the forward's rstd; dweight is None without weight."""
+    """(dx, dweight) from the forward's rstd; dweight is None without weight. dy and x may be
+    row-strided views."""
     dx, dweight, _ = _backward("rms_norm", dy, x, weight, None, rstd, False, stream)
     return dx, dweight

@@ -3,6 +3,12 @@
 float32, float16 or bfloat16 arrays of any shape with at least one dimension, any row
 width, any number of rows including 0; math in float32, the row max subtracted first (no
 overflow at any magnitude). Kernels: kernels/softmaxes.cu.
+
+Layouts: every operand (x, y, dy, out=) may be a view whose last dim is contiguous and whose
+leading dims collapse to one row stride (`x[:, :n]` of a wider matrix, `x[::2]`, a broadcast
+of one row): launched as it is, no copy; the 16-byte path is kept wherever every row starts
+16-byte aligned. Any other layout (a transpose, a step in the last dim) is a ValueError naming
+the argument. The result is a new contiguous array unless out= is given.
 """
 from ._launch import NUMPY_DTYPES, allocating_on, launch, stream_pointer, wait_for_producer
 from . import _modules, _rows
@@ -10,14 +16,16 @@ from . import _modules, _rows
 FAMILY = "softmaxes"
 
 # The family's table: kernel base name -> argument names; each exists once per dtype.
+_FWD_ARGS = ("x", "y", "rows", "n", "x_stride", "y_stride", "mode", "vec")
+_BWD_ARGS = ("dy", "y", "dx", "rows", "n", "dy_stride", "y_stride", "dx_stride", "mode", "vec")
 KERNELS = {
-    "softmax_fwd": ("x", "y", "rows", "n", "mode", "vec"),
-    "softmax_bwd": ("dy", "y", "dx", "rows", "n", "mode", "vec"),
-    "log_softmax_fwd": ("x", "y", "rows", "n", "mode", "vec"),
-    "log_softmax_bwd": ("dy", "y", "dx", "rows", "n", "mode", "vec"),
+    "softmax_fwd": _FWD_ARGS,
+    "softmax_bwd": _BWD_ARGS,
+    "log_softmax_fwd": _FWD_ARGS,
+    "log_softmax_bwd": _BWD_ARGS,
 }
-FWD_KINDS = "ppqqqq"
-BWD_KINDS = "pppqqqq"
+FWD_KINDS = "ppqqqqqq"
+BWD_KINDS = "pppqqqqqqq"
 
 
 def forward_plan(rows, n, itemsize, aligned):
@@ -28,20 +36,24 @@ def backward_plan(rows, n, itemsize, aligned):
     return _rows.row_plan(rows, n, _rows.BWD_BYTES // itemsize, itemsize, aligned)
 
 
-def launch_forward(op, device, dtype, itemsize, x, y, rows, n, stream):
+def launch_forward(op, device, dtype, itemsize, x, y, rows, n, stream, strides=None):
     """One forward launch (op: 'softmax' or 'log_softmax') on pointers checked by the
-    caller; rows > 0 and n > 0."""
-    aligned = _rows.vectors(n, itemsize, x, y)
+    caller; strides: the row strides of x and y in elements (None: n, dense rows); rows > 0
+    and n > 0."""
+    strides = (n, n) if strides is None else tuple(strides)
+    aligned = _rows.vectors(n, itemsize, x, y, strides=strides)
     mode, blocks, threads = forward_plan(rows, n, itemsize, aligned)
     launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), threads,
-           0, stream, (x, y, rows, n, mode, aligned), FWD_KINDS, device)
+           0, stream, (x, y, rows, n, *strides, mode, aligned), FWD_KINDS, device)
 
 
-def launch_backward(op, device, dtype, itemsize, dy, y, dx, rows, n, stream):
-    aligned = _rows.vectors(n, itemsize, dy, y, dx)
+def launch_backward(op, device, dtype, itemsize, dy, y, dx, rows, n, stream, strides=None):
+    """One backward launch; strides: the row strides of dy, y and dx (None: n each)."""
+    strides = (n, n, n) if strides is None else tuple(strides)
+    aligned = _rows.vectors(n, itemsize, dy, y, dx, strides=strides)
     mode, blocks, threads = backward_plan(rows, n, itemsize, aligned)
     launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_bwd", dtype), device), (blocks,), threads,
-           0, stream, (dy, y, dx, rows, n, mode, aligned), BWD_KINDS, device)
+           0, stream, (dy, y, dx, rows, n, *strides, mode, aligned), BWD_KINDS, device)
 
 
 # ------------------------------------------------------------------------------ CuPy API
@@ -62,29 +74,34 @@ def _run(op, direction, arrays, out, stream):
         result = O.obj if O is not None else cupy.ndarray(first.shape, NUMPY_DTYPES[first.dtype])
         out_ptr = O.ptr if O is not None else result.data.ptr
         if rows and n:
+            strides = [_rows.row_stride(a) for a in inputs] + [_rows.row_stride(O) if O is not None else n]
             if direction == "fwd":
-                launch_forward(op, device, first.dtype, first.itemsize, first.ptr, out_ptr, rows, n, s)
+                launch_forward(op, device, first.dtype, first.itemsize, first.ptr, out_ptr, rows, n, s, strides)
             else:
                 launch_backward(op, device, first.dtype, first.itemsize, inputs[0].ptr, inputs[1].ptr, out_ptr,
-                                rows, n, s)
+                                rows, n, s, strides)
     return result
 
 
 def softmax(x, *, out=None, stream=None):
-    """exp(x - max) / sum(exp(x - max)) over the last dim."""
+    """exp(x - max) / sum(exp(x - max)) over the last dim; x and out=
+    may be row-strided views (module docstring)."""
     return _run("softmax", "fwd", [(x, "x")], out, stream)
 
 
 def log_softmax(x, *, out=None, stream=None):
-    """x - max - log(sum(exp(x - max))) over the last dim."""
+    """x - max - log(sum(exp(x - max))) over the last dim; x and out=
+    may be row-strided views (module docstring)."""
     return _run("log_softmax", "fwd", [(x, "x")], out, stream)
 
 
 def softmax_backward(dy, y, *, out=None, stream=None):
-    """dx = y * (dy - sum(dy * y)), y being softmax's output."""
+    """dx = y * (dy - sum(dy * y)), y being softmax's output; dy, y and out= may be
+    row-strided views (module docstring)."""
     return _run("softmax", "bwd", [(dy, "dy"), (y, "y")], out, stream)
 
 
 def log_softmax_backward(dy, y, *, out=None, stream=None):
-    """dx = dy - exp(y) * sum(dy), y being log_softmax's output."""
+    """dx = dy - exp(y) * sum(dy), y being log_softmax's output; dy, y and out= may be
+    row-strided views (module docstring)."""
     return _run("log_softmax", "bwd", [(dy, "dy"), (y, "y")], out, stream)

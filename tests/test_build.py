@@ -18,7 +18,8 @@ from rawops import _fatbin_info, _modules, _nvcc
 SUFFIXES = ("f32", "f16", "bf16")
 EXPECTED_KERNELS = {
     f"{base}_{suffix}"
-    for base in (*elementwise.KERNELS, *elementwise.COLUMN_SUM_KERNELS, *elementwise.BIAS_BWD_PARTIAL.values(),
+    for base in (*elementwise.KERNELS, *elementwise.STRIDED.values(), *elementwise.COLUMN_SUM_KERNELS,
+                 *elementwise.BIAS_BWD_PARTIAL.values(),
                  *elementwise.GELU_BWD_PARTIAL.values(), *elementwise.BIAS_BWD_TILE.values(),
                  *elementwise.GELU_BWD_TILE.values())
     for suffix in SUFFIXES
@@ -153,7 +154,7 @@ def test_every_elf_has_every_kernel_entry_point_and_no_unlisted_one(fatbin):
         missing = sorted(EXPECTED_KERNELS - names)
         extra = sorted(names - EXPECTED_KERNELS)
         assert not missing, f"{arch}: kernels the launcher needs but the ELF lacks: {missing}"
-        assert not extra, (f"{arch}: entry points absent from rawops.elementwise.KERNELS / "
+        assert not extra, (f"{arch}: entry points absent from rawops.elementwise.KERNELS / STRIDED / "
                            f"COLUMN_SUM_KERNELS / BIAS_BWD_PARTIAL / GELU_BWD_PARTIAL / BIAS_BWD_TILE / GELU_BWD_TILE "
                            f"(unreachable from Python): "
                            f"{extra}")
@@ -190,7 +191,7 @@ def test_backward_tiles_store_dx_as_one_16_byte_vector_on_every_architecture(fat
 def test_map_kernels_ask_for_names_the_fatbin_table_lists():
     # MapKernel builds '<name>_<suffix>' at launch; those must be among the names checked above.
     asked = {name for kernel in elementwise.MAP.values() for name in kernel.kernel_names()}
-    assert asked == {f"{b}_{s}" for b in elementwise.KERNELS for s in SUFFIXES}
+    assert asked == {f"{b}_{s}" for b in (*elementwise.KERNELS, *elementwise.STRIDED.values()) for s in SUFFIXES}
     assert asked < EXPECTED_KERNELS
 
 
@@ -333,32 +334,47 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     assert exact == {f"{name}_exact": op for name, op in tiles.items()}
     assert set(exact) == {*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values()}
     for name in elementwise.FIXED_SUM_KERNELS:
-        assert re.search(rf'extern "C" __global__ void __launch_bounds__\(256\) {name}\(', source), name
+        assert re.search(rf'extern "C" __global__ void __launch_bounds__\(RAWOPS_FIXED_SUM_THREADS\) {name}\(', source), name
+    # each RAWOPS_MAP stamps out the strided entry beside the contiguous one
+    assert "name##_strided_##suffix(" in source
+    assert set(elementwise.STRIDED) == set(elementwise.KERNELS)
+    assert all(strided == f"{name}_strided" for name, strided in elementwise.STRIDED.items())
     instantiated = re.findall(r"^RAWOPS_ELEMENTWISE\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 
 
 def test_fused_bias_backward_plan_uses_the_kernels_launch_bounds_and_vector():
     # The plan sizes its one wave by the blocks the launch bounds guarantee resident, and its
-    # alignment checks by the kernel's vector: both are compiled in per storage size.
+    # alignment checks by the kernel's vector: both come from rawops/_constants.py, compiled in
+    # per storage size.
+    from rawops import _constants
+
     source = _kernel_source()
-    shape = re.search(r"static constexpr int bytes = sizeof\(T\) == 4 \? (\d+) : (\d+), "
-                      r"blocks = sizeof\(T\) == 4 \? (\d+) : (\d+),", source)
-    assert shape, "BiasBwdShape's defaults not found"
-    f32_bytes, half_bytes, f32_blocks, half_blocks = map(int, shape.groups())
-    assert elementwise.BIAS_BWD_SHAPE == {4: (f32_bytes, f32_blocks), 2: (half_bytes, half_blocks)}
-    assert re.search(rf"#define RAWOPS_BIAS_BWD_THREADS {elementwise.BIAS_BWD_THREADS}\n", source)
+    assert ("static constexpr int bytes = sizeof(T) == 4 ? RAWOPS_BIAS_BWD_F32_BYTES : RAWOPS_BIAS_BWD_HALF_BYTES;"
+            in source)
+    assert ("static constexpr int blocks = sizeof(T) == 4 ? RAWOPS_BIAS_BWD_F32_BLOCKS : RAWOPS_BIAS_BWD_HALF_BLOCKS;"
+            in source)
+    assert elementwise.BIAS_BWD_SHAPE == {4: (_constants.BIAS_BWD_F32_BYTES, _constants.BIAS_BWD_F32_BLOCKS),
+                                          2: (_constants.BIAS_BWD_HALF_BYTES, _constants.BIAS_BWD_HALF_BLOCKS)}
+    assert "constexpr int kBiasBwdThreads = RAWOPS_BIAS_BWD_THREADS;" in source
+    assert elementwise.BIAS_BWD_THREADS == _constants.BIAS_BWD_THREADS
     assert "__launch_bounds__(rawops::kBiasBwdThreads, rawops::BiasBwdShape<T>::blocks)" in source
 
 
 def test_tile_backward_plan_uses_the_kernels_tile_shapes():
     # The plan's grid, block and partial rows follow BiasBwdTile<T> (threads, rows a tile, rows a
     # thread), compiled per type; a mismatch would leave rows or columns without a thread.
-    source = _kernel_source()
-    types = {"float": 0, "__half": 1, "__nv_bfloat16": 2}
-    found = {types[t]: tuple(map(int, shape)) for t, *shape in re.findall(
-        r"template <> struct BiasBwdTile<(\w+)> \{ static constexpr int threads = (\d+), rows = (\d+), "
-        r"per = (\d+); \};", source)}
+    from rawops import _constants
+
+    source = re.sub(r"\s+", " ", _kernel_source())
+    types = {"float": (0, "F32"), "__half": (1, "F16"), "__nv_bfloat16": (2, "BF16")}
+    found = {}
+    for t, threads, rows, per in re.findall(
+            r"template <> struct BiasBwdTile<(\w+)> \{ static constexpr int threads = RAWOPS_(\w+), "
+            r"rows = RAWOPS_(\w+), per = RAWOPS_(\w+); \};", source):
+        code, name = types[t]
+        assert (threads, rows, per) == tuple(f"BIAS_BWD_TILE_{name}_{part}" for part in ("THREADS", "ROWS", "PER"))
+        found[code] = tuple(getattr(_constants, macro) for macro in (threads, rows, per))
     assert found == elementwise.BIAS_BWD_TILE_SHAPE
     assert "__launch_bounds__(rawops::BiasBwdTile<T>::threads)" in source
 
@@ -515,7 +531,8 @@ def test_norm_table_matches_the_kernels_defined_in_the_source():
     source = _source("norm")
     ops = re.findall(r"^\s*RAWOPS_NORM\((\w+),\s*(true|false),\s*T,\s*suffix\b", source, flags=re.M)
     defined = {f"{op}_{direction}" for op, _ in ops for direction in ("fwd", "bwd")}
-    helpers = set(re.findall(r'void __launch_bounds__\(\d+\)\s*\\?\s*(\w+)_##suffix\(', source))
+    helpers = set(re.findall(r'void __launch_bounds__\([^)]*\)\s*\\?\s*(\w+)_##suffix\(', source))
+    helpers -= {"name##_fwd", "name##_bwd"}
     assert defined | helpers == set(norm.KERNELS)
     assert dict(ops) == {"layer_norm": "false", "rms_norm": "true"}, "the RMS flag of each op"
     instantiated = re.findall(r"^RAWOPS_NORM_FAMILY\(([\w ]+),\s*(\w+)\b", source, flags=re.M)

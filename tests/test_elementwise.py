@@ -6,7 +6,8 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import rawops  # noqa: E402
-from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy, to_torch, written_late  # noqa: E402
+from gpu_reference import (DTYPES, assert_close, poison_pool, poison_torch_pool, random, to_cupy, to_torch,  # noqa: E402
+                           written_late)
 
 pytestmark = pytest.mark.gpu
 ALPHA = 0.37
@@ -376,12 +377,258 @@ def test_tensor_past_2_pow_31_elements():
     assert not torch.isnan(out[-8:]).any()
 
 
-def test_strided_cupy_view_is_refused_not_copied():
-    x = to_cupy(random((4096,), torch.float32))
-    with pytest.raises(ValueError, match="x is not C-contiguous"):
-        rawops.gelu(x[::2], approximate="tanh")
-    with pytest.raises(ValueError, match="out is not C-contiguous"):
-        rawops.relu(x[:2048], out=x[::2])
+def test_strided_cupy_view_runs_as_it_is_not_copied():
+    # A stepped view in, a stepped out: the kernel reads and writes every other element in place,
+    # the elements between stay as they were (a hidden copy would not touch them either, but a
+    # kernel indexing the view as dense would).
+    x = random((4096,), torch.float32)
+    untouched = torch.full((4096,), float("nan"), device="cuda")
+    y = rawops.gelu(to_cupy(x)[::2], approximate="tanh")
+    assert y.flags.c_contiguous and y.shape == (2048,)
+    assert_close(to_torch(y), F.gelu(x[::2].double(), approximate="tanh"), torch.float32, "x[::2]")
+    rawops.relu(to_cupy(x)[1::2], out=to_cupy(untouched)[::2])
+    assert_close(untouched[::2], F.relu(x[1::2].double()), torch.float32, "out=[::2]")
+    assert torch.isnan(untouched[1::2]).all(), "wrote between the view's elements"
+
+
+# ------------------------------------------------------------------------------ strided layouts
+# Views of a contiguous base, made the same way in CuPy (what rawops gets) and torch (the float64
+# reference): name -> (base shape for a logical (rows, cols), CuPy view, torch view of the base).
+# "reversed" has negative strides (CuPy only: torch flips a copy for the reference); "broadcast"
+# repeats one row (stride 0, an input only).
+VIEWS = {
+    "transposed": (lambda r, c: (c, r), lambda b, r, c: b.T, lambda b, r, c: b.t()),
+    "stepped": (lambda r, c: (2 * r, 3 * c), lambda b, r, c: b[::2, ::3], lambda b, r, c: b[::2, ::3]),
+    "offset": (lambda r, c: (r + 1, c + 3), lambda b, r, c: b[1:, 3:], lambda b, r, c: b[1:, 3:]),
+    "sliced_columns": (lambda r, c: (r, 2 * c + 1), lambda b, r, c: b[:, c + 1:], lambda b, r, c: b[:, c + 1:]),
+    "reversed": (lambda r, c: (r, c), lambda b, r, c: b[::-1, ::-1], lambda b, r, c: b.flip(0, 1)),
+    "broadcast": (lambda r, c: (1, c), lambda b, r, c: cupy.broadcast_to(b, (r, c)), lambda b, r, c: b.expand(r, c)),
+}
+OUT_VIEWS = [name for name in VIEWS if name != "broadcast"]
+STRIDED_SHAPE = (67, 45)  # rows x cols: odd sizes, several blocks of the strided kernel
+
+
+def _view(name, dtype, shape=STRIDED_SHAPE, fill=None):
+    """(CuPy view, torch view, torch base) of a fresh random base (or one full of `fill`)."""
+    base_shape, cupy_view, torch_view = VIEWS[name]
+    r, c = shape
+    base = random(base_shape(r, c), dtype) if fill is None else torch.full(base_shape(r, c), fill, dtype=dtype,
+                                                                            device="cuda")
+    return cupy_view(to_cupy(base), r, c), torch_view(base, r, c), base
+
+
+def _strided_inputs(names, layout, dtype, shape=STRIDED_SHAPE):
+    """(CuPy operands, torch float64 references): every operand of the op's shape in `layout`,
+    the bias every other element of a longer vector."""
+    given, refs = [], []
+    for name in names:
+        if name == "bias":
+            base = random((2 * shape[-1],), dtype)
+            given.append(to_cupy(base)[::2])
+            refs.append(base[::2].double())
+        else:
+            view, ref, _ = _view(layout, dtype, shape)
+            given.append(view)
+            refs.append(ref.double())
+    return given, refs
+
+
+def _strided_reference(name, refs):
+    # OPS' references round their inputs to the storage type first; refs are already float64 views.
+    return OPS[name][2](*refs)
+
+
+def _floor(name, refs):
+    return 0.01 * refs[0].norm().item() if "bwd" in name else 0.0
+
+
+@pytest.mark.parametrize("layout", sorted(VIEWS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_op_takes_strided_views_of_every_operand(name, dtype, layout):
+    names, call, _ = OPS[name]
+    given, refs = _strided_inputs(names, layout, DTYPES[dtype])
+    poison_pool(STRIDED_SHAPE[0] * STRIDED_SHAPE[1] * refs[0].element_size())
+    out = call(*given)
+    assert isinstance(out, cupy.ndarray) and out.flags.c_contiguous and out.shape == STRIDED_SHAPE
+    assert_close(to_torch(out), _strided_reference(name, refs), DTYPES[dtype], f"{name} {layout}",
+                 floor=_floor(name, refs))
+
+
+@pytest.mark.parametrize("layout", sorted(VIEWS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_strided_operand_beside_contiguous_ones(dtype, layout):
+    # Only the second operand strided (autograd's broadcast gradient as dy, a transposed y): the
+    # others stay contiguous and the launch still takes the strided kernel.
+    x = random(STRIDED_SHAPE, DTYPES[dtype])
+    view, ref, _ = _view(layout, DTYPES[dtype])
+    for name, call in (("add", lambda a, b: rawops.add(a, b)),
+                       ("relu_scale_add", lambda a, b: rawops.relu_scale_add(a, ALPHA, b)),
+                       ("gelu_tanh_bwd", lambda a, b: rawops.gelu_backward(b, a, "tanh"))):
+        got = to_torch(call(to_cupy(x), view))
+        want = OPS[name][2](*((x.double(), ref.double()) if name != "gelu_tanh_bwd" else (ref.double(), x.double())))
+        assert_close(got, want, DTYPES[dtype], f"{name} {layout}", floor=_floor(name, [ref.double()]))
+
+
+@pytest.mark.parametrize("out_layout", OUT_VIEWS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["gelu_erf", "relu_scale_add", "bias_gelu_tanh", "gelu_erf_bwd"])
+def test_strided_out_is_written_in_place_and_nothing_else(name, dtype, out_layout):
+    # out= a view of a NaN base: its elements get the result, every other element of the base
+    # stays NaN. Inputs contiguous and transposed.
+    names, call, _ = OPS[name]
+    fn = {"gelu_erf": lambda x, **k: rawops.gelu(x, "none", **k),
+          "relu_scale_add": lambda x, y, **k: rawops.relu_scale_add(x, ALPHA, y, **k),
+          "bias_gelu_tanh": lambda x, b, **k: rawops.bias_gelu(x, b, "tanh", **k),
+          "gelu_erf_bwd": lambda dy, x, **k: rawops.gelu_backward(dy, x, "none", **k)}[name]
+    for in_layout in ("offset", "transposed"):
+        given, refs = _strided_inputs(names, in_layout, DTYPES[dtype])
+        out, out_ref, base = _view(out_layout, DTYPES[dtype], fill=float("nan"))
+        outside = _outside(out_layout, base)
+        result = fn(*given, out=out)
+        assert result is out
+        written = VIEWS[out_layout][2](base, *STRIDED_SHAPE)  # torch's view (a flipped copy for reversed)
+        assert_close(written, _strided_reference(name, refs), DTYPES[dtype], f"{name} out {out_layout}",
+                     floor=_floor(name, refs))
+        assert torch.isnan(base[outside]).all(), f"{name}: wrote outside out's view ({out_layout})"
+
+
+def _outside(layout, base):
+    """The elements of `base` that the layout's view of it does not cover, as a torch mask."""
+    mask = cupy.zeros(base.shape, dtype=cupy.uint8)
+    VIEWS[layout][1](mask, *STRIDED_SHAPE)[...] = 1
+    return to_torch(mask) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", OUT_VIEWS)
+def test_in_place_on_a_strided_view(dtype, layout):
+    x, x_ref, base = _view(layout, DTYPES[dtype])
+    expected = F.gelu(x_ref.double(), approximate="tanh")
+    before, outside = base.clone(), _outside(layout, base)
+    assert rawops.gelu(x, "tanh", out=x) is x
+    assert_close(VIEWS[layout][2](base, *STRIDED_SHAPE), expected, DTYPES[dtype], f"in place {layout}")
+    assert torch.equal(base[outside], before[outside]), "wrote outside the view"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_launch_past_one_grid_of_blocks(dtype):
+    # A transposed 2300 x 2300: more elements than the strided kernels' bounded grid covers in one
+    # pass (132 SMs x 32 blocks x 1024 elements), so blocks loop over chunks.
+    x = random((2300, 2300), DTYPES[dtype])
+    poison_pool(x.numel() * x.element_size())
+    y = rawops.gelu(to_cupy(x).T, approximate="tanh")
+    assert_close(to_torch(y), F.gelu(x.t().double(), approximate="tanh"), DTYPES[dtype], "transposed 2300^2")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["transposed", "stepped", "broadcast", "reversed"])
+@pytest.mark.parametrize("out_layout", [None, "transposed", "offset"])
+def test_bias_gelu_backward_of_strided_operands(dtype, layout, out_layout):
+    # dx through the strided kernel, dbias summed from dx where it was written (out's rows).
+    given, refs = _strided_inputs(("dy", "x", "bias"), layout, DTYPES[dtype])
+    dx64, db64 = _bias_gelu_grads64(*refs, "tanh")
+    out = None
+    if out_layout is not None:
+        out, _, base = _view(out_layout, DTYPES[dtype], fill=float("nan"))
+    dx, dbias = rawops.bias_gelu_backward(*given, approximate="tanh", out=out)
+    if out is not None:
+        assert dx is out
+        dx = VIEWS[out_layout][2](base, *STRIDED_SHAPE)
+    else:
+        dx = to_torch(dx)
+    assert_close(dx, dx64, DTYPES[dtype], f"dx {layout} out={out_layout}")
+    assert_close(to_torch(dbias), db64, DTYPES[dtype], f"dbias {layout} out={out_layout}", factor=2)
+
+
+# ------------------------------------------------------------------------------ torch adapter, strided
+TORCH_VIEWS = [name for name in VIEWS if name != "reversed"]  # torch has no negative strides
+ADAPTER_OPS = {  # name -> (input names, adapter call, float64 reference)
+    "gelu_tanh": (("x",), lambda ta, x: ta.gelu(x, approximate="tanh"), lambda x: F.gelu(x, approximate="tanh")),
+    "gelu_erf": (("x",), lambda ta, x: ta.gelu(x), F.gelu),
+    "relu": (("x",), lambda ta, x: ta.relu(x), F.relu),
+    "relu_scale": (("x",), lambda ta, x: ta.relu_scale(x, ALPHA), lambda x: F.relu(x) * ALPHA),
+    "relu_scale_add": (("x", "y"), lambda ta, x, y: ta.relu_scale_add(x, ALPHA, y), lambda x, y: F.relu(x) * ALPHA + y),
+    "add": (("a", "b"), lambda ta, a, b: ta.add(a, b), lambda a, b: a + b),
+    "bias_gelu_tanh": (("x", "bias"), lambda ta, x, b: ta.bias_gelu(x, b, "tanh"),
+                       lambda x, b: F.gelu(x + b, approximate="tanh")),
+    "bias_gelu_erf": (("x", "bias"), lambda ta, x, b: ta.bias_gelu(x, b), lambda x, b: F.gelu(x + b)),
+}
+
+
+def _torch_strided(names, layout, dtype):
+    out = []
+    for name in names:
+        if name == "bias":
+            out.append(random((2 * STRIDED_SHAPE[-1],), dtype)[::2])
+        else:
+            out.append(_view(layout, dtype)[1])
+    return out
+
+
+@pytest.mark.parametrize("layout", TORCH_VIEWS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(ADAPTER_OPS))
+def test_adapter_takes_strided_tensors_forward_and_backward(name, dtype, layout):
+    # No grad: the C-level entry launches the strided kernel on the views. With grad: the forward
+    # on the views, the backward on autograd's gradient (strided too: the broadcast of y.sum()'s
+    # gradient, then a transposed one) and on the saved strided input.
+    from rawops import torch_adapter as ta
+
+    names, call, reference = ADAPTER_OPS[name]
+    dt = DTYPES[dtype]
+    inputs = _torch_strided(names, layout, dt)
+    refs = [t.double() for t in inputs]
+    with torch.no_grad():
+        poison_torch_pool(STRIDED_SHAPE[0] * STRIDED_SHAPE[1] * inputs[0].element_size())
+        y = call(ta, *inputs)
+    assert y.shape == STRIDED_SHAPE
+    assert_close(y, reference(*refs), dt, f"{name} {layout}")
+    for gradient in ("sum", "transposed"):
+        leaves = [t.detach().requires_grad_() for t in inputs]  # the same views, strides kept
+        leaves64 = [t.double().requires_grad_() for t in inputs]
+        out = call(ta, *leaves)
+        if gradient == "sum":
+            out.sum().backward()  # dy: ones broadcast at stride 0
+            reference(*leaves64).sum().backward()
+            dy_norm = (STRIDED_SHAPE[0] * STRIDED_SHAPE[1]) ** 0.5
+        else:
+            dy = random(STRIDED_SHAPE[::-1], dt).t()
+            out.backward(dy)
+            reference(*leaves64).backward(dy.double())
+            dy_norm = dy.double().norm().item()
+        for leaf, leaf64, input_name in zip(leaves, leaves64, names):
+            assert leaf.grad is not None, f"{name}: no gradient for {input_name}"
+            # the gradients' terms scale with dy (test_matches_torch_float64 says why the floor)
+            assert_close(leaf.grad, leaf64.grad, dt, f"{name} {layout} d{input_name} ({gradient})", factor=2,
+                         floor=0.01 * dy_norm)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adapter_in_place_relu_on_a_strided_view_writes_the_view(dtype):
+    from rawops import torch_adapter as ta
+
+    base = random((40, 90), DTYPES[dtype])
+    view = base[::2, 1::3]
+    expected, untouched = F.relu(view.double()), base.clone()
+    assert ta.relu(view, inplace=True) is view
+    assert_close(view, expected, DTYPES[dtype], "relu_ in place on a view")
+    mask = torch.ones_like(base, dtype=torch.bool)
+    mask[::2, 1::3] = False
+    assert torch.equal(base[mask], untouched[mask])
+
+
+def test_a_transposed_tensor_through_rawops_gelu_and_ta_gelu_gives_torchs_answer():
+    from rawops import torch_adapter as ta
+
+    for dt in DTYPES.values():
+        base = random((257, 300), dt)
+        x = base.t()
+        expected = F.gelu(x.double())
+        assert_close(to_torch(rawops.gelu(to_cupy(base).T)), expected, dt, "rawops.gelu(x.t())")
+        y = ta.gelu(x)
+        assert y.stride() == x.stride(), "torch.empty_like's layout: the transposed one, as torch gives"
+        assert_close(y, expected, dt, "ta.gelu(x.t())")
 
 
 # (dtype, bits of the significand after the point, the fraction of the result the math may miss

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 import rawops
-from rawops import _modules
+from rawops import _constants, _modules
 from rawops._launch import MAP_SHAPE, launch, map_launch_config, sm_count
+from rawops._launch.launch import layout_overlaps_itself, map_layout, strided_launch_config
 from rawops.elementwise import (BIAS_BWD_SHAPE, BIAS_BWD_THREADS, BIAS_BWD_TILE_SHAPE, bias_gelu_bwd_plan,
                                 column_sum_plan)
 
-THREADS = MAP_SHAPE["threads"]  # __launch_bounds__(256) in the kernel
+THREADS = MAP_SHAPE["threads"]  # RAWOPS_MAP_THREADS: the kernels' launch bound
 UNROLL = MAP_SHAPE["unroll"]  # RAWOPS_MAP_UNROLL in the kernel (the tripwire test checks)
 CHUNK = THREADS * UNROLL  # vectors per block on the vector path, elements on the scalar path
 SCALAR_BLOCKS_PER_SM = 32
@@ -173,7 +174,8 @@ def test_simulation_mirrors_the_kernel_source():
         "if (threadIdx.x < n - tail) map_scalar<Op>(a, b, c, out, tail + threadIdx.x, inner, alpha);",
         "const int64_t j = first_vec + k * blockDim.x;",
         "const int64_t first = head + j * V;",
-        "__launch_bounds__(RAWOPS_MAP_MAX_THREADS)",
+        "__launch_bounds__(RAWOPS_MAP_THREADS)",
+        "constexpr int kUnroll = RAWOPS_MAP_UNROLL;",
     ]
     if CHUNK_LOOP:
         lines += [
@@ -185,10 +187,11 @@ def test_simulation_mirrors_the_kernel_source():
         lines += ["const int64_t first_vec = int64_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;"]
     for line in lines:
         assert line in source, f"kernels/elementwise.cu no longer has: {line}"
-    unroll = re.search(r"(?:constexpr int kUnroll = |#define RAWOPS_MAP_UNROLL )(\d+)", source)
-    assert unroll and int(unroll.group(1)) == UNROLL
-    bound = re.search(r"#define RAWOPS_MAP_MAX_THREADS (\d+)", source)
-    assert bound and int(bound.group(1)) >= THREADS, "the launcher's block must fit the kernels' launch bounds"
+    # the launcher reads the values the kernels are compiled with (rawops/_constants.py)
+    assert (UNROLL, THREADS) == (_constants.MAP_UNROLL, _constants.MAP_THREADS)
+    assert (MAP_SHAPE["strided_unroll"], MAP_SHAPE["max_dims"]) == (_constants.MAP_STRIDED_UNROLL,
+                                                                    _constants.MAP_MAX_DIMS)
+    assert "#define RAWOPS_MAP" not in source.replace("#define RAWOPS_MAP(", ""), "a constant defined in the kernel"
 
 
 def _phases(itemsize):
@@ -244,6 +247,173 @@ def test_every_element_is_covered_exactly_once_on_the_scalar_path_with_a_capped_
     hits, blocks, head = simulate_map(n, 4, BASE, BASE + 4, 0, sms)
     assert head == -1 and blocks == min(math.ceil(n / CHUNK), sms * SCALAR_BLOCKS_PER_SM)
     assert (hits == 1).all()
+
+
+# ------------------------------------------------------------------------------ strided layouts
+# The strided kernels (kernels/elementwise.cu map_strided) walk the planned layout (plan_layout in
+# rawops/_launch/launch.pyx: size-1 dims dropped, dims ordered by out's strides, contiguous dims
+# merged): element i's offsets are its coordinates in the planned shape times each operand's
+# strides. The plan must give every element the offsets its original strides give.
+def _offsets(shape, strides):
+    """Each element's offset (C order over `shape`) for element `strides`."""
+    if not shape:
+        return np.zeros(1, dtype=np.int64)
+    index = np.indices(shape).reshape(len(shape), -1)
+    return (np.array(strides, dtype=np.int64)[:, None] * index).sum(0)
+
+
+def _planned_offsets(layout):
+    """Element i's offsets of each operand as strided_offsets computes them: coordinates from the
+    innermost dim out (a division and a remainder each), the outermost one what remains."""
+    shape, strides = layout
+    n = int(np.prod(shape))
+    rest = np.arange(n, dtype=np.int64)
+    offsets = [np.zeros(n, dtype=np.int64) for _ in strides]
+    for d in range(len(shape) - 1, 0, -1):
+        coord = rest % shape[d]
+        rest = rest // shape[d]
+        for k, operand in enumerate(strides):
+            offsets[k] += coord * operand[d]
+    for k, operand in enumerate(strides):
+        offsets[k] += rest * operand[0]
+    return offsets
+
+
+def _strides_of(view, itemsize):
+    return tuple(s // itemsize for s in view.strides)
+
+
+LAYOUTS = {  # name -> (shape, a strides, b strides or None, out strides or None (C order))
+    "transposed": ((6, 5), (1, 6), None, None),
+    "step_3": ((11,), (3,), None, None),
+    "reversed": ((7,), (-1,), (1,), None),
+    "broadcast_b": ((4, 5), (5, 1), (0, 1), None),
+    "broadcast_scalar": ((3, 4, 5), (20, 5, 1), (0, 0, 0), None),
+    "sliced_columns": ((4, 3), (8, 1), (3, 1), None),
+    "size_1_dims": ((1, 4, 1, 3), (99, 3, 7, 1), None, None),
+    "3d_permuted": ((2, 3, 4), (1, 8, 2), (12, 4, 1), None),
+    "strided_out": ((6, 5), (5, 1), None, (1, 6)),
+    "all_transposed": ((6, 5), (1, 6), (1, 6), (1, 6)),  # one dense order: merges to one dim
+    "out_reversed": ((3, 4), (4, 1), None, (-4, -1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("bias", [False, True])
+def test_planned_layout_gives_every_element_its_own_offsets(name, bias):
+    shape, a, b, out = LAYOUTS[name]
+    c = (2,) if bias else None  # a row vector of shape[-1] values, every other element
+    layout = map_layout(shape, a, b, c, out)
+    assert layout is not None and 1 <= len(layout[0]) <= len(shape) and np.prod(layout[0]) == np.prod(shape)
+    expected = [_offsets(shape, a), _offsets(shape, b) if b else None,
+                _offsets(shape, (0,) * (len(shape) - 1) + c) if bias else None,
+                _offsets(shape, out if out else _c_order(shape))]
+    got = _planned_offsets(layout)
+    # The plan may visit elements in another order (out's): match them by out's offset, one each.
+    order, planned = np.argsort(expected[3], kind="stable"), np.argsort(got[3], kind="stable")
+    assert np.array_equal(expected[3][order], got[3][planned]), "out's elements, each once"
+    for k in (0, 1, 2):
+        if expected[k] is None:
+            assert not any(got[k]), "an absent operand has strides 0"
+        else:
+            assert np.array_equal(expected[k][order], got[k][planned]), f"operand {'abco'[k]} of {name}"
+
+
+def _c_order(shape):
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def test_planned_layouts_merge_contiguous_dims_and_order_by_out():
+    # all operands in one dense (transposed) order: one dim, stride 1 everywhere (the launcher then
+    # takes the contiguous kernel)
+    assert map_layout((6, 5), (1, 6), (1, 6), None, (1, 6)) == ((30,), ((1,), (1,), (0,), (1,)))
+    # rows of a wider matrix: the rows cannot merge; a broadcast row merges with nothing either
+    assert map_layout((4, 3), (8, 1)) == ((4, 3), ((8, 1), (0, 0), (0, 0), (3, 1)))
+    # a strided out is walked in its own order (its fastest dim innermost)
+    assert map_layout((6, 5), (5, 1), None, None, (1, 6)) == ((5, 6), ((1, 5), (0, 0), (0, 0), (6, 1)))
+    # the bias stops its column dim merging with the rows, but leading dims still merge
+    assert map_layout((2, 3, 4), (24, 8, 1), None, (1,)) == ((6, 4), ((8, 1), (0, 0), (0, 1), (4, 1)))
+    # one element, or none but size-1 dims: a dense dim of one
+    assert map_layout((1, 1), (5, 9)) == ((1,), ((1,), (1,), (1,), (1,)))
+
+
+def test_planned_layouts_of_more_dims_than_the_kernels_take_are_declined():
+    dims = _constants.MAP_MAX_DIMS + 1
+    shape = (2,) * dims
+    spread = tuple(4 ** (dims - 1 - i) for i in range(dims))  # no two neighbours merge
+    assert map_layout(shape, spread) is None
+    assert map_layout(shape[:-1], spread[:-1]) is not None
+    assert map_layout(shape, _c_order(shape)) == ((2 ** dims,), ((1,), (0,), (0,), (1,)))
+
+
+@pytest.mark.parametrize("shape, strides, overlaps", [
+    ((4, 8), (8, 1), False), ((4, 8), (1, 4), False), ((4, 8), (16, 1), False), ((4, 8), (-8, -1), False),
+    ((4, 8), (0, 1), True), ((4, 8), (1, 1), True), ((4, 8), (4, 1), True), ((4, 8), (8, 0), True),
+    ((1, 8), (0, 1), False), ((4, 1), (1, 0), False), ((3, 2), (1, 3), False), ((2, 3), (6, 2), False),
+])
+def test_an_out_layout_overlaps_itself_where_two_elements_share_an_offset(shape, strides, overlaps):
+    assert layout_overlaps_itself(shape, strides) is overlaps
+    offsets = _offsets(shape, strides)
+    assert (len(np.unique(offsets)) < offsets.size) is overlaps
+
+
+def test_the_overlap_test_is_sufficient_not_exact():
+    # Offsets {0, 2, 4} and {3, 5, 7} interleave without sharing one: refused all the same (the
+    # launcher's test compares each stride with what the smaller dims reach).
+    assert len(np.unique(_offsets((2, 3), (3, 2)))) == 6
+    assert layout_overlaps_itself((2, 3), (3, 2))
+
+
+def simulate_map_strided(n, sms):
+    """How many times the strided kernel's chunk loop visits each element index: chunks of
+    STRIDED_UNROLL x THREADS, a thread's elements THREADS apart, blocks taking chunks blockIdx.x,
+    blockIdx.x + gridDim.x, ... over the grid strided_launch_config gives."""
+    blocks, threads = strided_launch_config(n, sms)
+    unroll = MAP_SHAPE["strided_unroll"]
+    chunk_size = threads * unroll
+    hits = np.zeros(n, dtype=np.int64)
+    thread = np.arange(threads, dtype=np.int64)
+    first = (np.arange(blocks, dtype=np.int64)[:, None] * chunk_size + thread).ravel()
+    while True:
+        first = first[first < n]
+        if first.size == 0:
+            break
+        for k in range(unroll):
+            i = first + k * threads
+            np.add.at(hits, i[i < n], 1)
+        first = first + blocks * chunk_size
+    return hits, blocks
+
+
+@pytest.mark.parametrize("n, sms", [(1, 132), (1023, 132), (1025, 1), (4096 * 33 + 5, 1), (10 ** 6 + 3, 2),
+                                    (70001, 132)])
+def test_strided_kernel_visits_every_element_once(n, sms):
+    hits, blocks = simulate_map_strided(n, sms)
+    assert (hits == 1).all()
+    per_block = THREADS * MAP_SHAPE["strided_unroll"]
+    assert blocks == max(1, min(-(-n // per_block), sms * MAP_SHAPE["grid_stride_blocks_per_sm"]))
+
+
+def test_strided_simulation_mirrors_the_kernel_source():
+    source = _kernel_source()
+    for line in [
+        "const int64_t chunk_size = int64_t(blockDim.x) * kStridedUnroll;",
+        "for (int64_t first = int64_t(blockIdx.x) * chunk_size + threadIdx.x; first < n; "
+        "first += int64_t(gridDim.x) * chunk_size) {",
+        "const int64_t i = first + int64_t(k) * blockDim.x;",
+        "for (int d = int(layout.ndim) - 1; d > 0; --d) {",
+        "const Index q = i / size;",
+        "const int64_t coord = int64_t(i - q * size);",
+        "const int64_t coord = int64_t(i); // the outermost dim's: no division",
+        "constexpr int kStridedUnroll = RAWOPS_MAP_STRIDED_UNROLL;",
+        "int64_t shape[RAWOPS_MAP_MAX_DIMS];",
+        "int64_t stride[4][RAWOPS_MAP_MAX_DIMS];",
+    ]:
+        assert line in source, f"kernels/elementwise.cu no longer has: {line}"
 
 
 # ------------------------------------------------------------------------------ column sum plan

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import rawops  # noqa: E402
-from gpu_reference import DTYPES, TOLERANCE, assert_close, poison_pool, random, to_cupy  # noqa: E402
+from gpu_reference import DTYPES, TOLERANCE, assert_close, poison_pool, random, to_cupy, to_torch  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 import rawops.norm as norm_module  # noqa: E402
@@ -251,3 +251,136 @@ def test_adapter_gradcheck():
     inputs = [t.requires_grad_() for t in (x, w, b)]
     assert torch.autograd.gradcheck(lambda x, w, b: ta.layer_norm(x, (9,), w, b), inputs, eps=1e-2, atol=3e-2,
                                     rtol=3e-2)
+
+
+# ------------------------------------------------------------------------------ row-strided layouts
+# Views whose rows are consecutive elements at one stride, made the same way in CuPy and torch:
+# name -> (base shape for the logical shape, the view of a base). "padded_aligned" keeps every
+# row on 16 bytes (the vector path); "padded_misaligned" puts rows off it (the element path).
+ROW_VIEWS = {
+    "padded_aligned": (lambda s: s[:-1] + (s[-1] + 8,), lambda b, s: b[..., :s[-1]]),
+    "padded_misaligned": (lambda s: s[:-1] + (s[-1] + 1,), lambda b, s: b[..., 1:]),
+    "every_other_row": (lambda s: (2 * s[0],) + s[1:], lambda b, s: b[::2]),
+    "offset_three_dims": (lambda s: (s[0] + 1,) + s[1:-1] + (s[-1] + 16,), lambda b, s: b[1:, ..., 16:]),
+}
+ROW_WIDTHS = [31, 768, 1000, 4097]
+
+
+def row_view(layout, shape, dtype, scale=2.0, fill=None):
+    """(CuPy view, torch view, torch base) of a fresh random base (or one full of `fill`)."""
+    base_shape, view = ROW_VIEWS[layout]
+    base = (random(base_shape(shape), dtype, scale) if fill is None
+            else torch.full(base_shape(shape), fill, dtype=dtype, device="cuda"))
+    return view(to_cupy(base), shape), view(base, shape), base
+
+
+def _shape_of(layout, n):
+    return (3, 23, n) if layout == "offset_three_dims" else (67, n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", ROW_WIDTHS)
+@pytest.mark.parametrize("layout", sorted(ROW_VIEWS))
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_row_strided_views_match_torch_float64(op, layout, n, dtype):
+    # x and dy as views of wider bases (no copy), y / dx contiguous; then dy broadcast over the
+    # rows (row stride 0, the gradient of y.sum(0)).
+    dt = DTYPES[dtype]
+    shape = _shape_of(layout, n)
+    xc, x, _ = row_view(layout, shape, dt, scale=1.0)
+    dyc, dy, _ = row_view(layout, shape, dt)
+    w, b = random((n,), dt, scale=0.5) + 1, random((n,), dt, scale=0.5)
+    x2, dy2 = x.reshape(-1, n), dy.reshape(-1, n)  # torch's reference works on rows
+    ry, rdx, rdw, rdb = _reference(op, x2, dy2, w, b, 1e-5)
+    rows = x2.shape[0]
+    for gradient in ("strided", "broadcast"):
+        if gradient == "broadcast":
+            g = random((n,), dt)
+            dyc, dy2 = cupy.broadcast_to(to_cupy(g), shape), g.expand(rows, n)
+            ry, rdx, rdw, rdb = _reference(op, x2, dy2, w, b, 1e-5)
+        size = rows * n * x.element_size()
+        if op == "layer_norm":
+            poison_pool(size, rows * 4, rows * 4)
+            y, mean, rstd = rawops.layer_norm_forward(xc, to_cupy(w), to_cupy(b), 1e-5)
+            poison_pool(size, n * x.element_size(), n * x.element_size())
+            dx, dw, db = rawops.layer_norm_backward(dyc, xc, to_cupy(w), mean, rstd)
+        else:
+            poison_pool(size, rows * 4)
+            y, rstd = rawops.rms_norm_forward(xc, to_cupy(w), 1e-5)
+            poison_pool(size, n * x.element_size())
+            dx, dw = rawops.rms_norm_backward(dyc, xc, to_cupy(w), rstd)
+        assert y.flags.c_contiguous and dx.flags.c_contiguous and y.shape == shape
+        what = f"{op} {layout} n={n} ({gradient} dy)"
+        check(to_torch(y).reshape(-1, n), ry, dt, f"{what} y")
+        check(to_torch(dx).reshape(-1, n), rdx, dt, f"{what} dx", factor=2)
+        check(dw, rdw, dt, f"{what} dweight", factor=SUM_FACTOR)
+        if op == "layer_norm":
+            check(db, rdb, dt, f"{what} dbias", factor=SUM_FACTOR)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["padded_aligned", "padded_misaligned", "every_other_row"])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_row_strided_out_is_written_and_nothing_else(op, layout, dtype):
+    dt = DTYPES[dtype]
+    shape = (67, 1000)
+    x = random(shape, dt, scale=1.0)
+    out, view, base = row_view(layout, shape, dt, fill=float("nan"))
+    fn = rawops.layer_norm if op == "layer_norm" else rawops.rms_norm
+    assert fn(to_cupy(x), eps=1e-5, out=out) is out
+    ref = F.layer_norm(x.double(), (1000,), eps=1e-5) if op == "layer_norm" else F.rms_norm(x.double(), (1000,),
+                                                                                            eps=1e-5)
+    check(view, ref, dt, f"{op} out {layout}")
+    inside = torch.zeros(base.shape, dtype=torch.bool, device="cuda")
+    ROW_VIEWS[layout][1](inside, shape)[...] = True
+    assert torch.isnan(base[~inside]).all(), "wrote outside out's rows"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_in_place_on_a_row_strided_view(dtype):
+    dt = DTYPES[dtype]
+    xc, x, base = row_view("padded_aligned", (40, 4096), dt)
+    expected, before = F.layer_norm(x.double(), (4096,)), base.clone()
+    assert rawops.layer_norm(xc, out=xc) is xc
+    check(x, expected, dt, "in place on x[:, :4096]")
+    assert torch.equal(base[:, 4096:], before[:, 4096:]), "wrote into the padding"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["transposed", "sliced_columns", "every_other_row", "broadcast_gradient"])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_adapter_takes_row_strided_tensors_and_copies_the_rest(op, layout, dtype):
+    # ta.layer_norm / ta.rms_norm with autograd: a transposed input cannot be row-strided and is
+    # copied; sliced columns and every other row run as they are; the broadcast gradient (of
+    # y.sum(0)) is read at row stride 0. Every result is torch's.
+    from rawops import torch_adapter as ta
+
+    dt = DTYPES[dtype]
+    rows, n = 67, 1000
+    base = {"transposed": lambda: random((n, rows), dt, 1.0).t(),
+            "sliced_columns": lambda: random((rows, n + 24), dt, 1.0)[:, 24:],
+            "every_other_row": lambda: random((2 * rows, n), dt, 1.0)[::2],
+            "broadcast_gradient": lambda: random((rows, n), dt, 1.0)}[layout]()
+    w, b = random((n,), dt, scale=0.5) + 1, random((n,), dt, scale=0.5)
+    leaves = [t.detach().requires_grad_() for t in (base, w, b)]
+    refs = [t.detach().double().requires_grad_() for t in (base, w, b)]
+    if op == "layer_norm":
+        y, ry = ta.layer_norm(leaves[0], (n,), leaves[1], leaves[2]), F.layer_norm(refs[0], (n,), refs[1], refs[2])
+    else:
+        y, ry = ta.rms_norm(leaves[0], (n,), leaves[1], 1e-5), F.rms_norm(refs[0], (n,), refs[1], 1e-5)
+    check(y.detach(), ry.detach(), dt, f"adapter {op} {layout} y")
+    if layout == "broadcast_gradient":
+        g = random((n,), dt)
+        y.sum(0).backward(g)
+        ry.sum(0).backward(g.double())
+    else:
+        dy = random((rows, n), dt)
+        y.backward(dy)
+        ry.backward(dy.double())
+    check(leaves[0].grad, refs[0].grad, dt, f"adapter {op} {layout} dx", factor=2)
+    check(leaves[1].grad, refs[1].grad, dt, f"adapter {op} {layout} dweight", factor=SUM_FACTOR)
+    if op == "layer_norm":
+        check(leaves[2].grad, refs[2].grad, dt, f"adapter {op} {layout} dbias", factor=SUM_FACTOR)
+    with torch.no_grad():  # the no-grad path: the same kernels, the same layouts
+        again = ta.layer_norm(base, (n,), w, b) if op == "layer_norm" else ta.rms_norm(base, (n,), w, 1e-5)
+    assert torch.equal(again, y.detach())

@@ -93,6 +93,117 @@ def test_vector_flag_needs_every_row_start_on_16_bytes(n, itemsize, pointers, ve
     assert _rows.vectors(n, itemsize, *pointers) == vec
 
 
+@pytest.mark.parametrize("n, itemsize, strides, vec", [
+    (8, 4, (8, 8), 1), (8, 4, (12, 8), 1), (8, 4, (16, 0), 1), (8, 4, (-8, 8), 1),  # 32 / 48 / 0 / -32 bytes
+    (8, 4, (10, 8), 0), (8, 4, (8, 9), 0), (8, 2, (24, 8), 1), (8, 2, (12, 8), 0), (8, 2, (4100, 8), 0),
+])
+def test_vector_flag_needs_every_row_stride_on_16_bytes(n, itemsize, strides, vec):
+    # Rows of a row-strided view start stride * itemsize bytes apart: the 16-byte path needs that a
+    # whole number of vectors too (x[:, :n] of a wider matrix keeps it when the width does).
+    assert _rows.vectors(n, itemsize, BASE, BASE + 64, strides=strides) == vec
+
+
+@pytest.mark.parametrize("shape, strides, stride", [
+    ((4, 8), (8, 1), 8), ((4, 8), (16, 1), 16), ((4, 8), (0, 1), 0), ((4, 8), (-8, 1), -8),
+    ((2, 3, 8), (48, 16, 1), 16), ((2, 1, 3, 8), (48, 999, 16, 1), 16), ((1, 8), (5, 1), 8), ((8,), (1,), 8),
+    ((4, 1), (3, 7), 3), ((4, 8), (1, 4), None), ((2, 3, 8), (16, 32, 1), None), ((4, 8), (16, 2), None),
+])
+def test_leading_dims_collapse_to_one_row_stride_or_the_layout_is_not_row_strided(shape, strides, stride):
+    assert _rows.collapsed_row_stride(shape, strides) == stride
+
+
+ROW_STRIDED = {  # (shape, strides in bytes) of float32 views the row kernels take as they are
+    "padded_rows": ((4, 8), (64, 4)),  # x[:, :8] of a (4, 16) matrix
+    "every_other_row": ((4, 8), (64, 4)),
+    "broadcast_rows": ((4, 8), (0, 4)),  # one row read four times (an input only)
+    "reversed_rows": ((4, 8), (-32, 4)),
+    "three_dims": ((2, 3, 8), (192, 64, 4)),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(ROW_STRIDED))
+@pytest.mark.parametrize("fn", [rawops.layer_norm, rawops.rms_norm, rawops.softmax, rawops.log_softmax])
+def test_row_strided_views_get_past_validation(fn, layout):
+    shape, strides = ROW_STRIDED[layout]
+    x = f32(shape, ptr=BASE + 0x1000, strides=strides)
+    assert_passes_validation(fn, x)
+    if layout != "broadcast_rows":
+        assert_passes_validation(fn, x, out=x)  # in place on the view
+    assert_passes_validation(fn, f32(shape), out=f32(shape, ptr=OTHER, strides=(64,) * (len(shape) - 1) + (4,))
+                             if len(shape) == 2 else None)
+
+
+def test_row_strided_backward_operands_get_past_validation():
+    padded = dict(strides=(64, 4))
+    assert_passes_validation(rawops.softmax_backward, f32((4, 8), **padded), f32((4, 8), ptr=OTHER, **padded),
+                             out=f32((4, 8), ptr=OTHER * 2, **padded))
+    assert_passes_validation(rawops.layer_norm_backward, f32((4, 8), strides=(0, 4)), f32((4, 8), ptr=OTHER, **padded),
+                             w32(ptr=OTHER + 0x1000), f32((4,), ptr=OTHER + 0x2000), f32((4,), ptr=OTHER + 0x3000))
+    assert_passes_validation(rawops.rms_norm_backward, f32((4, 8), **padded), f32((4, 8), ptr=OTHER, strides=(-32, 4)),
+                             None, f32((4,), ptr=OTHER + 0x2000))
+
+
+def test_an_out_whose_rows_overlap_is_refused_and_strides_must_be_whole_elements():
+    x = f32((4, 8))
+    with pytest.raises(ValueError, match=r"^out has rows 0 elements apart, 8 wide: its rows overlap each other"):
+        rawops.softmax(x, out=f32((4, 8), ptr=OTHER, strides=(0, 4)))
+    with pytest.raises(ValueError, match=r"^out has rows 4 elements apart, 8 wide"):
+        rawops.layer_norm(x, out=f32((4, 8), ptr=OTHER, strides=(16, 4)))
+    with pytest.raises(ValueError, match=r"^x has strides that are not a whole number of its 4-byte elements"):
+        rawops.rms_norm(f32((4, 8), strides=(34, 4)))
+    with pytest.raises(ValueError, match=r"^dy is not row-strided"):
+        rawops.softmax_backward(f32((4, 8), strides=(4, 16)), f32((4, 8), ptr=OTHER))
+    # a strided out over x's memory that is not x itself overlaps it
+    with pytest.raises(ValueError, match=r"^out overlaps x; pass out=x exactly"):
+        rawops.softmax(f32((4, 8), strides=(64, 4)), out=f32((4, 8), ptr=BASE + 32, strides=(64, 4)))
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monkeypatch, op):
+    # x[:, :768] of a (rows, 1024) float16 matrix: rows 2048 bytes apart, the 16-byte path kept;
+    # a stride of 770 elements (1540 bytes) puts rows off 16 bytes: the element path.
+    calls = []
+    monkeypatch.setattr(norm, "launch", lambda *args: calls.append(args))
+    monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
+    monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 10 ** 6)
+    monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
+    for stride, vec in ((1024, 1), (770, 0)):
+        calls.clear()
+        norm.launch_forward(op, 0, 1, 2, BASE, OTHER, 0, OTHER * 2, 0, OTHER * 3, 64, 768, 1e-5, 0, stride, 768)
+        (name, grid, block, smem, stream, args, kinds, device), = calls
+        assert name == f"{op}_fwd_f16" and len(args) == len(kinds) == len(norm.KERNELS[f"{op}_fwd"])
+        assert args[8:10] == (stride, 768) and args[11] & norm.FLAG_VECTORS == vec
+        assert args[11] & norm.FLAG_WEIGHT and not args[11] & norm.FLAG_BIAS
+        strides = (0, stride, 768)  # dy broadcast over the rows, x row-strided, dx dense
+        plan = norm.backward_plan(64, 768, 2, 132, BASE, OTHER, 0, OTHER * 2, strides)
+        assert plan[4] == vec
+        calls.clear()
+        norm.launch_backward(op, 0, 1, 2, BASE, OTHER, 0, OTHER * 3, OTHER * 4, OTHER * 2, OTHER * 5, 0, OTHER * 6, 0,
+                             64, 768, plan, 0, strides)
+        args = calls[0][5]
+        assert len(args) == len(norm.BWD_KINDS) and args[10:13] == strides and args[14] & norm.FLAG_VECTORS == vec
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_softmax_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monkeypatch, direction):
+    calls = []
+    monkeypatch.setattr(softmax_module, "launch", lambda *args: calls.append(args))
+    monkeypatch.setattr(softmax_module._modules, "function_pointer", lambda family, name, device: name)
+    for strides, vec in (((4096, 1000), 1), ((1001, 1000), 0)):  # float32: 1001 * 4 bytes is off 16
+        calls.clear()
+        if direction == "fwd":
+            softmax_module.launch_forward("softmax", 0, 0, 4, BASE, OTHER, 7, 1000, 0, strides)
+        else:
+            strides = (0,) + strides
+            softmax_module.launch_backward("log_softmax", 0, 0, 4, BASE, OTHER, OTHER * 2, 7, 1000, 0, strides)
+        (name, grid, block, smem, stream, args, kinds, device), = calls
+        kinds_expected = softmax_module.FWD_KINDS if direction == "fwd" else softmax_module.BWD_KINDS
+        assert kinds == kinds_expected and len(args) == len(kinds)
+        first = 4 if direction == "fwd" else 5
+        assert args[first:first + len(strides)] == strides and args[-1] == vec
+        assert (args[-2] == _rows.STREAM_ROW) == (not vec)
+
+
 # ------------------------------------------------------------------------------ validation
 def w32(n=8, ptr=OTHER, **kw):
     return f32((n,), ptr=ptr, **kw)
@@ -136,7 +247,8 @@ def test_unsupported_dtype_zero_dim_and_non_contiguous_x_are_refused(fn):
         fn(FakeCAI((4, 8), "<f8"))
     with pytest.raises(ValueError, match=r"^x must have at least one dimension"):
         fn(f32(()))
-    with pytest.raises(ValueError, match=r"^x is not C-contiguous"):
+    # a transpose has no contiguous rows: refused, naming x (the adapter copies it instead)
+    with pytest.raises(ValueError, match=r"^x is not row-strided: shape \(4, 8\) with strides \(1, 4\)"):
         fn(f32((4, 8), strides=(4, 16)))
     with pytest.raises(ValueError, match=r"^x is misaligned"):
         fn(f32((4, 8), ptr=BASE + 2))
@@ -199,6 +311,56 @@ def test_adapter_refuses_bad_arguments_before_any_launch():
         ta.layer_norm(torch.ones(4, 8), (9,))
     with pytest.raises(ValueError, match=r"^normalized_shape must be a non-empty sequence of ints"):
         ta.LayerNorm(())
+
+
+def test_adapter_takes_row_strided_tensors_as_they_are_and_copies_other_layouts(monkeypatch):
+    # CPU tensors that report GPU 0 stand in for CUDA tensors, and the launches are recorded
+    # instead of made: which pointer and row stride each kernel would get, and which layouts
+    # are copied first (row_strided).
+    torch = pytest.importorskip("torch")
+    from rawops import torch_adapter as ta
+    from rawops.torch_adapter import norm as ta_norm, softmaxes as ta_softmaxes
+    from rawops.torch_adapter.norm import row_strided
+
+    class OnGPU0(torch.Tensor):
+        def get_device(self):
+            return 0
+
+    launches = []
+    for module in (ta_norm, ta_softmaxes):
+        monkeypatch.setattr(module, "on_device", lambda device, launch, *args: launches.append((launch, args)))
+        monkeypatch.setattr(module, "raw_stream", lambda device: 0)
+    wide = torch.randn(4, 16).as_subclass(OnGPU0)
+    sliced, every_other = wide[:, :8], wide[::2]
+    broadcast = torch.randn(8).expand(4, 8).as_subclass(OnGPU0)
+    transposed = torch.randn(8, 4).t().as_subclass(OnGPU0)
+    for t in (sliced, every_other, broadcast):
+        assert row_strided(t) is t
+    copy = row_strided(transposed)
+    assert copy is not transposed and copy.is_contiguous() and torch.equal(copy, transposed)
+    # layer_norm: (op, device, code, itemsize, x, w, b, y, mean, rstd, rows, n, eps, stream, x_stride, y_stride)
+    for x, n, pointer, stride in ((sliced, 8, wide.data_ptr(), 16), (every_other, 16, wide.data_ptr(), 32),
+                                  (transposed, 8, None, 8)):
+        launches.clear()
+        ta.layer_norm(x, (n,), torch.randn(2 * n)[::2].as_subclass(OnGPU0))  # a strided weight is copied
+        (launch, args), = launches
+        assert launch is ta_norm._norm.launch_forward
+        assert (args[4] == pointer) == (pointer is not None) and args[14:] == (stride, n)
+        assert args[5] != 0 and args[6] == 0
+    # softmax: (op, device, code, itemsize, x, y, rows, n, stream, (x_stride, y_stride))
+    for x, pointer, stride in ((sliced, wide.data_ptr(), 16), (transposed, None, 8)):
+        launches.clear()
+        ta.softmax(x, -1)
+        (launch, args), = launches
+        n = x.shape[-1]
+        assert (args[4] == pointer) == (pointer is not None) and args[-1] == (stride, n)
+    # a backward's gradient broadcast over the rows is read at row stride 0
+    launches.clear()
+    ta_softmaxes.backward("softmax", broadcast, torch.randn(4, 8).as_subclass(OnGPU0))
+    (launch, args), = launches
+    assert args[4] == broadcast.data_ptr() and args[-1] == (0, 8, 8)
+    with pytest.raises(TypeError, match=r"^weight has dtype torch.float16, expected torch.float32 like input"):
+        ta.layer_norm(sliced, (8,), torch.randn(16, dtype=torch.float16)[::2].as_subclass(OnGPU0))
 
 
 def test_adapter_modules_have_torch_parameter_names():

@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 
 import rawops  # noqa: E402
 from gpu_reference import DTYPES, NORM_FLOOR, TOLERANCE, poison_pool, random, to_cupy, to_torch  # noqa: E402
-from test_norm import SHAPES, IDS, check  # noqa: E402
+from test_norm import IDS, ROW_VIEWS, ROW_WIDTHS, SHAPES, check, row_view  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -151,3 +151,71 @@ def test_adapter_gradcheck():
 
     x = random((3, 9), torch.float32).requires_grad_()
     assert torch.autograd.gradcheck(ta.log_softmax, (x,), eps=1e-2, atol=3e-2, rtol=3e-2)
+
+
+# ------------------------------------------------------------------------------ row-strided layouts
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", ROW_WIDTHS + [65536])
+@pytest.mark.parametrize("layout", sorted(ROW_VIEWS))
+@pytest.mark.parametrize("op", list(OPS))
+def test_row_strided_views_match_torch_float64(op, layout, n, dtype):
+    # x, y and dy as views of wider bases (no copy); dy then broadcast over the rows (stride 0);
+    # and out= a row-strided view of a NaN base, whose other elements stay NaN.
+    dt = DTYPES[dtype]
+    forward, backward, _ = OPS[op]
+    shape = (3, 5, n) if layout == "offset_three_dims" else (7 if n == 65536 else 67, n)
+    xc, x, _ = row_view(layout, shape, dt)
+    dyc, dy, _ = row_view(layout, shape, dt)
+    ry, rdx = _reference(op, x, dy)
+    poison_pool(x.numel() * x.element_size())
+    y = forward(xc)
+    assert y.flags.c_contiguous
+    check(to_torch(y), ry, dt, f"{op} {layout} n={n} y")
+    # the backward on y as a row-strided view too: y copied into the same layout
+    yc, y_view, _ = row_view(layout, shape, dt, fill=0.0)
+    y_view.copy_(to_torch(y))
+    for gradient in ("strided", "broadcast"):
+        if gradient == "broadcast":
+            g = random((n,), dt)
+            dyc, dy = cupy.broadcast_to(to_cupy(g), shape), g.expand(shape)
+        out, out_view, base = row_view(layout, shape, dt, fill=float("nan"))
+        assert backward(dyc, yc, out=out) is out
+        _, rdx = _reference(op, x, dy)
+        check(out_view, rdx, dt, f"{op} {layout} n={n} dx ({gradient} dy)", factor=2)
+        inside = torch.zeros(base.shape, dtype=torch.bool, device="cuda")
+        ROW_VIEWS[layout][1](inside, shape)[...] = True
+        assert torch.isnan(base[~inside]).all(), "wrote outside out's rows"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["transposed", "sliced_columns", "every_other_row", "broadcast_gradient",
+                                    "other_dim"])
+@pytest.mark.parametrize("op", list(OPS))
+def test_adapter_takes_row_strided_tensors_and_copies_the_rest(op, layout, dtype):
+    # ta.softmax / ta.log_softmax with autograd over the last dim (and over dim 0: moved last in a
+    # copy): a transposed input is copied, sliced columns and every other row run as they are,
+    # the broadcast gradient of y.sum(0) is read at row stride 0.
+    from rawops import torch_adapter as ta
+
+    dt = DTYPES[dtype]
+    rows, n = 67, 1000
+    x = {"transposed": lambda: random((n, rows), dt).t(),
+         "sliced_columns": lambda: random((rows, n + 24), dt)[:, 24:],
+         "every_other_row": lambda: random((2 * rows, n), dt)[::2],
+         "broadcast_gradient": lambda: random((rows, n), dt),
+         "other_dim": lambda: random((n, rows), dt).t()}[layout]()
+    dim = 0 if layout == "other_dim" else -1
+    leaf, ref = x.detach().requires_grad_(), x.detach().double().requires_grad_()
+    y, ry = getattr(ta, op)(leaf, dim), OPS[op][2](ref, dim)
+    check(y.detach(), ry.detach(), dt, f"adapter {op} {layout} y")
+    if layout == "broadcast_gradient":
+        g = random((n,), dt)
+        y.sum(0).backward(g)
+        ry.sum(0).backward(g.double())
+    else:
+        dy = random(y.shape, dt)
+        y.backward(dy)
+        ry.backward(dy.double())
+    check(leaf.grad, ref.grad, dt, f"adapter {op} {layout} dx", factor=2)
+    with torch.no_grad():
+        assert torch.equal(getattr(ta, op)(x, dim), y.detach()), "no-grad path == autograd path"

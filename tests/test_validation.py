@@ -22,6 +22,7 @@ from rawops._launch import stream_pointer
 # "valid" call passed the pointer check and launched instead of raising.
 BASE = 0x100000000000
 OTHER = 0x100000100000  # a second, disjoint allocation
+FAR = 0x100000800000  # a third, past both
 _ABSENT = object()
 
 
@@ -213,7 +214,9 @@ def test_out_of_another_shape_is_a_value_error_naming_out():
 
 
 # ------------------------------------------------------------------------------ layout
-NON_CONTIGUOUS = {
+# Strided views (in bytes, as __cuda_array_interface__ gives them): every elementwise op takes
+# them through its strided kernel, so a valid call with any of them gets past validation.
+STRIDED = {
     "fortran_order": ((4, 8), (4, 16)),
     "padded_rows": ((4, 8), (64, 4)),
     "every_other_element": ((16,), (8,)),
@@ -222,24 +225,97 @@ NON_CONTIGUOUS = {
 }
 
 
-@pytest.mark.parametrize("layout", sorted(NON_CONTIGUOUS))
+@pytest.mark.parametrize("layout", sorted(STRIDED))
 @pytest.mark.parametrize("op", sorted(OPS))
-def test_non_contiguous_first_argument_is_a_value_error(op, layout):
+def test_strided_first_argument_gets_past_validation(op, layout):
     fn, names = OPS[op]
-    shape, strides = NON_CONTIGUOUS[layout]
+    shape, strides = STRIDED[layout]
     args = [f32(shape, ptr=OTHER + i * 0x10000) for i in range(len(names))]
     args[0] = f32(shape, strides=strides)  # float32, so the dtype check passes
-    with pytest.raises(ValueError, match=rf"^{names[0]} is not C-contiguous"):
-        fn(*args)
+    assert_passes_validation(fn, *args)
+    assert_passes_validation(fn, *args, out=f32(shape, ptr=FAR))
 
 
-@pytest.mark.parametrize("layout", sorted(NON_CONTIGUOUS))
-def test_non_contiguous_second_operand_and_out_are_value_errors_naming_them(layout):
-    shape, strides = NON_CONTIGUOUS[layout]
-    with pytest.raises(ValueError, match=r"^b is not C-contiguous"):
-        rawops.add(f32(shape), f32(shape, ptr=OTHER, strides=strides))
-    with pytest.raises(ValueError, match=r"^out is not C-contiguous"):
-        rawops.gelu(f32(shape), out=f32(shape, ptr=OTHER, strides=strides), approximate="tanh")
+@pytest.mark.parametrize("layout", sorted(STRIDED))
+def test_strided_second_operand_and_out_get_past_validation_but_an_out_sharing_memory_is_refused(layout):
+    shape, strides = STRIDED[layout]
+    assert_passes_validation(rawops.add, f32(shape), f32(shape, ptr=OTHER, strides=strides))
+    out = f32(shape, ptr=OTHER, strides=strides)
+    if 0 in strides:  # two elements of out at one address: the result would depend on the schedule
+        with pytest.raises(ValueError, match=r"^out has elements that share memory"):
+            rawops.gelu(f32(shape), out=out, approximate="tanh")
+    else:
+        assert_passes_validation(rawops.gelu, f32(shape), out=out, approximate="tanh")
+
+
+@pytest.mark.parametrize("strides", [(4, 4), (32, 0), (8, 4), (4, 2)], ids=["overlapping", "zero", "rows",
+                                                                                  "half"])
+def test_an_out_whose_elements_overlap_is_refused_before_any_launch(strides):
+    # (4, 8) float32 with strides (4, 4) bytes: element (1, 0) is element (0, 1); (8, 4): rows 2
+    # elements apart, 8 wide. (4, 2) is not even whole elements.
+    pattern = r"^out has strides that are not a whole number" if strides == (4, 2) else \
+        r"^out has elements that share memory"
+    with pytest.raises(ValueError, match=pattern):
+        rawops.relu(f32((4, 8)), out=f32((4, 8), ptr=OTHER, strides=strides))
+
+
+@pytest.mark.parametrize("which", ["x", "y", "out"])
+def test_strides_that_are_not_whole_elements_name_the_argument(which):
+    bad = f32((4, 8), ptr=BASE + 0x10000 * "xyo".index(which[0]), strides=(32, 6))
+    args = {"x": f32((4, 8)), "y": f32((4, 8), ptr=OTHER), "out": None}
+    args[which] = bad
+    with pytest.raises(ValueError, match=rf"^{which} has strides that are not a whole number of its 4-byte elements"):
+        rawops.relu_scale_add(args["x"], 0.5, args["y"], out=args["out"])
+
+
+def test_strided_out_partially_overlapping_an_input_is_refused_and_out_equal_to_it_is_in_place():
+    # x = rows of 8 at a stride of 16 elements; out its other half (interleaved, no element
+    # shared) still spans x's memory: refused by span. The same view is an in-place update.
+    x = f32((4, 8), ptr=BASE, strides=(64, 4))
+    with pytest.raises(ValueError, match=r"^out partially overlaps x"):
+        rawops.gelu(x, out=f32((4, 8), ptr=BASE + 32, strides=(64, 4)), approximate="tanh")
+    with pytest.raises(ValueError, match=r"^out partially overlaps y"):
+        rawops.relu_scale_add(f32((4, 8), ptr=OTHER), 2.0, x, out=f32((4, 8), ptr=BASE + 4, strides=(4, 16)))
+    assert_passes_validation(rawops.gelu, x, out=f32((4, 8), ptr=BASE, strides=(64, 4)), approximate="tanh")
+    # a strided out beside the input's span is separate memory
+    assert_passes_validation(rawops.gelu, x, out=f32((4, 8), ptr=BASE + 64 * 4, strides=(4, 16)), approximate="tanh")
+
+
+def test_strided_bias_and_an_out_of_the_bias_are_checked():
+    x = f32((4, 8), ptr=BASE)
+    assert_passes_validation(rawops.bias_gelu, x, f32((8,), ptr=OTHER, strides=(8,)), approximate="tanh")
+    assert_passes_validation(rawops.bias_gelu_backward, x, f32((4, 8), ptr=OTHER, strides=(4, 16)),
+                             f32((8,), ptr=OTHER * 2, strides=(-4,)), approximate="tanh")
+    with pytest.raises(ValueError, match=r"^out partially overlaps bias"):
+        rawops.bias_gelu(x, f32((8,), ptr=OTHER, strides=(8,)), out=f32((4, 8), ptr=OTHER + 4, strides=(4, 16)),
+                         approximate="tanh")
+
+
+def test_a_layout_of_more_dims_than_the_strided_kernels_take_is_refused_naming_x():
+    # 26 dims of two elements, each stride twice the one before it doubled: nothing merges.
+    dims = 26
+    shape = (2,) * dims
+    strides = tuple(4 * 4 ** (dims - 1 - i) for i in range(dims))
+    with pytest.raises(ValueError, match=r"^x and the other operands have more than 25 dims .*pass contiguous"):
+        rawops.relu(f32(shape, strides=strides))
+    # the same dims merge into one where contiguous, however many there are
+    assert_passes_validation(rawops.relu, f32(shape, strides=tuple(4 * 2 ** (dims - 1 - i) for i in range(dims))))
+
+
+@pytest.mark.parametrize("out_strides, ok", [((64, 4), True), ((4, 16), True), ((0, 4), False)],
+                         ids=["row-strided", "transposed", "broadcast"])
+def test_bias_gelu_backward_takes_a_strided_out_whose_rows_have_one_stride(out_strides, ok):
+    args = (f32((4, 8)), f32((4, 8), ptr=OTHER), f32((8,), ptr=OTHER * 2))
+    out = f32((4, 8), ptr=FAR, strides=out_strides)
+    if ok:
+        assert_passes_validation(rawops.bias_gelu_backward, *args, out=out, approximate="tanh")
+    else:
+        with pytest.raises(ValueError, match=r"^out has elements that share memory"):
+            rawops.bias_gelu_backward(*args, out=out, approximate="tanh")
+    # (2, 2, 8) with its leading dims swapped: rows at no single stride
+    with pytest.raises(ValueError, match=r"^out has leading dims \(2, 2\) .* do not collapse to one row stride"):
+        rawops.bias_gelu_backward(*(f32((2, 2, 8), ptr=p) for p in (BASE, OTHER)), f32((8,), ptr=OTHER * 2),
+                                  out=f32((2, 2, 8), ptr=FAR, strides=(32, 64, 4)), approximate="tanh")
 
 
 # ------------------------------------------------------------------------------ alignment
@@ -711,6 +787,35 @@ def test_torch_path_refuses_unsupported_dtypes_naming_the_argument(torch_path, d
     torch, kernels = torch_path
     with pytest.raises(TypeError, match=rf"^x has dtype torch.{dtype}; rawops supports float32, float16, bfloat16"):
         _map_call(kernels["relu_fwd"], torch.zeros(4, dtype=getattr(torch, dtype)))
+
+
+def test_torch_path_checks_strided_operands_as_it_checks_contiguous_ones(torch_path):
+    # Strided tensors run the strided kernels: every check still fires first, naming the operand.
+    # CPU tensors that report GPU 0 stand in for CUDA tensors (only calls that fail a check: one
+    # that passed would launch on their host pointers where a GPU is).
+    torch, kernels = torch_path
+
+    class OnGPU0(torch.Tensor):
+        def get_device(self):
+            return 0
+
+    def gpu(t):
+        return t.as_subclass(OnGPU0)
+
+    a, transposed = gpu(torch.randn(4, 8)), gpu(torch.randn(8, 4).t())
+    with pytest.raises(TypeError, match=r"^b has dtype torch.float16, expected torch.float32 like a"):
+        _map_call(kernels["add_fwd"], a, gpu(torch.randn(8, 4, dtype=torch.float16).t()))
+    with pytest.raises(ValueError, match=r"^b has shape \(8, 4\), expected \(4, 8\) like a"):
+        _map_call(kernels["add_fwd"], a, gpu(torch.randn(4, 8).t()))
+    with pytest.raises(ValueError, match=r"^out has elements that share memory"):
+        _map_call(kernels["relu_fwd"], transposed, out=gpu(torch.randn(8).expand(4, 8)))
+    base = torch.randn(4, 16)
+    with pytest.raises(ValueError, match=r"^out partially overlaps x"):
+        _map_call(kernels["relu_fwd"], gpu(base[:, ::2]), out=gpu(base[:, 1::2]))
+    with pytest.raises(ValueError, match=r"^out has shape \(8, 4\), expected \(4, 8\)"):
+        _map_call(kernels["relu_fwd"], transposed, out=gpu(torch.empty(8, 4)))
+    with pytest.raises(ValueError, match=r"^bias has shape \(4,\), expected one value per element"):
+        _map_call(kernels["bias_gelu_tanh_fwd"], transposed, c=gpu(torch.randn(8)[::2]))
 
 
 def test_torch_path_refuses_non_tensors(torch_path):

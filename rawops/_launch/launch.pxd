@@ -4,6 +4,26 @@ from libc.stdint cimport uintptr_t
 from rawops._launch.arrays cimport DeviceArray, N_FLOAT
 from rawops._launch.driver cimport MAX_DEVICES
 
+cdef enum:
+    # Dims a layout holds while it is planned (NumPy's and CuPy's most); the strided kernels take
+    # rawops._constants.MAP_MAX_DIMS once size-1 dims are dropped and contiguous ones merged.
+    LAYOUT_CAPACITY = 64
+    OPERANDS = 4  # a, b, c, out: the map kernels' operands, in the kernels' order
+
+
+# The iteration space of a strided map launch (kernels/elementwise.cu MapLayout): dims outermost
+# first, each operand's stride of each dim in elements (0 for an operand the op does not read).
+cdef struct MapLayout:
+    int ndim
+    long long shape[LAYOUT_CAPACITY]
+    long long stride[OPERANDS][LAYOUT_CAPACITY]
+
+
+cdef int plan_layout(MapLayout* layout, object shape, object a, object b, object c, object out) except -1
+cdef bint overlaps_itself(object shape, object strides) except -1
+cdef bint extents_overlap(uintptr_t p, object shape, object strides, int itemsize,
+                          uintptr_t q, object q_shape, object q_strides) except -1
+
 
 cdef class MapKernel:
     cdef readonly str family
@@ -13,18 +33,24 @@ cdef class MapKernel:
     cdef readonly bint reads_c
     cdef readonly bint capped  # the light ops' launch shape where measured (map_shape)
     cdef uintptr_t _functions[MAX_DEVICES][N_FLOAT]
+    cdef uintptr_t _strided[MAX_DEVICES][N_FLOAT]
     cdef unsigned _threads[MAX_DEVICES]
     cdef unsigned _shared[MAX_DEVICES]
 
     cdef uintptr_t function(self, int device, int dtype) except 0
+    cdef uintptr_t strided_function(self, int device, int dtype) except 0
     cdef object _call(self, a, b, c, float alpha, out, stream, bint check_only)
     cdef DeviceArray _operand(self, object obj, str name, DeviceArray like)
     cdef int _check_overlap(self, DeviceArray o, DeviceArray x) except -1
+    cdef int _check_strided_out(self, DeviceArray o, DeviceArray x) except -1
+    cdef int _plan(self, MapLayout* layout, DeviceArray A, DeviceArray B, DeviceArray C, DeviceArray O) except -1
     cdef object _run(self, DeviceArray A, DeviceArray B, DeviceArray C, DeviceArray O, float alpha,
-                     object stream, uintptr_t s, int device)
+                     object stream, uintptr_t s, int device, MapLayout* layout)
     cpdef int launch_pointers(self, int device, int dtype, uintptr_t a, uintptr_t b, uintptr_t c,
                               uintptr_t out, long long n, long long inner, float alpha,
                               uintptr_t stream) except -1
+    cdef int launch_layout(self, int device, int dtype, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t out,
+                           long long n, MapLayout* layout, float alpha, uintptr_t stream) except -1
 
 
 cdef class _MapEntry:

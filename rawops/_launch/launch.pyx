@@ -1,8 +1,9 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Launching: the generic launcher (any kernel, its arguments described by kind letters) and the
-elementwise map kernels — their launch shape, their checked calls and the CuPy API's C-level
-entries (rawops.gelu and the other elementwise functions are bound methods of CupyMapEntry, so
-a call reaches the kernel's checks with no Python frame in front).
+elementwise map kernels — their launch shape, their checked calls, the planning of strided
+layouts and the CuPy API's C-level entries (rawops.gelu and the other elementwise functions are
+bound methods of CupyMapEntry, so a call reaches the kernel's checks with no Python frame in
+front).
 """
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING
@@ -13,7 +14,7 @@ from rawops._launch.arrays cimport (BF16, F16, F32, N_FLOAT, DeviceArray, as_arr
 from rawops._launch.driver cimport MAX_DEVICES, import_cupy, launch_dependent, launch_kernel, load_driver, sm_count
 from rawops._launch.streams cimport stream_pointer, wait_for_producer
 
-from rawops import _modules
+from rawops import _constants, _modules
 from rawops._launch.arrays import FLOAT_SUFFIXES, NUMPY_DTYPES
 from rawops._launch.streams import allocating_on
 
@@ -59,15 +60,22 @@ def launch(uintptr_t function, tuple grid, unsigned block, unsigned shared, uint
 
 
 # ---------------------------------------------------------------------------- the map kernels' shape
+# Shared with the kernels through rawops/_constants.py (the build passes each as -DRAWOPS_<NAME>).
+cdef unsigned MAP_THREADS = _constants.MAP_THREADS
+cdef long long MAP_UNROLL = _constants.MAP_UNROLL
+cdef long long MAP_STRIDED_UNROLL = _constants.MAP_STRIDED_UNROLL
+cdef int MAP_MAX_DIMS = _constants.MAP_MAX_DIMS
+if not 1 <= MAP_MAX_DIMS <= LAYOUT_CAPACITY:
+    raise ImportError(f"rawops._constants.MAP_MAX_DIMS = {MAP_MAX_DIMS}: the launcher plans at most "
+                      f"{LAYOUT_CAPACITY} dims")
 cdef enum:
-    MAP_THREADS = 256
     MAP_CAPPED_THREADS = 128
     MAP_CAPPED_SMEM = 16384
-    MAP_UNROLL = 1   # must match RAWOPS_MAP_UNROLL in kernels/elementwise.cu
-    MAP_BLOCKS_PER_SM = 8
+    MAP_SCALAR_BLOCKS_PER_SM = 32  # the grid-stride paths' grid (scalar, strided): blocks an SM at most
 
 # The map kernels' launch shape, for tests and tools.
-MAP_SHAPE = {"threads": MAP_THREADS, "unroll": MAP_UNROLL}
+MAP_SHAPE = {"threads": MAP_THREADS, "unroll": MAP_UNROLL, "strided_unroll": MAP_STRIDED_UNROLL,
+             "max_dims": MAP_MAX_DIMS, "grid_stride_blocks_per_sm": MAP_SCALAR_BLOCKS_PER_SM}
 # The light ops' shape on sm_90: blocks of 128 with 16 KB of dynamic shared memory they never
 # touch, so that an SM holds 13 blocks (52 warps) instead of 64 warps: the ops that read and
 # write little per element keep the memory system busier that way (docs/performance.md).
@@ -97,7 +105,14 @@ cdef inline long long _map_blocks(long long n, long long head, int itemsize, int
     cdef long long per_block = threads * MAP_UNROLL
     if head >= 0:
         return max(1, ((n - head) // (16 // itemsize) + per_block - 1) // per_block)
-    return max(1, min((n + per_block - 1) // per_block, <long long>sms * 32))
+    return max(1, min((n + per_block - 1) // per_block, <long long>sms * MAP_SCALAR_BLOCKS_PER_SM))
+
+
+cdef inline long long _strided_blocks(long long n, int sms):
+    """The strided kernels' grid: one block per MAP_THREADS * MAP_STRIDED_UNROLL elements, at most
+    MAP_SCALAR_BLOCKS_PER_SM an SM (a grid-stride loop takes the rest)."""
+    cdef long long per_block = MAP_THREADS * MAP_STRIDED_UNROLL
+    return max(1, min((n + per_block - 1) // per_block, <long long>sms * MAP_SCALAR_BLOCKS_PER_SM))
 
 
 def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b, int sms,
@@ -107,13 +122,191 @@ def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uin
     return _map_blocks(n, head, itemsize, sms, threads), head
 
 
+def strided_launch_config(long long n, int sms):
+    """(blocks, threads) of a strided map launch; pure arithmetic, testable without a GPU."""
+    return _strided_blocks(n, sms), MAP_THREADS
+
+
+# ---------------------------------------------------------------------------- strided layouts
+cdef inline long long _abs(long long v):
+    return -v if v < 0 else v
+
+
+cdef int plan_layout(MapLayout* L, object shape, object a, object b, object c, object out) except -1:
+    """L = the iteration space of operands of `shape` with element strides a, b, c, out (b, c:
+    None when absent; c, the row vector, is its one stride (sequence of 1), over the last dim):
+    dims of size 1 dropped, the others ordered by out's strides, largest first (out written in
+    its own order), and neighbours merged where every operand's outer stride is its inner one
+    times the inner size. 0, or 1 when more than MAP_MAX_DIMS dims remain (the kernels' limit)."""
+    cdef Py_ssize_t ndim = len(shape), i, j
+    cdef int d = 0, m, k
+    cdef long long size, t
+    cdef bint merge
+    for i in range(ndim):
+        size = shape[i]
+        if size == 1:
+            continue
+        if d == LAYOUT_CAPACITY:
+            return 1
+        L.shape[d] = size
+        L.stride[0][d] = a[i]
+        L.stride[1][d] = b[i] if b is not None else 0
+        L.stride[2][d] = c[0] if c is not None and i == ndim - 1 else 0
+        L.stride[3][d] = out[i]
+        d += 1
+    if d == 0:  # one element (or none): a dense dim of one
+        L.ndim = 1
+        L.shape[0] = 1
+        for k in range(OPERANDS):
+            L.stride[k][0] = 1
+        return 0
+    for i in range(1, d):  # stable insertion sort, |out stride| descending
+        j = i
+        while j > 0 and _abs(L.stride[3][j - 1]) < _abs(L.stride[3][j]):
+            size = L.shape[j]
+            L.shape[j] = L.shape[j - 1]
+            L.shape[j - 1] = size
+            for k in range(OPERANDS):
+                t = L.stride[k][j]
+                L.stride[k][j] = L.stride[k][j - 1]
+                L.stride[k][j - 1] = t
+            j -= 1
+    m = 0
+    for i in range(1, d):
+        merge = True
+        for k in range(OPERANDS):
+            if L.stride[k][m] != L.stride[k][i] * L.shape[i]:
+                merge = False
+                break
+        if merge:
+            L.shape[m] *= L.shape[i]
+        else:
+            m += 1
+            L.shape[m] = L.shape[i]
+        for k in range(OPERANDS):
+            L.stride[k][m] = L.stride[k][i]
+    L.ndim = m + 1
+    return 1 if L.ndim > MAP_MAX_DIMS else 0
+
+
+cdef inline bint _dense_layout(MapLayout* L, bint reads_b, bint reads_c):
+    # One dim every operand walks with stride 1 (or a single element): the contiguous kernels.
+    if L.ndim != 1:
+        return False
+    if L.shape[0] == 1:
+        return True
+    return (L.stride[0][0] == 1 and L.stride[3][0] == 1 and (not reads_b or L.stride[1][0] == 1)
+            and (not reads_c or L.stride[2][0] == 1))
+
+
+def map_layout(shape, a, b=None, c=None, out=None):
+    """(shape, (a, b, c, out) strides) of the planned iteration space (plan_layout) of operands
+    with these element strides (out None: C-contiguous), or None where the strided kernels cannot
+    take it (more than rawops._constants.MAP_MAX_DIMS dims remain); for tests and tools."""
+    cdef MapLayout layout
+    shape = tuple(shape)
+    if out is None:
+        out = _c_strides(shape)
+    if plan_layout(&layout, shape, a, b, c, out):
+        return None
+    return (tuple([layout.shape[i] for i in range(layout.ndim)]),
+            tuple([tuple([layout.stride[k][i] for i in range(layout.ndim)]) for k in range(OPERANDS)]))
+
+
+cdef tuple _c_strides(object shape):
+    cdef list strides = []
+    cdef long long step = 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= <long long>size
+    strides.reverse()
+    return tuple(strides)
+
+
+cdef bint overlaps_itself(object shape, object strides) except -1:
+    """Whether two elements of a layout may share memory: dims (of more than one element)
+    taken by stride, smallest first, each stride must pass everything the smaller dims reach.
+    A sufficient test: an interleaved layout that does not overlap may still be refused."""
+    cdef list dims = sorted([(_abs(s), size) for size, s in zip(shape, strides) if size > 1])
+    cdef long long reach = 0
+    for s, size in dims:
+        if s <= reach:
+            return True
+        reach += s * (size - 1)
+    return False
+
+
+def layout_overlaps_itself(shape, strides):
+    """overlaps_itself, for tests: True where out= with these element strides is refused."""
+    return overlaps_itself(tuple(shape), tuple(strides))
+
+
+cdef inline tuple _span(uintptr_t p, object shape, object strides, int itemsize):
+    # [first byte, past the last byte) an array touches; strides None: C-contiguous.
+    cdef long long low = 0, high = 0, size
+    if strides is None:
+        size = 1
+        for d in shape:
+            size *= <long long>d
+        return p, p + size * itemsize
+    for d, s in zip(shape, strides):
+        if s < 0:
+            low += s * (d - 1)
+        else:
+            high += s * (d - 1)
+    return p + low * itemsize, p + (high + 1) * itemsize
+
+
+cdef bint extents_overlap(uintptr_t p, object shape, object strides, int itemsize,
+                          uintptr_t q, object q_shape, object q_strides) except -1:
+    """Whether the memory two arrays of one dtype span overlaps (neither empty)."""
+    for d in shape:
+        if d == 0:
+            return False
+    for d in q_shape:
+        if d == 0:
+            return False
+    first, last = _span(p, shape, strides, itemsize)
+    q_first, q_last = _span(q, q_shape, q_strides, itemsize)
+    return first < q_last and q_first < last
+
+
+cdef inline bint _same_layout(object shape, object strides, object q_shape, object q_strides):
+    # The same elements at the same offsets (strides of size-1 dims do not matter).
+    if tuple(shape) != tuple(q_shape):
+        return False
+    for size, s, t in zip(shape, strides, q_strides):
+        if size > 1 and s != t:
+            return False
+    return True
+
+
+cdef object _layout_strides(DeviceArray x):
+    return x.strides if not x.contiguous else _c_strides(x.shape)
+
+
+cdef int _require_elements(DeviceArray x) except -1:
+    # A view whose byte strides are not whole elements (CAI allows it): no kernel can index it.
+    if not x.contiguous and x.strides is None:
+        raise ValueError(f"{x.name} has strides that are not a whole number of its {x.itemsize}-byte elements; "
+                         "no kernel can index it: pass a contiguous copy")
+    return 0
+
+
 # ---------------------------------------------------------------------------- the map kernels
 cdef class MapKernel:
     """One elementwise op over float32/float16/bfloat16, dispatching on dtype.
 
     Kernel signature (see kernels/elementwise.cu):
       (const T* a, const T* b, const T* c, T* out, int64 n, int64 head, int64 inner, float alpha)
+    and the strided entry <name>_strided_<dtype>:
+      (const T* a, const T* b, const T* c, T* out, int64 n, float alpha, MapLayout layout)
     `b` is read elementwise when reads_b, `c` as a row vector over the last dim when reads_c.
+
+    Layouts: every operand may be any strided view (steps, transposes, broadcast stride-0
+    inputs, offsets), launched as it is through the strided entry; out= may be strided too but
+    no two of its elements may share memory. Without out= the result is a new C-contiguous
+    array. All-contiguous calls take the contiguous entry and nothing else.
     """
 
     def __init__(self, str family, str name, tuple arg_names, bint reads_b=False, bint reads_c=False,
@@ -126,7 +319,8 @@ cdef class MapKernel:
         self.capped = capped
 
     def kernel_names(self):
-        return [f"{self.name}_{s}" for s in FLOAT_SUFFIXES]
+        """The entries this op launches: <name>_<dtype> and <name>_strided_<dtype>."""
+        return [f"{self.name}_{s}" for s in FLOAT_SUFFIXES] + [f"{self.name}_strided_{s}" for s in FLOAT_SUFFIXES]
 
     cdef uintptr_t function(self, int device, int dtype) except 0:
         if device < 0 or device >= MAX_DEVICES:
@@ -139,6 +333,15 @@ cdef class MapKernel:
             self._functions[device][dtype] = _modules.function_pointer(
                 self.family, f"{self.name}_{FLOAT_SUFFIXES[dtype]}", device)
         return self._functions[device][dtype]
+
+    cdef uintptr_t strided_function(self, int device, int dtype) except 0:
+        if device < 0 or device >= MAX_DEVICES:
+            raise ValueError(f"device {device} is out of range")
+        if self._strided[device][dtype] == 0:
+            load_driver()
+            self._strided[device][dtype] = _modules.function_pointer(
+                self.family, f"{self.name}_strided_{FLOAT_SUFFIXES[dtype]}", device)
+        return self._strided[device][dtype]
 
     def launch_shape(self, int device):
         """(threads, dynamic shared bytes) of this op's launches on `device`."""
@@ -155,38 +358,56 @@ cdef class MapKernel:
         return self._call(a, b, c, 0.0, out, None, True)
 
     cdef object _call(self, a, b, c, float alpha, out, stream, bint check_only):
-        # One body for the call and for check(): the hot path builds no tuple.
+        # One body for the call and for check(): the hot path builds no tuple. A strided
+        # operand anywhere plans the layout here, so its errors come before any CUDA call.
         cdef DeviceArray A = as_array(a, self.arg_names[0])
         cdef DeviceArray B = None
         cdef DeviceArray C = None
         cdef DeviceArray O = None
         cdef uintptr_t s
+        cdef MapLayout layout
         if A.dtype < 0 or A.dtype >= N_FLOAT:
             raise TypeError(f"{A.name} has dtype {A.dtype_text}; {self.name} supports float32, float16, bfloat16")
-        if not A.contiguous:
-            raise ValueError(f"{A.name} is not C-contiguous; rawops never copies behind your back: "
-                             f"pass a contiguous array (e.g. {A.name}.copy())")
+        cdef bint strided = not A.contiguous
+        if strided:
+            _require_elements(A)
         check_element_aligned(A)
         if self.reads_b:
             B = self._operand(b, self.arg_names[1], A)
             if B.shape != A.shape:
                 raise ValueError(f"{B.name} has shape {B.shape}, expected {A.shape} like {A.name}")
+            strided = strided or not B.contiguous
         if self.reads_c:
             C = self._operand(c, self.arg_names[len(self.arg_names) - 1], A)
             if len(A.shape) == 0 or C.shape != (A.shape[len(A.shape) - 1],):
                 raise ValueError(f"{C.name} has shape {C.shape}, expected one value per element of "
                                  f"{A.name}'s last dim ({A.shape[len(A.shape) - 1] if A.shape else '?'},)")
+            strided = strided or not C.contiguous
         if out is not None:
             O = self._operand(out, "out", A)
             if O.shape != A.shape:
                 raise ValueError(f"out has shape {O.shape}, expected {A.shape} like {A.name}")
             if O.readonly:
                 raise ValueError("out is read-only")
-            self._check_overlap(O, A)
-            if B is not None:
-                self._check_overlap(O, B)
-            if C is not None:
-                self._check_overlap(O, C)
+            if not O.contiguous:
+                strided = True
+                if overlaps_itself(O.shape, O.strides):
+                    raise ValueError("out has elements that share memory (a stride of 0, or strides that overlap); "
+                                     "every element of out needs memory of its own")
+            if strided:
+                self._check_strided_out(O, A)
+                if B is not None:
+                    self._check_strided_out(O, B)
+                if C is not None:
+                    self._check_strided_out(O, C)
+            else:
+                self._check_overlap(O, A)
+                if B is not None:
+                    self._check_overlap(O, B)
+                if C is not None:
+                    self._check_overlap(O, C)
+        if strided:
+            self._plan(&layout, A, B, C, O)
 
         cupy = _cupy()
         cdef int device = resolve_device(A)
@@ -199,8 +420,8 @@ cdef class MapKernel:
         s = stream_pointer(stream, device)  # refuses another GPU's stream before any CuPy call
         if _get_device() != device:
             with cupy.cuda.Device(device):
-                return self._run(A, B, C, O, alpha, stream, s, device)
-        return self._run(A, B, C, O, alpha, stream, s, device)
+                return self._run(A, B, C, O, alpha, stream, s, device, &layout if strided else NULL)
+        return self._run(A, B, C, O, alpha, stream, s, device, &layout if strided else NULL)
 
     cdef DeviceArray _operand(self, object obj, str name, DeviceArray like):
         if obj is None:
@@ -208,8 +429,7 @@ cdef class MapKernel:
         cdef DeviceArray x = as_array(obj, name)
         if x.dtype != like.dtype:
             raise TypeError(f"{name} has dtype {x.dtype_text}, expected {like.dtype_text} like {like.name}")
-        if not x.contiguous:
-            raise ValueError(f"{name} is not C-contiguous; rawops never copies behind your back")
+        _require_elements(x)
         check_element_aligned(x)
         return x
 
@@ -220,8 +440,28 @@ cdef class MapKernel:
             raise ValueError(f"out partially overlaps {x.name}; pass out={x.name} exactly, or a separate array")
         return 0
 
+    cdef int _check_strided_out(self, DeviceArray o, DeviceArray x) except -1:
+        # As _check_overlap, by the memory each layout spans: out=x exactly (the same pointer,
+        # shape and strides) is in place; any other overlap of the spans is refused (an
+        # interleaved pair that shares no element included: the test is by span).
+        cdef object o_strides = _layout_strides(o), x_strides = _layout_strides(x)
+        if o.ptr == x.ptr and _same_layout(o.shape, o_strides, x.shape, x_strides):
+            return 0
+        if extents_overlap(o.ptr, o.shape, o_strides, o.itemsize, x.ptr, x.shape, x_strides):
+            raise ValueError(f"out partially overlaps {x.name}; pass out={x.name} exactly, or a separate array")
+        return 0
+
+    cdef int _plan(self, MapLayout* layout, DeviceArray A, DeviceArray B, DeviceArray C, DeviceArray O) except -1:
+        if plan_layout(layout, A.shape, _layout_strides(A), _layout_strides(B) if B is not None else None,
+                       _layout_strides(C) if C is not None else None,
+                       _layout_strides(O) if O is not None else _c_strides(A.shape)):
+            raise ValueError(f"{A.name} and the other operands have more than {MAP_MAX_DIMS} dims once size-1 "
+                             f"dims are dropped and contiguous ones merged; the strided kernels take at most "
+                             f"{MAP_MAX_DIMS}: pass contiguous copies")
+        return 0
+
     cdef object _run(self, DeviceArray A, DeviceArray B, DeviceArray C, DeviceArray O, float alpha,
-                     object stream, uintptr_t s, int device):
+                     object stream, uintptr_t s, int device, MapLayout* layout):
         for x in (A, B, C):
             if x is not None and x.stream is not None:
                 wait_for_producer(x, s)
@@ -236,10 +476,31 @@ cdef class MapKernel:
             result = O.obj
             out_ptr = O.ptr
         if A.size:
-            self.launch_pointers(device, A.dtype, A.ptr, B.ptr if B is not None else 0,
-                                 C.ptr if C is not None else 0, out_ptr, A.size,
-                                 C.size if C is not None else 1, alpha, s)
+            if layout == NULL:
+                self.launch_pointers(device, A.dtype, A.ptr, B.ptr if B is not None else 0,
+                                     C.ptr if C is not None else 0, out_ptr, A.size,
+                                     C.size if C is not None else 1, alpha, s)
+            else:
+                self.launch_layout(device, A.dtype, A.ptr, B.ptr if B is not None else 0,
+                                   C.ptr if C is not None else 0, out_ptr, A.size, layout, alpha, s)
         return result
+
+    def launch_arrays(self, int device, DeviceArray a, DeviceArray b, DeviceArray c, DeviceArray out,
+                      uintptr_t out_ptr, float alpha, uintptr_t stream):
+        """Launch on operands checked by check() (b, c, out None where absent), writing out_ptr:
+        out's pointer, or a new C-contiguous array of a's shape when out is None; on `stream`,
+        with `device`'s context current. The strided entry where any operand is strided."""
+        cdef MapLayout layout
+        if a.size == 0:
+            return 0
+        if a.contiguous and (b is None or b.contiguous) and (c is None or c.contiguous) and (
+                out is None or out.contiguous):
+            return self.launch_pointers(device, a.dtype, a.ptr, b.ptr if b is not None else 0,
+                                        c.ptr if c is not None else 0, out_ptr, a.size,
+                                        c.size if c is not None else 1, alpha, stream)
+        self._plan(&layout, a, b, c, out)
+        return self.launch_layout(device, a.dtype, a.ptr, b.ptr if b is not None else 0,
+                                  c.ptr if c is not None else 0, out_ptr, a.size, &layout, alpha, stream)
 
     cpdef int launch_pointers(self, int device, int dtype, uintptr_t a, uintptr_t b, uintptr_t c,
                               uintptr_t out, long long n, long long inner, float alpha,
@@ -263,6 +524,37 @@ cdef class MapKernel:
         params[6] = &inner
         params[7] = &alpha
         return launch_kernel(function, <unsigned>blocks, 1, 1, threads, shared, stream, params, device)
+
+    cdef int launch_layout(self, int device, int dtype, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t out,
+                           long long n, MapLayout* layout, float alpha, uintptr_t stream) except -1:
+        """Launch over a planned layout (plan_layout) of n elements: where it came out as one
+        dim every operand walks with stride 1, the contiguous entry (same kernel, same shape as
+        a contiguous call); otherwise the strided entry."""
+        if not self.reads_b:
+            b = 0
+        if not self.reads_c:
+            c = 0
+        if _dense_layout(layout, self.reads_b, self.reads_c):
+            return self.launch_pointers(device, dtype, a, b, c, out, n, n if self.reads_c else 1, alpha, stream)
+        cdef uintptr_t function = self.strided_function(device, dtype)
+        # The kernel's MapLayout: ndim, shape[MAP_MAX_DIMS], stride[4][MAP_MAX_DIMS], 64-bit words.
+        cdef long long words[1 + (OPERANDS + 1) * LAYOUT_CAPACITY]
+        cdef int i, k
+        words[0] = layout.ndim
+        for i in range(layout.ndim):
+            words[1 + i] = layout.shape[i]
+            for k in range(OPERANDS):
+                words[1 + (k + 1) * MAP_MAX_DIMS + i] = layout.stride[k][i]
+        cdef void* params[7]
+        params[0] = &a
+        params[1] = &b
+        params[2] = &c
+        params[3] = &out
+        params[4] = &n
+        params[5] = &alpha
+        params[6] = words
+        return launch_kernel(function, <unsigned>_strided_blocks(n, sm_count(device)), 1, 1, MAP_THREADS, 0,
+                             stream, params, device)
 
 
 # ---------------------------------------------------------------------------- the CuPy API's entries
@@ -293,7 +585,9 @@ cdef class CupyMapEntry(_MapEntry):
 --
 
 GELU: x * Phi(x) with approximate='none' (erf), or 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))
-with approximate='tanh' (torch.nn.functional.gelu's argument and default)."""
+with approximate='tanh' (torch.nn.functional.gelu's argument and default).
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         cdef MapKernel kernel = self._mode(approximate)
         if kernel is None:
             return self.fallback(x, approximate, out=out, stream=stream)
@@ -304,7 +598,9 @@ with approximate='tanh' (torch.nn.functional.gelu's argument and default)."""
         """gelu_backward($self, dy, x, approximate='none', *, out=None, stream=None)
 --
 
-dx = dy * gelu'(x)."""
+dx = dy * gelu'(x).
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         cdef MapKernel kernel = self._mode(approximate)
         if kernel is None:
             return self.fallback(dy, x, approximate, out=out, stream=stream)
@@ -315,7 +611,9 @@ dx = dy * gelu'(x)."""
         """bias_gelu($self, x, bias, approximate='none', *, out=None, stream=None)
 --
 
-gelu(x + bias), bias of shape (x.shape[-1],) broadcast over the leading dims, in one pass."""
+gelu(x + bias), bias of shape (x.shape[-1],) broadcast over the leading dims, in one pass.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         cdef MapKernel kernel = self._mode(approximate)
         if kernel is None:
             return self.fallback(x, bias, approximate, out=out, stream=stream)
@@ -326,7 +624,9 @@ gelu(x + bias), bias of shape (x.shape[-1],) broadcast over the leading dims, in
         """relu($self, x, *, out=None, stream=None)
 --
 
-max(x, 0); NaN stays NaN, as in torch.relu."""
+max(x, 0); NaN stays NaN, as in torch.relu.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(x, None, None, 0.0, out, stream, False)
 
     @cython.binding(False)
@@ -334,7 +634,9 @@ max(x, 0); NaN stays NaN, as in torch.relu."""
         """relu_backward($self, dy, x, *, out=None, stream=None)
 --
 
-dx = dy where x > 0, else 0."""
+dx = dy where x > 0, else 0.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(dy, x, None, 0.0, out, stream, False)
 
     @cython.binding(False)
@@ -342,7 +644,9 @@ dx = dy where x > 0, else 0."""
         """relu_scale($self, x, alpha, *, out=None, stream=None)
 --
 
-relu(x) * alpha in one pass."""
+relu(x) * alpha in one pass.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(x, None, None, real_scalar(alpha, "alpha"), out, stream, False)
 
     @cython.binding(False)
@@ -350,7 +654,9 @@ relu(x) * alpha in one pass."""
         """relu_scale_backward($self, dy, x, alpha, *, out=None, stream=None)
 --
 
-dx = dy * alpha where x > 0, else 0."""
+dx = dy * alpha where x > 0, else 0.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(dy, x, None, real_scalar(alpha, "alpha"), out, stream, False)
 
     @cython.binding(False)
@@ -358,7 +664,9 @@ dx = dy * alpha where x > 0, else 0."""
         """relu_scale_add($self, x, alpha, y, *, out=None, stream=None)
 --
 
-relu(x) * alpha + y in one pass."""
+relu(x) * alpha + y in one pass.
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(x, y, None, real_scalar(alpha, "alpha"), out, stream, False)
 
     @cython.binding(False)
@@ -366,5 +674,7 @@ relu(x) * alpha + y in one pass."""
         """add($self, a, b, *, out=None, stream=None)
 --
 
-a + b, same shape and dtype (no broadcasting)."""
+a + b, same shape and dtype (no broadcasting).
+Arrays of any layout (strided views run the strided kernel, no copy); a new C-contiguous
+result unless out= is given."""
         return self.plain._call(a, b, None, 0.0, out, stream, False)

@@ -5,14 +5,16 @@ rawops never imports torch; rawops.torch_adapter hands over what this layer need
 (register_torch*). Each entry here does a no-grad eager call's checks, allocation and launch in
 one typed call and answers None (or defers to its `fallback`, the adapter's Python function) for
 anything else: gradients, torch.compile tracing, unusual layouts and errors, so the errors are
-worded in one place and dynamo traces the Python function in the entry's place.
+worded in one place and dynamo traces the Python function in the entry's place. The elementwise
+entries take strided tensors too (the map kernels' strided entries, no copy).
 """
 cimport cython
 from libc.stdint cimport uintptr_t
 
 from rawops._launch.arrays cimport BF16, F16, F32, real_scalar
 from rawops._launch.driver cimport device_is_current, launch_kernel
-from rawops._launch.launch cimport MapKernel, _MapEntry
+from rawops._launch.launch cimport (MapKernel, MapLayout, _MapEntry, extents_overlap, overlaps_itself,
+                                    plan_layout)
 
 # ---------------------------------------------------------------------------- torch's entry points
 # rawops never imports torch; rawops.torch_adapter hands over what the tensor path needs.
@@ -42,7 +44,7 @@ def register_torch(tensor_type, float_dtypes, empty_like, raw_stream, device_gua
 cdef int _tensor_code(object t, str name, int* device=NULL, bint soft=False) except -1:
     """The dtype code after the checks every launch makes; `device` (when given) receives
     the tensor's GPU, so the hot path asks torch for it once. soft: -2 for a tensor that is not
-    contiguous, where the caller has another path for it."""
+    contiguous, where the caller has another path for it (the strided kernels)."""
     if not isinstance(t, _Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     dt = t.dtype
@@ -62,9 +64,8 @@ cdef int _tensor_code(object t, str name, int* device=NULL, bint soft=False) exc
 
 
 cdef int _tensor_like(object t, str name, object like, str like_name, bint soft=False) except -1:
+    # As _tensor_code (-2: soft and not contiguous), and of like's dtype and GPU either way.
     cdef int code = _tensor_code(t, name, NULL, soft)
-    if code == -2:
-        return -2
     if t.dtype is not like.dtype:
         raise TypeError(f"{name} has dtype {t.dtype}, expected {like.dtype} like {like_name}")
     if t.get_device() != like.get_device():
@@ -72,16 +73,30 @@ cdef int _tensor_like(object t, str name, object like, str like_name, bint soft=
     return code
 
 
-def tensor_code(t, str name, like=None, str like_name="x"):
+def tensor_code(t, str name, like=None, str like_name="x", bint contiguous=True):
     """The dtype code of a tensor operand after the checks every rawops launch makes (CUDA,
-    float32/float16/bfloat16, contiguous; with `like`, its dtype and GPU)."""
-    return _tensor_code(t, name) if like is None else _tensor_like(t, name, like, like_name)
+    float32/float16/bfloat16, contiguous unless `contiguous` is False (for kernels that take
+    strides); with `like`, its dtype and GPU)."""
+    cdef int device = -1
+    cdef int code = _tensor_code(t, name, NULL, not contiguous) if like is None else _tensor_like(
+        t, name, like, like_name, not contiguous)
+    return _strided_code(t, &device) if code == -2 else code
 
 
 cdef bint _tensors_partially_overlap(object o, object x):
     cdef uintptr_t op = o.data_ptr(), xp = x.data_ptr()
     cdef long long on = o.numel() * o.element_size(), xn = x.numel() * x.element_size()
     return (op != xp or on != xn) and op < xp + xn and xp < op + on
+
+
+cdef bint _strided_partially_overlap(object o, object x) except -1:
+    # By the memory each layout spans: out is x exactly (pointer, shape, strides) or apart.
+    cdef uintptr_t op = o.data_ptr(), xp = x.data_ptr()
+    o_shape, x_shape, o_strides, x_strides = tuple(o.shape), tuple(x.shape), o.stride(), x.stride()
+    if op == xp and o_shape == x_shape and all(size <= 1 or s == t for size, s, t in
+                                                 zip(o_shape, o_strides, x_strides)):
+        return False
+    return extents_overlap(op, o_shape, o_strides, o.element_size(), xp, x_shape, x_strides)
 
 
 
@@ -98,36 +113,48 @@ cdef int _launch_torch(uintptr_t function, unsigned gx, unsigned gy, unsigned gz
 
 # ---------------------------------------------------------------------------- elementwise
 cdef object _map_call(MapKernel self, a, b, c, float alpha, out, bint soft=False, tuple names=None):
-    # soft: None for operands that are not contiguous (the entries' callers copy them first).
-    # names: the operands' names in the caller's signature (errors name them), else the kernel's.
+    # Operands of any layout: contiguous ones take the contiguous kernels as before; a strided
+    # one anywhere (a view, a transpose, autograd's broadcast stride-0 gradient, a strided out)
+    # the strided kernels (MapKernel.launch_layout), no copy. soft: None where the layout is more
+    # than the strided kernels take (more dims than MAP_MAX_DIMS once merged), for callers that
+    # copy instead. names: the operands' names in the caller's signature (errors name them),
+    # else the kernel's.
     if names is None:
         names = self.arg_names
     cdef int device = -1
-    cdef int code = _tensor_code(a, names[0], &device, soft)
-    if code == -2:
-        return None
+    cdef int code = _tensor_code(a, names[0], &device, True)
+    cdef bint strided = code == -2
+    cdef MapLayout layout
+    if strided:
+        code = _strided_code(a, &device)
     if self.reads_b:
-        if _tensor_like(b, names[1], a, names[0], soft) == -2:
-            return None
+        if _tensor_like(b, names[1], a, names[0], True) == -2:
+            strided = True
         if b.shape != a.shape:
             raise ValueError(f"{names[1]} has shape {tuple(b.shape)}, expected {tuple(a.shape)} like {names[0]}")
     if self.reads_c:
-        if _tensor_like(c, names[len(names) - 1], a, names[0], soft) == -2:
-            return None
+        if _tensor_like(c, names[len(names) - 1], a, names[0], True) == -2:
+            strided = True
         if a.dim() == 0 or c.dim() != 1 or c.shape[0] != a.shape[a.dim() - 1]:
             raise ValueError(f"{names[len(names) - 1]} has shape {tuple(c.shape)}, expected one value per "
                              f"element of {names[0]}'s last dim ({a.shape[a.dim() - 1] if a.dim() else '?'},)")
     if out is None:
-        # `a` is contiguous, so preserve_format (the default) gives a contiguous tensor too;
-        # leaving out the keyword saves torch's argument parsing.
+        # preserve_format (the default): contiguous for a contiguous `a`; a's strides where a is
+        # dense (a transpose: every operand may then share one dense order, and the contiguous
+        # kernels run), else contiguous. Leaving out the keyword saves torch's argument parsing.
         out = _torch_empty_like(a)
     else:
-        _tensor_like(out, "out", a, names[0])
+        if _tensor_like(out, "out", a, names[0], True) == -2:
+            strided = True
+            if overlaps_itself(tuple(out.shape), out.stride()):
+                raise ValueError("out has elements that share memory (a stride of 0, or strides that overlap); "
+                                 "every element of out needs memory of its own")
         if out.shape != a.shape:
             raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(a.shape)}")
         for other, other_name in ((a, names[0]), (b, names[1] if self.reads_b else ""),
                                   (c, names[len(names) - 1] if self.reads_c else "")):
-            if other is not None and _tensors_partially_overlap(out, other):
+            if other is not None and (_strided_partially_overlap(out, other) if strided
+                                      else _tensors_partially_overlap(out, other)):
                 raise ValueError(f"out partially overlaps {other_name}; pass out={other_name} exactly, "
                                  "or a separate tensor")
     cdef long long n = a.numel()
@@ -136,6 +163,21 @@ cdef object _map_call(MapKernel self, a, b, c, float alpha, out, bint soft=False
     cdef uintptr_t pb = b.data_ptr() if self.reads_b else 0
     cdef uintptr_t pc = c.data_ptr() if self.reads_c else 0
     cdef long long inner = c.numel() if self.reads_c else 1
+    if strided:
+        if plan_layout(&layout, tuple(a.shape), a.stride(), b.stride() if self.reads_b else None,
+                       c.stride() if self.reads_c else None, out.stride()):
+            if soft:
+                return None
+            raise ValueError(f"{names[0]} and the other operands have too many dims once size-1 dims are dropped "
+                             "and contiguous ones merged for the strided kernels: pass contiguous tensors")
+        if device_is_current(device):
+            self.launch_layout(device, code, a.data_ptr(), pb, pc, out.data_ptr(), n, &layout, alpha,
+                               <uintptr_t>_torch_raw_stream(device))
+        else:
+            with _torch_device_guard(device):
+                self.launch_layout(device, code, a.data_ptr(), pb, pc, out.data_ptr(), n, &layout, alpha,
+                                   <uintptr_t>_torch_raw_stream(device))
+        return out
     if device_is_current(device):
         self.launch_pointers(device, code, a.data_ptr(), pb, pc, out.data_ptr(), n, inner, alpha,
                              <uintptr_t>_torch_raw_stream(device))
@@ -146,9 +188,17 @@ cdef object _map_call(MapKernel self, a, b, c, float alpha, out, bint soft=False
     return out
 
 
+cdef int _strided_code(object t, int* device) except -1:
+    # The dtype code and GPU of a tensor _tensor_code found not contiguous (its other checks passed).
+    dt = t.dtype
+    device[0] = t.get_device()
+    return F32 if dt is _torch_f32 else F16 if dt is _torch_f16 else BF16
+
+
 def map_call(MapKernel kernel, a, b=None, c=None, float alpha=0.0, out=None, tuple names=None):
-    """An elementwise op on torch tensors, on torch's current stream: returns out (a new tensor
-    unless given). names: the operands' names for errors (default: the kernel table's)."""
+    """An elementwise op on torch tensors of any layout, on torch's current stream: returns out
+    (a new tensor unless given: torch.empty_like(a), so a's strides where a is dense, else
+    contiguous). names: the operands' names for errors (default: the kernel table's)."""
     return _map_call(kernel, a, b, c, alpha, out, False, names)
 
 
@@ -159,10 +209,11 @@ cdef tuple _INPUT_BIAS = ("input", "bias")
 
 
 cdef class TorchMapEntry(_MapEntry):
-    """One elementwise op of the torch adapter. The no-grad eager call on contiguous tensors
-    launches here; anything else (a gradient needed, torch.compile tracing, another layout, an
-    error) goes to the fallback, the adapter's Python function of the same signature. Each
-    method's docstring starts with its signature (`name(...)\\n--\\n\\n`) for inspect.signature."""
+    """One elementwise op of the torch adapter. The no-grad eager call launches here, strided
+    tensors included; anything else (a gradient needed, torch.compile tracing, a layout of more
+    dims than the strided kernels take, an error) goes to the fallback, the adapter's Python
+    function of the same signature. Each method's docstring starts with its signature
+    (`name(...)\\n--\\n\\n`) for inspect.signature."""
 
     cdef inline bint _tracing(self):
         return _torch_compiler._is_compiling_flag

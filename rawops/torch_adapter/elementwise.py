@@ -2,12 +2,18 @@
 (functions with torch.nn.functional's signatures where it has one), their autograd, their
 `rawops::` custom ops and the modules GELU, ReLU, ReLUScale, BiasGELU.
 
-Contiguous tensors run the kernels in place of torch's; any other layout is first copied into a
-contiguous tensor (one extra read and write of it), and an in-place call writes the result back.
+Tensors of any layout run the kernels in place of torch's, no copy: contiguous ones the
+contiguous kernels, strided ones (views with steps or offsets, transposes, autograd's broadcast
+stride-0 gradients, an in-place relu on a view) the strided kernels. A result takes
+torch.empty_like of the first operand, as torch's own ops do (the operand's strides where it is
+dense, else contiguous); bias_gelu's backward returns a contiguous dx. What still copies: the
+fused bias_gelu backward (one pass for dx and dbias) takes contiguous operands only, so strided
+ones run dx then its column sums instead; and a strided tensor of more dims of more than one
+element than the strided kernels take (rawops._constants.MAP_MAX_DIMS) is copied first.
 """
 import torch
 
-from .. import elementwise as _ew
+from .. import _constants, elementwise as _ew
 from .._launch import TorchMapEntry, map_call, sm_count
 from ._common import (checked, compiling, custom_op, dense, fast_apply, functorch_active, grad_enabled, like,
                       needs_grad, on_device, raw_stream, real_scalar, save_inputs, substitute_in_graph)
@@ -37,62 +43,72 @@ def gelu_kernel(approximate, direction, bias=False):
 
 
 # ------------------------------------------------------------------- raw launches (no autograd)
+# Operands of any layout (map_call: the strided kernels where one is strided); each result is
+# torch.empty_like(first operand), as the custom ops' fake kernels below say.
 def gelu_forward(x, approximate):
-    return map_call(gelu_kernel(approximate, "fwd"), dense(x))
+    return map_call(gelu_kernel(approximate, "fwd"), x)
 
 
 def gelu_backward(dy, x, approximate):
     """dx = dy * gelu'(x)."""
-    return map_call(gelu_kernel(approximate, "bwd"), dense(dy), dense(x))
+    return map_call(gelu_kernel(approximate, "bwd"), dy, x)
 
 
 def relu_forward(x):
-    return map_call(_RELU, dense(x))
+    return map_call(_RELU, x)
 
 
 def relu_backward(dy, y):
     """dx = dy where y > 0 (y: relu's input or output; the same sign), else 0."""
-    return map_call(_RELU_BWD, dense(dy), dense(y))
+    return map_call(_RELU_BWD, dy, y)
 
 
 def relu_scale_forward(x, alpha):
-    return map_call(_RELU_SCALE, dense(x), alpha=alpha)
+    return map_call(_RELU_SCALE, x, alpha=alpha)
 
 
 def relu_scale_backward(dy, x, alpha):
     """dx = dy * alpha where x > 0, else 0."""
-    return map_call(_RELU_SCALE_BWD, dense(dy), dense(x), alpha=alpha)
+    return map_call(_RELU_SCALE_BWD, dy, x, alpha=alpha)
 
 
 def relu_scale_add_forward(x, alpha, y):
-    return map_call(_RELU_SCALE_ADD, dense(x), dense(y), alpha=alpha)
+    return map_call(_RELU_SCALE_ADD, x, y, alpha=alpha)
 
 
 def add_forward(a, b):
-    return map_call(_ADD, dense(a), dense(b))
+    return map_call(_ADD, a, b)
 
 
 def bias_gelu_forward(x, bias, approximate):
-    return map_call(gelu_kernel(approximate, "fwd", bias=True), dense(x), c=dense(bias))
+    return map_call(gelu_kernel(approximate, "fwd", bias=True), x, c=bias)
 
 
 def bias_gelu_backward(dy, x, bias, approximate):
     """(dx, dbias): dx = dy * gelu'(x + bias) and its sum over the leading dims, in one pass over
-    dy and x where the fused kernel applies (rawops.elementwise.bias_gelu_bwd_plan), else dx and
-    then its column sums; deterministic either way."""
-    dy, x, bias = dense(dy), dense(x), dense(bias)
+    dy and x where the fused kernel applies (contiguous operands: rawops.elementwise.
+    bias_gelu_bwd_plan), else dx (strided operands: the strided kernel) and then its column sums;
+    deterministic either way. dx and dbias are contiguous."""
     kernel = gelu_kernel(approximate, "bwd", bias=True)
     fused = bias_gelu_backward_fused(dy, x, bias, approximate)
     if fused is not None:
         return fused
-    dx = map_call(kernel, dy, x, c=bias)
+    dx = map_call(kernel, dy, x, c=bias, out=_contiguous_like(dy)) if isinstance(dy, torch.Tensor) else \
+        map_call(kernel, dy, x, c=bias)  # not a tensor: map_call names it
     return dx, column_sum(dx)
 
 
+def _contiguous_like(t):
+    return t.new_empty(t.shape)
+
+
 def bias_gelu_backward_fused(dy, x, bias, approximate):
-    """(dx, dbias) in one pass over dy and x, or None where the fused kernel does not apply or a
-    shape differs (the unfused path then raises the errors). bias None: dx = dy * gelu'(x) and
-    its column sums (linear_gelu's dpre and dbias)."""
+    """(dx, dbias) in one pass over dy and x, or None where the fused kernel does not apply (an
+    operand that is not contiguous, a width or alignment it does not take) or a shape differs
+    (the unfused path then raises the errors). bias None: dx = dy * gelu'(x) and its column
+    sums (linear_gelu's dpre and dbias)."""
+    if any(isinstance(t, torch.Tensor) and not t.is_contiguous() for t in (dy, x, bias)):
+        return None
     code = checked(dy, "dy")
     checked(x, "x", dy, "dy")
     if bias is not None:
@@ -139,8 +155,8 @@ class _GELU(torch.autograd.Function):
         return map_call(forward_kernel, x, names=_INPUT)
 
     @staticmethod
-    def backward(ctx, dy):
-        return map_call(ctx.backward_kernel, dense(dy), ctx.saved_tensors[0]), None, None
+    def backward(ctx, dy):  # dy of any layout (a broadcast stride-0 gradient included)
+        return map_call(ctx.backward_kernel, dy, ctx.saved_tensors[0]), None, None
 
 
 class _ReLU(torch.autograd.Function):
@@ -215,17 +231,17 @@ _relu_scale_add_apply, _add_apply, _bias_gelu_apply = fast_apply(_ReLUScaleAdd),
 
 # ------------------------------------------------------------------- torch.library ops (compile)
 _gelu_bwd_op = custom_op("gelu_backward", "(Tensor dy, Tensor x, str approximate) -> Tensor",
-                         gelu_backward, lambda dy, x, approximate: torch.empty_like(x))
+                         gelu_backward, lambda dy, x, approximate: torch.empty_like(dy))
 _gelu_op = custom_op(
     "gelu", "(Tensor x, str approximate) -> Tensor", gelu_forward, like,
     lambda ctx, dy: (_gelu_bwd_op(dy, ctx.saved_tensors[0], ctx.scalars[0]), None), save_inputs)
 _relu_bwd_op = custom_op("relu_backward", "(Tensor dy, Tensor y) -> Tensor", relu_backward,
-                         lambda dy, y: torch.empty_like(y))
+                         lambda dy, y: torch.empty_like(dy))
 _relu_op = custom_op("relu", "(Tensor x) -> Tensor", relu_forward, like,
                      lambda ctx, dy: (_relu_bwd_op(dy, ctx.saved_tensors[0]),),
                      lambda ctx, inputs, output: ctx.save_for_backward(output))
 _relu_scale_bwd_op = custom_op("relu_scale_backward", "(Tensor dy, Tensor x, float alpha) -> Tensor",
-                               relu_scale_backward, lambda dy, x, alpha: torch.empty_like(x))
+                               relu_scale_backward, lambda dy, x, alpha: torch.empty_like(dy))
 _relu_scale_op = custom_op(
     "relu_scale", "(Tensor x, float alpha) -> Tensor", relu_scale_forward, like,
     lambda ctx, dy: (_relu_scale_bwd_op(dy, ctx.saved_tensors[0], ctx.scalars[0]), None), save_inputs)
@@ -236,7 +252,7 @@ _add_op = custom_op("add", "(Tensor a, Tensor b) -> Tensor", add_forward, like,
                     lambda ctx, dy: (dy, dy), save_inputs)
 _bias_gelu_bwd_op = custom_op(
     "bias_gelu_backward", "(Tensor dy, Tensor x, Tensor bias, str approximate) -> (Tensor, Tensor)",
-    bias_gelu_backward, lambda dy, x, bias, approximate: (torch.empty_like(x), torch.empty_like(bias)))
+    bias_gelu_backward, lambda dy, x, bias, approximate: (_contiguous_like(dy), _contiguous_like(bias)))
 _bias_gelu_op = custom_op(
     "bias_gelu", "(Tensor x, Tensor bias, str approximate) -> Tensor", bias_gelu_forward, like,
     lambda ctx, dy: (*_bias_gelu_bwd_op(dy, *ctx.saved_tensors, ctx.scalars[0]), None), save_inputs)
@@ -245,18 +261,20 @@ _bias_gelu_op = custom_op(
 # ------------------------------------------------------------------- public functions
 # Each Python function picks the cheapest correct path: under torch.compile the custom op; the
 # autograd.Function through the C++ apply when a gradient is needed; else the raw launch. They
-# are what the C-level entries below defer to (gradients, compile, other layouts, errors) and
-# what dynamo traces in the entries' place.
+# are what the C-level entries below defer to (gradients, compile, layouts of too many dims,
+# errors) and what dynamo traces in the entries' place. Strided operands go to the kernels as
+# they are; only a layout the strided kernels cannot take is copied first (_strided_ok).
 def _gelu_python(input, approximate="none"):
     if compiling():
         return _gelu_op(input, approximate)
     forward_kernel = gelu_kernel(approximate, "fwd")
+    input = _launchable(input)
     if getattr(input, "requires_grad", False) and grad_enabled():
         backward_kernel = _GELU_BWD[approximate]
         if functorch_active():
-            return _GELU.apply(dense(input), forward_kernel, backward_kernel)
-        return _gelu_c_apply(dense(input), forward_kernel, backward_kernel)
-    return map_call(forward_kernel, dense(input), names=_INPUT)
+            return _GELU.apply(input, forward_kernel, backward_kernel)
+        return _gelu_c_apply(input, forward_kernel, backward_kernel)
+    return map_call(forward_kernel, input, names=_INPUT)
 
 
 def _relu_python(input, inplace=False):
@@ -265,51 +283,72 @@ def _relu_python(input, inplace=False):
     if compiling():
         y = _relu_op(input)
         return input.copy_(y) if inplace else y
-    if inplace and not input.is_contiguous():  # the kernel writes a dense copy, then back
+    if inplace and not _strided_ok(input):  # the kernel writes a dense copy, then back
         return input.copy_(_relu_python(input.contiguous()))
     if getattr(input, "requires_grad", False) and grad_enabled():
-        return _relu_apply(dense(input), inplace)
-    return map_call(_RELU, input, out=input, names=_INPUT) if inplace else map_call(_RELU, dense(input), names=_INPUT)
+        return _relu_apply(input if inplace else _launchable(input), inplace)
+    return map_call(_RELU, input, out=input, names=_INPUT) if inplace else map_call(_RELU, _launchable(input),
+                                                                                    names=_INPUT)
 
 
 def _relu_scale_python(input, alpha):
     alpha = real_scalar(alpha, "alpha")
     if compiling():
         return _relu_scale_op(input, alpha)
+    input = _launchable(input)
     if getattr(input, "requires_grad", False) and grad_enabled():
-        return _relu_scale_apply(dense(input), alpha)
-    return map_call(_RELU_SCALE, dense(input), alpha=alpha, names=_INPUT)
+        return _relu_scale_apply(input, alpha)
+    return map_call(_RELU_SCALE, input, alpha=alpha, names=_INPUT)
 
 
 def _relu_scale_add_python(input, alpha, other):
     alpha = real_scalar(alpha, "alpha")
     if compiling():
         return _relu_scale_add_op(input, alpha, other)
+    input, other = _launchable(input, other)
     if needs_grad(input, other):
-        return _relu_scale_add_apply(dense(input), alpha, dense(other))
-    return map_call(_RELU_SCALE_ADD, dense(input), dense(other), alpha=alpha, names=_INPUT_OTHER)
+        return _relu_scale_add_apply(input, alpha, other)
+    return map_call(_RELU_SCALE_ADD, input, other, alpha=alpha, names=_INPUT_OTHER)
 
 
 def _add_python(input, other):
     if compiling():
         return _add_op(input, other)
+    input, other = _launchable(input, other)
     if needs_grad(input, other):
-        return _add_apply(dense(input), dense(other))
-    return map_call(_ADD, dense(input), dense(other), names=_INPUT_OTHER)
+        return _add_apply(input, other)
+    return map_call(_ADD, input, other, names=_INPUT_OTHER)
 
 
 def _bias_gelu_python(input, bias, approximate="none"):
     if compiling():
         return _bias_gelu_op(input, bias, approximate)
     kernel = gelu_kernel(approximate, "fwd", bias=True)
+    input, bias = _launchable(input, bias)
     if needs_grad(input, bias):
-        return _bias_gelu_apply(dense(input), dense(bias), approximate)
-    return map_call(kernel, dense(input), c=dense(bias), names=_INPUT_BIAS)
+        return _bias_gelu_apply(input, bias, approximate)
+    return map_call(kernel, input, c=bias, names=_INPUT_BIAS)
+
+
+def _strided_ok(t):
+    """Whether the map kernels take t as it is, whatever the other operands' layouts: contiguous,
+    or at most rawops._constants.MAP_MAX_DIMS dims of more than one element (anything that is
+    not a tensor too: the launcher's checks name it)."""
+    if not isinstance(t, torch.Tensor) or t.is_contiguous():
+        return True
+    return sum(size != 1 for size in t.shape) <= _constants.MAP_MAX_DIMS
+
+
+def _launchable(*tensors):
+    """Each tensor as it is, or a contiguous copy where its layout is more than the strided
+    kernels take; one tensor, or a tuple for several."""
+    out = tuple(t if _strided_ok(t) else dense(t) for t in tensors)
+    return out[0] if len(out) == 1 else out
 
 
 # The public functions: bound methods of rawops._launch.TorchMapEntry (C-level callables: the
-# no-grad eager call on contiguous tensors is one C call into the kernel's launch). Everything
-# else goes to the Python functions above.
+# no-grad eager call, strided tensors included, is one C call into the kernel's launch).
+# Everything else goes to the Python functions above.
 gelu = TorchMapEntry(dict(_GELU_FWD), _gelu_python).gelu
 relu = TorchMapEntry({None: _RELU}, _relu_python).relu
 relu_scale = TorchMapEntry({None: _RELU_SCALE}, _relu_scale_python).relu_scale

@@ -2,27 +2,55 @@
 autograd (deterministic dweight / dbias), `rawops::` custom ops, and the modules LayerNorm and
 RMSNorm, which load torch.nn.LayerNorm / torch.nn.RMSNorm state_dicts unchanged.
 
-The kernels normalise rows of a dense tensor; normalized_shape of several dims normalises their
-product as one row (a view of a contiguous input). An input that is not contiguous is first
-copied into a contiguous tensor (one extra read and write of it).
+The kernels normalise rows, each row's elements consecutive, the rows at any one stride: a
+contiguous tensor, or a row-strided view (`x[:, :n]` of a wider tensor, `x[::2]`, autograd's
+gradient broadcast over the rows) runs as it is, input and gradient alike. What is copied first
+(one extra read and write of it): an input whose last dim is not contiguous or whose leading
+dims have no single stride (a transpose: ta.layer_norm(x.t(), ...) copies x.t()), and a weight
+or bias that is not contiguous. normalized_shape of several dims normalises their product as one
+row (torch's reshape: a view where it can be one, else a copy). The outputs (y, dx, dweight,
+dbias) are new contiguous tensors.
 """
 import math
 
 import torch
 
-from .. import norm as _norm
-from .._launch import sm_count
-from ._common import checked, compiling, custom_op, dense, fast_apply, needs_grad, on_device, raw_stream
+from .. import _rows, norm as _norm
+from .._launch import sm_count, tensor_code
+from ._common import compiling, custom_op, dense, fast_apply, needs_grad, on_device, raw_stream
 
 _KINDS = ("layer_norm", "rms_norm")
 
 
-def _rows(x, name="x"):
+def checked(t, name, like=None, like_name="x"):
+    """The dtype code of a tensor operand after the launcher's checks (CUDA; float32, float16 or
+    bfloat16; with `like`, its dtype and GPU), TypeError / ValueError naming it; any layout
+    (the callers decide what each operand's layout must be)."""
+    return tensor_code(t, name, like, like_name, False)
+
+
+def _rows_of(x, name="x"):
+    """(dtype code, rows, n, row stride) of a row operand: its checks (CUDA, dtype), and the
+    stride its rows are read at (rawops._rows.collapsed_row_stride); the caller made it
+    row-strided (row_strided)."""
     code = checked(x, name)
     if x.dim() == 0:
         raise ValueError(f"{name} must have at least one dimension (the op works over the last dim)")
     n = x.shape[-1]
-    return code, (x.numel() // n if n else 0), n
+    stride = n if x.is_contiguous() else _rows.collapsed_row_stride(tuple(x.shape), x.stride())
+    return code, (x.numel() // n if n else 0), n, stride
+
+
+def row_strided(t):
+    """t itself where the row kernels take it (contiguous, or rows of consecutive elements at one
+    stride), else a contiguous copy (anything that is not a tensor too: the checks name it)."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.is_contiguous():
+        return t
+    return t if _rows.collapsed_row_stride(tuple(t.shape), t.stride()) is not None else t.contiguous()
+
+
+def _contiguous_like(t):
+    return t.new_empty(t.shape)
 
 
 def _row_vector(t, name, x):
@@ -32,18 +60,22 @@ def _row_vector(t, name, x):
     if t.shape != x.shape[-1:]:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected ({x.shape[-1]},): one value per element "
                          "of x's last dim")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; the kernels read one value per column, densely")
     return t.data_ptr()
 
 
 # ------------------------------------------------------------------- raw launches (no autograd)
 def forward(op, x, weight, bias, eps):
     """(y, mean, rstd) of op ('layer_norm' or 'rms_norm') over x's last dim; mean and rstd are
-    float32, one per row (mean is an empty tensor for rms_norm)."""
-    x = dense(x)
-    code, rows, n = _rows(x)
+    float32, one per row (mean is an empty tensor for rms_norm). x row-strided or copied (the
+    module docstring); weight and bias copied where not contiguous; y contiguous."""
+    x = row_strided(x)
+    code, rows, n, x_stride = _rows_of(x)
+    weight, bias = dense(weight), dense(bias)
     w, b = _row_vector(weight, "weight", x), _row_vector(bias, "bias", x)
     eps = _norm.check_eps(eps, code)
-    y = torch.empty_like(x)
+    y = _contiguous_like(x)
     stats = x.shape[:-1]
     mean = torch.empty(stats if op == "layer_norm" else (0,), dtype=torch.float32, device=x.device)
     rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
@@ -51,7 +83,7 @@ def forward(op, x, weight, bias, eps):
         device = x.get_device()
         on_device(device, _norm.launch_forward, op, device, code, x.element_size(), x.data_ptr(), w, b,
                   y.data_ptr(), mean.data_ptr() if op == "layer_norm" else 0, rstd.data_ptr(), rows, n,
-                  eps, raw_stream(device))
+                  eps, raw_stream(device), x_stride, n)
     elif rows:
         mean.fill_(float("nan"))
         rstd.fill_(float("nan"))
@@ -75,32 +107,36 @@ def _stats(t, name, x):
 
 def backward(op, dy, x, weight, mean, rstd, need_dweight, need_dbias):
     """(dx, dweight, dbias) of op from the forward's statistics; dweight / dbias are empty
-    tensors where not wanted. dweight and dbias are the same bits on every run."""
-    dy, x = dense(dy), dense(x)
-    code, rows, n = _rows(x)
+    tensors where not wanted. dweight and dbias are the same bits on every run. dy and x
+    row-strided or copied (a broadcast gradient's rows at stride 0 are read as they are)."""
+    dy, x = row_strided(dy), row_strided(x)
+    code, rows, n, x_stride = _rows_of(x)
     checked(dy, "dy", like=x)
     if dy.shape != x.shape:
         raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {tuple(x.shape)} like x")
+    dy_stride = _rows_of(dy, "dy")[3]
     if op == "layer_norm":
         _stats(mean, "mean", x)
     _stats(rstd, "rstd", x)
+    weight = dense(weight)
     w = _row_vector(weight, "weight", x)
     need_dweight = need_dweight and weight is not None
-    dx = torch.empty_like(x)
+    dx = _contiguous_like(x)
     make = torch.zeros if not (rows and n) else torch.empty
     dweight = make(n if need_dweight else 0, dtype=x.dtype, device=x.device)
     dbias = make(n if need_dbias else 0, dtype=x.dtype, device=x.device)
     if rows and n:
         device = x.get_device()
+        strides = (dy_stride, x_stride, n)
         plan = _norm.backward_plan(rows, n, x.element_size(), sm_count(device), dy.data_ptr(), x.data_ptr(), w,
-                                   dx.data_ptr())
+                                   dx.data_ptr(), strides)
         partial_dw = torch.empty((plan[3], n) if need_dweight else (0,), dtype=torch.float32, device=x.device)
         partial_db = torch.empty((plan[3], n) if need_dbias else (0,), dtype=torch.float32, device=x.device)
         on_device(device, _norm.launch_backward, op, device, code, x.element_size(), dy.data_ptr(),
                   x.data_ptr(), w, mean.data_ptr() if op == "layer_norm" else 0, rstd.data_ptr(), dx.data_ptr(),
                   partial_dw.data_ptr() if need_dweight else 0, partial_db.data_ptr() if need_dbias else 0,
                   dweight.data_ptr() if need_dweight else 0, dbias.data_ptr() if need_dbias else 0, rows, n,
-                  plan, raw_stream(device))
+                  plan, raw_stream(device), strides)
     return dx, dweight, dbias
 
 
@@ -137,7 +173,7 @@ def _custom_ops(op):
         " -> (Tensor, Tensor, Tensor)",
         lambda dy, x, weight, mean, rstd, need_dw, need_db: backward(op, dy, x, weight, mean, rstd, need_dw, need_db),
         lambda dy, x, weight, mean, rstd, need_dw, need_db: (
-            torch.empty_like(x), x.new_empty(x.shape[-1] if need_dw and weight is not None else 0),
+            _contiguous_like(x), x.new_empty(x.shape[-1] if need_dw and weight is not None else 0),
             x.new_empty(x.shape[-1] if need_db else 0)))
 
     def setup(ctx, inputs, output):
@@ -154,7 +190,7 @@ def _custom_ops(op):
     forward_op = custom_op(
         f"{op}_forward", "(Tensor x, Tensor? weight, Tensor? bias, float? eps) -> (Tensor, Tensor, Tensor)",
         lambda x, weight, bias, eps: forward(op, x, weight, bias, eps),
-        lambda x, weight, bias, eps: (torch.empty_like(x), _stats_like(x, op),
+        lambda x, weight, bias, eps: (_contiguous_like(x), _stats_like(x, op),
                                       x.new_empty(x.shape[:-1], dtype=torch.float32)),
         backward_formula, setup)
     return forward_op
@@ -189,13 +225,15 @@ def _run(op, input, normalized_shape, weight, bias, eps):
         if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != shape):
             got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name} must be a tensor of normalized_shape {shape}, got {got}")
-    input, weight, bias = dense(input), dense(weight), dense(bias)
+    # A layout the kernels cannot take is copied once, here (autograd saves the copy); so is a
+    # weight or bias that is not contiguous.
+    input, weight, bias = row_strided(input), dense(weight), dense(bias)
     if not compiling():  # errors name the public arguments (the custom ops check for themselves)
         checked(input, "input")
         for name, t in (("weight", weight), ("bias", bias)):
             if t is not None:
                 checked(t, name, like=input, like_name="input")
-    folded = len(shape) > 1  # several trailing dims: one row of their product
+    folded = len(shape) > 1  # several trailing dims: one row of their product (reshape: a view or a copy)
     if folded:
         n = math.prod(shape)
         out_shape = input.shape

@@ -55,34 +55,17 @@ template <> __device__ __forceinline__ float2 to_float2<__nv_bfloat16>(const Vec
 }
 
 template <typename T> __device__ __forceinline__ Vec16<T> load16(const T* p) {
-#if defined(RAWOPS_PLAIN_LOADS)
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-#elif defined(RAWOPS_STREAMING_HINTS)
-  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(p));  // evict-first: read once
-#elif defined(RAWOPS_L2_256B) || defined(RAWOPS_L1_NO_ALLOCATE)  // bench/explore_map.py variants
-  uint4 raw;
-#if defined(RAWOPS_L2_256B)
-  asm volatile("ld.global.nc.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-#else
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-#endif
-               : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w) : "l"(p));
-#else
   // Read-only path. In place (out == input) is still safe: each element is read, then
-  // written, by the same thread, and no line is read again after its write.
+  // written, by the same thread, and no line is read again after its write. (Cache hints
+  // and plain loads measured no better: docs/performance.md.)
   const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-#endif
   Vec16<T> out;
   *reinterpret_cast<uint4*>(&out) = raw;
   return out;
 }
 
 template <typename T> __device__ __forceinline__ void store16(T* p, const Vec16<T>& v) {
-#ifdef RAWOPS_STREAMING_HINTS
-  __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
-#else
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
-#endif
 }
 
 // store16 with its width pinned: one STG.E.128. In bias_bwd_tile nvcc split store16 into four

@@ -1,22 +1,29 @@
 // Row-wise kernels (norm, softmax): one reduction per row over the last dim.
 //
+// Rows: row r of an operand starts at its pointer + r * its row stride (elements; any value,
+// 0 and negative included, for a row-strided view such as x[:, :n] or x[::2]), and its n
+// elements are consecutive. The host (rawops/_rows.py) passes each operand's stride; rows
+// that are C-contiguous have stride n.
+//
 // Every row kernel runs in one of three modes, chosen by the host (rawops/_rows.py,
 // row_plan) from the row width and passed as an argument, so that one extern "C" entry per
 // op and dtype serves every width; the block size is the launch's (blockDim.x):
 //   kWarpPerRow   256-thread blocks, 8 rows each, one warp per row, the row in registers;
 //   kBlockPerRow  one row per block of 64..512 threads (the fewest powers of two that hold
 //                 the row in registers): many small blocks per SM, so one row's reductions
-//                 overlap other rows' loads (a 512-thread block holding 32 floats per thread
-//                 filled an SM's registers alone and ran at 0.3-0.5 of the copy ceiling);
+//                 overlap other rows' loads (one 512-thread block holding a whole row in
+//                 registers fills an SM alone: nothing overlaps its reductions);
 //   kStreamRow    one row per block of 32..512 threads, read from memory once per pass: rows
 //                 wider than the registers hold, and rows not on 16-byte boundaries (element
-//                 by element, with bounds checks). The register modes thus only ever see
+//                 by element, with bounds checks; a row stride that is not a whole number of
+//                 16-byte vectors puts rows off them). The register modes thus only ever see
 //                 16-byte vectors: compiled without the scalar path, they need no more than
 //                 64 registers (with it, ptxas hoisted 32 element offsets and predicates per
 //                 thread out of the row loop and spilled).
 // Register layout (RowSlice): thread `lane` of a row's `width` threads holds 16-byte vectors
-// j = lane, lane + width, ... (4 forward, 2 backward), so a warp's loads are 512 contiguous
-// bytes; they stay in the storage type (16-bit types packed two to a register) until used.
+// j = lane, lane + width, ... (kFwdVectors forward, kBwdVectors backward), so a warp's loads
+// are 512 contiguous bytes; they stay in the storage type (16-bit types packed two to a
+// register) until used.
 // NVRTC fallback: rawops/_modules.py adds CuPy's bundled CUB to NVRTC's include path;
 // tests/test_nvrtc.py compiles every family that way (no GPU needed).
 #pragma once
@@ -30,16 +37,16 @@
 
 namespace rawops {
 
-constexpr int kMaxRowThreads = 512;  // launch bound and widest block (rawops/_rows.py MAX_ROW_THREADS)
+constexpr int kMaxRowThreads = RAWOPS_ROW_MAX_THREADS;  // launch bound and widest block
 constexpr int kMaxRowWarps = kMaxRowThreads / 32;
 // Launch bound: two 512-thread blocks per SM, i.e. at most 64 registers a thread. Left to
 // itself ptxas kept the loop-invariant weight and bias of every column a thread touches in
-// registers (97-128 a thread), one or two blocks per SM; a block-per-row launch runs each
-// block over one row, so those registers bought nothing but lost occupancy.
-constexpr int kMinRowBlocks = 2;
-constexpr int kFwdVectors = 4;  // 16-byte vectors per thread held in registers, forward (_rows.FWD_VECTORS)
-constexpr int kBwdVectors = 2;  // backward holds two operands
-enum RowMode { kWarpPerRow = 0, kBlockPerRow = 1, kStreamRow = 2 };
+// registers, one or two blocks per SM; a block-per-row launch runs each block over one row,
+// so those registers bought nothing but lost occupancy.
+constexpr int kMinRowBlocks = RAWOPS_ROW_MIN_BLOCKS;
+constexpr int kFwdVectors = RAWOPS_ROW_FWD_VECTORS;  // 16-byte vectors a thread holds of a row, forward
+constexpr int kBwdVectors = RAWOPS_ROW_BWD_VECTORS;  // backward: of each of its two operands
+enum RowMode { kWarpPerRow = RAWOPS_ROW_MODE_WARP, kBlockPerRow = RAWOPS_ROW_MODE_BLOCK, kStreamRow = RAWOPS_ROW_MODE_STREAM };
 
 struct SumOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
@@ -47,7 +54,7 @@ struct SumOp {
 // CUB's warp reduction has a two-instruction step for float sums under cuda::std::plus
 // (shfl.down with its predicate, then a predicated add); any other functor, SumOp included,
 // takes the generic step (shuffle, add, two selects a level). Used by norm's backward, where
-// it was measured (156 vs 158 us, 16-bit layer_norm); elsewhere not yet compared.
+// it was measured faster; elsewhere not yet compared.
 using ShuffleSumOp = ::cuda::std::plus<>;
 struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
