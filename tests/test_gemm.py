@@ -753,7 +753,8 @@ def test_adapter_no_grad_linear_gelu_fast_path_matches_float64(dtype, shape, n):
         ref = torch.nn.functional.linear(x.double(), w.double(), None if bias is None else bias.double())
         assert y is not None and y.shape == shape[:-1] + (n,) and y.dtype == dt
         assert_close(y, torch.nn.functional.gelu(ref, approximate="tanh"), dt, f"fast path {dtype} {shape}->{n}")
-        assert_close(ta.linear_gelu(x, w, bias), torch.nn.functional.gelu(ref, approximate="tanh"), dt, "adapter")
+        assert_close(ta.linear_gelu(x, w, bias, approximate="tanh"), torch.nn.functional.gelu(ref, approximate="tanh"),
+                     dt, "adapter")
     if torch.cuda.get_device_capability() != (9, 0) or code == 0:
         assert plan[4] != 0, "the Hopper GEMM is sm_90's, for the 16-bit types here"
     elif shape == (200, 96):
