@@ -243,20 +243,15 @@ def target_names(archs, targets=None):
 def compile_fatbin(nvcc, cu_path, include_dir, out_path, archs, log=print, targets=None, cutlass=None, note=""):
     """nvcc -> out_path; raises RuntimeError with nvcc's output on failure. `targets`
     (['90a']) replaces `archs` for a file with an arch directive; `cutlass` adds that
-    include folder and the flags CuTe needs. nvcc runs in the source's folder on relative
-    paths, so the line info names `elementwise.cu` and `include/rawops/...`, wherever the
-    checkout is: a cached fatbin is the one any checkout would compile."""
-    source_dir = os.path.dirname(os.path.abspath(cu_path))
-    out_path = os.path.abspath(out_path)
-    cmd = [nvcc, *nvcc_arguments(archs, targets, cutlass is not None),
-           f"-I{os.path.relpath(os.path.abspath(include_dir), source_dir)}",
-           *([f"-I{cutlass}"] if cutlass else []), os.path.basename(cu_path), "-o", out_path]
+    include folder and the flags CuTe needs. `note` ends the log line."""
+    cmd = [nvcc, *nvcc_arguments(archs, targets, cutlass is not None), f"-I{include_dir}",
+           *([f"-I{cutlass}"] if cutlass else []), cu_path, "-o", out_path]
     log(f"rawops: nvcc {os.path.basename(cu_path)} -> {os.path.basename(out_path)} [{target_names(archs, targets)}]"
         f"{note}")
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=source_dir)
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"nvcc failed on {cu_path}:\n(in {source_dir}) {' '.join(cmd)}\n{done.stdout}{done.stderr}")
+        raise RuntimeError(f"nvcc failed on {cu_path}:\n{' '.join(cmd)}\n{done.stdout}{done.stderr}")
     return out_path
 
 

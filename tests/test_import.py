@@ -58,7 +58,7 @@ def test_import_rawops_leaves_the_real_torch_unimported():
 
 def test_public_api_is_importable_and_versioned():
     for name in rawops.__all__:
-        assert callable(getattr(rawops, name)), name
+        assert callable(getattr(rawops, name)) or getattr(rawops, name) is rawops.config, name
     assert rawops.__version__.count(".") == 2
 
 
@@ -71,9 +71,18 @@ def test_info_without_a_gpu_fails_with_one_line_and_no_traceback():
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, f"stderr should be one line, got:\n{done.stderr}"
     assert lines[0].startswith("rawops: ") and ("GPU" in lines[0] or "driver" in lines[0])
-    # What can be said without a GPU still is: the package and each family.
+    # What can be said without a GPU still is: the package and how each family gets its kernels.
     assert done.stdout.startswith(f"rawops {rawops.__version__} at ")
+    for family in _modules.families():
+        kind, line = info_status_line(family)
+        assert f"\n{line}\n" in done.stdout
     assert "  elementwise: " in done.stdout
+
+
+def info_status_line(family, arch=None):
+    from rawops.__main__ import status_line
+
+    return status_line(family, arch)
 
 
 @pytest.mark.parametrize("argv", [[], ["inf"], ["info", "extra"], ["--help"]])
@@ -147,3 +156,75 @@ def test_a_kernels_dynamic_shared_memory_limit_is_only_raised_and_checked_agains
     assert kernel.max_dynamic_shared_size_bytes == 200000
     assert not _modules.allow_dynamic_shared("f", "k", 0, 232448)  # + 1 KB static: over the opt-in
     assert kernel.max_dynamic_shared_size_bytes == 200000
+
+
+# ------------------------------------------------------------------------------ each family's status (info)
+def _fatbin_bytes(entries):
+    """A fatbin the reader accepts: [(kind 1 PTX / 2 ELF, sm)], empty payloads."""
+    import struct
+
+    body = b"".join(struct.pack("<HHIQ", kind, 0x101, 64, 0) + bytes(12) + struct.pack("<I", sm) + bytes(32)
+                    for kind, sm in entries)
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+@pytest.fixture
+def installation(tmp_path, monkeypatch):
+    """A fake installed package: kernel sources `plain`, `gemm` and `gemm_sm90` (arch-specific)."""
+    package = tmp_path / "rawops"
+    kernels = package / "_kernels"
+    (kernels / "include" / "rawops").mkdir(parents=True)
+    (kernels / "plain.cu").write_text("")
+    (kernels / "gemm.cu").write_text("")
+    (kernels / "gemm_sm90.cu").write_text("// rawops-arch: 90a\n")
+    fatbins = package / "_fatbin"
+    fatbins.mkdir()
+    monkeypatch.setattr(_modules, "PACKAGE_DIR", str(package))
+    monkeypatch.setattr(_modules, "FATBIN_DIR", str(fatbins))
+    monkeypatch.setattr(_modules, "CHECKOUT_KERNELS", str(tmp_path / "no-checkout"))
+    monkeypatch.setattr(rawops.config, "force_nvrtc", False)
+    monkeypatch.setattr(rawops.config, "dev_kernels", False)
+    return fatbins
+
+
+def test_status_of_a_build_without_nvcc_is_nvrtc_and_the_arch_specific_family_unavailable(installation):
+    assert _modules.family_status("plain")[0] == "nvrtc"
+    assert "NVRTC compiles the shipped source at first use" in _modules.family_status("plain")[1]
+    assert _modules.family_status("gemm_sm90") == ("unavailable", "not built in this installation")
+    assert _modules.portable_family("gemm_sm90") == "gemm" and _modules.portable_family("gemm") is None
+    kind, line = info_status_line("gemm_sm90")
+    assert line == "  gemm_sm90: unavailable (not built in this installation); its ops run the portable gemm kernels"
+
+
+def test_status_of_prebuilt_fatbins_and_what_a_gpu_can_run(installation):
+    (installation / "plain.fatbin").write_bytes(_fatbin_bytes([(2, 80), (2, 90), (1, 90)]))
+    (installation / "gemm_sm90.fatbin").write_bytes(_fatbin_bytes([(2, 90)]))
+    (installation / "manifest.json").write_text('{"specific": {"gemm_sm90": ["sm_90a"]}}')
+    assert _modules.family_status("plain") == ("fatbin", "prebuilt fatbin [sm_80 sm_90 compute_90]")
+    assert _modules.family_status("gemm_sm90") == ("fatbin", "prebuilt fatbin [sm_90a]")
+    assert _modules.family_status("plain", 86)[0] == "fatbin"  # sm_80 SASS runs on sm_86
+    assert _modules.family_status("plain", 120)[0] == "fatbin"  # PTX compute_90 is JIT-compiled
+    assert _modules.family_status("plain", 75) == (
+        "unavailable", "its fatbin holds no code for sm_75 (sm_80 sm_90 compute_90)")
+    assert _modules.family_status("gemm_sm90", 90)[0] == "fatbin"
+    assert _modules.family_status("gemm_sm90", 80) == ("unavailable", "its kernels are for sm_90a only, not sm_80")
+    assert info_status_line("gemm_sm90", 80)[1].endswith("; its ops run the portable gemm kernels")
+
+
+def test_status_follows_the_config_switches(installation, monkeypatch):
+    (installation / "plain.fatbin").write_bytes(_fatbin_bytes([(2, 90)]))
+    monkeypatch.setattr(rawops.config, "force_nvrtc", True)
+    assert _modules.family_status("plain") == (
+        "nvrtc", "NVRTC compiles the shipped source at first use (config.force_nvrtc)")
+    monkeypatch.setattr(rawops.config, "dev_kernels", True)
+    assert _modules.family_status("plain")[0] == "dev"
+    assert _modules.family_status("gemm_sm90", 80)[0] == "unavailable"
+
+
+def test_status_names_why_the_build_left_a_family_out(installation):
+    (installation / "manifest.json").write_text(
+        '{"unavailable": {"gemm_sm90": "no CuTe/CUTLASS headers (pip install nvidia-cutlass)"}}')
+    assert _modules.family_status("gemm_sm90") == (
+        "unavailable", "no CuTe/CUTLASS headers (pip install nvidia-cutlass)")
+    (installation.parent / "_kernels" / "plain.cu").unlink()
+    assert _modules.family_status("plain") == ("unavailable", "neither a fatbin nor its source in this installation")
