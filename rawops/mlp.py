@@ -433,7 +433,8 @@ def _make_plan(dtype, sizes, activation, output_activation, has_bias):
     p.width = sizes[1] if len(sizes) > 2 else 0
     if dtype == 0:
         if sizes != SEED_SIZES or activation != "relu" or not has_bias:
-            what = f"float32 network of sizes {sizes} with activation {activation!r}" + ("" if has_bias else ", no biases")
+            what = (f"float32 network of sizes {sizes} with activation {activation!r}"
+                    + ("" if has_bias else ", no biases"))
             raise ValueError(f"{what} is not supported; {SUPPORTED_TEXT}")
         p.regime, p.suffix, p.smem, p.resident, p.nf, p.smem_stream = "seed", "f32", 0, False, 0, 0
         return p

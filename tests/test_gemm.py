@@ -40,10 +40,11 @@ def test_half_types_at_small_batch_take_the_tensor_pipe_on_sm90():
         assert mm.plan("nt", dtype, 32, 3072, 768, 80, BASE, OTHER)[0] == f"linear_small_nt_{suffix}", "sm_80: FFMA"
         assert mm.plan("nt", dtype, 32, 3072, 764, 90, BASE, OTHER)[0] != name, "K % 8: rows not 16-byte vectors"
     source = _source()
-    entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, 1, 1, RAWOPS_SMALL_MMA_NT, RAWOPS_SMALL_MMA_NWK,"
-                         r"\s+RAWOPS_SMALL_MMA_MINB\)", source, re.M)
+    entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, 1, 1, RAWOPS_SMALL_MMA_NT, "
+                         r"RAWOPS_SMALL_MMA_NWK,\s+RAWOPS_SMALL_MMA_MINB\)", source, re.M)
     assert sorted(entries) == ["bf16", "f16"]
-    shape = re.search(r"#ifndef RAWOPS_SMALL_MMA_NT\n#define RAWOPS_SMALL_MMA_NT (\d+)\n#define RAWOPS_SMALL_MMA_NWK (\d+)", source)
+    shape = re.search(r"#ifndef RAWOPS_SMALL_MMA_NT\n#define RAWOPS_SMALL_MMA_NT (\d+)\n"
+                      r"#define RAWOPS_SMALL_MMA_NWK (\d+)", source)
     assert tuple(map(int, shape.groups())) == (mm.SMALL_MMA_TILES, mm.SMALL_MMA_WARPS), "the shipped shape"
 
 
@@ -384,7 +385,7 @@ def _gelu64(torch, pre, approximate):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m, k, n", MATMUL_SHAPES)
 def test_matmul_matches_torch_float64(dtype, m, k, n):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
     dt = _torch_dtype(dtype)
@@ -414,7 +415,7 @@ def test_matmul_tf32_opt_in_stays_within_tf32_tolerance_and_out_is_written():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_on_a_given_stream_with_split_k_scratch(dtype):
     """A caller's stream: outputs and split-K scratch come from CuPy's pool on that stream."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     import cupy
     from gpu_reference import assert_close, random, to_cupy, written_late
 
@@ -613,7 +614,7 @@ def test_adapter_no_grad_matmul_typed_path_matches_float64(dtype, m, k, n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_adapter_matmul_forward_and_backward_match_float64(dtype):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from gpu_reference import assert_close, random
     from rawops import torch_adapter as ta
 

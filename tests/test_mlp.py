@@ -26,7 +26,8 @@ def _params(**replace):
 
 
 # ------------------------------------------------------------------------------ launch arithmetic
-@pytest.mark.parametrize("batch, blocks", [(1, 1), (64, 1), (65, 2), (1 << 20, 1 << 14), ((1 << 20) + 3, (1 << 14) + 1)])
+@pytest.mark.parametrize("batch, blocks", [(1, 1), (64, 1), (65, 2), (1 << 20, 1 << 14),
+                                          ((1 << 20) + 3, (1 << 14) + 1)])
 def test_one_block_per_tile_of_64_samples(batch, blocks):
     assert mlp.seed_blocks(batch) == blocks
 
@@ -732,7 +733,7 @@ TC_IDS = ["64x4-f16", "3-16-16-1-gelu-bf16", "100-128x3-10-relu-out", "17-32-5-n
 @pytest.mark.parametrize("case", TC_CASES, ids=TC_IDS)
 def test_tc_forward_matches_torch_float64(case, batch):
     torch = pytest.importorskip("torch")
-    from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy
+    from gpu_reference import DTYPES, poison_pool, random, to_cupy
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
@@ -903,7 +904,7 @@ def _gradient_bytes(batch, sizes, itemsize, bias):
 @pytest.mark.parametrize("case", TC_CASES, ids=TC_IDS)
 def test_tc_backward_matches_torch_float64(case, batch):
     torch = pytest.importorskip("torch")
-    from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy
+    from gpu_reference import DTYPES, poison_pool, random, to_cupy
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
