@@ -28,6 +28,11 @@ def _load_nvcc_helpers():
 class BuildKernelsAndExtensions(build_ext):
     """build_ext that first compiles every kernel family and copies its sources."""
 
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:  # the launcher's layers compile side by side, as the kernels do
+            self.parallel = os.cpu_count() or 1
+
     def run(self):
         package_dir = os.path.join(HERE if self.inplace else self.build_lib, "rawops")
         self._ship_sources(package_dir)
@@ -74,7 +79,8 @@ class BuildKernelsAndExtensions(build_ext):
         unavailable = dict(old.get("unavailable", {})) if only is not None else {}
         digests = dict(old.get("digests", {})) if only is not None else {}
         if only is not None:  # the other families' fatbins stay: the manifest must still be true of them
-            kept = {f for f in families - only - set(specific) if os.path.exists(os.path.join(fatbin_dir, f"{f}.fatbin"))}
+            kept = {f for f in families - only - set(specific)
+                    if os.path.exists(os.path.join(fatbin_dir, f"{f}.fatbin"))}
             conflict = nvcc_helpers.kept_fatbins_conflict(fatbin_dir, archs, kept)
             if conflict:
                 raise SystemExit(f"rawops: {conflict}")
@@ -129,6 +135,7 @@ setup(
     cmdclass={"build_ext": BuildKernelsAndExtensions},
     # The generated C of the launcher is a build intermediate, not package data.
     exclude_package_data={"rawops": ["*.c"], "rawops._launch": ["*.c"]},
-    package_data={"rawops": ["_fatbin/*.fatbin", "_fatbin/manifest.json", "_kernels/*.cu", "_kernels/include/rawops/*.cuh"],
+    package_data={"rawops": ["_fatbin/*.fatbin", "_fatbin/manifest.json", "_kernels/*.cu",
+                             "_kernels/include/rawops/*.cuh"],
                   "rawops._launch": ["*.pxd"]},
 )
