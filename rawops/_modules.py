@@ -104,8 +104,9 @@ def family_status(family, arch=None):
             return "unavailable", f"its fatbin holds no code for sm_{arch} ({' '.join(architectures)})"
         return "fatbin", f"prebuilt fatbin [{' '.join(architectures)}]"
     if directive:
-        why = manifest.get("unavailable", {}).get(family, "not built in this installation")
-        return "unavailable", why
+        if not manifest:
+            return "unavailable", "this installation was built without nvcc"
+        return "unavailable", manifest.get("unavailable", {}).get(family, "not built in this installation")
     if has_source:
         why = "config.force_nvrtc" if config.force_nvrtc else "no fatbin: nvcc was missing at build time"
         return "nvrtc", f"NVRTC compiles the shipped source at first use ({why})"

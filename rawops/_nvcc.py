@@ -171,7 +171,7 @@ def locate_nvcc():
     wheel = _wheel_nvcc()
     if wheel:
         return wheel, NVCC_WHEEL_ORIGIN
-    return None, "no nvcc in CUDA_HOME, CUDA_PATH, PATH or an nvidia-cuda-nvcc wheel"
+    return None, "looked in CUDA_HOME, CUDA_PATH, PATH and for the nvidia-cuda-nvcc wheel"
 
 
 def find_nvcc():

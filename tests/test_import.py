@@ -190,10 +190,11 @@ def installation(tmp_path, monkeypatch):
 def test_status_of_a_build_without_nvcc_is_nvrtc_and_the_arch_specific_family_unavailable(installation):
     assert _modules.family_status("plain")[0] == "nvrtc"
     assert "NVRTC compiles the shipped source at first use" in _modules.family_status("plain")[1]
-    assert _modules.family_status("gemm_sm90") == ("unavailable", "not built in this installation")
+    assert _modules.family_status("gemm_sm90") == ("unavailable", "this installation was built without nvcc")
     assert _modules.portable_family("gemm_sm90") == "gemm" and _modules.portable_family("gemm") is None
     kind, line = info_status_line("gemm_sm90")
-    assert line == "  gemm_sm90: unavailable (not built in this installation); its ops run the portable gemm kernels"
+    assert line == ("  gemm_sm90: unavailable (this installation was built without nvcc); "
+                    "its ops run the portable gemm kernels")
 
 
 def test_status_of_prebuilt_fatbins_and_what_a_gpu_can_run(installation):
@@ -226,5 +227,7 @@ def test_status_names_why_the_build_left_a_family_out(installation):
         '{"unavailable": {"gemm_sm90": "no CuTe/CUTLASS headers (pip install nvidia-cutlass)"}}')
     assert _modules.family_status("gemm_sm90") == (
         "unavailable", "no CuTe/CUTLASS headers (pip install nvidia-cutlass)")
+    (installation / "manifest.json").write_text('{"unavailable": {}}')  # a partial build left it out
+    assert _modules.family_status("gemm_sm90") == ("unavailable", "not built in this installation")
     (installation.parent / "_kernels" / "plain.cu").unlink()
     assert _modules.family_status("plain") == ("unavailable", "neither a fatbin nor its source in this installation")
