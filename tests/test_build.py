@@ -200,6 +200,21 @@ def test_backward_tiles_store_dx_as_one_16_byte_vector_on_every_architecture(fat
     assert seen == {name: len(list_elf_archs(fatbin)) for name in tiles}
 
 
+@needs_cuobjdump
+@pytest.mark.parametrize("family", _modules.families())
+def test_every_kernel_info_loads_is_an_entry_point_of_the_familys_fatbin(family):
+    from rawops.__main__ import entry_points
+
+    path = _modules.fatbin_path(family)
+    if not os.path.exists(path):
+        pytest.skip(f"{path} absent (not built here)")
+    names = entry_points(family)
+    assert names, f"no Python table lists the kernels of {family}"
+    for arch, symbols in elf_entry_symbols(path).items():
+        missing = sorted(set(names) - symbols)
+        assert not missing, f"{family} {arch}: `rawops info` would look up kernels the fatbin lacks: {missing}"
+
+
 def test_map_kernels_ask_for_names_the_fatbin_table_lists():
     # MapKernel builds '<name>_<suffix>' at launch; those must be among the names checked above.
     asked = {name for kernel in elementwise.MAP.values() for name in kernel.kernel_names()}

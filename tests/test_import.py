@@ -231,3 +231,60 @@ def test_status_names_why_the_build_left_a_family_out(installation):
     assert _modules.family_status("gemm_sm90") == ("unavailable", "not built in this installation")
     (installation.parent / "_kernels" / "plain.cu").unlink()
     assert _modules.family_status("plain") == ("unavailable", "neither a fatbin nor its source in this installation")
+
+
+def test_info_on_a_gpu_prints_each_familys_status_and_its_loaded_kernels(monkeypatch, capsys):
+    """The GPU half of `info`, with the driver faked: an sm_80 GPU, on which the Hopper GEMM is unavailable."""
+    import ctypes
+
+    import cupy
+
+    from rawops import __main__ as cli
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: object())
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 1)
+    monkeypatch.setattr(cupy.cuda.runtime, "driverGetVersion", lambda: 13000)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", lambda device: {
+        "name": b"Fake A100", "major": 8, "minor": 0, "multiProcessorCount": 108, "totalGlobalMem": 80 << 30})
+    monkeypatch.setattr(_modules, "compute_capability", lambda device: 80)
+    loaded = []
+    monkeypatch.setattr(_modules, "get_function", lambda family, name, device: loaded.append((family, name)))
+    assert cli.info() == 0
+    out = capsys.readouterr().out
+    assert "device 0: Fake A100 sm_80, 108 SMs, 80.0 GiB\non device 0 (sm_80):\n" in out
+    families = _modules.families()
+    for family in families:
+        kind, line = cli.status_line(family, 80)
+        if kind == "unavailable":
+            assert f"\n{line}\n" in out
+        else:
+            count = len(cli.entry_points(family))
+            assert count and f"\n{line}; {count} kernels loaded\n" in out
+    if "gemm_sm90" in families:
+        assert "  gemm_sm90: unavailable (its kernels are for sm_90a only, not sm_80); its ops run the portable " \
+               "gemm kernels" in out
+        assert not [name for family, name in loaded if family == "gemm_sm90"]
+
+
+def test_info_reports_a_family_whose_kernels_fail_to_load_and_exits_1(monkeypatch, capsys):
+    import ctypes
+
+    import cupy
+
+    from rawops import __main__ as cli
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: object())
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceCount", lambda: 1)
+    monkeypatch.setattr(cupy.cuda.runtime, "driverGetVersion", lambda: 13000)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDeviceProperties", lambda device: {
+        "name": b"Fake H100", "major": 9, "minor": 0, "multiProcessorCount": 132, "totalGlobalMem": 80 << 30})
+    monkeypatch.setattr(_modules, "compute_capability", lambda device: 90)
+
+    def get_function(family, name, device):
+        if family == "elementwise":
+            raise RuntimeError("NVRTC rejected elementwise.cu\nlog ...")
+
+    monkeypatch.setattr(_modules, "get_function", get_function)
+    assert cli.info() == 1
+    out = capsys.readouterr().out
+    assert "; loading failed: RuntimeError: NVRTC rejected elementwise.cu\n" in out
