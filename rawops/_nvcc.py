@@ -129,20 +129,21 @@ def cutlass_include():
 
 
 NVCC_ENV = "RAWOPS_NVCC"
-# The toolkit the build installs where no nvcc is found (the in-tree backend, _build/backend.py):
-# the versions of the toolkit that built the shipped fatbins, so that both compile the same SASS.
-# nvidia-cuda-nvcc alone pulls nvvm (cicc), crt and the runtime headers unpinned; the kernels also
-# include CUB (nvidia-cuda-cccl) and cuda.h / mma.h / cuda_fp16.h (nvidia-cuda-runtime).
+# The toolkit the build installs where no nvcc is found (the in-tree backend, _build/backend.py),
+# pinned to the CUDA release the project builds and tests its fatbins with, so that a build with
+# it compiles the same SASS. nvidia-cuda-nvcc alone pulls nvvm (cicc), crt and the runtime headers
+# unpinned; the kernels also include CUB (nvidia-cuda-cccl) and cuda.h / mma.h / cuda_fp16.h
+# (nvidia-cuda-runtime). The test extra in pyproject.toml pins the same.
 NVCC_WHEELS = ("nvidia-cuda-nvcc==13.0.88", "nvidia-nvvm==13.0.88", "nvidia-cuda-crt==13.0.88",
                "nvidia-cuda-runtime==13.0.96", "nvidia-cuda-cccl==13.0.85")
 NVCC_WHEEL_ORIGIN = "the nvidia-cuda-nvcc wheel"
 
 
-def _wheel_nvcc(search_path=None):
+def _wheel_nvcc():
     """nvidia/cu<major>/bin/nvcc of an installed nvidia-cuda-nvcc wheel (the newest major), or None.
     Looked up on sys.path without importing anything: the `nvidia` namespace holds heavy packages."""
     found = []
-    for entry in sys.path if search_path is None else search_path:
+    for entry in sys.path:
         for candidate in glob.glob(os.path.join(entry or ".", "nvidia", "cu*", "bin", "nvcc")):
             major = os.path.basename(os.path.dirname(os.path.dirname(candidate)))[2:]
             if major.isdigit() and os.access(candidate, os.X_OK):
