@@ -84,7 +84,8 @@ def linear_rows(ta, ceiling):
             error = _error(ours(), ref)
             times = device_times_us({
                 "rawops": ours, "eager": eager, "epilogue": epilogue, "rawops graph": graphed(ours),
-                "eager graph": graphed(eager), "epilogue graph": graphed(epilogue), "compile": lambda: inductor(x, w, b)})
+                "eager graph": graphed(eager), "epilogue graph": graphed(epilogue),
+                "compile": lambda: inductor(x, w, b)})
             us, us_eager, us_lt, us_graph, us_eager_graph, us_lt_graph = (
                 times[k] for k in ("rawops", "eager", "epilogue", "rawops graph", "eager graph", "epilogue graph"))
             us_loop, us_eager_loop = loop_times_us({"rawops": ours, "eager": eager}).values()

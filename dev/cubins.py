@@ -71,7 +71,8 @@ def build_cubins(source, variants, arch):
     path = source if source.endswith(".cu") else os.path.join(ROOT, "kernels", f"{source}.cu")
     stem = os.path.splitext(os.path.basename(path))[0]
     # an experiment's own source may include any kernel file: all of them are in its key
-    sources = [path] if not source.endswith(".cu") else [path, *sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))]
+    sources = ([path] if not source.endswith(".cu")
+               else [path, *sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))])
     helpers = _nvcc_helpers()
     nvcc = helpers.find_nvcc()
     if nvcc is None:
@@ -81,7 +82,8 @@ def build_cubins(source, variants, arch):
     if helpers.uses_cutlass(path):
         cutlass = helpers.cutlass_include()
         if cutlass is None:
-            raise RuntimeError(f"{path} needs the CuTe headers: pip install nvidia-cutlass or set {helpers.CUTLASS_ENV}")
+            raise RuntimeError(f"{path} needs the CuTe headers: pip install nvidia-cutlass "
+                               f"or set {helpers.CUTLASS_ENV}")
         extra = [f"-I{cutlass}", *helpers.CUTLASS_FLAGS]
     os.makedirs(CACHE, exist_ok=True)
     paths, jobs = {}, {}

@@ -1,28 +1,58 @@
-"""`python -m rawops info`: the GPU, the driver, what each fatbin holds, the kernels."""
-import os
+"""`python -m rawops info`: the build, how each family gets its kernels, the GPU, the kernels.
+
+What needs no GPU is printed first (the build's manifest, each family's status in this
+installation); without a usable GPU or driver, one line on stderr says so and the exit code is 1.
+"""
+import importlib
 import sys
 
 from . import _modules
-from ._fatbin_info import fatbin_architectures
 from ._nvcc import read_manifest
-
 
 def _fail(message):
     print(f"rawops: {message}", file=sys.stderr)
     return 1
 
 
+def status_line(family, arch=None):
+    """'  elementwise: prebuilt fatbin [...]', or for a family that cannot run here what its ops run."""
+    kind, detail = _modules.family_status(family, arch)
+    if kind != "unavailable":
+        return kind, f"  {family}: {detail}"
+    portable = _modules.portable_family(family)
+    fallback = f"its ops run the portable {portable} kernels" if portable else "its ops cannot run"
+    return kind, f"  {family}: unavailable ({detail}); {fallback}"
+
+
+def entry_points(family):
+    """The kernel names a family's Python tables launch (rawops.<family> or rawops._<family>)."""
+    from ._launch import FLOAT_SUFFIXES
+
+    for name in (f"rawops.{family}", f"rawops._{family}"):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, "entry_points"):
+            return list(module.entry_points())
+        if hasattr(module, "ENTRY_POINTS"):
+            return sorted(module.ENTRY_POINTS)
+        suffixes = getattr(module, "SUFFIXES", FLOAT_SUFFIXES)
+        return [f"{base}_{suffix}" for base in getattr(module, "KERNELS", {}) for suffix in suffixes]
+    return []
+
+
 def info():
     print(f"rawops {__import__('rawops').__version__} at {_modules.PACKAGE_DIR}")
     manifest = read_manifest(_modules.FATBIN_DIR)
     if manifest:
-        print(f"  built by {manifest['nvcc']} for {' '.join(manifest['archs'])} (+PTX {' '.join(manifest['ptx'])})")
+        print(f"built by nvcc {manifest['nvcc']} for {' '.join(manifest['archs'])} "
+              f"(+PTX {' '.join(manifest['ptx']) or 'none'})")
+    else:
+        print("built without nvcc: no fatbins")
+    print("kernel families in this installation:")
     for family in _modules.families():
-        path = _modules.fatbin_path(family)
-        if os.path.exists(path):
-            print(f"  {family}: {os.path.basename(path)} [{' '.join(fatbin_architectures(path))}]")
-        else:
-            print(f"  {family}: no fatbin; compiled from source with NVRTC at first use")
+        print(status_line(family)[1])
     try:
         import ctypes
 
@@ -43,23 +73,32 @@ def info():
         props = cupy.cuda.runtime.getDeviceProperties(device)
         print(f"device {device}: {props['name'].decode()} sm_{props['major']}{props['minor']}, "
               f"{props['multiProcessorCount']} SMs, {props['totalGlobalMem'] / 2**30:.1f} GiB")
-    import importlib
-
-    from ._launch import FLOAT_SUFFIXES
-
-    for family in _modules.families():  # every kernel each family's table lists, per dtype
-        table = getattr(importlib.import_module(f"rawops.{family}"), "KERNELS", {})
-        loaded = []
-        for base in table:
-            for suffix in FLOAT_SUFFIXES:
-                try:
-                    _modules.get_function(family, f"{base}_{suffix}", 0)
-                    loaded.append(f"{base}_{suffix}")
-                except cupy.cuda.driver.CUDADriverError as error:
-                    if "NOT_FOUND" not in str(error):  # else: an op not instantiated for this dtype
-                        raise
-        print(f"{family}: {len(loaded)} kernels loaded on device 0: {' '.join(loaded)}")
-    return 0
+    arch = _modules.compute_capability(0)
+    print(f"on device 0 (sm_{arch}):")
+    failed = False
+    for family in _modules.families():
+        kind, line = status_line(family, arch)
+        if kind == "unavailable":
+            print(line)
+            continue
+        loaded, error = [], None
+        for name in entry_points(family):
+            try:
+                _modules.get_function(family, name, 0)
+                loaded.append(name)
+            except cupy.cuda.driver.CUDADriverError as failure:
+                if "NOT_FOUND" not in str(failure):  # else: an op not instantiated for this dtype
+                    error = failure
+                    break
+            except Exception as failure:  # NVRTC or nvcc rejected the source, a missing file, ...
+                error = failure
+                break
+        if error is not None:
+            failed = True
+            print(f"{line}; loading failed: {type(error).__name__}: {str(error).splitlines()[0]}")
+        else:
+            print(f"{line}; {len(loaded)} kernels loaded")
+    return 1 if failed else 0
 
 
 def main(argv):

@@ -39,7 +39,7 @@ BIAS_BWD_TILE_BF16_PER = 2
 # fixed_sum_zero / fixed_sum_final_f16 (float16's exact dbias): their blocks and launch bound.
 FIXED_SUM_THREADS = 256
 
-# ------------------------------------------------------------------ rows (kernels/include/rawops/rows.cuh: norm, softmaxes)
+# ----------------------------------------------- rows (kernels/include/rawops/rows.cuh: norm, softmaxes)
 # The widest block (and every row kernel's launch bound) and the blocks of it an SM must hold
 # (ROW_MIN_BLOCKS: at most 65536 / (ROW_MAX_THREADS * ROW_MIN_BLOCKS) registers a thread).
 ROW_MAX_THREADS = 512

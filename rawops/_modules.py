@@ -19,7 +19,7 @@ from . import _nvcc, config
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 FATBIN_DIR = os.path.join(PACKAGE_DIR, "_fatbin")
 CHECKOUT_KERNELS = os.path.join(os.path.dirname(PACKAGE_DIR), "kernels")
-DEV_CACHE = os.path.join(os.path.expanduser(os.environ.get("XDG_CACHE_HOME", "~/.cache")), "rawops")
+DEV_CACHE = _nvcc.cache_dir()  # the build's cache: one key (fatbin_digest) for both
 
 _lock = threading.Lock()
 _modules = {}  # (family, device) -> cupy.RawModule
@@ -61,6 +61,58 @@ def fatbin_path(family):
     return os.path.join(FATBIN_DIR, f"{family}.fatbin")
 
 
+def portable_family(family):
+    """The family whose portable kernels run the ops of an architecture-specific one
+    (`<name>_sm<NN>` -> `<name>`: gemm_sm90 -> gemm), or None."""
+    base, _, suffix = family.rpartition("_")
+    if base and suffix.startswith("sm") and suffix[2:].isdigit() and base in families():
+        return base
+    return None
+
+
+def _runs_on(architectures, arch):
+    """Whether a fatbin holding `architectures` ('sm_80', 'compute_120') has code for sm_<arch>:
+    SASS of the same major and no newer minor, or PTX of no newer architecture (JIT-compiled)."""
+    for name in architectures:
+        kind, _, number = name.partition("_")
+        sm = int(number.rstrip("abf"))
+        if (kind == "sm" and sm // 10 == arch // 10 and sm <= arch) or (kind == "compute" and sm <= arch):
+            return True
+    return False
+
+
+def family_status(family, arch=None):
+    """How `family` gets its kernels here, as `_load_module` decides: (kind, detail), kind one of
+    'fatbin' (prebuilt), 'nvrtc' (the shipped source compiled at first use), 'dev'
+    (config.dev_kernels) or 'unavailable'. `arch` (90 for sm_90): the GPU's, or None to judge
+    the installation alone. `python -m rawops info` prints it."""
+    from ._fatbin_info import fatbin_architectures
+
+    cu_path = os.path.join(kernel_source_dir(), f"{family}.cu")
+    has_source = os.path.isfile(cu_path)
+    directive = _nvcc.arch_directive(cu_path)
+    path = fatbin_path(family)
+    if directive and arch is not None and not _nvcc.specific_targets(directive, [(arch, False)]):
+        return "unavailable", f"its kernels are for {' '.join('sm_' + t for t in directive)} only, not sm_{arch}"
+    if config.dev_kernels and has_source:
+        return "dev", f"config.dev_kernels: {family}.cu rebuilt with nvcc for the GPU, cached in {DEV_CACHE}"
+    manifest = _nvcc.read_manifest(FATBIN_DIR) or {}
+    if os.path.exists(path) and (directive or not config.force_nvrtc):
+        # The fatbin's entries name sm_90 for sm_90a: the manifest has the specific targets.
+        architectures = (directive and manifest.get("specific", {}).get(family)) or fatbin_architectures(path)
+        if arch is not None and not directive and not _runs_on(architectures, arch):
+            return "unavailable", f"its fatbin holds no code for sm_{arch} ({' '.join(architectures)})"
+        return "fatbin", f"prebuilt fatbin [{' '.join(architectures)}]"
+    if directive:
+        if not manifest:
+            return "unavailable", "this installation was built without nvcc"
+        return "unavailable", manifest.get("unavailable", {}).get(family, "not built in this installation")
+    if has_source:
+        why = "config.force_nvrtc" if config.force_nvrtc else "no fatbin: nvcc was missing at build time"
+        return "nvrtc", f"NVRTC compiles the shipped source at first use ({why})"
+    return "unavailable", "neither a fatbin nor its source in this installation"
+
+
 def _dev_mode_fatbin(family, device):
     """Rebuild kernels/<family>.cu for this GPU when it changed; return the cached fatbin."""
     import cupy
@@ -78,12 +130,13 @@ def _dev_mode_fatbin(family, device):
     if _nvcc.uses_cutlass(cu_path) and cutlass is None:
         raise FamilyUnavailable(f"rawops: config.dev_kernels cannot rebuild '{family}' without CuTe headers "
                                 f"(pip install nvidia-cutlass, or set {_nvcc.CUTLASS_ENV})")
-    digest = _nvcc.source_digest(cu_path, include_dir)
+    nvcc = _nvcc.find_nvcc()
+    if nvcc is None:
+        raise RuntimeError(f"rawops: config.dev_kernels needs nvcc (PATH, CUDA_HOME or the nvidia-cuda-nvcc wheel) "
+                           f"to rebuild {cu_path}")
+    digest = _nvcc.fatbin_digest(_nvcc.nvcc_version(nvcc), cu_path, include_dir, [arch], targets, cutlass)
     out_path = os.path.join(DEV_CACHE, f"{family}-sm{major}{minor}-{digest}.fatbin")
     if not os.path.exists(out_path):
-        nvcc = _nvcc.find_nvcc()
-        if nvcc is None:
-            raise RuntimeError(f"rawops: config.dev_kernels needs nvcc on PATH (or CUDA_HOME) to rebuild {cu_path}")
         tmp_path = f"{out_path}.{os.getpid()}.tmp"
         _nvcc.compile_fatbin(nvcc, cu_path, include_dir, tmp_path, [arch], targets=targets, cutlass=cutlass)
         os.replace(tmp_path, out_path)  # atomic: concurrent processes never see half a file

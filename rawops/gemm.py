@@ -198,7 +198,8 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
                                      (SMALL_TF32_CLUSTER * _ceil(n, SMALL_TF32_FEATURES), _ceil(m, SMALL_ROWS)),
                                      SMALL_TF32_THREADS, small_tf32_shared_bytes())
     elif small and dtype != 0 and cc >= SMALL_TF32_MIN_CC:
-        name, grid, block, shared = (f"linear_small_mma_nt_{suffix}", (_ceil(n, SMALL_MMA_FEATURES), _ceil(m, SMALL_ROWS)),
+        name, grid, block, shared = (f"linear_small_mma_nt_{suffix}",
+                                     (_ceil(n, SMALL_MMA_FEATURES), _ceil(m, SMALL_ROWS)),
                                      SMALL_MMA_THREADS, small_tf32_shared_bytes(SMALL_MMA_WARPS, SMALL_MMA_FEATURES))
     elif small:
         name, grid, block, shared = (f"linear_small_nt_{suffix}", (_ceil(n, SMALL_FEATURES), _ceil(m, SMALL_ROWS)),

@@ -5,6 +5,7 @@ Python tables in rawops.elementwise and the architecture list in rawops._nvcc; n
 """
 import collections
 import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -14,6 +15,8 @@ import pytest
 
 import rawops.elementwise as elementwise
 from rawops import _fatbin_info, _modules, _nvcc
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SUFFIXES = ("f32", "f16", "bf16")
 EXPECTED_KERNELS = {
@@ -27,29 +30,38 @@ EXPECTED_KERNELS = {
      } | set(elementwise.FIXED_SUM_KERNELS)
 
 
-def _find_cuobjdump():
+def _find_tool(name):
+    """A CUDA binary tool: the pip wheels' (nvidia/cu*/bin), else PATH's."""
     try:
         import nvidia
 
         for root in nvidia.__path__:
-            for candidate in sorted(glob.glob(os.path.join(root, "cu*", "bin", "cuobjdump"))):
+            for candidate in sorted(glob.glob(os.path.join(root, "cu*", "bin", name))):
                 if os.access(candidate, os.X_OK):
                     return candidate
     except ImportError:
         pass
-    return shutil.which("cuobjdump")
+    return shutil.which(name)
 
 
-CUOBJDUMP = _find_cuobjdump()
+CUOBJDUMP = _find_tool("cuobjdump")
+# `cuobjdump --dump-sass` runs nvdisasm, found beside cuobjdump, on PATH or in $NVDISASM_PATH.
+NVDISASM = _find_tool("nvdisasm")
 needs_cuobjdump = pytest.mark.skipif(
     CUOBJDUMP is None,
     reason="cuobjdump not found: pip install nvidia-cuda-cuobjdump (or put CUDA's bin/ on PATH)",
 )
-needs_nvcc = pytest.mark.skipif(_nvcc.find_nvcc() is None, reason="nvcc not found (PATH or CUDA_HOME)")
+needs_nvdisasm = pytest.mark.skipif(
+    NVDISASM is None,
+    reason="nvdisasm not found (cuobjdump --dump-sass runs it): pip install nvidia-cuda-nvdisasm",
+)
+needs_nvcc = pytest.mark.skipif(_nvcc.find_nvcc() is None,
+                                reason="nvcc not found (CUDA_HOME, CUDA_PATH, PATH or pip install nvidia-cuda-nvcc)")
 
 
 def cuobjdump(*args):
-    done = subprocess.run([CUOBJDUMP, *args], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "NVDISASM_PATH": os.path.dirname(NVDISASM)} if NVDISASM else None
+    done = subprocess.run([CUOBJDUMP, *args], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, f"cuobjdump {' '.join(args)} failed:\n{done.stdout}{done.stderr}"
     return done.stdout
 
@@ -169,6 +181,7 @@ def test_embedded_ptx_has_every_kernel_entry_point(fatbin):
 
 
 @needs_cuobjdump
+@needs_nvdisasm
 def test_backward_tiles_store_dx_as_one_16_byte_vector_on_every_architecture(fatbin):
     """bias_bwd_tile's dx goes out by one 128-bit STG a vector (dtype.cuh store16_pinned): nvcc had
     split store16 there into four 32-bit STG at offsets +4, +8, +12 of one address. (The sm_90
@@ -186,6 +199,21 @@ def test_backward_tiles_store_dx_as_one_16_byte_vector_on_every_architecture(fat
         split = re.findall(r"\bSTG\.E(?:\.SYS)? +(?:desc\[\w+\])?\[R\d+(?:\.64)?\+0x[4c]\]", section)
         assert not split, f"{name}: 32-bit stores at +4 / +12 of one address (a split vector store): {split}"
     assert seen == {name: len(list_elf_archs(fatbin)) for name in tiles}
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("family", _modules.families())
+def test_every_kernel_info_loads_is_an_entry_point_of_the_familys_fatbin(family):
+    from rawops.__main__ import entry_points
+
+    path = _modules.fatbin_path(family)
+    if not os.path.exists(path):
+        pytest.skip(f"{path} absent (not built here)")
+    names = entry_points(family)
+    assert names, f"no Python table lists the kernels of {family}"
+    for arch, symbols in elf_entry_symbols(path).items():
+        missing = sorted(set(names) - symbols)
+        assert not missing, f"{family} {arch}: `rawops info` would look up kernels the fatbin lacks: {missing}"
 
 
 def test_map_kernels_ask_for_names_the_fatbin_table_lists():
@@ -226,7 +254,12 @@ def test_manifest_round_trips_and_is_absent_when_not_written(tmp_path):
     _nvcc.write_manifest(str(tmp_path), [(80, False), (90, True)], str(fake_nvcc))
     assert _nvcc.read_manifest(str(tmp_path)) == {
         "archs": ["sm_80", "sm_90"], "ptx": ["compute_90"], "nvcc": "Build cuda_99.9", "flags": list(_nvcc.NVCC_FLAGS),
-        "specific": {}}
+        "specific": {}, "unavailable": {}, "digests": {}}
+    _nvcc.write_manifest(str(tmp_path), [(90, False)], str(fake_nvcc), {"gemm_sm90": ["sm_90a"]},
+                         {"other_sm100": "the build targets none of 100a"}, {"gemm_sm90": "0123456789abcdef"})
+    manifest = _nvcc.read_manifest(str(tmp_path))
+    assert (manifest["specific"], manifest["unavailable"], manifest["digests"]) == (
+        {"gemm_sm90": ["sm_90a"]}, {"other_sm100": "the build targets none of 100a"}, {"gemm_sm90": "0123456789abcdef"})
 
 
 def test_a_partial_build_keeps_other_families_only_when_built_for_the_same_targets(tmp_path):
@@ -334,7 +367,8 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     assert exact == {f"{name}_exact": op for name, op in tiles.items()}
     assert set(exact) == {*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values()}
     for name in elementwise.FIXED_SUM_KERNELS:
-        assert re.search(rf'extern "C" __global__ void __launch_bounds__\(RAWOPS_FIXED_SUM_THREADS\) {name}\(', source), name
+        assert re.search(rf'extern "C" __global__ void __launch_bounds__\(RAWOPS_FIXED_SUM_THREADS\) {name}\(',
+                         source), name
     # each RAWOPS_MAP stamps out the strided entry beside the contiguous one
     assert "name##_strided_##suffix(" in source
     assert set(elementwise.STRIDED) == set(elementwise.KERNELS)
@@ -436,32 +470,286 @@ def test_gencode_flags_give_sass_for_each_arch_and_ptx_only_where_asked():
     assert _nvcc.gencode_flags([]) == []
 
 
-def test_find_nvcc_prefers_cuda_home(tmp_path, monkeypatch):
-    fake = tmp_path / "bin" / "nvcc"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\n")
-    fake.chmod(0o755)
+def _fake_tool(path, script="#!/bin/sh\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def no_nvcc_anywhere(tmp_path, monkeypatch):
+    """An environment where locate_nvcc finds nothing until a test puts an nvcc somewhere."""
+    import sys
+
+    for variable in (_nvcc.NVCC_ENV, "CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "empty-site")])
+    assert _nvcc.locate_nvcc()[0] is None
+
+
+def test_find_nvcc_prefers_cuda_home(tmp_path, monkeypatch, no_nvcc_anywhere):
+    fake = _fake_tool(tmp_path / "bin" / "nvcc")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
-    assert _nvcc.find_nvcc() == str(fake)
+    assert _nvcc.find_nvcc() == fake
     monkeypatch.delenv("CUDA_HOME")
-    monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert _nvcc.find_nvcc() is None
 
 
-def test_source_digest_changes_with_the_kernel_and_with_any_shared_header(tmp_path):
+def test_nvcc_discovery_order_is_override_cuda_home_cuda_path_path_then_the_wheel(tmp_path, monkeypatch,
+                                                                                 no_nvcc_anywhere):
+    import sys
+
+    wheel = _fake_tool(tmp_path / "site" / "nvidia" / "cu13" / "bin" / "nvcc")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "empty-site"), str(tmp_path / "site")])
+    assert _nvcc.locate_nvcc() == (wheel, _nvcc.NVCC_WHEEL_ORIGIN)
+    on_path = _fake_tool(tmp_path / "path-bin" / "nvcc")
+    monkeypatch.setenv("PATH", str(tmp_path / "path-bin"))
+    assert _nvcc.locate_nvcc() == (on_path, "PATH")
+    cuda_path = _fake_tool(tmp_path / "cuda-path" / "bin" / "nvcc")
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "cuda-path"))
+    assert _nvcc.locate_nvcc() == (cuda_path, "CUDA_PATH")
+    cuda_home = _fake_tool(tmp_path / "cuda-home" / "bin" / "nvcc")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda-home"))
+    assert _nvcc.locate_nvcc() == (cuda_home, "CUDA_HOME")
+    chosen = _fake_tool(tmp_path / "chosen" / "nvcc")
+    monkeypatch.setenv(_nvcc.NVCC_ENV, chosen)
+    assert _nvcc.locate_nvcc() == (chosen, _nvcc.NVCC_ENV)
+    monkeypatch.setenv(_nvcc.NVCC_ENV, "none")  # build the sources-only package though nvcc is there
+    assert _nvcc.locate_nvcc() == (None, f"{_nvcc.NVCC_ENV}=none")
+    monkeypatch.setenv(_nvcc.NVCC_ENV, str(tmp_path / "missing" / "nvcc"))
+    with pytest.raises(FileNotFoundError, match=_nvcc.NVCC_ENV):
+        _nvcc.locate_nvcc()
+
+
+def test_the_wheel_nvcc_is_the_newest_cuda_major_on_sys_path(tmp_path, monkeypatch, no_nvcc_anywhere):
+    import sys
+
+    _fake_tool(tmp_path / "a" / "nvidia" / "cu12" / "bin" / "nvcc")
+    first13 = _fake_tool(tmp_path / "a" / "nvidia" / "cu13" / "bin" / "nvcc")
+    _fake_tool(tmp_path / "b" / "nvidia" / "cu13" / "bin" / "nvcc")
+    (tmp_path / "b" / "nvidia" / "cu14" / "bin").mkdir(parents=True)
+    (tmp_path / "b" / "nvidia" / "cu14" / "bin" / "nvcc").write_text("not executable")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "a"), str(tmp_path / "b")])
+    assert _nvcc.find_nvcc() == first13
+
+
+def _backend():
+    # Loaded at collection: the tests below replace sys.path, which setuptools must be imported from.
+    path = os.path.join(REPO, "_build", "backend.py")
+    if not os.path.isfile(path):
+        return None
+    spec = importlib.util.spec_from_file_location("_rawops_backend", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BACKEND = _backend()
+
+
+@pytest.mark.skipif(BACKEND is None, reason="not a source checkout (no _build/backend.py)")
+def test_build_backend_requires_the_nvcc_wheels_only_where_no_nvcc_is_found(tmp_path, monkeypatch, no_nvcc_anywhere):
+    backend = BACKEND
+    assert backend.toolkit_requirements() == list(_nvcc.NVCC_WHEELS)
+    monkeypatch.setenv(_nvcc.NVCC_ENV, "none")
+    assert backend.toolkit_requirements() == []
+    monkeypatch.delenv(_nvcc.NVCC_ENV)
+    _fake_tool(tmp_path / "path-bin" / "nvcc")
+    monkeypatch.setenv("PATH", str(tmp_path / "path-bin"))
+    assert backend.toolkit_requirements() == []
+    # The PEP 517 hooks add them to setuptools' own requirements, for a wheel and an editable install.
+    monkeypatch.setattr(backend._setuptools, "get_requires_for_build_wheel", lambda settings=None: ["wheel"])
+    monkeypatch.setattr(backend._setuptools, "get_requires_for_build_editable", lambda settings=None: ["editables"])
+    assert backend.get_requires_for_build_wheel() == ["wheel"]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    assert backend.get_requires_for_build_wheel() == ["wheel", *_nvcc.NVCC_WHEELS]
+    assert backend.get_requires_for_build_editable() == ["editables", *_nvcc.NVCC_WHEELS]
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "pyproject.toml")), reason="not a source checkout")
+def test_pyproject_uses_the_in_tree_backend_and_the_test_extra_pins_the_same_toolkit():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        pyproject = tomllib.load(f)
+    assert pyproject["build-system"]["build-backend"] == "backend"
+    assert pyproject["build-system"]["backend-path"] == ["_build"]
+    test_extra = pyproject["project"]["optional-dependencies"]["test"]
+    assert set(_nvcc.NVCC_WHEELS) <= set(test_extra)
+    assert {"nvidia-cuda-nvdisasm", "ruff"} <= {re.split(r"[=<>]", r)[0] for r in test_extra}
+    versions = {r.split("==")[1].rsplit(".", 1)[0] for r in _nvcc.NVCC_WHEELS}
+    assert len(versions) == 1, f"the toolkit wheels are of one CUDA release: {_nvcc.NVCC_WHEELS}"
+
+
+# ------------------------------------------------------------------------------ the build cache
+def _digest_inputs(tmp_path):
     cu = tmp_path / "k.cu"
     include = tmp_path / "include" / "rawops"
-    include.mkdir(parents=True)
+    include.mkdir(parents=True, exist_ok=True)
     cu.write_text("a")
     (include / "dtype.cuh").write_text("h")
-    first = _nvcc.source_digest(str(cu), str(tmp_path / "include"))
-    assert first == _nvcc.source_digest(str(cu), str(tmp_path / "include"))
-    (include / "dtype.cuh").write_text("h2")
-    second = _nvcc.source_digest(str(cu), str(tmp_path / "include"))
+    return cu, tmp_path / "include"
+
+
+def test_source_digest_changes_with_the_kernel_and_with_any_shared_header(tmp_path):
+    cu, include = _digest_inputs(tmp_path)
+    args = ("nvcc 13.0", str(cu), str(include), [(90, False)])
+    first = _nvcc.fatbin_digest(*args)
+    assert first == _nvcc.fatbin_digest(*args)
+    (include / "rawops" / "dtype.cuh").write_text("h2")
+    second = _nvcc.fatbin_digest(*args)
+    (include / "rawops" / "new.cuh").write_text("")
+    third = _nvcc.fatbin_digest(*args)
     cu.write_text("b")
-    third = _nvcc.source_digest(str(cu), str(tmp_path / "include"))
-    assert len({first, second, third}) == 3
+    fourth = _nvcc.fatbin_digest(*args)
+    assert len({first, second, third, fourth}) == 4
+
+
+def test_fatbin_digest_changes_with_targets_nvcc_flags_constants_and_cute_version(tmp_path, monkeypatch):
+    cu, include = _digest_inputs(tmp_path)
+    cutlass = tmp_path / "cutlass-include"
+    (cutlass / "cutlass").mkdir(parents=True)
+    (cutlass / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 4")
+    base = _nvcc.fatbin_digest("nvcc 13.0", str(cu), str(include), [(90, False)])
+    keys = {
+        base,
+        _nvcc.fatbin_digest("nvcc 13.0", str(cu), str(include), [(90, True)]),
+        _nvcc.fatbin_digest("nvcc 13.0", str(cu), str(include), [(80, False), (90, False)]),
+        _nvcc.fatbin_digest("nvcc 13.0", str(cu), str(include), [(90, False)], targets=["90a"]),
+        _nvcc.fatbin_digest("nvcc 13.1", str(cu), str(include), [(90, False)]),
+        _nvcc.fatbin_digest("nvcc 13.0", str(cu), str(include), [(90, False)], cutlass=str(cutlass)),
+    }
+    (cutlass / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 5")
+    keys.add(_nvcc.fatbin_digest("nvcc 13.0", str(cu), str(include), [(90, False)], cutlass=str(cutlass)))
+    monkeypatch.setattr(_nvcc, "NVCC_FLAGS", (*_nvcc.NVCC_FLAGS, "-G"))
+    keys.add(_nvcc.fatbin_digest("nvcc 13.0", str(cu), str(include), [(90, False)]))
+    monkeypatch.undo()
+    monkeypatch.setattr(_nvcc, "CONSTANT_DEFINES", (*_nvcc.CONSTANT_DEFINES, "-DRAWOPS_NEW=1"))
+    keys.add(_nvcc.fatbin_digest("nvcc 13.0", str(cu), str(include), [(90, False)]))
+    assert len(keys) == 9
+    # ...and not with where the sources are: another checkout of the same files shares the cache
+    other = tmp_path / "other"
+    other.mkdir()
+    cu2, include2 = _digest_inputs(other)
+    cu2.write_text(cu.read_text())
+    monkeypatch.undo()
+    assert _nvcc.fatbin_digest("nvcc 13.0", str(cu2), str(include2), [(90, False)]) == base
+
+
+def test_the_digest_covers_every_constant_the_kernels_are_compiled_with():
+    from rawops import _constants
+
+    assert list(_nvcc.CONSTANT_DEFINES) == _constants.defines()
+    assert set(_nvcc.CONSTANT_DEFINES) <= set(_nvcc.nvcc_arguments([(90, False)]))
+
+
+FAKE_NVCC = """#!/bin/sh
+# Stands in for nvcc: --version prints a version; a compile logs its call and writes its arguments as the fatbin.
+if [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 99.9"; echo "Build cuda_99.9"; exit 0; fi
+echo "$@" >> "$(dirname "$0")/calls"
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+echo "$@" > "$out"
+"""
+
+
+@pytest.fixture
+def fake_build(tmp_path, monkeypatch):
+    """(nvcc, cu, include, cache, compiles()): a stand-in nvcc that counts its compiles."""
+    nvcc = _fake_tool(tmp_path / "fake-bin" / "nvcc", FAKE_NVCC)
+    monkeypatch.setattr(_nvcc, "_versions", {})
+    cu, include = _digest_inputs(tmp_path / "src")
+
+    def compiles():
+        calls = tmp_path / "fake-bin" / "calls"
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    return nvcc, cu, include, tmp_path / "cache", compiles
+
+
+def test_build_fatbin_compiles_once_then_reuses_the_cached_fatbin(fake_build, tmp_path):
+    nvcc, cu, include, cache, compiles = fake_build
+    logged = []
+    out = tmp_path / "pkg" / "_fatbin" / "k.fatbin"
+    digest, how = _nvcc.build_fatbin(nvcc, str(cu), str(include), str(out), [(90, False)], cache=str(cache),
+                                     log=logged.append)
+    assert how == "compiled" and compiles() == 1 and out.exists()
+    assert (cache / f"k-{digest}.fatbin").read_bytes() == out.read_bytes()
+    out.unlink()
+    again = _nvcc.build_fatbin(nvcc, str(cu), str(include), str(out), [(90, False)], cache=str(cache),
+                               log=logged.append)
+    assert again == (digest, "reused") and compiles() == 1
+    assert out.read_bytes() == (cache / f"k-{digest}.fatbin").read_bytes()
+    assert len(logged) == 2, "one line per family and build"
+    assert logged[0].startswith("rawops: nvcc k.cu -> k.fatbin [sm_90], to the build cache as k-")
+    assert logged[1] == f"rawops: reused k.fatbin [sm_90] from the build cache: {cache / f'k-{digest}.fatbin'}"
+
+
+def test_build_fatbin_compiles_again_after_any_input_changes(fake_build, tmp_path):
+    nvcc, cu, include, cache, compiles = fake_build
+    out = str(tmp_path / "k.fatbin")
+
+    def build(archs=((90, False),), **kw):
+        return _nvcc.build_fatbin(nvcc, str(cu), str(include), out, list(archs), cache=str(cache),
+                                  log=lambda *_: None, **kw)[1]
+
+    assert build() == "compiled"
+    assert build() == "reused"
+    (include / "rawops" / "dtype.cuh").write_text("edited")
+    assert build() == "compiled"
+    assert build(archs=[(90, True)]) == "compiled"
+    assert build(archs=[(90, True)]) == "reused"
+    cu.write_text("edited too")
+    assert build() == "compiled"
+    assert compiles() == 4
+    assert build(archs=[(80, False)]) == "compiled" and build() == "reused"  # older entries stay
+    assert len(list(cache.glob("k-*.fatbin"))) == 5
+
+
+def test_build_fatbin_without_a_cache_always_compiles(fake_build, tmp_path):
+    nvcc, cu, include, _, compiles = fake_build
+    for _ in range(2):
+        how = _nvcc.build_fatbin(nvcc, str(cu), str(include), str(tmp_path / "k.fatbin"), [(90, False)],
+                                 log=lambda *_: None)[1]
+        assert how == "compiled"
+    assert compiles() == 2
+
+
+def test_a_build_cache_that_cannot_be_written_costs_a_compile_not_the_build(fake_build, tmp_path):
+    nvcc, cu, include, _, compiles = fake_build
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    logged = []
+    how = _nvcc.build_fatbin(nvcc, str(cu), str(include), str(tmp_path / "k.fatbin"), [(90, False)],
+                             cache=str(blocker / "cache"), log=logged.append)[1]
+    assert how == "compiled" and (tmp_path / "k.fatbin").exists()
+    assert "could not store k.fatbin in the build cache" in logged[-1]
+
+
+def test_prune_cache_keeps_the_most_recently_used_fatbins_of_a_family(tmp_path):
+    for i in range(5):
+        path = tmp_path / f"fam-{i:016x}.fatbin"
+        path.write_bytes(b"")
+        os.utime(path, (1000 + i, 1000 + i))
+    (tmp_path / "fam_sm90-0000000000000000.fatbin").write_bytes(b"")  # another family
+    os.utime(tmp_path / "fam-0000000000000000.fatbin", (2000, 2000))  # the oldest, used last
+    _nvcc.prune_cache(str(tmp_path), "fam", keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "fam-0000000000000000.fatbin", "fam-0000000000000004.fatbin", "fam_sm90-0000000000000000.fatbin"]
+
+
+def test_cache_dir_is_the_variable_else_xdg_cache_home_else_home(tmp_path, monkeypatch):
+    monkeypatch.setenv(_nvcc.CACHE_ENV, str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _nvcc.cache_dir() == str(tmp_path / "mine")
+    monkeypatch.delenv(_nvcc.CACHE_ENV)
+    assert _nvcc.cache_dir() == str(tmp_path / "xdg" / "rawops" / "fatbin")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _nvcc.cache_dir() == str(tmp_path / "home" / ".cache" / "rawops" / "fatbin")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert _nvcc.cache_dir() == str(tmp_path / "home" / ".cache" / "rawops" / "fatbin")
 
 
 # ------------------------------------------------------------------------------ row families (norm, softmaxes)

@@ -291,7 +291,8 @@ def test_fused_bias_gelu_backward_out_and_in_place(dtype, in_place, cols):
 
 
 def test_fused_bias_gelu_backward_on_an_explicit_stream():
-    dy, x, bias = random((3000, 1024), torch.float16), random((3000, 1024), torch.float16), random((1024,), torch.float16)
+    dy, x = random((3000, 1024), torch.float16), random((3000, 1024), torch.float16)
+    bias = random((1024,), torch.float16)
     dx64, db64 = _bias_gelu_grads64(dy, x, bias, "tanh")
     stream = cupy.cuda.Stream(non_blocking=True)
     dy = written_late(dy, stream)  # NaN unless the launch waits behind `stream`'s work
@@ -667,7 +668,8 @@ def test_erf_gelu_is_relatively_accurate_into_the_negative_tail(dtype, bits, mat
     keep = (grad.abs() >= normal) & (cdf >= float32_normal) & (pdf >= float32_normal)
     allowed = 2.0 ** -bits * grad.abs() + (math + argument) * (cdf + (x64 * pdf).abs())
     bad = ((dgrad - grad).abs() > allowed) & keep
-    assert not bad.any(), f"gelu' erf at x = {x64[bad][:4].tolist()}: {dgrad[bad][:4].tolist()} vs {grad[bad][:4].tolist()}"
+    assert not bad.any(), (f"gelu' erf at x = {x64[bad][:4].tolist()}: {dgrad[bad][:4].tolist()} "
+                           f"vs {grad[bad][:4].tolist()}")
 
 
 def test_accepts_foreign_cuda_array_interface_objects():

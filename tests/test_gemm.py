@@ -44,7 +44,8 @@ def test_half_types_at_small_batch_take_the_tensor_pipe_on_sm90():
     entries = re.findall(r"^RAWOPS_SMALL_TC\(linear_small_mma_nt_(\w+), \w+, 1, 1, RAWOPS_GEMM_SMALL_MMA_TILES,"
                          r"\s+RAWOPS_GEMM_SMALL_MMA_WARPS, 2\)", source, re.M)
     assert sorted(entries) == ["bf16", "f16"], "the shipped shape, from rawops/_constants.py"
-    assert (mm.SMALL_MMA_TILES, mm.SMALL_MMA_WARPS) == (_constants.GEMM_SMALL_MMA_TILES, _constants.GEMM_SMALL_MMA_WARPS)
+    assert (mm.SMALL_MMA_TILES, mm.SMALL_MMA_WARPS) == (_constants.GEMM_SMALL_MMA_TILES,
+                                                        _constants.GEMM_SMALL_MMA_WARPS)
 
 
 @pytest.mark.parametrize("why, args", [
@@ -234,7 +235,8 @@ def test_small_batch_launch_shape_matches_the_kernel_macros():
         "kSmallFeatures": "GEMM_SMALL_FEATURES", "kSmallGroups": "GEMM_SMALL_GROUPS", "kSmallRows": "GEMM_SMALL_ROWS",
         "kSmallK": "GEMM_SMALL_K"}
     assert (mm.SMALL_FEATURES, mm.SMALL_GROUPS, mm.SMALL_ROWS, mm.SMALL_K) == (
-        _constants.GEMM_SMALL_FEATURES, _constants.GEMM_SMALL_GROUPS, _constants.GEMM_SMALL_ROWS, _constants.GEMM_SMALL_K)
+        _constants.GEMM_SMALL_FEATURES, _constants.GEMM_SMALL_GROUPS, _constants.GEMM_SMALL_ROWS,
+        _constants.GEMM_SMALL_K)
     assert general["kVecK"] == "GEMM_SIMT_VEC_K" and mm.SIMT_VEC_K == _constants.GEMM_SIMT_VEC_K
     assert {small[k] for k in ("kSmallMRows", "kSmallMCols", "kSmallMThreads")} == {
         "GEMM_SMALL_M_ROWS", "GEMM_SMALL_M_COLS", "GEMM_SMALL_M_THREADS"}
@@ -406,7 +408,7 @@ def _gelu64(torch, pre, approximate):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m, k, n", MATMUL_SHAPES)
 def test_matmul_matches_torch_float64(dtype, m, k, n):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
     dt = _torch_dtype(dtype)
@@ -436,7 +438,7 @@ def test_matmul_tf32_opt_in_stays_within_tf32_tolerance_and_out_is_written():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_matmul_on_a_given_stream_with_split_k_scratch(dtype):
     """A caller's stream: outputs and split-K scratch come from CuPy's pool on that stream."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     import cupy
     from gpu_reference import assert_close, random, to_cupy, written_late
 
@@ -573,7 +575,8 @@ def test_linear_gelu_backward_matches_torch_float64(dtype, m, k, n, saved):
         _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True, approximate="tanh")
     size = x.element_size()
     poison_pool(m * k * size, n * k * size, n * size)  # dx, dweight, dbias (at m = 0: dweight must be written 0)
-    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre, approximate="tanh")
+    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre,
+                                             approximate="tanh")
     factor = 1 if dt == torch.float32 else 2  # dpre is rounded to the storage type before the GEMMs
     what = f"{dtype} {m}x{k}->{n} {'saved' if saved else 'recomputed'}"
     assert_close(dx, x64.grad, dt, f"dx {what}", factor)
@@ -598,7 +601,8 @@ def test_linear_gelu_backward_makes_dpre_and_dbias_in_one_pass_from_a_saved_prea
     bias = random((136,), torch.float16, 1.0)
     dy = random((64, 136), torch.float16, 1.0)
     _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True, approximate="tanh")
-    rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre, approximate="tanh")
+    rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre,
+                                approximate="tanh")
     assert (fused_bias_ptrs, column_sums) == ([0], [])
     module = ta.LinearGELU(96, 136, device="cuda", dtype=torch.float16, approximate="tanh")
     module(x.requires_grad_()).backward(dy)
@@ -635,7 +639,7 @@ def test_adapter_no_grad_matmul_typed_path_matches_float64(dtype, m, k, n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_adapter_matmul_forward_and_backward_match_float64(dtype):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from gpu_reference import assert_close, random
     from rawops import torch_adapter as ta
 
@@ -693,7 +697,8 @@ def test_adapter_gradcheck_on_small_sizes():
     b = torch.randn(7, device="cuda", requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # float32 inputs: gradcheck warns, tolerances below account for it
-        assert torch.autograd.gradcheck(lambda x, w, b: ta.linear_gelu(x, w, b, approximate="tanh"), (x, w, b), eps=1e-2, atol=2e-2,
+        assert torch.autograd.gradcheck(lambda x, w, b: ta.linear_gelu(x, w, b, approximate="tanh"), (x, w, b),
+                                        eps=1e-2, atol=2e-2,
                                         rtol=2e-2)
         assert torch.autograd.gradcheck(lambda x, w: ta.matmul(x, w.t().contiguous()), (x, w), eps=1e-2, atol=2e-2,
                                         rtol=2e-2)

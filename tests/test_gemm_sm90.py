@@ -333,7 +333,8 @@ def test_linear_backward_nn_and_tn_match_float64(every_shape_on_hopper, dtype, m
     pre = None
     if saved:
         _, pre = rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(bias), save_preactivation=True, approximate="tanh")
-    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre, approximate="tanh")
+    dx, dw, db = rawops.linear_gelu_backward(to_cupy(dy), to_cupy(x), to_cupy(w), to_cupy(bias), preactivation=pre,
+                                             approximate="tanh")
     assert_close(dx, x64.grad, dt, f"hopper dx {dtype}", 2)
     assert_close(dw, w64.grad, dt, f"hopper dweight {dtype}", 2)
     assert_close(db, b64.grad, dt, f"hopper dbias {dtype}", 2)

@@ -198,7 +198,8 @@ def test_entry_points_take_the_matrix_family_arguments():
     from rawops import _gemm_reduce
 
     assert _gemm_reduce.FAMILY == mm.FAMILY and _gemm_reduce.KINDS == mm.KINDS
-    assert {_gemm_reduce.kernel_name(d) for d in range(3)} <= set(mm.entry_points()), "split K reuses matmul's reduction"
+    assert {_gemm_reduce.kernel_name(d) for d in range(3)} <= set(mm.entry_points()), \
+        "split K reuses matmul's reduction"
 
 
 @needs_cuobjdump

@@ -443,7 +443,6 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
 ])
 def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(monkeypatch, rows, cols, itemsize, sms):
     # the walkers (bias_bwd_partial): where the short tiles do not apply, or switched off as here
-    from rawops import elementwise
 
     monkeypatch.setattr(rawops.config, "bias_gelu_backward_tiles", False)
     grid, chunks, threads, strip = bias_gelu_bwd_plan(rows, cols, 0 if itemsize == 4 else 1, (0, 256, 512), sms)
@@ -550,7 +549,6 @@ def test_every_type_and_size_takes_the_tiles(dtype, rows, cols):
 
 def test_exact_half_sums_stop_where_the_int64_total_could_overflow(monkeypatch):
     # a 64-row tile's float16 sum is below 2^46 in units of 2^-24: at most 2^17 row tiles a column
-    from rawops import elementwise
     from rawops.elementwise import EXACT_MAX_ROW_TILES, TILES, TILES_EXACT
 
     assert 64 * 65504 * 2 ** 24 * EXACT_MAX_ROW_TILES < 2 ** 63

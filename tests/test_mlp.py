@@ -42,7 +42,8 @@ def source_mlp(x, w1, b1, w2, b2, w3, b3, **kwargs):
 
 
 # ------------------------------------------------------------------------------ launch arithmetic
-@pytest.mark.parametrize("batch, blocks", [(1, 1), (64, 1), (65, 2), (1 << 20, 1 << 14), ((1 << 20) + 3, (1 << 14) + 1)])
+@pytest.mark.parametrize("batch, blocks", [(1, 1), (64, 1), (65, 2), (1 << 20, 1 << 14),
+                                          ((1 << 20) + 3, (1 << 14) + 1)])
 def test_one_block_per_tile_of_64_samples(batch, blocks):
     assert plans.source_blocks(batch) == blocks
 
@@ -543,8 +544,10 @@ def test_the_training_forward_and_the_switch_keep_the_exact_ffma_kernel(monkeypa
     assert mlp.source_launch(1 << 20, 0)[0] == "source_mlp_fwd_f32"
 
 
-@pytest.mark.parametrize("variant, batch, grid", [("source_mlp_tc16_fwd", 4097, 17), ("source_mlp_tc16_fwd", 1 << 20, 132),
-                                                  ("source_mlp_tc32_fwd", 4097, 17), ("source_mlp_tc32_fwd", 40000, 132)])
+@pytest.mark.parametrize("variant, batch, grid", [("source_mlp_tc16_fwd", 4097, 17),
+                                                  ("source_mlp_tc16_fwd", 1 << 20, 132),
+                                                  ("source_mlp_tc32_fwd", 4097, 17),
+                                                  ("source_mlp_tc32_fwd", 40000, 132)])
 def test_both_3xtf32_variants_launch_with_their_own_tiles(monkeypatch, variant, batch, grid):
     _route(monkeypatch, 90, 232448)
     monkeypatch.setattr(plans, "SOURCE_TC", variant)
@@ -752,7 +755,7 @@ TC_IDS = ["64x4-f16", "3-16-16-1-gelu-bf16", "100-128x3-10-relu-out", "17-32-5-n
 @pytest.mark.parametrize("case", TC_CASES, ids=TC_IDS)
 def test_tc_forward_matches_torch_float64(case, batch):
     torch = pytest.importorskip("torch")
-    from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy
+    from gpu_reference import DTYPES, poison_pool, random, to_cupy
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
@@ -923,7 +926,7 @@ def _gradient_bytes(batch, sizes, itemsize, bias):
 @pytest.mark.parametrize("case", TC_CASES, ids=TC_IDS)
 def test_tc_backward_matches_torch_float64(case, batch):
     torch = pytest.importorskip("torch")
-    from gpu_reference import DTYPES, assert_close, poison_pool, random, to_cupy
+    from gpu_reference import DTYPES, poison_pool, random, to_cupy
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]

@@ -131,7 +131,8 @@ def test_elementwise_family_on_gpu1(dtype):
           "bias_gelu")
     poison_gpu1(nbytes, 768 * x.element_size())
     _, (dx, dbias) = grads64(lambda a, b: F.gelu(a + b, approximate="tanh"), [x, bias], dy)
-    got_dx, got_dbias = rawops.bias_gelu_backward(cp(dy), cp(x), cp(bias), approximate="tanh")  # the fused one-pass kernel
+    # the fused one-pass kernel
+    got_dx, got_dbias = rawops.bias_gelu_backward(cp(dy), cp(x), cp(bias), approximate="tanh")
     close(got_dx, dx, dtype, "bias_gelu_backward dx")
     close(got_dbias, dbias, dtype, "bias_gelu_backward dbias", factor=5)
     close(rawops.column_sum(cp(y)), y.double().sum(0), dtype, "column_sum", factor=5)

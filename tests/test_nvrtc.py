@@ -20,10 +20,15 @@ def _nvrtc():
 
 
 def _cuda_include():
-    """cuda_fp16.h / cuda_bf16.h: from the toolkit here (on a user's machine, from CuPy's)."""
+    """cuda_fp16.h / cuda_bf16.h: from the toolkit here, else the nvidia-cuda-runtime wheel's (on a
+    user's machine, from CuPy's)."""
+    import sys
+
     nvcc = _nvcc.find_nvcc()
+    wheels = [os.path.dirname(path) for entry in sys.path
+              for path in sorted(glob.glob(os.path.join(entry or ".", "nvidia", "cu*", "include")))]
     for root in (os.environ.get("CUDA_HOME"), os.path.dirname(os.path.dirname(os.path.realpath(nvcc or ""))),
-                 "/usr/local/cuda"):
+                 "/usr/local/cuda", *wheels):
         if root and os.path.exists(os.path.join(root, "include", "cuda_bf16.h")):
             return os.path.join(root, "include")
     return None
@@ -42,7 +47,8 @@ def test_only_the_arch_specific_families_lack_the_nvrtc_fallback():
 
 
 @pytest.mark.skipif(NVRTC is None, reason="NVRTC not installed (pip install nvidia-cuda-nvrtc)")
-@pytest.mark.skipif(_cuda_include() is None, reason="no CUDA headers (cuda_bf16.h) found")
+@pytest.mark.skipif(_cuda_include() is None,
+                    reason="no CUDA headers (cuda_bf16.h): pip install nvidia-cuda-runtime (the test extra has it)")
 @pytest.mark.parametrize("source", SOURCES, ids=[os.path.basename(s) for s in SOURCES])
 def test_kernel_source_compiles_with_nvrtc(source):
     with open(source) as f:

@@ -370,7 +370,8 @@ def test_adapter_modules_have_torch_parameter_names():
     for ours, theirs in [(ta.LayerNorm(8), torch.nn.LayerNorm(8)), (ta.LayerNorm(8, bias=False),
                                                                   torch.nn.LayerNorm(8, bias=False)),
                          (ta.LayerNorm(8, elementwise_affine=False), torch.nn.LayerNorm(8, elementwise_affine=False)),
-                         (ta.RMSNorm(8), torch.nn.RMSNorm(8)), (ta.RMSNorm(8, 1e-5, False), torch.nn.RMSNorm(8, 1e-5, False))]:
+                         (ta.RMSNorm(8), torch.nn.RMSNorm(8)),
+                         (ta.RMSNorm(8, 1e-5, False), torch.nn.RMSNorm(8, 1e-5, False))]:
         state = {k: torch.randn_like(v) for k, v in theirs.state_dict().items()}
         theirs.load_state_dict(state)
         ours.load_state_dict(theirs.state_dict())  # strict: same names and shapes

@@ -99,7 +99,8 @@ def test_cuda_graph_capture_and_replay():
     x = random((1 << 16,), torch.float16)
     bias_x = random((256, 256), torch.float16)
     bias = random((256,), torch.float16)
-    ta.gelu(x, approximate="tanh"), ta.bias_gelu(bias_x, bias, approximate="tanh")  # warm-up: load modules outside capture
+    # warm-up: load modules outside capture
+    ta.gelu(x, approximate="tanh"), ta.bias_gelu(bias_x, bias, approximate="tanh")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -416,8 +417,8 @@ def test_softmaxes_give_torch_answer_over_any_dim(dtype):
         with pytest.warns(UserWarning, match="Implicit dimension choice"):  # a 3-D input: torch picks dim 0
             assert_close(ours(x), theirs(x.double(), 0), dt, f"{op} dim=None", factor=4)
         assert ours(x, -1, dtype=torch.float32).dtype == torch.float32
-        assert_close(ours(torch.tensor(3.0, device="cuda"), 0), theirs(torch.tensor(3.0, dtype=torch.float64), 0).cuda(),
-                     torch.float32, f"{op} of a scalar")
+        scalar = torch.tensor(3.0, device="cuda")
+        assert_close(ours(scalar, 0), theirs(scalar.double(), 0), torch.float32, f"{op} of a scalar")
         leaf = x.clone().requires_grad_()
         dy = random(x.shape, dt)
         ours(leaf, 0).backward(dy)
@@ -431,7 +432,8 @@ def test_softmaxes_give_torch_answer_over_any_dim(dtype):
 def test_matmul_takes_torch_matmul_shapes_and_layouts(dtype):
     dt = DTYPES[dtype]
     b = random((48, 40), dt, 48 ** -0.5)
-    for what, a in [("3-D", random((2, 5, 48), dt)), ("1-D", random((48,), dt)), ("transposed", random((48, 9), dt).t())]:
+    for what, a in [("3-D", random((2, 5, 48), dt)), ("1-D", random((48,), dt)),
+                    ("transposed", random((48, 9), dt).t())]:
         assert_close(ta.matmul(a, b), torch.matmul(a.double(), b.double()), dt, f"matmul {what} @ 2-D", factor=4)
     a, v = random((7, 48), dt), random((48,), dt, 48 ** -0.5)
     assert_close(ta.matmul(a, v), torch.matmul(a.double(), v.double()), dt, "matmul 2-D @ 1-D", factor=4)

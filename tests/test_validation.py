@@ -402,7 +402,8 @@ def test_misaligned_bias_is_a_value_error_naming_bias():
 
 def test_out_partially_overlapping_bias_is_a_value_error():
     with pytest.raises(ValueError, match=r"^out partially overlaps bias"):
-        rawops.bias_gelu(f32((4, 8), ptr=BASE), f32((8,), ptr=OTHER + 16), out=f32((4, 8), ptr=OTHER), approximate="tanh")
+        rawops.bias_gelu(f32((4, 8), ptr=BASE), f32((8,), ptr=OTHER + 16), out=f32((4, 8), ptr=OTHER),
+                         approximate="tanh")
 
 
 def test_out_starting_at_bias_of_a_2d_x_is_refused():
