@@ -4,6 +4,7 @@ What needs no GPU is printed first (the build's manifest, each family's status i
 installation); without a usable GPU or driver, one line on stderr says so and the exit code is 1.
 """
 import importlib
+import inspect
 import sys
 
 from . import _modules
@@ -25,16 +26,21 @@ def status_line(family, arch=None):
 
 
 def entry_points(family):
-    """The kernel names a family's Python tables launch (rawops.<family> or rawops._<family>)."""
+    """The kernel names the Python tables launch from the fatbin of kernel file `family`: the
+    tables of rawops.<family> or rawops._<family> (gemm_sm90, gemm_tf32), else of the family
+    module its name starts with (gemm_small: rawops.gemm; mlp_tiles: rawops.mlp)."""
     from ._launch import FLOAT_SUFFIXES
 
-    for name in (f"rawops.{family}", f"rawops._{family}"):
+    for name in (f"rawops.{family}", f"rawops._{family}", f"rawops.{family.split('_')[0]}"):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError:
             continue
+        if hasattr(module, "FAMILY_OF"):  # one table for several kernel files
+            return sorted(kernel for kernel, home in module.FAMILY_OF.items() if home == family)
         if hasattr(module, "entry_points"):
-            return list(module.entry_points())
+            takes_family = "family" in inspect.signature(module.entry_points).parameters
+            return list(module.entry_points(family) if takes_family else module.entry_points())
         if hasattr(module, "ENTRY_POINTS"):
             return sorted(module.ENTRY_POINTS)
         suffixes = getattr(module, "SUFFIXES", FLOAT_SUFFIXES)
