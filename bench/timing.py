@@ -69,10 +69,26 @@ def event_pairs(reps, stream):
     return pairs
 
 
+WARMUP_SECONDS = 0.25  # at least this long of calls before timing: clocks ramp up after idle
+
+
+def warm_up(fn, calls=10, seconds=WARMUP_SECONDS):
+    """fn() `calls` times, then until `seconds` have passed since the first call: after an idle
+    stretch (a torch.compile, an allocation) the GPU's clocks take a while to come back up, and a
+    fixed few calls of a short kernel end before they do."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    while time.perf_counter() - start < seconds:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+
+
 def device_time_us(fn, warmup=10, reps=50):
     """Median device time of fn() in microseconds, one event pair around each call."""
-    for _ in range(warmup):
-        fn()
+    warm_up(fn, warmup)
     stream = torch.cuda.current_stream()
     pairs = event_pairs(reps, stream)
     for start, end in pairs:
@@ -88,9 +104,7 @@ def device_times_us(fns, warmup=10, reps=20, rounds=5):
     measured in interleaved rounds (A, B, A, B, ...): drift in the host's or the GPU's speed
     during the run then falls on every candidate alike."""
     for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
+        warm_up(fn, warmup)
     stream = torch.cuda.current_stream()
     samples = {name: [] for name in fns}
     for _ in range(rounds):
