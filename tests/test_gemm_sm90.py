@@ -44,7 +44,7 @@ def test_the_grid_is_the_work_unit_count_when_units_are_fewer_than_sms():
 
 
 def test_medium_outputs_take_the_modelled_fastest_narrow_tile():
-    """The model's picks on shapes bench/results/explore_sm90_split.md timed: 64-wide unsplit
+    """The model's picks on the shapes it was fitted to (docs/performance.md, GEMM): 64-wide unsplit
     tiles from 64 to 256 rows at 768 -> 3072 (5.4-6.3 us against 7.7 at 128 wide and 12.3 at
     256), 128 wide at 512 rows, the widest at 1024, and a K split for a 32-row dx over K = 3072."""
     picks = {(64, 3072, 768): (64, 1), (128, 3072, 768): (64, 1), (256, 3072, 768): (64, 1),
@@ -360,7 +360,7 @@ def test_large_gemm_takes_the_hopper_kernel_by_default_and_is_deterministic():
 @pytest.mark.parametrize("layout, m, n, k", [("nt", 64, 3072, 768), ("nt", 256, 3072, 768), ("nt", 512, 4096, 4096),
                                              ("nn", 32, 768, 3072), ("tn", 3072, 768, 512)])
 def test_medium_outputs_run_the_planners_narrow_choice_deterministically(layout, m, n, k):
-    """Unforced: the medium-batch shapes of bench/results/explore_sm90_split.md run the tile and
+    """Unforced: the medium-batch shapes the cost model was fitted to run the tile and
     split narrow_shape picks (a split among them), match float64 and repeat bit for bit."""
     _need_sm90()
     import cupy

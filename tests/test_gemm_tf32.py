@@ -355,7 +355,7 @@ def test_tf32_gemm_epilogues_match_the_matrix_family(kernel, layout, flags, m, k
         return
     else:
         # dy * gelu'(v): against float64 the TF32 error of v, through gelu'' and relative to this
-        # smaller norm, drew 2.1e-3 (session 9; flaky at 2x TF32's tolerance). So v is taken as the
+        # smaller norm, reaches 2.1e-3 (flaky at 2x TF32's tolerance). So v is taken as the
         # kernel sums it (the same main loop under the bias epilogue), held to TF32's tolerance,
         # and the gradient epilogue is checked on it at float32's.
         # The gradient epilogue never runs on the Hopper GEMM (_gemm_sm90.plan refuses it): v from

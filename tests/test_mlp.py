@@ -729,9 +729,9 @@ def _assert_like_torch(out, ref64, torch_out, dtype, what, factor=4):
     never above 50%, whatever torch's error (a garbage result, ~100% off or NaN, cannot hide
     behind a large reference error). Deep float16 backwards reach 3-5% in torch itself on
     fresh data (dx at batch 1000: 0.030 for the 64x4 network, 0.051 for 100-128x3-10 with a
-    relu output; session 8), and a single output that cancels is worse: batch 1 of
-    3-16-16-1 in bfloat16 measured torch 26.5% off and ours 31% (session 10, failing the 25%
-    cap this had then). So the cap sits above what torch itself reaches and below garbage."""
+    relu output), and a single output that cancels is worse: batch 1 of 3-16-16-1 in
+    bfloat16 put torch 26.5% off and rawops 31%. So the cap sits above what torch itself
+    reaches and below garbage."""
     from gpu_reference import assert_close
 
     ours, theirs = _rel(out, ref64), _rel(torch_out, ref64)
@@ -1115,7 +1115,7 @@ def test_source_backward_matches_torch_float64(batch, output_activation):
         assert_close(dbs[i], g.sum(0), torch.float32, f"db{i}")
     # and within float32 rounding of the float64 network's, on the rows whose ReLU masks the two
     # forwards agree on: a z within float32 rounding of 0 flips one (measured: one flip in a batch
-    # of 1000 put the whole dx 5.3e-3 off, session 14), and those rows must stay rare.
+    # of 1000 put the whole dx 5.3e-3 off), and those rows must stay rare.
     _, dx64, dw64, _ = _grads64(net, x, dy)
     b1, b2, b3 = (b.double() for b in biases)
     z1 = x.double() @ w1.T + b1
