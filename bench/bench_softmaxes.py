@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import DTYPES, compiled, device_time_us, liger, start, write_results  # noqa: E402
+from timing import DTYPES, ROW_HEADER, compiled, device_time_us, liger, row_result, start, write_results  # noqa: E402
 
 WIDTHS = (4096, 768, 1000)
 ELEMENTS = 16384 * 4096
@@ -75,18 +75,12 @@ def device_rows(ta_sm, ceiling):
             others = _others(x, dy) if n == BAR_WIDTH else {}
             for name, (ours, theirs, nbytes, forward) in _cases(ta_sm, x, dy).items():
                 us_ours, us_torch = device_time_us(ours), device_time_us(theirs)
-                extra = {f"{k} us": device_time_us(fn) for k, fn in others.get(name, {}).items()}
-                tbps, speedup = nbytes / us_ours / 1e6, us_torch / us_ours
+                extra = {k: device_time_us(fn) for k, fn in others.get(name, {}).items()}
                 # 2x torch, where that is within the copy ceiling; at the ceiling otherwise
                 bar_tbps = 0.9 * ceiling if forward else min(2.0 * nbytes / us_torch / 1e6, 0.9 * ceiling)
-                meets = tbps >= bar_tbps if n == BAR_WIDTH else "-"
-                rows.append({"op": name, "dtype": dtype_name, "shape": f"{rows_of(n)}x{n}", "rawops us": us_ours,
-                             "torch us": us_torch, "rawops TB/s": tbps, "torch TB/s": nbytes / us_torch / 1e6,
-                             "of copy ceiling": tbps / ceiling, "x torch": speedup, "meets target": meets,
-                             "torch.compile us": extra.get("torch.compile us", float("nan")),
-                             "liger us": extra.get("liger us", float("nan"))})
-                print(f"{name:16s} {n:5d} {dtype_name:5s} rawops {us_ours:8.1f} us {tbps:5.2f} TB/s | "
-                      f"torch {us_torch:8.1f} us | {speedup:4.2f}x", flush=True)
+                meets = nbytes / us_ours / 1e6 >= bar_tbps if n == BAR_WIDTH else "-"
+                rows.append(row_result(name, dtype_name, f"{rows_of(n)}x{n}", nbytes, us_ours, us_torch, extra,
+                                       ceiling, meets))
             del x, dy
             torch.cuda.empty_cache()
     return rows
@@ -99,10 +93,8 @@ def main():
     out_dir, ceiling = started
     from rawops.torch_adapter import softmaxes as ta_sm
 
-    header = ["op", "dtype", "shape", "rawops us", "torch us", "torch.compile us", "liger us", "rawops TB/s",
-              "torch TB/s", "of copy ceiling", "x torch", "meets target"]
     text = write_results(out_dir, "softmaxes", "python bench/bench_softmaxes.py", [
-        (f"Device time, {ELEMENTS} elements a tensor", header, device_rows(ta_sm, ceiling),
+        (f"Device time, {ELEMENTS} elements a tensor", ROW_HEADER, device_rows(ta_sm, ceiling),
          {"copy ceiling TB/s": round(ceiling, 3),
           f"targets (width {BAR_WIDTH})": "forward >= 90% of the copy ceiling; backward >= 2.0x torch's backward "
                                           "or, where that exceeds the copy ceiling, >= 90% of the ceiling",

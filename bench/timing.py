@@ -161,6 +161,24 @@ def host_times_us(fns, calls=1000, rounds=15):
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+# The columns of a memory-bound row bench (norm, softmaxes): see row_result.
+ROW_HEADER = ["op", "dtype", "shape", "rawops us", "torch us", "torch.compile us", "liger us", "rawops TB/s",
+              "torch TB/s", "of copy ceiling", "x torch", "meets target"]
+
+
+def row_result(op, dtype_name, shape, nbytes, us_ours, us_torch, others, ceiling, meets):
+    """One ROW_HEADER row (printed as it is measured): `nbytes` moved in us_ours / us_torch;
+    `others` {column: us} for torch.compile / Liger where timed."""
+    tbps, speedup = nbytes / us_ours / 1e6, us_torch / us_ours
+    print(f"{op:16s} {shape:>12s} {dtype_name:5s} rawops {us_ours:8.1f} us {tbps:5.2f} TB/s | "
+          f"torch {us_torch:8.1f} us | {speedup:4.2f}x", flush=True)
+    return {"op": op, "dtype": dtype_name, "shape": shape, "rawops us": us_ours, "torch us": us_torch,
+            "torch.compile us": others.get("torch.compile", float("nan")),
+            "liger us": others.get("liger", float("nan")),
+            "rawops TB/s": tbps, "torch TB/s": nbytes / us_torch / 1e6, "of copy ceiling": tbps / ceiling,
+            "x torch": speedup, "meets target": meets}
+
+
 def compiled(fn):
     """torch.compile(fn) with static shapes: what a torch user gets from the compiler. Its first
     calls (the benches' warm-up) compile it."""
