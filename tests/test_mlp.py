@@ -1,293 +1,17 @@
-"""The MLP family's contract: fused_mlp on the source network 100-128-64-10 (float32) and
-tiny-cuda-nn-style networks (float16 / bfloat16 on tensor cores), forward, backward, the torch
-adapter (autograd, custom ops, FusedMLP).
-
-Without a GPU: launch arithmetic, and every argument check firing before any launch (fake
-__cuda_array_interface__ producers, as in test_validation.py). With one (marker `gpu`):
-against torch.nn.Sequential in float64 on fresh random weights and inputs."""
+"""The MLP family's tensor-core networks: fused_mlp on tiny-cuda-nn-style float16 / bfloat16
+networks (the WMMA tile kernels, the register-resident forward, the fused backward), their
+plans and checks without a GPU, and the torch adapter (autograd, custom ops, FusedMLP) against
+torch.nn.Sequential in float64 with one (marker `gpu`). The source network: test_mlp_source.py."""
 import re
 
 import pytest
 
 import rawops
-from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
+from test_validation import OTHER, FakeCAI, assert_passes_validation, f16, f32
 
 import rawops._mlp_plans as plans  # noqa: E402
 import rawops.mlp as mlp  # noqa: E402
-
-SHAPES = {"w1": (128, 100), "b1": (128,), "w2": (64, 128), "b2": (64,), "w3": (10, 64), "b3": (10,)}
-NAMES = list(SHAPES)
-# The source network's parameters by their names in fused_mlp's arguments.
-ARGUMENT = {"w1": "weights[0]", "b1": "biases[0]", "w2": "weights[1]", "b2": "biases[1]", "w3": "weights[2]",
-            "b3": "biases[2]"}
-
-
-def _params(**replace):
-    """Valid fake parameters, each in its own allocation; `replace` swaps one by name."""
-    params = {name: f32(shape, ptr=OTHER + i * 0x10000) for i, (name, shape) in enumerate(SHAPES.items())}
-    params.update(replace)
-    return [params[name] for name in NAMES]
-
-
-def _kernel_source(family):
-    from rawops import _modules
-
-    with open(__import__("os").path.join(_modules.kernel_source_dir(), f"{family}.cu")) as f:
-        return f.read()
-
-
-def source_mlp(x, w1, b1, w2, b2, w3, b3, **kwargs):
-    """The source network through the public API: fused_mlp with its three layers and ReLU."""
-    return rawops.fused_mlp(x, [w1, w2, w3], [b1, b2, b3], "relu", **kwargs)
-
-
-# ------------------------------------------------------------------------------ launch arithmetic
-@pytest.mark.parametrize("batch, blocks", [(1, 1), (64, 1), (65, 2), (1 << 20, 1 << 14),
-                                          ((1 << 20) + 3, (1 << 14) + 1)])
-def test_one_block_per_tile_of_64_samples(batch, blocks):
-    assert plans.source_blocks(batch) == blocks
-
-
-def test_a_batch_past_one_grid_is_refused():
-    with pytest.raises(ValueError, match="exceeds one launch's grid"):
-        plans.source_blocks(plans.SOURCE_TILE * plans.MAX_GRID + 1)
-
-
-def test_launch_kinds_are_one_per_table_argument():
-    assert len(mlp.SOURCE_FWD_KINDS) == len(mlp.KERNELS["source_mlp_fwd"])
-
-
-# ------------------------------------------------------------------------------ validation
-def test_valid_calls_get_past_validation():
-    assert_passes_validation(source_mlp, f32((32, 100)), *_params())
-    assert_passes_validation(source_mlp, f32((0, 100)), *_params())
-    assert_passes_validation(source_mlp, f32((32, 100)), *_params(), out=f32((32, 10), ptr=OTHER * 2))
-    assert_passes_validation(source_mlp, f32((3, 100)), *_params(), output_activation="relu")
-    assert_passes_validation(source_mlp, f32((3, 100), readonly=True), *_params())
-
-
-@pytest.mark.parametrize("shape", [(32, 99), (32,), (100,), (2, 16, 100), ()])
-def test_x_of_the_wrong_shape_is_a_value_error_naming_x(shape):
-    # A 2-D x of the wrong width disagrees with the first weight, which the error names.
-    expected = r"^weights\[0\] has shape \(128, 100\), expected \(out, 99\)" if len(shape) == 2 else \
-        r"^x has shape .*, expected \(batch, n_in\)"
-    with pytest.raises(ValueError, match=expected):
-        source_mlp(f32(shape), *_params())
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_a_parameter_of_the_wrong_shape_is_a_value_error_naming_it(name):
-    shape = SHAPES[name]
-    wrong = shape[::-1] if len(shape) == 2 else (shape[0] + 1,)
-    with pytest.raises(ValueError, match=rf"^{re.escape(ARGUMENT[name])} has shape {re.escape(str(wrong))}, expected"):
-        source_mlp(f32((4, 100)), *_params(**{name: f32(wrong, ptr=OTHER + 0x100000)}))
-
-
-@pytest.mark.parametrize("name", ["x", *NAMES])
-def test_an_argument_that_is_not_float32_is_a_type_error_naming_it(name):
-    x = f32((4, 100))
-    if name == "x":
-        x = FakeCAI((4, 100), "<i4")
-        params, pattern = _params(), r"^x has dtype (int32|<i4); fused_mlp supports float32, float16, bfloat16"
-    else:
-        params = _params(**{name: f16(SHAPES[name], ptr=OTHER + 0x100000)})
-        pattern = rf"^{re.escape(ARGUMENT[name])} has dtype float16, expected float32 like x"
-    with pytest.raises(TypeError, match=pattern):
-        source_mlp(x, *params)
-
-
-@pytest.mark.parametrize("name", ["x", *NAMES])
-def test_a_non_contiguous_or_misaligned_argument_is_a_value_error_naming_it(name):
-    shape = (4, 100) if name == "x" else SHAPES[name]
-    strides = tuple(8 * s for s in ((shape[1], 1) if len(shape) == 2 else (1,)))
-    for bad, message in [(FakeCAI(shape, ptr=OTHER + 0x100000, strides=strides), "is not C-contiguous"),
-                         (FakeCAI(shape, ptr=OTHER + 0x100002), "is misaligned")]:
-        x = bad if name == "x" else f32((4, 100))
-        params = _params() if name == "x" else _params(**{name: bad})
-        with pytest.raises(ValueError, match=rf"^{re.escape(ARGUMENT.get(name, name))} {message}"):
-            source_mlp(x, *params)
-
-
-def test_an_argument_in_host_memory_is_a_type_error_naming_it():
-    np = pytest.importorskip("numpy")
-    with pytest.raises(TypeError, match=r"^weights\[1\] is (a host array|in host memory)"):
-        source_mlp(f32((4, 100)), *_params(w2=np.zeros((64, 128), np.float32)))
-
-
-def test_out_must_be_batch_by_10_float32_writable_and_apart_from_every_input():
-    x = f32((4, 100))
-    with pytest.raises(ValueError, match=r"^out has shape \(4, 11\), expected \(4, 10\)"):
-        source_mlp(x, *_params(), out=f32((4, 11), ptr=OTHER * 2))
-    with pytest.raises(TypeError, match=r"^out has dtype float16, expected float32 like x"):
-        source_mlp(x, *_params(), out=f16((4, 10), ptr=OTHER * 2))
-    with pytest.raises(ValueError, match=r"^out is read-only"):
-        source_mlp(x, *_params(), out=f32((4, 10), ptr=OTHER * 2, readonly=True))
-    with pytest.raises(ValueError, match=r"^out overlaps x; pass a separate array"):
-        source_mlp(x, *_params(), out=f32((4, 10), ptr=BASE + 64))
-    with pytest.raises(ValueError, match=r"^out overlaps biases\[2\]"):
-        source_mlp(x, *_params(), out=f32((4, 10), ptr=OTHER + 5 * 0x10000 + 16))
-
-
-def test_out_right_after_x_does_not_count_as_overlap():
-    assert_passes_validation(source_mlp, f32((4, 100)), *_params(), out=f32((4, 10), ptr=BASE + 4 * 400))
-
-
-@pytest.mark.parametrize("activation", ["gelu", "Relu"])
-def test_an_unknown_output_activation_is_a_value_error(activation):
-    with pytest.raises(ValueError, match=r"^output_activation must be one of \['none', 'relu'\]"):
-        source_mlp(f32((4, 100)), *_params(), output_activation=activation)
-
-
-@pytest.mark.parametrize("activation", [None, ["relu"]])
-def test_an_output_activation_that_is_not_a_string_is_a_type_error(activation):
-    with pytest.raises(TypeError, match=r"^output_activation must be a string, got "):
-        source_mlp(f32((4, 100)), *_params(), output_activation=activation)
-
-
-# ------------------------------------------------------------------------------ on the GPU
-BATCHES = [0, 1, 32, 63, 64, 65, 1000, (1 << 20) + 3]
-
-
-def _network(torch, output_relu=False):
-    layers = [torch.nn.Linear(100, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(),
-              torch.nn.Linear(64, 10)]
-    if output_relu:
-        layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers).cuda()
-
-
-def _weights(net):
-    linears = [m for m in net if m.__class__.__name__ == "Linear"]
-    return [t.detach() for m in linears for t in (m.weight, m.bias)]
-
-
-def _offset_weight_views(torch, net):
-    """The network's weights and biases as views into one flat buffer, one float past its
-    start: 4-byte aligned, off 16-byte alignment."""
-    flat = torch.cat([torch.zeros(1, device="cuda")] + [t.reshape(-1) for t in _weights(net)])
-    views, offset = [], 1
-    for t in _weights(net):
-        views.append(flat[offset: offset + t.numel()].view(t.shape))
-        offset += t.numel()
-    return views
-
-
-def _reference(net, x):
-    """float64 on the same float32 numbers."""
-    import copy
-
-    return copy.deepcopy(net).double()(x.double()).detach()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize("output_activation", ["none", "relu"])
-def test_source_network_matches_torch_float64(batch, output_activation):
-    torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, poison_pool, random, to_cupy
-
-    net = _network(torch, output_activation == "relu")  # fresh random weights every call
-    x = random((batch, 100), torch.float32)
-    poison_pool(batch * 10 * 4)
-    y = source_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), output_activation=output_activation)
-    assert y.shape == (batch, 10) and y.dtype == "float32"
-    assert_close(y, _reference(net, x), torch.float32, f"source network batch {batch}")
-
-
-@pytest.mark.gpu
-def test_source_network_writes_into_out_and_touches_nothing_past_it():
-    torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, random, to_cupy
-
-    net = _network(torch)
-    x = random((1000, 100), torch.float32)
-    buffer = torch.full((1000 * 10 + 64,), float("nan"), device="cuda")
-    out = buffer[: 1000 * 10].view(1000, 10)
-    y = source_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), out=to_cupy(out))
-    torch.cuda.synchronize()
-    assert_close(out, _reference(net, x), torch.float32, "out=")
-    assert torch.isnan(buffer[1000 * 10:]).all(), "wrote past out"
-    assert y.data.ptr == out.data_ptr()
-
-
-@pytest.mark.gpu
-def test_source_network_on_offset_views_and_a_given_stream():
-    """Inputs that start off 16-byte alignment (a sliced parameter buffer) and a non-default stream."""
-    torch = pytest.importorskip("torch")
-    import cupy
-    from gpu_reference import assert_close, random, to_cupy, written_late
-
-    net = _network(torch)
-    views = _offset_weight_views(torch, net)
-    source = random((77, 100), torch.float32)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    # An offset view, NaN unless the launch waits behind `stream`'s work.
-    x = written_late(source, stream, into=torch.empty(77 * 100 + 1, device="cuda")[1:].view(77, 100))
-    y = source_mlp(to_cupy(x), *(to_cupy(v) for v in views), stream=stream)
-    stream.synchronize()
-    assert_close(y, _reference(net, x), torch.float32, "offset views")
-
-
-@pytest.mark.gpu
-def test_source_network_propagates_nan_like_torch():
-    torch = pytest.importorskip("torch")
-    from gpu_reference import to_cupy
-
-    net = _network(torch)
-    x = torch.randn(70, 100, device="cuda")
-    x[3, 7] = float("nan")
-    y = torch.from_dlpack(source_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net))))
-    assert torch.isnan(y[3]).all() and not torch.isnan(y[torch.arange(70, device="cuda") != 3]).any()
-
-
-# ------------------------------------------------------------------------------ torch adapter (forward only)
-def test_adapter_refuses_bad_arguments_before_any_launch():
-    torch = pytest.importorskip("torch")
-    from rawops import torch_adapter as ta
-
-    weights = [torch.ones(s) for s in ((128, 100), (64, 128), (10, 64))]
-    biases = [torch.ones(s) for s in (128, 64, 10)]
-    with pytest.raises(ValueError, match=r"^x is on cpu"):
-        ta.fused_mlp(torch.ones(4, 100), weights, biases)
-    with pytest.raises(TypeError, match=r"^x has dtype torch.int32"):
-        ta.fused_mlp(torch.ones(4, 100, dtype=torch.int32), weights, biases)
-    with pytest.raises(ValueError, match=r"^biases must be None or a list of 2 tensors, one per weight"):
-        ta.fused_mlp(torch.ones(4, 100), weights[:2], biases)
-    with pytest.raises(ValueError, match=r"^output_activation must be one of"):
-        ta.fused_mlp(torch.ones(4, 100), weights, biases, output_activation="gelu")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("batch", [0, 1, 32, 1000])
-def test_adapter_matches_torch_float64_on_torch_current_stream(batch):
-    torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, random, written_late
-    from rawops import torch_adapter as ta
-
-    net = _network(torch)
-    w1, b1, w2, b2, w3, b3 = _weights(net)
-    stream = torch.cuda.Stream()
-    x = written_late(random((batch, 100), torch.float32), stream)  # NaN unless the launch waits behind `stream`
-    with torch.cuda.stream(stream), torch.no_grad():
-        y = ta.fused_mlp(x, (w1, w2, w3), (b1, b2, b3))
-    stream.synchronize()
-    assert_close(y, _reference(net, x), torch.float32, f"adapter batch {batch}")
-
-
-@pytest.mark.gpu
-def test_adapter_source_network_checks_shapes_and_has_a_gradient():
-    torch = pytest.importorskip("torch")
-    from rawops import torch_adapter as ta
-
-    net = _network(torch)
-    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
-    x = torch.randn(4, 100, device="cuda", requires_grad=True)
-    ta.fused_mlp(x, [m.weight for m in linears], [m.bias for m in linears]).sum().backward()
-    assert x.grad is not None and torch.isfinite(x.grad).all()
-    with pytest.raises(ValueError, match=r"^weights\[1\] has shape \(128, 64\), expected \(out, 128\)"):
-        ta.fused_mlp(torch.randn(4, 100, device="cuda"), [linears[0].weight, linears[1].weight.t().contiguous(),
-                                                         linears[2].weight], [m.bias for m in linears])
-
+from mlp_reference import grads64, kernel_source, net_params, reference, sequential, source_network  # noqa: E402
 
 
 # ============================================================================== fused_mlp: CPU contract
@@ -404,7 +128,7 @@ def test_a_kernels_shared_memory_limit_is_only_ever_raised(monkeypatch):
 
 
 def test_fast_forward_entries_match_the_table():
-    source = _kernel_source("mlp_fused_fwd")
+    source = kernel_source("mlp_fused_fwd")
     assert "tc_mlp_w##W##_##ACT##_fwd_##suffix(" in source
     widths = re.findall(r"^  RAWOPS_TC_FAST_ACTS\(suffix, T, (\d+), (\d+)\)", source, flags=re.M)
     acts = re.findall(r"^  RAWOPS_TC_FAST\(suffix, T, W, MT, (\w+), rawops::kAct(\w+)\)", source, flags=re.M)
@@ -446,7 +170,7 @@ def test_fused_backward_runs_where_its_accumulators_and_two_warps_fit(monkeypatc
 
 
 def test_fused_backward_entries_match_the_table():
-    source = _kernel_source("mlp_fused_bwd")
+    source = kernel_source("mlp_fused_bwd")
     assert "tc_mlp_w##W##_##ACT##_bwd_##suffix(" in source
     widths = re.findall(r"^  RAWOPS_TC_FAST_BWD_ACTS\(suffix, T, (\d+)\)", source, flags=re.M)
     acts = re.findall(r"^  RAWOPS_TC_FAST_BWD\(suffix, T, W, (\w+), rawops::kAct(\w+)\)", source, flags=re.M)
@@ -560,7 +284,7 @@ def test_3xtf32_entries_match_the_table_and_trap_before_sm80():
     # too), and its template its rows: 16 x kMT.
     from rawops import _constants
 
-    source = _kernel_source("mlp_source")
+    source = kernel_source("mlp_source")
     entries = re.findall(r"__launch_bounds__\(32 \* RAWOPS_(\w+), 1\)\s+(source_mlp_tc\w+?_fwd)_f32\(.*?"
                          r"source_tc_fwd<(\d+), (\d+)>", source, flags=re.S)
     assert {name for _, name, _, _ in entries} == set(plans.SOURCE_TC_VARIANTS)
@@ -662,45 +386,6 @@ def test_from_sequential_reads_the_structure():
 
 
 # ============================================================================== fused_mlp: on the GPU
-def _sequential(torch, sizes, activation, output_activation, dtype, bias=True):
-    act = {"relu": torch.nn.ReLU, "gelu": torch.nn.GELU, "none": torch.nn.Identity}[activation]
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers.append(torch.nn.Linear(a, b, bias=bias))
-        if i < len(sizes) - 2:
-            layers.append(act())
-    if output_activation == "relu":
-        layers.append(torch.nn.ReLU())
-    net = torch.nn.Sequential(*layers).cuda().to(dtype)
-    with torch.no_grad():  # weights of a trained-scale network: keep activations O(1) in depth
-        for m in net:
-            if isinstance(m, torch.nn.Linear):
-                m.weight.copy_((torch.randn_like(m.weight.float()) * (2.0 / m.in_features) ** 0.5).to(dtype))
-                if m.bias is not None:
-                    m.bias.copy_((torch.randn_like(m.bias.float()) * 0.1).to(dtype))
-    return net
-
-
-def _net_params(net):
-    linears = [m for m in net if m.__class__.__name__ == "Linear"]
-    weights = [m.weight.detach() for m in linears]
-    biases = [m.bias.detach() for m in linears] if linears[0].bias is not None else None
-    return weights, biases
-
-
-def _grads64(net, x, dy):
-    """y, dx, dW, db in float64 from the same (rounded) numbers."""
-    import copy
-
-    ref = copy.deepcopy(net).double()
-    x64 = x.detach().double().requires_grad_(True)
-    y = ref(x64)
-    y.backward(dy.double())
-    linears = [m for m in ref if m.__class__.__name__ == "Linear"]
-    return (y.detach(), x64.grad, [m.weight.grad for m in linears],
-            [m.bias.grad for m in linears] if linears[0].bias is not None else None)
-
-
 def _grads_torch(net, x, dy):
     """The same in torch's own precision (the half-type reference error to measure ours by)."""
     xt = x.detach().clone().requires_grad_(True)
@@ -759,8 +444,8 @@ def test_tc_forward_matches_torch_float64(case, batch):
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
-    net = _sequential(torch, sizes, act, out_act, dtype, bias)
-    weights, biases = _net_params(net)
+    net = sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = net_params(net)
     x = random((batch, sizes[0]), dtype, scale=1.0)
     poison_pool(batch * sizes[-1] * 2)
     y = rawops.fused_mlp(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases] if bias else None,
@@ -768,7 +453,7 @@ def test_tc_forward_matches_torch_float64(case, batch):
     assert y.shape == (batch, sizes[-1])
     # float32 accumulation, activations rounded to the half type between layers, as torch does
     with torch.no_grad():
-        _assert_like_torch(y, _reference(net, x), net(x), dtype, f"{sizes} batch {batch}")
+        _assert_like_torch(y, reference(net, x), net(x), dtype, f"{sizes} batch {batch}")
 
 
 # The fast forward (tc_mlp_w<W>_<act>_fwd) on every width, 1..8 hidden layers, both half types and
@@ -802,15 +487,15 @@ def test_fast_forward_matches_torch_float64(case, batch):
     dtype = DTYPES[dtype_name]
     if sizes[1] < 128 or len(sizes) < 8:  # 8 x 128-wide weights exceed any device's shared memory
         assert _fast_on_this_gpu(sizes, 1 if dtype == torch.float16 else 2), "expected the fast forward here"
-    net = _sequential(torch, sizes, act, out_act, dtype, bias)
-    weights, biases = _net_params(net)
+    net = sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = net_params(net)
     x = random((batch, sizes[0]), dtype, scale=1.0)
     poison_pool(batch * sizes[-1] * 2)
     y = rawops.fused_mlp(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases] if bias else None,
                          act, out_act)
     assert y.shape == (batch, sizes[-1])
     with torch.no_grad():
-        _assert_like_torch(y, _reference(net, x), net(x), dtype, f"{sizes} batch {batch}")
+        _assert_like_torch(y, reference(net, x), net(x), dtype, f"{sizes} batch {batch}")
 
 
 @pytest.mark.gpu
@@ -829,15 +514,15 @@ def test_training_forward_saves_every_pre_activation(case, batch):
     if sizes[1] < 128 or len(sizes) < 8:
         plan = plans.make_plan(1 if dtype == torch.float16 else 2, sizes, act, out_act, bias)
         assert mlp.fast_fit(plan, cupy.cuda.Device().id) is not None, "expected the fast forward"
-    net = _sequential(torch, sizes, act, out_act, dtype, bias)
-    weights, biases = _net_params(net)
+    net = sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = net_params(net)
     x = random((batch, sizes[0]), dtype, scale=1.0)
     poison_pool(batch * max(sizes) * 2 * len(sizes))
     y, saved = rawops.fused_mlp_forward(to_cupy(x), [to_cupy(w) for w in weights],
                                         [to_cupy(b) for b in biases] if bias else None, act, out_act)
     activation = {"relu": torch.relu, "gelu": torch.nn.functional.gelu, "none": lambda v: v}[act]
     with torch.no_grad():
-        _assert_like_torch(y, _reference(net, x), net(x), dtype, "y")
+        _assert_like_torch(y, reference(net, x), net(x), dtype, "y")
         z = to_torch(saved[0])
         assert z.shape == (len(sizes) - 2, batch, sizes[1])
         h64, h = x.double(), x
@@ -857,15 +542,15 @@ def test_fast_forward_many_tiles_per_warp_and_the_saved_pre_activations():
     from gpu_reference import poison_pool, random, to_cupy, to_torch
 
     sizes = (64,) * 6
-    net = _sequential(torch, sizes, "gelu", "relu", torch.float16)
-    weights, biases = _net_params(net)
+    net = sequential(torch, sizes, "gelu", "relu", torch.float16)
+    weights, biases = net_params(net)
     batch = (1 << 20) + 3
     x = random((batch, 64), torch.float16, scale=1.0)
     poison_pool(batch * 64 * 2 * 5)
     y, saved = rawops.fused_mlp_forward(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases],
                                         "gelu", "relu")
     with torch.no_grad():
-        _assert_like_torch(y, _reference(net, x), net(x), torch.float16, "y")
+        _assert_like_torch(y, reference(net, x), net(x), torch.float16, "y")
         z = to_torch(saved[0])
         h64, h16 = x.double(), x
         for l in range(4):
@@ -884,15 +569,15 @@ def test_fast_forward_on_misaligned_views(n_in):
     torch = pytest.importorskip("torch")
     from gpu_reference import random, to_cupy
 
-    net = _sequential(torch, (n_in, 32, 32, 16), "relu", "none", torch.bfloat16)
-    weights, biases = _net_params(net)
+    net = sequential(torch, (n_in, 32, 32, 16), "relu", "none", torch.bfloat16)
+    weights, biases = net_params(net)
     x = random((777 * n_in + 1,), torch.bfloat16, scale=1.0)[1:].view(777, n_in)
     buffer = torch.full((777 * 16 + 9,), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = buffer[1: 1 + 777 * 16].view(777, 16)
     rawops.fused_mlp(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases], out=to_cupy(out))
     torch.cuda.synchronize()
     with torch.no_grad():
-        _assert_like_torch(out, _reference(net, x), net(x), torch.bfloat16, "misaligned")
+        _assert_like_torch(out, reference(net, x), net(x), torch.bfloat16, "misaligned")
     assert torch.isnan(buffer[0]) and torch.isnan(buffer[1 + 777 * 16:]).all(), "wrote outside out"
 
 
@@ -904,8 +589,8 @@ def test_fast_and_tile_forwards_agree(case, monkeypatch):
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
-    net = _sequential(torch, sizes, act, out_act, dtype, bias)
-    weights, biases = _net_params(net)
+    net = sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = net_params(net)
     args = ([to_cupy(w) for w in weights], [to_cupy(b) for b in biases] if bias else None, act, out_act)
     x = to_cupy(random((5000, sizes[0]), dtype, scale=1.0))
     fast = to_torch(rawops.fused_mlp(x, *args))
@@ -930,8 +615,8 @@ def test_tc_backward_matches_torch_float64(case, batch):
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
-    net = _sequential(torch, sizes, act, out_act, dtype, bias)
-    weights, biases = _net_params(net)
+    net = sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = net_params(net)
     x = random((batch, sizes[0]), dtype, scale=1.0)
     dy = random((batch, sizes[-1]), dtype, scale=1.0)
     cw = [to_cupy(w) for w in weights]
@@ -939,7 +624,7 @@ def test_tc_backward_matches_torch_float64(case, batch):
     y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, act, out_act)
     poison_pool(*_gradient_bytes(batch, sizes, x.element_size(), bias))
     dx, dws, dbs = rawops.fused_mlp_backward(to_cupy(dy), to_cupy(x), y, saved, cw, cb, act, out_act)
-    y64, dx64, dw64, db64 = _grads64(net, x, dy)
+    y64, dx64, dw64, db64 = grads64(net, x, dy)
     yt, dxt, dwt, dbt = _grads_torch(net, x, dy)
     _assert_like_torch(y, y64, yt, dtype, "y")
     _assert_like_torch(dx, dx64, dxt, dtype, "dx")
@@ -984,8 +669,8 @@ def test_fused_backward_matches_torch_float64(case, batch, need_dx):
     dtype = DTYPES[dtype_name]
     plan = plans.make_plan(1 if dtype == torch.float16 else 2, sizes, act, out_act, bias)
     assert (mlp.fast_bwd_fit(plan, cupy.cuda.Device().id) is not None) == (sizes[1] <= 64)
-    net = _sequential(torch, sizes, act, out_act, dtype, bias)
-    weights, biases = _net_params(net)
+    net = sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = net_params(net)
     x = random((batch, sizes[0]), dtype, scale=1.0)
     dy = random((batch, sizes[-1]), dtype, scale=1.0)
     cw = [to_cupy(w) for w in weights]
@@ -994,7 +679,7 @@ def test_fused_backward_matches_torch_float64(case, batch, need_dx):
     # The reference below is built on this forward's own z and y: check them first, so that a
     # wrong kept z (which would feed the kernel and the reference alike) cannot pass.
     with torch.no_grad():
-        _assert_like_torch(to_torch(y), _reference(net, x), net(x), dtype, "training forward y")
+        _assert_like_torch(to_torch(y), reference(net, x), net(x), dtype, "training forward y")
         kept = to_torch(saved[0])
         for l, (z64, z_torch) in enumerate(_pre_activations(weights, biases if bias else None, x, act)):
             _assert_like_torch(kept[l], z64, z_torch, dtype, f"kept z{l}")
@@ -1073,8 +758,8 @@ def test_fused_and_tile_backwards_agree(case, monkeypatch):
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
-    net = _sequential(torch, sizes, act, out_act, dtype, bias)
-    weights, biases = _net_params(net)
+    net = sequential(torch, sizes, act, out_act, dtype, bias)
+    weights, biases = net_params(net)
     cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
     x, dy = to_cupy(random((5000, sizes[0]), dtype, scale=1.0)), to_cupy(random((5000, sizes[-1]), dtype, scale=1.0))
     y, saved = rawops.fused_mlp_forward(x, cw, cb, act, out_act)
@@ -1086,153 +771,13 @@ def test_fused_and_tile_backwards_agree(case, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [0, 1, 33, 1000, 4096, 4097, 70000])
-@pytest.mark.parametrize("output_activation", ["none", "relu"])
-def test_source_backward_matches_torch_float64(batch, output_activation):
-    torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, random, to_cupy, to_torch
-
-    net = _network(torch, output_activation == "relu")
-    weights, biases = _net_params(net)
-    x = random((batch, 100), torch.float32)
-    dy = random((batch, 10), torch.float32)
-    cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
-    y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, "relu", output_activation)
-    dx, dws, dbs = rawops.fused_mlp_backward(to_cupy(dy), to_cupy(x), y, saved, cw, cb, "relu", output_activation)
-    y64 = _grads64(net, x, dy)[0]
-    assert_close(y, y64, torch.float32, "y")
-    # The backward against float64 math on our own forward's ReLU masks and activations: at
-    # large batches a z within float32 rounding of 0 flips its mask between any float32
-    # forward and the float64 one, which would test the forward's rounding, not the backward.
-    h1, h2, y32 = (to_torch(a).double() for a in (*saved, y))
-    w1, w2, w3 = (w.double() for w in weights)
-    g3 = dy.double() * (y32 > 0) if output_activation == "relu" else dy.double()
-    g2 = (g3 @ w3) * (h2 > 0)
-    g1 = (g2 @ w2) * (h1 > 0)
-    assert_close(dx, g1 @ w1, torch.float32, "dx")
-    for i, (g, a) in enumerate([(g1, x.double()), (g2, h1), (g3, h2)]):
-        assert_close(dws[i], g.T @ a, torch.float32, f"dW{i}")
-        assert_close(dbs[i], g.sum(0), torch.float32, f"db{i}")
-    # and within float32 rounding of the float64 network's, on the rows whose ReLU masks the two
-    # forwards agree on: a z within float32 rounding of 0 flips one (measured: one flip in a batch
-    # of 1000 put the whole dx 5.3e-3 off), and those rows must stay rare.
-    _, dx64, dw64, _ = _grads64(net, x, dy)
-    b1, b2, b3 = (b.double() for b in biases)
-    z1 = x.double() @ w1.T + b1
-    z2 = torch.relu(z1) @ w2.T + b2
-    z3 = torch.relu(z2) @ w3.T + b3
-    flipped = ((z1 > 0) != (h1 > 0)).any(1) | ((z2 > 0) != (h2 > 0)).any(1)
-    if output_activation == "relu":
-        flipped |= ((z3 > 0) != (y32 > 0)).any(1)
-    assert int(flipped.sum()) <= max(1, batch // 100), f"{int(flipped.sum())} of {batch} rows flipped a ReLU mask"
-    kept = ~flipped
-    assert_close(to_torch(dx).double()[kept], dx64[kept], torch.float32, "dx vs the float64 network", factor=300)
-
-
-def _launched_kernels(monkeypatch):
-    """Names of the mlp kernels launched from now on (the routing the GPU tests rely on)."""
-    import rawops._modules as modules
-
-    names, launch = [], mlp.launch
-    by_pointer = {}
-
-    def recording(function, *args):
-        if not by_pointer:
-            for name in mlp.ENTRY_POINTS:
-                if name.startswith("source_mlp"):
-                    by_pointer[modules.function_pointer(mlp.FAMILY_OF[name], name, args[-1])] = name
-        names.append(by_pointer.get(function, function))
-        return launch(function, *args)
-
-    monkeypatch.setattr(mlp, "launch", recording)
-    return names
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("batch", [1, 33, 4097, 70000])
-@pytest.mark.parametrize("output_activation", ["none", "relu"])
-@pytest.mark.parametrize("variant", sorted(plans.SOURCE_TC_VARIANTS))
-def test_3xtf32_forward_matches_torch_float64(variant, batch, output_activation, monkeypatch):
-    # Every batch through the 3xTF32 kernel (SMALL_BATCH_MAX 0): one row, a partial tile, one
-    # row past a whole number of tiles, more tiles than the grid's warps. 1e-5 is the float32
-    # tolerance: a single TF32 product (no split) is off by ~1e-3.
-    torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, poison_pool, random, to_cupy
-
-    monkeypatch.setattr(plans, "SMALL_BATCH_MAX", 0)
-    monkeypatch.setattr(plans, "SOURCE_TC", variant)
-    names = _launched_kernels(monkeypatch)
-    net = _network(torch, output_activation == "relu")
-    x = random((batch, 100), torch.float32)
-    poison_pool(batch * 40)
-    y = source_mlp(to_cupy(x), *(to_cupy(t) for t in _weights(net)), output_activation=output_activation)
-    assert names == [f"{variant}_f32"]
-    assert_close(y, _reference(net, x), torch.float32, f"{variant} batch {batch}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("variant", sorted(plans.SOURCE_TC_VARIANTS))
-def test_3xtf32_forward_on_misaligned_views_nan_and_out(variant, monkeypatch):
-    """x off 16-byte alignment (the 4-byte cp.async path), y 4-byte aligned (scalar stores),
-    weights in one flat buffer, a NaN in two rows of different tiles: NaN stays in its row."""
-    torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, random, to_cupy
-
-    monkeypatch.setattr(plans, "SOURCE_TC", variant)
-    names = _launched_kernels(monkeypatch)
-    net = _network(torch)
-    views = _offset_weight_views(torch, net)
-    batch = 5003
-    x = random((batch * 100 + 1,), torch.float32)[1:].view(batch, 100)
-    x[3, 7] = float("nan")
-    x[4999, 99] = float("nan")
-    buffer = torch.full((batch * 10 + 1 + 64,), float("nan"), device="cuda")
-    out = buffer[1: 1 + batch * 10].view(batch, 10)
-    source_mlp(to_cupy(x), *(to_cupy(v) for v in views), out=to_cupy(out))
-    torch.cuda.synchronize()
-    assert names == [f"{variant}_f32"]
-    assert torch.isnan(buffer[1 + batch * 10:]).all() and torch.isnan(buffer[0]), "wrote outside out"
-    nan_rows = torch.zeros(batch, dtype=torch.bool, device="cuda")
-    nan_rows[[3, 4999]] = True
-    assert torch.isnan(out[nan_rows]).all()
-    assert_close(out[~nan_rows], _reference(net, x)[~nan_rows], torch.float32, "misaligned")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("batch", [4097, 70001])
-@pytest.mark.parametrize("use_tc", [True, False])
-def test_large_batch_forwards_match_torch_float64(batch, use_tc, monkeypatch):
-    """Inference takes the 3xTF32 kernel unless switched off; the training forward (h1, h2
-    kept) takes the exact FFMA kernel either way."""
-    torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, poison_pool, random, to_cupy
-
-    monkeypatch.setattr(rawops.config, "mlp_tf32", use_tc)
-    names = _launched_kernels(monkeypatch)
-    net = _network(torch, True)
-    weights, biases = _net_params(net)
-    x = random((batch, 100), torch.float32)
-    cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
-    poison_pool(batch * 40)
-    y = rawops.fused_mlp(to_cupy(x), cw, cb, "relu", "relu")
-    assert_close(y, _reference(net, x), torch.float32, f"inference, tc={use_tc}")
-    poison_pool(batch * 40)
-    y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, "relu", "relu")
-    assert names == [f"{plans.SOURCE_TC}_f32" if use_tc else "source_mlp_fwd_f32", "source_mlp_fwd_f32"]
-    assert_close(y, _reference(net, x), torch.float32, "training")
-    h1 = torch.relu(x.double() @ weights[0].double().T + biases[0].double())
-    assert_close(saved[0], h1, torch.float32, "kept h1")
-    assert_close(saved[1], torch.relu(h1 @ weights[1].double().T + biases[1].double()), torch.float32, "kept h2")
-
-
-@pytest.mark.gpu
 def test_weight_gradients_are_deterministic():
     torch = pytest.importorskip("torch")
     from gpu_reference import random, to_cupy
 
     for sizes, dtype in [((100, 128, 64, 10), torch.float32), ((64,) * 6, torch.float16)]:
-        net = _sequential(torch, sizes, "relu", "none", dtype)
-        weights, biases = _net_params(net)
+        net = sequential(torch, sizes, "relu", "none", dtype)
+        weights, biases = net_params(net)
         cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
         x, dy = to_cupy(random((100003, sizes[0]), dtype)), to_cupy(random((100003, sizes[-1]), dtype))
         y, saved = rawops.fused_mlp_forward(x, cw, cb)
@@ -1240,21 +785,6 @@ def test_weight_gradients_are_deterministic():
         second = rawops.fused_mlp_backward(dy, x, y, saved, cw, cb)
         for a, b in zip(first[1] + first[2], second[1] + second[2], strict=True):
             assert (a == b).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("batch", [0, 1, 32, 33, 1000, 4096, 4097, (1 << 20) + 3])
-def test_fused_mlp_float32_is_the_source_network(batch):
-    torch = pytest.importorskip("torch")
-    from gpu_reference import assert_close, poison_pool, random, to_cupy
-
-    net = _network(torch)
-    weights, biases = _net_params(net)
-    x = random((batch, 100), torch.float32)
-    poison_pool(batch * 40)
-    y = rawops.fused_mlp(to_cupy(x), [to_cupy(w) for w in weights], [to_cupy(b) for b in biases])
-    assert_close(y, _reference(net, x), torch.float32, f"fused_mlp f32 batch {batch}")
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", TC_CASES[:3] + [((100, 128, 64, 10), "relu", "relu", "float32", True)],
@@ -1267,7 +797,7 @@ def test_adapter_autograd_matches_torch_float64(case, batch):
 
     sizes, act, out_act, dtype_name, bias = case
     dtype = DTYPES[dtype_name]
-    net = _sequential(torch, sizes, act, out_act, dtype, bias)
+    net = sequential(torch, sizes, act, out_act, dtype, bias)
     module = ta.FusedMLP.from_sequential(net)
     x = random((batch, sizes[0]), dtype, scale=1.0).requires_grad_(True)
     dy = random((batch, sizes[-1]), dtype, scale=1.0)
@@ -1277,7 +807,7 @@ def test_adapter_autograd_matches_torch_float64(case, batch):
         y = module(x)
         y.backward(dy)
     stream.synchronize()
-    y64, dx64, dw64, db64 = _grads64(net, x, dy)
+    y64, dx64, dw64, db64 = grads64(net, x, dy)
     if dtype == torch.float32:
         assert_close(y, y64, dtype, "y")
         assert_close(x.grad, dx64, dtype, "dx")
@@ -1300,8 +830,8 @@ def test_adapter_gradcheck_small_source_network():
     torch = pytest.importorskip("torch")
     from rawops import torch_adapter as ta
 
-    net = _network(torch)
-    weights, biases = _net_params(net)
+    net = source_network(torch)
+    weights, biases = net_params(net)
     eps = 1e-3
     x = _x_away_from_relu_kinks(torch, weights, biases, 3, eps)
     b3 = biases[2].clone().requires_grad_(True)
@@ -1341,7 +871,7 @@ def test_fused_mlp_trains_like_the_sequential():
     from rawops import torch_adapter as ta
 
     torch.manual_seed(0)
-    seq = _network(torch)
+    seq = source_network(torch)
     fused = ta.FusedMLP.from_sequential(seq)
     x = torch.randn(2048, 100, device="cuda")
     target = torch.sin(x[:, :10] * 1.5) + 0.1 * x[:, 10:20]
@@ -1364,7 +894,7 @@ def test_fused_mlp_under_torch_compile_fullgraph():
     from gpu_reference import assert_close
     from rawops import torch_adapter as ta
 
-    net = _sequential(torch, (64, 64, 64, 64, 64, 64), "relu", "none", torch.float16)
+    net = sequential(torch, (64, 64, 64, 64, 64, 64), "relu", "none", torch.float16)
     module = ta.FusedMLP.from_sequential(net)
     x = torch.randn(1000, 64, device="cuda", dtype=torch.float16, requires_grad=True)
 
@@ -1396,10 +926,10 @@ def test_fused_mlp_typed_call_keeps_module_semantics():
     from rawops import torch_adapter as ta
     from rawops import _launch
 
-    net = _network(torch)
+    net = source_network(torch)
     module = ta.FusedMLP.from_sequential(net)
     x = random((33, 100), torch.float32)
-    want = _reference(net, x)
+    want = reference(net, x)
     with torch.no_grad():
         module(x)  # validates the parameters once: the typed path is armed
         assert module._source_state is not None
@@ -1435,7 +965,7 @@ def test_fused_mlp_captures_in_a_cuda_graph():
     from gpu_reference import assert_close
     from rawops import torch_adapter as ta
 
-    net = _sequential(torch, (64, 64, 64, 64, 64, 64), "relu", "none", torch.float16)
+    net = sequential(torch, (64, 64, 64, 64, 64, 64), "relu", "none", torch.float16)
     module = ta.FusedMLP.from_sequential(net)
     x = torch.randn(4096, 64, device="cuda", dtype=torch.float16)
     with torch.no_grad():
@@ -1455,7 +985,7 @@ def test_fused_mlp_module_inference_fast_path_rechecks_what_changes():
     from gpu_reference import assert_close, random
     from rawops import torch_adapter as ta
 
-    net = _network(torch)
+    net = source_network(torch)
     module = ta.FusedMLP.from_sequential(net)
     x = random((33, 100), torch.float32)
     with torch.no_grad():
@@ -1466,15 +996,15 @@ def test_fused_mlp_module_inference_fast_path_rechecks_what_changes():
         assert torch.equal(module(x), first), "the Python path and the typed one agree"
         module._source_state = state
         big = random((5000, 100), torch.float32)  # past the small-batch kernel
-        assert_close(module(big), _reference(net, big), torch.float32, "typed fast path, batch 5000")
-        assert_close(first, _reference(net, x), torch.float32, "typed fast path, batch 33")
+        assert_close(module(big), reference(net, big), torch.float32, "typed fast path, batch 5000")
+        assert_close(first, reference(net, x), torch.float32, "typed fast path, batch 33")
         with pytest.raises(ValueError, match=r"^x has shape \(33, 99\), expected \(batch, 100\)"):
             module(x[:, :99].contiguous())
         with pytest.raises(TypeError, match=r"^x has dtype torch.float16"):
             module(x.half())
         module.weights[0].data = module.weights[0].data * 2  # new storage: validated again
         net[0].weight.mul_(2)
-        assert_close(module(x), _reference(net, x), torch.float32, "after the weight changed")
+        assert_close(module(x), reference(net, x), torch.float32, "after the weight changed")
 
 
 def test_launch_sequences_on_a_fake_launcher(monkeypatch):
