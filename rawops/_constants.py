@@ -172,3 +172,22 @@ def defines():
     """The -D flags of every constant, sorted by name (part of the fatbin cache key)."""
     return [f"-DRAWOPS_{name}={value}" for name, value in sorted(globals().items())
             if name.isupper() and isinstance(value, int) and not isinstance(value, bool)]
+
+# image: kernels/image.cu (rawops/image.py): rgb_to_gray, normalize_volume, to_tensor_normalize
+# Every image kernel's block (its launch bound) and the blocks an SM a grid-stride grid holds;
+# pixels a thread converts per step (rgb_to_gray, to_tensor_normalize: 16 bytes of uint8 a plane);
+# 16-byte vectors a thread has in flight per step of normalize_volume's min/max pass.
+IMAGE_THREADS = 256
+IMAGE_BLOCKS_PER_SM = 8
+IMAGE_PIXELS = 16
+IMAGE_REDUCE_UNROLL = 4
+# OpenCV's uint8 RGB -> gray (imgproc color_rgb.simd.hpp RGB2Gray<uchar>: RY15, GY15, BY15, gray_shift):
+# gray = (R * R + G * G + B * B + 2^(SHIFT - 1)) >> SHIFT, the weights summing to 2^SHIFT.
+IMAGE_GRAY_SHIFT = 15
+IMAGE_GRAY_R = 9798
+IMAGE_GRAY_G = 19235
+IMAGE_GRAY_B = 3735
+# normalize_volume's map kernel flags: lo from the min/max pass, hi from it, clip to [0, 1].
+IMAGE_FLAG_LO = 1
+IMAGE_FLAG_HI = 2
+IMAGE_FLAG_CLIP = 4
