@@ -1,10 +1,202 @@
-"""topk, part of the sort family (kernels/sort_topk.cu): the k largest (or smallest) elements
-of each row and their indices, as torch.topk. Work in progress."""
+"""topk, the sort family's selection (kernels/sort_topk.cu): the k largest (or smallest)
+elements of every row and their indices, as torch.topk. rawops.sort re-exports `topk`.
+
+Keys: float32, float16, bfloat16, int32, int64; order as torch's (NaN above +inf, so NaN
+counts among the largest; -0.0 == +0.0). k from 1 to 1024 and at most the row length (torch
+also takes k=0: here a ValueError). values have x's dtype, indices are int64 positions in the
+row. sorted=True: values descending for largest (ascending for smallest); equal values in any
+order, each index gathering its value. sorted=False: the same k, in no promised order.
+
+Layouts: x over its last dim may be a view whose last dim is contiguous and whose leading dims
+collapse to one row stride (`x[:, :n]` of a wider matrix, `x[::2]`): read as it is. Another
+`dim` costs a transposed contiguous copy of x (one extra read and write of it) and of the
+results back (values and indices, moved into place). Any other layout is a ValueError naming
+x. Results are new contiguous arrays.
+
+Kernels (plan() chooses, a pure function of rows, n, k, dtype and the SM count): a warp per
+row keeping per-lane top-k lists in registers for k <= 32 over many rows; else a block radix
+select per row, each row cut over several blocks when the rows are too few to fill the GPU,
+the chunks' candidates merged by a second launch (scratch: rows * chunks * k values and
+int64 indices, allocated on the launch's stream).
+"""
+import collections
+
+import numpy
+
+from ._launch import NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, resolve_device, sm_count
+from ._launch import stream_pointer, wait_for_producer
+from . import _modules, _rows
 
 FAMILY = "sort_topk"
-KERNELS = {}
+SUFFIXES = ("f32", "f16", "bf16", "i32", "i64")
+WARP_KS = (4, 8, 16, 32)  # the warp kernel's register lists: topk_warp<K>_<suffix> serves k <= K
+_WARP_ARGS = ("x", "values", "indices", "rows", "n", "x_stride", "k", "largest")
+_RADIX_ARGS = ("x", "in_idx", "values", "indices", "rows", "n", "x_stride", "chunks", "k", "largest", "sorted")
+# The family's table: kernel base name -> argument names; each exists once per suffix.
+KERNELS = {**{f"topk_warp{K}": _WARP_ARGS for K in WARP_KS}, "topk_radix": _RADIX_ARGS}
+WARP_KINDS = "pppqqqqq"
+RADIX_KINDS = "ppppqqqqqqq"
+
+MAX_K = 1024  # the radix select's sort of the winners: 256 threads x 4
+THREADS = 256  # both kernels' block
+WARP_ROWS = THREADS // 32  # rows a warp-kernel block takes
+MAX_ROW = (1 << 31) - 1  # positions inside a row are 32-bit in the kernels
+MAX_GRID = (1 << 31) - 1  # gridDim.x; both kernels loop over rows past it
+# Warp per row when rows give every SM this many warps (latency hidden by rows in flight).
+WARP_MIN_ROWS_PER_SM = 8
+# Radix select: one block per row when the rows give every SM this many blocks; fewer rows
+# are cut into chunks until about SPLIT_BLOCKS_PER_SM blocks a SM run, every chunk holding at
+# least k elements and MIN_CHUNK_BYTES of the row (a smaller one costs more in its passes'
+# fixed work than it saves).
+BLOCK_MIN_ROWS_PER_SM = 2
+SPLIT_BLOCKS_PER_SM = 4
+MIN_CHUNK_BYTES = 32768
+
+# key dtype: (kernel suffix, numpy dtype, bytes); by CuPy's dtype name or the interface's typestr
+_KEY_TYPES = {
+    "float32": ("f32", NUMPY_DTYPES[0], 4),
+    "float16": ("f16", NUMPY_DTYPES[1], 2),
+    "bfloat16": ("bf16", NUMPY_DTYPES[2], 2),
+    "int32": ("i32", numpy.dtype("int32"), 4),
+    "int64": ("i64", numpy.dtype("int64"), 8),
+}
+_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<i4": "int32", "<i8": "int64"}
+ITEMSIZE = {name: size for name, (_, _, size) in _KEY_TYPES.items()}
+
+Plan = collections.namedtuple("Plan", "kernel blocks threads chunks")
+Plan.__doc__ = """A launch plan: kernel base name, grid, block, chunks per row (radix: a second
+launch merges the chunks' candidates when chunks > 1)."""
 
 
+def plan(rows, n, k, dtype, sms):
+    """The launch of topk over `rows` rows of `n` elements of `dtype` (a name of _KEY_TYPES),
+    1 <= k <= min(n, MAX_K), rows > 0, on a GPU of `sms` multiprocessors."""
+    itemsize = ITEMSIZE[dtype]
+    if k <= WARP_KS[-1] and rows >= WARP_MIN_ROWS_PER_SM * sms:
+        K = next(K for K in WARP_KS if k <= K)
+        return Plan(f"topk_warp{K}", min(-(-rows // WARP_ROWS), MAX_GRID), THREADS, 1)
+    chunks = 1
+    if rows < BLOCK_MIN_ROWS_PER_SM * sms:
+        want = -(-SPLIT_BLOCKS_PER_SM * sms // rows)
+        chunks = max(1, min(want, n // max(k, MIN_CHUNK_BYTES // itemsize)))
+    return Plan("topk_radix", min(rows * chunks, MAX_GRID), THREADS, chunks)
+
+
+# ------------------------------------------------------------------------------ checks
+def key_type(a):
+    """The key dtype name of a DeviceArray, TypeError naming it for any other."""
+    text = a.dtype_text
+    name = _TYPESTRS.get(text, text)
+    if name not in _KEY_TYPES:
+        kind = " (bool has no order topk supports)" if name in ("bool", "|b1") else ""
+        raise TypeError(f"{a.name} has dtype {text}{kind}; topk supports float32, float16, bfloat16, int32, int64")
+    return name
+
+
+def checked_k(k, n):
+    """k as an int in [1, min(n, MAX_K)], TypeError / ValueError naming it."""
+    if isinstance(k, bool) or not isinstance(k, (int, numpy.integer)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    k = int(k)
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if k > n:
+        raise ValueError(f"k ({k}) is larger than the row length ({n}) along dim")
+    if k > MAX_K:
+        raise ValueError(f"k ({k}) is larger than {MAX_K}, the most topk selects; sort the rows instead "
+                         "(rawops.sort) and take the first k")
+    return k
+
+
+def checked_dim(dim, ndim):
+    if isinstance(dim, bool) or not isinstance(dim, (int, numpy.integer)):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"dim {dim} is out of range for an array of {ndim} dims")
+    return int(dim) % ndim
+
+
+def checked_bool(value, name):
+    if not isinstance(value, (bool, numpy.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+# ------------------------------------------------------------------------------ launches
+def launch_topk(device, suffix, dtype, x_ptr, values_ptr, indices_ptr, rows, n, x_stride, k, largest, sorted,
+                stream, scratch):
+    """The launches of topk on checked pointers (rows > 0, 1 <= k <= min(n, MAX_K));
+    scratch(count) -> (values, indices) device arrays of `count` elements each, for the
+    candidates of a split row (a CuPy allocation on the launch's stream)."""
+    p = plan(rows, n, k, dtype, sm_count(device))
+    function = _modules.function_pointer(FAMILY, f"{p.kernel}_{suffix}", device)
+    if p.kernel != "topk_radix":
+        launch(function, (p.blocks,), p.threads, 0, stream,
+               (x_ptr, values_ptr, indices_ptr, rows, n, x_stride, k, int(largest)), WARP_KINDS, device)
+        return None
+    if p.chunks == 1:
+        launch(function, (p.blocks,), p.threads, 0, stream,
+               (x_ptr, 0, values_ptr, indices_ptr, rows, n, x_stride, 1, k, int(largest), int(sorted)),
+               RADIX_KINDS, device)
+        return None
+    cand_values, cand_indices = scratch(rows * p.chunks * k)
+    cv, ci = _pointer(cand_values), _pointer(cand_indices)
+    launch(function, (p.blocks,), p.threads, 0, stream,
+           (x_ptr, 0, cv, ci, rows, n, x_stride, p.chunks, k, int(largest), 0), RADIX_KINDS, device)
+    m = p.chunks * k
+    launch(function, (min(rows, MAX_GRID),), p.threads, 0, stream,
+           (cv, ci, values_ptr, indices_ptr, rows, m, m, 1, k, int(largest), int(sorted)), RADIX_KINDS, device)
+    return cand_values, cand_indices
+
+
+def _pointer(a):
+    return a.data.ptr if hasattr(a, "data") and hasattr(a.data, "ptr") else a.data_ptr()
+
+
+# ------------------------------------------------------------------------------ CuPy API
 def topk(x, k, dim=-1, largest=True, sorted=True, *, stream=None):
-    """(values, indices) of the k largest (largest=False: smallest) elements along dim."""
-    raise NotImplementedError("rawops.sort.topk is being written")
+    """(values, indices): the k largest (largest=False: smallest) elements of x along dim and
+    their int64 positions, as torch.topk; values in x's dtype (module docstring for layouts
+    and what another dim costs)."""
+    import cupy
+
+    a = as_array(x, "x")
+    dtype = key_type(a)
+    if len(a.shape) == 0:
+        raise ValueError("x must have at least one dimension (topk selects along dim)")
+    dim = checked_dim(dim, len(a.shape))
+    k = checked_k(k, a.shape[dim])
+    largest = checked_bool(largest, "largest")
+    sorted = checked_bool(sorted, "sorted")
+    suffix, np_dtype, itemsize = _KEY_TYPES[dtype]
+    if a.ptr % itemsize:
+        raise ValueError(f"x is misaligned: address 0x{a.ptr:x} is not a multiple of its {itemsize}-byte element")
+    last = dim == len(a.shape) - 1
+    if last:
+        x_stride = _rows.row_stride(a)
+    n = a.shape[dim]
+    if n > MAX_ROW:
+        raise ValueError(f"x has {n} elements along dim; topk takes rows of fewer than 2**31")
+    device = resolve_device(a)
+    s = stream_pointer(stream, device)
+    with cupy.cuda.Device(device), allocating_on(stream, s):
+        wait_for_producer(a, s)
+        source = a
+        if not last:  # the documented transposed copy, on the launch's stream
+            moved = cupy.ascontiguousarray(cupy.moveaxis(a.obj if a.is_cupy else cupy.asarray(a.obj), dim, -1))
+            source = as_array(moved, "x")
+            x_stride = n
+        shape = source.shape[:-1] + (k,)
+        values = cupy.empty(shape, np_dtype)
+        indices = cupy.empty(shape, numpy.int64)
+        rows = source.size // n
+        if rows:
+            scratch = launch_topk(device, suffix, dtype, source.ptr, values.data.ptr, indices.data.ptr, rows, n,
+                                  x_stride, k, largest, sorted, s,
+                                  lambda count: (cupy.empty(count, np_dtype), cupy.empty(count, numpy.int64)))
+            if scratch is not None:
+                hold_if_capturing(s, *scratch)
+        if not last:
+            values = cupy.ascontiguousarray(cupy.moveaxis(values, -1, dim))
+            indices = cupy.ascontiguousarray(cupy.moveaxis(indices, -1, dim))
+    return values, indices
