@@ -1,0 +1,330 @@
+// Image family: rgb_to_gray, normalize_volume, to_tensor_normalize. Memory-bound maps, plus
+// normalize_volume's min/max reduction; no backward.
+//
+// rgb_to_gray_fwd_<layout>_<in>_<out>(x, y, images, pixels, vec)
+//   layout hwc: x is (pixels, 3) interleaved R, G, B (images == 1: a batch is one long row of
+//   pixels); chw: x is (images, 3, pixels), one plane a channel. y is (images, pixels).
+//   uint8 -> uint8: OpenCV's fixed point, (R*9798 + G*19235 + B*3735 + 2^14) >> 15 (the weights
+//   of 0.299, 0.587, 0.114 in 15 bits; rawops/_constants.py), bit-exact with cv2.cvtColor.
+//   Any other pair: g = (R*0.299f + G*0.587f) + B*0.114f in float32, each product and sum
+//   rounded once (no FMA contraction), i.e. what torch computes in float32 for that expression;
+//   then rounded to the output type (uint8: round to nearest even, saturated to [0, 255], NaN 0).
+//   Bytes: 3 * pixels * sizeof(in) read, pixels * sizeof(out) written.
+// to_tensor_normalize_fwd_<nchw|nhwc>_c<C>_<out>(x, y, images, pixels, vec, s0..s3, t0..t3)
+//   x uint8 (images, pixels, C); y = x * s[c] + t[c] (one FMA: s = 1 / (255 std), t = -mean / std,
+//   passed by value), as (images, C, pixels) (nchw) or (images, pixels, C) (nhwc).
+//   Bytes: C * pixels read, C * pixels * sizeof(out) written.
+// Both walk chunks of IMAGE_PIXELS pixels of one image, one chunk a thread per grid-stride step:
+// a full chunk is 16-byte loads and stores (the 48 bytes of 16 uint8 RGB pixels are 3 of them)
+// when `vec` (the launcher's check that every chunk starts 16-byte aligned in every operand);
+// otherwise, and for an image's last partial chunk, element by element.
+//
+// volume_minmax_<in>(x, partials, n, vec) / normalize_volume_fwd_<in>_<out>(x, y, n, partials,
+// count, lo, hi, flags, vec)
+//   The first pass writes one (min, max) a block to partials; the map kernel's every block reduces
+//   the `count` partials again (a few KB from L2, in a fixed order: deterministic) for what
+//   `flags` takes from them (IMAGE_FLAG_LO, _HI; else lo / hi as given), then
+//   y = (x - lo) * (1 / (hi - lo)), clipped to [0, 1] under IMAGE_FLAG_CLIP. hi <= lo gives 0
+//   (no NaN or inf); NaN propagates: a NaN in x makes min and max NaN, so every output is NaN,
+//   as in torch's (v - v.min()) / (v.max() - v.min()); clipping keeps NaN.
+//   Bytes: x read twice (once with lo and hi given), y written once.
+// Launch: blocks of IMAGE_THREADS, a grid-stride grid of at most IMAGE_BLOCKS_PER_SM blocks an SM
+// (rawops/image.py plans it from the device's SM count); 64-bit indexing throughout.
+#include <cub/block/block_reduce.cuh>
+
+#include "rawops/dtype.cuh"
+
+namespace rawops {
+namespace {
+
+using u8 = unsigned char;
+using u16 = unsigned short;
+constexpr int kThreads = RAWOPS_IMAGE_THREADS;
+constexpr int kPixels = RAWOPS_IMAGE_PIXELS;
+constexpr int kUnroll = RAWOPS_IMAGE_REDUCE_UNROLL;
+
+// K elements of T moved as 16-byte vectors (K * sizeof(T) a multiple of 16).
+template <typename T, int K> struct alignas(16) Chunk {
+  static_assert((K * sizeof(T)) % 16 == 0, "a chunk is whole 16-byte vectors");
+  static constexpr int kVectors = int(K * sizeof(T) / 16);
+  T v[K];
+  __device__ __forceinline__ void load(const T* p) {
+    const uint4* src = reinterpret_cast<const uint4*>(p);
+    uint4* dst = reinterpret_cast<uint4*>(v);
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) dst[i] = __ldg(src + i);
+  }
+  __device__ __forceinline__ void store(T* p) const {
+    uint4* dst = reinterpret_cast<uint4*>(p);
+    const uint4* src = reinterpret_cast<const uint4*>(v);
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) dst[i] = src[i];
+  }
+};
+
+__device__ __forceinline__ float as_float(u8 v) { return float(v); }
+__device__ __forceinline__ float as_float(u16 v) { return float(v); }
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(__half v) { return __half2float(v); }
+
+// float -> T: float types round to nearest even; uint8 rounds to nearest even and saturates
+// (cvt.rni to u32 clamps below 0 and sends NaN to 0; min clamps above 255).
+template <typename T> __device__ __forceinline__ T convert(float v) { return from_float<T>(v); }
+template <> __device__ __forceinline__ u8 convert<u8>(float v) { return u8(min(__float2uint_rn(v), 255u)); }
+
+// ------------------------------------------------------------------------------ rgb_to_gray
+template <typename Tin, typename Tout>
+__device__ __forceinline__ Tout gray(Tin r, Tin g, Tin b) {
+  if constexpr (sizeof(Tin) == 1 && sizeof(Tout) == 1) {
+    constexpr unsigned kRound = 1u << (RAWOPS_IMAGE_GRAY_SHIFT - 1);
+    return u8((unsigned(r) * RAWOPS_IMAGE_GRAY_R + unsigned(g) * RAWOPS_IMAGE_GRAY_G +
+               unsigned(b) * RAWOPS_IMAGE_GRAY_B + kRound) >> RAWOPS_IMAGE_GRAY_SHIFT);
+  } else {
+    const float y = __fadd_rn(__fadd_rn(__fmul_rn(as_float(r), 0.299f), __fmul_rn(as_float(g), 0.587f)),
+                              __fmul_rn(as_float(b), 0.114f));
+    return convert<Tout>(y);
+  }
+}
+
+template <typename Tin, typename Tout, bool PLANAR>
+__device__ __forceinline__ void rgb_to_gray(const Tin* __restrict__ x, Tout* __restrict__ y, int64_t images,
+                                            int64_t pixels, int64_t vec) {
+  const int64_t per_image = (pixels + kPixels - 1) / kPixels;
+  const int64_t chunks = images * per_image;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += step) {
+    const int64_t n = c / per_image, p0 = (c - n * per_image) * kPixels;
+    const int count = int(min(int64_t(kPixels), pixels - p0));
+    const Tin* src = PLANAR ? x + n * 3 * pixels + p0 : x + p0 * 3;  // hwc: images == 1
+    Tout* dst = y + n * pixels + p0;
+    if (vec && count == kPixels) {
+      Chunk<Tout, kPixels> o;
+      if constexpr (PLANAR) {
+        Chunk<Tin, kPixels> r, g, b;
+        r.load(src);
+        g.load(src + pixels);
+        b.load(src + 2 * pixels);
+#pragma unroll
+        for (int e = 0; e < kPixels; ++e) o.v[e] = gray<Tin, Tout>(r.v[e], g.v[e], b.v[e]);
+      } else {
+        Chunk<Tin, 3 * kPixels> s;
+        s.load(src);
+#pragma unroll
+        for (int e = 0; e < kPixels; ++e) o.v[e] = gray<Tin, Tout>(s.v[3 * e], s.v[3 * e + 1], s.v[3 * e + 2]);
+      }
+      o.store(dst);
+    } else {
+      for (int e = 0; e < count; ++e) {
+        const int64_t r = PLANAR ? e : 3 * e, channel = PLANAR ? pixels : 1;
+        dst[e] = gray<Tin, Tout>(src[r], src[r + channel], src[r + 2 * channel]);
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ to_tensor_normalize
+template <int C, typename Tout, bool PLANAR>
+__device__ __forceinline__ void to_tensor(const u8* __restrict__ x, Tout* __restrict__ y, int64_t images,
+                                          int64_t pixels, int64_t vec, const float (&s)[4], const float (&t)[4]) {
+  const int64_t per_image = (pixels + kPixels - 1) / kPixels;
+  const int64_t chunks = images * per_image;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < chunks; k += step) {
+    const int64_t n = k / per_image, p0 = (k - n * per_image) * kPixels;
+    const int count = int(min(int64_t(kPixels), pixels - p0));
+    const u8* src = x + (n * pixels + p0) * C;
+    // planar: channel c of pixel e at dst + c * pixels + e; interleaved: at dst + e * C + c
+    Tout* dst = PLANAR ? y + n * C * pixels + p0 : y + (n * pixels + p0) * C;
+    if (vec && count == kPixels) {
+      Chunk<u8, C * kPixels> in;
+      in.load(src);
+      if constexpr (PLANAR) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          Chunk<Tout, kPixels> o;
+#pragma unroll
+          for (int e = 0; e < kPixels; ++e) o.v[e] = convert<Tout>(fmaf(float(in.v[e * C + c]), s[c], t[c]));
+          o.store(dst + c * pixels);
+        }
+      } else {
+        Chunk<Tout, C * kPixels> o;
+#pragma unroll
+        for (int i = 0; i < C * kPixels; ++i) o.v[i] = convert<Tout>(fmaf(float(in.v[i]), s[i % C], t[i % C]));
+        o.store(dst);
+      }
+    } else {
+      for (int e = 0; e < count; ++e) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          const float v = fmaf(float(src[e * C + c]), s[c], t[c]);
+          dst[PLANAR ? c * pixels + e : e * C + c] = convert<Tout>(v);
+        }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ normalize_volume
+// min and max that propagate NaN (fminf / fmaxf would drop it).
+__device__ __forceinline__ float nan_min(float a, float b) { return (a < b || a != a) ? a : b; }
+__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+struct MinMaxOp {
+  __device__ __forceinline__ float2 operator()(const float2& a, const float2& b) const {
+    return make_float2(nan_min(a.x, b.x), nan_max(a.y, b.y));
+  }
+};
+using BlockMinMax = cub::BlockReduce<float2, kThreads>;
+
+// A thread's running (min, max): integers compare as unsigned (exact, no NaN), floats as floats.
+template <typename T> struct IsInt { static constexpr bool value = false; };
+template <> struct IsInt<u8> { static constexpr bool value = true; };
+template <> struct IsInt<u16> { static constexpr bool value = true; };
+template <typename T, bool INT = IsInt<T>::value> struct Extremes {
+  float lo = INFINITY, hi = -INFINITY;
+  __device__ __forceinline__ void add(T v) {
+    const float f = as_float(v);
+    lo = nan_min(lo, f);
+    hi = nan_max(hi, f);
+  }
+  __device__ __forceinline__ float2 get() const { return make_float2(lo, hi); }
+};
+template <typename T> struct Extremes<T, true> {
+  unsigned lo = 0xffffffffu, hi = 0u;
+  __device__ __forceinline__ void add(T v) {
+    lo = min(lo, unsigned(v));
+    hi = max(hi, unsigned(v));
+  }
+  __device__ __forceinline__ float2 get() const { return make_float2(float(lo), float(hi)); }
+};
+
+template <typename T>
+__device__ __forceinline__ void volume_minmax(const T* __restrict__ x, float2* __restrict__ partials, int64_t n,
+                                              int64_t vec) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
+  Extremes<T> m;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t vectors = n / V;
+    for (int64_t base = tid; base < vectors; base += step * kUnroll) {
+      Chunk<T, V> c[kUnroll];  // kUnroll independent 16-byte loads in flight a thread
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k)
+        if (base + k * step < vectors) c[k].load(x + (base + k * step) * V);
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k)
+        if (base + k * step < vectors)
+#pragma unroll
+          for (int e = 0; e < V; ++e) m.add(c[k].v[e]);
+    }
+    done = vectors * V;
+  }
+  for (int64_t i = done + tid; i < n; i += step) m.add(x[i]);
+  __shared__ typename BlockMinMax::TempStorage storage;
+  const float2 r = BlockMinMax(storage).Reduce(m.get(), MinMaxOp());
+  if (threadIdx.x == 0) partials[blockIdx.x] = r;
+}
+
+template <typename Tin>
+__device__ __forceinline__ float map_volume(Tin v, float lo, float scale, bool clip) {
+  const float y = (as_float(v) - lo) * scale;
+  return clip ? (y < 0.f ? 0.f : (y > 1.f ? 1.f : y)) : y;  // comparisons keep NaN
+}
+
+template <typename Tin, typename Tout>
+__device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t n, const float2* __restrict__ partials,
+                                                 int64_t count, float lo, float hi, int64_t flags,
+                                                 int64_t vec) {
+  if (flags & (RAWOPS_IMAGE_FLAG_LO | RAWOPS_IMAGE_FLAG_HI)) {
+    float2 m = make_float2(INFINITY, -INFINITY);
+    for (int64_t i = threadIdx.x; i < count; i += blockDim.x) m = MinMaxOp()(m, partials[i]);
+    __shared__ typename BlockMinMax::TempStorage storage;
+    __shared__ float2 total;
+    m = BlockMinMax(storage).Reduce(m, MinMaxOp());
+    if (threadIdx.x == 0) total = m;
+    __syncthreads();
+    if (flags & RAWOPS_IMAGE_FLAG_LO) lo = total.x;
+    if (flags & RAWOPS_IMAGE_FLAG_HI) hi = total.y;
+  }
+  // hi <= lo: 0; a NaN bound: NaN (x - NaN is NaN whatever the scale)
+  const float scale = hi > lo ? 1.f / (hi - lo) : (hi != hi ? hi : 0.f);
+  const bool clip = flags & RAWOPS_IMAGE_FLAG_CLIP;
+  constexpr int E = 16 / (sizeof(Tin) < sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if (vec) {  // x and y 16-byte aligned (the launcher checks)
+    const int64_t chunks = n / E;
+    for (int64_t k = tid; k < chunks; k += step) {
+      Chunk<Tin, E> in;
+      Chunk<Tout, E> out;
+      in.load(x + k * E);
+#pragma unroll
+      for (int e = 0; e < E; ++e) out.v[e] = convert<Tout>(map_volume<Tin>(in.v[e], lo, scale, clip));
+      out.store(y + k * E);
+    }
+    done = chunks * E;
+  }
+  for (int64_t i = done + tid; i < n; i += step) y[i] = convert<Tout>(map_volume<Tin>(x[i], lo, scale, clip));
+}
+
+}  // namespace
+}  // namespace rawops
+
+using rawops::u8;
+using rawops::u16;
+
+#define RAWOPS_GRAY(layout, planar, tin, sin, tout, sout)                                                       \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_IMAGE_THREADS)                                           \
+      rgb_to_gray_fwd_##layout##_##sin##_##sout(const tin* x, tout* y, long long images, long long pixels,          \
+                                                 long long vec) {                                                 \
+    rawops::rgb_to_gray<tin, tout, planar>(x, y, images, pixels, vec);                                         \
+  }
+#define RAWOPS_GRAY_OUT(layout, planar, tin, sin)       \
+  RAWOPS_GRAY(layout, planar, tin, sin, u8, u8)         \
+  RAWOPS_GRAY(layout, planar, tin, sin, float, f32)     \
+  RAWOPS_GRAY(layout, planar, tin, sin, __half, f16)
+#define RAWOPS_GRAY_LAYOUT(layout, planar)         \
+  RAWOPS_GRAY_OUT(layout, planar, u8, u8)          \
+  RAWOPS_GRAY_OUT(layout, planar, float, f32)      \
+  RAWOPS_GRAY_OUT(layout, planar, __half, f16)
+RAWOPS_GRAY_LAYOUT(hwc, false)
+RAWOPS_GRAY_LAYOUT(chw, true)
+
+#define RAWOPS_TO_TENSOR(layout, planar, C, tout, sout)                                                          \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_IMAGE_THREADS)                                            \
+      to_tensor_normalize_fwd_##layout##_c##C##_##sout(const u8* x, tout* y, long long images, long long pixels,     \
+                                                       long long vec, float s0, float s1, float s2, float s3,      \
+                                                       float t0, float t1, float t2, float t3) {                 \
+    const float s[4] = {s0, s1, s2, s3}, t[4] = {t0, t1, t2, t3};                                               \
+    rawops::to_tensor<C, tout, planar>(x, y, images, pixels, vec, s, t);                                        \
+  }
+#define RAWOPS_TO_TENSOR_OUT(layout, planar, C)                \
+  RAWOPS_TO_TENSOR(layout, planar, C, float, f32)              \
+  RAWOPS_TO_TENSOR(layout, planar, C, __half, f16)             \
+  RAWOPS_TO_TENSOR(layout, planar, C, __nv_bfloat16, bf16)
+#define RAWOPS_TO_TENSOR_LAYOUT(layout, planar) \
+  RAWOPS_TO_TENSOR_OUT(layout, planar, 1)       \
+  RAWOPS_TO_TENSOR_OUT(layout, planar, 2)       \
+  RAWOPS_TO_TENSOR_OUT(layout, planar, 3)       \
+  RAWOPS_TO_TENSOR_OUT(layout, planar, 4)
+RAWOPS_TO_TENSOR_LAYOUT(nchw, true)
+RAWOPS_TO_TENSOR_LAYOUT(nhwc, false)
+
+#define RAWOPS_VOLUME_OUT(tin, sin, tout, sout)                                                                  \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_IMAGE_THREADS)                                            \
+      normalize_volume_fwd_##sin##_##sout(const tin* x, tout* y, long long n, const float2* partials,              \
+                                          long long count, float lo, float hi, long long flags, long long vec) {      \
+    rawops::normalize_volume<tin, tout>(x, y, n, partials, count, lo, hi, flags, vec);                         \
+  }
+#define RAWOPS_VOLUME(tin, sin)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_IMAGE_THREADS)                                            \
+      volume_minmax_##sin(const tin* x, float2* partials, long long n, long long vec) {                             \
+    rawops::volume_minmax<tin>(x, partials, n, vec);                                                           \
+  }                                                                                                            \
+  RAWOPS_VOLUME_OUT(tin, sin, float, f32)                                                                      \
+  RAWOPS_VOLUME_OUT(tin, sin, __half, f16)                                                                     \
+  RAWOPS_VOLUME_OUT(tin, sin, __nv_bfloat16, bf16)
+RAWOPS_VOLUME(u8, u8)
+RAWOPS_VOLUME(u16, u16)
+RAWOPS_VOLUME(__half, f16)
+RAWOPS_VOLUME(float, f32)
