@@ -32,8 +32,6 @@ def _checked(input, k, dim, largest, sorted):
     dtype = _KEY_TYPES.get(input.dtype)
     if dtype is None:
         raise TypeError(f"input has dtype {input.dtype}; topk supports float32, float16, bfloat16, int32, int64")
-    if input.device.type != "cuda":
-        raise ValueError(f"input is on {input.device}; rawops kernels need a CUDA tensor")
     ndim = max(input.dim(), 1)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"dim must be an int, got {type(dim).__name__}")
@@ -43,6 +41,8 @@ def _checked(input, k, dim, largest, sorted):
     k = _tk.checked_k(k, input.shape[dim] if input.dim() else 1)
     _tk.checked_bool(largest, "largest")
     _tk.checked_bool(sorted, "sorted")
+    if input.device.type != "cuda":
+        raise ValueError(f"input is on {input.device}; rawops kernels need a CUDA tensor")
     return dtype, dim, k
 
 
