@@ -8,8 +8,9 @@
 // half types take half the radix passes of float32). Values are gathered from x by the sorted
 // positions, never decoded from keys, so NaN payloads and -0.0 come back as they went in.
 // Rows: x is read at row stride x_stride (a row-strided view or n); values and indices are
-// dense, n a row. Bytes: x read once (plus the gather's re-read of the row, from cache) and
-// values + indices written once: n * (2 * sizeof(T) + 8) a row on the one-kernel paths.
+// dense, n a row; values may be null (argsort: indices only). Bytes: x read once (plus the
+// gather's re-read of the row, from cache) and values + indices written once: n * (2 * sizeof(T)
+// + 8) a row on the one-kernel paths.
 //
 // Three launch shapes, by row length (rawops/sort.py: plan):
 //   n <= 32          sort_warp_<dt>: a bitonic network in registers over a power-of-two group
@@ -78,7 +79,7 @@ __device__ __forceinline__ void sort_warp(const T* __restrict__ x, T* __restrict
       }
     }
     if (real) {
-      values[row * n + pos] = x[row * x_stride + idx];
+      if (values) values[row * n + pos] = x[row * x_stride + idx];
       indices[row * n + pos] = idx;
     }
   }
@@ -180,7 +181,7 @@ __device__ __forceinline__ void sort_rows(const T* __restrict__ x, T* __restrict
     for (int i = 0; i < ITEMS; ++i) {
       const int p = i * THREADS + threadIdx.x;
       if (p < n) {
-        values[row * n + p] = xr[pos[i]];
+        if (values) values[row * n + p] = xr[pos[i]];
         indices[row * n + p] = pos[i];
       }
     }
@@ -207,7 +208,7 @@ __device__ __forceinline__ void sort_gather(const T* __restrict__ x, const int* 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const int p = order[row * n + j];
-      values[row * n + j] = x[row * x_stride + p];
+      if (values) values[row * n + j] = x[row * x_stride + p];
       indices[row * n + j] = p;
     }
   }

@@ -1,0 +1,250 @@
+"""The sort family: sort and argsort along a dim, as torch.sort and torch.argsort (and topk,
+re-exported from rawops._sort_topk). Kernels: kernels/sort.cu.
+
+Keys: float32, float16, bfloat16, int32, int64. values have x's dtype, indices are int64
+positions along dim (torch's dtype). Order: torch's, ascending or descending: NaN after +inf
+ascending and first descending, -0.0 equal to +0.0. Every launch sorts stably (equal keys keep
+their order), so stable=False gets the stable order too; values are gathered from x by the
+sorted positions, so NaN payloads and the sign of zero come back as they were.
+
+Launches (plan(), a pure function of the row length n and the key width): rows of up to 32 a
+group of lanes each (a bitonic network in registers); rows up to one block's tile (8192 keys,
+4096 for int64) one block each (a cub block radix sort, the smallest tile that holds the row);
+longer rows by cub's segmented radix sort machinery, one launch per 6-bit digit plus a key and
+a gather launch, through scratch of 2 x (key bytes + 4) an element allocated on the launch's
+stream. Rows of 2**31 elements or more are refused.
+
+Layouts: along the last dim, x may be a view whose last dim is contiguous and whose leading
+dims collapse to one row stride (`x[:, :n]` of a wider matrix, `x[::2]`): read as it is. Any
+other layout, and any other dim, is first copied with dim last into a contiguous array (one
+extra read and write of x); for another dim the results are then copied back into x's shape
+(one more read and write of each). Results are new contiguous arrays.
+"""
+import collections
+
+import numpy
+
+from . import _constants, _modules, _rows
+from ._launch import (NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, resolve_device,
+                      stream_pointer, wait_for_producer)
+
+FAMILY = "sort"
+
+# key dtype -> (kernel suffix, numpy dtype, key bits); by CuPy's dtype name or the interface's typestr
+KEY_TYPES = {
+    "float32": ("f32", NUMPY_DTYPES[0], 32),
+    "float16": ("f16", NUMPY_DTYPES[1], 16),
+    "bfloat16": ("bf16", NUMPY_DTYPES[2], 16),
+    "int32": ("i32", numpy.dtype("int32"), 32),
+    "int64": ("i64", numpy.dtype("int64"), 64),
+}
+_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<i4": "int32", "<i8": "int64"}
+SUFFIXES = tuple(suffix for suffix, _, _ in KEY_TYPES.values())
+BITS_OF = {suffix: bits for suffix, _, bits in KEY_TYPES.values()}
+
+WARP_MAX = 32  # rows up to this long: sort_warp (a group of lanes a row)
+WARP_THREADS = _constants.SORT_WARP_THREADS
+STREAM_THREADS = _constants.SORT_STREAM_THREADS
+SEGMENT_THREADS = _constants.SORT_SEGMENT_THREADS
+RADIX_BITS = _constants.SORT_SEGMENT_RADIX_BITS
+MAX_ROW = (1 << 31) - 1  # positions in a row are 32-bit in the kernels
+MAX_GRID = (1 << 31) - 1  # gridDim.x; every kernel loops over rows past it
+
+# The one-block tiles (threads, keys a thread), smallest first, and the ranking each uses:
+# "match8" (cub::BlockRadixRankMatch, 8-bit digits) or "count6" / "count5" (cub::BlockRadixRank,
+# 6- or 5-bit digits); kernels/sort.cu instantiates both rankings of every tile.
+TILES = ((32, 4), (32, 8), (64, 8), (128, 8), (256, 8), (256, 16), (512, 16))
+WIDE_TILES = TILES[:-1]  # 64-bit keys: the 8192-key tile would not fit 48 KB of shared memory
+COUNT_BITS = {tile: 5 if tile[0] == 512 else 6 for tile in TILES}
+RANKING = {tile: "match8" for tile in TILES}
+
+
+def tile_kernel(tile, ranking=None):
+    threads, items = tile
+    return f"sort_rows_{threads}x{items}_{ranking or RANKING[tile]}"
+
+
+def _entry_points():
+    names = []
+    for suffix in SUFFIXES:
+        names += [f"sort_warp_{suffix}", f"sort_keys_{suffix}", f"sort_gather_{suffix}"]
+        for tile in (WIDE_TILES if BITS_OF[suffix] == 64 else TILES):
+            for ranking in ("match8", f"count{COUNT_BITS[tile]}"):
+                names.append(f"{tile_kernel(tile, ranking)}_{suffix}")
+    return names + [f"sort_pass_k{bits}" for bits in (16, 32, 64)]
+
+
+# Every entry point of kernels/sort.cu -> its fatbin (tests/test_build.py checks the fatbin
+# holds exactly these on every architecture).
+FAMILY_OF = {name: FAMILY for name in _entry_points()}
+ROWS_KINDS = "pppqqqq"  # x, values, indices, rows, n, x_stride, descending (warp and tile kernels)
+KEYS_KINDS = "pppqqqq"  # x, keys, order, rows, n, x_stride, descending
+PASS_KINDS = "ppppqqqq"  # keys_in, order_in, keys_out, order_out, rows, n, bit, pass_bits
+GATHER_KINDS = "ppppqqq"  # x, order, values, indices, rows, n, x_stride
+
+Plan = collections.namedtuple("Plan", "kind kernel blocks threads passes")
+Plan.__doc__ = """A launch plan: kind ("warp", "tile" or "segmented"), the kernel base name
+(without the dtype suffix; for "segmented" the digit-pass kernel, suffix included), grid, block,
+and the digit passes of a segmented sort (0 otherwise)."""
+
+
+def _pow2_at_least(k):
+    return 1 << max(0, k - 1).bit_length()
+
+
+def tile_for(n, bits):
+    """The smallest tile of keys `bits` wide that holds a row of n, or None (the row goes long)."""
+    for tile in (WIDE_TILES if bits == 64 else TILES):
+        if tile[0] * tile[1] >= n:
+            return tile
+    return None
+
+
+def plan(rows, n, bits, ranking=None):
+    """How rows (> 0) rows of n (> 0) keys `bits` wide are sorted; ranking: force the tile's
+    ranking ("match8", "count6", ...), for the benchmark's comparison of the two."""
+    if n <= WARP_MAX:
+        rows_per_block = (WARP_THREADS // 32) * (32 // _pow2_at_least(n))
+        return Plan("warp", "sort_warp", min(-(-rows // rows_per_block), MAX_GRID), WARP_THREADS, 0)
+    tile = tile_for(n, bits)
+    if tile is not None:
+        return Plan("tile", tile_kernel(tile, ranking), min(rows, MAX_GRID), tile[0], 0)
+    return Plan("segmented", f"sort_pass_k{bits}", min(rows, MAX_GRID), SEGMENT_THREADS, -(-bits // RADIX_BITS))
+
+
+def scratch_bytes(rows, n, bits):
+    """Bytes of scratch a sort of rows x n keys needs: two (key, int32 position) buffers on the
+    segmented path, none on the others."""
+    p = plan(rows, n, bits)
+    return 2 * rows * n * (bits // 8 + 4) if p.kind == "segmented" else 0
+
+
+# ------------------------------------------------------------------------------ launches
+def launch_sort(device, suffix, x_ptr, values_ptr, indices_ptr, rows, n, x_stride, descending, stream, scratch,
+                ranking=None):
+    """The launches of a sort on checked pointers (rows > 0, 0 < n <= MAX_ROW; values_ptr 0 for
+    indices only): values and indices dense rows of n. scratch(nbytes) -> a device pointer
+    valid, on `stream`, until the launches are done (called only on the segmented path)."""
+    bits = BITS_OF[suffix]
+    p = plan(rows, n, bits, ranking)
+    desc = int(bool(descending))
+    if p.kind != "segmented":
+        function = _modules.function_pointer(FAMILY, f"{p.kernel}_{suffix}", device)
+        launch(function, (p.blocks,), p.threads, 0, stream,
+               (x_ptr, values_ptr, indices_ptr, rows, n, x_stride, desc), ROWS_KINDS, device)
+        return
+    elements = rows * n
+    key_bytes = bits // 8
+    block = scratch(2 * elements * (key_bytes + 4))
+    keys = (block, block + elements * key_bytes)
+    order_base = block + 2 * elements * key_bytes
+    order = (order_base, order_base + elements * 4)
+    grid = (min(rows, MAX_GRID),)
+    launch(_modules.function_pointer(FAMILY, f"sort_keys_{suffix}", device), grid, STREAM_THREADS, 0, stream,
+           (x_ptr, keys[0], order[0], rows, n, x_stride, desc), KEYS_KINDS, device)
+    digit_pass = _modules.function_pointer(FAMILY, p.kernel, device)
+    for i in range(p.passes):
+        bit, src, dst = i * RADIX_BITS, i % 2, 1 - i % 2
+        launch(digit_pass, grid, p.threads, 0, stream,
+               (keys[src], order[src], keys[dst], order[dst], rows, n, bit, min(RADIX_BITS, bits - bit)),
+               PASS_KINDS, device)
+    launch(_modules.function_pointer(FAMILY, f"sort_gather_{suffix}", device), grid, STREAM_THREADS, 0, stream,
+           (x_ptr, order[p.passes % 2], values_ptr, indices_ptr, rows, n, x_stride), GATHER_KINDS, device)
+
+
+# ------------------------------------------------------------------------------ checks
+def key_type(a, op):
+    """The key dtype name of a DeviceArray, TypeError naming it for any other."""
+    text = a.dtype_text
+    name = _TYPESTRS.get(text, text)
+    if name not in KEY_TYPES:
+        raise TypeError(f"{a.name} has dtype {text}; {op} supports float32, float16, bfloat16, int32, int64")
+    return name
+
+
+def checked_dim(dim, ndim):
+    """dim as an index in [0, max(ndim, 1)) (a 0-d array sorts as one element along dim 0 or -1)."""
+    if isinstance(dim, bool) or not isinstance(dim, (int, numpy.integer)):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    span = max(ndim, 1)
+    if not -span <= dim < span:
+        raise ValueError(f"dim {dim} is out of range for an array of {ndim} dims")
+    return int(dim) % span
+
+
+def checked_bool(value, name):
+    if not isinstance(value, (bool, numpy.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+# ------------------------------------------------------------------------------ CuPy API
+def _sort(x, dim, descending, stable, stream, op, with_values):
+    import cupy
+
+    a = as_array(x, "x")
+    dtype = key_type(a, op)
+    dim = checked_dim(dim, len(a.shape))
+    descending = checked_bool(descending, "descending")
+    checked_bool(stable, "stable")  # every launch is stable
+    suffix, np_dtype, bits = KEY_TYPES[dtype]
+    if a.ptr % np_dtype.itemsize:
+        raise ValueError(f"x is misaligned: address 0x{a.ptr:x} is not a multiple of its "
+                         f"{np_dtype.itemsize}-byte element")
+    shape = a.shape
+    n = shape[dim] if shape else 1
+    if n > MAX_ROW:
+        raise ValueError(f"x has {n} elements along dim; {op} takes rows of fewer than 2**31")
+    last = dim == len(shape) - 1 or not shape
+    x_stride = None
+    if last and shape:
+        x_stride = n if a.contiguous else (_rows.collapsed_row_stride(shape, a.strides) if a.strides else None)
+    elif not shape:
+        x_stride = 1
+    device = resolve_device(a)
+    s = stream_pointer(stream, device)
+    with cupy.cuda.Device(device), allocating_on(stream, s):
+        wait_for_producer(a, s)
+        source_ptr, held = a.ptr, []
+        moved_shape = shape if last else shape[:dim] + shape[dim + 1:] + (n,)
+        if x_stride is None:  # the documented copy, on the launch's stream
+            view = a.obj if a.is_cupy else cupy.asarray(a.obj)
+            moved = cupy.ascontiguousarray(view if last else cupy.moveaxis(view, dim, -1))
+            source_ptr, x_stride = moved.data.ptr, n
+            held.append(moved)
+        values = cupy.empty(moved_shape, np_dtype) if with_values else None
+        indices = cupy.empty(moved_shape, numpy.int64)
+        rows = a.size // n if n else 0
+        if rows and n:
+            launch_sort(device, suffix, source_ptr, values.data.ptr if with_values else 0, indices.data.ptr, rows, n,
+                        x_stride, descending, s, lambda nbytes: _scratch(nbytes, held))
+            hold_if_capturing(s, *held)
+        if not last:
+            indices = cupy.ascontiguousarray(cupy.moveaxis(indices, -1, dim))
+            if with_values:
+                values = cupy.ascontiguousarray(cupy.moveaxis(values, -1, dim))
+    return values, indices
+
+
+def _scratch(nbytes, held):
+    import cupy
+
+    block = cupy.empty(nbytes, dtype=numpy.uint8)
+    held.append(block)
+    return block.data.ptr
+
+
+def sort(x, dim=-1, descending=False, stable=False, *, stream=None):
+    """(values, indices) of x sorted along dim, as torch.sort: values in x's dtype, indices
+    int64 positions along dim; stable whatever `stable` says (module docstring for the order,
+    layouts and what another dim costs)."""
+    return _sort(x, dim, descending, stable, stream, "sort", True)
+
+
+def argsort(x, dim=-1, descending=False, stable=False, *, stream=None):
+    """The int64 indices that sort x along dim, as torch.argsort (sort's indices; no values are
+    written)."""
+    return _sort(x, dim, descending, stable, stream, "argsort", False)[1]
+
+
+from ._sort_topk import topk  # noqa: E402,F401  (kernels/sort_topk.cu)
