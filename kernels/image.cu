@@ -24,7 +24,7 @@
 //   The first pass writes one (min, max) a block to partials; the map kernel's every block reduces
 //   the `count` partials again (a few KB from L2, in a fixed order: deterministic) for what
 //   `flags` takes from them (IMAGE_FLAG_LO, _HI; else lo / hi as given), then
-//   y = (x - lo) * (1 / (hi - lo)), clipped to [0, 1] under IMAGE_FLAG_CLIP. hi <= lo gives 0
+//   y = (x - lo) / (hi - lo), clipped to [0, 1] under IMAGE_FLAG_CLIP. hi <= lo gives 0
 //   (no NaN or inf); NaN propagates: a NaN in x makes min and max NaN, so every output is NaN,
 //   as in torch's (v - v.min()) / (v.max() - v.min()); clipping keeps NaN.
 //   Bytes: x read twice (once with lo and hi given), y written once.
@@ -225,9 +225,12 @@ __device__ __forceinline__ void volume_minmax(const T* __restrict__ x, float2* _
   if (threadIdx.x == 0) partials[blockIdx.x] = r;
 }
 
+// (v - lo) / range, a true division: exactly 0 at lo and 1 at hi, and for float32 the bits of
+// torch's (v - lo) / (hi - lo). `flat` (hi <= lo, neither NaN): 0, a NaN voxel still NaN.
 template <typename Tin>
-__device__ __forceinline__ float map_volume(Tin v, float lo, float scale, bool clip) {
-  const float y = (as_float(v) - lo) * scale;
+__device__ __forceinline__ float map_volume(Tin v, float lo, float range, bool flat, bool clip) {
+  const float x = as_float(v);
+  const float y = flat ? (x == x ? 0.f : x) : (x - lo) / range;
   return clip ? (y < 0.f ? 0.f : (y > 1.f ? 1.f : y)) : y;  // comparisons keep NaN
 }
 
@@ -246,8 +249,8 @@ __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t 
     if (flags & RAWOPS_IMAGE_FLAG_LO) lo = total.x;
     if (flags & RAWOPS_IMAGE_FLAG_HI) hi = total.y;
   }
-  // hi <= lo: 0; a NaN bound: NaN (x - NaN is NaN whatever the scale)
-  const float scale = hi > lo ? 1.f / (hi - lo) : (hi != hi ? hi : 0.f);
+  const float range = hi - lo;  // a NaN bound makes it NaN, and every output NaN
+  const bool flat = hi <= lo;
   const bool clip = flags & RAWOPS_IMAGE_FLAG_CLIP;
   constexpr int E = 16 / (sizeof(Tin) < sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
@@ -259,12 +262,12 @@ __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t 
       Chunk<Tout, E> out;
       in.load(x + k * E);
 #pragma unroll
-      for (int e = 0; e < E; ++e) out.v[e] = convert<Tout>(map_volume<Tin>(in.v[e], lo, scale, clip));
+      for (int e = 0; e < E; ++e) out.v[e] = convert<Tout>(map_volume<Tin>(in.v[e], lo, range, flat, clip));
       out.store(y + k * E);
     }
     done = chunks * E;
   }
-  for (int64_t i = done + tid; i < n; i += step) y[i] = convert<Tout>(map_volume<Tin>(x[i], lo, scale, clip));
+  for (int64_t i = done + tid; i < n; i += step) y[i] = convert<Tout>(map_volume<Tin>(x[i], lo, range, flat, clip));
 }
 
 }  // namespace
