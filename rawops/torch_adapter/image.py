@@ -54,6 +54,12 @@ def _torch_dtype(value, default):
                                                                         torch.dtype) else value
 
 
+def _opt_float(value):
+    """A bound for the custom op's `float?` (an int given in Python becomes a float; anything
+    else is passed on for the op's own checks to name)."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 def _launch(t, fn, *args):
     device = t.get_device()
     on_device(device, fn, device, raw_stream(device), *args)
@@ -149,7 +155,7 @@ def normalize_volume(vol, lo=None, hi=None, clip=True, out_dtype=torch.float32):
     """(vol - lo) / (hi - lo) clipped to [0, 1] (clip=True); lo / hi not given: vol's min / max,
     found on the GPU in the same call. Constant volume: 0; NaN propagates. No gradient."""
     if compiling():
-        return _VOLUME_OP(vol, lo, hi, clip, _torch_dtype(out_dtype, torch.float32))
+        return _VOLUME_OP(vol, _opt_float(lo), _opt_float(hi), clip, _torch_dtype(out_dtype, torch.float32))
     return _normalize_volume(vol, lo, hi, clip, out_dtype)
 
 

@@ -1,0 +1,161 @@
+"""Benchmark of the image family (rgb_to_gray, to_tensor_normalize, normalize_volume) against
+the torch composites users write today, in one run on one GPU.
+
+Frames: 4K (2160x3840), 8K (4320x7680) and a batch of 256 224x224 images (the last is about the
+size of L2: reported, judged like the others). Volumes: 512^3 uint16 and 256x512x512 float32.
+Through the torch adapter (outputs from torch's allocator, like the composites'); CUDA events,
+interleaved rounds, medians after warm-up (bench/timing.py). Bytes: each input read once and the
+output written once; normalize_volume's input twice (its min/max pass, then the map).
+torch composites:
+  rgb_to_gray          (img.float() @ w).round().clamp(0, 255).to(torch.uint8)  (float: no rounding)
+  to_tensor_normalize  ((img.permute(0, 3, 1, 2).float() / 255) - mean[:, None, None]) / std[:, None, None]
+  normalize_volume     v = vol.float(); (v - v.min()) / (v.max() - v.min())
+torch.compile of the composite is timed apart on the largest shape of each op.
+Targets: rgb_to_gray and to_tensor_normalize >= 90% of the copy ceiling measured in the same run
+and >= 10x torch; normalize_volume >= 85% of the ceiling counting both passes.
+
+    python bench/bench_image.py [--out bench/results]
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import compiled, device_time_us, device_times_us, row_result, start, write_results  # noqa: E402
+
+HEADER = ["op", "dtype", "shape", "rawops us", "torch us", "torch.compile us", "rawops TB/s", "torch TB/s",
+          "of copy ceiling", "x torch", "meets target"]
+FRAMES = {"4K": (1, 2160, 3840), "8K": (1, 4320, 7680), "256x224x224": (256, 224, 224)}
+COMPILED_FRAME = "8K"
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+SIZE = {torch.uint8: 1, torch.uint16: 2, torch.float16: 2, torch.float32: 4, torch.bfloat16: 2}
+SHORT = {torch.uint8: "u8", torch.uint16: "u16", torch.float16: "f16", torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def _measure(ours, theirs, composite, compile_it):
+    times = device_times_us({"rawops": ours, "torch": theirs})
+    others = {}
+    if compile_it:
+        fn = compiled(composite)
+        others["torch.compile"] = device_time_us(fn)
+    return times["rawops"], times["torch"], others
+
+
+def _frame(n, h, w, dtype, planar=False):
+    if dtype == torch.uint8:
+        img = torch.randint(0, 256, (n, h, w, 3), dtype=torch.uint8, device="cuda")
+    else:
+        img = (torch.rand(n, h, w, 3, device="cuda") * 255).to(dtype)
+    return img.permute(0, 3, 1, 2).contiguous() if planar else img
+
+
+def gray_rows(ta, ceiling):
+    rows = []
+    cases = [(name, torch.uint8, torch.uint8, False) for name in FRAMES]
+    cases += [("4K", torch.float32, torch.float32, False), ("4K", torch.uint8, torch.uint8, True),
+              ("4K", torch.float16, torch.float16, False)]
+    for name, tin, tout, planar in cases:
+        img = _frame(*FRAMES[name], tin, planar)
+        pixels = img.numel() // 3
+        w = torch.tensor([0.299, 0.587, 0.114], device="cuda")
+        if planar:
+            def composite(img, w=w):
+                return torch.einsum("nchw,c->nhw", img.float(), w).round().clamp(0, 255).to(torch.uint8)
+        elif tout == torch.uint8:
+            def composite(img, w=w):
+                return (img.float() @ w).round().clamp(0, 255).to(torch.uint8)
+        else:
+            def composite(img, w=w, tout=tout):
+                return (img.float() @ w).to(tout)
+        us, us_torch, others = _measure(lambda: ta.rgb_to_gray(img, tout, channels_last=not planar),
+                                        lambda: composite(img), lambda: composite(img),
+                                        name == COMPILED_FRAME and not planar and tin == torch.uint8)
+        nbytes = pixels * (3 * SIZE[tin] + SIZE[tout])
+        tbps = nbytes / us / 1e6
+        meets = tbps >= 0.9 * ceiling and us_torch / us >= 10
+        label = "rgb_to_gray" + (" chw" if planar else "")
+        rows.append(row_result(label, f"{SHORT[tin]}->{SHORT[tout]}", f"{name} ({pixels} px)", nbytes, us, us_torch,
+                               others, ceiling, meets))
+        del img
+        torch.cuda.empty_cache()
+    return rows
+
+
+def to_tensor_rows(ta, ceiling):
+    rows = []
+    cases = [(name, torch.float32, "NCHW") for name in FRAMES]
+    cases += [("256x224x224", torch.float16, "NCHW"), ("256x224x224", torch.bfloat16, "NCHW"),
+              ("4K", torch.float32, "NHWC")]
+    mean = torch.tensor(MEAN, device="cuda")
+    std = torch.tensor(STD, device="cuda")
+    for name, tout, layout in cases:
+        img = _frame(*FRAMES[name], torch.uint8)
+        if layout == "NCHW":
+            def composite(img, tout=tout):
+                return (((img.permute(0, 3, 1, 2).float() / 255) - mean[:, None, None]) / std[:, None, None]).to(tout)
+        else:
+            def composite(img, tout=tout):
+                return (((img.float() / 255) - mean) / std).to(tout)
+        us, us_torch, others = _measure(lambda: ta.to_tensor_normalize(img, MEAN, STD, tout, layout),
+                                        lambda: composite(img), lambda: composite(img),
+                                        name == COMPILED_FRAME and tout == torch.float32)
+        nbytes = img.numel() * (1 + SIZE[tout])
+        tbps = nbytes / us / 1e6
+        meets = tbps >= 0.9 * ceiling and us_torch / us >= 10
+        rows.append(row_result(f"to_tensor_normalize {layout}", f"u8->{SHORT[tout]}", f"{name}x3", nbytes, us,
+                               us_torch, others, ceiling, meets))
+        del img
+        torch.cuda.empty_cache()
+    return rows
+
+
+def volume_rows(ta, ceiling):
+    rows = []
+    cases = [((512, 512, 512), torch.uint16, torch.float32, True), ((256, 512, 512), torch.float32, torch.float32, True),
+             ((512, 512, 512), torch.uint8, torch.float16, False)]
+    for shape, tin, tout, compile_it in cases:
+        if tin == torch.float32:
+            vol = torch.randn(shape, device="cuda")
+        else:
+            vol = torch.randint(0, 60000 if tin == torch.uint16 else 256, shape, dtype=torch.int32,
+                                device="cuda").to(tin)
+
+        def composite(vol, tout=tout):
+            v = vol.float()
+            return ((v - v.min()) / (v.max() - v.min())).to(tout)
+        us, us_torch, others = _measure(lambda: ta.normalize_volume(vol, out_dtype=tout), lambda: composite(vol),
+                                        lambda: composite(vol), compile_it)
+        n = vol.numel()
+        nbytes = n * (2 * SIZE[tin] + SIZE[tout])
+        meets = nbytes / us / 1e6 >= 0.85 * ceiling
+        rows.append(row_result("normalize_volume", f"{SHORT[tin]}->{SHORT[tout]}", "x".join(map(str, shape)), nbytes,
+                               us, us_torch, others, ceiling, meets))
+        del vol
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main():
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 0
+    out_dir, ceiling = started
+    import rawops.torch_adapter.image as ta
+
+    notes = {"copy ceiling TB/s": round(ceiling, 3),
+             "bytes": "input read once + output written once (normalize_volume: input twice)"}
+    text = write_results(out_dir, "image", "python bench/bench_image.py", [
+        ("rgb_to_gray", HEADER, gray_rows(ta, ceiling),
+         {**notes, "target": ">= 90% of the copy ceiling and >= 10x the torch composite"}),
+        ("to_tensor_normalize", HEADER, to_tensor_rows(ta, ceiling),
+         {**notes, "target": ">= 90% of the copy ceiling and >= 10x the torch composite"}),
+        ("normalize_volume", HEADER, volume_rows(ta, ceiling),
+         {**notes, "target": ">= 85% of the copy ceiling counting both passes"}),
+    ])
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
