@@ -77,7 +77,7 @@ def gray_rows(ta, ceiling):
         label = "rgb_to_gray" + (" chw" if planar else "")
         rows.append(row_result(label, f"{SHORT[tin]}->{SHORT[tout]}", f"{name} ({pixels} px)", nbytes, us, us_torch,
                                others, ceiling, meets))
-        del img
+        img = None
         torch.cuda.empty_cache()
     return rows
 
@@ -105,14 +105,15 @@ def to_tensor_rows(ta, ceiling):
         meets = tbps >= 0.9 * ceiling and us_torch / us >= 10
         rows.append(row_result(f"to_tensor_normalize {layout}", f"u8->{SHORT[tout]}", f"{name}x3", nbytes, us,
                                us_torch, others, ceiling, meets))
-        del img
+        img = None
         torch.cuda.empty_cache()
     return rows
 
 
 def volume_rows(ta, ceiling):
     rows = []
-    cases = [((512, 512, 512), torch.uint16, torch.float32, True), ((256, 512, 512), torch.float32, torch.float32, True),
+    cases = [((512, 512, 512), torch.uint16, torch.float32, True),
+             ((256, 512, 512), torch.float32, torch.float32, True),
              ((512, 512, 512), torch.uint8, torch.float16, False)]
     for shape, tin, tout, compile_it in cases:
         if tin == torch.float32:
@@ -131,7 +132,7 @@ def volume_rows(ta, ceiling):
         meets = nbytes / us / 1e6 >= 0.85 * ceiling
         rows.append(row_result("normalize_volume", f"{SHORT[tin]}->{SHORT[tout]}", "x".join(map(str, shape)), nbytes,
                                us, us_torch, others, ceiling, meets))
-        del vol
+        vol = None
         torch.cuda.empty_cache()
     return rows
 

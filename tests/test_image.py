@@ -439,14 +439,18 @@ def test_gray_large_frames_match_opencv(shape):
 VOLUME_SHAPES = [(), (1,), (7, 13), (3, 5, 7), (33, 64, 65), (4099, 1031)]
 
 
-def _volume(shape, dtype):
+def _volume(shape, dtype, edit=None):
+    """A random volume of dtype (a name); edit(t) may change it before the cast (torch's uint16
+    has few kernels: it is made in int32 and converted)."""
     import torch
 
-    if dtype == "uint8":
-        return torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda")
-    if dtype == "uint16":
-        return torch.randint(0, 65536, shape, dtype=torch.int32, device="cuda").to(torch.uint16)
-    return (torch.randn(shape, device="cuda") * 100 + 30).to(getattr(torch, dtype))
+    if dtype in ("uint8", "uint16"):
+        t = torch.randint(0, 256 if dtype == "uint8" else 65536, shape, dtype=torch.int32, device="cuda")
+    else:
+        t = torch.randn(shape, device="cuda") * 100 + 30
+    if edit is not None:
+        edit(t)
+    return t.to(getattr(torch, dtype))
 
 
 def _volume_reference(v, lo, hi, clip):
@@ -502,10 +506,12 @@ def test_normalize_volume_matches_torch_float64(shape, in_dtype, out_dtype):
 @pytest.mark.parametrize("in_dtype", im.VOLUME_DTYPES)
 def test_normalize_volume_extremes_anywhere_and_large(in_dtype):
     # 2^25 + 5 voxels (many min/max blocks, a scalar tail): the min in the tail, the max first
-    v = _volume(((1 << 25) + 5,), in_dtype)
     top = {"uint8": 255, "uint16": 65535, "float16": 60000.0, "float32": 1e30}[in_dtype]
     bottom = {"uint8": 0, "uint16": 0, "float16": -60000.0, "float32": -1e30}[in_dtype]
-    v[0], v[-1] = top, bottom
+
+    def extremes(t):
+        t[0], t[-1] = top, bottom
+    v = _volume(((1 << 25) + 5,), in_dtype, extremes)
     got = normalize_volume(_as_cupy(v))
     _check_volume(got, _volume_reference(v, None, None, True), "float32", f"{in_dtype} large")
     assert float(got[0]) == 1.0 and float(got[-1]) == 0.0
@@ -519,8 +525,7 @@ def test_normalize_volume_extremes_anywhere_and_large(in_dtype):
 def test_normalize_volume_nan_propagates(in_dtype):
     import torch
 
-    v = _volume((1000, 37), in_dtype)
-    v[500, 3] = float("nan")
+    v = _volume((1000, 37), in_dtype, lambda t: t.__setitem__((500, 3), float("nan")))
     got = torch.from_dlpack(normalize_volume(_as_cupy(v)))
     assert torch.isnan(got).all(), "a NaN voxel makes min and max NaN: every output NaN, as torch's composite"
     given = torch.from_dlpack(normalize_volume(_as_cupy(v), -50, 50))
@@ -669,7 +674,7 @@ def test_adapter_torch_compile_fullgraph():
         gray = ta.rgb_to_gray(img, torch.float32)
         x = ta.to_tensor_normalize(img, MEAN, STD, torch.float16)
         v = ta.normalize_volume(vol, 0, 1000, True)
-        return gray * 2, x.float() + 1, v.sum()
+        return gray * 2, x.float() + 1, v * 3
 
     img = torch.randint(0, 256, (2, 32, 48, 3), dtype=torch.uint8, device="cuda")
     vol = torch.randint(0, 2000, (8, 9, 10), dtype=torch.int32, device="cuda").float()
