@@ -1,0 +1,416 @@
+"""sort and argsort (the sort family), through the CuPy API and the torch adapter, against
+torch.sort: every argument check before a launch and the launch plan without a GPU; with one,
+every key dtype on fresh random data at row lengths on both sides of every path's boundary,
+ties, NaN, infinities and signed zeros, stability, both rankings of the block tiles, views,
+another dim, the adapter's autograd and torch.compile.
+
+Every sort here is stable, so its indices must equal torch.sort(stable=True)'s exactly, and its
+values must be the input gathered at them, bit for bit."""
+import os
+import re
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rawops.sort as rs  # noqa: E402
+from test_validation import FakeCAI, assert_passes_validation  # noqa: E402
+
+TYPESTRS = {"float32": "<f4", "float16": "<f2", "int32": "<i4", "int64": "<i8"}
+KEY_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+              "int32": torch.int32, "int64": torch.int64}
+
+
+# ------------------------------------------------------------------------------ the plan
+def test_rows_up_to_32_take_groups_of_lanes():
+    assert rs.plan(1000, 32, 32) == rs.Plan("warp", "sort_warp", -(-1000 // 8), 256, 0)
+    assert rs.plan(1000, 2, 32).blocks == -(-1000 // (8 * 16))  # 16 rows a warp
+    assert rs.plan(1000, 3, 16).blocks == -(-1000 // (8 * 8))  # groups of 4 lanes
+    assert rs.plan(5, 1, 64).kind == "warp"
+
+
+@pytest.mark.parametrize("n,tile", [(33, (32, 4)), (128, (32, 4)), (129, (32, 8)), (512, (64, 8)),
+                                    (513, (128, 8)), (1024, (128, 8)), (1025, (256, 8)), (4096, (256, 16)),
+                                    (4097, (512, 16)), (8192, (512, 16))])
+def test_the_smallest_tile_that_holds_the_row(n, tile):
+    for bits in (16, 32):
+        p = rs.plan(77, n, bits)
+        assert p == rs.Plan("tile", rs.tile_kernel(tile), 77, tile[0], 0)
+    assert rs.tile_for(n, 64) == (tile if n <= 4096 else None)
+
+
+@pytest.mark.parametrize("bits,passes", [(16, 3), (32, 6), (64, 11)])
+def test_rows_past_the_largest_tile_take_one_segmented_pass_a_digit(bits, passes):
+    n = 8193 if bits < 64 else 4097
+    assert rs.plan(3, n, bits) == rs.Plan("segmented", f"sort_pass_k{bits}", 3, rs.SEGMENT_THREADS, passes)
+    assert rs.plan(3, n - 1, bits).kind == "tile"
+    assert rs.scratch_bytes(3, n, bits) == 2 * 3 * n * (bits // 8 + 4)
+    assert rs.scratch_bytes(3, n - 1, bits) == 0
+    assert passes * rs.RADIX_BITS >= bits > (passes - 1) * rs.RADIX_BITS
+
+
+def test_grids_are_capped_and_the_kernels_loop_over_rows():
+    assert rs.plan(1 << 40, 1024, 32).blocks == rs.MAX_GRID
+    assert rs.plan(1 << 40, 5, 32).blocks == rs.MAX_GRID
+
+
+def test_tiles_hold_16_bit_positions_and_grow():
+    sizes = [t * i for t, i in rs.TILES]
+    assert sizes == sorted(sizes) and sizes[-1] < 1 << 16
+    assert all(t % 32 == 0 for t, _ in rs.TILES)
+
+
+def test_table_names_every_entry_of_the_kernel_file():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "sort.cu")) as f:
+        source = f.read()
+    narrow = re.search(r"#define RAWOPS_SORT_TILES_NARROW.*?\n\n", source, flags=re.S).group(0)
+    wide = re.search(r"#define RAWOPS_SORT_TILES_WIDE.*?\n\n", source, flags=re.S).group(0)
+    pairs = r"RAWOPS_SORT_TILE_PAIR\(T, suffix, (\d+), (\d+), (\d+)\)"
+    assert [(int(t), int(i)) for t, i, _ in re.findall(pairs, narrow)] == list(rs.TILES)
+    assert [(int(t), int(i)) for t, i, _ in re.findall(pairs, wide)] == list(rs.WIDE_TILES)
+    assert {(int(t), int(i)): int(b) for t, i, b in re.findall(pairs, narrow)} == rs.COUNT_BITS
+    instantiated = re.findall(r"^RAWOPS_SORT_TILES_(NARROW|WIDE)\([\w ]+,\s*(\w+)\)", source, flags=re.M)
+    assert tuple(s for _, s in instantiated) == rs.SUFFIXES
+    assert [s for kind, s in instantiated if kind == "WIDE"] == ["i64"]
+    assert re.findall(r"^RAWOPS_SORT_PASS\([\w ]+,\s*(k\d+)\)", source, flags=re.M) == ["k16", "k32", "k64"]
+
+
+# ------------------------------------------------------------------------------ checks, no GPU
+def _fake(shape=(4, 16), typestr="<f4", **kw):
+    return FakeCAI(shape, typestr, **kw)
+
+
+@pytest.mark.parametrize("op", [rs.sort, rs.argsort])
+@pytest.mark.parametrize("typestr", list(TYPESTRS.values()))
+def test_valid_calls_pass_validation(op, typestr):
+    assert_passes_validation(op, _fake(typestr=typestr))
+    assert_passes_validation(op, _fake(typestr=typestr), dim=0, descending=True, stable=True)
+    assert_passes_validation(op, _fake((3, 70000), typestr))
+    assert_passes_validation(op, _fake((), typestr), dim=-1)
+
+
+@pytest.mark.parametrize("op", [rs.sort, rs.argsort])
+@pytest.mark.parametrize("typestr,words", [("|b1", "|b1"), ("<f8", "<f8"), ("<c8", "<c8"), ("|u1", "uint8"),
+                                           ("<u2", "uint16"), ("<i2", "<i2")])
+def test_unsupported_dtypes_are_refused_naming_x(op, typestr, words):
+    name = op.__name__
+    with pytest.raises(TypeError, match=f"x has dtype .*{re.escape(words)}.*; {name} supports float32"):
+        op(_fake(typestr=typestr))
+
+
+@pytest.mark.parametrize("shape,dim", [((4, 16), 2), ((4, 16), -3), ((16,), 1), ((), 1), ((), -2)])
+def test_dim_out_of_range_is_refused(shape, dim):
+    with pytest.raises(ValueError, match=f"dim {dim} is out of range"):
+        rs.sort(_fake(shape), dim=dim)
+
+
+def test_scalar_arguments_are_checked():
+    with pytest.raises(TypeError, match="dim must be an int"):
+        rs.sort(_fake(), dim=1.0)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        rs.sort(_fake(), dim=True)
+    with pytest.raises(TypeError, match="descending must be a bool"):
+        rs.sort(_fake(), descending=1)
+    with pytest.raises(TypeError, match="stable must be a bool"):
+        rs.argsort(_fake(), stable=None)
+
+
+def test_misaligned_pointer_is_refused():
+    with pytest.raises(ValueError, match="misaligned"):
+        rs.sort(_fake(ptr=0x100000000002))
+
+
+def test_host_arrays_are_refused():
+    with pytest.raises(TypeError, match="host"):
+        rs.sort(np.zeros((4, 16), np.float32))
+    with pytest.raises(TypeError, match="GPU array"):
+        rs.argsort([3, 1, 2])
+
+
+def test_strided_layouts_pass_validation_and_are_copied():
+    # a transpose along the last dim (copied first, as documented) and a row-strided view
+    assert_passes_validation(rs.sort, _fake((4, 16), strides=(4, 64)))
+    assert_passes_validation(rs.sort, _fake((4, 16), strides=(128, 4)))
+
+
+# the adapter's checks run before the device is looked at: CPU tensors show them
+def test_adapter_checks_name_the_argument():
+    import rawops.torch_adapter.sort as ta
+
+    x = torch.zeros(4, 16)
+    with pytest.raises(TypeError, match="input must be a torch.Tensor"):
+        ta.sort(np.zeros((4, 16)))
+    for dtype in (torch.bool, torch.float64, torch.complex64, torch.uint8, torch.int16):
+        with pytest.raises(TypeError, match=f"input has dtype {dtype}; sort supports"):
+            ta.sort(x.to(dtype))
+        with pytest.raises(TypeError, match=f"input has dtype {dtype}; argsort supports"):
+            ta.argsort(x.to(dtype))
+    with pytest.raises(IndexError, match="dim 2 is out of range"):
+        ta.sort(x, 2)
+    with pytest.raises(IndexError, match="dim 1 is out of range"):
+        ta.sort(torch.zeros(()), 1)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        ta.argsort(x, 0.0)
+    with pytest.raises(TypeError, match="descending must be a bool"):
+        ta.sort(x, -1, None)
+    with pytest.raises(TypeError, match="stable must be a bool"):
+        ta.sort(x, stable=1)
+    with pytest.raises(ValueError, match="input is on cpu"):
+        ta.sort(x)
+    with pytest.raises(TypeError):  # stable is keyword-only, as in torch.sort
+        ta.sort(x, -1, False, True)
+
+
+def test_adapter_signatures_are_torchs():
+    import inspect
+
+    import rawops.torch_adapter.sort as ta
+
+    for ours, name in ((ta.sort, "sort"), (ta.argsort, "argsort")):
+        params = inspect.signature(ours).parameters
+        assert list(params) == ["input", "dim", "descending", "stable"], name
+        assert params["stable"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert (params["dim"].default, params["descending"].default, params["stable"].default) == (-1, False, False)
+
+
+# ------------------------------------------------------------------------------ GPU
+def _data(rows, n, dtype, kind="random"):
+    """Fresh data in dtype: "random" (normal floats, ints over a range as wide as the row),
+    "ties" (a handful of distinct values), "special" (floats: NaN, +-inf, +-0.0 among ties)."""
+    g = torch.Generator(device="cuda")
+    g.seed()
+    if dtype.is_floating_point:
+        if kind == "random":
+            return torch.randn(rows, n, device="cuda", generator=g).to(dtype)
+        x = torch.randint(-3, 4, (rows, n), device="cuda", generator=g).to(dtype)
+        if kind == "special":
+            pick = torch.randint(0, 8, (rows, n), device="cuda", generator=g)
+            specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, float("nan")],
+                                    device="cuda").to(dtype)
+            x = torch.where(pick < 6, specials[pick.clamp(max=5)], x)
+        return x
+    info = torch.iinfo(dtype)
+    if kind == "random":  # int64: 2**62 either side (randint's range must fit an int64)
+        bound = 1 << min(info.bits - 1, 62)
+        return torch.randint(-bound, bound, (rows, n), device="cuda", generator=g, dtype=dtype)
+    x = torch.randint(-3, 4, (rows, n), device="cuda", generator=g, dtype=dtype)
+    if kind == "special":  # the extremes, whose keys sit next to the padding's
+        pick = torch.randint(0, 8, (rows, n), device="cuda", generator=g)
+        x = torch.where(pick == 0, info.max, torch.where(pick == 1, info.min, x))
+    return x
+
+
+def _bits(t):
+    view = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+    return t.view(view[t.dtype]) if t.dtype in view else t
+
+
+def check_sort(x, dim, descending, values, indices, what=""):
+    """indices equal torch's stable sort's; values are x gathered at them, bit for bit."""
+    ref = torch.sort(x, dim=dim, descending=descending, stable=True)
+    assert indices.dtype == torch.int64 and indices.shape == x.shape, what
+    assert torch.equal(indices, ref.indices), f"{what}: indices differ from torch.sort(stable=True)'s"
+    if values is not None:
+        assert values.dtype == x.dtype and values.shape == x.shape, what
+        assert torch.equal(_bits(values), _bits(x.gather(dim, indices) if x.dim() else x)), f"{what}: values"
+
+
+def _poison(*tensors_like):
+    from gpu_reference import poison_pool
+
+    poison_pool(*[t.numel() * t.element_size() for t in tensors_like])
+    poison_pool(*[t.numel() * 8 for t in tensors_like])
+
+
+LENGTHS = [1, 2, 3, 5, 16, 31, 32, 33, 100, 128, 129, 1000, 1024, 1025, 2049, 4096, 4097, 8191, 8192, 8193, 70000]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["random", "ties", "special"])
+@pytest.mark.parametrize("dtype", list(KEY_DTYPES))
+def test_sort_matches_torch_at_every_row_length(dtype, kind):
+    import cupy
+
+    dt = KEY_DTYPES[dtype]
+    for n in LENGTHS:
+        rows = 3 if n > 8192 else 37
+        x = _data(rows, n, dt, kind)
+        for descending in (False, True):
+            what = f"{dtype} {kind} n={n} descending={descending}"
+            _poison(x)
+            values, indices = rs.sort(cupy.from_dlpack(x), descending=descending)
+            assert isinstance(values, cupy.ndarray) and isinstance(indices, cupy.ndarray)
+            check_sort(x, -1, descending, torch.from_dlpack(values), torch.from_dlpack(indices), what)
+            _poison(x)
+            only = rs.argsort(cupy.from_dlpack(x), descending=descending, stable=True)
+            check_sort(x, -1, descending, None, torch.from_dlpack(only), what + " argsort")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(KEY_DTYPES))
+def test_both_rankings_of_every_tile(dtype):
+    # the plan takes one ranking per tile; the other is launched here, so either may be chosen
+    dt = KEY_DTYPES[dtype]
+    suffix = rs.KEY_TYPES[dtype][0]
+    tiles = rs.WIDE_TILES if rs.BITS_OF[suffix] == 64 else rs.TILES
+    for threads, items in tiles:
+        n = threads * items - 3
+        for kind in ("random", "special"):
+            x = _data(5, n, dt, kind)
+            for ranking in ("match8", f"count{rs.COUNT_BITS[(threads, items)]}"):
+                for descending in (False, True):
+                    values, indices = torch.empty_like(x), torch.empty(x.shape, dtype=torch.int64, device="cuda")
+                    values.fill_(0), indices.fill_(-1)
+                    rs.launch_sort(0, suffix, x.data_ptr(), values.data_ptr(), indices.data_ptr(), 5, n, n, descending,
+                                   torch.cuda.current_stream().cuda_stream, None, ranking=ranking)
+                    check_sort(x, -1, descending, values, indices, f"{dtype} {threads}x{items} {ranking} {kind}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(KEY_DTYPES))
+def test_all_equal_rows_keep_their_order(dtype):
+    import cupy
+
+    dt = KEY_DTYPES[dtype]
+    for n in (7, 32, 1000, 8192, 20000):
+        x = torch.full((4, n), 3, dtype=dt, device="cuda")
+        for descending in (False, True):
+            values, indices = rs.sort(cupy.from_dlpack(x), descending=descending)
+            assert torch.equal(torch.from_dlpack(indices), torch.arange(n, device="cuda").expand(4, n))
+            assert torch.equal(torch.from_dlpack(values), x)
+
+
+@pytest.mark.gpu
+def test_nan_last_ascending_first_descending_and_signed_zeros_kept():
+    import cupy
+
+    x = torch.tensor([[float("nan"), 1.0, -0.0, float("-inf"), 0.0, float("inf"), -float("nan"), -0.0, 2.0]],
+                     device="cuda")
+    for dt in (torch.float32, torch.float16, torch.bfloat16):
+        xt = x.to(dt)
+        values, indices = rs.sort(cupy.from_dlpack(xt))
+        assert torch.from_dlpack(indices).tolist() == [[3, 2, 4, 7, 1, 8, 5, 0, 6]]
+        assert torch.equal(_bits(torch.from_dlpack(values)), _bits(xt[:, [3, 2, 4, 7, 1, 8, 5, 0, 6]]))
+        values, indices = rs.sort(cupy.from_dlpack(xt), descending=True)
+        assert torch.from_dlpack(indices).tolist() == [[0, 6, 5, 8, 1, 2, 4, 7, 3]]
+
+
+@pytest.mark.gpu
+def test_empty_and_zero_dim_and_length_one():
+    import cupy
+
+    for shape in [(0, 5), (5, 0), (0,), (3, 0, 4)]:
+        x = cupy.empty(shape, dtype=cupy.float32)
+        for dim in range(len(shape)):
+            values, indices = rs.sort(x, dim=dim)
+            assert values.shape == shape and indices.shape == shape and indices.dtype == cupy.int64
+    x = torch.tensor(2.5, device="cuda")
+    values, indices = rs.sort(cupy.from_dlpack(x))
+    assert values.shape == () and float(values) == 2.5 and int(indices) == 0
+    x = _data(1000, 1, torch.float32)
+    values, indices = rs.sort(cupy.from_dlpack(x))
+    assert torch.equal(torch.from_dlpack(values), x) and not torch.from_dlpack(indices).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [5, 700, 9000])
+def test_views_and_other_dims(n):
+    import cupy
+
+    base = _data(20, n + 24, torch.float32, "ties")
+    for what, x in (("sliced columns", base[:, 24:]), ("every other row", base[::2, :n]),
+                    ("transposed", base[:, :n].t().contiguous().t()), ("row broadcast", base[:1, :n].expand(6, n))):
+        xc = cupy.from_dlpack(x) if what != "row broadcast" else cupy.broadcast_to(cupy.from_dlpack(base[0, :n]),
+                                                                                   (6, n))
+        values, indices = rs.sort(xc, descending=True)
+        assert values.flags.c_contiguous and indices.flags.c_contiguous
+        check_sort(x, -1, True, torch.from_dlpack(values), torch.from_dlpack(indices), what)
+    x3 = _data(n, 6, torch.bfloat16, "special").reshape(n, 2, 3)
+    for dim in (0, 1, -2):
+        values, indices = rs.sort(cupy.from_dlpack(x3), dim=dim)
+        assert values.flags.c_contiguous
+        check_sort(x3, dim, False, torch.from_dlpack(values), torch.from_dlpack(indices), f"dim {dim}")
+
+
+@pytest.mark.gpu
+def test_stream_argument_orders_the_launch():
+    import cupy
+
+    from gpu_reference import written_late
+
+    source = _data(64, 5000, torch.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    x = written_late(source, stream)
+    values, indices = rs.sort(cupy.from_dlpack(x), stream=stream)
+    stream.synchronize()
+    check_sort(source, -1, False, torch.from_dlpack(values), torch.from_dlpack(indices), "on stream")
+
+
+# ------------------------------------------------------------------------------ torch adapter
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(KEY_DTYPES))
+def test_adapter_matches_torch(dtype):
+    import rawops.torch_adapter.sort as ta
+    from gpu_reference import poison_torch_pool
+
+    dt = KEY_DTYPES[dtype]
+    for shape, dim in (((67, 1000), -1), ((67, 1000), 0), ((9, 20000), 1), ((3, 4, 33), 1), ((5,), 0), ((), 0)):
+        x = _data(1, int(np.prod(shape)), dt, "special").reshape(shape)
+        for descending in (False, True):
+            poison_torch_pool(x.numel() * x.element_size(), x.numel() * 8)
+            result = ta.sort(x, dim, descending)
+            assert isinstance(result, torch.return_types.sort)
+            check_sort(x, dim, descending, result.values, result.indices, f"adapter {shape} dim={dim}")
+            indices = ta.argsort(x, dim, descending, stable=True)
+            check_sort(x, dim, descending, None, indices, f"adapter argsort {shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n", [20, 1000, 10000])
+def test_adapter_autograd_matches_torchs_backward(dtype, n):
+    import rawops.torch_adapter.sort as ta
+
+    dt = KEY_DTYPES[dtype]
+    x = _data(6, n, dt, "ties")
+    for dim, descending in ((-1, False), (0, True)):
+        leaf, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+        grad = torch.randn(x.shape, device="cuda").to(dt)
+        values, indices = ta.sort(leaf, dim, descending)
+        values.backward(grad)
+        expected = torch.sort(ref, dim, descending, stable=True)
+        expected.values.backward(grad)
+        assert torch.equal(indices, expected.indices)
+        assert torch.equal(leaf.grad, ref.grad), f"grad, dim {dim}"
+        assert not indices.requires_grad
+        with torch.no_grad():
+            assert torch.equal(ta.sort(x, dim, descending).values, values.detach())
+
+
+@pytest.mark.gpu
+def test_adapter_gradcheck():
+    import rawops.torch_adapter.sort as ta
+
+    # values 0.5 apart: the finite differences never reorder them
+    x = (torch.randperm(27, device="cuda").float() * 0.5).reshape(3, 9).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: ta.sort(t, 1).values, (x,), eps=1e-2, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+def test_adapter_under_torch_compile_fullgraph():
+    import rawops.torch_adapter.sort as ta
+
+    def f(x):
+        values, indices = ta.sort(x * 2, -1, True)
+        return values.sum(-1) + ta.argsort(x, 0).float().sum(0)[:1], indices
+
+    compiled = torch.compile(f, fullgraph=True)
+    x = _data(16, 300, torch.float32, "ties")
+    leaf, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, indices = compiled(leaf)
+    out.sum().backward()
+    expected = torch.sort(ref * 2, -1, True, stable=True)
+    (expected.values.sum(-1) + torch.argsort(ref, 0, stable=True).float().sum(0)[:1]).sum().backward()
+    assert torch.equal(indices, expected.indices)
+    assert torch.equal(leaf.grad, ref.grad)
