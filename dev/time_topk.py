@@ -43,5 +43,37 @@ def main():
               flush=True)
 
 
+def forced(x, k, kernel):
+    """topk of x (2-D, contiguous, float32) through one named kernel of the fatbin (topk_warp<K>
+    or topk_radix, one launch), for comparing kernels on one shape."""
+    from rawops import _modules
+    from rawops._launch import launch
+
+    rows, n = x.shape
+    values = torch.empty(rows, k, device="cuda")
+    indices = torch.empty(rows, k, dtype=torch.int64, device="cuda")
+    device = torch.cuda.current_device()
+    stream = torch.cuda.current_stream().cuda_stream
+    function = _modules.function_pointer(tk.FAMILY, f"{kernel}_f32", device)
+    if kernel == "topk_radix":
+        args, kinds, grid = (x.data_ptr(), 0, values.data_ptr(), indices.data_ptr(), rows, n, n, 1, k, 1, 1), \
+            tk.RADIX_KINDS, rows
+    else:
+        args, kinds, grid = (x.data_ptr(), values.data_ptr(), indices.data_ptr(), rows, n, n, k, 1), tk.WARP_KINDS, \
+            -(-rows // 8)
+    return lambda: launch(function, (grid,), 256, 0, stream, args, kinds, device)
+
+
+def compare_kernels():
+    for rows, n, k in ((65536, 1024, 8), (65536, 1024, 32), (4096, 8192, 8)):
+        x = torch.randn(rows, n, device="cuda")
+        K = next(K for K in tk.WARP_KS if k <= K)
+        fns = {name: forced(x, k, name) for name in ("topk_warp", f"topk_warp{K}", "topk_radix")}
+        fns["torch"] = lambda: torch.topk(x, k)
+        us = timing.device_times_us(fns)
+        print(f"{str((rows, n)):>16} k={k:<3} " + "  ".join(f"{name} {t:.1f}" for name, t in us.items()), flush=True)
+
+
 if __name__ == "__main__":
     main()
+    compare_kernels()

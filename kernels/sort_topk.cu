@@ -43,6 +43,7 @@ using rawops::SortKey;
 constexpr int kThreads = 256;        // both kernels' block
 constexpr int kMaxK = 1024;          // radix select's largest k: kThreads * kSortItems
 constexpr int kSortItems = kMaxK / kThreads;
+constexpr int kRadixBlocksPerSM = 4;  // radix select: registers capped so that 4 blocks share an SM
 constexpr int kUnroll = 4;           // 16-byte loads in flight per thread before any is used
 constexpr unsigned kNoPos = 0x7fffffffu;  // an empty register slot's position: after every real one
 
@@ -84,6 +85,14 @@ template <typename Bits> __device__ __forceinline__ Bits shuffle_xor(Bits v, int
 }
 template <> __device__ __forceinline__ unsigned long long shuffle_xor(unsigned long long v, int offset) {
   return __shfl_xor_sync(0xffffffffu, v, offset);
+}
+
+// A key from lane `source`.
+template <typename Bits> __device__ __forceinline__ Bits shuffle_from(Bits v, int source) {
+  return static_cast<Bits>(__shfl_sync(0xffffffffu, static_cast<unsigned>(v), source));
+}
+template <> __device__ __forceinline__ unsigned long long shuffle_from(unsigned long long v, int source) {
+  return __shfl_sync(0xffffffffu, v, source);
 }
 
 template <typename Bits>
@@ -161,12 +170,144 @@ __device__ __forceinline__ void topk_warp(const T* __restrict__ x, T* __restrict
   }
 }
 
+// ------------------------------------------------------------------------------ warp filter
+// One warp per row, k <= 32: the warp's list of the 32 smallest (key, position) pairs seen so
+// far, one per lane in ascending lane order, and its k-th entry as the threshold. Every element
+// is compared with the threshold (one compare: most fail once the list has filled); those
+// below it are appended to the warp's ring of candidates in shared memory (ballot-ranked), and
+// every 32 candidates are sorted across the warp (bitonic) and merged into the list (the
+// pairwise minimum with the reversed list, then a bitonic merge), which lowers the threshold.
+// Any element above the threshold has k seen ones before it, so the list ends holding the
+// row's k smallest, in order. Loops are warp-uniform (the ballots need every lane).
+
+// The ring: candidates appended between two flushes (a vector's elements per lane, 32 lanes)
+// plus the 31 a flush may leave, rounded up to a power of two.
+template <typename T> struct Ring {
+  static constexpr int kVector = 16 / sizeof(T);
+  static constexpr int kNeed = 32 * (kVector + 1);
+  static constexpr int kSize = kNeed <= 128 ? 128 : kNeed <= 256 ? 256 : 512;
+};
+
+// One compare-exchange of a bitonic network: lanes `stride` apart, the lower lane keeping the
+// smaller pair of an ascending block and the larger of a descending one.
+template <typename Bits>
+__device__ __forceinline__ void exchange(Bits& key, unsigned& pos, int lane, int stride, bool ascending) {
+  const Bits ok = shuffle_xor(key, stride);
+  const unsigned op = __shfl_xor_sync(0xffffffffu, pos, stride);
+  const bool lower = (lane & stride) == 0;
+  if (lower == ascending ? before(ok, op, key, pos) : before(key, pos, ok, op)) {
+    key = ok;
+    pos = op;
+  }
+}
+
+// The list (ascending over lanes) becomes the 32 smallest of itself and 32 candidates.
+template <typename Bits>
+__device__ __forceinline__ void merge_candidates(Bits& lk, unsigned& lp, Bits ck, unsigned cp, int lane) {
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) exchange(ck, cp, lane, stride, (lane & size) == 0);
+  }
+  const Bits rk = shuffle_xor(ck, 31);  // the candidates reversed: min with the list is bitonic
+  const unsigned rp = __shfl_xor_sync(0xffffffffu, cp, 31);
+  if (before(rk, rp, lk, lp)) {
+    lk = rk;
+    lp = rp;
+  }
+#pragma unroll
+  for (int stride = 16; stride > 0; stride >>= 1) exchange(lk, lp, lane, stride, true);
+}
+
+template <typename T>
+__device__ __forceinline__ void topk_warp_filter(const T* __restrict__ x, T* __restrict__ values,
+                                                 i64* __restrict__ indices, long long rows, long long n,
+                                                 long long x_stride, long long k, long long largest) {
+  using Bits = typename SortKey<T>::Bits;
+  constexpr int V = 16 / sizeof(T);
+  constexpr int kRing = Ring<T>::kSize;
+  constexpr int kWarps = kThreads / 32;
+  constexpr Bits kNoKey = static_cast<Bits>(~Bits(0));
+  __shared__ Bits ring_key[kWarps][kRing];
+  __shared__ unsigned ring_pos[kWarps][kRing];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  Bits* rk = ring_key[warp];
+  unsigned* rp = ring_pos[warp];
+  const bool desc = largest != 0;
+  const unsigned below_me = (1u << lane) - 1u;
+  for (long long row = static_cast<long long>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<long long>(gridDim.x) * kWarps) {
+    const T* xr = x + row * x_stride;
+    Bits lk = kNoKey, tk = kNoKey;  // the list's entry of this lane; the threshold (entry k-1)
+    unsigned lp = kNoPos, tp = kNoPos;
+    int first = 0, count = 0;  // the ring's unmerged candidates (warp-uniform)
+    auto flush = [&]() {       // merge the ring's first min(count, 32) candidates
+      __syncwarp();
+      Bits ck = kNoKey;
+      unsigned cp = kNoPos;
+      if (lane < count) {
+        ck = rk[(first + lane) & (kRing - 1)];
+        cp = rp[(first + lane) & (kRing - 1)];
+      }
+      __syncwarp();
+      const int taken = count < 32 ? count : 32;
+      first = (first + taken) & (kRing - 1);
+      count -= taken;
+      merge_candidates(lk, lp, ck, cp, lane);
+      tk = shuffle_from(lk, static_cast<int>(k - 1));
+      tp = __shfl_sync(0xffffffffu, lp, static_cast<int>(k - 1));
+    };
+    auto offer = [&](T v, long long i, bool valid) {
+      const Bits kv = rawops::sort_key(v, desc);
+      const unsigned pv = static_cast<unsigned>(i);
+      const bool pass = valid && before(kv, pv, tk, tp);
+      const unsigned m = __ballot_sync(0xffffffffu, pass);
+      if (pass) {
+        const int slot = (first + count + __popc(m & below_me)) & (kRing - 1);
+        rk[slot] = kv;
+        rp[slot] = pv;
+      }
+      count += __popc(m);
+    };
+    // Elements before the row's first 16-byte boundary, then vectors, then the tail: every
+    // lane takes each step, those without an element offering nothing.
+    long long head = static_cast<long long>(((16 - (reinterpret_cast<unsigned long long>(xr) & 15)) & 15) / sizeof(T));
+    if (head > n) head = n;
+    offer(lane < head ? xr[lane] : T(), lane, lane < head);
+    const long long vectors = (n - head) / V;
+    const uint4* xv = reinterpret_cast<const uint4*>(xr + head);
+    for (long long base = 0; base < vectors; base += 32 * kUnroll) {
+      uint4 u[kUnroll];
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        const long long vi = base + q * 32 + lane;
+        if (vi < vectors) u[q] = __ldg(xv + vi);
+      }
+#pragma unroll
+      for (int q = 0; q < kUnroll; ++q) {
+        const long long vi = base + q * 32 + lane;
+        const T* e = reinterpret_cast<const T*>(&u[q]);
+#pragma unroll
+        for (int j = 0; j < V; ++j) offer(e[j], head + vi * V + j, vi < vectors);
+        while (count >= 32) flush();
+      }
+    }
+    const long long done = head + vectors * V;
+    offer(done + lane < n ? xr[done + lane] : T(), done + lane, done + lane < n);
+    while (count > 0) flush();
+    if (lane < k) {
+      values[row * k + lane] = xr[lp];
+      indices[row * k + lane] = static_cast<i64>(lp);
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------ radix select
 template <typename T>
 struct RadixShared {
   using Bits = typename SortKey<T>::Bits;
   using Scan = cub::BlockScan<unsigned, kThreads>;
-  using Sort = cub::BlockRadixSort<Bits, kThreads, kSortItems, int>;
+  template <int ITEMS> using Sort = cub::BlockRadixSort<Bits, kThreads, ITEMS, int>;
   unsigned hist[256];
   typename Scan::TempStorage scan;
   int digit, missing, whole, below, equal;
@@ -175,9 +316,42 @@ struct RadixShared {
       Bits key[kMaxK];
       int pos[kMaxK];
     } picked;
-    typename Sort::TempStorage sort;
+    typename Sort<1>::TempStorage sort1;
+    typename Sort<2>::TempStorage sort2;
+    typename Sort<kSortItems>::TempStorage sort4;
   };
+  template <int ITEMS> __device__ __forceinline__ typename Sort<ITEMS>::TempStorage& sort() {
+    if constexpr (ITEMS == 1) return sort1;
+    else if constexpr (ITEMS == 2) return sort2;
+    else return sort4;
+  }
 };
+
+// The k picked pairs in ascending key order (stable: the padding after real keys), each
+// written as its value (gathered from the row) and index; the sort as wide as k needs.
+template <typename T, int ITEMS>
+__device__ __forceinline__ void sort_and_write(RadixShared<T>& s, int t, long long k, const T* xr, const i64* ir,
+                                               T* vo, i64* io) {
+  using Bits = typename SortKey<T>::Bits;
+  Bits keys[ITEMS];
+  int pos[ITEMS];
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const int i = t * ITEMS + j;
+    keys[j] = i < k ? s.picked.key[i] : static_cast<Bits>(~Bits(0));
+    pos[j] = i < k ? s.picked.pos[i] : -1;
+  }
+  __syncthreads();  // the sort's storage overlays the picked arrays
+  typename RadixShared<T>::template Sort<ITEMS>(s.template sort<ITEMS>()).SortBlockedToStriped(keys, pos);
+#pragma unroll
+  for (int j = 0; j < ITEMS; ++j) {
+    const int r = j * kThreads + t;
+    if (r < k) {
+      vo[r] = xr[pos[j]];
+      io[r] = ir ? ir[pos[j]] : static_cast<i64>(pos[j]);
+    }
+  }
+}
 
 template <typename T>
 __device__ __forceinline__ void topk_radix(const T* __restrict__ x, const i64* __restrict__ in_idx,
@@ -246,24 +420,9 @@ __device__ __forceinline__ void topk_radix(const T* __restrict__ x, const i64* _
     T* vo = values + b * k;
     i64* io = indices + b * k;
     if (sorted) {
-      Bits keys[kSortItems];
-      int pos[kSortItems];
-#pragma unroll
-      for (int j = 0; j < kSortItems; ++j) {
-        const int i = t * kSortItems + j;
-        keys[j] = i < k ? s.picked.key[i] : static_cast<Bits>(~Bits(0));
-        pos[j] = i < k ? s.picked.pos[i] : -1;
-      }
-      __syncthreads();  // the sort's storage overlays the picked arrays
-      typename S::Sort(s.sort).SortBlockedToStriped(keys, pos);
-#pragma unroll
-      for (int j = 0; j < kSortItems; ++j) {
-        const int r = j * kThreads + t;
-        if (r < k) {
-          vo[r] = xr[pos[j]];
-          io[r] = ir ? ir[pos[j]] : static_cast<i64>(pos[j]);
-        }
-      }
+      if (k <= kThreads) sort_and_write<T, 1>(s, t, k, xr, ir, vo, io);
+      else if (k <= 2 * kThreads) sort_and_write<T, 2>(s, t, k, xr, ir, vo, io);
+      else sort_and_write<T, kSortItems>(s, t, k, xr, ir, vo, io);
     } else {
       for (int r = t; r < k; r += kThreads) {
         const int p = s.picked.pos[r];
@@ -285,11 +444,16 @@ __device__ __forceinline__ void topk_radix(const T* __restrict__ x, const i64* _
   }
 
 #define RAWOPS_TOPK_FAMILY(T, suffix)                                                                       \
+  extern "C" __global__ void __launch_bounds__(kThreads) topk_warp_##suffix(                               \
+      const T* x, T* values, i64* indices, long long rows, long long n, long long x_stride, long long k,    \
+      long long largest) {                                                                                  \
+    topk_warp_filter<T>(x, values, indices, rows, n, x_stride, k, largest);                                 \
+  }                                                                                                         \
   RAWOPS_TOPK_WARP(T, 4, suffix)                                                                            \
   RAWOPS_TOPK_WARP(T, 8, suffix)                                                                            \
   RAWOPS_TOPK_WARP(T, 16, suffix)                                                                           \
   RAWOPS_TOPK_WARP(T, 32, suffix)                                                                           \
-  extern "C" __global__ void __launch_bounds__(kThreads) topk_radix_##suffix(                              \
+  extern "C" __global__ void __launch_bounds__(kThreads, kRadixBlocksPerSM) topk_radix_##suffix(                              \
       const T* x, const i64* in_idx, T* values, i64* indices, long long rows, long long n,          \
       long long x_stride, long long chunks, long long k, long long largest, long long sorted) {             \
     topk_radix<T>(x, in_idx, values, indices, rows, n, x_stride, chunks, k, largest, sorted);               \

@@ -14,7 +14,7 @@ results back (values and indices, moved into place). Any other layout is a Value
 x. Results are new contiguous arrays.
 
 Kernels (plan() chooses, a pure function of rows, n, k, dtype and the SM count): a warp per
-row keeping per-lane top-k lists in registers for k <= 32 over many rows; else a block radix
+row filtering the row against its running k-th smallest for k <= 32 over many rows; else a block radix
 select per row, each row cut over several blocks when the rows are too few to fill the GPU,
 the chunks' candidates merged by a second launch (scratch: rows * chunks * k values and
 int64 indices, allocated on the launch's stream).
@@ -29,11 +29,12 @@ from . import _modules, _rows
 
 FAMILY = "sort_topk"
 SUFFIXES = ("f32", "f16", "bf16", "i32", "i64")
-WARP_KS = (4, 8, 16, 32)  # the warp kernel's register lists: topk_warp<K>_<suffix> serves k <= K
+WARP_MAX_K = 32  # topk_warp: the warp's list is one pair per lane
+WARP_KS = (4, 8, 16, 32)  # the per-lane register lists of topk_warp<K>_<suffix>: k <= K
 _WARP_ARGS = ("x", "values", "indices", "rows", "n", "x_stride", "k", "largest")
 _RADIX_ARGS = ("x", "in_idx", "values", "indices", "rows", "n", "x_stride", "chunks", "k", "largest", "sorted")
 # The family's table: kernel base name -> argument names; each exists once per suffix.
-KERNELS = {**{f"topk_warp{K}": _WARP_ARGS for K in WARP_KS}, "topk_radix": _RADIX_ARGS}
+KERNELS = {"topk_warp": _WARP_ARGS, **{f"topk_warp{K}": _WARP_ARGS for K in WARP_KS}, "topk_radix": _RADIX_ARGS}
 WARP_KINDS = "pppqqqqq"
 RADIX_KINDS = "ppppqqqqqqq"
 
@@ -72,9 +73,8 @@ def plan(rows, n, k, dtype, sms):
     """The launch of topk over `rows` rows of `n` elements of `dtype` (a name of _KEY_TYPES),
     1 <= k <= min(n, MAX_K), rows > 0, on a GPU of `sms` multiprocessors."""
     itemsize = ITEMSIZE[dtype]
-    if k <= WARP_KS[-1] and rows >= WARP_MIN_ROWS_PER_SM * sms:
-        K = next(K for K in WARP_KS if k <= K)
-        return Plan(f"topk_warp{K}", min(-(-rows // WARP_ROWS), MAX_GRID), THREADS, 1)
+    if k <= WARP_MAX_K and rows >= WARP_MIN_ROWS_PER_SM * sms:
+        return Plan("topk_warp", min(-(-rows // WARP_ROWS), MAX_GRID), THREADS, 1)
     chunks = 1
     if rows < BLOCK_MIN_ROWS_PER_SM * sms:
         want = -(-SPLIT_BLOCKS_PER_SM * sms // rows)
