@@ -65,7 +65,8 @@ def forced(x, k, kernel):
 
 
 def compare_kernels():
-    for rows, n, k in ((65536, 1024, 8), (65536, 1024, 32), (4096, 8192, 8)):
+    for rows, n, k in ((65536, 1024, 8), (65536, 1024, 32), (4096, 8192, 8), (1000, 1024, 8), (1000, 32000, 8),
+                       (264, 4099, 16)):
         x = torch.randn(rows, n, device="cuda")
         K = next(K for K in tk.WARP_KS if k <= K)
         fns = {name: forced(x, k, name) for name in ("topk_warp", f"topk_warp{K}", "topk_radix")}
