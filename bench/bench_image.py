@@ -11,6 +11,8 @@ torch composites:
   to_tensor_normalize  ((img.permute(0, 3, 1, 2).float() / 255) - mean[:, None, None]) / std[:, None, None]
   normalize_volume     v = vol.float(); (v - v.min()) / (v.max() - v.min())
 torch.compile of the composite is timed apart on the largest shape of each op.
+Beside each row, a device copy of the same number of bytes timed in the same rounds: the op's own
+limit at that size (a 4K frame moves 33 MB, where a launch's fixed cost is a visible share).
 Targets: rgb_to_gray and to_tensor_normalize >= 90% of the copy ceiling measured in the same run
 and >= 10x torch; normalize_volume >= 85% of the ceiling counting both passes.
 
@@ -25,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import compiled, device_time_us, device_times_us, row_result, start, write_results  # noqa: E402
 
 HEADER = ["op", "dtype", "shape", "rawops us", "torch us", "torch.compile us", "rawops TB/s", "torch TB/s",
-          "of copy ceiling", "x torch", "meets target"]
+          "of copy ceiling", "copy of same bytes us", "of same-size copy", "x torch", "meets target"]
 FRAMES = {"4K": (1, 2160, 3840), "8K": (1, 4320, 7680), "256x224x224": (256, 224, 224)}
 COMPILED_FRAME = "8K"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -33,13 +35,25 @@ SIZE = {torch.uint8: 1, torch.uint16: 2, torch.float16: 2, torch.float32: 4, tor
 SHORT = {torch.uint8: "u8", torch.uint16: "u16", torch.float16: "f16", torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
-def _measure(ours, theirs, composite, compile_it):
-    times = device_times_us({"rawops": ours, "torch": theirs})
+def _measure(ours, theirs, composite, compile_it, nbytes):
+    """(rawops us, torch us, other columns): ours and theirs interleaved with a device copy of the
+    same bytes (nbytes / 2 read, nbytes / 2 written: the op's own limit at its size, fixed launch
+    costs included), torch.compile of the composite timed apart."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = device_times_us({"rawops": ours, "torch": theirs, "copy": lambda: dst.copy_(src)})
     others = {}
     if compile_it:
         fn = compiled(composite)
         others["torch.compile"] = device_time_us(fn)
-    return times["rawops"], times["torch"], others
+    return times["rawops"], times["torch"], times["copy"], others
+
+
+def _row(op, dtype, shape, nbytes, us, us_torch, us_copy, others, ceiling, meets):
+    row = row_result(op, dtype, shape, nbytes, us, us_torch, others, ceiling, meets)
+    row["copy of same bytes us"] = us_copy
+    row["of same-size copy"] = us_copy / us
+    return row
 
 
 def _frame(n, h, w, dtype, planar=False):
@@ -68,15 +82,15 @@ def gray_rows(ta, ceiling):
         else:
             def composite(img, w=w, tout=tout):
                 return (img.float() @ w).to(tout)
-        us, us_torch, others = _measure(lambda: ta.rgb_to_gray(img, tout, channels_last=not planar),
-                                        lambda: composite(img), lambda: composite(img),
-                                        name == COMPILED_FRAME and not planar and tin == torch.uint8)
         nbytes = pixels * (3 * SIZE[tin] + SIZE[tout])
+        us, us_torch, us_copy, others = _measure(lambda: ta.rgb_to_gray(img, tout, channels_last=not planar),
+                                                 lambda: composite(img), lambda: composite(img),
+                                                 name == COMPILED_FRAME and not planar and tin == torch.uint8, nbytes)
         tbps = nbytes / us / 1e6
         meets = tbps >= 0.9 * ceiling and us_torch / us >= 10
         label = "rgb_to_gray" + (" chw" if planar else "")
-        rows.append(row_result(label, f"{SHORT[tin]}->{SHORT[tout]}", f"{name} ({pixels} px)", nbytes, us, us_torch,
-                               others, ceiling, meets))
+        rows.append(_row(label, f"{SHORT[tin]}->{SHORT[tout]}", f"{name} ({pixels} px)", nbytes, us, us_torch,
+                         us_copy, others, ceiling, meets))
         img = None
         torch.cuda.empty_cache()
     return rows
@@ -97,14 +111,14 @@ def to_tensor_rows(ta, ceiling):
         else:
             def composite(img, tout=tout):
                 return (((img.float() / 255) - mean) / std).to(tout)
-        us, us_torch, others = _measure(lambda: ta.to_tensor_normalize(img, MEAN, STD, tout, layout),
-                                        lambda: composite(img), lambda: composite(img),
-                                        name == COMPILED_FRAME and tout == torch.float32)
         nbytes = img.numel() * (1 + SIZE[tout])
+        us, us_torch, us_copy, others = _measure(lambda: ta.to_tensor_normalize(img, MEAN, STD, tout, layout),
+                                                 lambda: composite(img), lambda: composite(img),
+                                                 name == COMPILED_FRAME and tout == torch.float32, nbytes)
         tbps = nbytes / us / 1e6
         meets = tbps >= 0.9 * ceiling and us_torch / us >= 10
-        rows.append(row_result(f"to_tensor_normalize {layout}", f"u8->{SHORT[tout]}", f"{name}x3", nbytes, us,
-                               us_torch, others, ceiling, meets))
+        rows.append(_row(f"to_tensor_normalize {layout}", f"u8->{SHORT[tout]}", f"{name}x3", nbytes, us, us_torch,
+                         us_copy, others, ceiling, meets))
         img = None
         torch.cuda.empty_cache()
     return rows
@@ -125,13 +139,12 @@ def volume_rows(ta, ceiling):
         def composite(vol, tout=tout):
             v = vol.float()
             return ((v - v.min()) / (v.max() - v.min())).to(tout)
-        us, us_torch, others = _measure(lambda: ta.normalize_volume(vol, out_dtype=tout), lambda: composite(vol),
-                                        lambda: composite(vol), compile_it)
-        n = vol.numel()
-        nbytes = n * (2 * SIZE[tin] + SIZE[tout])
+        nbytes = vol.numel() * (2 * SIZE[tin] + SIZE[tout])
+        us, us_torch, us_copy, others = _measure(lambda: ta.normalize_volume(vol, out_dtype=tout),
+                                                 lambda: composite(vol), lambda: composite(vol), compile_it, nbytes)
         meets = nbytes / us / 1e6 >= 0.85 * ceiling
-        rows.append(row_result("normalize_volume", f"{SHORT[tin]}->{SHORT[tout]}", "x".join(map(str, shape)), nbytes,
-                               us, us_torch, others, ceiling, meets))
+        rows.append(_row("normalize_volume", f"{SHORT[tin]}->{SHORT[tout]}", "x".join(map(str, shape)), nbytes, us,
+                         us_torch, us_copy, others, ceiling, meets))
         vol = None
         torch.cuda.empty_cache()
     return rows

@@ -14,10 +14,14 @@
 //   x uint8 (images, pixels, C); y = x * s[c] + t[c] (one FMA: s = 1 / (255 std), t = -mean / std,
 //   passed by value), as (images, C, pixels) (nchw) or (images, pixels, C) (nhwc).
 //   Bytes: C * pixels read, C * pixels * sizeof(out) written.
-// Both walk chunks of IMAGE_PIXELS pixels of one image, one chunk a thread per grid-stride step:
-// a full chunk is 16-byte loads and stores (the 48 bytes of 16 uint8 RGB pixels are 3 of them)
-// when `vec` (the launcher's check that every chunk starts 16-byte aligned in every operand);
-// otherwise, and for an image's last partial chunk, element by element.
+// Both walk chunks of P pixels of one image, one chunk a thread per grid-stride step, P being
+// IMAGE_PIXELS (16) bytes of the wider of the input and output types (pixels_per_step): every
+// output plane is written a 16-byte word a thread (a 4- or 8-byte one for a narrower output), and
+// consecutive threads' words are consecutive, so the warp's stores are whole lines; the input is
+// the P pixels' words before them (48 bytes of interleaved RGB at most, three 16-byte loads).
+// Full chunks take that vector path when `vec` (the launcher's check that every chunk starts
+// aligned in every operand); otherwise, and an image's last partial chunk, element by element.
+// nhwc to_tensor_normalize is a map over the interleaved elements, channel i % C, P at a step.
 //
 // volume_minmax_<in>(x, partials, n, vec) / normalize_volume_fwd_<in>_<out>(x, y, n, partials,
 // count, lo, hi, flags, vec)
@@ -27,7 +31,8 @@
 //   y = (x - lo) / (hi - lo), clipped to [0, 1] under IMAGE_FLAG_CLIP. hi <= lo gives 0
 //   (no NaN or inf); NaN propagates: a NaN in x makes min and max NaN, so every output is NaN,
 //   as in torch's (v - v.min()) / (v.max() - v.min()); clipping keeps NaN.
-//   Bytes: x read twice (once with lo and hi given), y written once.
+//   Bytes: x read twice (once with lo and hi given), y written once. The map moves a 16-byte word
+//   of the wider type a thread per step (the narrower side's word is consecutive too).
 // Launch: blocks of IMAGE_THREADS, a grid-stride grid of at most IMAGE_BLOCKS_PER_SM blocks an SM
 // (rawops/image.py plans it from the device's SM count); 64-bit indexing throughout.
 #include <cub/block/block_reduce.cuh>
@@ -40,27 +45,38 @@ namespace {
 using u8 = unsigned char;
 using u16 = unsigned short;
 constexpr int kThreads = RAWOPS_IMAGE_THREADS;
-constexpr int kPixels = RAWOPS_IMAGE_PIXELS;
 constexpr int kUnroll = RAWOPS_IMAGE_REDUCE_UNROLL;
 
-// K elements of T moved as 16-byte vectors (K * sizeof(T) a multiple of 16).
+// K elements of T moved as the widest words (16, 8 or 4 bytes) its size is a multiple of.
+template <int BYTES> struct WordOf;
+template <> struct WordOf<16> { using type = uint4; };
+template <> struct WordOf<8> { using type = uint2; };
+template <> struct WordOf<4> { using type = unsigned; };
 template <typename T, int K> struct alignas(16) Chunk {
-  static_assert((K * sizeof(T)) % 16 == 0, "a chunk is whole 16-byte vectors");
-  static constexpr int kVectors = int(K * sizeof(T) / 16);
+  static constexpr int kBytes = int(K * sizeof(T));
+  static_assert(kBytes % 4 == 0, "a chunk is whole 4-byte words");
+  static constexpr int kWord = kBytes % 16 == 0 ? 16 : (kBytes % 8 == 0 ? 8 : 4);
+  using Word = typename WordOf<kWord>::type;
   T v[K];
   __device__ __forceinline__ void load(const T* p) {
-    const uint4* src = reinterpret_cast<const uint4*>(p);
-    uint4* dst = reinterpret_cast<uint4*>(v);
+    const Word* src = reinterpret_cast<const Word*>(p);
+    Word* dst = reinterpret_cast<Word*>(v);
 #pragma unroll
-    for (int i = 0; i < kVectors; ++i) dst[i] = __ldg(src + i);
+    for (int i = 0; i < kBytes / kWord; ++i) dst[i] = __ldg(src + i);
   }
   __device__ __forceinline__ void store(T* p) const {
-    uint4* dst = reinterpret_cast<uint4*>(p);
-    const uint4* src = reinterpret_cast<const uint4*>(v);
+    Word* dst = reinterpret_cast<Word*>(p);
+    const Word* src = reinterpret_cast<const Word*>(v);
 #pragma unroll
-    for (int i = 0; i < kVectors; ++i) dst[i] = src[i];
+    for (int i = 0; i < kBytes / kWord; ++i) dst[i] = src[i];
   }
 };
+
+// Pixels (elements) a thread moves per step: RAWOPS_IMAGE_PIXELS bytes of the wider of the two
+// types, so that a warp's loads and stores of each plane are consecutive words (coalesced).
+template <typename A, typename B> __host__ __device__ constexpr int pixels_per_step() {
+  return RAWOPS_IMAGE_PIXELS / int(sizeof(A) > sizeof(B) ? sizeof(A) : sizeof(B));
+}
 
 __device__ __forceinline__ float as_float(u8 v) { return float(v); }
 __device__ __forceinline__ float as_float(u16 v) { return float(v); }
@@ -89,28 +105,29 @@ __device__ __forceinline__ Tout gray(Tin r, Tin g, Tin b) {
 template <typename Tin, typename Tout, bool PLANAR>
 __device__ __forceinline__ void rgb_to_gray(const Tin* __restrict__ x, Tout* __restrict__ y, int64_t images,
                                             int64_t pixels, int64_t vec) {
-  const int64_t per_image = (pixels + kPixels - 1) / kPixels;
+  constexpr int P = pixels_per_step<Tin, Tout>();
+  const int64_t per_image = (pixels + P - 1) / P;
   const int64_t chunks = images * per_image;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < chunks; c += step) {
-    const int64_t n = c / per_image, p0 = (c - n * per_image) * kPixels;
-    const int count = int(min(int64_t(kPixels), pixels - p0));
+    const int64_t n = c / per_image, p0 = (c - n * per_image) * P;
+    const int count = int(min(int64_t(P), pixels - p0));
     const Tin* src = PLANAR ? x + n * 3 * pixels + p0 : x + p0 * 3;  // hwc: images == 1
     Tout* dst = y + n * pixels + p0;
-    if (vec && count == kPixels) {
-      Chunk<Tout, kPixels> o;
+    if (vec && count == P) {
+      Chunk<Tout, P> o;
       if constexpr (PLANAR) {
-        Chunk<Tin, kPixels> r, g, b;
+        Chunk<Tin, P> r, g, b;
         r.load(src);
         g.load(src + pixels);
         b.load(src + 2 * pixels);
 #pragma unroll
-        for (int e = 0; e < kPixels; ++e) o.v[e] = gray<Tin, Tout>(r.v[e], g.v[e], b.v[e]);
+        for (int e = 0; e < P; ++e) o.v[e] = gray<Tin, Tout>(r.v[e], g.v[e], b.v[e]);
       } else {
-        Chunk<Tin, 3 * kPixels> s;
+        Chunk<Tin, 3 * P> s;
         s.load(src);
 #pragma unroll
-        for (int e = 0; e < kPixels; ++e) o.v[e] = gray<Tin, Tout>(s.v[3 * e], s.v[3 * e + 1], s.v[3 * e + 2]);
+        for (int e = 0; e < P; ++e) o.v[e] = gray<Tin, Tout>(s.v[3 * e], s.v[3 * e + 1], s.v[3 * e + 2]);
       }
       o.store(dst);
     } else {
@@ -123,44 +140,72 @@ __device__ __forceinline__ void rgb_to_gray(const Tin* __restrict__ x, Tout* __r
 }
 
 // ------------------------------------------------------------------------------ to_tensor_normalize
-template <int C, typename Tout, bool PLANAR>
-__device__ __forceinline__ void to_tensor(const u8* __restrict__ x, Tout* __restrict__ y, int64_t images,
-                                          int64_t pixels, int64_t vec, const float (&s)[4], const float (&t)[4]) {
-  const int64_t per_image = (pixels + kPixels - 1) / kPixels;
+// Planar output (nchw): a thread converts P pixels of one image, its C planes' stores a 16-byte
+// word each (the warp's consecutive), its input the P * C bytes before them.
+template <int C, typename Tout>
+__device__ __forceinline__ void to_tensor_planar(const u8* __restrict__ x, Tout* __restrict__ y, int64_t images,
+                                                 int64_t pixels, int64_t vec, const float (&s)[4],
+                                                 const float (&t)[4]) {
+  constexpr int P = pixels_per_step<u8, Tout>();
+  const int64_t per_image = (pixels + P - 1) / P;
   const int64_t chunks = images * per_image;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < chunks; k += step) {
-    const int64_t n = k / per_image, p0 = (k - n * per_image) * kPixels;
-    const int count = int(min(int64_t(kPixels), pixels - p0));
+    const int64_t n = k / per_image, p0 = (k - n * per_image) * P;
+    const int count = int(min(int64_t(P), pixels - p0));
     const u8* src = x + (n * pixels + p0) * C;
-    // planar: channel c of pixel e at dst + c * pixels + e; interleaved: at dst + e * C + c
-    Tout* dst = PLANAR ? y + n * C * pixels + p0 : y + (n * pixels + p0) * C;
-    if (vec && count == kPixels) {
-      Chunk<u8, C * kPixels> in;
+    Tout* dst = y + n * C * pixels + p0;  // channel c of pixel e at dst + c * pixels + e
+    if (vec && count == P) {
+      Chunk<u8, C * P> in;
       in.load(src);
-      if constexpr (PLANAR) {
 #pragma unroll
-        for (int c = 0; c < C; ++c) {
-          Chunk<Tout, kPixels> o;
+      for (int c = 0; c < C; ++c) {
+        Chunk<Tout, P> o;
 #pragma unroll
-          for (int e = 0; e < kPixels; ++e) o.v[e] = convert<Tout>(fmaf(float(in.v[e * C + c]), s[c], t[c]));
-          o.store(dst + c * pixels);
-        }
-      } else {
-        Chunk<Tout, C * kPixels> o;
-#pragma unroll
-        for (int i = 0; i < C * kPixels; ++i) o.v[i] = convert<Tout>(fmaf(float(in.v[i]), s[i % C], t[i % C]));
-        o.store(dst);
+        for (int e = 0; e < P; ++e) o.v[e] = convert<Tout>(fmaf(float(in.v[e * C + c]), s[c], t[c]));
+        o.store(dst + c * pixels);
       }
     } else {
-      for (int e = 0; e < count; ++e) {
+      for (int e = 0; e < count; ++e)
 #pragma unroll
-        for (int c = 0; c < C; ++c) {
-          const float v = fmaf(float(src[e * C + c]), s[c], t[c]);
-          dst[PLANAR ? c * pixels + e : e * C + c] = convert<Tout>(v);
-        }
-      }
+        for (int c = 0; c < C; ++c) dst[c * pixels + e] = convert<Tout>(fmaf(float(src[e * C + c]), s[c], t[c]));
     }
+  }
+}
+
+// s[c] for a channel known only at run time, as selects (an indexed register array would go to
+// local memory).
+__device__ __forceinline__ float pick(const float (&a)[4], int c) {
+  return c == 0 ? a[0] : (c == 1 ? a[1] : (c == 2 ? a[2] : a[3]));
+}
+
+// Interleaved output (nhwc): a map over the n = images * pixels * C elements, E a thread per step
+// (a 16-byte word of output, E bytes of input); element i is channel i % C.
+template <int C, typename Tout>
+__device__ __forceinline__ void to_tensor_interleaved(const u8* __restrict__ x, Tout* __restrict__ y, int64_t n,
+                                                      int64_t vec, const float (&s)[4], const float (&t)[4]) {
+  constexpr int E = pixels_per_step<u8, Tout>();
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t chunks = n / E;
+    for (int64_t k = tid; k < chunks; k += step) {
+      const int first = int((k * E) % C);  // 0 unless C == 3 (E is a multiple of 1, 2 and 4)
+      Chunk<u8, E> in;
+      Chunk<Tout, E> o;
+      in.load(x + k * E);
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const int c = (first + e) % C;
+        o.v[e] = convert<Tout>(fmaf(float(in.v[e]), pick(s, c), pick(t, c)));
+      }
+      o.store(y + k * E);
+    }
+    done = chunks * E;
+  }
+  for (int64_t i = done + tid; i < n; i += step) {
+    const int c = int(i % C);
+    y[i] = convert<Tout>(fmaf(float(x[i]), pick(s, c), pick(t, c)));
   }
 }
 
@@ -252,7 +297,7 @@ __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t 
   const float range = hi - lo;  // a NaN bound makes it NaN, and every output NaN
   const bool flat = hi <= lo;
   const bool clip = flags & RAWOPS_IMAGE_FLAG_CLIP;
-  constexpr int E = 16 / (sizeof(Tin) < sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));
+  constexpr int E = 16 / (sizeof(Tin) > sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));  // a word of each, coalesced
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
   int64_t done = 0;
   if (vec) {  // x and y 16-byte aligned (the launcher checks)
@@ -295,11 +340,14 @@ RAWOPS_GRAY_LAYOUT(chw, true)
 
 #define RAWOPS_TO_TENSOR(layout, planar, C, tout, sout)                                                          \
   extern "C" __global__ void __launch_bounds__(RAWOPS_IMAGE_THREADS)                                            \
-      to_tensor_normalize_fwd_##layout##_c##C##_##sout(const u8* x, tout* y, long long images, long long pixels,     \
-                                                       long long vec, float s0, float s1, float s2, float s3,      \
+      to_tensor_normalize_fwd_##layout##_c##C##_##sout(const u8* x, tout* y, long long images, long long pixels, \
+                                                       long long vec, float s0, float s1, float s2, float s3,    \
                                                        float t0, float t1, float t2, float t3) {                 \
     const float s[4] = {s0, s1, s2, s3}, t[4] = {t0, t1, t2, t3};                                               \
-    rawops::to_tensor<C, tout, planar>(x, y, images, pixels, vec, s, t);                                        \
+    if constexpr (planar)                                                                                        \
+      rawops::to_tensor_planar<C, tout>(x, y, images, pixels, vec, s, t);                                       \
+    else                                                                                                         \
+      rawops::to_tensor_interleaved<C, tout>(x, y, images * pixels * C, vec, s, t);                             \
   }
 #define RAWOPS_TO_TENSOR_OUT(layout, planar, C)                \
   RAWOPS_TO_TENSOR(layout, planar, C, float, f32)              \

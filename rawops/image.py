@@ -103,31 +103,37 @@ def grid(work, sms):
     return max(1, min(-(-work // THREADS), sms * BLOCKS_PER_SM))
 
 
-def chunks(images, pixels):
-    """Work items of rgb_to_gray / to_tensor_normalize: PIXELS pixels of one image each."""
-    return images * -(-pixels // PIXELS)
+def per_step(in_dtype, out_dtype):
+    """Pixels (elements) a thread moves per step (kernels/image.cu pixels_per_step): PIXELS bytes
+    of the wider of the two types, so that every plane's stores are a word a thread."""
+    return PIXELS // max(ITEMSIZE[in_dtype], ITEMSIZE[out_dtype])
 
 
-def gray_vec(planar, pixels, x_ptr, y_ptr):
-    """1 when every full chunk starts 16-byte aligned in x and y: both pointers aligned and,
+def chunks(images, pixels, per):
+    """Work items of rgb_to_gray / to_tensor_normalize: `per` pixels of one image each."""
+    return images * -(-pixels // per)
+
+
+def gray_vec(planar, pixels, per, x_ptr, y_ptr):
+    """1 when every full chunk starts word-aligned in x and y: both pointers 16-byte aligned and,
     planar, a plane a whole number of chunks (so every plane and image starts aligned)."""
-    return int(x_ptr % 16 == 0 and y_ptr % 16 == 0 and (not planar or pixels % PIXELS == 0))
+    return int(x_ptr % 16 == 0 and y_ptr % 16 == 0 and (not planar or pixels % per == 0))
 
 
-def to_tensor_vec(planar, images, pixels, channels, x_ptr, y_ptr):
+def to_tensor_vec(planar, images, pixels, channels, per, x_ptr, y_ptr):
     """gray_vec for to_tensor_normalize: planar output needs whole chunks a plane unless there is
-    only one plane (one image, one channel)."""
-    whole = not planar or pixels % PIXELS == 0 or (images == 1 and channels == 1)
+    only one plane (one image, one channel); the interleaved map only aligned pointers."""
+    whole = not planar or pixels % per == 0 or (images == 1 and channels == 1)
     return int(x_ptr % 16 == 0 and y_ptr % 16 == 0 and whole)
 
 
 def volume_plan(n, in_name, out_name, sms):
     """(min/max blocks, map blocks) of normalize_volume over n elements: the min/max pass reads
-    REDUCE_UNROLL 16-byte vectors a thread per step, the map pass a chunk of 16 / min(itemsizes)
-    elements (a 16-byte vector of the narrower type)."""
+    REDUCE_UNROLL 16-byte vectors a thread per step, the map pass 16 bytes of the wider type
+    (and the same elements of the narrower)."""
     per_vector = 16 // ITEMSIZE[in_name]
     reduce_blocks = max(1, min(-(-n // (per_vector * THREADS * REDUCE_UNROLL)), sms * BLOCKS_PER_SM))
-    per_chunk = 16 // min(ITEMSIZE[in_name], ITEMSIZE[out_name])
+    per_chunk = 16 // max(ITEMSIZE[in_name], ITEMSIZE[out_name])
     return reduce_blocks, grid(-(-n // per_chunk), sms)
 
 
@@ -258,20 +264,21 @@ def _function(name, device):
 def launch_rgb_to_gray(device, stream, x, y, in_dtype, out_dtype, images, pixels, planar):
     """One launch on pointers checked by the caller; images * pixels > 0."""
     base = "rgb_to_gray_fwd_chw" if planar else "rgb_to_gray_fwd_hwc"
-    vec = gray_vec(planar, pixels, x, y)
-    blocks = grid(chunks(images, pixels), sm_count(device))
+    per = per_step(in_dtype, out_dtype)
+    vec = gray_vec(planar, pixels, per, x, y)
+    blocks = grid(chunks(images, pixels, per), sm_count(device))
     launch(_function(f"{base}_{SUFFIX[in_dtype]}_{SUFFIX[out_dtype]}", device), (blocks,), THREADS, 0, stream,
            (x, y, images, pixels, vec), KINDS[base], device)
 
 
 def launch_to_tensor(device, stream, x, y, out_dtype, images, pixels, channels, planar, scale, shift):
     base = "to_tensor_normalize_fwd_nchw" if planar else "to_tensor_normalize_fwd_nhwc"
-    if not planar:  # interleaved in and out: one long row of pixels
-        images, pixels = 1, images * pixels
-    vec = to_tensor_vec(planar, images, pixels, channels, x, y)
-    blocks = grid(chunks(images, pixels), sm_count(device))
-    launch(_function(f"{base}_c{channels}_{SUFFIX[out_dtype]}", device), (blocks,), THREADS, 0, stream,
-           (x, y, images, pixels, vec, *scale, *shift), KINDS[base], device)
+    per = per_step("uint8", out_dtype)
+    vec = to_tensor_vec(planar, images, pixels, channels, per, x, y)
+    # planar: chunks of `per` pixels of one image; interleaved: of `per` of all the elements
+    work = chunks(images, pixels, per) if planar else -(-(images * pixels * channels) // per)
+    launch(_function(f"{base}_c{channels}_{SUFFIX[out_dtype]}", device), (grid(work, sm_count(device)),), THREADS,
+           0, stream, (x, y, images, pixels, vec, *scale, *shift), KINDS[base], device)
 
 
 def partials_size(n, in_dtype, out_dtype, device):

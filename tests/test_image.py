@@ -189,31 +189,40 @@ def test_grid_is_sized_from_the_sm_count():
     assert im.grid(10**9, 80) == 80 * im.BLOCKS_PER_SM
 
 
+def test_a_thread_moves_16_bytes_of_the_wider_type():
+    assert im.per_step("uint8", "uint8") == 16
+    assert im.per_step("uint8", "float32") == im.per_step("float32", "uint8") == 4
+    assert im.per_step("float16", "float16") == im.per_step("uint8", "bfloat16") == 8
+
+
 def test_chunks_are_pixels_of_one_image():
-    assert im.chunks(1, 2160 * 3840) == 2160 * 3840 // im.PIXELS
-    assert im.chunks(3, 17) == 3 * 2  # 16 + 1 pixels an image
-    assert im.chunks(5, 0) == 0
+    assert im.chunks(1, 2160 * 3840, 16) == 2160 * 3840 // 16
+    assert im.chunks(3, 17, 16) == 3 * 2  # 16 + 1 pixels an image
+    assert im.chunks(3, 17, 4) == 3 * 5
+    assert im.chunks(5, 0, 4) == 0
 
 
 def test_vector_paths_need_alignment_and_whole_chunks_a_plane():
-    assert im.gray_vec(False, 91, 256, 512) == 1  # interleaved: the tail chunk goes scalar in the kernel
-    assert im.gray_vec(False, 96, 257, 512) == 0
-    assert im.gray_vec(True, 96, 256, 512) == 1
-    assert im.gray_vec(True, 91, 256, 512) == 0  # the G and B planes would start off 16 bytes
-    assert im.to_tensor_vec(True, 4, 224 * 224, 3, 0, 256) == 1
-    assert im.to_tensor_vec(True, 4, 7 * 13, 3, 0, 256) == 0
-    assert im.to_tensor_vec(True, 1, 7 * 13, 1, 0, 256) == 1  # one plane only
-    assert im.to_tensor_vec(False, 4, 7 * 13, 3, 0, 256) == 1
-    assert im.to_tensor_vec(False, 4, 7 * 13, 3, 0, 260) == 0
+    assert im.gray_vec(False, 91, 16, 256, 512) == 1  # interleaved: the tail chunk goes scalar in the kernel
+    assert im.gray_vec(False, 96, 16, 257, 512) == 0
+    assert im.gray_vec(True, 96, 16, 256, 512) == 1
+    assert im.gray_vec(True, 91, 16, 256, 512) == 0  # the G and B planes would start off alignment
+    assert im.gray_vec(True, 20, 4, 256, 512) == 1 and im.gray_vec(True, 20, 8, 256, 512) == 0
+    assert im.to_tensor_vec(True, 4, 224 * 224, 3, 4, 0, 256) == 1
+    assert im.to_tensor_vec(True, 4, 7 * 13, 3, 4, 0, 256) == 0
+    assert im.to_tensor_vec(True, 1, 7 * 13, 1, 4, 0, 256) == 1  # one plane only
+    assert im.to_tensor_vec(False, 4, 7 * 13, 3, 4, 0, 256) == 1
+    assert im.to_tensor_vec(False, 4, 7 * 13, 3, 4, 0, 260) == 0
 
 
 def test_volume_plan():
     reduce_blocks, map_blocks = im.volume_plan(512 ** 3, "uint16", "float32", 132)
     assert reduce_blocks == map_blocks == 132 * im.BLOCKS_PER_SM
-    # 100 uint8 voxels: one min/max block; the map reads 16 voxels a thread (one vector of uint8)
+    # 100 uint8 voxels: one min/max block; one map block (4 voxels a thread: a word of float32)
     assert im.volume_plan(100, "uint8", "float32", 132) == (1, 1)
-    per = 8 * im.THREADS  # float32 -> float16: 8 elements a chunk (16 bytes of float16)
+    per = 4 * im.THREADS  # float32 -> float16: 4 elements a step (16 bytes of float32)
     assert im.volume_plan(3 * per, "float32", "float16", 132)[1] == 3
+    assert im.volume_plan(3 * per, "uint8", "float16", 132)[1] == 2  # 8 a step (16 bytes of float16)
 
 
 def test_shapes():
