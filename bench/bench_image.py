@@ -18,6 +18,9 @@ Beside each row, the limits it is judged against:
   copy of same bytes us   a device copy of the same number of bytes (half read, half written,
                           rotated alike), timed in the same rounds: the fastest any kernel moves
                           that many bytes at that size, launch and tail included;
+  torch same-traffic copy us   (to_tensor_normalize) torch's dtype-converting copy of the frame
+                          into the output dtype, same layout: the op's exact bytes read and
+                          written (1 in, 2 or 4 out an element), the write-heavy mix's own rate;
   limit x torch           torch us over the time of those bytes at the copy ceiling: the largest
                           speed-up over the composite that any kernel could show.
 Targets: rgb_to_gray and to_tensor_normalize >= 90% of the copy ceiling measured in the same run
@@ -36,8 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import compiled, device_time_us, device_times_us, row_result, start, write_results  # noqa: E402
 
 HEADER = ["op", "dtype", "shape", "rawops us", "torch us", "torch.compile us", "rawops TB/s", "torch TB/s",
-          "of copy ceiling", "copy of same bytes us", "of same-size copy", "x torch", "limit x torch",
-          "meets target"]
+          "of copy ceiling", "copy of same bytes us", "of same-size copy", "torch same-traffic copy us",
+          "x torch", "limit x torch", "meets target"]
 FRAMES = {"4K": (1, 2160, 3840), "8K": (1, 4320, 7680), "256x224x224": (256, 224, 224)}
 COMPILED_FRAME = "8K"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -64,16 +67,19 @@ class _Cycle:
         return self.fn(self.inputs[self.i])
 
 
-def _measure(ours, theirs, composite, compile_it, nbytes, inputs):
+def _measure(ours, theirs, composite, compile_it, nbytes, inputs, same_traffic=None):
     """(rawops us, torch us, copy us, other columns): ours(input) and theirs(input) on the inputs
     in turn, interleaved with a device copy of the same bytes (nbytes / 2 read, nbytes / 2
     written, as many sources as inputs: the op's own limit at its size, fixed launch costs
-    included); torch.compile of the composite timed apart."""
+    included); torch.compile of the composite timed apart. same_traffic(input): torch moving the
+    op's exact bytes (reads and writes alike), timed in the same rounds into others."""
     sources = [torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda") for _ in inputs]
     dst = torch.empty_like(sources[0])
-    times = device_times_us({"rawops": _Cycle(ours, inputs), "torch": _Cycle(theirs, inputs),
-                             "copy": _Cycle(dst.copy_, sources)})
-    others = {}
+    fns = {"rawops": _Cycle(ours, inputs), "torch": _Cycle(theirs, inputs), "copy": _Cycle(dst.copy_, sources)}
+    if same_traffic is not None:
+        fns["same traffic"] = _Cycle(same_traffic, inputs)
+    times = device_times_us(fns)
+    others = {"same traffic": times["same traffic"]} if same_traffic is not None else {}
     if compile_it:
         fn = compiled(composite)
         others["torch.compile"] = device_time_us(_Cycle(fn, inputs))
@@ -92,6 +98,7 @@ def _row(op, dtype, shape, nbytes, us, us_torch, us_copy, others, ceiling, fract
     row["copy of same bytes us"] = us_copy
     row["of same-size copy"] = us_copy / us
     row["limit x torch"] = limit_x
+    row["torch same-traffic copy us"] = others.get("same traffic", float("nan"))
     return row
 
 
@@ -151,9 +158,10 @@ def to_tensor_rows(ta, ceiling):
         else:
             def composite(img, tout=tout):
                 return (((img.float() / 255) - mean) / std).to(tout)
+        converted = torch.empty(images[0].shape, dtype=tout, device="cuda")
         us, us_torch, us_copy, others = _measure(
             lambda img: ta.to_tensor_normalize(img, MEAN, STD, tout, layout), composite, composite,
-            name == COMPILED_FRAME and tout == torch.float32, nbytes, images)
+            name == COMPILED_FRAME and tout == torch.float32, nbytes, images, converted.copy_)
         rows.append(_row(f"to_tensor_normalize {layout}", f"u8->{SHORT[tout]}", f"{name}x3", nbytes, us, us_torch,
                          us_copy, others, ceiling, 0.9))
         images = None
