@@ -86,18 +86,24 @@ __device__ __forceinline__ void sort_warp(const T* __restrict__ x, T* __restrict
 }
 
 // ------------------------------------------------------------------------------ n <= one tile
-// A block's LSD radix sort of THREADS x ITEMS keys carrying 16-bit positions, one cub ranking
-// per RADIX_BITS digit. MATCH: cub::BlockRadixRankMatch (per-warp digit counters found with
-// match.any), stable in warp-striped order; else cub::BlockRadixRank (a thread's counters, packed
-// and scanned), stable in blocked order. Keys go in and every pass reads them back in that
-// order, so ranking by position order is what makes the sort stable. The last pass scatters the
-// positions only (values are gathered from x, never decoded) and reads them back striped, so
-// that a row's results are stored coalesced.
-template <typename Bits, int THREADS, int ITEMS, int RADIX_BITS, bool MATCH>
+// A block's LSD radix sort of THREADS x ITEMS keys carrying 16-bit positions, 8-bit digits, one
+// cub ranking a digit: EARLY, cub::BlockRadixRankMatchEarlyCounts (a warp's digit histogram by
+// shared atomics first, then each key's rank among its warp's equal digits by atomicOr masks);
+// else cub::BlockRadixRankMatch (the equal-digit masks by ballots). Both rank stably in
+// warp-striped order (warp w, key i, lane l: slot w * 32 * ITEMS + i * 32 + l), so keys go in
+// and every pass reads them back in that order, which is what makes the sort stable; loads in
+// that order are coalesced too. The last pass reads back striped (slot i * THREADS + t), so a
+// row's results are stored coalesced, and exchanges the keys only when the caller wants them
+// (values are gathered from x by position, never decoded from keys).
+template <typename Bits, int THREADS, int ITEMS, bool EARLY>
 struct BlockSort {
   static constexpr int kTile = THREADS * ITEMS;
-  using Rank = typename ::cuda::std::conditional_t<MATCH, cub::BlockRadixRankMatch<THREADS, RADIX_BITS, false>,
-                                                   cub::BlockRadixRank<THREADS, RADIX_BITS, false>>;
+  static constexpr int kRadixBits = 8;
+  using Rank = typename ::cuda::std::conditional_t<
+      EARLY,
+      cub::BlockRadixRankMatchEarlyCounts<THREADS, kRadixBits, false, cub::BLOCK_SCAN_WARP_SCANS,
+                                          cub::WARP_MATCH_ATOMIC_OR>,
+      cub::BlockRadixRankMatch<THREADS, kRadixBits, false>>;
   // Keys and positions exchanged together while both fit 32 KB, else one after the other.
   static constexpr bool kTogether = kTile * (sizeof(Bits) + sizeof(unsigned short)) <= 32768;
   struct Exchange {
@@ -112,35 +118,43 @@ struct BlockSort {
 
   // Where item i of this thread sits in the order the ranking is stable in.
   static __device__ __forceinline__ int slot(int i) {
-    if constexpr (MATCH) {
-      return (threadIdx.x >> 5) * (32 * ITEMS) + i * 32 + (threadIdx.x & 31);
+    return (threadIdx.x >> 5) * (32 * ITEMS) + i * 32 + (threadIdx.x & 31);
+  }
+
+  static __device__ __forceinline__ void rank(TempStorage& temp, Bits (&keys)[ITEMS], int (&ranks)[ITEMS], int bit,
+                                              int bits) {
+    const cub::BFEDigitExtractor<Bits> digit(bit, bits);
+    if constexpr (EARLY) {
+      int exclusive_digit_prefix[Rank::BINS_PER_THREAD];
+      Rank(temp.rank).RankKeys(keys, ranks, digit, exclusive_digit_prefix);
     } else {
-      return threadIdx.x * ITEMS + i;
+      Rank(temp.rank).RankKeys(keys, ranks, digit);
     }
   }
 
-  // Sorts bits [0, end_bit) of keys, stable; on return pos[i] is the position of sorted slot
-  // i * THREADS + threadIdx.x (striped). Ends with a barrier: temp may be reused at once.
+  // Sorts bits [0, end_bit) of keys, stable; on return pos[i] (and keys[i] when WANT_KEYS) is
+  // sorted slot i * THREADS + threadIdx.x (striped). Ends with a barrier: temp may be reused.
+  template <bool WANT_KEYS>
   static __device__ __forceinline__ void sort(TempStorage& temp, Bits (&keys)[ITEMS], unsigned short (&pos)[ITEMS],
                                               int end_bit) {
-    for (int bit = 0; bit < end_bit; bit += RADIX_BITS) {
-      const bool last = bit + RADIX_BITS >= end_bit;
+    for (int bit = 0; bit < end_bit; bit += kRadixBits) {
+      const bool last = bit + kRadixBits >= end_bit;
       int ranks[ITEMS];
-      Rank(temp.rank).RankKeys(keys, ranks, cub::BFEDigitExtractor<Bits>(bit, ::cuda::std::min(RADIX_BITS, end_bit - bit)));
+      rank(temp, keys, ranks, bit, end_bit - bit < kRadixBits ? end_bit - bit : int(kRadixBits));
       __syncthreads();
-      if (last || !kTogether) {
+      if ((last && !WANT_KEYS) || !kTogether) {
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) temp.pos[ranks[i]] = pos[i];
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) pos[i] = temp.pos[last ? i * THREADS + threadIdx.x : slot(i)];
         __syncthreads();
-        if (last) break;
+        if (last && !WANT_KEYS) break;
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) temp.exchange.keys[ranks[i]] = keys[i];
         __syncthreads();
 #pragma unroll
-        for (int i = 0; i < ITEMS; ++i) keys[i] = temp.exchange.keys[slot(i)];
+        for (int i = 0; i < ITEMS; ++i) keys[i] = temp.exchange.keys[last ? i * THREADS + threadIdx.x : slot(i)];
       } else {
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
@@ -150,8 +164,9 @@ struct BlockSort {
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) {
-          keys[i] = temp.exchange.keys[slot(i)];
-          pos[i] = temp.exchange.pos[slot(i)];
+          const int from = last ? i * THREADS + threadIdx.x : slot(i);
+          keys[i] = temp.exchange.keys[from];
+          pos[i] = temp.exchange.pos[from];
         }
       }
       __syncthreads();
@@ -159,12 +174,13 @@ struct BlockSort {
   }
 };
 
-template <typename T, int THREADS, int ITEMS, int RADIX_BITS, bool MATCH>
+// One block a row: values and indices of rows of n <= THREADS * ITEMS.
+template <typename T, int THREADS, int ITEMS, bool EARLY>
 __device__ __forceinline__ void sort_rows(const T* __restrict__ x, T* __restrict__ values,
                                           int64_t* __restrict__ indices, int64_t rows, int64_t n, int64_t x_stride,
                                           int64_t descending) {
   using Bits = typename SortKey<T>::Bits;
-  using Sorter = BlockSort<Bits, THREADS, ITEMS, RADIX_BITS, MATCH>;
+  using Sorter = BlockSort<Bits, THREADS, ITEMS, EARLY>;
   __shared__ typename Sorter::TempStorage temp;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * x_stride;
@@ -176,13 +192,116 @@ __device__ __forceinline__ void sort_rows(const T* __restrict__ x, T* __restrict
       pos[i] = static_cast<unsigned short>(p);
       keys[i] = p < n ? sort_key(xr[p], descending != 0) : static_cast<Bits>(~Bits(0));
     }
-    Sorter::sort(temp, keys, pos, SortKey<T>::kBits);
+    Sorter::template sort<false>(temp, keys, pos, SortKey<T>::kBits);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int p = i * THREADS + threadIdx.x;
       if (p < n) {
         if (values) values[row * n + p] = xr[pos[i]];
         indices[row * n + p] = pos[i];
+      }
+    }
+  }
+}
+
+// One block a chunk of THREADS * ITEMS elements of a longer row (chunks c = 0, 1, ... of row r
+// start at c * THREADS * ITEMS; the last may be short): the chunk's sorted key bits and int32
+// positions in the row, into keys and pos (dense rows of n), for the merge rounds.
+template <typename T, int THREADS, int ITEMS, bool EARLY>
+__device__ __forceinline__ void sort_chunks(const T* __restrict__ x, typename SortKey<T>::Bits* __restrict__ keys_out,
+                                            int* __restrict__ pos_out, int64_t rows, int64_t n, int64_t x_stride,
+                                            int64_t descending) {
+  using Bits = typename SortKey<T>::Bits;
+  using Sorter = BlockSort<Bits, THREADS, ITEMS, EARLY>;
+  constexpr int kTile = Sorter::kTile;
+  __shared__ typename Sorter::TempStorage temp;
+  const int64_t chunks = (n + kTile - 1) / kTile;
+  for (int64_t block = blockIdx.x; block < rows * chunks; block += gridDim.x) {
+    const int64_t row = block / chunks, start = (block - row * chunks) * kTile;
+    const int64_t len = n - start < kTile ? n - start : kTile;
+    const T* xr = x + row * x_stride + start;
+    Bits keys[ITEMS];
+    unsigned short pos[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int p = Sorter::slot(i);
+      pos[i] = static_cast<unsigned short>(p);
+      keys[i] = p < len ? sort_key(xr[p], descending != 0) : static_cast<Bits>(~Bits(0));
+    }
+    Sorter::template sort<true>(temp, keys, pos, SortKey<T>::kBits);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int p = i * THREADS + threadIdx.x;
+      if (p < len) {
+        keys_out[row * n + start + p] = keys[i];
+        pos_out[row * n + start + p] = static_cast<int>(start + pos[i]);
+      }
+    }
+  }
+}
+
+// One merge round: in every row, runs [2k * run, (2k + 1) * run) and [(2k + 1) * run,
+// (2k + 2) * run) (clipped to n; a last run without a partner is copied) merged into one, stable
+// (on equal keys the first run's element goes first). Each thread writes RAWOPS_SORT_MERGE_ITEMS
+// consecutive outputs: a binary search of the merge path finds how many of the first run's
+// elements precede its first output, then it merges sequentially. FINAL: the last round writes
+// values (gathered from x; skipped when values is null) and int64 indices instead of keys and
+// positions.
+template <typename Bits, typename T, bool FINAL>
+__device__ __forceinline__ void merge_runs(const Bits* __restrict__ keys_in, const int* __restrict__ pos_in,
+                                           Bits* __restrict__ keys_out, int* __restrict__ pos_out,
+                                           const T* __restrict__ x, T* __restrict__ values,
+                                           int64_t* __restrict__ indices, int64_t rows, int64_t n, int64_t x_stride,
+                                           int64_t run) {
+  constexpr int kItems = RAWOPS_SORT_MERGE_ITEMS;
+  const int64_t per_row = (n + kItems - 1) / kItems;
+  const int64_t total = rows * per_row;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = t / per_row;
+    const int64_t first = (t - row * per_row) * kItems;  // output index in the row
+    const int64_t pair = first / (2 * run) * (2 * run);
+    const int64_t a_len = n - pair < run ? n - pair : run;
+    const int64_t b_start = pair + a_len;
+    const int64_t b_len = n - b_start < run ? n - b_start : run;
+    const Bits* A = keys_in + row * n + pair;
+    const Bits* B = A + a_len;
+    const int* A_pos = pos_in + row * n + pair;
+    const int* B_pos = A_pos + a_len;
+    const int64_t d = first - pair;
+    int64_t lo = d - b_len > 0 ? d - b_len : 0, hi = d < a_len ? d : a_len;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if (A[mid] <= B[d - 1 - mid]) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    int64_t i = lo, j = d - lo;
+    const int64_t end = first + kItems < pair + a_len + b_len ? first + kItems : pair + a_len + b_len;
+    Bits a = i < a_len ? A[i] : Bits(0), b = j < b_len ? B[j] : Bits(0);
+    for (int64_t o = first; o < end; ++o) {
+      const bool take_a = j >= b_len || (i < a_len && a <= b);
+      Bits key;
+      int p;
+      if (take_a) {
+        key = a;
+        p = A_pos[i];
+        ++i;
+        if (i < a_len) a = A[i];
+      } else {
+        key = b;
+        p = B_pos[j];
+        ++j;
+        if (j < b_len) b = B[j];
+      }
+      if constexpr (FINAL) {
+        if (values) values[row * n + o] = x[row * x_stride + p];
+        indices[row * n + o] = p;
+      } else {
+        keys_out[row * n + o] = key;
+        pos_out[row * n + o] = p;
       }
     }
   }
@@ -254,18 +373,33 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
     rawops::sort_warp<T>(x, values, indices, rows, n, x_stride, descending);                      \
   }
 
-#define RAWOPS_SORT_TILE(T, suffix, THREADS, ITEMS, RANK, BITS, MATCH)                                       \
+#define RAWOPS_SORT_TILE(T, suffix, THREADS, ITEMS, RANK, EARLY)                                             \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
-      sort_rows_##THREADS##x##ITEMS##_##RANK##BITS##_##suffix(RAWOPS_SORT_ARGS(T)) {                           \
-    rawops::sort_rows<T, THREADS, ITEMS, BITS, MATCH>(x, values, indices, rows, n, x_stride, descending);     \
+      sort_rows_##THREADS##x##ITEMS##_##RANK##_##suffix(RAWOPS_SORT_ARGS(T)) {                                 \
+    rawops::sort_rows<T, THREADS, ITEMS, EARLY>(x, values, indices, rows, n, x_stride, descending);           \
   }
 
-// Each tile in both rankings: match with 8-bit digits (a warp's counters: 256 x warps), and
-// counters with 6-bit digits (5-bit at 512 threads), whose packed per-thread counters (33 x 4
-// bytes a thread at 6 bits) keep every tile within the 48 KB of static shared memory.
-#define RAWOPS_SORT_TILE_PAIR(T, suffix, THREADS, ITEMS, COUNT_BITS) \
-  RAWOPS_SORT_TILE(T, suffix, THREADS, ITEMS, match, 8, true)         \
-  RAWOPS_SORT_TILE(T, suffix, THREADS, ITEMS, count, COUNT_BITS, false)
+// Each tile in both rankings (rawops/sort.py's RANKING picks one).
+#define RAWOPS_SORT_TILE_PAIR(T, suffix, THREADS, ITEMS) \
+  RAWOPS_SORT_TILE(T, suffix, THREADS, ITEMS, match, false) \
+  RAWOPS_SORT_TILE(T, suffix, THREADS, ITEMS, early, true)
+
+// The chunk sort of the merge path, from the largest tile, in both rankings.
+#define RAWOPS_SORT_CHUNKS_RANK(T, suffix, THREADS, ITEMS, RANK, EARLY)                                           \
+  extern "C" __global__ void __launch_bounds__(THREADS) sort_chunks_##THREADS##x##ITEMS##_##RANK##_##suffix(     \
+      const T *x, typename rawops::SortKey<T>::Bits *keys, int *pos, long long rows, long long n,               \
+      long long x_stride, long long descending) {                                                               \
+    rawops::sort_chunks<T, THREADS, ITEMS, EARLY>(x, keys, pos, rows, n, x_stride, descending);                  \
+  }
+#define RAWOPS_SORT_CHUNKS(T, suffix, THREADS, ITEMS)                \
+  RAWOPS_SORT_CHUNKS_RANK(T, suffix, THREADS, ITEMS, match, false)   \
+  RAWOPS_SORT_CHUNKS_RANK(T, suffix, THREADS, ITEMS, early, true)    \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_STREAM_THREADS) sort_merge_final_##suffix(            \
+      const typename rawops::SortKey<T>::Bits *keys, const int *pos, const T *x, T *values, long long *indices,  \
+      long long rows, long long n, long long x_stride, long long run) {                                          \
+    rawops::merge_runs<typename rawops::SortKey<T>::Bits, T, true>(keys, pos, nullptr, nullptr, x, values,       \
+                                                                    indices, rows, n, x_stride, run);           \
+  }
 
 #define RAWOPS_SORT_LONG(T, suffix)                                                                                \
   extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_STREAM_THREADS)                                         \
@@ -279,27 +413,38 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
     rawops::sort_gather<T>(x, order, values, indices, rows, n, x_stride);                                          \
   }
 
-// The tiles (threads x keys a thread) of rawops/sort.py's TILES.
-#define RAWOPS_SORT_TILES_NARROW(T, suffix)  \
-  RAWOPS_SORT_WARP(T, suffix)                \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 4, 6)   \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 8, 6)   \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 64, 8, 6)   \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 128, 8, 6)  \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 8, 6)  \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 16, 6) \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 16, 5) \
+// The tiles (threads x keys a thread) rawops/sort.py's TILE_CANDIDATES lists; its TILES
+// takes one a size.
+#define RAWOPS_SORT_TILES_NARROW(T, suffix)    \
+  RAWOPS_SORT_WARP(T, suffix)                  \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 4)      \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 8)      \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 16)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 64, 8)      \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 64, 16)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 128, 8)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 128, 16)    \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 8)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 16)    \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 8)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 16)    \
+  RAWOPS_SORT_CHUNKS(T, suffix, 512, 16)       \
   RAWOPS_SORT_LONG(T, suffix)
 
 // 64-bit keys: an 8192-key tile would need 64 KB of exchange space; rows past 4096 go long.
-#define RAWOPS_SORT_TILES_WIDE(T, suffix)  \
-  RAWOPS_SORT_WARP(T, suffix)              \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 4, 6)   \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 8, 6)   \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 64, 8, 6)   \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 128, 8, 6)  \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 8, 6)  \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 16, 6) \
+#define RAWOPS_SORT_TILES_WIDE(T, suffix)      \
+  RAWOPS_SORT_WARP(T, suffix)                  \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 4)      \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 8)      \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 16)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 64, 8)      \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 64, 16)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 128, 8)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 128, 16)    \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 8)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 16)    \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 8)     \
+  RAWOPS_SORT_CHUNKS(T, suffix, 256, 16)       \
   RAWOPS_SORT_LONG(T, suffix)
 
 RAWOPS_SORT_TILES_NARROW(float, f32)
@@ -315,6 +460,17 @@ RAWOPS_SORT_TILES_WIDE(long long, i64)
     rawops::sort_pass<Bits>(keys_in, order_in, keys_out, order_out, rows, n, bit, pass_bits);                    \
   }
 
+#define RAWOPS_SORT_MERGE(Bits, suffix)                                                                        \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_STREAM_THREADS)                                     \
+      sort_merge_##suffix(const Bits *keys_in, const int *pos_in, Bits *keys_out, int *pos_out, long long rows, \
+                          long long n, long long run) {                                                        \
+    rawops::merge_runs<Bits, float, false>(keys_in, pos_in, keys_out, pos_out, nullptr, nullptr, nullptr, rows, \
+                                           n, 0, run);                                                         \
+  }
+
 RAWOPS_SORT_PASS(unsigned short, k16)
 RAWOPS_SORT_PASS(unsigned, k32)
 RAWOPS_SORT_PASS(unsigned long long, k64)
+RAWOPS_SORT_MERGE(unsigned short, k16)
+RAWOPS_SORT_MERGE(unsigned, k32)
+RAWOPS_SORT_MERGE(unsigned long long, k64)

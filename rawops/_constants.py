@@ -193,11 +193,13 @@ IMAGE_FLAG_HI = 2
 IMAGE_FLAG_CLIP = 4
 
 # sort: kernels/sort.cu (rawops/sort.py)
-# sort_warp_*'s block (rows of up to 32 sorted by groups of lanes); the long-row kernels' blocks
-# (sort_keys_*, sort_gather_*); the segmented digit passes (sort_pass_k*): threads, keys a thread
-# (nominal, for 4-byte keys: cub scales it down for 8-byte ones) and digit bits per pass
+# sort_warp_*'s block (rows of up to 32 sorted by groups of lanes); the blocks of the long-row
+# kernels that stream (sort_keys_*, sort_gather_*, sort_merge_*) and the outputs a merge thread
+# writes; the segmented digit passes (sort_pass_k*): threads, keys a thread (nominal, for 4-byte
+# keys: cub scales it down for 8-byte ones) and digit bits per pass
 SORT_WARP_THREADS = 256
 SORT_STREAM_THREADS = 256
+SORT_MERGE_ITEMS = 8
 SORT_SEGMENT_THREADS = 192
 SORT_SEGMENT_ITEMS = 39
 SORT_SEGMENT_RADIX_BITS = 6

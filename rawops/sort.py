@@ -9,10 +9,12 @@ sorted positions, so NaN payloads and the sign of zero come back as they were.
 
 Launches (plan(), a pure function of the row length n and the key width): rows of up to 32 a
 group of lanes each (a bitonic network in registers); rows up to one block's tile (8192 keys,
-4096 for int64) one block each (a cub block radix sort, the smallest tile that holds the row);
-longer rows by cub's segmented radix sort machinery, one launch per 6-bit digit plus a key and
-a gather launch, through scratch of 2 x (key bytes + 4) an element allocated on the launch's
-stream. Rows of 2**31 elements or more are refused.
+4096 for int64) one block each (a block radix sort on cub's ranking, the smallest tile that
+holds the row); longer rows in chunks of the largest tile, sorted a block each, then merged
+pairwise, one launch a doubling of the run length (the last writes the results); or, the
+alternative LONG_PATH, cub's segmented radix sort machinery, one launch a 6-bit digit. The long
+rows use scratch of 2 x (key bytes + 4) an element allocated on the launch's stream. Rows of
+2**31 elements or more are refused.
 
 Layouts: along the last dim, x may be a view whose last dim is contiguous and whose leading
 dims collapse to one row stride (`x[:, :n]` of a wider matrix, `x[::2]`): read as it is. Any
@@ -45,47 +47,61 @@ BITS_OF = {suffix: bits for suffix, _, bits in KEY_TYPES.values()}
 WARP_MAX = 32  # rows up to this long: sort_warp (a group of lanes a row)
 WARP_THREADS = _constants.SORT_WARP_THREADS
 STREAM_THREADS = _constants.SORT_STREAM_THREADS
+MERGE_ITEMS = _constants.SORT_MERGE_ITEMS
 SEGMENT_THREADS = _constants.SORT_SEGMENT_THREADS
 RADIX_BITS = _constants.SORT_SEGMENT_RADIX_BITS
 MAX_ROW = (1 << 31) - 1  # positions in a row are 32-bit in the kernels
 MAX_GRID = (1 << 31) - 1  # gridDim.x; every kernel loops over rows past it
 
-# The one-block tiles (threads, keys a thread), smallest first, and the ranking each uses:
-# "match8" (cub::BlockRadixRankMatch, 8-bit digits) or "count6" / "count5" (cub::BlockRadixRank,
-# 6- or 5-bit digits); kernels/sort.cu instantiates both rankings of every tile.
+# The one-block tiles (threads, keys a thread) kernels/sort.cu compiles, each in two rankings:
+# "match" (cub::BlockRadixRankMatch) and "early" (cub::BlockRadixRankMatchEarlyCounts), 8-bit
+# digits. TILES takes one tile a size, smallest first, and RANKING one ranking a tile (the
+# benchmark times every candidate: bench/results/<gpu>/sort.md).
+TILE_CANDIDATES = ((32, 4), (32, 8), (32, 16), (64, 8), (64, 16), (128, 8), (128, 16), (256, 8), (256, 16),
+                   (512, 8), (512, 16))
+WIDE_CANDIDATES = TILE_CANDIDATES[:-1]  # 64-bit keys: an 8192-key tile would not fit 48 KB of shared memory
 TILES = ((32, 4), (32, 8), (64, 8), (128, 8), (256, 8), (256, 16), (512, 16))
-WIDE_TILES = TILES[:-1]  # 64-bit keys: the 8192-key tile would not fit 48 KB of shared memory
-COUNT_BITS = {tile: 5 if tile[0] == 512 else 6 for tile in TILES}
-RANKING = {tile: "match8" for tile in TILES}
+WIDE_TILES = TILES[:-1]
+RANKINGS = ("match", "early")
+RANKING = {tile: "early" for tile in TILE_CANDIDATES}
+# Rows longer than the largest tile: "merge" (chunks of the largest tile sorted a block each,
+# then merged pairwise, one launch a doubling) or "segmented" (cub's segmented radix sort
+# machinery, one launch a 6-bit digit).
+LONG_PATHS = ("merge", "segmented")
+LONG_PATH = "merge"
 
 
-def tile_kernel(tile, ranking=None):
+def tile_kernel(tile, ranking=None, chunks=False):
     threads, items = tile
-    return f"sort_rows_{threads}x{items}_{ranking or RANKING[tile]}"
+    return f"sort_{'chunks' if chunks else 'rows'}_{threads}x{items}_{ranking or RANKING[tile]}"
 
 
 def _entry_points():
     names = []
     for suffix in SUFFIXES:
-        names += [f"sort_warp_{suffix}", f"sort_keys_{suffix}", f"sort_gather_{suffix}"]
-        for tile in (WIDE_TILES if BITS_OF[suffix] == 64 else TILES):
-            for ranking in ("match8", f"count{COUNT_BITS[tile]}"):
-                names.append(f"{tile_kernel(tile, ranking)}_{suffix}")
-    return names + [f"sort_pass_k{bits}" for bits in (16, 32, 64)]
+        wide = BITS_OF[suffix] == 64
+        names += [f"sort_warp_{suffix}", f"sort_keys_{suffix}", f"sort_gather_{suffix}", f"sort_merge_final_{suffix}"]
+        for tile in (WIDE_CANDIDATES if wide else TILE_CANDIDATES):
+            names += [f"{tile_kernel(tile, ranking)}_{suffix}" for ranking in RANKINGS]
+        chunk = (WIDE_TILES if wide else TILES)[-1]
+        names += [f"{tile_kernel(chunk, ranking, chunks=True)}_{suffix}" for ranking in RANKINGS]
+    return names + [f"sort_{kind}_k{bits}" for kind in ("pass", "merge") for bits in (16, 32, 64)]
 
 
 # Every entry point of kernels/sort.cu -> its fatbin (tests/test_build.py checks the fatbin
 # holds exactly these on every architecture).
 FAMILY_OF = {name: FAMILY for name in _entry_points()}
-ROWS_KINDS = "pppqqqq"  # x, values, indices, rows, n, x_stride, descending (warp and tile kernels)
+ROWS_KINDS = "pppqqqq"  # x, values, indices, rows, n, x_stride, descending (warp, tile and chunk kernels)
 KEYS_KINDS = "pppqqqq"  # x, keys, order, rows, n, x_stride, descending
 PASS_KINDS = "ppppqqqq"  # keys_in, order_in, keys_out, order_out, rows, n, bit, pass_bits
 GATHER_KINDS = "ppppqqq"  # x, order, values, indices, rows, n, x_stride
+MERGE_KINDS = "ppppqqq"  # keys_in, pos_in, keys_out, pos_out, rows, n, run
+MERGE_FINAL_KINDS = "pppppqqqq"  # keys, pos, x, values, indices, rows, n, x_stride, run
 
 Plan = collections.namedtuple("Plan", "kind kernel blocks threads passes")
-Plan.__doc__ = """A launch plan: kind ("warp", "tile" or "segmented"), the kernel base name
-(without the dtype suffix; for "segmented" the digit-pass kernel, suffix included), grid, block,
-and the digit passes of a segmented sort (0 otherwise)."""
+Plan.__doc__ = """A launch plan: kind ("warp", "tile", "merge" or "segmented"), the first kernel's
+base name (without the dtype suffix; for "segmented" the digit-pass kernel, suffix included),
+its grid and block, and the launches after it: merge rounds, or digit passes."""
 
 
 def _pow2_at_least(k):
@@ -100,35 +116,42 @@ def tile_for(n, bits):
     return None
 
 
-def plan(rows, n, bits, ranking=None):
-    """How rows (> 0) rows of n (> 0) keys `bits` wide are sorted; ranking: force the tile's
-    ranking ("match8", "count6", ...), for the benchmark's comparison of the two."""
-    if n <= WARP_MAX:
+def plan(rows, n, bits, ranking=None, tile=None, long_path=None):
+    """How rows (> 0) rows of n (> 0) keys `bits` wide are sorted. ranking, tile, long_path:
+    another choice than the tables' (the benchmark's and the tests' comparisons); a tile given
+    must hold the row."""
+    if n <= WARP_MAX and tile is None:
         rows_per_block = (WARP_THREADS // 32) * (32 // _pow2_at_least(n))
         return Plan("warp", "sort_warp", min(-(-rows // rows_per_block), MAX_GRID), WARP_THREADS, 0)
-    tile = tile_for(n, bits)
+    tile = tile or tile_for(n, bits)
     if tile is not None:
         return Plan("tile", tile_kernel(tile, ranking), min(rows, MAX_GRID), tile[0], 0)
-    return Plan("segmented", f"sort_pass_k{bits}", min(rows, MAX_GRID), SEGMENT_THREADS, -(-bits // RADIX_BITS))
+    if (long_path or LONG_PATH) == "segmented":
+        return Plan("segmented", f"sort_pass_k{bits}", min(rows, MAX_GRID), SEGMENT_THREADS, -(-bits // RADIX_BITS))
+    chunk = (WIDE_TILES if bits == 64 else TILES)[-1]
+    chunks = -(-n // (chunk[0] * chunk[1]))
+    return Plan("merge", tile_kernel(chunk, ranking, chunks=True), min(rows * chunks, MAX_GRID), chunk[0],
+                (chunks - 1).bit_length())
 
 
-def scratch_bytes(rows, n, bits):
+def scratch_bytes(rows, n, bits, long_path=None):
     """Bytes of scratch a sort of rows x n keys needs: two (key, int32 position) buffers on the
-    segmented path, none on the others."""
-    p = plan(rows, n, bits)
-    return 2 * rows * n * (bits // 8 + 4) if p.kind == "segmented" else 0
+    long-row paths, none on the others."""
+    p = plan(rows, n, bits, long_path=long_path)
+    return 2 * rows * n * (bits // 8 + 4) if p.kind in LONG_PATHS else 0
 
 
 # ------------------------------------------------------------------------------ launches
 def launch_sort(device, suffix, x_ptr, values_ptr, indices_ptr, rows, n, x_stride, descending, stream, scratch,
-                ranking=None):
+                ranking=None, tile=None, long_path=None):
     """The launches of a sort on checked pointers (rows > 0, 0 < n <= MAX_ROW; values_ptr 0 for
     indices only): values and indices dense rows of n. scratch(nbytes) -> a device pointer
-    valid, on `stream`, until the launches are done (called only on the segmented path)."""
+    valid, on `stream`, until the launches are done (called only on the long-row paths).
+    ranking, tile, long_path: as plan() takes them."""
     bits = BITS_OF[suffix]
-    p = plan(rows, n, bits, ranking)
+    p = plan(rows, n, bits, ranking, tile, long_path)
     desc = int(bool(descending))
-    if p.kind != "segmented":
+    if p.kind in ("warp", "tile"):
         function = _modules.function_pointer(FAMILY, f"{p.kernel}_{suffix}", device)
         launch(function, (p.blocks,), p.threads, 0, stream,
                (x_ptr, values_ptr, indices_ptr, rows, n, x_stride, desc), ROWS_KINDS, device)
@@ -139,6 +162,23 @@ def launch_sort(device, suffix, x_ptr, values_ptr, indices_ptr, rows, n, x_strid
     keys = (block, block + elements * key_bytes)
     order_base = block + 2 * elements * key_bytes
     order = (order_base, order_base + elements * 4)
+    if p.kind == "merge":
+        launch(_modules.function_pointer(FAMILY, f"{p.kernel}_{suffix}", device), (p.blocks,), p.threads, 0, stream,
+               (x_ptr, keys[0], order[0], rows, n, x_stride, desc), ROWS_KINDS, device)
+        run = (WIDE_TILES if bits == 64 else TILES)[-1]
+        run = run[0] * run[1]
+        grid = (min(-(-rows * -(-n // MERGE_ITEMS) // STREAM_THREADS), MAX_GRID),)
+        for i in range(p.passes):
+            src, dst = i % 2, 1 - i % 2
+            if i < p.passes - 1:
+                launch(_modules.function_pointer(FAMILY, f"sort_merge_k{bits}", device), grid, STREAM_THREADS, 0,
+                       stream, (keys[src], order[src], keys[dst], order[dst], rows, n, run), MERGE_KINDS, device)
+            else:
+                launch(_modules.function_pointer(FAMILY, f"sort_merge_final_{suffix}", device), grid, STREAM_THREADS,
+                       0, stream, (keys[src], order[src], x_ptr, values_ptr, indices_ptr, rows, n, x_stride, run),
+                       MERGE_FINAL_KINDS, device)
+            run *= 2
+        return
     grid = (min(rows, MAX_GRID),)
     launch(_modules.function_pointer(FAMILY, f"sort_keys_{suffix}", device), grid, STREAM_THREADS, 0, stream,
            (x_ptr, keys[0], order[0], rows, n, x_stride, desc), KEYS_KINDS, device)

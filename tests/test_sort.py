@@ -40,25 +40,43 @@ def test_the_smallest_tile_that_holds_the_row(n, tile):
     assert rs.tile_for(n, 64) == (tile if n <= 4096 else None)
 
 
+@pytest.mark.parametrize("bits,chunk", [(16, 8192), (32, 8192), (64, 4096)])
+def test_longer_rows_merge_chunks_of_the_largest_tile(bits, chunk):
+    threads = 512 if bits < 64 else 256
+    for n, rounds in ((chunk + 1, 1), (2 * chunk, 1), (2 * chunk + 1, 2), (8 * chunk, 3), (8 * chunk + 1, 4)):
+        p = rs.plan(3, n, bits)
+        chunks = -(-n // chunk)
+        assert p == rs.Plan("merge", rs.tile_kernel((threads, 16), chunks=True), 3 * chunks, threads, rounds), n
+        assert chunk << p.passes >= n > chunk << (p.passes - 1)  # the last round's runs cover the row
+        assert rs.scratch_bytes(3, n, bits) == 2 * 3 * n * (bits // 8 + 4)
+    assert rs.plan(3, chunk, bits).kind == "tile" and rs.scratch_bytes(3, chunk, bits) == 0
+
+
 @pytest.mark.parametrize("bits,passes", [(16, 3), (32, 6), (64, 11)])
-def test_rows_past_the_largest_tile_take_one_segmented_pass_a_digit(bits, passes):
+def test_the_segmented_alternative_takes_one_pass_a_digit(bits, passes):
     n = 8193 if bits < 64 else 4097
-    assert rs.plan(3, n, bits) == rs.Plan("segmented", f"sort_pass_k{bits}", 3, rs.SEGMENT_THREADS, passes)
-    assert rs.plan(3, n - 1, bits).kind == "tile"
-    assert rs.scratch_bytes(3, n, bits) == 2 * 3 * n * (bits // 8 + 4)
-    assert rs.scratch_bytes(3, n - 1, bits) == 0
+    p = rs.plan(3, n, bits, long_path="segmented")
+    assert p == rs.Plan("segmented", f"sort_pass_k{bits}", 3, rs.SEGMENT_THREADS, passes)
+    assert rs.plan(3, n - 1, bits, long_path="segmented").kind == "tile"
+    assert rs.scratch_bytes(3, n, bits, "segmented") == 2 * 3 * n * (bits // 8 + 4)
     assert passes * rs.RADIX_BITS >= bits > (passes - 1) * rs.RADIX_BITS
 
 
 def test_grids_are_capped_and_the_kernels_loop_over_rows():
     assert rs.plan(1 << 40, 1024, 32).blocks == rs.MAX_GRID
     assert rs.plan(1 << 40, 5, 32).blocks == rs.MAX_GRID
+    assert rs.plan(1 << 30, 70000, 32).blocks == rs.MAX_GRID
 
 
 def test_tiles_hold_16_bit_positions_and_grow():
-    sizes = [t * i for t, i in rs.TILES]
-    assert sizes == sorted(sizes) and sizes[-1] < 1 << 16
-    assert all(t % 32 == 0 for t, _ in rs.TILES)
+    for tiles in (rs.TILES, rs.WIDE_TILES):
+        sizes = [t * i for t, i in tiles]
+        assert sizes == sorted(set(sizes)) and sizes[-1] < 1 << 16
+        assert set(tiles) <= set(rs.TILE_CANDIDATES)
+    assert set(rs.WIDE_TILES) <= set(rs.WIDE_CANDIDATES)
+    assert all(t % 32 == 0 for t, _ in rs.TILE_CANDIDATES)
+    assert set(rs.RANKING) == set(rs.TILE_CANDIDATES) and set(rs.RANKING.values()) <= set(rs.RANKINGS)
+    assert rs.LONG_PATH in rs.LONG_PATHS
 
 
 def test_table_names_every_entry_of_the_kernel_file():
@@ -66,14 +84,18 @@ def test_table_names_every_entry_of_the_kernel_file():
         source = f.read()
     narrow = re.search(r"#define RAWOPS_SORT_TILES_NARROW.*?\n\n", source, flags=re.S).group(0)
     wide = re.search(r"#define RAWOPS_SORT_TILES_WIDE.*?\n\n", source, flags=re.S).group(0)
-    pairs = r"RAWOPS_SORT_TILE_PAIR\(T, suffix, (\d+), (\d+), (\d+)\)"
-    assert [(int(t), int(i)) for t, i, _ in re.findall(pairs, narrow)] == list(rs.TILES)
-    assert [(int(t), int(i)) for t, i, _ in re.findall(pairs, wide)] == list(rs.WIDE_TILES)
-    assert {(int(t), int(i)): int(b) for t, i, b in re.findall(pairs, narrow)} == rs.COUNT_BITS
+    pairs = r"RAWOPS_SORT_TILE_PAIR\(T, suffix, (\d+), (\d+)\)"
+    assert [(int(t), int(i)) for t, i in re.findall(pairs, narrow)] == list(rs.TILE_CANDIDATES)
+    assert [(int(t), int(i)) for t, i in re.findall(pairs, wide)] == list(rs.WIDE_CANDIDATES)
+    chunks = r"RAWOPS_SORT_CHUNKS\(T, suffix, (\d+), (\d+)\)"
+    assert [(int(t), int(i)) for t, i in re.findall(chunks, narrow)] == [rs.TILES[-1]]
+    assert [(int(t), int(i)) for t, i in re.findall(chunks, wide)] == [rs.WIDE_TILES[-1]]
     instantiated = re.findall(r"^RAWOPS_SORT_TILES_(NARROW|WIDE)\([\w ]+,\s*(\w+)\)", source, flags=re.M)
     assert tuple(s for _, s in instantiated) == rs.SUFFIXES
     assert [s for kind, s in instantiated if kind == "WIDE"] == ["i64"]
-    assert re.findall(r"^RAWOPS_SORT_PASS\([\w ]+,\s*(k\d+)\)", source, flags=re.M) == ["k16", "k32", "k64"]
+    for kind in ("PASS", "MERGE"):
+        found = re.findall(rf"^RAWOPS_SORT_{kind}\([\w ]+,\s*(k\d+)\)", source, flags=re.M)
+        assert found == ["k16", "k32", "k64"]
 
 
 # ------------------------------------------------------------------------------ checks, no GPU
@@ -247,24 +269,55 @@ def test_sort_matches_torch_at_every_row_length(dtype, kind):
             check_sort(x, -1, descending, None, torch.from_dlpack(only), what + " argsort")
 
 
+def _launch(x, descending, **choice):
+    """rs.launch_sort on a dense CUDA tensor's rows with another choice than the tables' (the
+    outputs filled with garbage first, the scratch from torch)."""
+    rows, n = x.shape
+    values, indices = torch.empty_like(x), torch.empty(x.shape, dtype=torch.int64, device="cuda")
+    values.view(torch.uint8).fill_(0xFF), indices.fill_(-1)
+    held = []
+
+    def scratch(nbytes):
+        held.append(torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF))
+        return held[-1].data_ptr()
+
+    rs.launch_sort(0, rs.KEY_TYPES[str(x.dtype).replace("torch.", "")][0], x.data_ptr(), values.data_ptr(),
+                   indices.data_ptr(), rows, n, n, descending, torch.cuda.current_stream().cuda_stream, scratch,
+                   **choice)
+    return values, indices
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(KEY_DTYPES))
-def test_both_rankings_of_every_tile(dtype):
-    # the plan takes one ranking per tile; the other is launched here, so either may be chosen
+def test_every_tile_in_both_rankings(dtype):
+    # the plan takes one tile a size and one ranking a tile; the others are launched here, so
+    # that the benchmark's choice may be any of them
     dt = KEY_DTYPES[dtype]
-    suffix = rs.KEY_TYPES[dtype][0]
-    tiles = rs.WIDE_TILES if rs.BITS_OF[suffix] == 64 else rs.TILES
-    for threads, items in tiles:
-        n = threads * items - 3
-        for kind in ("random", "special"):
-            x = _data(5, n, dt, kind)
-            for ranking in ("match8", f"count{rs.COUNT_BITS[(threads, items)]}"):
-                for descending in (False, True):
-                    values, indices = torch.empty_like(x), torch.empty(x.shape, dtype=torch.int64, device="cuda")
-                    values.fill_(0), indices.fill_(-1)
-                    rs.launch_sort(0, suffix, x.data_ptr(), values.data_ptr(), indices.data_ptr(), 5, n, n, descending,
-                                   torch.cuda.current_stream().cuda_stream, None, ranking=ranking)
-                    check_sort(x, -1, descending, values, indices, f"{dtype} {threads}x{items} {ranking} {kind}")
+    wide = rs.BITS_OF[rs.KEY_TYPES[dtype][0]] == 64
+    for tile in rs.WIDE_CANDIDATES if wide else rs.TILE_CANDIDATES:
+        for n in (tile[0] * tile[1] - 3, tile[0] * tile[1] // 2 + 1):
+            for kind in ("random", "special"):
+                x = _data(5, n, dt, kind)
+                for ranking in rs.RANKINGS:
+                    for descending in (False, True):
+                        values, indices = _launch(x, descending, ranking=ranking, tile=tile)
+                        check_sort(x, -1, descending, values, indices, f"{dtype} {tile} {ranking} {kind} n={n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(KEY_DTYPES))
+def test_both_long_row_paths_and_both_chunk_rankings(dtype):
+    dt = KEY_DTYPES[dtype]
+    chunk = (rs.WIDE_TILES if rs.BITS_OF[rs.KEY_TYPES[dtype][0]] == 64 else rs.TILES)[-1]
+    chunk = chunk[0] * chunk[1]
+    for n in (chunk + 1, 2 * chunk, 2 * chunk + 7, 5 * chunk - 1, 70000):
+        for kind in ("random", "ties", "special"):
+            x = _data(2, n, dt, kind)
+            for descending in (False, True):
+                for choice in ({"long_path": "segmented"}, {"long_path": "merge", "ranking": "match"},
+                               {"long_path": "merge", "ranking": "early"}):
+                    values, indices = _launch(x, descending, **choice)
+                    check_sort(x, -1, descending, values, indices, f"{dtype} {choice} {kind} n={n}")
 
 
 @pytest.mark.gpu
@@ -379,7 +432,7 @@ def test_adapter_autograd_matches_torchs_backward(dtype, n):
         grad = torch.randn(x.shape, device="cuda").to(dt)
         values, indices = ta.sort(leaf, dim, descending)
         values.backward(grad)
-        expected = torch.sort(ref, dim, descending, stable=True)
+        expected = torch.sort(ref, dim=dim, descending=descending, stable=True)
         expected.values.backward(grad)
         assert torch.equal(indices, expected.indices)
         assert torch.equal(leaf.grad, ref.grad), f"grad, dim {dim}"
@@ -410,7 +463,7 @@ def test_adapter_under_torch_compile_fullgraph():
     leaf, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
     out, indices = compiled(leaf)
     out.sum().backward()
-    expected = torch.sort(ref * 2, -1, True, stable=True)
-    (expected.values.sum(-1) + torch.argsort(ref, 0, stable=True).float().sum(0)[:1]).sum().backward()
+    expected = torch.sort(ref * 2, dim=-1, descending=True, stable=True)
+    (expected.values.sum(-1) + torch.argsort(ref, dim=0, stable=True).float().sum(0)[:1]).sum().backward()
     assert torch.equal(indices, expected.indices)
     assert torch.equal(leaf.grad, ref.grad)
