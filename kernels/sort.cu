@@ -12,24 +12,27 @@
 // gather's re-read of the row, from cache) and values + indices written once: n * (2 * sizeof(T)
 // + 8) a row on the one-kernel paths.
 //
-// Three launch shapes, by row length (rawops/sort.py: plan):
+// Launch shapes, by row length (rawops/sort.py: plan):
 //   n <= 32          sort_warp_<dt>: a bitonic network in registers over a power-of-two group
 //                    of lanes (32 / width rows a warp), compare-exchanging (key, position)
 //                    pairs through shuffles; the position tie-break makes it stable.
-//   n <= one tile    sort_rows_<T>x<I>_<dt>: one block a row, cub::BlockRadixSort of T threads
-//                    x I keys (key bits, 16-bit positions), the smallest tile that holds the
-//                    row, padded with the largest key (padding sits at the highest blocked
-//                    positions, so the stable sort leaves it last even beside equal keys).
-//                    Keys are held blocked (thread t: positions t*I .. t*I+I-1), the order
-//                    BlockRadixSort's ranking is stable in; results come out striped, so the
-//                    stores are coalesced.
-//   longer rows      sort_keys_<dt> writes key bits and int32 positions to scratch; then one
-//                    sort_pass_k<bits> launch per radix digit (RAWOPS_SORT_SEGMENT_RADIX_BITS
-//                    bits): cub's AgentSegmentedRadixSort (the block-per-segment machinery of
-//                    cub::DeviceSegmentedRadixSort), one block a row, an upsweep histogram and
-//                    a stable downsweep scatter, ping-ponging between two scratch pairs; last,
-//                    sort_gather_<dt> writes values and int64 indices from the final order.
-//                    Scratch: 2 x (key bits + 4 bytes) an element, allocated by the caller.
+//   n <= one tile    sort_rows_<T>x<I>_<ranking>_<dt>: one block a row, an LSD radix sort of T
+//                    threads x I keys (key bits, 16-bit positions) on cub's block ranking
+//                    (BlockSort below), the smallest tile that holds the row, padded with the
+//                    largest key (padding sits at the highest slots, so the stable sort leaves
+//                    it last even beside equal keys).
+//   longer rows      merge: sort_chunks_<T>x<I>_<ranking>_<dt> sorts chunks of the largest tile
+//                    a block each into scratch (key bits, int32 positions); then one
+//                    sort_merge_k<bits> launch per doubling of the sorted run length (stable
+//                    merge-path merges of run pairs), the last (sort_merge_final_<dt>) writing
+//                    values and int64 indices. Traffic a round: key + position read and written.
+//                    segmented (the alternative): sort_keys_<dt> writes key bits and int32
+//                    positions; one sort_pass_k<bits> launch per RAWOPS_SORT_SEGMENT_RADIX_BITS
+//                    digit: cub's AgentSegmentedRadixSort (the block-per-segment machinery of
+//                    cub::DeviceSegmentedRadixSort), one block a row, an upsweep histogram and a
+//                    stable downsweep scatter; sort_gather_<dt> writes the results.
+//                    Both ping-pong between two scratch pairs: 2 x (key bytes + 4) an element,
+//                    allocated by the caller.
 #include <cub/agent/agent_segmented_radix_sort.cuh>
 #include <cub/block/block_radix_sort.cuh>
 
