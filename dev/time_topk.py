@@ -44,8 +44,8 @@ def main():
 
 
 def forced(x, k, kernel):
-    """topk of x (2-D, contiguous, float32) through one named kernel of the fatbin (topk_warp<K>
-    or topk_radix, one launch), for comparing kernels on one shape."""
+    """topk of x (2-D, contiguous, float32) through one named kernel of the fatbin (topk_warp or
+    topk_radix, one launch), for comparing kernels on one shape."""
     from rawops import _modules
     from rawops._launch import launch
 
@@ -68,8 +68,7 @@ def compare_kernels():
     for rows, n, k in ((65536, 1024, 8), (65536, 1024, 32), (4096, 8192, 8), (1000, 1024, 8), (1000, 32000, 8),
                        (264, 4099, 16)):
         x = torch.randn(rows, n, device="cuda")
-        K = next(K for K in tk.WARP_KS if k <= K)
-        fns = {name: forced(x, k, name) for name in ("topk_warp", f"topk_warp{K}", "topk_radix")}
+        fns = {name: forced(x, k, name) for name in ("topk_warp", "topk_radix")}
         fns["torch"] = lambda: torch.topk(x, k)
         us = timing.device_times_us(fns)
         print(f"{str((rows, n)):>16} k={k:<3} " + "  ".join(f"{name} {t:.1f}" for name, t in us.items()), flush=True)

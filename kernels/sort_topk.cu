@@ -9,11 +9,12 @@
 // Two kernels, chosen by rawops/_sort_topk.py's plan (a pure function of rows, n, k, dtype and
 // the SM count):
 //
-// topk_warp<K>_<sfx>   (k <= K <= 32; many rows) one warp per row, 8 rows per 256-thread
-//   block. Each lane streams its share of the row in 16-byte loads and keeps its own K
-//   smallest (key, position) pairs sorted in registers (an insertion behind a one-compare
-//   rejection); then k rounds of a warp arg-min over the lanes' heads pop the row's k
-//   winners in order. The row is read once: bytes = rows * (n * sizeof(T) + k * (sizeof(T) + 8)).
+// topk_warp_<sfx>   (k <= 32; many rows) one warp per row, 8 rows per 256-thread block. The
+//   warp keeps the 32 smallest pairs seen, one per lane, and their k-th as a threshold; each
+//   element costs a compare with it, the few below it are appended to a candidate ring in
+//   shared memory (ballot-ranked) and merged 32 at a time (a warp bitonic sort and merge),
+//   which lowers the threshold. The row is read once:
+//   bytes = rows * (n * sizeof(T) + k * (sizeof(T) + 8)).
 //
 // topk_radix_<sfx>   (any k <= 1024) one 256-thread block per (row, chunk), the row cut into
 //   `chunks` near-equal chunks of at least k elements each. A radix select over 8-bit digits,
@@ -28,7 +29,7 @@
 //   positions through in_idx. Every pass rereads the chunk (from L2 after the first).
 //
 // Positions inside a row are 32-bit (the plan refuses rows of 2^31 elements or more); row
-// offsets are 64-bit.
+// offsets are 64-bit. Loads are 16-byte vectors after a row's unaligned head.
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -98,76 +99,6 @@ template <> __device__ __forceinline__ unsigned long long shuffle_from(unsigned 
 template <typename Bits>
 __device__ __forceinline__ bool before(Bits a, unsigned pa, Bits b, unsigned pb) {
   return a < b || (a == b && pa < pb);
-}
-
-// ------------------------------------------------------------------------------ warp per row
-template <typename T, int K>
-__device__ __forceinline__ void topk_warp(const T* __restrict__ x, T* __restrict__ values,
-                                          i64* __restrict__ indices, long long rows, long long n,
-                                          long long x_stride, long long k, long long largest) {
-  using Bits = typename SortKey<T>::Bits;
-  const int lane = threadIdx.x & 31;
-  const long long warps = static_cast<long long>(gridDim.x) * (kThreads / 32);
-  for (long long row = static_cast<long long>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32; row < rows;
-       row += warps) {
-    const T* xr = x + row * x_stride;
-    Bits key[K];
-    unsigned pos[K];
-#pragma unroll
-    for (int j = 0; j < K; ++j) {
-      key[j] = static_cast<Bits>(~Bits(0));
-      pos[j] = kNoPos;
-    }
-    for_each_element(xr, n, lane, 32, [&](T v, long long i) {
-      const Bits kv = rawops::sort_key(v, largest != 0);
-      const unsigned pv = static_cast<unsigned>(i);
-      if (before(kv, pv, key[K - 1], pos[K - 1])) {
-        key[K - 1] = kv;
-        pos[K - 1] = pv;
-#pragma unroll
-        for (int j = K - 1; j > 0; --j) {
-          if (before(key[j], pos[j], key[j - 1], pos[j - 1])) {
-            const Bits tk = key[j];
-            key[j] = key[j - 1];
-            key[j - 1] = tk;
-            const unsigned tp = pos[j];
-            pos[j] = pos[j - 1];
-            pos[j - 1] = tp;
-          }
-        }
-      }
-    });
-    // k rounds: the smallest head over the lanes is the round's winner; its lane pops it.
-    // Positions are unique within a row, so exactly one lane holds each winner.
-    unsigned mine = kNoPos;
-    for (int r = 0; r < k; ++r) {
-      Bits bk = key[0];
-      unsigned bp = pos[0];
-#pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1) {
-        const Bits ok = shuffle_xor(bk, offset);
-        const unsigned op = __shfl_xor_sync(0xffffffffu, bp, offset);
-        if (before(ok, op, bk, bp)) {
-          bk = ok;
-          bp = op;
-        }
-      }
-      if (pos[0] == bp) {
-#pragma unroll
-        for (int j = 0; j < K - 1; ++j) {
-          key[j] = key[j + 1];
-          pos[j] = pos[j + 1];
-        }
-        key[K - 1] = static_cast<Bits>(~Bits(0));
-        pos[K - 1] = kNoPos;
-      }
-      if (lane == r) mine = bp;
-    }
-    if (lane < k) {
-      values[row * k + lane] = xr[mine];
-      indices[row * k + lane] = static_cast<i64>(mine);
-    }
-  }
 }
 
 // ------------------------------------------------------------------------------ warp filter
@@ -436,27 +367,16 @@ __device__ __forceinline__ void topk_radix(const T* __restrict__ x, const i64* _
 
 }  // namespace
 
-#define RAWOPS_TOPK_WARP(T, K, suffix)                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads) topk_warp##K##_##suffix(                         \
+#define RAWOPS_TOPK_FAMILY(T, suffix)                                                                    \
+  extern "C" __global__ void __launch_bounds__(kThreads) topk_warp_##suffix(                             \
       const T* x, T* values, i64* indices, long long rows, long long n, long long x_stride, long long k, \
-      long long largest) {                                                                                \
-    topk_warp<T, K>(x, values, indices, rows, n, x_stride, k, largest);                                   \
-  }
-
-#define RAWOPS_TOPK_FAMILY(T, suffix)                                                                       \
-  extern "C" __global__ void __launch_bounds__(kThreads) topk_warp_##suffix(                               \
-      const T* x, T* values, i64* indices, long long rows, long long n, long long x_stride, long long k,    \
-      long long largest) {                                                                                  \
-    topk_warp_filter<T>(x, values, indices, rows, n, x_stride, k, largest);                                 \
-  }                                                                                                         \
-  RAWOPS_TOPK_WARP(T, 4, suffix)                                                                            \
-  RAWOPS_TOPK_WARP(T, 8, suffix)                                                                            \
-  RAWOPS_TOPK_WARP(T, 16, suffix)                                                                           \
-  RAWOPS_TOPK_WARP(T, 32, suffix)                                                                           \
-  extern "C" __global__ void __launch_bounds__(kThreads, kRadixBlocksPerSM) topk_radix_##suffix(                              \
-      const T* x, const i64* in_idx, T* values, i64* indices, long long rows, long long n,          \
-      long long x_stride, long long chunks, long long k, long long largest, long long sorted) {             \
-    topk_radix<T>(x, in_idx, values, indices, rows, n, x_stride, chunks, k, largest, sorted);               \
+      long long largest) {                                                                               \
+    topk_warp_filter<T>(x, values, indices, rows, n, x_stride, k, largest);                              \
+  }                                                                                                      \
+  extern "C" __global__ void __launch_bounds__(kThreads, kRadixBlocksPerSM) topk_radix_##suffix(         \
+      const T* x, const i64* in_idx, T* values, i64* indices, long long rows, long long n,               \
+      long long x_stride, long long chunks, long long k, long long largest, long long sorted) {          \
+    topk_radix<T>(x, in_idx, values, indices, rows, n, x_stride, chunks, k, largest, sorted);            \
   }
 
 RAWOPS_TOPK_FAMILY(float, f32)

@@ -30,11 +30,10 @@ from . import _modules, _rows
 FAMILY = "sort_topk"
 SUFFIXES = ("f32", "f16", "bf16", "i32", "i64")
 WARP_MAX_K = 32  # topk_warp: the warp's list is one pair per lane
-WARP_KS = (4, 8, 16, 32)  # the per-lane register lists of topk_warp<K>_<suffix>: k <= K
 _WARP_ARGS = ("x", "values", "indices", "rows", "n", "x_stride", "k", "largest")
 _RADIX_ARGS = ("x", "in_idx", "values", "indices", "rows", "n", "x_stride", "chunks", "k", "largest", "sorted")
 # The family's table: kernel base name -> argument names; each exists once per suffix.
-KERNELS = {"topk_warp": _WARP_ARGS, **{f"topk_warp{K}": _WARP_ARGS for K in WARP_KS}, "topk_radix": _RADIX_ARGS}
+KERNELS = {"topk_warp": _WARP_ARGS, "topk_radix": _RADIX_ARGS}
 WARP_KINDS = "pppqqqqq"
 RADIX_KINDS = "ppppqqqqqqq"
 
