@@ -105,7 +105,7 @@ def tile_rows(rs, ceiling):
                        for t, i in candidates if t * i == size for r in rs.RANKINGS}
             bits = rs.BITS_OF[name]
             tile = rs.tile_for(size, bits)
-            chosen = f"tile {tile[0]}x{tile[1]} {rs.RANKING[tile]}"
+            chosen = f"tile {tile[0]}x{tile[1]} {(rs.WIDE_RANKING if bits == 64 else rs.RANKING)[tile]}"
             rows += _variant_rows(rs, name, x, choices, ceiling, chosen)
     return rows
 
@@ -114,14 +114,15 @@ def long_rows(rs, ceiling):
     """The long-row paths: merge (both chunk rankings) and segmented, float32 at 2**24 elements
     and a few rows of 2**20, bfloat16 and int64 at 256 x 65536."""
     rows = []
-    chunk = rs.TILES[-1]
     for name, shape in (("f32", (1024, 16384)), ("f32", (256, 65536)), ("f32", (4, 1 << 20)), ("bf16", (256, 65536)),
                         ("i64", (256, 65536))):
         x = _input(shape, DTYPES[name])
-        wide_chunk = rs.WIDE_TILES[-1] if name == "i64" else chunk
+        bits = rs.BITS_OF[name]
+        chunk = rs.chunk_tile(bits)
         choices = {f"merge {r}": {"long_path": "merge", "ranking": r} for r in rs.RANKINGS}
         choices["segmented"] = {"long_path": "segmented"}
-        chosen = "segmented" if rs.LONG_PATH == "segmented" else f"merge {rs.RANKING[wide_chunk]}"
+        ranking = (rs.WIDE_RANKING if bits == 64 else rs.RANKING)[chunk]
+        chosen = "segmented" if rs.long_path_for(shape[1], bits) == "segmented" else f"merge {ranking}"
         timing = {"reps": 5, "rounds": 2} if shape[0] < 16 else {}
         rows += _variant_rows(rs, name, x, choices, ceiling, chosen, **timing)
     return rows
@@ -154,8 +155,11 @@ def main():
     if started is None:
         return 1
     out_dir, ceiling = started
-    import rawops.sort as rs
-    from rawops.torch_adapter import sort as ta
+    import importlib
+
+    # by module path: rawops.sort and rawops.torch_adapter.sort are also the names of the functions
+    rs = importlib.import_module("rawops.sort")
+    ta = importlib.import_module("rawops.torch_adapter.sort")
 
     notes = {"copy ceiling TB/s": round(ceiling, 3),
              "bytes": "keys read + values and int64 indices written (argsort: indices only)"}

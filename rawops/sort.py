@@ -11,8 +11,9 @@ Launches (plan(), a pure function of the row length n and the key width): rows o
 group of lanes each (a bitonic network in registers); rows up to one block's tile (8192 keys,
 4096 for int64) one block each (a block radix sort on cub's ranking, the smallest tile that
 holds the row); longer rows in chunks of the largest tile, sorted a block each, then merged
-pairwise, one launch a doubling of the run length (the last writes the results); or, the
-alternative LONG_PATH, cub's segmented radix sort machinery, one launch a 6-bit digit. The long
+pairwise, one launch a doubling of the run length (the last writes the results); or (16-bit
+keys past two chunks, long_path_for()) cub's segmented radix sort machinery, one launch a 6-bit
+digit. The long
 rows use scratch of 2 x (key bytes + 4) an element allocated on the launch's stream. Rows of
 2**31 elements or more are refused.
 
@@ -55,25 +56,34 @@ MAX_GRID = (1 << 31) - 1  # gridDim.x; every kernel loops over rows past it
 
 # The one-block tiles (threads, keys a thread) kernels/sort.cu compiles, each in two rankings:
 # "match" (cub::BlockRadixRankMatch) and "early" (cub::BlockRadixRankMatchEarlyCounts), 8-bit
-# digits. TILES takes one tile a size, smallest first, and RANKING one ranking a tile (the
-# benchmark times every candidate: bench/results/<gpu>/sort.md).
+# digits. TILES (WIDE_TILES for 64-bit keys) takes one tile a size, smallest first, and RANKING
+# (WIDE_RANKING) one ranking a tile: the fastest of the candidates the benchmark times
+# (bench/results/<gpu>/sort.md, "block tiles").
 TILE_CANDIDATES = ((32, 4), (32, 8), (32, 16), (64, 8), (64, 16), (128, 8), (128, 16), (256, 8), (256, 16),
                    (512, 8), (512, 16))
 WIDE_CANDIDATES = TILE_CANDIDATES[:-1]  # 64-bit keys: an 8192-key tile would not fit 48 KB of shared memory
 TILES = ((32, 4), (32, 8), (64, 8), (128, 8), (256, 8), (256, 16), (512, 16))
-WIDE_TILES = TILES[:-1]
+WIDE_TILES = ((32, 4), (32, 8), (64, 8), (64, 16), (256, 8), (256, 16))
 RANKINGS = ("match", "early")
-RANKING = {tile: "early" for tile in TILE_CANDIDATES}
+RANKING = {**{tile: "match" for tile in TILE_CANDIDATES}, (256, 16): "early", (512, 8): "early"}
+WIDE_RANKING = {tile: "match" for tile in WIDE_CANDIDATES}
 # Rows longer than the largest tile: "merge" (chunks of the largest tile sorted a block each,
 # then merged pairwise, one launch a doubling) or "segmented" (cub's segmented radix sort
-# machinery, one launch a 6-bit digit).
+# machinery, one launch a 6-bit digit): the merge rounds are latency-bound, and 16-bit keys need
+# only three digit passes, so those take the segmented path once the merge needs two rounds.
 LONG_PATHS = ("merge", "segmented")
-LONG_PATH = "merge"
+SEGMENTED_FROM_ROUNDS = {16: 2, 32: None, 64: None}  # key bits -> merge rounds from which segmented runs
 
 
-def tile_kernel(tile, ranking=None, chunks=False):
+def tile_kernel(tile, ranking=None, chunks=False, bits=32):
     threads, items = tile
-    return f"sort_{'chunks' if chunks else 'rows'}_{threads}x{items}_{ranking or RANKING[tile]}"
+    ranking = ranking or (WIDE_RANKING if bits == 64 else RANKING)[tile]
+    return f"sort_{'chunks' if chunks else 'rows'}_{threads}x{items}_{ranking}"
+
+
+def chunk_tile(bits):
+    """The tile whose chunks the merge path sorts: the largest."""
+    return (WIDE_TILES if bits == 64 else TILES)[-1]
 
 
 def _entry_points():
@@ -83,8 +93,7 @@ def _entry_points():
         names += [f"sort_warp_{suffix}", f"sort_keys_{suffix}", f"sort_gather_{suffix}", f"sort_merge_final_{suffix}"]
         for tile in (WIDE_CANDIDATES if wide else TILE_CANDIDATES):
             names += [f"{tile_kernel(tile, ranking)}_{suffix}" for ranking in RANKINGS]
-        chunk = (WIDE_TILES if wide else TILES)[-1]
-        names += [f"{tile_kernel(chunk, ranking, chunks=True)}_{suffix}" for ranking in RANKINGS]
+        names += [f"{tile_kernel(chunk_tile(BITS_OF[suffix]), ranking, chunks=True)}_{suffix}" for ranking in RANKINGS]
     return names + [f"sort_{kind}_k{bits}" for kind in ("pass", "merge") for bits in (16, 32, 64)]
 
 
@@ -108,6 +117,14 @@ def _pow2_at_least(k):
     return 1 << max(0, k - 1).bit_length()
 
 
+def long_path_for(n, bits):
+    """The long-row path of rows of n keys `bits` wide (n past the largest tile)."""
+    chunk = chunk_tile(bits)
+    rounds = (-(-n // (chunk[0] * chunk[1])) - 1).bit_length()
+    start = SEGMENTED_FROM_ROUNDS[bits]
+    return "segmented" if start is not None and rounds >= start else "merge"
+
+
 def tile_for(n, bits):
     """The smallest tile of keys `bits` wide that holds a row of n, or None (the row goes long)."""
     for tile in (WIDE_TILES if bits == 64 else TILES):
@@ -125,12 +142,12 @@ def plan(rows, n, bits, ranking=None, tile=None, long_path=None):
         return Plan("warp", "sort_warp", min(-(-rows // rows_per_block), MAX_GRID), WARP_THREADS, 0)
     tile = tile or tile_for(n, bits)
     if tile is not None:
-        return Plan("tile", tile_kernel(tile, ranking), min(rows, MAX_GRID), tile[0], 0)
-    if (long_path or LONG_PATH) == "segmented":
+        return Plan("tile", tile_kernel(tile, ranking, bits=bits), min(rows, MAX_GRID), tile[0], 0)
+    if (long_path or long_path_for(n, bits)) == "segmented":
         return Plan("segmented", f"sort_pass_k{bits}", min(rows, MAX_GRID), SEGMENT_THREADS, -(-bits // RADIX_BITS))
-    chunk = (WIDE_TILES if bits == 64 else TILES)[-1]
+    chunk = chunk_tile(bits)
     chunks = -(-n // (chunk[0] * chunk[1]))
-    return Plan("merge", tile_kernel(chunk, ranking, chunks=True), min(rows * chunks, MAX_GRID), chunk[0],
+    return Plan("merge", tile_kernel(chunk, ranking, chunks=True, bits=bits), min(rows * chunks, MAX_GRID), chunk[0],
                 (chunks - 1).bit_length())
 
 
@@ -165,8 +182,7 @@ def launch_sort(device, suffix, x_ptr, values_ptr, indices_ptr, rows, n, x_strid
     if p.kind == "merge":
         launch(_modules.function_pointer(FAMILY, f"{p.kernel}_{suffix}", device), (p.blocks,), p.threads, 0, stream,
                (x_ptr, keys[0], order[0], rows, n, x_stride, desc), ROWS_KINDS, device)
-        run = (WIDE_TILES if bits == 64 else TILES)[-1]
-        run = run[0] * run[1]
+        run = chunk_tile(bits)[0] * chunk_tile(bits)[1]
         grid = (min(-(-rows * -(-n // MERGE_ITEMS) // STREAM_THREADS), MAX_GRID),)
         for i in range(p.passes):
             src, dst = i % 2, 1 - i % 2

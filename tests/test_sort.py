@@ -6,6 +6,7 @@ another dim, the adapter's autograd and torch.compile.
 
 Every sort here is stable, so its indices must equal torch.sort(stable=True)'s exactly, and its
 values must be the input gathered at them, bit for bit."""
+import importlib
 import os
 import re
 
@@ -14,7 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import rawops.sort as rs  # noqa: E402
+# by module path: rawops.sort and rawops.torch_adapter.sort are also the names of the functions
+rs = importlib.import_module("rawops.sort")
 from test_validation import FakeCAI, assert_passes_validation  # noqa: E402
 
 TYPESTRS = {"float32": "<f4", "float16": "<f2", "int32": "<i4", "int64": "<i8"}
@@ -30,23 +32,33 @@ def test_rows_up_to_32_take_groups_of_lanes():
     assert rs.plan(5, 1, 64).kind == "warp"
 
 
-@pytest.mark.parametrize("n,tile", [(33, (32, 4)), (128, (32, 4)), (129, (32, 8)), (512, (64, 8)),
-                                    (513, (128, 8)), (1024, (128, 8)), (1025, (256, 8)), (4096, (256, 16)),
-                                    (4097, (512, 16)), (8192, (512, 16))])
-def test_the_smallest_tile_that_holds_the_row(n, tile):
+@pytest.mark.parametrize("n,tile,wide", [(33, (32, 4), (32, 4)), (128, (32, 4), (32, 4)), (129, (32, 8), (32, 8)),
+                                         (512, (64, 8), (64, 8)), (513, (128, 8), (64, 16)),
+                                         (1024, (128, 8), (64, 16)), (1025, (256, 8), (256, 8)),
+                                         (4096, (256, 16), (256, 16)), (4097, (512, 16), None),
+                                         (8192, (512, 16), None)])
+def test_the_smallest_tile_that_holds_the_row(n, tile, wide):
     for bits in (16, 32):
         p = rs.plan(77, n, bits)
         assert p == rs.Plan("tile", rs.tile_kernel(tile), 77, tile[0], 0)
-    assert rs.tile_for(n, 64) == (tile if n <= 4096 else None)
+        assert p.kernel.endswith("_" + rs.RANKING[tile])
+    assert rs.tile_for(n, 64) == wide
+    if wide:
+        assert rs.plan(77, n, 64).kernel == f"sort_rows_{wide[0]}x{wide[1]}_{rs.WIDE_RANKING[wide]}"
 
 
 @pytest.mark.parametrize("bits,chunk", [(16, 8192), (32, 8192), (64, 4096)])
 def test_longer_rows_merge_chunks_of_the_largest_tile(bits, chunk):
     threads = 512 if bits < 64 else 256
-    for n, rounds in ((chunk + 1, 1), (2 * chunk, 1), (2 * chunk + 1, 2), (8 * chunk, 3), (8 * chunk + 1, 4)):
+    cases = ((chunk + 1, 1), (2 * chunk, 1), (2 * chunk + 1, 2), (8 * chunk, 3), (8 * chunk + 1, 4))
+    for n, rounds in cases:
         p = rs.plan(3, n, bits)
+        if bits == 16 and rounds >= rs.SEGMENTED_FROM_ROUNDS[16]:
+            assert p.kind == "segmented" and rs.long_path_for(n, bits) == "segmented"
+            continue
         chunks = -(-n // chunk)
-        assert p == rs.Plan("merge", rs.tile_kernel((threads, 16), chunks=True), 3 * chunks, threads, rounds), n
+        assert p == rs.Plan("merge", rs.tile_kernel((threads, 16), chunks=True, bits=bits), 3 * chunks, threads,
+                            rounds), n
         assert chunk << p.passes >= n > chunk << (p.passes - 1)  # the last round's runs cover the row
         assert rs.scratch_bytes(3, n, bits) == 2 * 3 * n * (bits // 8 + 4)
     assert rs.plan(3, chunk, bits).kind == "tile" and rs.scratch_bytes(3, chunk, bits) == 0
@@ -76,7 +88,8 @@ def test_tiles_hold_16_bit_positions_and_grow():
     assert set(rs.WIDE_TILES) <= set(rs.WIDE_CANDIDATES)
     assert all(t % 32 == 0 for t, _ in rs.TILE_CANDIDATES)
     assert set(rs.RANKING) == set(rs.TILE_CANDIDATES) and set(rs.RANKING.values()) <= set(rs.RANKINGS)
-    assert rs.LONG_PATH in rs.LONG_PATHS
+    assert set(rs.WIDE_RANKING) == set(rs.WIDE_CANDIDATES) and set(rs.WIDE_RANKING.values()) <= set(rs.RANKINGS)
+    assert {rs.long_path_for(n, bits) for n in (8193, 1 << 20) for bits in (16, 32, 64)} <= set(rs.LONG_PATHS)
 
 
 def test_table_names_every_entry_of_the_kernel_file():
@@ -158,7 +171,7 @@ def test_strided_layouts_pass_validation_and_are_copied():
 
 # the adapter's checks run before the device is looked at: CPU tensors show them
 def test_adapter_checks_name_the_argument():
-    import rawops.torch_adapter.sort as ta
+    ta = importlib.import_module("rawops.torch_adapter.sort")
 
     x = torch.zeros(4, 16)
     with pytest.raises(TypeError, match="input must be a torch.Tensor"):
@@ -187,7 +200,7 @@ def test_adapter_checks_name_the_argument():
 def test_adapter_signatures_are_torchs():
     import inspect
 
-    import rawops.torch_adapter.sort as ta
+    ta = importlib.import_module("rawops.torch_adapter.sort")
 
     for ours, name in ((ta.sort, "sort"), (ta.argsort, "argsort")):
         params = inspect.signature(ours).parameters
@@ -404,7 +417,7 @@ def test_stream_argument_orders_the_launch():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(KEY_DTYPES))
 def test_adapter_matches_torch(dtype):
-    import rawops.torch_adapter.sort as ta
+    ta = importlib.import_module("rawops.torch_adapter.sort")
     from gpu_reference import poison_torch_pool
 
     dt = KEY_DTYPES[dtype]
@@ -423,7 +436,7 @@ def test_adapter_matches_torch(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n", [20, 1000, 10000])
 def test_adapter_autograd_matches_torchs_backward(dtype, n):
-    import rawops.torch_adapter.sort as ta
+    ta = importlib.import_module("rawops.torch_adapter.sort")
 
     dt = KEY_DTYPES[dtype]
     x = _data(6, n, dt, "ties")
@@ -443,7 +456,7 @@ def test_adapter_autograd_matches_torchs_backward(dtype, n):
 
 @pytest.mark.gpu
 def test_adapter_gradcheck():
-    import rawops.torch_adapter.sort as ta
+    ta = importlib.import_module("rawops.torch_adapter.sort")
 
     # values 0.5 apart: the finite differences never reorder them
     x = (torch.randperm(27, device="cuda").float() * 0.5).reshape(3, 9).requires_grad_()
@@ -452,7 +465,7 @@ def test_adapter_gradcheck():
 
 @pytest.mark.gpu
 def test_adapter_under_torch_compile_fullgraph():
-    import rawops.torch_adapter.sort as ta
+    ta = importlib.import_module("rawops.torch_adapter.sort")
 
     def f(x):
         values, indices = ta.sort(x * 2, -1, True)

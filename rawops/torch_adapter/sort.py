@@ -16,7 +16,8 @@ leading dims have no single row stride (a view whose rows are evenly spaced, `x[
 """
 import torch
 
-from .. import _rows, sort as _sort
+from .. import _rows
+from ..sort import MAX_ROW, checked_bool, launch_sort
 from ._common import compiling, custom_op, fast_apply, needs_grad, on_device, raw_stream
 
 _SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
@@ -35,11 +36,11 @@ def _checked(input, dim, descending, stable, op):
     ndim = max(input.dim(), 1)
     if not -ndim <= dim < ndim:
         raise IndexError(f"{op}: dim {dim} is out of range for a tensor of {input.dim()} dims")
-    _sort.checked_bool(descending, "descending")
-    _sort.checked_bool(stable, "stable")
+    checked_bool(descending, "descending")
+    checked_bool(stable, "stable")
     if input.device.type != "cuda":
         raise ValueError(f"input is on {input.device}; rawops kernels need a CUDA tensor")
-    if input.dim() and input.shape[dim] > _sort.MAX_ROW:
+    if input.dim() and input.shape[dim] > MAX_ROW:
         raise ValueError(f"input has {input.shape[dim]} elements along dim; {op} takes fewer than 2**31")
     return dim % ndim
 
@@ -64,7 +65,7 @@ def _launch(x, descending, with_values):
             return block.data_ptr()
 
         held = []
-        on_device(device, _sort.launch_sort, device, _SUFFIX[x.dtype], x.data_ptr(),
+        on_device(device, launch_sort, device, _SUFFIX[x.dtype], x.data_ptr(),
                   values.data_ptr() if with_values else 0, indices.data_ptr(), rows, n, stride, bool(descending),
                   raw_stream(device), scratch)
     return values, indices
