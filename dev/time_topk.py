@@ -1,6 +1,6 @@
 """Scratch timing of topk (rawops.torch_adapter's, CuPy API's) against torch.topk on the two
 bar shapes and a few others: CUDA events, warm-up, interleaved medians (bench/timing.py), the
-copy ceiling measured in the same run. Not a bench: bench/bench_sort.py holds the rows."""
+copy ceiling measured in the same run. Not a bench: bench/bench_sorting.py holds the rows."""
 import os
 import sys
 
@@ -9,8 +9,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 import timing  # noqa: E402
 
-import rawops._sort_topk as tk  # noqa: E402
-import rawops.torch_adapter._sort_topk as ta  # noqa: E402
+import rawops._sorting_topk as tk  # noqa: E402
+import rawops.torch_adapter._sorting_topk as ta  # noqa: E402
 from rawops._launch import sm_count  # noqa: E402
 
 SHAPES = [  # (rows, n, k, dtype)

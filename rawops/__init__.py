@@ -23,6 +23,7 @@ from .elementwise import (
     relu_scale_backward,
 )
 from .gemm import linear_gelu, linear_gelu_backward, matmul
+from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
 from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward
 from .norm import (
     layer_norm,
@@ -33,12 +34,14 @@ from .norm import (
     rms_norm_forward,
 )
 from .softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
+from .sorting import argsort, sort, topk
 
 __version__ = "0.1.0"
 
 __all__ = [
     "NoDeviceError",
     "add",
+    "argsort",
     "as_array",
     "bias_gelu",
     "bias_gelu_backward",
@@ -57,6 +60,7 @@ __all__ = [
     "log_softmax",
     "log_softmax_backward",
     "matmul",
+    "normalize_volume",
     "relu",
     "relu_backward",
     "relu_scale",
@@ -64,9 +68,13 @@ __all__ = [
     "relu_scale_add_backward",
     "relu_scale_backward",
     "release_captured_scratch",
+    "rgb_to_gray",
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_forward",
     "softmax",
     "softmax_backward",
+    "sort",
+    "to_tensor_normalize",
+    "topk",
 ]

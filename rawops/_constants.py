@@ -182,7 +182,8 @@ IMAGE_BLOCKS_PER_SM = 8
 IMAGE_PIXELS = 16
 IMAGE_REDUCE_UNROLL = 4
 # OpenCV's uint8 RGB -> gray (imgproc color_rgb.simd.hpp RGB2Gray<uchar>: RY15, GY15, BY15, gray_shift):
-# gray = (R * R + G * G + B * B + 2^(SHIFT - 1)) >> SHIFT, the weights summing to 2^SHIFT.
+# gray = (R * IMAGE_GRAY_R + G * IMAGE_GRAY_G + B * IMAGE_GRAY_B + 2^(SHIFT - 1)) >> SHIFT, the weights
+# summing to 2^SHIFT.
 IMAGE_GRAY_SHIFT = 15
 IMAGE_GRAY_R = 9798
 IMAGE_GRAY_G = 19235
@@ -192,7 +193,7 @@ IMAGE_FLAG_LO = 1
 IMAGE_FLAG_HI = 2
 IMAGE_FLAG_CLIP = 4
 
-# sort: kernels/sort.cu (rawops/sort.py)
+# sorting: kernels/sorting.cu (rawops/sorting.py)
 # sort_warp_*'s block (rows of up to 32 sorted by groups of lanes); the blocks of the long-row
 # kernels that stream (sort_keys_*, sort_gather_*, sort_merge_*) and the outputs a merge thread
 # writes; the segmented digit passes (sort_pass_k*): threads, keys a thread (nominal, for 4-byte

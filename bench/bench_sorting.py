@@ -1,9 +1,9 @@
-"""Benchmark of the sort family (sort, argsort, topk) against torch, in one run on one GPU.
+"""Benchmark of the sorting family (sort, argsort, topk) against torch, in one run on one GPU.
 
 sort at 65536 x 1024 (float32, bfloat16, int64; float32 argsort too) and a sweep of row
 lengths 2 .. 65536 at a fixed 2**24 float32 elements; every compiled block tile in both cub
-rankings at its length, and both long-row paths (merge, segmented), the choices rawops/sort.py
-makes marked; topk at 65536 x 1024 k=8 and 64 x 128256 k=50 (float32) when rawops.sort has
+rankings at its length, and both long-row paths (merge, segmented), the choices rawops/sorting.py
+makes marked; topk at 65536 x 1024 k=8 and 64 x 128256 k=50 (float32) when rawops.sorting has
 topk. CUDA events, interleaved
 rounds, medians after warm-up; rawops through the torch adapter's no-grad path, torch.sort /
 torch.argsort / torch.topk with their defaults (stable=False), on the same tensors.
@@ -12,7 +12,7 @@ values and indices a row), over the time, and as a fraction of the copy ceiling 
 same run. Bars: sort >= 3x torch at 65536 x 1024 float32; >= 1x torch at every sweep length;
 topk >= 5x torch at 65536 x 1024 k=8, >= 2x at 64 x 128256 k=50.
 
-    python bench/bench_sort.py [--out bench/results]
+    python bench/bench_sorting.py [--out bench/results]
 """
 import os
 import sys
@@ -132,10 +132,10 @@ def topk_rows(rs, ta, ceiling):
     from rawops import _modules
 
     if not hasattr(rs, "topk"):
-        print("bench: rawops.sort has no topk here; its rows are skipped", flush=True)
+        print("bench: rawops.sorting has no topk here; its rows are skipped", flush=True)
         return []
-    if not os.path.exists(_modules.fatbin_path("sort_topk")):
-        print("bench: the sort_topk fatbin is not built here; the topk rows are skipped", flush=True)
+    if not os.path.exists(_modules.fatbin_path("sorting_topk")):
+        print("bench: the sorting_topk fatbin is not built here; the topk rows are skipped", flush=True)
         return []
     rows = []
     for shape, k, bar in TOPK_CASES:
@@ -153,25 +153,22 @@ def topk_rows(rs, ta, ceiling):
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
-        return 1
+        return 0
     out_dir, ceiling = started
-    import importlib
-
-    # by module path: rawops.sort and rawops.torch_adapter.sort are also the names of the functions
-    rs = importlib.import_module("rawops.sort")
-    ta = importlib.import_module("rawops.torch_adapter.sort")
+    import rawops.sorting as rs
+    import rawops.torch_adapter.sorting as ta
 
     notes = {"copy ceiling TB/s": round(ceiling, 3),
              "bytes": "keys read + values and int64 indices written (argsort: indices only)"}
-    text = write_results(out_dir, "sort", "python bench/bench_sort.py", [
+    text = write_results(out_dir, "sorting", "python bench/bench_sorting.py", [
         (f"sort, {MAIN_SHAPE[0]}x{MAIN_SHAPE[1]}", ROW_HEADER, main_rows(ta, ceiling),
          {**notes, "target": "float32 sort >= 3x torch.sort"}),
         (f"sort, row lengths at {SWEEP_ELEMENTS} float32 elements", ROW_HEADER, sweep_rows(ta, ceiling),
          {**notes, "target": ">= 1x torch.sort at every length"}),
         ("block tiles: every candidate in both rankings at its length (2**26 elements)", ROW_HEADER,
-         tile_rows(rs, ceiling), {**notes, "what": "rawops/sort.py's TILES and RANKING choose; torch.sort beside"}),
+         tile_rows(rs, ceiling), {**notes, "what": "rawops/sorting.py's TILES and RANKING choose; torch.sort beside"}),
         ("long rows: merge (both chunk rankings) and segmented", ROW_HEADER, long_rows(rs, ceiling),
-         {**notes, "what": "rawops/sort.py's LONG_PATH chooses; torch.sort beside"}),
+         {**notes, "what": "rawops/sorting.py's LONG_PATH chooses; torch.sort beside"}),
         ("topk (float32)", ROW_HEADER, topk_rows(rs, ta, ceiling),
          {"bytes": "x read + k values and int64 indices a row written",
           "targets": "65536x1024 k=8 >= 5x torch.topk; 64x128256 k=50 >= 2x"}),

@@ -1,7 +1,7 @@
-"""topk for torch, the sort family's selection: torch.topk's signature and result (a
+"""topk for torch, the sorting family's selection: torch.topk's signature and result (a
 torch.return_types.topk of values and int64 indices), its autograd (the gradient of values
 scattered to the indices, zeros elsewhere) and a `rawops::topk` custom op that
-torch.compile(fullgraph=True) traces. rawops.torch_adapter.sort re-exports `topk`.
+torch.compile(fullgraph=True) traces. rawops.torch_adapter.sorting re-exports `topk`.
 
 float32, float16, bfloat16, int32 and int64 inputs; 1 <= k <= min(1024, size along dim)
 (torch's k=0 is a ValueError here); NaN counts among the largest, as in torch. A 0-dim input
@@ -16,7 +16,7 @@ whose rows are evenly spaced, `x[:, :n]` or `x[::2]`, is read as it is).
 """
 import torch
 
-from .. import _rows, _sort_topk as _tk
+from .. import _rows, _sorting_topk as _tk
 from ._common import compiling, custom_op, fast_apply, needs_grad, on_device, raw_stream
 
 _KEY_TYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",

@@ -1,4 +1,4 @@
-// Sort family: sort and argsort of every row, as torch.sort (values and int64 indices).
+// Sorting family: sort and argsort of every row, as torch.sort (values and int64 indices).
 //
 //   values[r, j] = x[r, order[j]], indices[r, j] = order[j], order the permutation that puts
 //   row r in torch's order: ascending or descending, NaN after +inf ascending and first
@@ -12,7 +12,7 @@
 // gather's re-read of the row, from cache) and values + indices written once: n * (2 * sizeof(T)
 // + 8) a row on the one-kernel paths.
 //
-// Launch shapes, by row length (rawops/sort.py: plan):
+// Launch shapes, by row length (rawops/sorting.py: plan):
 //   n <= 32          sort_warp_<dt>: a bitonic network in registers over a power-of-two group
 //                    of lanes (32 / width rows a warp), compare-exchanging (key, position)
 //                    pairs through shuffles; the position tie-break makes it stable.
@@ -382,7 +382,7 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
     rawops::sort_rows<T, THREADS, ITEMS, EARLY>(x, values, indices, rows, n, x_stride, descending);           \
   }
 
-// Each tile in both rankings (rawops/sort.py's RANKING picks one).
+// Each tile in both rankings (rawops/sorting.py's RANKING picks one).
 #define RAWOPS_SORT_TILE_PAIR(T, suffix, THREADS, ITEMS) \
   RAWOPS_SORT_TILE(T, suffix, THREADS, ITEMS, match, false) \
   RAWOPS_SORT_TILE(T, suffix, THREADS, ITEMS, early, true)
@@ -416,7 +416,7 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
     rawops::sort_gather<T>(x, order, values, indices, rows, n, x_stride);                                          \
   }
 
-// The tiles (threads x keys a thread) rawops/sort.py's TILE_CANDIDATES lists; its TILES
+// The tiles (threads x keys a thread) rawops/sorting.py's TILE_CANDIDATES lists; its TILES
 // takes one a size.
 #define RAWOPS_SORT_TILES_NARROW(T, suffix)    \
   RAWOPS_SORT_WARP(T, suffix)                  \

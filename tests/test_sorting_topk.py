@@ -1,4 +1,4 @@
-"""topk (the sort family's selection), through the CuPy API and the torch adapter, against
+"""topk (the sorting family's selection), through the CuPy API and the torch adapter, against
 torch.topk: every argument check before a launch and the launch plan without a GPU; with one,
 every key dtype on fresh random data, ties, NaN and infinities, both paths and both regimes of
 the radix select, views, another dim, the adapter's autograd and torch.compile."""
@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import rawops._sort_topk as tk  # noqa: E402
-import rawops.torch_adapter._sort_topk as ta  # noqa: E402
+import rawops._sorting_topk as tk  # noqa: E402
+import rawops.torch_adapter._sorting_topk as ta  # noqa: E402
 from test_validation import FakeCAI, assert_passes_validation  # noqa: E402
 
 H100_SMS = 132
@@ -63,7 +63,7 @@ def test_table_names_every_entry_of_the_kernel_file():
     import os
     import re
 
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "sort_topk.cu")) as f:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "sorting_topk.cu")) as f:
         source = f.read()
     suffixes = re.findall(r"^RAWOPS_TOPK_FAMILY\([\w ]+,\s*(\w+)\)", source, flags=re.M)
     assert tuple(suffixes) == tk.SUFFIXES

@@ -1,4 +1,4 @@
-"""sort and argsort (the sort family), through the CuPy API and the torch adapter, against
+"""sort and argsort (the sorting family), through the CuPy API and the torch adapter, against
 torch.sort: every argument check before a launch and the launch plan without a GPU; with one,
 every key dtype on fresh random data at row lengths on both sides of every path's boundary,
 ties, NaN, infinities and signed zeros, stability, both rankings of the block tiles, views,
@@ -6,7 +6,6 @@ another dim, the adapter's autograd and torch.compile.
 
 Every sort here is stable, so its indices must equal torch.sort(stable=True)'s exactly, and its
 values must be the input gathered at them, bit for bit."""
-import importlib
 import os
 import re
 
@@ -15,8 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-# by module path: rawops.sort and rawops.torch_adapter.sort are also the names of the functions
-rs = importlib.import_module("rawops.sort")
+import rawops.sorting as rs  # noqa: E402
 from test_validation import FakeCAI, assert_passes_validation  # noqa: E402
 
 TYPESTRS = {"float32": "<f4", "float16": "<f2", "int32": "<i4", "int64": "<i8"}
@@ -93,7 +91,7 @@ def test_tiles_hold_16_bit_positions_and_grow():
 
 
 def test_table_names_every_entry_of_the_kernel_file():
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "sort.cu")) as f:
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "sorting.cu")) as f:
         source = f.read()
     narrow = re.search(r"#define RAWOPS_SORT_TILES_NARROW.*?\n\n", source, flags=re.S).group(0)
     wide = re.search(r"#define RAWOPS_SORT_TILES_WIDE.*?\n\n", source, flags=re.S).group(0)
@@ -171,7 +169,7 @@ def test_strided_layouts_pass_validation_and_are_copied():
 
 # the adapter's checks run before the device is looked at: CPU tensors show them
 def test_adapter_checks_name_the_argument():
-    ta = importlib.import_module("rawops.torch_adapter.sort")
+    import rawops.torch_adapter.sorting as ta
 
     x = torch.zeros(4, 16)
     with pytest.raises(TypeError, match="input must be a torch.Tensor"):
@@ -200,7 +198,7 @@ def test_adapter_checks_name_the_argument():
 def test_adapter_signatures_are_torchs():
     import inspect
 
-    ta = importlib.import_module("rawops.torch_adapter.sort")
+    import rawops.torch_adapter.sorting as ta
 
     for ours, name in ((ta.sort, "sort"), (ta.argsort, "argsort")):
         params = inspect.signature(ours).parameters
@@ -417,7 +415,7 @@ def test_stream_argument_orders_the_launch():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(KEY_DTYPES))
 def test_adapter_matches_torch(dtype):
-    ta = importlib.import_module("rawops.torch_adapter.sort")
+    import rawops.torch_adapter.sorting as ta
     from gpu_reference import poison_torch_pool
 
     dt = KEY_DTYPES[dtype]
@@ -436,7 +434,7 @@ def test_adapter_matches_torch(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("n", [20, 1000, 10000])
 def test_adapter_autograd_matches_torchs_backward(dtype, n):
-    ta = importlib.import_module("rawops.torch_adapter.sort")
+    import rawops.torch_adapter.sorting as ta
 
     dt = KEY_DTYPES[dtype]
     x = _data(6, n, dt, "ties")
@@ -456,7 +454,7 @@ def test_adapter_autograd_matches_torchs_backward(dtype, n):
 
 @pytest.mark.gpu
 def test_adapter_gradcheck():
-    ta = importlib.import_module("rawops.torch_adapter.sort")
+    import rawops.torch_adapter.sorting as ta
 
     # values 0.5 apart: the finite differences never reorder them
     x = (torch.randperm(27, device="cuda").float() * 0.5).reshape(3, 9).requires_grad_()
@@ -465,7 +463,7 @@ def test_adapter_gradcheck():
 
 @pytest.mark.gpu
 def test_adapter_under_torch_compile_fullgraph():
-    ta = importlib.import_module("rawops.torch_adapter.sort")
+    import rawops.torch_adapter.sorting as ta
 
     def f(x):
         values, indices = ta.sort(x * 2, -1, True)

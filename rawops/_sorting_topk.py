@@ -1,5 +1,5 @@
-"""topk, the sort family's selection (kernels/sort_topk.cu): the k largest (or smallest)
-elements of every row and their indices, as torch.topk. rawops.sort re-exports `topk`.
+"""topk, the sorting family's selection (kernels/sorting_topk.cu): the k largest (or smallest)
+elements of every row and their indices, as torch.topk. rawops.sorting re-exports `topk`.
 
 Keys: float32, float16, bfloat16, int32, int64; order as torch's (NaN above +inf, so NaN
 counts among the largest; -0.0 == +0.0). k from 1 to 1024 and at most the row length (torch
@@ -27,7 +27,7 @@ from ._launch import NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, l
 from ._launch import stream_pointer, wait_for_producer
 from . import _modules, _rows
 
-FAMILY = "sort_topk"
+FAMILY = "sorting_topk"
 SUFFIXES = ("f32", "f16", "bf16", "i32", "i64")
 WARP_MAX_K = 32  # topk_warp: the warp's list is one pair per lane
 _WARP_ARGS = ("x", "values", "indices", "rows", "n", "x_stride", "k", "largest")
@@ -103,7 +103,7 @@ def checked_k(k, n):
         raise ValueError(f"k ({k}) is larger than the row length ({n}) along dim")
     if k > MAX_K:
         raise ValueError(f"k ({k}) is larger than {MAX_K}, the most topk selects; sort the rows instead "
-                         "(rawops.sort) and take the first k")
+                         "(rawops.sorting.sort) and take the first k")
     return k
 
 

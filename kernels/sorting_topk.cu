@@ -1,4 +1,4 @@
-// topk over rows, the sort family's third op: the k smallest selection keys of every row and
+// topk over rows, the sorting family's third op: the k smallest selection keys of every row and
 // their positions, the key being rawops::sort_key(x, largest) (sort_keys.cuh), so that
 // largest=True selects the k largest values in torch's order (NaN above +inf) and
 // largest=False the k smallest, and ascending key order is torch.topk's sorted order.
@@ -6,7 +6,7 @@
 //   x        rows of n elements of T at x + row * x_stride (the row's elements consecutive)
 //   values   T, indices int64: k per row (or per chunk, below), dense
 //
-// Two kernels, chosen by rawops/_sort_topk.py's plan (a pure function of rows, n, k, dtype and
+// Two kernels, chosen by rawops/_sorting_topk.py's plan (a pure function of rows, n, k, dtype and
 // the SM count):
 //
 // topk_warp_<sfx>   (k <= 32; many rows) one warp per row, 8 rows per 256-thread block. The

@@ -1,7 +1,7 @@
-"""The sort family for torch: sort and argsort with torch.sort's and torch.argsort's signatures
+"""The sorting family for torch: sort and argsort with torch.sort's and torch.argsort's signatures
 (sort returns a torch.return_types.sort of values and int64 indices), sort's autograd (the
 gradient of values scattered back to the indices) and `rawops::sort` / `rawops::argsort` custom
-ops that torch.compile(fullgraph=True) traces; and topk (rawops.torch_adapter._sort_topk).
+ops that torch.compile(fullgraph=True) traces; and topk (rawops.torch_adapter._sorting_topk).
 
 float32, float16, bfloat16, int32 and int64 inputs, NaN placed as torch places it (last
 ascending, first descending). Every sort is stable, whatever `stable` says. A 0-dim input is one
@@ -17,7 +17,7 @@ leading dims have no single row stride (a view whose rows are evenly spaced, `x[
 import torch
 
 from .. import _rows
-from ..sort import MAX_ROW, checked_bool, launch_sort
+from ..sorting import MAX_ROW, checked_bool, launch_sort
 from ._common import compiling, custom_op, fast_apply, needs_grad, on_device, raw_stream
 
 _SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
@@ -155,4 +155,4 @@ def argsort(input, dim=-1, descending=False, *, stable=False):
     return forward(input, dim, descending, False)[1]
 
 
-from ._sort_topk import topk  # noqa: E402,F401  (kernels/sort_topk.cu)
+from ._sorting_topk import topk  # noqa: E402,F401  (kernels/sorting_topk.cu)

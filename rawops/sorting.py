@@ -1,5 +1,5 @@
-"""The sort family: sort and argsort along a dim, as torch.sort and torch.argsort (and topk,
-re-exported from rawops._sort_topk). Kernels: kernels/sort.cu.
+"""The sorting family: sort and argsort along a dim, as torch.sort and torch.argsort (and topk,
+re-exported from rawops._sorting_topk). Kernels: kernels/sorting.cu.
 
 Keys: float32, float16, bfloat16, int32, int64. values have x's dtype, indices are int64
 positions along dim (torch's dtype). Order: torch's, ascending or descending: NaN after +inf
@@ -13,8 +13,7 @@ group of lanes each (a bitonic network in registers); rows up to one block's til
 holds the row); longer rows in chunks of the largest tile, sorted a block each, then merged
 pairwise, one launch a doubling of the run length (the last writes the results); or (16-bit
 keys past two chunks, long_path_for()) cub's segmented radix sort machinery, one launch a 6-bit
-digit. The long
-rows use scratch of 2 x (key bytes + 4) an element allocated on the launch's stream. Rows of
+digit. The long rows use scratch of 2 x (key bytes + 4) an element allocated on the launch's stream. Rows of
 2**31 elements or more are refused.
 
 Layouts: along the last dim, x may be a view whose last dim is contiguous and whose leading
@@ -31,7 +30,7 @@ from . import _constants, _modules, _rows
 from ._launch import (NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, resolve_device,
                       stream_pointer, wait_for_producer)
 
-FAMILY = "sort"
+FAMILY = "sorting"
 
 # key dtype -> (kernel suffix, numpy dtype, key bits); by CuPy's dtype name or the interface's typestr
 KEY_TYPES = {
@@ -54,7 +53,7 @@ RADIX_BITS = _constants.SORT_SEGMENT_RADIX_BITS
 MAX_ROW = (1 << 31) - 1  # positions in a row are 32-bit in the kernels
 MAX_GRID = (1 << 31) - 1  # gridDim.x; every kernel loops over rows past it
 
-# The one-block tiles (threads, keys a thread) kernels/sort.cu compiles, each in two rankings:
+# The one-block tiles (threads, keys a thread) kernels/sorting.cu compiles, each in two rankings:
 # "match" (cub::BlockRadixRankMatch) and "early" (cub::BlockRadixRankMatchEarlyCounts), 8-bit
 # digits. TILES (WIDE_TILES for 64-bit keys) takes one tile a size, smallest first, and RANKING
 # (WIDE_RANKING) one ranking a tile: the fastest of the candidates the benchmark times
@@ -97,7 +96,7 @@ def _entry_points():
     return names + [f"sort_{kind}_k{bits}" for kind in ("pass", "merge") for bits in (16, 32, 64)]
 
 
-# Every entry point of kernels/sort.cu -> its fatbin (tests/test_build.py checks the fatbin
+# Every entry point of kernels/sorting.cu -> its fatbin (tests/test_build.py checks the fatbin
 # holds exactly these on every architecture).
 FAMILY_OF = {name: FAMILY for name in _entry_points()}
 ROWS_KINDS = "pppqqqq"  # x, values, indices, rows, n, x_stride, descending (warp, tile and chunk kernels)
@@ -303,4 +302,4 @@ def argsort(x, dim=-1, descending=False, stable=False, *, stream=None):
     return _sort(x, dim, descending, stable, stream, "argsort", False)[1]
 
 
-from ._sort_topk import topk  # noqa: E402,F401  (kernels/sort_topk.cu)
+from ._sorting_topk import topk  # noqa: E402,F401  (kernels/sorting_topk.cu)
