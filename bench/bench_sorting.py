@@ -1,10 +1,9 @@
 """Benchmark of the sorting family (sort, argsort, topk) against torch, in one run on one GPU.
 
 sort at 65536 x 1024 (float32, bfloat16, int64; float32 argsort too) and a sweep of row
-lengths 2 .. 65536 at a fixed 2**24 float32 elements; every compiled block tile in both cub
-rankings at its length, and both long-row paths (merge, segmented), the choices rawops/sorting.py
-makes marked; topk at 65536 x 1024 k=8 and 64 x 128256 k=50 (float32) when rawops.sorting has
-topk. CUDA events, interleaved
+lengths 2 .. 65536 at a fixed 2**24 float32 elements; topk at 65536 x 1024 k=8 and 64 x 128256
+k=50 (float32). (The launch tables' tuning, every tile and long-row path side by side, is
+dev/tune_sorting.py.) CUDA events, interleaved
 rounds, medians after warm-up; rawops through the torch adapter's no-grad path, torch.sort /
 torch.argsort / torch.topk with their defaults (stable=False), on the same tensors.
 Bytes: keys read once, values and int64 indices written once (argsort: indices only; topk: k
@@ -69,65 +68,6 @@ def sweep_rows(ta, ceiling):
     return rows
 
 
-def _variant(rs, x, values, indices, **choice):
-    """One launch_sort on x's rows with a choice of tile, ranking or long-row path."""
-    suffix = {torch.float32: "f32", torch.bfloat16: "bf16", torch.int64: "i64"}[x.dtype]
-    stream = torch.cuda.current_stream().cuda_stream
-    held = []
-
-    def scratch(nbytes):
-        held[:] = [torch.empty(nbytes, dtype=torch.uint8, device="cuda")]
-        return held[0].data_ptr()
-
-    return lambda: rs.launch_sort(0, suffix, x.data_ptr(), values.data_ptr(), indices.data_ptr(), x.shape[0],
-                                  x.shape[1], x.shape[1], False, stream, scratch, **choice)
-
-
-def _variant_rows(rs, name, x, choices, ceiling, chosen, **timing):
-    values, indices = torch.empty_like(x), torch.empty(x.shape, dtype=torch.int64, device="cuda")
-    fns = {label: _variant(rs, x, values, indices, **choice) for label, choice in choices.items()}
-    fns["torch"] = lambda: torch.sort(x)
-    times = device_times_us(fns, **timing)
-    return [row_result(f"sort {label}{' (chosen)' if label == chosen else ''}", name, "x".join(map(str, x.shape)),
-                       _bytes(x), times[label], times["torch"], {}, ceiling, "-") for label in choices]
-
-
-def tile_rows(rs, ceiling):
-    """Every compiled tile in both rankings at its full length (2**26 elements): float32 at
-    every size, bfloat16 and int64 at 1024."""
-    rows = []
-    for name, sizes in (("f32", sorted({t * i for t, i in rs.TILE_CANDIDATES})), ("bf16", [1024]), ("i64", [1024])):
-        dtype = DTYPES[name]
-        candidates = rs.WIDE_CANDIDATES if name == "i64" else rs.TILE_CANDIDATES
-        for size in sizes:
-            x = _input(((1 << 26) // size, size), dtype)
-            choices = {f"tile {t}x{i} {r}": {"tile": (t, i), "ranking": r}
-                       for t, i in candidates if t * i == size for r in rs.RANKINGS}
-            bits = rs.BITS_OF[name]
-            tile = rs.tile_for(size, bits)
-            chosen = f"tile {tile[0]}x{tile[1]} {(rs.WIDE_RANKING if bits == 64 else rs.RANKING)[tile]}"
-            rows += _variant_rows(rs, name, x, choices, ceiling, chosen)
-    return rows
-
-
-def long_rows(rs, ceiling):
-    """The long-row paths: merge (both chunk rankings) and segmented, float32 at 2**24 elements
-    and a few rows of 2**20, bfloat16 and int64 at 256 x 65536."""
-    rows = []
-    for name, shape in (("f32", (1024, 16384)), ("f32", (256, 65536)), ("f32", (4, 1 << 20)), ("bf16", (256, 65536)),
-                        ("i64", (256, 65536))):
-        x = _input(shape, DTYPES[name])
-        bits = rs.BITS_OF[name]
-        chunk = rs.chunk_tile(bits)
-        choices = {f"merge {r}": {"long_path": "merge", "ranking": r} for r in rs.RANKINGS}
-        choices["segmented"] = {"long_path": "segmented"}
-        ranking = (rs.WIDE_RANKING if bits == 64 else rs.RANKING)[chunk]
-        chosen = "segmented" if rs.long_path_for(shape[1], bits) == "segmented" else f"merge {ranking}"
-        timing = {"reps": 5, "rounds": 2} if shape[0] < 16 else {}
-        rows += _variant_rows(rs, name, x, choices, ceiling, chosen, **timing)
-    return rows
-
-
 def topk_rows(rs, ta, ceiling):
     from rawops import _modules
 
@@ -165,10 +105,6 @@ def main():
          {**notes, "target": "float32 sort >= 3x torch.sort"}),
         (f"sort, row lengths at {SWEEP_ELEMENTS} float32 elements", ROW_HEADER, sweep_rows(ta, ceiling),
          {**notes, "target": ">= 1x torch.sort at every length"}),
-        ("block tiles: every candidate in both rankings at its length (2**26 elements)", ROW_HEADER,
-         tile_rows(rs, ceiling), {**notes, "what": "rawops/sorting.py's TILES and RANKING choose; torch.sort beside"}),
-        ("long rows: merge (both chunk rankings) and segmented", ROW_HEADER, long_rows(rs, ceiling),
-         {**notes, "what": "rawops/sorting.py's LONG_PATH chooses; torch.sort beside"}),
         ("topk (float32)", ROW_HEADER, topk_rows(rs, ta, ceiling),
          {"bytes": "x read + k values and int64 indices a row written",
           "targets": "65536x1024 k=8 >= 5x torch.topk; 64x128256 k=50 >= 2x"}),
