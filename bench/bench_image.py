@@ -197,7 +197,7 @@ def volume_rows(ta, ceiling):
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
-        return 0
+        return 1
     out_dir, ceiling = started
     import rawops.torch_adapter.image as ta
 

@@ -93,7 +93,7 @@ def topk_rows(rs, ta, ceiling):
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
-        return 0
+        return 1
     out_dir, ceiling = started
     import rawops.sorting as rs
     import rawops.torch_adapter.sorting as ta
