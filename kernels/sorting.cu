@@ -416,9 +416,9 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
     rawops::sort_gather<T>(x, order, values, indices, rows, n, x_stride);                                          \
   }
 
-// The tiles (threads x keys a thread) rawops/sorting.py's TILE_CANDIDATES lists; its TILES
-// takes one a size.
-#define RAWOPS_SORT_TILES_NARROW(T, suffix)    \
+// The tiles (threads x keys a thread) rawops/sorting.py's TILE_CANDIDATES lists (WIDE_CANDIDATES
+// for 64-bit keys); its TILES takes one a size. Every key width has these:
+#define RAWOPS_SORT_TILES_UP_TO_4096(T, suffix) \
   RAWOPS_SORT_WARP(T, suffix)                  \
   RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 4)      \
   RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 8)      \
@@ -429,24 +429,17 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
   RAWOPS_SORT_TILE_PAIR(T, suffix, 128, 16)    \
   RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 8)     \
   RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 16)    \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 8)     \
+  RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 8)
+
+#define RAWOPS_SORT_TILES_NARROW(T, suffix)    \
+  RAWOPS_SORT_TILES_UP_TO_4096(T, suffix)      \
   RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 16)    \
   RAWOPS_SORT_CHUNKS(T, suffix, 512, 16)       \
   RAWOPS_SORT_LONG(T, suffix)
 
 // 64-bit keys: an 8192-key tile would need 64 KB of exchange space; rows past 4096 go long.
 #define RAWOPS_SORT_TILES_WIDE(T, suffix)      \
-  RAWOPS_SORT_WARP(T, suffix)                  \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 4)      \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 8)      \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 32, 16)     \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 64, 8)      \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 64, 16)     \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 128, 8)     \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 128, 16)    \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 8)     \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 256, 16)    \
-  RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 8)     \
+  RAWOPS_SORT_TILES_UP_TO_4096(T, suffix)      \
   RAWOPS_SORT_CHUNKS(T, suffix, 256, 16)       \
   RAWOPS_SORT_LONG(T, suffix)
 

@@ -93,8 +93,9 @@ def test_tiles_hold_16_bit_positions_and_grow():
 def test_table_names_every_entry_of_the_kernel_file():
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "sorting.cu")) as f:
         source = f.read()
-    narrow = re.search(r"#define RAWOPS_SORT_TILES_NARROW.*?\n\n", source, flags=re.S).group(0)
-    wide = re.search(r"#define RAWOPS_SORT_TILES_WIDE.*?\n\n", source, flags=re.S).group(0)
+    common = re.search(r"#define RAWOPS_SORT_TILES_UP_TO_4096.*?\n\n", source, flags=re.S).group(0)
+    narrow = common + re.search(r"#define RAWOPS_SORT_TILES_NARROW.*?\n\n", source, flags=re.S).group(0)
+    wide = common + re.search(r"#define RAWOPS_SORT_TILES_WIDE.*?\n\n", source, flags=re.S).group(0)
     pairs = r"RAWOPS_SORT_TILE_PAIR\(T, suffix, (\d+), (\d+)\)"
     assert [(int(t), int(i)) for t, i in re.findall(pairs, narrow)] == list(rs.TILE_CANDIDATES)
     assert [(int(t), int(i)) for t, i in re.findall(pairs, wide)] == list(rs.WIDE_CANDIDATES)
