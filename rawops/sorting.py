@@ -17,10 +17,11 @@ digit. The long rows use scratch of 2 x (key bytes + 4) an element allocated on 
 2**31 elements or more are refused.
 
 Layouts: along the last dim, x may be a view whose last dim is contiguous and whose leading
-dims collapse to one row stride (`x[:, :n]` of a wider matrix, `x[::2]`): read as it is. Any
-other layout, and any other dim, is first copied with dim last into a contiguous array (one
-extra read and write of x); for another dim the results are then copied back into x's shape
-(one more read and write of each). Results are new contiguous arrays.
+dims collapse to one row stride (`x[:, :n]` of a wider matrix, `x[::2]`): read as it is; any
+other layout there is a ValueError naming x (pass a contiguous copy), as in every family's
+CuPy API. Another dim is first copied with dim last into a contiguous array (one extra read
+and write of x) and the results copied back into x's shape (one more read and write of each).
+Results are new contiguous arrays.
 """
 import collections
 
@@ -251,20 +252,17 @@ def _sort(x, dim, descending, stable, stream, op, with_values):
     if n > MAX_ROW:
         raise ValueError(f"x has {n} elements along dim; {op} takes rows of fewer than 2**31")
     last = dim == len(shape) - 1 or not shape
-    x_stride = None
-    if last and shape:
-        x_stride = n if a.contiguous else (_rows.collapsed_row_stride(shape, a.strides) if a.strides else None)
-    elif not shape:
-        x_stride = 1
+    # along the last dim, a row-strided view or a ValueError naming x (no hidden copy)
+    x_stride = (_rows.row_stride(a) if shape else 1) if last else None
     device = resolve_device(a)
     s = stream_pointer(stream, device)
     with cupy.cuda.Device(device), allocating_on(stream, s):
         wait_for_producer(a, s)
         source_ptr, held = a.ptr, []
         moved_shape = shape if last else shape[:dim] + shape[dim + 1:] + (n,)
-        if x_stride is None:  # the documented copy, on the launch's stream
+        if not last:  # the documented copy with dim last, on the launch's stream
             view = a.obj if a.is_cupy else cupy.asarray(a.obj)
-            moved = cupy.ascontiguousarray(view if last else cupy.moveaxis(view, dim, -1))
+            moved = cupy.ascontiguousarray(cupy.moveaxis(view, dim, -1))
             source_ptr, x_stride = moved.data.ptr, n
             held.append(moved)
         values = cupy.empty(moved_shape, np_dtype) if with_values else None

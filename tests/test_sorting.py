@@ -162,10 +162,15 @@ def test_host_arrays_are_refused():
         rs.argsort([3, 1, 2])
 
 
-def test_strided_layouts_pass_validation_and_are_copied():
-    # a transpose along the last dim (copied first, as documented) and a row-strided view
-    assert_passes_validation(rs.sort, _fake((4, 16), strides=(4, 64)))
+def test_row_strided_views_pass_and_other_layouts_are_refused_naming_x():
+    # a row-strided view is read as it is; a transpose along the last dim is refused (no hidden
+    # copy), and along dim 0 it is the documented moved copy
     assert_passes_validation(rs.sort, _fake((4, 16), strides=(128, 4)))
+    with pytest.raises(ValueError, match="x is not row-strided"):
+        rs.sort(_fake((4, 16), strides=(4, 64)))
+    with pytest.raises(ValueError, match="x is not row-strided"):
+        rs.argsort(_fake((4, 16), strides=(4, 64)), dim=-1)
+    assert_passes_validation(rs.sort, _fake((4, 16), strides=(4, 64)), dim=0)
 
 
 # the adapter's checks run before the device is looked at: CPU tensors show them
@@ -384,8 +389,10 @@ def test_views_and_other_dims(n):
     import cupy
 
     base = _data(20, n + 24, torch.float32, "ties")
+    with pytest.raises(ValueError, match="x is not row-strided"):  # refused before any launch
+        rs.sort(cupy.from_dlpack(base[:, :n].t().contiguous().t()))
     for what, x in (("sliced columns", base[:, 24:]), ("every other row", base[::2, :n]),
-                    ("transposed", base[:, :n].t().contiguous().t()), ("row broadcast", base[:1, :n].expand(6, n))):
+                    ("row broadcast", base[:1, :n].expand(6, n))):
         xc = cupy.from_dlpack(x) if what != "row broadcast" else cupy.broadcast_to(cupy.from_dlpack(base[0, :n]),
                                                                                    (6, n))
         values, indices = rs.sort(xc, descending=True)
