@@ -23,12 +23,13 @@ import collections
 
 import numpy
 
-from ._launch import NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, resolve_device, sm_count
+from ._launch import allocating_on, as_array, hold_if_capturing, launch, resolve_device, sm_count
 from ._launch import stream_pointer, wait_for_producer
 from . import _modules, _rows
+from ._sorting_keys import KEY_TYPES, MAX_GRID, checked_bool, checked_dim, checked_rows, key_type
+from ._sorting_keys import SUFFIXES  # noqa: F401  (the table's dtypes: rawops info and the build test read it)
 
 FAMILY = "sorting_topk"
-SUFFIXES = ("f32", "f16", "bf16", "i32", "i64")
 WARP_MAX_K = 32  # topk_warp: the warp's list is one pair per lane
 _WARP_ARGS = ("x", "values", "indices", "rows", "n", "x_stride", "k", "largest")
 _RADIX_ARGS = ("x", "in_idx", "values", "indices", "rows", "n", "x_stride", "chunks", "k", "largest", "sorted")
@@ -40,8 +41,6 @@ RADIX_KINDS = "ppppqqqqqqq"
 MAX_K = 1024  # the radix select's sort of the winners: 256 threads x 4
 THREADS = 256  # both kernels' block
 WARP_ROWS = THREADS // 32  # rows a warp-kernel block takes
-MAX_ROW = (1 << 31) - 1  # positions inside a row are 32-bit in the kernels
-MAX_GRID = (1 << 31) - 1  # gridDim.x; both kernels loop over rows past it
 # Warp per row when rows give every SM this many warps (latency hidden by rows in flight).
 WARP_MIN_ROWS_PER_SM = 8
 # Radix select: one block per row when the rows give every SM this many blocks; fewer rows
@@ -52,16 +51,7 @@ BLOCK_MIN_ROWS_PER_SM = 2
 SPLIT_BLOCKS_PER_SM = 4
 MIN_CHUNK_BYTES = 32768
 
-# key dtype: (kernel suffix, numpy dtype, bytes); by CuPy's dtype name or the interface's typestr
-_KEY_TYPES = {
-    "float32": ("f32", NUMPY_DTYPES[0], 4),
-    "float16": ("f16", NUMPY_DTYPES[1], 2),
-    "bfloat16": ("bf16", NUMPY_DTYPES[2], 2),
-    "int32": ("i32", numpy.dtype("int32"), 4),
-    "int64": ("i64", numpy.dtype("int64"), 8),
-}
-_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<i4": "int32", "<i8": "int64"}
-ITEMSIZE = {name: size for name, (_, _, size) in _KEY_TYPES.items()}
+ITEMSIZE = {name: bits // 8 for name, (_, _, bits) in KEY_TYPES.items()}
 
 Plan = collections.namedtuple("Plan", "kernel blocks threads chunks")
 Plan.__doc__ = """A launch plan: kernel base name, grid, block, chunks per row (radix: a second
@@ -69,7 +59,7 @@ launch merges the chunks' candidates when chunks > 1)."""
 
 
 def plan(rows, n, k, dtype, sms):
-    """The launch of topk over `rows` rows of `n` elements of `dtype` (a name of _KEY_TYPES),
+    """The launch of topk over `rows` rows of `n` elements of `dtype` (a name of KEY_TYPES),
     1 <= k <= min(n, MAX_K), rows > 0, on a GPU of `sms` multiprocessors."""
     itemsize = ITEMSIZE[dtype]
     if k <= WARP_MAX_K and rows >= WARP_MIN_ROWS_PER_SM * sms:
@@ -82,16 +72,6 @@ def plan(rows, n, k, dtype, sms):
 
 
 # ------------------------------------------------------------------------------ checks
-def key_type(a):
-    """The key dtype name of a DeviceArray, TypeError naming it for any other."""
-    text = a.dtype_text
-    name = _TYPESTRS.get(text, text)
-    if name not in _KEY_TYPES:
-        kind = " (bool has no order topk supports)" if name in ("bool", "|b1") else ""
-        raise TypeError(f"{a.name} has dtype {text}{kind}; topk supports float32, float16, bfloat16, int32, int64")
-    return name
-
-
 def checked_k(k, n):
     """k as an int in [1, min(n, MAX_K)], TypeError / ValueError naming it."""
     if isinstance(k, bool) or not isinstance(k, (int, numpy.integer)):
@@ -105,20 +85,6 @@ def checked_k(k, n):
         raise ValueError(f"k ({k}) is larger than {MAX_K}, the most topk selects; sort the rows instead "
                          "(rawops.sorting.sort) and take the first k")
     return k
-
-
-def checked_dim(dim, ndim):
-    if isinstance(dim, bool) or not isinstance(dim, (int, numpy.integer)):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    if not -ndim <= dim < ndim:
-        raise ValueError(f"dim {dim} is out of range for an array of {ndim} dims")
-    return int(dim) % ndim
-
-
-def checked_bool(value, name):
-    if not isinstance(value, (bool, numpy.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
 
 
 # ------------------------------------------------------------------------------ launches
@@ -160,22 +126,19 @@ def topk(x, k, dim=-1, largest=True, sorted=True, *, stream=None):
     import cupy
 
     a = as_array(x, "x")
-    dtype = key_type(a)
+    dtype = key_type(a, "topk")
     if len(a.shape) == 0:
         raise ValueError("x must have at least one dimension (topk selects along dim)")
     dim = checked_dim(dim, len(a.shape))
     k = checked_k(k, a.shape[dim])
     largest = checked_bool(largest, "largest")
     sorted = checked_bool(sorted, "sorted")
-    suffix, np_dtype, itemsize = _KEY_TYPES[dtype]
-    if a.ptr % itemsize:
-        raise ValueError(f"x is misaligned: address 0x{a.ptr:x} is not a multiple of its {itemsize}-byte element")
+    suffix, np_dtype, _ = KEY_TYPES[dtype]
+    n = a.shape[dim]
+    checked_rows(a, n, "topk")
     last = dim == len(a.shape) - 1
     if last:
         x_stride = _rows.row_stride(a)
-    n = a.shape[dim]
-    if n > MAX_ROW:
-        raise ValueError(f"x has {n} elements along dim; topk takes rows of fewer than 2**31")
     device = resolve_device(a)
     s = stream_pointer(stream, device)
     with cupy.cuda.Device(device), allocating_on(stream, s):

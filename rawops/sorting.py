@@ -28,21 +28,12 @@ import collections
 import numpy
 
 from . import _constants, _modules, _rows
-from ._launch import (NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, resolve_device,
+from ._sorting_keys import KEY_TYPES, MAX_GRID, SUFFIXES, checked_bool, checked_dim, checked_rows, key_type
+from ._launch import (allocating_on, as_array, hold_if_capturing, launch, resolve_device,
                       stream_pointer, wait_for_producer)
 
 FAMILY = "sorting"
 
-# key dtype -> (kernel suffix, numpy dtype, key bits); by CuPy's dtype name or the interface's typestr
-KEY_TYPES = {
-    "float32": ("f32", NUMPY_DTYPES[0], 32),
-    "float16": ("f16", NUMPY_DTYPES[1], 16),
-    "bfloat16": ("bf16", NUMPY_DTYPES[2], 16),
-    "int32": ("i32", numpy.dtype("int32"), 32),
-    "int64": ("i64", numpy.dtype("int64"), 64),
-}
-_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<i4": "int32", "<i8": "int64"}
-SUFFIXES = tuple(suffix for suffix, _, _ in KEY_TYPES.values())
 BITS_OF = {suffix: bits for suffix, _, bits in KEY_TYPES.values()}
 
 WARP_MAX = 32  # rows up to this long: sort_warp (a group of lanes a row)
@@ -51,8 +42,6 @@ STREAM_THREADS = _constants.SORT_STREAM_THREADS
 MERGE_ITEMS = _constants.SORT_MERGE_ITEMS
 SEGMENT_THREADS = _constants.SORT_SEGMENT_THREADS
 RADIX_BITS = _constants.SORT_SEGMENT_RADIX_BITS
-MAX_ROW = (1 << 31) - 1  # positions in a row are 32-bit in the kernels
-MAX_GRID = (1 << 31) - 1  # gridDim.x; every kernel loops over rows past it
 
 # The one-block tiles (threads, keys a thread) kernels/sorting.cu compiles, each in two rankings:
 # "match" (cub::BlockRadixRankMatch) and "early" (cub::BlockRadixRankMatchEarlyCounts), 8-bit
@@ -208,33 +197,6 @@ def launch_sort(device, suffix, x_ptr, values_ptr, indices_ptr, rows, n, x_strid
            (x_ptr, order[p.passes % 2], values_ptr, indices_ptr, rows, n, x_stride), GATHER_KINDS, device)
 
 
-# ------------------------------------------------------------------------------ checks
-def key_type(a, op):
-    """The key dtype name of a DeviceArray, TypeError naming it for any other."""
-    text = a.dtype_text
-    name = _TYPESTRS.get(text, text)
-    if name not in KEY_TYPES:
-        raise TypeError(f"{a.name} has dtype {text}; {op} supports float32, float16, bfloat16, int32, int64")
-    return name
-
-
-def checked_dim(dim, ndim):
-    """dim as an index in [0, max(ndim, 1)) (a 0-d array sorts as one element along dim 0 or -1)."""
-    if isinstance(dim, bool) or not isinstance(dim, (int, numpy.integer)):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    span = max(ndim, 1)
-    if not -span <= dim < span:
-        raise ValueError(f"dim {dim} is out of range for an array of {ndim} dims")
-    return int(dim) % span
-
-
-def checked_bool(value, name):
-    if not isinstance(value, (bool, numpy.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return bool(value)
-
-
-# ------------------------------------------------------------------------------ CuPy API
 def _sort(x, dim, descending, stable, stream, op, with_values):
     import cupy
 
@@ -244,13 +206,9 @@ def _sort(x, dim, descending, stable, stream, op, with_values):
     descending = checked_bool(descending, "descending")
     checked_bool(stable, "stable")  # every launch is stable
     suffix, np_dtype, bits = KEY_TYPES[dtype]
-    if a.ptr % np_dtype.itemsize:
-        raise ValueError(f"x is misaligned: address 0x{a.ptr:x} is not a multiple of its "
-                         f"{np_dtype.itemsize}-byte element")
     shape = a.shape
     n = shape[dim] if shape else 1
-    if n > MAX_ROW:
-        raise ValueError(f"x has {n} elements along dim; {op} takes rows of fewer than 2**31")
+    checked_rows(a, n, op)
     last = dim == len(shape) - 1 or not shape
     # along the last dim, a row-strided view or a ValueError naming x (no hidden copy)
     x_stride = (_rows.row_stride(a) if shape else 1) if last else None

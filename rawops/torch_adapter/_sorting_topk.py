@@ -17,11 +17,8 @@ whose rows are evenly spaced, `x[:, :n]` or `x[::2]`, is read as it is).
 import torch
 
 from .. import _rows, _sorting_topk as _tk
-from ._common import compiling, custom_op, fast_apply, needs_grad, on_device, raw_stream
-
-_KEY_TYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-              torch.int32: "int32", torch.int64: "int64"}
-_SUFFIX = {name: suffix for name, (suffix, _, _) in _tk._KEY_TYPES.items()}
+from .._sorting_keys import KEY_TYPES, checked_bool, tensor_key_type
+from ._common import compiling, custom_op, fast_apply, last_dim, needs_grad, on_device, raw_stream
 
 
 def _checked(input, k, dim, largest, sorted):
@@ -29,18 +26,11 @@ def _checked(input, k, dim, largest, sorted):
     naming the argument."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
-    dtype = _KEY_TYPES.get(input.dtype)
-    if dtype is None:
-        raise TypeError(f"input has dtype {input.dtype}; topk supports float32, float16, bfloat16, int32, int64")
-    ndim = max(input.dim(), 1)
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    if not -ndim <= dim < ndim:
-        raise IndexError(f"topk: dim {dim} is out of range for a tensor of {input.dim()} dims")
-    dim %= ndim
+    dtype = tensor_key_type(input, "topk")
+    dim = last_dim(input, dim, "topk")
     k = _tk.checked_k(k, input.shape[dim] if input.dim() else 1)
-    _tk.checked_bool(largest, "largest")
-    _tk.checked_bool(sorted, "sorted")
+    checked_bool(largest, "largest")
+    checked_bool(sorted, "sorted")
     if input.device.type != "cuda":
         raise ValueError(f"input is on {input.device}; rawops kernels need a CUDA tensor")
     return dtype, dim, k
@@ -58,13 +48,13 @@ def _launch(x, k, largest, sorted):
     rows = x.numel() // n if n else 0
     if rows:
         device = x.get_device()
-        dtype = _KEY_TYPES[x.dtype]
+        dtype = tensor_key_type(x, "topk")
 
         def scratch(count):
             return (torch.empty(count, dtype=x.dtype, device=x.device),
                     torch.empty(count, dtype=torch.int64, device=x.device))
 
-        on_device(device, _tk.launch_topk, device, _SUFFIX[dtype], dtype, x.data_ptr(), values.data_ptr(),
+        on_device(device, _tk.launch_topk, device, KEY_TYPES[dtype][0], dtype, x.data_ptr(), values.data_ptr(),
                   indices.data_ptr(), rows, n, stride, k, largest, sorted, raw_stream(device), scratch)
     return values, indices
 

@@ -17,11 +17,9 @@ leading dims have no single row stride (a view whose rows are evenly spaced, `x[
 import torch
 
 from .. import _rows
-from ..sorting import MAX_ROW, checked_bool, launch_sort
-from ._common import compiling, custom_op, fast_apply, needs_grad, on_device, raw_stream
-
-_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32",
-           torch.int64: "i64"}
+from .._sorting_keys import KEY_TYPES, MAX_ROW, checked_bool, tensor_key_type
+from ..sorting import launch_sort
+from ._common import compiling, custom_op, fast_apply, last_dim, needs_grad, on_device, raw_stream
 
 
 def _checked(input, dim, descending, stable, op):
@@ -29,20 +27,15 @@ def _checked(input, dim, descending, stable, op):
     ValueError / IndexError naming the argument."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
-    if input.dtype not in _SUFFIX:
-        raise TypeError(f"input has dtype {input.dtype}; {op} supports float32, float16, bfloat16, int32, int64")
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
-    ndim = max(input.dim(), 1)
-    if not -ndim <= dim < ndim:
-        raise IndexError(f"{op}: dim {dim} is out of range for a tensor of {input.dim()} dims")
+    tensor_key_type(input, op)
+    dim = last_dim(input, dim, op)
     checked_bool(descending, "descending")
     checked_bool(stable, "stable")
     if input.device.type != "cuda":
         raise ValueError(f"input is on {input.device}; rawops kernels need a CUDA tensor")
     if input.dim() and input.shape[dim] > MAX_ROW:
         raise ValueError(f"input has {input.shape[dim]} elements along dim; {op} takes fewer than 2**31")
-    return dim % ndim
+    return dim
 
 
 # ------------------------------------------------------------------- raw launches (no autograd)
@@ -65,7 +58,7 @@ def _launch(x, descending, with_values):
             return block.data_ptr()
 
         held = []
-        on_device(device, launch_sort, device, _SUFFIX[x.dtype], x.data_ptr(),
+        on_device(device, launch_sort, device, KEY_TYPES[tensor_key_type(x, "sort")][0], x.data_ptr(),
                   values.data_ptr() if with_values else 0, indices.data_ptr(), rows, n, stride, bool(descending),
                   raw_stream(device), scratch)
     return values, indices
