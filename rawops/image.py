@@ -43,9 +43,9 @@ import numbers
 
 import numpy
 
-from ._launch import (DTYPE_NAMES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, resolve_device,
-                      sm_count, stream_pointer, wait_for_producer)
-from . import _constants, _modules
+from ._launch import (DTYPE_NAMES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, sm_count,
+                      stream_pointer, wait_for_producer)
+from . import _constants, _modules, _rows
 
 FAMILY = "image"
 
@@ -305,21 +305,8 @@ def _input(obj, name):
     a = as_array(obj, name)
     if a.dtype < 0:
         raise TypeError(f"{name} has dtype {a.dtype_text}, which rawops' image ops do not take")
-    _dense(a)
+    _rows._dense(a)
     return a
-
-
-def _dense(a):
-    if not a.contiguous:
-        raise ValueError(f"{a.name} is not C-contiguous (shape {a.shape}, strides {a.strides} elements); the image "
-                         f"kernels read dense arrays: pass a contiguous copy (cupy.ascontiguousarray({a.name}))")
-    if a.itemsize and a.ptr % a.itemsize:
-        raise ValueError(f"{a.name} is misaligned: address 0x{a.ptr:x} is not a multiple of its {a.itemsize}-byte "
-                         "element")
-
-
-def _extent(a):
-    return (a.ptr, a.ptr + a.nbytes) if a.size else None
 
 
 def _out(obj, shape, dtype, source, in_place_ok=False):
@@ -330,21 +317,14 @@ def _out(obj, shape, dtype, source, in_place_ok=False):
         raise TypeError(f"out has dtype {o.dtype_text}, expected {dtype}")
     if tuple(o.shape) != tuple(shape):
         raise ValueError(f"out has shape {o.shape}, expected {tuple(shape)}")
-    _dense(o)
+    _rows._dense(o)
     if o.readonly:
         raise ValueError("out is read-only")
-    a, b = _extent(o), _extent(source)
-    if a and b and a[0] < b[1] and b[0] < a[1] and not (in_place_ok and a == b):
+    a, b = _rows.extent(o), _rows.extent(source)
+    if _rows._overlap(a, b) and not (in_place_ok and a == b):
         hint = f"pass out={source.name} exactly, or a separate array" if in_place_ok else "pass a separate array"
         raise ValueError(f"out overlaps {source.name}; {hint}")
     return o
-
-
-def _device(x, o):
-    device = resolve_device(x)
-    if o is not None and resolve_device(o) != device:
-        raise ValueError(f"out is on device {o.device}, {x.name} on device {device}; all arguments must be on one GPU")
-    return device
 
 
 def _result(shape, dtype, O):
@@ -367,7 +347,7 @@ def rgb_to_gray(img, out_dtype=None, *, channels_last=True, out=None, stream=Non
     out_shape, images, pixels, planar = gray_shapes(x.shape, in_dtype, channels_last)
     out_dtype = in_dtype if out_dtype is None else dtype_arg(out_dtype, "out_dtype", GRAY_DTYPES)
     O = _out(out, out_shape, out_dtype, x) if out is not None else None
-    device = _device(x, O)
+    device = _rows.one_device(x, O)
     s = stream_pointer(stream, device)
     with cupy.cuda.Device(device), allocating_on(stream, s):
         wait_for_producer(x, s)
@@ -389,7 +369,7 @@ def normalize_volume(vol, lo=None, hi=None, clip=True, out_dtype="float32", *, o
     lo, hi, flags = volume_bounds(lo, hi, clip)
     out_dtype = dtype_arg(out_dtype, "out_dtype", FLOAT_OUT)
     O = _out(out, x.shape, out_dtype, x, in_place_ok=out_dtype == in_dtype) if out is not None else None
-    device = _device(x, O)
+    device = _rows.one_device(x, O)
     s = stream_pointer(stream, device)
     with cupy.cuda.Device(device), allocating_on(stream, s):
         wait_for_producer(x, s)
@@ -414,7 +394,7 @@ def to_tensor_normalize(img, mean, std, out_dtype="float32", layout="NCHW", *, o
     scale, shift = normalize_constants(mean, std, channels)
     out_dtype = dtype_arg(out_dtype, "out_dtype", FLOAT_OUT)
     O = _out(out, out_shape, out_dtype, x) if out is not None else None
-    device = _device(x, O)
+    device = _rows.one_device(x, O)
     s = stream_pointer(stream, device)
     with cupy.cuda.Device(device), allocating_on(stream, s):
         wait_for_producer(x, s)
