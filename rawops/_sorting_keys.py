@@ -61,10 +61,9 @@ def checked_bool(value, name):
     return bool(value)
 
 
-def checked_rows(a, n, op):
-    """ValueError naming x where its pointer is not aligned to its element or its rows (n along
-    the dim) are 2**31 elements or longer."""
-    itemsize = KEY_TYPES[key_type(a, op)][1].itemsize
+def checked_rows(a, n, itemsize, op):
+    """ValueError naming x where its pointer is not aligned to its `itemsize`-byte element or its
+    rows (n along the dim) are 2**31 elements or longer."""
     if a.ptr % itemsize:
         raise ValueError(f"x is misaligned: address 0x{a.ptr:x} is not a multiple of its {itemsize}-byte element")
     if n > MAX_ROW:

@@ -135,7 +135,7 @@ def topk(x, k, dim=-1, largest=True, sorted=True, *, stream=None):
     sorted = checked_bool(sorted, "sorted")
     suffix, np_dtype, _ = KEY_TYPES[dtype]
     n = a.shape[dim]
-    checked_rows(a, n, "topk")
+    checked_rows(a, n, np_dtype.itemsize, "topk")
     last = dim == len(a.shape) - 1
     if last:
         x_stride = _rows.row_stride(a)

@@ -208,7 +208,7 @@ def _sort(x, dim, descending, stable, stream, op, with_values):
     suffix, np_dtype, bits = KEY_TYPES[dtype]
     shape = a.shape
     n = shape[dim] if shape else 1
-    checked_rows(a, n, op)
+    checked_rows(a, n, np_dtype.itemsize, op)
     last = dim == len(shape) - 1 or not shape
     # along the last dim, a row-strided view or a ValueError naming x (no hidden copy)
     x_stride = (_rows.row_stride(a) if shape else 1) if last else None
