@@ -22,6 +22,16 @@ from .elementwise import (
     relu_scale_add_backward,
     relu_scale_backward,
 )
+from .glu import (
+    geglu,
+    geglu_backward,
+    geglu_fused,
+    geglu_fused_backward,
+    swiglu,
+    swiglu_backward,
+    swiglu_fused,
+    swiglu_fused_backward,
+)
 from .gemm import linear_gelu, linear_gelu_backward, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
 from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward
@@ -50,6 +60,10 @@ __all__ = [
     "fused_mlp",
     "fused_mlp_backward",
     "fused_mlp_forward",
+    "geglu",
+    "geglu_backward",
+    "geglu_fused",
+    "geglu_fused_backward",
     "gelu",
     "gelu_backward",
     "layer_norm",
@@ -75,6 +89,10 @@ __all__ = [
     "softmax",
     "softmax_backward",
     "sort",
+    "swiglu",
+    "swiglu_backward",
+    "swiglu_fused",
+    "swiglu_fused_backward",
     "to_tensor_normalize",
     "topk",
 ]
