@@ -842,8 +842,13 @@ def test_softmax_table_matches_the_kernels_defined_in_the_source():
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 
 
+def _kinds_key(kinds, name):
+    return next(k for k in kinds if name.endswith(k) or name == k)
+
+
 @pytest.mark.parametrize("family, kinds", [
-    ("norm", {"_fwd": norm.FWD_KINDS, "_bwd": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
+    ("norm", {"add_rms_norm_fwd": norm.ADD_FWD_KINDS, "add_rms_norm_bwd": norm.ADD_BWD_KINDS, "_fwd": norm.FWD_KINDS,
+              "_bwd": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
     ("softmaxes", {"_fwd": softmaxes.FWD_KINDS, "_bwd": softmaxes.BWD_KINDS}),
 ])
 def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
@@ -855,10 +860,10 @@ def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
                             source)
     assert {name for name, _ in signatures} >= {f"name##{k}" for k in kinds if k.startswith("_")}
     for name, params in signatures:  # name: "name##_fwd" inside a macro, or a plain helper name
-        key = next(k for k in kinds if name.endswith(k) or name == k)
+        key = _kinds_key(kinds, name)  # the first that matches: the specific names listed first
         expected = "".join("p" if "*" in p else "f" if p.split()[0] == "float" else "q" for p in params.split(","))
         assert kinds[key] == expected, f"{name}: launch kinds {kinds[key]!r}, signature {expected!r}"
-        for base in (b for b in table if b.endswith(key) or b == key):
+        for base in (b for b in table if _kinds_key(kinds, b) == key):
             assert len(table[base]) == len(expected), f"{base}: one argument name per kernel parameter"
 
 
