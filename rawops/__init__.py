@@ -36,6 +36,9 @@ from .gemm import linear_gelu, linear_gelu_backward, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
 from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward
 from .norm import (
+    add_rms_norm,
+    add_rms_norm_backward,
+    add_rms_norm_forward,
     layer_norm,
     layer_norm_backward,
     layer_norm_forward,
@@ -51,6 +54,9 @@ __version__ = "0.1.0"
 __all__ = [
     "NoDeviceError",
     "add",
+    "add_rms_norm",
+    "add_rms_norm_backward",
+    "add_rms_norm_forward",
     "argsort",
     "as_array",
     "bias_gelu",
