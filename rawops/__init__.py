@@ -46,6 +46,7 @@ from .norm import (
     rms_norm_backward,
     rms_norm_forward,
 )
+from .rotary import rope, rope_backward
 from .softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
 from .sorting import argsort, sort, topk
 
@@ -92,6 +93,8 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_forward",
+    "rope",
+    "rope_backward",
     "softmax",
     "softmax_backward",
     "sort",

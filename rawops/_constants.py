@@ -206,3 +206,11 @@ SORT_MERGE_ITEMS = 8
 SORT_SEGMENT_THREADS = 192
 SORT_SEGMENT_ITEMS = 39
 SORT_SEGMENT_RADIX_BITS = 6
+
+# ------------------------------------------------------------------ rotary (kernels/rotary.cu)
+# rope's blocks (and launch bound), the blocks an SM its grid-stride grid holds at most, and the bits
+# of its `flags` argument: 16-byte units, interleaved pairs (else half split).
+ROPE_THREADS = 256
+ROPE_BLOCKS_PER_SM = 8
+ROPE_FLAG_VECTORS = 1
+ROPE_FLAG_INTERLEAVED = 2

@@ -29,8 +29,8 @@ out may be exactly an input (the same pointer and row stride: in place, as Liger
 into a and b), never partly overlap one. Launches go on CuPy's current stream of the data's device,
 or on `stream=`; every check raises a TypeError / ValueError naming the argument before any launch.
 """
-from ._launch import (NUMPY_DTYPES, allocating_on, as_array, launch, map_shape, require_str, sm_count,
-                      stream_pointer, wait_for_producer)
+from ._launch import (NUMPY_DTYPES, allocating_on, as_array, launch, map_shape, sm_count, stream_pointer,
+                      wait_for_producer)
 from . import _constants, _modules, _rows
 
 FAMILY = "glu"
@@ -82,7 +82,8 @@ def kernel_base(activation, approximate=None):
     """The kernels' base name of an op: 'swiglu', or 'geglu' with approximate 'tanh' / 'none'."""
     if activation == "swiglu":
         return "swiglu"
-    require_str(approximate, "approximate")
+    if not isinstance(approximate, str):  # plain Python: the torch adapter calls it inside torch.compile
+        raise TypeError(f"approximate must be a string, got {type(approximate).__name__}")
     base = GELU_KERNELS.get(approximate)
     if base is None:
         raise ValueError(f"approximate must be 'tanh' or 'none', got {approximate!r}")

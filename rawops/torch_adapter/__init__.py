@@ -19,6 +19,7 @@ from .gemm import LinearGELU, linear_gelu, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
 from .mlp import FusedMLP, fused_mlp
 from .norm import AddRMSNorm, LayerNorm, RMSNorm, add_rms_norm, layer_norm, rms_norm
+from .rotary import apply_rotary_pos_emb, rope
 from .softmaxes import LogSoftmax, Softmax, log_softmax, softmax
 from .sorting import argsort, sort, topk
 
@@ -26,8 +27,8 @@ install_substitutes()  # last: every family has registered its C-level entries
 
 __all__ = [
     "AddRMSNorm", "BiasGELU", "FusedMLP", "GELU", "LayerNorm", "LinearGELU", "LogSoftmax", "RMSNorm", "ReLU",
-    "ReLUScale", "Softmax", "SwiGLUMLP", "add", "add_rms_norm", "argsort", "bias_gelu", "fused_mlp", "geglu",
-    "geglu_fused", "gelu", "layer_norm", "linear_gelu", "log_softmax", "matmul", "normalize_volume", "relu",
-    "relu_scale", "relu_scale_add", "rgb_to_gray", "rms_norm", "softmax", "sort", "swiglu", "swiglu_fused",
-    "to_tensor_normalize", "topk",
+    "ReLUScale", "Softmax", "SwiGLUMLP", "add", "add_rms_norm", "apply_rotary_pos_emb", "argsort", "bias_gelu",
+    "fused_mlp", "geglu", "geglu_fused", "gelu", "layer_norm", "linear_gelu", "log_softmax", "matmul",
+    "normalize_volume", "relu", "relu_scale", "relu_scale_add", "rgb_to_gray", "rms_norm", "rope", "softmax", "sort",
+    "swiglu", "swiglu_fused", "to_tensor_normalize", "topk",
 ]
