@@ -28,8 +28,9 @@ Layouts: q, k, cos and sin may be any strided views whose last dim is contiguous
 view of a fused qkv projection's output, a transpose to (B, H, S, D)): rotated where they lie, no
 copy. 16-byte vectors where every pointer is 16-byte aligned, every stride a whole number of vectors
 and D / 2 ("neox") or D ("llama") whole vectors; otherwise pair by pair (correct, slower). A view
-whose rows share memory, q and k overlapping, or cos / sin overlapping either is a ValueError naming
-them. Returns (q, k), the same arrays. Launches go on CuPy's current stream of the data's device, or
+whose rows share memory, q and k sharing an element (the head slices of one buffer, as a fused qkv
+projection's output viewed as heads, are fine: heads_disjoint), or cos / sin overlapping either is a
+ValueError naming them. Returns (q, k), the same arrays. Launches go on CuPy's current stream of the data's device, or
 on `stream=`; every check raises a TypeError / ValueError naming the argument before any launch.
 """
 from ._launch import (FLOAT_SUFFIXES, allocating_on, as_array, launch, resolve_device, sm_count, stream_pointer,
@@ -125,6 +126,27 @@ def _overlap(a, b):
     return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
 
 
+def heads_disjoint(q_ptr, k_ptr, itemsize, q_dims, k_dims, q_strides, k_strides):
+    """True where q and k, whose spans overlap, provably share no element: the head slices of one
+    (B, S, W) buffer, as q and k viewed from a fused qkv projection's output. q_dims / k_dims (batch,
+    seq, heads, dim), strides (b, s, h) in elements: the same b and s strides, each position's heads
+    of q and of k in disjoint ranges inside one row of the s stride, and the rows of different
+    positions apart (b stride at least S rows)."""
+    batch, seq, q_heads, dim = q_dims
+    k_heads = k_dims[2]
+    (qb, qs, qh), (kb, ks, kh) = q_strides, k_strides
+    delta, rem = divmod(k_ptr - q_ptr, itemsize)
+    if rem or qb != kb or qs != ks or qs <= 0 or qh < 0 or kh < 0:
+        return False
+    q_end = (q_heads - 1) * qh + dim
+    k_lo, k_end = delta, delta + (k_heads - 1) * kh + dim
+    if not (q_end <= k_lo or k_end <= 0):
+        return False
+    if max(q_end, k_end) - min(0, k_lo) > qs:
+        return False
+    return batch == 1 or qb >= seq * qs
+
+
 def heads_operand(obj, name, order, like=None, like_dims=None):
     """(array, (batch, seq, heads, dim), (b, s, h) strides) of q / k: a float 4-D array, last dim
     contiguous and even, writable, rows not sharing memory; with `like` (and its dims), like's dtype,
@@ -197,7 +219,8 @@ def _run(direction, q, k, cos, sin, layout, qk_layout, stream, names):
     spans = {names[0]: _span(Q, _strides(Q))}
     if K is not None:
         spans[names[1]] = _span(K, _strides(K))
-        if _overlap(spans[names[0]], spans[names[1]]):
+        if _overlap(spans[names[0]], spans[names[1]]) and not heads_disjoint(Q.ptr, K.ptr, Q.itemsize, q_dims,
+                                                                             k_dims, q_strides, k_strides):
             raise ValueError(f"{names[0]} and {names[1]} overlap; rope writes both in place: they need memory of "
                              "their own")
     for table in (C, S):

@@ -85,7 +85,10 @@ def launch(direction, q, k, cos, sin, interleaved, bhsd):
         if t is not None and not _writable_in_place(t):
             raise ValueError(f"{name} cannot be rotated in place: its last dim is not contiguous or its elements "
                              "share memory (pass a contiguous tensor)")
-    if _overlap(q, k):
+    if _overlap(q, k) and not _rot.heads_disjoint(q.data_ptr(), k.data_ptr(), q.element_size(),
+                                                  tuple(q.shape[d] for d in order) + (q.shape[3],),
+                                                  tuple(k.shape[d] for d in order) + (k.shape[3],),
+                                                  tuple(q.stride(d) for d in order), tuple(k.stride(d) for d in order)):
         raise ValueError("q and k overlap; rope writes both in place: they need memory of their own")
     dims = (q.shape[order[0]], q.shape[order[1]], q.shape[order[2]], k.shape[order[2]] if k is not None else 0,
             q.shape[3])
