@@ -66,36 +66,42 @@ def heads(n, dtype):
     return torch.randn(BATCH, SEQ, n, DIM, device="cuda", dtype=dtype).transpose(1, 2)
 
 
+def case_rows(ta_rot, lig, layout, dtype_name, dtype, ceiling):
+    """The forward and backward rows of one layout and dtype (its tensors freed on return)."""
+    q, k, dq, dk = heads(HQ, dtype), heads(HK, dtype), heads(HQ, dtype), heads(HK, dtype)
+    cos, sin = tables(layout, dtype)
+    e = q.element_size()
+    nbytes = 2 * (q.numel() + k.numel()) * e + (cos.numel() + sin.numel()) * e
+    interleaved = layout == "llama"
+    fn = torch_rope(layout)
+    fwd = {"rawops": lambda: ta_rot.launch("fwd", q, k, cos, sin, interleaved, True),
+           "torch": lambda: fn(q, k, cos, sin)}
+    bwd = {"rawops": lambda: ta_rot.launch("bwd", dq, dk, cos, sin, interleaved, True),
+           "torch": torch_backward_pair(fn, (q, k), (dq, dk), (cos, sin))}
+    if dtype_name == COMPILE_DTYPE:
+        cf = compiled(fn)
+        fwd["torch.compile"] = lambda: cf(q, k, cos, sin)
+        bwd["torch.compile"] = torch_backward_pair(cf, (q, k), (dq, dk), (cos, sin))
+    if lig is not None and layout == "neox" and hasattr(lig, "liger_rope"):
+        fwd["liger"] = lambda: lig.liger_rope(q, k, cos, sin)
+        bwd["liger"] = torch_backward_pair(lambda q, k, c, s: lig.liger_rope(q, k, c, s), (q, k), (dq, dk),
+                                           (cos, sin))
+    rows = []
+    for direction, fns in (("fwd", fwd), ("bwd", bwd)):
+        times = device_times_us(fns)
+        others = {name: us for name, us in times.items() if name not in ("rawops", "torch")}
+        tbps = nbytes / times["rawops"] / 1e6
+        rows.append(row_result(f"rope {layout} {direction}", dtype_name, f"{BATCH}x{SEQ}x({HQ}+{HK})x{DIM}", nbytes,
+                               times["rawops"], times["torch"], others, ceiling, tbps >= BAR * ceiling))
+    return rows
+
+
 def device_rows(ta_rot, ceiling):
     lig = liger()
     rows = []
     cases = [("neox", name, dtype) for name, dtype in DTYPES.items()] + [("llama", "bf16", torch.bfloat16)]
     for layout, dtype_name, dtype in cases:
-        q, k, dq, dk = heads(HQ, dtype), heads(HK, dtype), heads(HQ, dtype), heads(HK, dtype)
-        cos, sin = tables(layout, dtype)
-        e = q.element_size()
-        nbytes = 2 * (q.numel() + k.numel()) * e + (cos.numel() + sin.numel()) * e
-        interleaved = layout == "llama"
-        fn = torch_rope(layout)
-        fwd = {"rawops": lambda: ta_rot.launch("fwd", q, k, cos, sin, interleaved, True),
-               "torch": lambda: fn(q, k, cos, sin)}
-        bwd = {"rawops": lambda: ta_rot.launch("bwd", dq, dk, cos, sin, interleaved, True),
-               "torch": torch_backward_pair(fn, (q, k), (dq, dk), (cos, sin))}
-        if dtype_name == COMPILE_DTYPE:
-            cf = compiled(fn)
-            fwd["torch.compile"] = lambda: cf(q, k, cos, sin)
-            bwd["torch.compile"] = torch_backward_pair(cf, (q, k), (dq, dk), (cos, sin))
-        if lig is not None and layout == "neox" and hasattr(lig, "liger_rope"):
-            fwd["liger"] = lambda: lig.liger_rope(q, k, cos, sin)
-            bwd["liger"] = torch_backward_pair(lambda q, k, c, s: lig.liger_rope(q, k, c, s), (q, k), (dq, dk),
-                                               (cos, sin))
-        for direction, fns in (("fwd", fwd), ("bwd", bwd)):
-            times = device_times_us(fns)
-            others = {name: us for name, us in times.items() if name not in ("rawops", "torch")}
-            tbps = nbytes / times["rawops"] / 1e6
-            rows.append(row_result(f"rope {layout} {direction}", dtype_name, f"{BATCH}x{SEQ}x({HQ}+{HK})x{DIM}",
-                                   nbytes, times["rawops"], times["torch"], others, ceiling, tbps >= BAR * ceiling))
-        del q, k, dq, dk, cos, sin
+        rows += case_rows(ta_rot, lig, layout, dtype_name, dtype, ceiling)
         torch.cuda.empty_cache()
     return rows
 
