@@ -30,7 +30,6 @@
 namespace rawops {
 namespace {
 
-constexpr int kThreads = RAWOPS_ROPE_THREADS;
 
 struct RopeArgs {
   int64_t batch, seq, q_heads, k_heads, dim;
