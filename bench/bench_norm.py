@@ -1,4 +1,4 @@
-"""Benchmark of the norm family (layer_norm, rms_norm) against torch eager, in one run on one GPU.
+"""Benchmark of the norm family (layer_norm, rms_norm, add_rms_norm) against torch eager, in one run on one GPU.
 
 Rows of 4096 (16384 rows), 768 and 1000 (a transformer's width and an odd one), each over
 64M elements (256 MB of float32, past L2); forward and backward, every dtype. CUDA events,
@@ -8,7 +8,10 @@ and the float32 statistics too (small beside the rows). torch's backward is time
 forward graph built once, autograd.grad replayed. At width 4096 torch.compile's and
 Liger-Kernel's kernels (where installed; its defaults) are timed too, the same way. The bar at
 width 4096: forward >= 90% of the copy ceiling measured in the same run, backward >= 2.0x
-torch's; the other widths are reported.
+torch's; the other widths are reported. add_rms_norm (residual add + rms_norm; torch: x + residual
+then F.rms_norm, its backward given the gradients of both outputs; Liger: liger_fused_add_rms_norm)
+moves x, residual in and y, new residual out forward, dy, d_new_residual, new residual in and dx out
+backward: its bar is >= 92% of the copy ceiling both ways at width 4096.
 
     python bench/bench_norm.py [--out bench/results]
 """
@@ -22,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import DTYPES, ROW_HEADER, compiled, device_time_us, liger, row_result, start, write_results  # noqa: E402
 
 WIDTHS = (4096, 768, 1000)
+ADD_BAR = 0.92
 ELEMENTS = 16384 * 4096
 BAR_WIDTH = 4096
 EPS = 1e-5
@@ -38,6 +42,20 @@ def torch_backward(fn, inputs, dy):
     return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)
 
 
+def torch_backward_pair(fn, inputs, grads):
+    """The backward alone of fn returning two tensors, given both their gradients."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    outs = fn(*leaves)
+    return lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True)
+
+
+def _torch_add_rms(n):
+    def fn(x, r, w):
+        h = x + r
+        return F.rms_norm(h, (n,), w, EPS), h
+    return fn
+
+
 def _others(x, dy, w, b):
     """op -> {torch.compile: call, liger: call} at the bar's width (the compiled functions are
     compiled at their first call, inside the warm-up)."""
@@ -48,6 +66,14 @@ def _others(x, dy, w, b):
               "layer_norm bwd": {"torch.compile": torch_backward(ln, (x, w, b), dy)},
               "rms_norm fwd": {"torch.compile": lambda: rms(x, w)},
               "rms_norm bwd": {"torch.compile": torch_backward(rms, (x, w), dy)}}
+    add = compiled(_torch_add_rms(n))
+    others["add_rms_norm fwd"] = {"torch.compile": lambda: add(x, dy, w)}
+    others["add_rms_norm bwd"] = {"torch.compile": torch_backward_pair(add, (x, dy, w), (dy, x))}
+    if lig is not None and hasattr(lig, "liger_fused_add_rms_norm"):
+        fused = lig.liger_fused_add_rms_norm
+        others["add_rms_norm fwd"]["liger"] = lambda: fused(x, dy, w, EPS, in_place=False)
+        others["add_rms_norm bwd"]["liger"] = torch_backward_pair(lambda x, r, w: fused(x, r, w, EPS, in_place=False),
+                                                                  (x, dy, w), (dy, x))
     if lig is not None:
         others["layer_norm fwd"]["liger"] = lambda: lig.liger_layer_norm(x, w, b, EPS)
         others["layer_norm bwd"]["liger"] = torch_backward(lambda x, w, b: lig.liger_layer_norm(x, w, b, EPS),
@@ -63,6 +89,7 @@ def _cases(ta_norm, x, dy, w, b):
     rows_bytes, vec, stats = x.numel() * e, n * e, x.shape[0] * 4
     _, mean, rstd = ta_norm.forward("layer_norm", x, w, b, EPS)
     _, _, rstd_rms = ta_norm.forward("rms_norm", x, w, None, EPS)
+    _, h, rstd_add = ta_norm.add_forward(x, dy, w, EPS)
     return {
         "layer_norm fwd": (lambda: ta_norm.forward("layer_norm", x, w, b, EPS),
                            lambda: F.layer_norm(x, (n,), w, b, EPS), 2 * rows_bytes + 2 * vec + 2 * stats, True),
@@ -74,6 +101,12 @@ def _cases(ta_norm, x, dy, w, b):
         "rms_norm bwd": (lambda: ta_norm.backward("rms_norm", dy, x, w, None, rstd_rms, True, False),
                          torch_backward(lambda x, w: F.rms_norm(x, (n,), w, EPS), (x, w), dy),
                          3 * rows_bytes + 2 * vec + stats, False),
+        # residual = dy, d_new_residual = x: any tensors of the shape
+        "add_rms_norm fwd": (lambda: ta_norm.add_forward(x, dy, w, EPS), lambda: _torch_add_rms(n)(x, dy, w),
+                             4 * rows_bytes + vec + stats, True),
+        "add_rms_norm bwd": (lambda: ta_norm.add_backward(dy, x, h, w, rstd_add, True),
+                             torch_backward_pair(_torch_add_rms(n), (x, dy, w), (dy, x)),
+                             4 * rows_bytes + 2 * vec + stats, False),
     }
 
 
@@ -88,7 +121,10 @@ def device_rows(ta_norm, ceiling):
                 us_ours, us_torch = device_time_us(ours), device_time_us(theirs)
                 extra = {k: device_time_us(fn) for k, fn in others.get(name, {}).items()}
                 tbps, speedup = nbytes / us_ours / 1e6, us_torch / us_ours
-                meets = (tbps >= 0.9 * ceiling if forward else speedup >= 2.0) if n == BAR_WIDTH else "-"
+                if name.startswith("add_rms_norm"):
+                    meets = tbps >= ADD_BAR * ceiling if n == BAR_WIDTH else "-"
+                else:
+                    meets = (tbps >= 0.9 * ceiling if forward else speedup >= 2.0) if n == BAR_WIDTH else "-"
                 rows.append(row_result(name, dtype_name, f"{rows_of(n)}x{n}", nbytes, us_ours, us_torch, extra,
                                        ceiling, meets))
             del x, dy
@@ -106,7 +142,8 @@ def main():
     text = write_results(out_dir, "norm", "python bench/bench_norm.py", [
         (f"Device time, {ELEMENTS} elements a tensor", ROW_HEADER, device_rows(ta_norm, ceiling),
          {"copy ceiling TB/s": round(ceiling, 3),
-          f"targets (width {BAR_WIDTH})": "forward >= 90% of the copy ceiling; backward >= 2.0x torch's backward",
+          f"targets (width {BAR_WIDTH})": "forward >= 90% of the copy ceiling; backward >= 2.0x torch's backward; "
+                                          f"add_rms_norm both ways >= {ADD_BAR:.0%} of the copy ceiling",
           "bytes": "forward x + y (+ weight, bias, stats); backward dy + x + dx (+ weight, stats, dweight, dbias)"}),
     ])
     print(text)

@@ -17,8 +17,19 @@
 //   row), then writes one float32 row of partial_dw / partial_db [chunks, n] (chunks: the
 //   launch's warps or blocks). norm_param_grad sums those rows in a fixed order. x and dy
 //   are read once, dx written once; the partials are a few MB at most.
-// Rows: x, y, dy and dx each have their own row stride (rows.cuh: a row-strided view, or n);
-// weight, bias, mean, rstd and the partial rows are dense.
+// add_rms_norm (ADD): the residual add fused in front of rms_norm, as a transformer block runs it:
+//   forward   h = x + residual, rounded to T and written (residual_out: the block's new residual),
+//             y = rms_norm(h) * w from the rounded h (the values the next block adds to, and the
+//             values torch's unfused x + residual then rms_norm would normalise)
+//   backward  dx = rms_norm's dx (of dy, at h) + d_residual_out (the gradient reaching the new
+//             residual; optional, flag RAWOPS_NORM_FLAG_ADD): the gradient of x and of residual
+//             both; dw as rms_norm's (deterministic partial rows, norm_param_grad)
+//   Traffic: forward x, residual read once, residual_out and y written once (the streaming mode reads
+//   residual_out back for its second pass, as it reads x twice); backward dy, h, d_residual_out read
+//   once, dx written once. residual_out may be exactly x or residual (in place): every element is
+//   read, then written, by one thread, and what the streaming mode reads back it reads from L2.
+// Rows: x, y, dy and dx (and residual, residual_out, d_residual_out) each have their own row stride
+// (rows.cuh: a row-strided view, or n); weight, bias, mean, rstd and the partial rows are dense.
 // Launch: mode and block from rawops/_rows.py (see rawops/rows.cuh); the backward's grid is
 // what the occupancy API says the device holds at once, its shared memory from
 // rawops/norm.py (column_smem).
@@ -28,22 +39,74 @@ namespace rawops {
 namespace {
 
 
-template <typename T, bool RMS>
+// The residual add's operands (ADD only): residual and residual_out rows at their own strides.
+template <typename T> struct ResidualAdd {
+  const T* residual;
+  T* out;
+  int64_t residual_stride, out_stride;
+};
+
+// v = x + residual of vector j of a row, rounded to T (0 past the row's end).
+template <typename T, int V = Vec16<T>::size>
+__device__ __forceinline__ void residual_sum(const T* x, const T* r, int64_t j, int64_t n, bool vec, float (&v)[V]) {
+  float rv[V];
+  load_row(x, j, n, vec, 0.f, v);
+  load_row(r, j, n, vec, 0.f, rv);
+#pragma unroll
+  for (int e = 0; e < V; ++e) v[e] = to_float(from_float<T>(v[e] + rv[e]));
+}
+
+// load_row (pad 0) of a row this kernel wrote (residual_out, in the streaming mode's second pass):
+// from L2 (ld.global.cg), never through the read-only path, which may hold the line as it was
+// before the write when residual_out is x or residual (in place).
+template <typename T, int V = Vec16<T>::size>
+__device__ __forceinline__ void load_written_row(const T* row, int64_t j, int64_t n, bool vec, float (&v)[V]) {
+  const int64_t first = j * V;
+  if (vec) {
+    const uint4 r = first < n ? __ldcg(reinterpret_cast<const uint4*>(row + first)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = unpack<T>(r, e);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    float value = 0.f;
+    if (first + e < n) {
+      if (sizeof(T) == 4) {
+        value = __ldcg(reinterpret_cast<const float*>(row + first + e));
+      } else {
+        const unsigned short bits = __ldcg(reinterpret_cast<const unsigned short*>(row + first + e));
+        value = unpack<T>(make_uint4(bits, 0, 0, 0), 0);
+      }
+    }
+    v[e] = value;
+  }
+}
+
+template <typename T, bool RMS, bool ADD = false>
 __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T* __restrict__ w,
                                                 const T* __restrict__ b, T* __restrict__ y,
                                                 float* __restrict__ mean_out, float* __restrict__ rstd_out,
                                                 int64_t rows, int64_t n, int64_t x_stride, int64_t y_stride,
-                                                float eps, bool vec, bool has_w, bool has_b, RowReducer& reduce) {
+                                                float eps, bool vec, bool has_w, bool has_b, RowReducer& reduce,
+                                                const ResidualAdd<T>& add = {}) {
   constexpr int V = Vec16<T>::size;
   const int64_t nvec = (n + V - 1) / V;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    // ADD: the first pass writes h = x + residual (residual_sum) to residual_out, the second reads
+    // it back (load_written_row).
     const T* xr = x + row * x_stride;
     // Shifted sums: with the shift near the mean, s2 - s1^2/n does not cancel.
     const float shift = RMS ? 0.f : to_float(xr[0]);
     float s[2] = {0.f, 0.f};
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float v[V];
-      load_row(xr, j, n, vec, shift, v);  // padding equal to the shift adds 0
+      if (ADD) {
+        residual_sum(xr, add.residual + row * add.residual_stride, j, n, vec, v);
+        store_row(add.out + row * add.out_stride, j, n, vec, v);
+      } else {
+        load_row(xr, j, n, vec, shift, v);  // padding equal to the shift adds 0
+      }
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float d = v[e] - shift;
@@ -63,7 +126,11 @@ __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T
     T* yr = y + row * y_stride;
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       float v[V], wv[V], bv[V];
-      load_row(xr, j, n, vec, 0.f, v);
+      if (ADD) {
+        load_written_row(add.out + row * add.out_stride, j, n, vec, v);
+      } else {
+        load_row(xr, j, n, vec, 0.f, v);
+      }
       if (has_w) load_row(w, j, n, vec, 1.f, wv);
       if (has_b) load_row(b, j, n, vec, 0.f, bv);
 #pragma unroll
@@ -78,17 +145,19 @@ __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T
   }
 }
 
-template <typename T, bool RMS>
+template <typename T, bool RMS, bool ADD = false>
 __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ w,
                                          const T* __restrict__ b, T* __restrict__ y, float* __restrict__ mean_out,
                                          float* __restrict__ rstd_out, int64_t rows, int64_t n, int64_t x_stride,
-                                         int64_t y_stride, float eps, int mode, bool vec, bool has_w, bool has_b) {
+                                         int64_t y_stride, float eps, int mode, bool vec, bool has_w, bool has_b,
+                                         const ResidualAdd<T>& add = {}) {
+  static_assert(RMS || !ADD, "the residual add is rms_norm's");
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
   RowReducer reduce(storage, c.warp);
   if (mode == kStreamRow) {
-    norm_fwd_stream<T, RMS>(x, w, b, y, mean_out, rstd_out, rows, n, x_stride, y_stride, eps, vec, has_w, has_b,
-                            reduce);
+    norm_fwd_stream<T, RMS, ADD>(x, w, b, y, mean_out, rstd_out, rows, n, x_stride, y_stride, eps, vec, has_w, has_b,
+                                 reduce, add);
     return;
   }
   constexpr int V = Vec16<T>::size;
@@ -98,6 +167,20 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
     const T* xr = x + row * x_stride;
     Slice xs;
     xs.load(xr, c, n);
+    if (ADD) {  // h = x + residual, rounded to T: written as the new residual, normalised below
+      Slice rs;
+      rs.load(add.residual + row * add.residual_stride, c, n);
+      T* hr = add.out + row * add.out_stride;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        if (!Slice::valid(c, k, n)) break;
+        Vec16<T> h;
+#pragma unroll
+        for (int e = 0; e < V; e += 2) from_float2<T>(xs.at(k, e) + rs.at(k, e), xs.at(k, e + 1) + rs.at(k, e + 1), h.v + e);
+        xs.raw[k] = words(h);
+        store16(hr + Slice::first(c, k), h);
+      }
+    }
     // Summed relative to the row's first element: with a large common offset (1e4) a plain
     // float32 sum loses the mean to rounding, visibly in y.
     const float shift = RMS ? 0.f : to_float(xr[0]);
@@ -168,13 +251,20 @@ struct NormRowTerms {
   }
 };
 
-template <typename T, bool RMS>
+// The gradient added to dx (ADD only, where has_add): d_residual_out's rows at their stride.
+template <typename T> struct GradAdd {
+  const T* grad;
+  int64_t stride;
+  bool has;
+};
+
+template <typename T, bool RMS, bool ADD = false>
 __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const T* __restrict__ x,
                                                 const T* __restrict__ w, const float* __restrict__ mean_in,
                                                 const float* __restrict__ rstd_in, T* __restrict__ dx,
                                                 float* partial_dw, float* partial_db, int64_t rows, int64_t n,
                                                 int64_t dy_stride, int64_t x_stride, int64_t dx_stride, bool vec,
-                                                bool has_w, RowReducer& reduce) {
+                                                bool has_w, RowReducer& reduce, const GradAdd<T>& add = {}) {
   constexpr int V = Vec16<T>::size;
   const int64_t nvec = (n + V - 1) / V;
   // This block's partial rows, updated in place by the thread that owns each column (same
@@ -225,6 +315,12 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
           if (pdb) pdb[col] += gv[e];
         }
         xv[e] = t.dx<RMS>(has_w ? __fmul_rn(gv[e], wv[e]) : gv[e], xhat);
+      }
+      if (ADD && add.has) {
+        float av[V];
+        load_row(add.grad + row * add.stride, j, n, vec, 0.f, av);
+#pragma unroll
+        for (int e = 0; e < V; ++e) xv[e] += av[e];
       }
       store_row(dxr, j, n, vec, xv);
     }
@@ -283,18 +379,20 @@ struct ColumnPartials {
   }
 };
 
-template <typename T, bool RMS>
+template <typename T, bool RMS, bool ADD = false>
 __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                                          const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                                          T* __restrict__ dx, float* __restrict__ partial_dw,
                                          float* __restrict__ partial_db, int64_t rows, int64_t n, int64_t dy_stride,
-                                         int64_t x_stride, int64_t dx_stride, int mode, bool vec, bool has_w) {
+                                         int64_t x_stride, int64_t dx_stride, int mode, bool vec, bool has_w,
+                                         const GradAdd<T>& add = {}) {
+  static_assert(RMS || !ADD, "the residual add is rms_norm's");
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
   RowReducer reduce(storage, c.warp);
   if (mode == kStreamRow) {
-    norm_bwd_stream<T, RMS>(dy, x, w, mean_in, rstd_in, dx, partial_dw, partial_db, rows, n, dy_stride, x_stride,
-                            dx_stride, vec, has_w, reduce);
+    norm_bwd_stream<T, RMS, ADD>(dy, x, w, mean_in, rstd_in, dx, partial_dw, partial_db, rows, n, dy_stride,
+                                 x_stride, dx_stride, vec, has_w, reduce, add);
     return;
   }
   constexpr int V = Vec16<T>::size;
@@ -363,6 +461,12 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
       }
       if (acc.dw) acc.add(acc.dw, k, dyv, xhat);
       if (acc.db) acc.add(acc.db, k, dyv);
+      if (ADD && add.has) {
+        float av[V];
+        load_row(add.grad + row * add.stride, j, n, true, 0.f, av);
+#pragma unroll
+        for (int e = 0; e < V; ++e) o[e] += av[e];
+      }
       store_row(dxr, j, n, true, o);
     }
   }
@@ -457,6 +561,33 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
 // to 128); the backward's grid is what the occupancy API then reports (rawops/norm.py). The
 // 16-bit rms_norm backward runs faster with the registers it asks for, layer_norm's at 64
 // (docs/performance.md); bfloat16's forward fits 64 with its row held as 32-bit words.
+// add_rms_norm's entries: rms_norm's with the residual operands after the row operands. d_residual_out
+// is optional (flag RAWOPS_NORM_FLAG_ADD; absent, any valid pointer). The backward's launch bound is
+// rms_norm's of the same type.
+#define RAWOPS_ADD_RMS_NORM(T, suffix, BWD_MIN_BLOCKS)                                                           \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                    \
+      add_rms_norm_fwd_##suffix(const T* x, const T* residual, const T* w, T* y, T* residual_out, float* rstd,   \
+                                long long rows, long long n, long long x_stride, long long residual_stride,     \
+                                long long y_stride, long long residual_out_stride, long long mode,              \
+                                long long vec, float eps) {                                                     \
+    const rawops::ResidualAdd<T> add{residual, residual_out, residual_stride, residual_out_stride};             \
+    rawops::norm_fwd<T, true, true>(x, w, w, y, rstd, rstd, rows, n, x_stride, y_stride, eps, int(mode),        \
+                                    vec & RAWOPS_NORM_FLAG_VECTORS, vec & RAWOPS_NORM_FLAG_WEIGHT, false, add); \
+  }                                                                                                             \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, BWD_MIN_BLOCKS)                          \
+      add_rms_norm_bwd_##suffix(const T* dy, const T* h, const T* w, const float* rstd, const T* d_residual_out, \
+                                T* dx, float* partial_dw, long long rows, long long n, long long dy_stride,      \
+                                long long h_stride, long long d_residual_out_stride, long long dx_stride,         \
+                                long long mode, long long vec) {                                                 \
+    const rawops::GradAdd<T> add{d_residual_out, d_residual_out_stride, (vec & RAWOPS_NORM_FLAG_ADD) != 0};     \
+    rawops::norm_bwd<T, true, true>(dy, h, w, rstd, rstd, dx, partial_dw, nullptr, rows, n, dy_stride, h_stride, \
+                                    dx_stride, int(mode), vec & RAWOPS_NORM_FLAG_VECTORS,                        \
+                                    vec & RAWOPS_NORM_FLAG_WEIGHT, add);                                         \
+  }
+
 RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
 RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
 RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
+RAWOPS_ADD_RMS_NORM(float, f32, rawops::kMinRowBlocks)
+RAWOPS_ADD_RMS_NORM(__half, f16, 1)
+RAWOPS_ADD_RMS_NORM(__nv_bfloat16, bf16, 1)

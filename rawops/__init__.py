@@ -22,10 +22,23 @@ from .elementwise import (
     relu_scale_add_backward,
     relu_scale_backward,
 )
+from .glu import (
+    geglu,
+    geglu_backward,
+    geglu_fused,
+    geglu_fused_backward,
+    swiglu,
+    swiglu_backward,
+    swiglu_fused,
+    swiglu_fused_backward,
+)
 from .gemm import linear_gelu, linear_gelu_backward, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
 from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward
 from .norm import (
+    add_rms_norm,
+    add_rms_norm_backward,
+    add_rms_norm_forward,
     layer_norm,
     layer_norm_backward,
     layer_norm_forward,
@@ -33,6 +46,7 @@ from .norm import (
     rms_norm_backward,
     rms_norm_forward,
 )
+from .rotary import rope, rope_backward
 from .softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
 from .sorting import argsort, sort, topk
 
@@ -41,6 +55,9 @@ __version__ = "0.1.0"
 __all__ = [
     "NoDeviceError",
     "add",
+    "add_rms_norm",
+    "add_rms_norm_backward",
+    "add_rms_norm_forward",
     "argsort",
     "as_array",
     "bias_gelu",
@@ -50,6 +67,10 @@ __all__ = [
     "fused_mlp",
     "fused_mlp_backward",
     "fused_mlp_forward",
+    "geglu",
+    "geglu_backward",
+    "geglu_fused",
+    "geglu_fused_backward",
     "gelu",
     "gelu_backward",
     "layer_norm",
@@ -72,9 +93,15 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_forward",
+    "rope",
+    "rope_backward",
     "softmax",
     "softmax_backward",
     "sort",
+    "swiglu",
+    "swiglu_backward",
+    "swiglu_fused",
+    "swiglu_fused_backward",
     "to_tensor_normalize",
     "topk",
 ]

@@ -53,10 +53,12 @@ ROW_MODE_BLOCK = 1
 ROW_MODE_STREAM = 2
 
 # ------------------------------------------------------------------ norm (kernels/norm.cu)
-# Bits of the kernels' `vec` argument: 16-byte rows, weight given, bias given.
+# Bits of the kernels' `vec` argument: 16-byte rows, weight given, bias given, add_rms_norm's
+# backward given d_residual_out.
 NORM_FLAG_VECTORS = 1
 NORM_FLAG_WEIGHT = 2
 NORM_FLAG_BIAS = 4
+NORM_FLAG_ADD = 8
 # norm_param_grad: blocks of COLUMNS columns x LANES lanes over the partial rows.
 NORM_PARAM_GRAD_COLUMNS = 32
 NORM_PARAM_GRAD_LANES = 16
@@ -204,3 +206,11 @@ SORT_MERGE_ITEMS = 8
 SORT_SEGMENT_THREADS = 192
 SORT_SEGMENT_ITEMS = 39
 SORT_SEGMENT_RADIX_BITS = 6
+
+# ------------------------------------------------------------------ rotary (kernels/rotary.cu)
+# rope's blocks (and launch bound), the blocks an SM its grid-stride grid holds at most, and the bits
+# of its `flags` argument: 16-byte units, interleaved pairs (else half split).
+ROPE_THREADS = 256
+ROPE_BLOCKS_PER_SM = 8
+ROPE_FLAG_VECTORS = 1
+ROPE_FLAG_INTERLEAVED = 2

@@ -1,4 +1,4 @@
-"""Normalisation ops over the last dim: layer_norm and rms_norm, forward and backward.
+"""Normalisation ops over the last dim: layer_norm, rms_norm and add_rms_norm, forward and backward.
 
 float32, float16 or bfloat16 arrays of any shape with at least one dimension (leading dims
 are rows), any row width, any number of rows including 0; math in float32. weight/bias are
@@ -11,9 +11,16 @@ launched as they are, no copy; the 16-byte path is kept wherever every row start
 aligned. Any other layout (a transpose, a step in the last dim) is a ValueError naming the
 argument. weight, bias, mean and rstd must be contiguous; y and dx are new contiguous arrays
 (y: out= when given).
+
+add_rms_norm(x, residual, weight, eps) -> (y, new_residual): a transformer block's residual add and
+its next norm in one pass: new_residual = x + residual (rounded to x's dtype, as torch's add), y =
+rms_norm(new_residual, weight, eps). Its backward takes the gradients of both outputs, dy and
+d_new_residual (None: 0), and returns dx, the gradient of x and of residual alike (one array: the
+same gradient reaches both operands of an add), and dweight. residual, residual_out= and
+d_new_residual may be row-strided views like x.
 """
-from ._launch import (NUMPY_DTYPES, allocating_on, hold_if_capturing, launch, real_scalar, sm_count, stream_pointer,
-                      wait_for_producer)
+from ._launch import (NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, real_scalar, sm_count,
+                      stream_pointer, wait_for_producer)
 from . import _constants, _modules, _rows
 
 FAMILY = "norm"
@@ -23,7 +30,13 @@ FAMILY = "norm"
 _FWD_ARGS = ("x", "weight", "bias", "y", "mean", "rstd", "rows", "n", "x_stride", "y_stride", "mode", "vec", "eps")
 _BWD_ARGS = ("dy", "x", "weight", "mean", "rstd", "dx", "partial_dw", "partial_db", "rows", "n", "dy_stride",
              "x_stride", "dx_stride", "mode", "vec")
+_ADD_FWD_ARGS = ("x", "residual", "weight", "y", "residual_out", "rstd", "rows", "n", "x_stride", "residual_stride",
+                 "y_stride", "residual_out_stride", "mode", "vec", "eps")
+_ADD_BWD_ARGS = ("dy", "h", "weight", "rstd", "d_residual_out", "dx", "partial_dw", "rows", "n", "dy_stride",
+                 "h_stride", "d_residual_out_stride", "dx_stride", "mode", "vec")
 KERNELS = {
+    "add_rms_norm_fwd": _ADD_FWD_ARGS,
+    "add_rms_norm_bwd": _ADD_BWD_ARGS,
     "layer_norm_fwd": _FWD_ARGS,
     "layer_norm_bwd": _BWD_ARGS,
     "rms_norm_fwd": _FWD_ARGS,
@@ -34,10 +47,13 @@ KERNELS = {
 FWD_KINDS = "ppppppqqqqqqf"
 BWD_KINDS = "ppppppppqqqqqqq"
 PARAM_GRAD_KINDS = "ppppqq"
+ADD_FWD_KINDS = "ppppppqqqqqqqqf"
+ADD_BWD_KINDS = "pppppppqqqqqqqq"
 PARAM_GRAD_COLUMNS = _constants.NORM_PARAM_GRAD_COLUMNS  # columns per block of norm_param_grad
 PARAM_GRAD_THREADS = PARAM_GRAD_COLUMNS * _constants.NORM_PARAM_GRAD_LANES  # x lanes over the partial rows
 FLAG_VECTORS, FLAG_WEIGHT, FLAG_BIAS = (_constants.NORM_FLAG_VECTORS, _constants.NORM_FLAG_WEIGHT,
                                         _constants.NORM_FLAG_BIAS)
+FLAG_ADD = _constants.NORM_FLAG_ADD
 
 # eps=None (torch.nn.RMSNorm's default): the storage dtype's machine epsilon, as torch.
 MACHINE_EPS = (2.0 ** -23, 2.0 ** -10, 2.0 ** -7)
@@ -53,12 +69,14 @@ def forward_plan(rows, n, itemsize, aligned):
 BWD_THREADS_PER_SM = _constants.ROW_MIN_BLOCKS * _constants.ROW_MAX_THREADS
 
 
-def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx, strides=()):
+def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx, strides=(), extra=()):
     """(mode, blocks, threads, chunks, aligned) for pointers dy, x, weight (0: none), dx and the
     row strides of dy, x, dx (`strides`; default dense rows): the grid fills each SM once
     (each block or warp accumulates dw/db over its rows); chunks is the number of partial rows
-    of dweight / dbias."""
-    aligned = _rows.vectors(n, itemsize, dy, x, weight, dx, strides=strides)
+    of dweight / dbias. extra: (pointer, row stride) of further row operands (add_rms_norm's
+    d_new_residual), which the 16-byte path needs aligned too."""
+    aligned = _rows.vectors(n, itemsize, dy, x, weight, dx, *(p for p, _ in extra),
+                            strides=tuple(strides) + tuple(st for p, st in extra if p))
     mode, blocks, threads = _rows.row_plan(rows, n, _rows.BWD_BYTES // itemsize, itemsize, aligned)
     blocks = min(blocks, _rows.resident_blocks(sms, threads, BWD_THREADS_PER_SM))
     return mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned
@@ -139,6 +157,43 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
         launch(_modules.function_pointer(FAMILY, _rows.kernel_name("norm_param_grad", dtype), device),
                (-(-n // PARAM_GRAD_COLUMNS), 2), PARAM_GRAD_THREADS, 0, stream,
                (partial_dw, partial_db, dweight, dbias, chunks, n), PARAM_GRAD_KINDS, device)
+
+
+def launch_add_forward(device, dtype, itemsize, x, residual, weight, y, residual_out, rstd, rows, n, eps, stream,
+                       strides=None):
+    """add_rms_norm's forward on pointers checked by the caller (weight 0: none); strides: the row
+    strides of x, residual, y, residual_out in elements (None: n each). rows > 0 and n > 0."""
+    strides = (n, n, n, n) if strides is None else tuple(strides)
+    aligned = _rows.vectors(n, itemsize, x, residual, weight, y, residual_out, strides=strides)
+    mode, blocks, threads = forward_plan(rows, n, itemsize, aligned)
+    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0)
+    launch(_modules.function_pointer(FAMILY, _rows.kernel_name("add_rms_norm_fwd", dtype), device), (blocks,),
+           threads, 0, stream, (x, residual, weight or x, y, residual_out, rstd, rows, n, *strides, mode, flags, eps),
+           ADD_FWD_KINDS, device)
+
+
+def launch_add_backward(device, dtype, itemsize, dy, h, weight, rstd, d_residual_out, dx, partial_dw, dweight, rows,
+                        n, plan, stream, strides=None):
+    """add_rms_norm's backward: dx = rms_norm's dx at h (the forward's new residual) + d_residual_out
+    (0: none), and dweight (0: not wanted) through plan[3] x n float32 partial rows; plan =
+    backward_plan(...) of dy, h, weight, dx with extra=((d_residual_out, its stride),); strides: the
+    row strides of dy, h, d_residual_out, dx (None: n each). rows > 0, n > 0."""
+    dy_stride, h_stride, dr_stride, dx_stride = strides if strides is not None else (n, n, n, n)
+    mode, blocks, threads, chunks, aligned = plan
+    name = _rows.kernel_name("add_rms_norm_bwd", dtype)
+    smem = column_smem(mode, threads, itemsize, bool(partial_dw))
+    if not _allow_smem(name, device, smem):
+        mode, smem = _rows.STREAM_ROW, 0
+    blocks = min(blocks, resident(name, device, threads, smem))
+    chunks = _rows.chunks(mode, blocks, threads)
+    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (FLAG_ADD if d_residual_out else 0)
+    launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, smem, stream,
+           (dy, h, weight or h, rstd, d_residual_out or dy, dx, partial_dw, rows, n, dy_stride, h_stride, dr_stride,
+            dx_stride, mode, flags), ADD_BWD_KINDS, device)
+    if dweight:
+        launch(_modules.function_pointer(FAMILY, _rows.kernel_name("norm_param_grad", dtype), device),
+               (-(-n // PARAM_GRAD_COLUMNS), 2), PARAM_GRAD_THREADS, 0, stream,
+               (partial_dw, 0, dweight, 0, chunks, n), PARAM_GRAD_KINDS, device)
 
 
 # ------------------------------------------------------------------------------ CuPy API
@@ -261,4 +316,108 @@ def rms_norm_backward(dy, x, weight, rstd, *, stream=None):
     """(dx, dweight) from the forward's rstd; dweight is None without weight. dy and x may be
     row-strided views."""
     dx, dweight, _ = _backward("rms_norm", dy, x, weight, None, rstd, False, stream)
+    return dx, dweight
+
+
+def add_rms_norm_forward(x, residual, weight=None, eps=None, *, out=None, residual_out=None, stream=None):
+    """(y, new_residual, rstd): new_residual = x + residual (x's dtype), y = rms_norm(new_residual,
+    weight, eps), rstd float32 of shape x.shape[:-1]. out= (y) and residual_out= may be row-strided
+    views; residual_out may be exactly x or residual (in place: the block's residual stream updated
+    where it lies)."""
+    import cupy
+
+    X = _rows.rows_array(x, "x", "add_rms_norm")
+    R = _rows.rows_array(residual, "residual", "add_rms_norm", like=X)
+    W = _rows.vector_array(weight, "weight", X) if weight is not None else None
+    RO = _residual_out(residual_out, X, R, W) if residual_out is not None else None
+    O = _rows.out_array(out, X, (R, W, RO)) if out is not None else None
+    eps = check_eps(eps, X.dtype)
+    device = _rows.one_device(X, R, W, RO, O)
+    rows, n = _rows_of(X)
+    s = stream_pointer(stream, device)  # another GPU's stream is refused before any CuPy call
+    with cupy.cuda.Device(device), allocating_on(stream, s):
+        for a in (X, R, W):
+            if a is not None:
+                wait_for_producer(a, s)
+        dtype = NUMPY_DTYPES[X.dtype]
+        y = O.obj if O is not None else cupy.ndarray(X.shape, dtype)
+        h = RO.obj if RO is not None else cupy.ndarray(X.shape, dtype)
+        rstd = cupy.ndarray(X.shape[:-1], cupy.float32)
+        if rows and n:
+            strides = (_rows.row_stride(X), _rows.row_stride(R), _rows.row_stride(O) if O is not None else n,
+                       _rows.row_stride(RO) if RO is not None else n)
+            launch_add_forward(device, X.dtype, X.itemsize, X.ptr, R.ptr, W.ptr if W else 0,
+                               O.ptr if O is not None else y.data.ptr, RO.ptr if RO is not None else h.data.ptr,
+                               rstd.data.ptr, rows, n, eps, s, strides)
+        elif rows:
+            rstd.fill(float("nan"))
+    return y, h, rstd
+
+
+def _residual_out(obj, x, residual, weight):
+    """residual_out=: like x; exactly x or residual (in place: each element is read, then written, by
+    one thread) or disjoint from both and from weight."""
+    ro = as_array(obj, "residual_out")
+    if ro.dtype != x.dtype:
+        raise TypeError(f"residual_out has dtype {ro.dtype_text}, expected {x.dtype_text} like x")
+    if ro.shape != x.shape:
+        raise ValueError(f"residual_out has shape {ro.shape}, expected {x.shape} like x")
+    stride = _rows.row_stride(ro)
+    _rows._aligned(ro)
+    if ro.readonly:
+        raise ValueError("residual_out is read-only")
+    n = ro.shape[-1]
+    if ro.size // max(n, 1) > 1 and abs(stride) < n:
+        raise ValueError(f"residual_out has rows {stride} elements apart, {n} wide: its rows overlap each other")
+    span = _rows.extent(ro, stride)
+    for a in (x, residual, weight):
+        if a is None:
+            continue
+        exact = a is not weight and ro.ptr == a.ptr and stride == _rows.row_stride(a)
+        if not exact and _rows._overlap(span, _rows.extent(a)):
+            raise ValueError(f"residual_out overlaps {a.name}; pass residual_out={a.name} exactly, or a separate "
+                             "array" if a is not weight else "residual_out overlaps weight")
+    return ro
+
+
+def add_rms_norm(x, residual, weight=None, eps=None, *, out=None, residual_out=None, stream=None):
+    """(y, new_residual): new_residual = x + residual, y = rms_norm(new_residual, weight, eps)."""
+    y, h, _ = add_rms_norm_forward(x, residual, weight, eps, out=out, residual_out=residual_out, stream=stream)
+    return y, h
+
+
+def add_rms_norm_backward(dy, d_new_residual, new_residual, weight, rstd, *, stream=None):
+    """(dx, dweight): dx = rms_norm's dx (of dy, at new_residual, the forward's) + d_new_residual
+    (None: 0), the gradient of x and of residual both; dweight None without weight (deterministic,
+    as rms_norm's). dy, d_new_residual and new_residual may be row-strided views."""
+    import cupy
+
+    H = _rows.rows_array(new_residual, "new_residual", "add_rms_norm_backward")
+    DY = _rows.rows_array(dy, "dy", "add_rms_norm_backward", like=H)
+    DR = _rows.rows_array(d_new_residual, "d_new_residual", "add_rms_norm_backward", like=H) \
+        if d_new_residual is not None else None
+    W = _rows.vector_array(weight, "weight", H) if weight is not None else None
+    R = _rows.stats_array(rstd, "rstd", H)
+    device = _rows.one_device(H, DY, DR, W, R)
+    rows, n = _rows_of(H)
+    dtype = NUMPY_DTYPES[H.dtype]
+    s = stream_pointer(stream, device)
+    with cupy.cuda.Device(device), allocating_on(stream, s):
+        for a in (DY, H, DR, W, R):
+            if a is not None:
+                wait_for_producer(a, s)
+        dx = cupy.ndarray(H.shape, dtype)
+        dweight = cupy.zeros((n,), dtype) if W is not None else None
+        if rows and n:
+            dr_stride = _rows.row_stride(DR) if DR is not None else n
+            strides = (_rows.row_stride(DY), _rows.row_stride(H), dr_stride, n)
+            plan = backward_plan(rows, n, H.itemsize, sm_count(device), DY.ptr, H.ptr, W.ptr if W else 0,
+                                 dx.data.ptr, (strides[0], strides[1], n),
+                                 extra=((DR.ptr if DR is not None else 0, dr_stride),))
+            partial_dw = cupy.ndarray((plan[3], n), cupy.float32) if dweight is not None else None
+            launch_add_backward(device, H.dtype, H.itemsize, DY.ptr, H.ptr, W.ptr if W else 0, R.ptr,
+                                DR.ptr if DR is not None else 0, dx.data.ptr,
+                                partial_dw.data.ptr if partial_dw is not None else 0,
+                                dweight.data.ptr if dweight is not None else 0, rows, n, plan, s, strides)
+            hold_if_capturing(s, partial_dw)
     return dx, dweight

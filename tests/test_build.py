@@ -761,13 +761,16 @@ import rawops.mlp as mlp  # noqa: E402
 import rawops.image as image  # noqa: E402
 import rawops.sorting as sorting  # noqa: E402
 from rawops import _sorting_topk as sorting_topk  # noqa: E402
+import rawops.glu as glu  # noqa: E402
+import rawops.rotary as rotary  # noqa: E402
 
 # family -> its Python table; the fatbin must hold <base>_<suffix> for each, on every arch
 # (suffixes: the module's SUFFIXES where a family exists in fewer dtypes). mlp's kernels live in
 # several fatbins (kernels/mlp_*.cu): its FAMILY_OF names each entry point's (image and sort list
 # theirs the same way); topk's table is rawops._sorting_topk's (kernels/sorting_topk.cu).
 ROW_FAMILIES = {"norm": norm, "softmaxes": softmaxes}
-TABLE_FAMILIES = {**ROW_FAMILIES, "image": image, "sorting": sorting, "sorting_topk": sorting_topk,
+TABLE_FAMILIES = {**ROW_FAMILIES, "glu": glu, "image": image, "rotary": rotary, "sorting": sorting,
+                  "sorting_topk": sorting_topk,
                   **{family: mlp for family in sorted(set(mlp.FAMILY_OF.values()))}}
 # CUB's util_device.cuh defines one global kernel (EmptyKernel, for its PTX-version query)
 # in every unit that includes it; it is not ours and nothing launches it.
@@ -841,8 +844,13 @@ def test_softmax_table_matches_the_kernels_defined_in_the_source():
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 
 
+def _kinds_key(kinds, name):
+    return next(k for k in kinds if name.endswith(k) or name == k)
+
+
 @pytest.mark.parametrize("family, kinds", [
-    ("norm", {"_fwd": norm.FWD_KINDS, "_bwd": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
+    ("norm", {"add_rms_norm_fwd": norm.ADD_FWD_KINDS, "add_rms_norm_bwd": norm.ADD_BWD_KINDS, "_fwd": norm.FWD_KINDS,
+              "_bwd": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
     ("softmaxes", {"_fwd": softmaxes.FWD_KINDS, "_bwd": softmaxes.BWD_KINDS}),
 ])
 def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
@@ -854,10 +862,10 @@ def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
                             source)
     assert {name for name, _ in signatures} >= {f"name##{k}" for k in kinds if k.startswith("_")}
     for name, params in signatures:  # name: "name##_fwd" inside a macro, or a plain helper name
-        key = next(k for k in kinds if name.endswith(k) or name == k)
+        key = _kinds_key(kinds, name)  # the first that matches: the specific names listed first
         expected = "".join("p" if "*" in p else "f" if p.split()[0] == "float" else "q" for p in params.split(","))
         assert kinds[key] == expected, f"{name}: launch kinds {kinds[key]!r}, signature {expected!r}"
-        for base in (b for b in table if b.endswith(key) or b == key):
+        for base in (b for b in table if _kinds_key(kinds, b) == key):
             assert len(table[base]) == len(expected), f"{base}: one argument name per kernel parameter"
 
 

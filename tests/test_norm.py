@@ -384,3 +384,133 @@ def test_adapter_takes_row_strided_tensors_and_copies_the_rest(op, layout, dtype
     with torch.no_grad():  # the no-grad path: the same kernels, the same layouts
         again = ta.layer_norm(base, (n,), w, b) if op == "layer_norm" else ta.rms_norm(base, (n,), w, 1e-5)
     assert torch.equal(again, y.detach())
+
+
+# ------------------------------------------------------------------------------ add_rms_norm
+ADD_SHAPES = [(0, 768), (1, 1), (3, 31), (3, 4097), (16384, 768), (16384, 4096), (4096, 4097), (64, 65536)]
+ADD_IDS = [f"{r}x{n}" for r, n in ADD_SHAPES]
+
+
+def _add_reference(x, residual, dy, dh, w, eps):
+    """(h, y, dx, dw): h = x + residual as torch adds it in the storage type; y, dx, dw in float64
+    from that h (dx = rms_norm's dx + dh, dh None: 0)."""
+    h = x + residual
+    y, rdx, rdw, _ = _reference("rms_norm", h, dy, w, w, eps)
+    return h, y, rdx + (dh.double() if dh is not None else 0), rdw
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,n", ADD_SHAPES, ids=ADD_IDS)
+@pytest.mark.parametrize("with_dh", [True, False], ids=["dh", "no_dh"])
+def test_add_rms_norm_matches_torch_float64(rows, n, dtype, with_dh):
+    dt = DTYPES[dtype]
+    x, dy, w, _ = _inputs(rows, n, dt)
+    residual, dh = random((rows, n), dt), random((rows, n), dt) if with_dh else None
+    size = x.element_size()
+    poison_pool(x.numel() * size, x.numel() * size, rows * 4)  # y, new residual, rstd
+    y, h, rstd = rawops.add_rms_norm_forward(to_cupy(x), to_cupy(residual), to_cupy(w), 1e-5)
+    poison_pool(x.numel() * size, n * size)  # dx, dweight
+    dx, dw = rawops.add_rms_norm_backward(to_cupy(dy), to_cupy(dh) if dh is not None else None, h, to_cupy(w), rstd)
+    rh, ry, rdx, rdw = _add_reference(x, residual, dy, dh, w, 1e-5)
+    assert torch.equal(to_torch(h), rh), "new residual == torch's x + residual, bit for bit"
+    check(y, ry, dt, "add_rms_norm y")
+    # one-element rows: rms_norm's dx cancels (test_forward_and_backward_match_torch_float64), dh or not
+    check(dx, rdx, dt, "add_rms_norm dx", factor=0.1 / TOLERANCE[dt] if n == 1 else 2)
+    check(dw, rdw, dt, "add_rms_norm dweight", factor=SUM_FACTOR)
+    if rows and n:
+        check(rstd, 1 / (rh.double().pow(2).mean(-1) + 1e-5).sqrt(), torch.float32, "add_rms_norm rstd", factor=2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("n", [4096, 65536])  # register rows and streamed rows
+@pytest.mark.parametrize("where", ["residual", "x"])
+def test_add_rms_norm_in_place_on_the_residual_stream(where, n, dtype):
+    """residual_out=residual (or =x): the streaming mode reads back what it wrote, from L2."""
+    dt = DTYPES[dtype]
+    x, _, w, _ = _inputs(64, n, dt)
+    residual = random((64, n), dt)
+    rh, ry, _, _ = _add_reference(x, residual, x, None, w, 1e-6)
+    target = residual if where == "residual" else x
+    y, h = rawops.add_rms_norm(to_cupy(x), to_cupy(residual), to_cupy(w), 1e-6, residual_out=to_cupy(target))
+    assert h.data.ptr == target.data_ptr()
+    assert torch.equal(target, rh)
+    check(y, ry, dt, f"add_rms_norm in place on {where}")
+    y2, _ = rawops.add_rms_norm(to_cupy(rh.clone()), to_cupy(torch.zeros_like(rh)), to_cupy(w), 1e-6,
+                                out=to_cupy(rh.clone()))
+    check(y2, ry, dt, "zero residual: plain rms_norm")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["padded_aligned", "padded_misaligned", "every_other_row"])
+def test_add_rms_norm_row_strided_views(layout, dtype):
+    dt = DTYPES[dtype]
+    shape = (67, 1000)
+    (cx, tx, _), (cr, tr, _), (cd, td, _), (cdh, tdh, _) = (row_view(layout, shape, dt) for _ in range(4))
+    w = random((1000,), dt, scale=0.5) + 1
+    y, h, rstd = rawops.add_rms_norm_forward(cx, cr, to_cupy(w), 1e-5)
+    dx, dw = rawops.add_rms_norm_backward(cd, cdh, h, to_cupy(w), rstd)
+    rh, ry, rdx, rdw = _add_reference(tx, tr, td, tdh, w, 1e-5)
+    assert torch.equal(to_torch(h), rh)
+    check(y, ry, dt, f"{layout} y")
+    check(dx, rdx, dt, f"{layout} dx", factor=2)
+    check(dw, rdw, dt, f"{layout} dweight", factor=SUM_FACTOR)
+
+
+def test_add_rms_norm_backward_is_deterministic():
+    x, dy, w, _ = _inputs(8192, 4096, torch.bfloat16)
+    residual = random((8192, 4096), torch.bfloat16)
+    _, h, rstd = rawops.add_rms_norm_forward(to_cupy(x), to_cupy(residual), to_cupy(w), 1e-6)
+    a = rawops.add_rms_norm_backward(to_cupy(dy), to_cupy(x), h, to_cupy(w), rstd)
+    b = rawops.add_rms_norm_backward(to_cupy(dy), to_cupy(x), h, to_cupy(w), rstd)
+    assert cupy.array_equal(a[0], b[0]) and cupy.array_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_adapter_add_rms_norm_autograd_matches_torch(dtype):
+    from rawops import torch_adapter as ta
+
+    dt = DTYPES[dtype]
+    x, dy, w, _ = _inputs(67, 1000, dt)
+    residual, dh = random((67, 1000), dt), random((67, 1000), dt)
+    leaves = [t.clone().requires_grad_() for t in (x, residual, w)]
+    y, h = ta.add_rms_norm(*leaves, eps=1e-6)
+    torch.autograd.backward((y, h), (dy, dh))
+    rh, ry, rdx, rdw = _add_reference(x, residual, dy, dh, w, 1e-6)
+    assert torch.equal(h.detach(), rh)
+    check(y.detach(), ry, dt, "adapter y")
+    check(leaves[0].grad, rdx, dt, "adapter dx", factor=2)
+    check(leaves[1].grad, rdx, dt, "adapter dresidual", factor=2)
+    check(leaves[2].grad, rdw, dt, "adapter dweight", factor=SUM_FACTOR)
+    # only one output used: the other's gradient is 0
+    leaves = [t.clone().requires_grad_() for t in (x, residual, w)]
+    ta.add_rms_norm(*leaves, eps=1e-6)[1].backward(dh)
+    check(leaves[0].grad, dh.double(), dt, "only the new residual used")
+    with torch.no_grad():
+        y2, h2 = ta.add_rms_norm(x, residual, w, 1e-6)
+    assert torch.equal(y2, y.detach()) and torch.equal(h2, h.detach()), "no-grad path == autograd path"
+
+
+def test_adapter_add_rms_norm_compiles_fullgraph_and_loads_llama_rms_norm():
+    from rawops import torch_adapter as ta
+
+    x, dy, w, _ = _inputs(32, 768, torch.float32)
+    residual = random((32, 768), torch.float32)
+    norm = ta.AddRMSNorm(768, eps=1e-6).cuda()
+    try:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        stock = LlamaRMSNorm(768, eps=1e-6)
+    except ImportError:  # no transformers here: torch.nn.RMSNorm has the same `weight`
+        stock = torch.nn.RMSNorm(768, eps=1e-6)
+    with torch.no_grad():
+        stock.weight.copy_(w)
+    norm.load_state_dict(stock.state_dict())
+    compiled = torch.compile(lambda x, r: norm(x, r)[0] + norm(x, r)[1], fullgraph=True)
+    leaves = [t.clone().requires_grad_() for t in (x, residual)]
+    compiled(*leaves).backward(dy)
+    ref = [t.double().requires_grad_() for t in (x, residual, w)]
+    h = ref[0] + ref[1]
+    (F.rms_norm(h, (768,), ref[2], 1e-6) + h).backward(dy.double())
+    for got, want in zip(leaves, ref):
+        check(got.grad, want.grad, torch.float32, "compiled add_rms_norm grad", factor=2)
+    check(norm.weight.grad, ref[2].grad, torch.float32, "compiled add_rms_norm dweight", factor=SUM_FACTOR)

@@ -378,3 +378,83 @@ def test_adapter_modules_have_torch_parameter_names():
         assert ours.state_dict().keys() == theirs.state_dict().keys()
         for k in state:
             assert torch.equal(ours.state_dict()[k], state[k])
+
+
+# ------------------------------------------------------------------------------ add_rms_norm
+def test_add_rms_norm_valid_calls_get_past_validation():
+    x, r = f32((4, 8)), f32((4, 8), ptr=OTHER)
+    assert_passes_validation(rawops.add_rms_norm, x, r, w32(ptr=OTHER + 0x1000))
+    assert_passes_validation(rawops.add_rms_norm, x, r)
+    assert_passes_validation(rawops.add_rms_norm, x, r, residual_out=r)  # in place on the residual stream
+    assert_passes_validation(rawops.add_rms_norm, x, r, residual_out=x)  # or on x
+    assert_passes_validation(rawops.add_rms_norm, x, r, out=x, residual_out=r)
+    assert_passes_validation(rawops.add_rms_norm_forward, f16((4, 8)), f16((4, 8), ptr=OTHER), eps=1e-6)
+    stats = f32((4,), ptr=OTHER + 0x2000)
+    assert_passes_validation(rawops.add_rms_norm_backward, x, r, f32((4, 8), ptr=OTHER + 0x1000), None, stats)
+    assert_passes_validation(rawops.add_rms_norm_backward, x, None, f32((4, 8), ptr=OTHER + 0x1000),
+                             w32(ptr=OTHER + 0x3000), stats)
+    # row-strided views: x and residual halves of one wider matrix
+    assert_passes_validation(rawops.add_rms_norm, f32((4, 8), strides=(64, 4)), f32((4, 8), ptr=BASE + 32,
+                                                                                    strides=(64, 4)))
+
+
+def test_add_rms_norm_operands_are_checked_naming_them():
+    x = f32((4, 8))
+    with pytest.raises(TypeError, match=r"^x has dtype <f8; add_rms_norm supports float32"):
+        rawops.add_rms_norm(FakeCAI((4, 8), "<f8"), f32((4, 8), ptr=OTHER))
+    with pytest.raises(TypeError, match=r"^residual has dtype float16, expected float32 like x"):
+        rawops.add_rms_norm(x, f16((4, 8), ptr=OTHER))
+    with pytest.raises(ValueError, match=r"^residual has shape \(4, 9\), expected \(4, 8\) like x"):
+        rawops.add_rms_norm(x, f32((4, 9), ptr=OTHER))
+    with pytest.raises(ValueError, match=r"^residual is not row-strided"):
+        rawops.add_rms_norm(x, f32((4, 8), ptr=OTHER, strides=(4, 16)))
+    with pytest.raises(ValueError, match=r"^weight has shape \(7,\), expected \(8,\)"):
+        rawops.add_rms_norm(x, f32((4, 8), ptr=OTHER), f32((7,), ptr=OTHER + 0x1000))
+    with pytest.raises(ValueError, match=r"^eps must be >= 0"):
+        rawops.add_rms_norm(x, f32((4, 8), ptr=OTHER), eps=-1.0)
+
+
+def test_add_rms_norm_outputs_must_not_partly_overlap():
+    x, r = f32((4, 8)), f32((4, 8), ptr=OTHER)
+    with pytest.raises(ValueError, match=r"^residual_out overlaps residual; pass residual_out=residual exactly"):
+        rawops.add_rms_norm(x, r, residual_out=f32((4, 8), ptr=OTHER + 16))
+    with pytest.raises(ValueError, match=r"^residual_out has shape \(4, 9\)"):
+        rawops.add_rms_norm(x, r, residual_out=f32((4, 9), ptr=OTHER + 0x1000))
+    with pytest.raises(TypeError, match=r"^residual_out has dtype float16"):
+        rawops.add_rms_norm(x, r, residual_out=f16((4, 8), ptr=OTHER + 0x1000))
+    with pytest.raises(ValueError, match=r"^out overlaps residual"):  # y into the residual stream being written
+        rawops.add_rms_norm(x, r, out=r, residual_out=r)
+    with pytest.raises(ValueError, match=r"^out overlaps residual"):
+        rawops.add_rms_norm(x, r, out=f32((4, 8), ptr=OTHER + 4))
+
+
+def test_add_rms_norm_backward_operands_are_checked_naming_them():
+    dy, h, stats = f32((4, 8)), f32((4, 8), ptr=OTHER), f32((4,), ptr=OTHER + 0x2000)
+    with pytest.raises(ValueError, match=r"^dy has shape \(4, 7\), expected \(4, 8\) like new_residual"):
+        rawops.add_rms_norm_backward(f32((4, 7)), None, h, None, stats)
+    with pytest.raises(TypeError, match=r"^d_new_residual has dtype float16, expected float32 like new_residual"):
+        rawops.add_rms_norm_backward(dy, f16((4, 8), ptr=OTHER + 0x3000), h, None, stats)
+    with pytest.raises(ValueError, match=r"^rstd has 3 values, expected one per row of new_residual \(4\)"):
+        rawops.add_rms_norm_backward(dy, None, h, None, f32((3,), ptr=OTHER + 0x2000))
+
+
+def test_add_rms_norm_backward_plan_counts_the_added_gradient_in_the_vector_check():
+    # dy, h, dx aligned; d_new_residual off 16 bytes: the whole launch streams element by element
+    aligned = norm.backward_plan(64, 4096, 2, 132, 0, 0, 0, 0, (4096, 4096, 4096), extra=((0x1000, 4096),))
+    misaligned = norm.backward_plan(64, 4096, 2, 132, 0, 0, 0, 0, (4096, 4096, 4096), extra=((0x1002, 4096),))
+    assert aligned[4] == 1 and misaligned[4] == 0 and misaligned[0] == _rows.STREAM_ROW
+    absent = norm.backward_plan(64, 4096, 2, 132, 0, 0, 0, 0, (4096, 4096, 4096), extra=((0, 4095),))
+    assert absent[4] == 1, "an absent operand's stride does not count"
+
+
+def test_add_rms_norm_adapter_refuses_bad_arguments():
+    torch = pytest.importorskip("torch")
+    from rawops import torch_adapter as ta
+
+    with pytest.raises(TypeError, match=r"^residual must be a torch.Tensor"):
+        ta.add_rms_norm(torch.ones(2, 4), [1.0])
+    with pytest.raises(ValueError, match=r"^residual has shape \(2, 3\), expected \(2, 4\) like x"):
+        ta.add_rms_norm(torch.ones(2, 4), torch.ones(2, 3))
+    with pytest.raises((TypeError, ValueError), match=r"^x"):  # a CPU tensor
+        ta.add_rms_norm(torch.ones(2, 4), torch.ones(2, 4))
+    assert sorted(ta.AddRMSNorm(16).state_dict()) == ["weight"]

@@ -14,18 +14,21 @@ Everything is capturable in torch.cuda.graph: launches only, no allocation outsi
 """
 from ._common import install_substitutes
 from .elementwise import GELU, BiasGELU, ReLU, ReLUScale, add, bias_gelu, gelu, relu, relu_scale, relu_scale_add
+from .glu import SwiGLUMLP, geglu, geglu_fused, swiglu, swiglu_fused
 from .gemm import LinearGELU, linear_gelu, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
 from .mlp import FusedMLP, fused_mlp
-from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm
+from .norm import AddRMSNorm, LayerNorm, RMSNorm, add_rms_norm, layer_norm, rms_norm
+from .rotary import apply_rotary_pos_emb, rope
 from .softmaxes import LogSoftmax, Softmax, log_softmax, softmax
 from .sorting import argsort, sort, topk
 
 install_substitutes()  # last: every family has registered its C-level entries
 
 __all__ = [
-    "BiasGELU", "FusedMLP", "GELU", "LayerNorm", "LinearGELU", "LogSoftmax", "RMSNorm", "ReLU", "ReLUScale",
-    "Softmax", "add", "argsort", "bias_gelu", "fused_mlp", "gelu", "layer_norm", "linear_gelu", "log_softmax",
-    "matmul", "normalize_volume", "relu", "relu_scale", "relu_scale_add", "rgb_to_gray", "rms_norm", "softmax",
-    "sort", "to_tensor_normalize", "topk",
+    "AddRMSNorm", "BiasGELU", "FusedMLP", "GELU", "LayerNorm", "LinearGELU", "LogSoftmax", "RMSNorm", "ReLU",
+    "ReLUScale", "Softmax", "SwiGLUMLP", "add", "add_rms_norm", "apply_rotary_pos_emb", "argsort", "bias_gelu",
+    "fused_mlp", "geglu", "geglu_fused", "gelu", "layer_norm", "linear_gelu", "log_softmax", "matmul",
+    "normalize_volume", "relu", "relu_scale", "relu_scale_add", "rgb_to_gray", "rms_norm", "rope", "softmax", "sort",
+    "swiglu", "swiglu_fused", "to_tensor_normalize", "topk",
 ]

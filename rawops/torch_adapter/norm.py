@@ -1,6 +1,8 @@
 """The norm family for torch: layer_norm and rms_norm with torch.nn.functional's signatures, their
 autograd (deterministic dweight / dbias), `rawops::` custom ops, and the modules LayerNorm and
-RMSNorm, which load torch.nn.LayerNorm / torch.nn.RMSNorm state_dicts unchanged.
+RMSNorm, which load torch.nn.LayerNorm / torch.nn.RMSNorm state_dicts unchanged; add_rms_norm (a
+transformer block's residual add and its next RMSNorm in one pass) and its module AddRMSNorm, which
+loads a transformers LlamaRMSNorm state_dict unchanged.
 
 The kernels normalise rows, each row's elements consecutive, the rows at any one stride: a
 contiguous tensor, or a row-strided view (`x[:, :n]` of a wider tensor, `x[::2]`, autograd's
@@ -305,3 +307,163 @@ class RMSNorm(torch.nn.Module):
 
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+# ------------------------------------------------------------------- add_rms_norm
+def add_forward(x, residual, weight, eps):
+    """(y, new_residual, rstd): new_residual = x + residual, y = rms_norm(new_residual) * weight;
+    rstd float32, one per row. x, residual row-strided or copied; weight copied where not
+    contiguous; y and new_residual contiguous."""
+    x, residual = row_strided(x), row_strided(residual)
+    code, rows, n, x_stride = _rows_of(x)
+    checked(residual, "residual", like=x)
+    if residual.shape != x.shape:
+        raise ValueError(f"residual has shape {tuple(residual.shape)}, expected {tuple(x.shape)} like x")
+    r_stride = _rows_of(residual, "residual")[3]
+    weight = dense(weight)
+    w = _row_vector(weight, "weight", x)
+    eps = _norm.check_eps(eps, code)
+    y, h = _contiguous_like(x), _contiguous_like(x)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if rows and n:
+        device = x.get_device()
+        on_device(device, _norm.launch_add_forward, device, code, x.element_size(), x.data_ptr(),
+                  residual.data_ptr(), w, y.data_ptr(), h.data_ptr(), rstd.data_ptr(), rows, n, eps,
+                  raw_stream(device), (x_stride, r_stride, n, n))
+    elif rows:
+        rstd.fill_(float("nan"))
+    return y, h, rstd
+
+
+def add_backward(dy, d_new_residual, new_residual, weight, rstd, need_dweight):
+    """(dx, dweight): dx = rms_norm's dx (of dy, at new_residual) + d_new_residual (None: 0), the
+    gradient of both x and residual; dweight an empty tensor where not wanted."""
+    h = row_strided(new_residual)
+    code, rows, n, h_stride = _rows_of(h, "new_residual")
+    dy = row_strided(dy)
+    checked(dy, "dy", like=h, like_name="new_residual")
+    if dy.shape != h.shape:
+        raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {tuple(h.shape)} like new_residual")
+    dy_stride = _rows_of(dy, "dy")[3]
+    dr, dr_stride = 0, n
+    if d_new_residual is not None:
+        d_new_residual = row_strided(d_new_residual)
+        checked(d_new_residual, "d_new_residual", like=h, like_name="new_residual")
+        if d_new_residual.shape != h.shape:
+            raise ValueError(f"d_new_residual has shape {tuple(d_new_residual.shape)}, expected {tuple(h.shape)}")
+        dr, dr_stride = d_new_residual.data_ptr(), _rows_of(d_new_residual, "d_new_residual")[3]
+    _stats(rstd, "rstd", h)
+    weight = dense(weight)
+    w = _row_vector(weight, "weight", h)
+    need_dweight = need_dweight and weight is not None
+    dx = _contiguous_like(h)
+    dweight = (torch.zeros if not (rows and n) else torch.empty)(n if need_dweight else 0, dtype=h.dtype,
+                                                                  device=h.device)
+    if rows and n:
+        device = h.get_device()
+        plan = _norm.backward_plan(rows, n, h.element_size(), sm_count(device), dy.data_ptr(), h.data_ptr(), w,
+                                   dx.data_ptr(), (dy_stride, h_stride, n), extra=((dr, dr_stride),))
+        partial_dw = torch.empty((plan[3], n) if need_dweight else (0,), dtype=torch.float32, device=h.device)
+        on_device(device, _norm.launch_add_backward, device, code, h.element_size(), dy.data_ptr(), h.data_ptr(), w,
+                  rstd.data_ptr(), dr, dx.data_ptr(), partial_dw.data_ptr() if need_dweight else 0,
+                  dweight.data_ptr() if need_dweight else 0, rows, n, plan, raw_stream(device),
+                  (dy_stride, h_stride, dr_stride, n))
+    return dx, dweight
+
+
+class _AddRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        y, h, rstd = add_forward(x, residual, weight, eps)
+        ctx.save_for_backward(h, weight, rstd)
+        ctx.set_materialize_grads(False)
+        return y, h
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        h, weight, rstd = ctx.saved_tensors
+        if dy is None:  # only the new residual was used: its gradient passes through the add
+            dx = dh if dh is not None else torch.zeros_like(h)
+            return dx, dx, None, None
+        dx, dweight = add_backward(dy, dh, h, weight, rstd, weight is not None and ctx.needs_input_grad[2])
+        return dx, dx, dweight if weight is not None and ctx.needs_input_grad[2] else None, None
+
+
+_add_apply = fast_apply(_AddRMSNorm)
+
+
+def _add_custom_ops():
+    backward_op = custom_op(
+        "add_rms_norm_backward",
+        "(Tensor dy, Tensor? d_new_residual, Tensor new_residual, Tensor? weight, Tensor rstd, bool need_dweight)"
+        " -> (Tensor, Tensor)",
+        lambda dy, dh, h, weight, rstd, need_dw: add_backward(dy, dh, h, weight, rstd, need_dw),
+        lambda dy, dh, h, weight, rstd, need_dw: (_contiguous_like(h),
+                                                  h.new_empty(h.shape[-1] if need_dw and weight is not None else 0)))
+
+    def setup(ctx, inputs, output):
+        _, _, weight, _ = inputs
+        _, h, rstd = output
+        ctx.save_for_backward(h, weight, rstd)
+        ctx.has_weight = weight is not None
+
+    def backward_formula(ctx, dy, dh, _drstd):
+        h, weight, rstd = ctx.saved_tensors
+        dy = torch.zeros_like(h) if dy is None else dy
+        dx, dweight = backward_op(dy, dh, h, weight, rstd, ctx.has_weight)
+        return dx, dx, dweight if ctx.has_weight else None, None
+
+    return custom_op(
+        "add_rms_norm_forward", "(Tensor x, Tensor residual, Tensor? weight, float? eps) -> (Tensor, Tensor, Tensor)",
+        add_forward,
+        lambda x, residual, weight, eps: (_contiguous_like(x), _contiguous_like(x),
+                                          x.new_empty(x.shape[:-1], dtype=torch.float32)),
+        backward_formula, setup)
+
+
+_ADD_FORWARD_OP = _add_custom_ops()
+
+
+def add_rms_norm(x, residual, weight=None, eps=None):
+    """(normed, new_residual): new_residual = x + residual (x's dtype, as torch's add), normed =
+    rms_norm(new_residual) * weight over the last dim, in one pass (Liger's fused_add_rms_norm; HF's
+    `residual = residual + h; h = norm(residual)`). eps=None is the dtype's machine epsilon, as
+    F.rms_norm. Gradients flow to x, residual (the same tensor: an add passes its gradient to both)
+    and weight; deterministic dweight."""
+    for name, t in (("x", x), ("residual", residual)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if residual.shape != x.shape:
+        raise ValueError(f"residual has shape {tuple(residual.shape)}, expected {tuple(x.shape)} like x")
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension (the norm works over the last dim)")
+    x, residual, weight = row_strided(x), row_strided(residual), dense(weight)
+    if not compiling():
+        checked(x, "x")
+        checked(residual, "residual", like=x)
+        if weight is not None:
+            checked(weight, "weight", like=x)
+    if compiling():
+        y, h, _ = _ADD_FORWARD_OP(x, residual, weight, eps)
+        return y, h
+    if needs_grad(x, residual, weight):
+        return _add_apply(x, residual, weight, eps)
+    y, h, _ = add_forward(x, residual, weight, eps)
+    return y, h
+
+
+class AddRMSNorm(torch.nn.Module):
+    """A transformer block's residual add and its next RMSNorm: forward(x, residual) -> (normed,
+    new_residual). One parameter, `weight` (ones), so it loads a transformers LlamaRMSNorm (or
+    torch.nn.RMSNorm) state_dict unchanged; eps as LlamaRMSNorm's (1e-6 by default)."""
+
+    def __init__(self, hidden_size, eps=1e-6, device=None, dtype=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x, residual):
+        return add_rms_norm(x, residual, self.weight, self.eps)
+
+    def extra_repr(self):
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
