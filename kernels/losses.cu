@@ -12,7 +12,7 @@
 // per row) when the launch passes one.
 //
 // Kernels (each per logits dtype: f32, f16, bf16; math in float32):
-//   cross_entropy_targets  one block: N_valid and the first bad target's row, into counts[2];
+//   cross_entropy_targets  one block: N_valid, the first bad target's row and value (counts[3]);
 //   cross_entropy_fwd      the rows: a first pass over the row (online max and sum of exp, and
 //                          the row's sum for smoothing) gives lse; then, where `grad` is given, a
 //                          second pass writes dx (grad may be the logits' own buffer: each element
@@ -305,7 +305,8 @@ struct MinOp {
 };
 
 // counts[0] = rows whose target is not ignore_index; counts[1] = the first row whose target is
-// neither ignore_index nor in [0, n), else -1. Integer reductions: deterministic.
+// neither ignore_index nor in [0, n), else -1; counts[2] = that target. Integer reductions:
+// deterministic.
 __device__ __forceinline__ void ce_targets(const void* target, long long* counts, long long rows, long long n,
                                            long long target_stride, long long ignore_index, long long flags) {
   using Reduce = cub::BlockReduce<long long, kCeSmallThreads>;
@@ -324,6 +325,7 @@ __device__ __forceinline__ void ce_targets(const void* target, long long* counts
   if (threadIdx.x == 0) {
     counts[0] = valid;
     counts[1] = first_bad < rows ? first_bad : -1;
+    counts[2] = first_bad < rows ? target_at(target, target_stride, first_bad, i32) : 0;
   }
 }
 
