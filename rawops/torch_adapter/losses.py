@@ -136,7 +136,8 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx, x, target, ignore_index, smoothing, reduction, z_loss, inplace, check_targets):
         loss, grad = forward(x, target, ignore_index, smoothing, reduction, z_loss,
                              "inplace" if inplace else "new", check_targets)
-        ctx.save_for_backward(grad, target)
+        # detached: autograd may then keep the buffer as the input's .grad rather than copy it
+        ctx.save_for_backward(grad.detach() if grad is x else grad, target)
         ctx.ignore_index = ignore_index
         ctx.used = False
         return loss
