@@ -74,6 +74,35 @@ def test_table_matches_the_kernels_the_source_defines():
         assert len(kinds) == len(losses.KERNELS[name])
 
 
+def test_launch_kinds_and_names_match_the_kernel_signatures():
+    # The generic launcher marshals one slot per kind: a count or type mismatch passes garbage.
+    with open(f"{_modules.kernel_source_dir()}/losses.cu") as f:
+        source = re.sub(r"\\\n", " ", f.read())
+    signatures = dict(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*(\w+)_##suffix\(([^)]*)\)',
+                                 source))
+    kinds = {"cross_entropy_fwd": losses.FWD_KINDS, "cross_entropy_scale": losses.SCALE_KINDS,
+             "cross_entropy_targets": losses.TARGETS_KINDS, "cross_entropy_reduce": losses.REDUCE_KINDS}
+    assert set(signatures) == set(kinds)
+    for name, params in signatures.items():
+        params = [p.strip() for p in params.split(",")]
+        got = "".join("p" if "*" in p else "f" if p.split()[0] == "float" else "q" for p in params)
+        assert got == kinds[name], f"{name}: launch kinds {kinds[name]!r}, signature {got!r}"
+        assert [p.split()[-1].lstrip("*") for p in params] == list(losses.KERNELS[name]), "the table names them"
+
+
+def test_adapter_signature_extends_torchs_with_keywords_only():
+    import inspect
+
+    import torch.nn.functional as F
+
+    from rawops.torch_adapter import losses as ta
+
+    ours = list(inspect.signature(ta.cross_entropy).parameters.values())
+    theirs = list(inspect.signature(F.cross_entropy).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in ours[:len(theirs)]] == [(p.name, p.kind, p.default) for p in theirs]
+    assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty for p in ours[len(theirs):])
+
+
 # ------------------------------------------------------------------------------ argument checks (CPU)
 def test_a_valid_call_gets_past_validation():
     assert_passes_validation(cross_entropy, logits(), labels())

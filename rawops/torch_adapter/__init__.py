@@ -16,6 +16,7 @@ from ._common import install_substitutes
 from .elementwise import GELU, BiasGELU, ReLU, ReLUScale, add, bias_gelu, gelu, relu, relu_scale, relu_scale_add
 from .gemm import LinearGELU, linear_gelu, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
+from .losses import CrossEntropyLoss, cross_entropy
 from .mlp import FusedMLP, fused_mlp
 from .norm import LayerNorm, RMSNorm, layer_norm, rms_norm
 from .softmaxes import LogSoftmax, Softmax, log_softmax, softmax
@@ -24,8 +25,8 @@ from .sorting import argsort, sort, topk
 install_substitutes()  # last: every family has registered its C-level entries
 
 __all__ = [
-    "BiasGELU", "FusedMLP", "GELU", "LayerNorm", "LinearGELU", "LogSoftmax", "RMSNorm", "ReLU", "ReLUScale",
-    "Softmax", "add", "argsort", "bias_gelu", "fused_mlp", "gelu", "layer_norm", "linear_gelu", "log_softmax",
-    "matmul", "normalize_volume", "relu", "relu_scale", "relu_scale_add", "rgb_to_gray", "rms_norm", "softmax",
-    "sort", "to_tensor_normalize", "topk",
+    "BiasGELU", "CrossEntropyLoss", "FusedMLP", "GELU", "LayerNorm", "LinearGELU", "LogSoftmax", "RMSNorm", "ReLU",
+    "ReLUScale", "Softmax", "add", "argsort", "bias_gelu", "cross_entropy", "fused_mlp", "gelu", "layer_norm",
+    "linear_gelu", "log_softmax", "matmul", "normalize_volume", "relu", "relu_scale", "relu_scale_add", "rgb_to_gray",
+    "rms_norm", "softmax", "sort", "to_tensor_normalize", "topk",
 ]
