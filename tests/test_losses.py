@@ -527,6 +527,21 @@ def test_adapter_shapes_as_torch_and_module():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
+    # a row-strided view of a wider leaf, the gradient in place in its memory, scaled by 2
+    base = random((64, 1024), torch.bfloat16).requires_grad_()
+    view = base[:, 24:]
+    ref_loss, ref_grad = reference(view.detach(), t2, smoothing=0.1, grad_output=torch.tensor(2.0, device="cuda"))
+    loss = ta.cross_entropy(view, t2, label_smoothing=0.1, inplace_backward=True)
+    assert_close(loss.detach(), ref_loss, torch.bfloat16, "row-strided view, in place")
+    (2 * loss).backward()
+    assert_close(base.grad[:, 24:], ref_grad, torch.bfloat16, "row-strided view, in place, grad", factor=2)
+    assert (base.grad[:, :24] == 0).all()
+    # bad targets: NaN without the check, ValueError with it
+    bad = t2.clone()
+    bad[5] = 1000
+    assert torch.isnan(ta.cross_entropy(x2, bad))
+    with pytest.raises(ValueError, match=re.escape("target[5] = 1000 is outside [0, 1000)")):
+        ta.cross_entropy(x2, bad, check_targets=True)
 
 
 @gpu

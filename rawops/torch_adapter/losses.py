@@ -15,7 +15,7 @@ a RuntimeError, since the first handed the buffer to autograd.
 
 Under torch.compile the custom ops keep the fused forward but allocate (inplace_backward is
 ignored there: a custom op cannot hand back memory it was given), and the backward scales into a
-new tensor.
+new tensor; check_targets=True is refused there (it synchronises).
 
 Layouts: input (N, C) or (C,) runs as it is when its rows are row-strided; (N, C, d1, ...) (torch's
 class dim 1) is moved to (N * d1 * ..., C) in a contiguous copy (one extra read and write), as is
@@ -116,18 +116,23 @@ def _launch_forward(device, code, x, target, i32, g, g_stride, loss_rows, counts
 def scale(grad, grad_output, target, ignore_index, out=None):
     """grad * grad_output (one value, or one a row: grad_output of one dim), 0 on ignored rows;
     into `out` (grad itself: in place, rows whose factor is 1 untouched), else a new tensor."""
-    code = tensor_code(grad, "grad", None, "x", True)
+    code = tensor_code(grad, "grad", None, "x", False)
     rows, n = grad.shape
     per_row = grad_output.dim() == 1
     grad_output = grad_output.to(grad.dtype).contiguous()
-    out = torch.empty_like(grad) if out is None else out
+    out = grad.new_empty(grad.shape) if out is None else out
     i32, t_stride = _target(target, grad, rows)
     if rows and n:
         device = grad.get_device()
         on_device(device, _ce.launch_scale, device, code, grad.element_size(), grad.data_ptr(), out.data_ptr(),
-                  target.data_ptr(), i32, grad_output.data_ptr(), per_row, rows, n, n, n, t_stride, ignore_index,
-                  raw_stream(device))
+                  target.data_ptr(), i32, grad_output.data_ptr(), per_row, rows, n, _row_stride(grad),
+                  _row_stride(out), t_stride, ignore_index, raw_stream(device))
     return out
+
+
+def _row_stride(t):
+    """The row stride of a 2-D tensor whose rows are row-strided (the gradient buffers are)."""
+    return t.shape[1] if t.is_contiguous() else _rows.collapsed_row_stride(tuple(t.shape), t.stride())
 
 
 # ------------------------------------------------------------------- autograd and custom ops
@@ -250,6 +255,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     check_targets = _ce.check_bool(check_targets, "check_targets")
     x, t, none_shape = _rows_of(input, target)
     if compiling():
+        if check_targets:
+            raise ValueError("check_targets=True reads a flag back from the GPU, which torch.compile cannot trace: "
+                             "pass check_targets=False inside compiled code")
         if needs_grad(x):
             loss = _fused_op(x, t, ignore_index, smoothing, reduction, z)[0]
         else:
