@@ -195,7 +195,10 @@ __device__ __forceinline__ void ce_fwd_rows(const T* logits, const void* target,
     const long long t = target_at(target, target_stride, row, i32);
     const bool ignored = t == ignore_index;
     const bool bad = !ignored && (t < 0 || t >= n);
-    float lse = 0.f, xt = 0.f;
+    // lse as (max, log sum): x - lse is taken as (x - max) - log_sum, the first difference exact
+    // for the classes that matter (Sterbenz), where x - (max + log_sum) would carry lse's rounding
+    // (half an ulp of the max: 5e-4 at 1e4) into every probability.
+    float row_max = 0.f, log_sum = 0.f, lse = 0.f, xt = 0.f;
     // The target's logit before the row's first barrier: in place, other threads overwrite the
     // row once past the reductions.
     if (!ignored && !bad && c.lane == 0) xt = to_float(xr[t]);
@@ -204,16 +207,19 @@ __device__ __forceinline__ void ce_fwd_rows(const T* logits, const void* target,
       for_row<T, VEC>(xr, n, nvec, c, [&](long long, const float (&v)[VE], int valid) {
         absorb(v, valid, m, s, total);
       });
-      float row_max[1] = {m};
-      reduce.reduce(row_max, MaxOp());
-      float sums[2] = {m == -INFINITY ? s : s * exp_of(m - row_max[0]), total};
+      float top[1] = {m};
+      reduce.reduce(top, MaxOp());
+      row_max = top[0];
+      float sums[2] = {m == -INFINITY ? s : s * exp_of(m - row_max), total};
       reduce.reduce(sums, SumOp());
-      lse = row_max[0] + logf(sums[0]);
+      log_sum = logf(sums[0]);
+      lse = row_max + log_sum;
       if (c.lane == 0) {
         float loss = NAN;
         if (!bad) {
-          loss = lse - (1.f - smoothing) * xt;
-          if (smoothing != 0.f) loss -= eps_v * sums[1];  // 0 * -inf would be NaN: only when smoothing
+          // lse - (1 - eps) x_t - eps mean(x) = log_sum + (1 - eps)(max - x_t) + eps (max - mean(x))
+          loss = log_sum + (1.f - smoothing) * (row_max - xt);
+          if (smoothing != 0.f) loss += smoothing * (row_max - sums[1] / float(n));  // 0 * -inf: NaN
           if (z_loss != 0.f) loss += z_loss * lse * lse;
         }
         loss_rows[row] = loss;
@@ -239,7 +245,7 @@ __device__ __forceinline__ void ce_fwd_rows(const T* logits, const void* target,
       const int at = int(min(max(t - j * VE, -1LL), (long long)VE));
       float o[VE];
 #pragma unroll
-      for (int e = 0; e < VE; ++e) o[e] = p_scale * exp_of(v[e] - lse) - shift - (e == at ? hit : 0.f);
+      for (int e = 0; e < VE; ++e) o[e] = p_scale * exp_of((v[e] - row_max) - log_sum) - shift - (e == at ? hit : 0.f);
       store_row(gr, j, n, VEC, o);
     });
   }
