@@ -22,8 +22,9 @@ torch's), target int64 (torch's) or int32. V up to any size (64-bit indexing); N
 Targets out of range: a target that is neither ignore_index nor in [0, V) gives that row a NaN
 loss (so "mean" and "sum" are NaN too) and a NaN gradient row: never a silent wrong number, and no
 host synchronisation. check_targets=True adds a check that raises ValueError naming the first bad
-row; it reads a device flag back, so it synchronises with the launch's stream (and is refused
-while the stream is being captured into a CUDA graph).
+row; it reads a device flag back after the launches, so it synchronises with the launch's stream
+(and is refused while the stream is being captured into a CUDA graph), and with grad="inplace"
+the logits are already overwritten when it raises.
 
 The gradient (grad=): d loss / d logits for the reduction chosen, with the loss's own gradient 1
 (cross_entropy_backward takes another): reading the logits twice and writing the gradient once in
