@@ -128,7 +128,7 @@ def device_rows(ta, ceiling):
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
-        return 0
+        return 1
     out_dir, ceiling = started
     from rawops.torch_adapter import losses as ta
 
