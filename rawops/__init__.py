@@ -34,6 +34,7 @@ from .glu import (
 )
 from .gemm import linear_gelu, linear_gelu_backward, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
+from .losses import cross_entropy, cross_entropy_backward
 from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward
 from .norm import (
     add_rms_norm,
@@ -64,6 +65,8 @@ __all__ = [
     "bias_gelu_backward",
     "column_sum",
     "config",
+    "cross_entropy",
+    "cross_entropy_backward",
     "fused_mlp",
     "fused_mlp_backward",
     "fused_mlp_forward",

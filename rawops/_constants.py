@@ -214,3 +214,24 @@ ROPE_THREADS = 256
 ROPE_BLOCKS_PER_SM = 8
 ROPE_FLAG_VECTORS = 1
 ROPE_FLAG_INTERLEAVED = 2
+
+# losses: kernels/losses.cu (rawops/losses.py): cross_entropy
+# The row kernels' widest block (their launch bound), the warp-per-row block (CE_WARP_THREADS / 32
+# rows a block) and the rows a warp-per-row launch covers up to (rows of at most CE_WARP_VECTORS
+# 16-byte vectors); the 16-byte vectors a thread loads at once per pass (memory-level parallelism);
+# the one-block kernels' block (the target count, the loss reduction).
+CE_MAX_THREADS = 1024
+CE_WARP_THREADS = 256
+CE_WARP_VECTORS = 64
+CE_UNROLL = 4
+CE_SMALL_THREADS = 1024
+# Bytes of rows in flight a block-per-row grid aims for (the rows resident at once, each read twice
+# by its block: the second read finds the row still in L2 while they fit; see rawops/losses.py's plan).
+CE_RESIDENT_BYTES = 24 << 20
+# Bits of the kernels' flags argument.
+CE_FLAG_VECTORS = 1
+CE_FLAG_TARGET_I32 = 2
+CE_FLAG_MEAN = 4
+CE_FLAG_GRAD_OUTPUT = 8
+CE_FLAG_PER_ROW_GRAD_OUTPUT = 16
+CE_FLAG_WARP = 32

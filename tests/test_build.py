@@ -763,13 +763,14 @@ import rawops.sorting as sorting  # noqa: E402
 from rawops import _sorting_topk as sorting_topk  # noqa: E402
 import rawops.glu as glu  # noqa: E402
 import rawops.rotary as rotary  # noqa: E402
+import rawops.losses as losses  # noqa: E402
 
 # family -> its Python table; the fatbin must hold <base>_<suffix> for each, on every arch
 # (suffixes: the module's SUFFIXES where a family exists in fewer dtypes). mlp's kernels live in
 # several fatbins (kernels/mlp_*.cu): its FAMILY_OF names each entry point's (image and sort list
 # theirs the same way); topk's table is rawops._sorting_topk's (kernels/sorting_topk.cu).
 ROW_FAMILIES = {"norm": norm, "softmaxes": softmaxes}
-TABLE_FAMILIES = {**ROW_FAMILIES, "glu": glu, "image": image, "rotary": rotary, "sorting": sorting,
+TABLE_FAMILIES = {**ROW_FAMILIES, "glu": glu, "image": image, "losses": losses, "rotary": rotary, "sorting": sorting,
                   "sorting_topk": sorting_topk,
                   **{family: mlp for family in sorted(set(mlp.FAMILY_OF.values()))}}
 # CUB's util_device.cuh defines one global kernel (EmptyKernel, for its PTX-version query)

@@ -17,6 +17,7 @@ from .elementwise import GELU, BiasGELU, ReLU, ReLUScale, add, bias_gelu, gelu, 
 from .glu import SwiGLUMLP, geglu, geglu_fused, swiglu, swiglu_fused
 from .gemm import LinearGELU, linear_gelu, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
+from .losses import CrossEntropyLoss, cross_entropy
 from .mlp import FusedMLP, fused_mlp
 from .norm import AddRMSNorm, LayerNorm, RMSNorm, add_rms_norm, layer_norm, rms_norm
 from .rotary import apply_rotary_pos_emb, rope
@@ -26,9 +27,9 @@ from .sorting import argsort, sort, topk
 install_substitutes()  # last: every family has registered its C-level entries
 
 __all__ = [
-    "AddRMSNorm", "BiasGELU", "FusedMLP", "GELU", "LayerNorm", "LinearGELU", "LogSoftmax", "RMSNorm", "ReLU",
-    "ReLUScale", "Softmax", "SwiGLUMLP", "add", "add_rms_norm", "apply_rotary_pos_emb", "argsort", "bias_gelu",
-    "fused_mlp", "geglu", "geglu_fused", "gelu", "layer_norm", "linear_gelu", "log_softmax", "matmul",
-    "normalize_volume", "relu", "relu_scale", "relu_scale_add", "rgb_to_gray", "rms_norm", "rope", "softmax", "sort",
-    "swiglu", "swiglu_fused", "to_tensor_normalize", "topk",
+    "AddRMSNorm", "BiasGELU", "CrossEntropyLoss", "FusedMLP", "GELU", "LayerNorm", "LinearGELU", "LogSoftmax",
+    "RMSNorm", "ReLU", "ReLUScale", "Softmax", "SwiGLUMLP", "add", "add_rms_norm", "apply_rotary_pos_emb", "argsort",
+    "bias_gelu", "cross_entropy", "fused_mlp", "geglu", "geglu_fused", "gelu", "layer_norm", "linear_gelu",
+    "log_softmax", "matmul", "normalize_volume", "relu", "relu_scale", "relu_scale_add", "rgb_to_gray", "rms_norm",
+    "rope", "softmax", "sort", "swiglu", "swiglu_fused", "to_tensor_normalize", "topk",
 ]
