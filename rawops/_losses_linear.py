@@ -221,7 +221,6 @@ def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-1
     for 'none', in input's dtype), all from one pass over the chunks. grad=False: the loss alone
     (one GEMM a chunk). The loss is 0-d for 'mean' / 'sum', input's leading shape for 'none'."""
     import cupy
-    from cupy_backends.cuda.libs import cublas
 
     ignore_index, smoothing, reduction, z, chunk_rows, fp32_acc = check_options(
         ignore_index, label_smoothing, reduction, z_loss, chunk_rows, accum_dtype)
@@ -246,6 +245,8 @@ def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-1
     fp32_acc = fp32_acc and code != 0
     mean = reduction == "mean"
     rows = chunk_plan(tokens, v, itemsize, chunk_rows)
+    from cupy_backends.cuda.libs import cublas  # loads libcublas: after the checks
+
     with cupy.cuda.Device(device), allocating_on(stream, s):
         for a in (x, w, t, b, g):
             if a is not None:

@@ -39,15 +39,10 @@ _TARGET_TYPES = (torch.int64, torch.int32)
 def _checked(input, weight, target, bias):
     """(input as (T, H), target as (T,), bias, the 'none' loss's shape), every tensor argument
     checked: TypeError / ValueError naming it, before any launch."""
-    for name, t in (("input", input), ("weight", weight), ("target", target), ("bias", bias)):
-        if t is None and name == "bias":
-            continue
-        if not isinstance(t, torch.Tensor):
+    tensors = (("input", input), ("weight", weight), ("target", target), ("bias", bias))
+    for name, t in tensors:
+        if not isinstance(t, torch.Tensor) and not (t is None and name == "bias"):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cuda":
-            raise ValueError(f"{name} is on {t.device}; rawops kernels need CUDA tensors")
-        if t.device != input.device:
-            raise ValueError(f"{name} is on {t.device}, input on {input.device}; all arguments must be on one GPU")
     if input.dtype not in _FLOATS:
         raise TypeError(f"input has dtype {input.dtype}; fused_linear_cross_entropy supports float32, float16, "
                         "bfloat16")
@@ -67,6 +62,13 @@ def _checked(input, weight, target, bias):
         none_shape = tuple(input.shape[:-1])
     _fl.check_dims(tuple(input.shape), tuple(weight.shape), tuple(target.shape),
                    tuple(bias.shape) if bias is not None else None)
+    for name, t in tensors:
+        if t is None:
+            continue
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}; rawops kernels need CUDA tensors")
+        if t.device != input.device:
+            raise ValueError(f"{name} is on {t.device}, input on {input.device}; all arguments must be on one GPU")
     return input.reshape(-1, input.shape[-1]), target.reshape(-1), none_shape
 
 
