@@ -16,6 +16,18 @@ run. Bars (issue 29): 8192 x 128256 bf16 at or under 2.1 ms and >= 1.2x Liger; 8
 >= 1.2x Liger; extra peak memory no more than Liger's. Forward alone (no gradient: the logits read
 once) is reported against torch eager.
 
+fused_linear_cross_entropy (FLCE, rawops.torch_adapter._losses_linear): 8192 tokens, hidden 4096,
+V = 128256, bf16, every 10th target ignored; one training use each (`f(x, weight, target)
+.backward()` on leaves x and weight, their .grad reset first), CUDA events, interleaved rounds,
+median. Candidates: rawops (default chunks, grad_weight accumulated in bf16), rawops with a float32
+accumulator (accum_dtype=torch.float32), torch unfused F.cross_entropy(F.linear(x, w), t), its
+torch.compile (nan where it fails or runs out of memory), Liger's LigerFusedLinearCrossEntropyLoss
+(where installed). TFLOP/s: the three GEMMs' 6 T H V over the time. Extra peak memory as for CE
+(x.grad and weight.grad are in everyone's). Bars (issue 29): rawops' extra peak memory at most 1/4
+of torch unfused's, its time at most torch unfused's.
+
+RAWOPS_BENCH_LOSSES=ce or =flce runs one of the two sections (default: both).
+
     python bench/bench_losses.py [--out bench/results]
 """
 import os
@@ -125,6 +137,92 @@ def device_rows(ta, ceiling):
     return rows
 
 
+FLCE_TOKENS, FLCE_HIDDEN, FLCE_VOCAB = 8192, 4096, 128256
+FLCE_HEADER = ["op", "dtype", "shape", "rawops us", "fp32-acc us", "torch us", "torch.compile us", "liger us",
+               "rawops TFLOP/s", "x torch", "x liger", "rawops extra MiB", "fp32-acc extra MiB", "torch extra MiB",
+               "compile extra MiB", "liger extra MiB", "memory / torch", "meets target"]
+
+
+def _flce_step(fn, x, w, t):
+    """One forward + backward of fn(x, w, t) on leaves sharing x's and w's storage, grads reset."""
+    lx, lw = x.detach().requires_grad_(), w.detach().requires_grad_()
+
+    def step():
+        lx.grad = lw.grad = None
+        fn(lx, lw, t).backward()
+    step.leaves = (lx, lw)
+    return step
+
+
+def _flce_extra_mib(step):
+    """_extra_mib for a step with two leaves; nan where the step fails (out of memory, a compile
+    error): the candidate is then left out of the timing."""
+    try:
+        step()
+        for leaf in step.leaves:
+            leaf.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - before) / 2 ** 20
+    except Exception as error:  # torch.OutOfMemoryError, a compile failure: reported, not fatal
+        print(f"  flce candidate failed: {type(error).__name__}: {str(error)[:200]}", flush=True)
+        extra = float("nan")
+    for leaf in step.leaves:
+        leaf.grad = None
+    torch.cuda.empty_cache()
+    return extra
+
+
+def flce_rows():
+    from rawops.torch_adapter import _losses_linear as fl
+
+    F = torch.nn.functional
+    tokens, h, v = FLCE_TOKENS, FLCE_HIDDEN, FLCE_VOCAB
+    x = (torch.randn(tokens, h, device="cuda") * 1.0).to(torch.bfloat16)
+    w = (torch.randn(v, h, device="cuda") * (2.0 / h ** 0.5)).to(torch.bfloat16)
+    t = torch.randint(0, v, (tokens,), device="cuda")
+    t[::IGNORE_EVERY] = -100
+    steps = {
+        "rawops": _flce_step(lambda x, w, t: fl.fused_linear_cross_entropy(x, w, t), x, w, t),
+        "fp32-acc": _flce_step(lambda x, w, t: fl.fused_linear_cross_entropy(x, w, t, accum_dtype=torch.float32),
+                               x, w, t),
+        "torch": _flce_step(lambda x, w, t: F.cross_entropy(F.linear(x, w), t), x, w, t),
+        "torch.compile": _flce_step(compiled(lambda x, w, t: F.cross_entropy(F.linear(x, w), t)), x, w, t),
+    }
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        liger_loss = LigerFusedLinearCrossEntropyLoss()
+        steps["liger"] = _flce_step(lambda x, w, t: liger_loss(w, x, t), x, w, t)
+    except Exception as error:  # not installed, or its Triton does not import here
+        print(f"  liger: not available ({type(error).__name__})", flush=True)
+    memory = {name: _flce_extra_mib(step) for name, step in steps.items()}
+    nan = float("nan")
+    times = device_times_us({name: step for name, step in steps.items() if memory[name] == memory[name]},
+                            warmup=2, reps=5, rounds=2)
+    us, torch_us, lig = times["rawops"], times["torch"], times.get("liger", nan)
+    flops = 6.0 * tokens * h * v
+    ratio = memory["rawops"] / memory["torch"]
+    meets = bool(ratio <= 0.25 and us <= torch_us)
+    row = {"op": "fused_linear_cross_entropy fwd+bwd", "dtype": "bf16", "shape": f"{tokens}x{h}x{v}",
+           "rawops us": us, "fp32-acc us": times.get("fp32-acc", nan), "torch us": torch_us,
+           "torch.compile us": times.get("torch.compile", nan), "liger us": lig,
+           "rawops TFLOP/s": flops / us / 1e6, "x torch": torch_us / us, "x liger": lig / us,
+           "rawops extra MiB": memory["rawops"], "fp32-acc extra MiB": memory["fp32-acc"],
+           "torch extra MiB": memory["torch"], "compile extra MiB": memory["torch.compile"],
+           "liger extra MiB": memory.get("liger", nan), "memory / torch": ratio, "meets target": meets}
+    print(f"flce fwd+bwd {row['shape']} bf16 rawops {us:9.1f} us ({row['rawops TFLOP/s']:.0f} TFLOP/s) | fp32-acc "
+          f"{row['fp32-acc us']:9.1f} | torch {torch_us:9.1f} | compile {row['torch.compile us']:9.1f} | liger "
+          f"{lig:9.1f} | extra MiB {memory}", flush=True)
+    del x, w, t, steps
+    torch.cuda.empty_cache()
+    return [row]
+
+
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -132,14 +230,26 @@ def main():
     out_dir, ceiling = started
     from rawops.torch_adapter import losses as ta
 
-    text = write_results(out_dir, "losses", "python bench/bench_losses.py", [
-        (f"Device time, {TOKENS} tokens, forward + backward", HEADER, device_rows(ta, ceiling),
-         {"copy ceiling TB/s": round(ceiling, 3),
-          "targets": "8192x128256 bf16 fwd+bwd <= 2.1 ms and >= 1.2x Liger; 8192x32768 bf16 >= 1.2x Liger; "
-                     "extra peak memory (inplace) <= Liger's",
-          "bytes": "fwd+bwd: logits read twice + gradient written once; fwd: logits read once",
-          "rawops": "gradient into a new buffer; inplace: into the logits' memory (inplace_backward=True)"}),
-    ])
+    parts = os.environ.get("RAWOPS_BENCH_LOSSES", "ce,flce").split(",")
+    sections = []
+    if "ce" in parts:
+        sections.append(
+            (f"Device time, {TOKENS} tokens, forward + backward", HEADER, device_rows(ta, ceiling),
+             {"copy ceiling TB/s": round(ceiling, 3),
+              "targets": "8192x128256 bf16 fwd+bwd <= 2.1 ms and >= 1.2x Liger; 8192x32768 bf16 >= 1.2x Liger; "
+                         "extra peak memory (inplace) <= Liger's",
+              "bytes": "fwd+bwd: logits read twice + gradient written once; fwd: logits read once",
+              "rawops": "gradient into a new buffer; inplace: into the logits' memory (inplace_backward=True)"}))
+    if "flce" in parts:
+        sections.append(
+            (f"fused_linear_cross_entropy, {FLCE_TOKENS} tokens x hidden {FLCE_HIDDEN} x V {FLCE_VOCAB}, "
+             "forward + backward", FLCE_HEADER, flce_rows(),
+             {"targets": "extra peak memory <= 1/4 of torch unfused's; time <= torch unfused's",
+              "flops": "6 T H V (three GEMMs)",
+              "rawops": "default chunks (256 MiB of logits), grad_weight accumulated in bf16; fp32-acc: "
+                        "accum_dtype=torch.float32",
+              "extra MiB": "peak allocated during one step minus before it (x.grad and weight.grad included)"}))
+    text = write_results(out_dir, "losses", "python bench/bench_losses.py", sections)
     print(text)
     return 0
 
