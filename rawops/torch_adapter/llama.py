@@ -24,8 +24,9 @@ modeling_llama's apply_rotary_pos_emb, LlamaRMSNorm and LlamaMLP for every model
              as Liger's lce_forward decides; otherwise HF's forward runs unchanged. HF's loss
              semantics: labels shifted left by one (the last position ignored), ignore_index
              -100 (or the ignore_index keyword), mean over the tokens not ignored, or the sum
-             divided by num_items_in_batch where the Trainer passes it. A LlamaModel has no loss:
-             the flag does nothing there.
+             divided by num_items_in_batch where the Trainer passes it; a float32 loss (its value
+             as precise as fused_linear_cross_entropy's loss in the model's dtype). A LlamaModel
+             has no loss: the flag does nothing there.
 
 State dict: keys, tensors and Parameters are unchanged (the same Parameter objects), so an optimizer
 built before the swap keeps working and a checkpoint saved after it loads into a stock model.
@@ -122,8 +123,9 @@ def _causal_lm_loss(hidden_states, lm_head, labels, shift_labels=None, num_items
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
     target = shift_labels.reshape(-1).to(hidden.device)
     reduction = "mean" if num_items_in_batch is None else "sum"
+    # float32, as HF's loss (computed on logits.float()): the division below and the value handed back
     loss = _fused_loss()(hidden, lm_head.weight, target, bias=lm_head.bias, ignore_index=ignore_index,
-                         reduction=reduction)
+                         reduction=reduction).float()
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
