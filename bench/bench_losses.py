@@ -20,11 +20,11 @@ fused_linear_cross_entropy (FLCE, rawops.torch_adapter._losses_linear): 8192 tok
 V = 128256, bf16, every 10th target ignored; one training use each (`f(x, weight, target)
 .backward()` on leaves x and weight, their .grad reset first), CUDA events, interleaved rounds,
 median. Candidates: rawops (default chunks, grad_weight accumulated in bf16), rawops with a float32
-accumulator (accum_dtype=torch.float32), torch unfused F.cross_entropy(F.linear(x, w), t), its
-torch.compile (nan where it fails or runs out of memory), Liger's LigerFusedLinearCrossEntropyLoss
-(where installed). TFLOP/s: the three GEMMs' 6 T H V over the time. Extra peak memory as for CE
-(x.grad and weight.grad are in everyone's). Bars (issue 29): rawops' extra peak memory at most 1/4
-of torch unfused's, its time at most torch unfused's.
+accumulator (accum_dtype=torch.float32), rawops with chunks of 2048 rows (512 MiB), torch unfused
+F.cross_entropy(F.linear(x, w), t), its torch.compile (nan where it fails or runs out of memory),
+Liger's LigerFusedLinearCrossEntropyLoss (where installed). TFLOP/s: the three GEMMs' 6 T H V over
+the time. Extra peak memory as for CE (x.grad and weight.grad are in everyone's). Bars (issue 29):
+rawops' extra peak memory at most 1/4 of torch unfused's, its time at most torch unfused's.
 
 RAWOPS_BENCH_LOSSES=ce or =flce runs one of the two sections (default: both).
 
@@ -138,9 +138,10 @@ def device_rows(ta, ceiling):
 
 
 FLCE_TOKENS, FLCE_HIDDEN, FLCE_VOCAB = 8192, 4096, 128256
-FLCE_HEADER = ["op", "dtype", "shape", "rawops us", "fp32-acc us", "torch us", "torch.compile us", "liger us",
-               "rawops TFLOP/s", "x torch", "x liger", "rawops extra MiB", "fp32-acc extra MiB", "torch extra MiB",
-               "compile extra MiB", "liger extra MiB", "memory / torch", "meets target"]
+FLCE_HEADER = ["op", "dtype", "shape", "rawops us", "fp32-acc us", "2048 rows us", "torch us", "torch.compile us",
+               "liger us", "rawops TFLOP/s", "x torch", "x liger", "rawops extra MiB", "fp32-acc extra MiB",
+               "2048 rows extra MiB", "torch extra MiB", "compile extra MiB", "liger extra MiB", "memory / torch",
+               "meets target"]
 
 
 def _flce_step(fn, x, w, t):
@@ -190,6 +191,7 @@ def flce_rows():
         "rawops": _flce_step(lambda x, w, t: fl.fused_linear_cross_entropy(x, w, t), x, w, t),
         "fp32-acc": _flce_step(lambda x, w, t: fl.fused_linear_cross_entropy(x, w, t, accum_dtype=torch.float32),
                                x, w, t),
+        "2048 rows": _flce_step(lambda x, w, t: fl.fused_linear_cross_entropy(x, w, t, chunk_rows=2048), x, w, t),
         "torch": _flce_step(lambda x, w, t: F.cross_entropy(F.linear(x, w), t), x, w, t),
         "torch.compile": _flce_step(compiled(lambda x, w, t: F.cross_entropy(F.linear(x, w), t)), x, w, t),
     }
@@ -209,10 +211,12 @@ def flce_rows():
     ratio = memory["rawops"] / memory["torch"]
     meets = bool(ratio <= 0.25 and us <= torch_us)
     row = {"op": "fused_linear_cross_entropy fwd+bwd", "dtype": "bf16", "shape": f"{tokens}x{h}x{v}",
-           "rawops us": us, "fp32-acc us": times.get("fp32-acc", nan), "torch us": torch_us,
+           "rawops us": us, "fp32-acc us": times.get("fp32-acc", nan), "2048 rows us": times.get("2048 rows", nan),
+           "torch us": torch_us,
            "torch.compile us": times.get("torch.compile", nan), "liger us": lig,
            "rawops TFLOP/s": flops / us / 1e6, "x torch": torch_us / us, "x liger": lig / us,
            "rawops extra MiB": memory["rawops"], "fp32-acc extra MiB": memory["fp32-acc"],
+           "2048 rows extra MiB": memory["2048 rows"],
            "torch extra MiB": memory["torch"], "compile extra MiB": memory["torch.compile"],
            "liger extra MiB": memory.get("liger", nan), "memory / torch": ratio, "meets target": meets}
     print(f"flce fwd+bwd {row['shape']} bf16 rawops {us:9.1f} us ({row['rawops TFLOP/s']:.0f} TFLOP/s) | fp32-acc "
