@@ -87,7 +87,7 @@ class Fakes:
         return q, k
 
     def fused_linear_cross_entropy(self, input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
-                                   reduction="mean", z_loss=0.0, *, chunk_rows=None):
+                                   reduction="mean", z_loss=0.0, *, chunk_rows=None, accum_dtype=None):
         self.calls["loss"].append((tuple(input.shape), reduction, ignore_index))
         return F.cross_entropy(F.linear(input, weight, bias).float(), target, ignore_index=ignore_index,
                                reduction=reduction)
@@ -209,6 +209,34 @@ def test_an_lm_head_that_is_not_a_linear_is_refused(fakes):
     model.lm_head = torch.nn.Sequential(model.lm_head)
     with pytest.raises(TypeError, match="lm_head"):
         apply_rawops_to_llama(model)
+
+
+@pytest.mark.parametrize("flag,error,match", [
+    ("yes", TypeError, "must be a bool or a dict"),
+    ({"chunk_rows": 64, "reduction": "sum"}, ValueError, r"unknown options \['reduction'\]"),
+])
+def test_bad_loss_options_are_refused_before_any_change(fakes, flag, error, match):
+    model = tiny()
+    with pytest.raises(error, match=match):
+        apply_rawops_to_llama(model, fused_linear_cross_entropy=flag)
+    assert not any(isinstance(m, RMSNorm) for m in model.modules()) and "forward" not in vars(model)
+
+
+def test_loss_options_reach_the_fused_loss(fakes, monkeypatch):
+    seen = []
+    plain = fakes.fused_linear_cross_entropy
+
+    def recording(*args, chunk_rows=None, accum_dtype=None, **kw):
+        seen.append((chunk_rows, accum_dtype))
+        return plain(*args, chunk_rows=chunk_rows, **kw)
+    monkeypatch.setattr(sys.modules[LOSS_MODULE], "fused_linear_cross_entropy", recording)
+    model = apply_rawops_to_llama(tiny(), rms_norm=False, swiglu=False, rope=False,
+                                  fused_linear_cross_entropy={"chunk_rows": 5, "accum_dtype": torch.float32})
+    ids, labels = batch(128)
+    model(input_ids=ids, labels=labels)
+    apply_rawops_to_llama(model, fused_linear_cross_entropy=True)  # a second call resets them
+    model(input_ids=ids, labels=labels)
+    assert seen == [(5, torch.float32), (None, None)]
 
 
 def test_skip_logits_without_labels_is_a_value_error(fakes):

@@ -25,8 +25,10 @@ modeling_llama's apply_rotary_pos_emb, LlamaRMSNorm and LlamaMLP for every model
              semantics: labels shifted left by one (the last position ignored), ignore_index
              -100 (or the ignore_index keyword), mean over the tokens not ignored, or the sum
              divided by num_items_in_batch where the Trainer passes it; a float32 loss (its value
-             as precise as fused_linear_cross_entropy's loss in the model's dtype). A LlamaModel
-             has no loss: the flag does nothing there.
+             as precise as fused_linear_cross_entropy's loss in the model's dtype). The flag may
+             be a dict of that function's options instead of True: chunk_rows, accum_dtype
+             (e.g. {"chunk_rows": 256}: smaller chunks of logits, less memory). A LlamaModel has
+             no loss: the flag does nothing there.
 
 State dict: keys, tensors and Parameters are unchanged (the same Parameter objects), so an optimizer
 built before the swap keeps working and a checkpoint saved after it loads into a stock model.
@@ -113,7 +115,27 @@ def _fused_loss():
     return fused_linear_cross_entropy
 
 
-def _causal_lm_loss(hidden_states, lm_head, labels, shift_labels=None, num_items_in_batch=None, ignore_index=-100):
+LOSS_OPTIONS = ("chunk_rows", "accum_dtype")
+
+
+def _loss_options(flag):
+    """The fused loss's keyword options of apply_rawops_to_llama's flag, checked: None for off
+    (False, None), {} for True, the dict's options."""
+    if flag is None or flag is False:
+        return None
+    if flag is True:
+        return {}
+    if not isinstance(flag, dict):
+        raise TypeError(f"fused_linear_cross_entropy must be a bool or a dict of options {LOSS_OPTIONS}, got "
+                        f"{type(flag).__name__}")
+    unknown = sorted(set(flag) - set(LOSS_OPTIONS))
+    if unknown:
+        raise ValueError(f"fused_linear_cross_entropy: unknown options {unknown}; it takes {LOSS_OPTIONS}")
+    return dict(flag)
+
+
+def _causal_lm_loss(hidden_states, lm_head, labels, shift_labels=None, num_items_in_batch=None, ignore_index=-100,
+                    options=None):
     """HF's ForCausalLMLoss on lm_head(hidden_states) without the logits: labels padded with
     ignore_index and shifted left by one (unless shift_labels is given), mean over the targets not
     ignored, or their sum / num_items_in_batch."""
@@ -125,7 +147,7 @@ def _causal_lm_loss(hidden_states, lm_head, labels, shift_labels=None, num_items
     reduction = "mean" if num_items_in_batch is None else "sum"
     # float32, as HF's loss (computed on logits.float()): the division below and the value handed back
     loss = _fused_loss()(hidden, lm_head.weight, target, bias=lm_head.bias, ignore_index=ignore_index,
-                         reduction=reduction).float()
+                         reduction=reduction, **(options or {})).float()
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
@@ -158,7 +180,7 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         hidden_states = hidden_states[:, keep, :]
     loss = _causal_lm_loss(hidden_states, self.lm_head, labels, shift_labels, kwargs.get("num_items_in_batch"),
-                           kwargs.get("ignore_index", -100))
+                           kwargs.get("ignore_index", -100), self._rawops_loss_options)
     output = CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values,
                                     hidden_states=outputs.hidden_states, attentions=outputs.attentions)
     return output if return_dict else output.to_tuple()
@@ -184,7 +206,8 @@ def apply_rawops_to_llama(model, *, rms_norm=True, swiglu=True, rope=True, fused
     cross-entropy, no logits), each on its flag. The module docstring gives each swap's contract.
 
     Raises TypeError when model is not a Llama model, ValueError when swiglu=True and its act is
-    not silu, ImportError when fused_linear_cross_entropy=True and rawops' fused linear
+    not silu, TypeError / ValueError for a fused_linear_cross_entropy that is neither a bool nor
+    a dict of LOSS_OPTIONS, ImportError when fused_linear_cross_entropy=True and rawops' fused linear
     cross-entropy is missing; all before anything is changed."""
     ml = _modeling_llama()
     if not isinstance(model, (ml.LlamaForCausalLM, ml.LlamaModel)):
@@ -198,7 +221,8 @@ def apply_rawops_to_llama(model, *, rms_norm=True, swiglu=True, rope=True, fused
                              "up: pass swiglu=False")
     attentions = [m for _, m in model.named_modules() if isinstance(m, ml.LlamaAttention)] if rope else []
     forwards = {cls: _with_rope(cls.forward) for cls in {type(a) for a in attentions}}
-    causal_lm = fused_linear_cross_entropy and isinstance(model, ml.LlamaForCausalLM)
+    options = _loss_options(fused_linear_cross_entropy)
+    causal_lm = options is not None and isinstance(model, ml.LlamaForCausalLM)
     if causal_lm:
         _fused_loss()
         if not isinstance(model.lm_head, torch.nn.Linear):
@@ -213,7 +237,9 @@ def apply_rawops_to_llama(model, *, rms_norm=True, swiglu=True, rope=True, fused
         if not getattr(attention, "_rawops_rope", False):
             attention.forward = types.MethodType(forwards[type(attention)], attention)
             attention._rawops_rope = True
-    if causal_lm and not getattr(model, "_rawops_fused_loss", False):
-        model.forward = types.MethodType(_causal_lm_forward, model)
-        model._rawops_fused_loss = True
+    if causal_lm:
+        model._rawops_loss_options = options  # a second call may change them
+        if not getattr(model, "_rawops_fused_loss", False):
+            model.forward = types.MethodType(_causal_lm_forward, model)
+            model._rawops_fused_loss = True
     return model
