@@ -131,13 +131,10 @@ def forward(x, weight, target, bias, ignore_index, smoothing, reduction, z_loss,
         if need_x:
             torch.mm(logits, weight, out=gi[start:stop])
         if need_w:
-            if start == 0:
-                if fp32_acc:
-                    torch.mm(logits.t(), xc, out_dtype=torch.float32, out=gw_acc)
-                else:
-                    torch.mm(logits.t(), xc, out=gw_acc)
-            elif fp32_acc:
-                torch.addmm(gw_acc, logits.t(), xc, out_dtype=torch.float32, out=gw_acc)
+            if fp32_acc:
+                _accumulate_fp32(gw_acc, logits.t(), xc, start == 0)
+            elif start == 0:
+                torch.mm(logits.t(), xc, out=gw_acc)
             else:
                 torch.addmm(gw_acc, logits.t(), xc, out=gw_acc)
         if need_b:
@@ -156,6 +153,20 @@ def forward(x, weight, target, bias, ignore_index, smoothing, reduction, z_loss,
         gw = gw_acc.to(x.dtype)
     gb = gb_acc.to(x.dtype) if need_b else None
     return loss, gi, gw, gb
+
+
+def _accumulate_fp32(acc, a, b, first):
+    """acc (float32) = a @ b (first), else acc += a @ b, for 16-bit a and b: cuBLAS writing float32
+    (torch.mm / torch.addmm with out_dtype, and a float32 `input` to addmm)."""
+    try:
+        if first:
+            torch.mm(a, b, out_dtype=torch.float32, out=acc)
+        else:
+            torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    except (TypeError, RuntimeError) as error:
+        raise RuntimeError(f"accum_dtype=torch.float32 needs torch.addmm(float32 input, 16-bit mat1, mat2, "
+                           f"out_dtype=torch.float32), which this torch ({torch.__version__}) refuses ({error}); "
+                           "pass accum_dtype=None") from error
 
 
 def _fl_code(dtype):
