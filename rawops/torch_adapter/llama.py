@@ -7,9 +7,10 @@ built afterwards is stock; Liger's apply_liger_kernel_to_llama, by contrast, rep
 modeling_llama's apply_rotary_pos_emb, LlamaRMSNorm and LlamaMLP for every model).
 
   rms_norm   every LlamaRMSNorm becomes rawops' RMSNorm holding the same `weight` Parameter, eps
-             the module's variance_epsilon. The kernel normalises in float32 and rounds once (HF
-             rounds the normalised row to the input's dtype before the weight multiply); weight
-             and input must have one dtype (a model in one dtype, as from .to(torch.bfloat16)).
+             the module's variance_epsilon. Float32 math, as HF's (which also rounds the
+             normalised row to the input's dtype before the weight multiply: the two can differ
+             in the last bit); weight and input must have one dtype (a model in one dtype, as
+             from .to(torch.bfloat16)), where HF would promote.
   swiglu     every LlamaMLP becomes rawops' SwiGLUMLP holding the same gate_proj, up_proj and
              down_proj Linear modules: down_proj(swiglu(gate_proj(x), up_proj(x))). A model whose
              act is not silu (config.hidden_act) is refused (ValueError): set swiglu=False.
@@ -19,12 +20,13 @@ modeling_llama's apply_rotary_pos_emb, LlamaRMSNorm and LlamaMLP for every model
   fused_linear_cross_entropy
              a LlamaForCausalLM's forward (this instance's) computes the loss with rawops'
              fused_linear_cross_entropy on the last hidden states and lm_head's weight (and bias),
-             the logits never materialised, logits=None in the output, when labels (or
-             shift_labels) are given and the model is training (or skip_logits=True is passed),
-             as Liger's lce_forward decides; otherwise HF's forward runs unchanged. HF's loss
+             the logits never materialised, logits=None in the output, when labels are given
+             and the model is training (or skip_logits=True is passed), as Liger's lce_forward
+             decides; otherwise HF's forward runs unchanged. HF's loss
              semantics: labels shifted left by one (the last position ignored), ignore_index
              -100 (or the ignore_index keyword), mean over the tokens not ignored, or the sum
-             divided by num_items_in_batch where the Trainer passes it; a float32 loss (its value
+             divided by num_items_in_batch where the Trainer passes it (shift_labels, passed with
+             labels, replace the shifted labels, as in HF); a float32 loss (its value
              as precise as fused_linear_cross_entropy's loss in the model's dtype). The flag may
              be a dict of that function's options instead of True: chunk_rows, accum_dtype
              (e.g. {"chunk_rows": 256}: smaller chunks of logits, less memory). A LlamaModel has
@@ -50,9 +52,6 @@ import types
 import torch
 
 from . import glu as _glu, norm as _norm, rotary as _rotary
-
-_LOSS_MODULE = "rawops.torch_adapter._losses_linear"
-
 
 # ------------------------------------------------------------------- the pieces swapped in
 def _apply_rotary_pos_emb_in_place(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
