@@ -16,14 +16,14 @@
 //                          int64 cos_b, int64 cos_s, int64 sin_b, int64 sin_s, int64 flags)
 //   k_heads 0: q alone. cos / sin at (b, s): cos + b * cos_b + s * cos_s (cos_b 0: one table for
 //   every batch row, (S, D) or (1, S, D)). flags: RAWOPS_ROPE_FLAG_VECTORS, _INTERLEAVED.
-// Traffic: q and k read once and written once; cos and sin read once per head (L1 / L2 hits: a
-// warp's consecutive units are consecutive heads of one position).
-// Work: units, flat over (position, head, unit of the head), the unit fastest. With 16-byte vectors
+// Traffic: q and k read once and written once; cos and sin read once per group of heads (L1 / L2
+// hits: a warp's consecutive units are consecutive heads of one position).
+// Work: units, flat over (position, group of heads, unit of the head), the unit fastest. With 16-byte vectors
 // (flags, rawops/rotary.py rope_plan: every pointer 16-byte aligned, every stride whole vectors, the
 // half dim (half) or the dim (interleaved) whole vectors) a unit is V pairs: the vectors at i and
 // i + D/2 (half) or one vector of V/2 pairs (interleaved), with their cos and sin; otherwise one
-// pair. One unit a thread, RAWOPS_ROPE_THREADS a block, a grid-stride loop over a grid bounded by
-// the SM count. Each unit's elements are read, then written, by one thread: in place is safe.
+// pair. A thread takes one unit of RAWOPS_ROPE_HEADS consecutive heads (q's then k's) of one
+// position, RAWOPS_ROPE_THREADS a block, a grid-stride loop over the blocks the device holds at once. Each unit's elements are read, then written, by one thread: in place is safe.
 // Math in float32, one rounding to T; 64-bit offsets, 32-bit divisions where the counts fit.
 #include "rawops/dtype.cuh"
 
@@ -65,58 +65,92 @@ template <typename T, bool kBackward, bool kInterleaved>
 __device__ __forceinline__ void rope_units(T* __restrict__ q, T* __restrict__ k, const T* __restrict__ cos,
                                            const T* __restrict__ sin, const RopeArgs& a, bool vec) {
   constexpr int V = Vec16<T>::size;
+  constexpr int G = RAWOPS_ROPE_HEADS;
   const int64_t half = a.dim / 2;
-  // Units a head: V pairs each with vectors, one pair each without.
+  // Units a head: V pairs each with vectors, one pair each without; a thread takes one unit of G
+  // consecutive heads of one position (their cos and sin loaded once, G heads' loads in flight).
   const int64_t per_head = vec ? (kInterleaved ? a.dim / V : half / V) : half;
   const int64_t heads = a.q_heads + a.k_heads;
-  const int64_t total = a.batch * a.seq * heads * per_head;
+  const int64_t groups = (heads + G - 1) / G;
+  const int64_t total = a.batch * a.seq * groups * per_head;
   for (int64_t unit = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; unit < total;
        unit += int64_t(gridDim.x) * blockDim.x) {
-    int64_t u, head, s;
-    const int64_t row = divide(unit, per_head, u);  // (position, head)
-    const int64_t position = divide(row, heads, head);
+    int64_t u, group, s;
+    const int64_t row = divide(unit, per_head, u);  // (position, group of heads)
+    const int64_t position = divide(row, groups, group);
     const int64_t b = divide(position, a.seq, s);
-    T* x = head < a.q_heads ? q + b * a.q_b + s * a.q_s + head * a.q_h
-                            : k + b * a.k_b + s * a.k_s + (head - a.q_heads) * a.k_h;
+    T* x[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      const int64_t head = group * G + j;
+      x[j] = head >= heads      ? nullptr
+             : head < a.q_heads ? q + b * a.q_b + s * a.q_s + head * a.q_h
+                                : k + b * a.k_b + s * a.k_s + (head - a.q_heads) * a.k_h;
+    }
     const T* c = cos + b * a.cos_b + s * a.cos_s;
     const T* sn = sin + b * a.sin_b + s * a.sin_s;
     if (vec && !kInterleaved) {  // the vectors at col and col + D/2: V pairs
       const int64_t col = u * V;
-      const Vec16<T> xa = load16(x + col), xb = load16(x + half + col);
       const Vec16<T> ca = load16(c + col), cb = load16(c + half + col);
       const Vec16<T> sa = load16(sn + col), sb = load16(sn + half + col);
-      Vec16<T> oa, ob;
+      Vec16<T> xa[G], xb[G];
 #pragma unroll
-      for (int e = 0; e < V; e += 2) {
-        const float2 xi = to_float2(xa, e), xj = to_float2(xb, e), ci = to_float2(ca, e), cj = to_float2(cb, e);
-        const float2 si = to_float2(sa, e), sj = to_float2(sb, e);
-        float oi0, oj0, oi1, oj1;
-        rotate<kBackward>(xi.x, xj.x, ci.x, cj.x, si.x, sj.x, oi0, oj0);
-        rotate<kBackward>(xi.y, xj.y, ci.y, cj.y, si.y, sj.y, oi1, oj1);
-        from_float2<T>(oi0, oi1, oa.v + e);
-        from_float2<T>(oj0, oj1, ob.v + e);
+      for (int j = 0; j < G; ++j) {
+        if (x[j]) {
+          xa[j] = load16(x[j] + col);
+          xb[j] = load16(x[j] + half + col);
+        }
       }
-      store16(x + col, oa);
-      store16(x + half + col, ob);
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        if (!x[j]) continue;
+        Vec16<T> oa, ob;
+#pragma unroll
+        for (int e = 0; e < V; e += 2) {
+          const float2 xi = to_float2(xa[j], e), xj = to_float2(xb[j], e), ci = to_float2(ca, e);
+          const float2 cj = to_float2(cb, e), si = to_float2(sa, e), sj = to_float2(sb, e);
+          float oi0, oj0, oi1, oj1;
+          rotate<kBackward>(xi.x, xj.x, ci.x, cj.x, si.x, sj.x, oi0, oj0);
+          rotate<kBackward>(xi.y, xj.y, ci.y, cj.y, si.y, sj.y, oi1, oj1);
+          from_float2<T>(oi0, oi1, oa.v + e);
+          from_float2<T>(oj0, oj1, ob.v + e);
+        }
+        store16(x[j] + col, oa);
+        store16(x[j] + half + col, ob);
+      }
     } else if (vec) {  // one vector of V / 2 pairs (2p, 2p + 1)
       const int64_t col = u * V;
-      const Vec16<T> xv = load16(x + col), cv = load16(c + col), sv = load16(sn + col);
-      Vec16<T> o;
+      const Vec16<T> cv = load16(c + col), sv = load16(sn + col);
+      Vec16<T> xv[G];
 #pragma unroll
-      for (int e = 0; e < V; e += 2) {
-        const float2 xp = to_float2(xv, e), cp = to_float2(cv, e), sp = to_float2(sv, e);
-        float oi, oj;
-        rotate<kBackward>(xp.x, xp.y, cp.x, cp.y, sp.x, sp.y, oi, oj);
-        from_float2<T>(oi, oj, o.v + e);
+      for (int j = 0; j < G; ++j) {
+        if (x[j]) xv[j] = load16(x[j] + col);
       }
-      store16(x + col, o);
+#pragma unroll
+      for (int j = 0; j < G; ++j) {
+        if (!x[j]) continue;
+        Vec16<T> o;
+#pragma unroll
+        for (int e = 0; e < V; e += 2) {
+          const float2 xp = to_float2(xv[j], e), cp = to_float2(cv, e), sp = to_float2(sv, e);
+          float oi, oj;
+          rotate<kBackward>(xp.x, xp.y, cp.x, cp.y, sp.x, sp.y, oi, oj);
+          from_float2<T>(oi, oj, o.v + e);
+        }
+        store16(x[j] + col, o);
+      }
     } else {  // one pair
       const int64_t i = kInterleaved ? 2 * u : u, j = kInterleaved ? i + 1 : i + half;
-      float oi, oj;
-      rotate<kBackward>(to_float(x[i]), to_float(x[j]), to_float(__ldg(c + i)), to_float(__ldg(c + j)),
-                        to_float(__ldg(sn + i)), to_float(__ldg(sn + j)), oi, oj);
-      x[i] = from_float<T>(oi);
-      x[j] = from_float<T>(oj);
+      const float ci = to_float(__ldg(c + i)), cj = to_float(__ldg(c + j));
+      const float si = to_float(__ldg(sn + i)), sj = to_float(__ldg(sn + j));
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        if (!x[h]) continue;
+        float oi, oj;
+        rotate<kBackward>(to_float(x[h][i]), to_float(x[h][j]), ci, cj, si, sj, oi, oj);
+        x[h][i] = from_float<T>(oi);
+        x[h][j] = from_float<T>(oj);
+      }
     }
   }
 }

@@ -208,10 +208,12 @@ SORT_SEGMENT_ITEMS = 39
 SORT_SEGMENT_RADIX_BITS = 6
 
 # ------------------------------------------------------------------ rotary (kernels/rotary.cu)
-# rope's blocks (and launch bound), the blocks an SM its grid-stride grid holds at most, and the bits
-# of its `flags` argument: 16-byte units, interleaved pairs (else half split).
+# rope's blocks (and launch bound), the heads a thread rotates per unit (their loads in flight at
+# once, cos and sin loaded once for them), and the bits of its `flags` argument: 16-byte units,
+# interleaved pairs (else half split). Its grid-stride grid is the blocks the device holds at once
+# (the occupancy API at launch).
 ROPE_THREADS = 256
-ROPE_BLOCKS_PER_SM = 8
+ROPE_HEADS = 4
 ROPE_FLAG_VECTORS = 1
 ROPE_FLAG_INTERLEAVED = 2
 

@@ -47,7 +47,7 @@ KERNELS = {"rope_fwd": _ARGS, "rope_bwd": _ARGS}
 KINDS = "pppp" + "q" * 16
 
 THREADS = _constants.ROPE_THREADS
-BLOCKS_PER_SM = _constants.ROPE_BLOCKS_PER_SM
+HEADS = _constants.ROPE_HEADS
 FLAG_VECTORS, FLAG_INTERLEAVED = _constants.ROPE_FLAG_VECTORS, _constants.ROPE_FLAG_INTERLEAVED
 # layout -> interleaved pairs
 LAYOUTS = {"neox": False, "half": False, "llama": True, "interleaved": True}
@@ -55,18 +55,19 @@ QK_LAYOUTS = ("bshd", "bhsd")
 
 
 # ------------------------------------------------------------------------------ launch plans (pure)
-def rope_plan(batch, seq, q_heads, k_heads, dim, itemsize, pointers, strides, interleaved, sms):
+def rope_plan(batch, seq, q_heads, k_heads, dim, itemsize, pointers, strides, interleaved, resident):
     """(blocks, flags) of one launch: 16-byte units (FLAG_VECTORS) where every pointer is 16-byte
     aligned, every stride (elements) a whole number of vectors and a head's unit span (D / 2 for the
     half split, D interleaved) whole vectors; one thread a unit (V pairs, or one pair without
-    vectors), a grid-stride loop over at most BLOCKS_PER_SM blocks an SM."""
+    vectors) of HEADS heads a thread, a grid-stride loop over at most `resident` blocks (those the
+    device holds at once)."""
     per_vector = 16 // itemsize
     span = dim if interleaved else dim // 2
     vec = (span % per_vector == 0 and all(p % 16 == 0 for p in pointers)
            and all((s * itemsize) % 16 == 0 for s in strides))
     per_head = (span // per_vector) if vec else dim // 2
-    units = batch * seq * (q_heads + k_heads) * per_head
-    blocks = max(1, min(-(-units // THREADS), sms * BLOCKS_PER_SM))
+    units = batch * seq * -(-(q_heads + k_heads) // HEADS) * per_head
+    blocks = max(1, min(-(-units // THREADS), resident))
     return blocks, (FLAG_VECTORS if vec else 0) | (FLAG_INTERLEAVED if interleaved else 0)
 
 
@@ -92,15 +93,32 @@ def qk_order(qk_layout):
     return (0, 1, 2) if qk_layout == "bshd" else (0, 2, 1)
 
 
+_resident_blocks = {}  # (function pointer, device) -> blocks the device holds at once
+
+
+def _resident(function, device):
+    """Blocks of THREADS of `function` that `device` holds at once (the occupancy API, per SM,
+    times the SMs)."""
+    blocks = _resident_blocks.get((function, device))
+    if blocks is None:
+        from cupy_backends.cuda.api import driver
+
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function, THREADS, 0)
+        blocks = _resident_blocks[(function, device)] = max(1, per_sm) * sm_count(device)
+    return blocks
+
+
 def launch_rope(direction, device, dtype, itemsize, q, k, cos, sin, dims, strides, interleaved, stream):
     """One launch on raw pointers checked by the caller (k 0: q alone). dims: (batch, seq, q_heads,
     k_heads, dim); strides: (q_b, q_s, q_h, k_b, k_s, k_h, cos_b, cos_s, sin_b, sin_s) in elements."""
     batch, seq, q_heads, k_heads, dim = dims
     if not (batch and seq and (q_heads + k_heads) and dim):
         return
+    function = _modules.function_pointer(FAMILY, f"rope_{direction}_{FLOAT_SUFFIXES[dtype]}", device)
     blocks, flags = rope_plan(batch, seq, q_heads, k_heads, dim, itemsize, (q, k if k else q, cos, sin),
-                              strides if k_heads else strides[:3] + strides[6:], interleaved, sm_count(device))
-    launch(_modules.function_pointer(FAMILY, f"rope_{direction}_{FLOAT_SUFFIXES[dtype]}", device), (blocks,),
+                              strides if k_heads else strides[:3] + strides[6:], interleaved,
+                              _resident(function, device))
+    launch(function, (blocks,),
            THREADS, 0, stream, (q, k if k else q, cos, sin, *dims, *strides, flags), KINDS, device)
 
 

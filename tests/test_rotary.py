@@ -27,11 +27,12 @@ def _args(make=f32, cos_shape=(S, D)):
 # ------------------------------------------------------------------------------ launch plans (pure)
 def test_aligned_heads_take_16_byte_units():
     strides = (S * 40 * 128, 40 * 128, 128, 0, 0, 0, 0, 128, 0, 128)
-    blocks, flags = rotary.rope_plan(B, S, 32, 8, 128, 2, (0, 0, 0, 0), strides, False, 132)
+    blocks, flags = rotary.rope_plan(B, S, 32, 8, 128, 2, (0, 0, 0, 0), strides, False, 792)
     assert flags == rotary.FLAG_VECTORS
-    units = B * S * 40 * (64 // 8)  # half split: a unit is the vectors at i and i + 64
-    assert blocks == min(-(-units // rotary.THREADS), 132 * rotary.BLOCKS_PER_SM)
-    _, flags = rotary.rope_plan(B, S, 32, 8, 128, 2, (0, 0, 0, 0), strides, True, 132)
+    # half split: a unit is the vectors at i and i + 64 of HEADS heads
+    units = B * S * -(-40 // rotary.HEADS) * (64 // 8)
+    assert blocks == min(-(-units // rotary.THREADS), 792)
+    _, flags = rotary.rope_plan(B, S, 32, 8, 128, 2, (0, 0, 0, 0), strides, True, 792)
     assert flags == rotary.FLAG_VECTORS | rotary.FLAG_INTERLEAVED
 
 
@@ -43,14 +44,14 @@ def test_aligned_heads_take_16_byte_units():
     (16, (0, 0, 0, 0), (64, 16, 16) * 2 + (0, 16, 0, 17), False, "sin's stride"),
 ])
 def test_pair_by_pair_where_vectors_do_not_fit(dim, pointers, strides, interleaved, why):
-    blocks, flags = rotary.rope_plan(2, 3, 4, 4, dim, 2, pointers, strides, interleaved, 132)
+    blocks, flags = rotary.rope_plan(2, 3, 4, 4, dim, 2, pointers, strides, interleaved, 792)
     assert not flags & rotary.FLAG_VECTORS, why
-    assert blocks == -(-(2 * 3 * 8 * (dim // 2)) // rotary.THREADS)
+    assert blocks == -(-(2 * 3 * -(-8 // rotary.HEADS) * (dim // 2)) // rotary.THREADS)
 
 
-def test_the_grid_is_bounded_by_the_sm_count():
-    blocks, _ = rotary.rope_plan(64, 8192, 32, 8, 128, 2, (0,) * 4, (0,) * 10, False, 132)
-    assert blocks == 132 * rotary.BLOCKS_PER_SM
+def test_the_grid_is_bounded_by_the_resident_blocks():
+    blocks, _ = rotary.rope_plan(64, 8192, 32, 8, 128, 2, (0,) * 4, (0,) * 10, False, 792)
+    assert blocks == 792
 
 
 def test_layout_names():

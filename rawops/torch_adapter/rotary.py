@@ -67,29 +67,39 @@ def _table(t, name, q, order):
     return t, (t.stride(0) if t.dim() == 3 and t.shape[0] > 1 else 0, t.stride(-2) if seq > 1 else 0)
 
 
-def launch(direction, q, k, cos, sin, interleaved, bhsd):
-    """rope's forward or backward in place on q and k (k None: q alone); the caller made them
-    writable in place (_writable_in_place) and disjoint."""
+def _check_pair(q, k, bhsd):
+    """k's batch, sequence and head dim like q's, both writable in place, and no element in both."""
     order = (0, 2, 1) if bhsd else (0, 1, 2)
-    code = _check_heads(q, "q")
-    if k is not None:
-        _check_heads(k, "k", like=q)
-        for i, what in ((0, "batch"), (1, "sequence")):
-            if k.shape[order[i]] != q.shape[order[i]]:
-                raise ValueError(f"k has {what} {k.shape[order[i]]}, expected {q.shape[order[i]]} like q")
-        if k.shape[3] != q.shape[3]:
-            raise ValueError(f"k has head dim {k.shape[3]}, expected {q.shape[3]} like q")
-    cos, c_strides = _table(cos, "cos", q, order)
-    sin, s_strides = _table(sin, "sin", q, order)
-    for t, name in ((q, "q"), (k, "k")):
-        if t is not None and not _writable_in_place(t):
-            raise ValueError(f"{name} cannot be rotated in place: its last dim is not contiguous or its elements "
-                             "share memory (pass a contiguous tensor)")
+    _check_heads(k, "k", like=q)
+    for i, what in ((0, "batch"), (1, "sequence")):
+        if k.shape[order[i]] != q.shape[order[i]]:
+            raise ValueError(f"k has {what} {k.shape[order[i]]}, expected {q.shape[order[i]]} like q")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"k has head dim {k.shape[3]}, expected {q.shape[3]} like q")
+    _check_writable(k, "k")
     if _overlap(q, k) and not _rot.heads_disjoint(q.data_ptr(), k.data_ptr(), q.element_size(),
                                                   tuple(q.shape[d] for d in order) + (q.shape[3],),
                                                   tuple(k.shape[d] for d in order) + (k.shape[3],),
                                                   tuple(q.stride(d) for d in order), tuple(k.stride(d) for d in order)):
         raise ValueError("q and k overlap; rope writes both in place: they need memory of their own")
+
+
+def _check_writable(t, name):
+    if not _writable_in_place(t):
+        raise ValueError(f"{name} cannot be rotated in place: its last dim is not contiguous or its elements "
+                         "share memory (pass a contiguous tensor)")
+
+
+def launch(direction, q, k, cos, sin, interleaved, bhsd):
+    """rope's forward or backward in place on q and k (k None: q alone); the caller made them
+    writable in place (_writable_in_place) and disjoint."""
+    order = (0, 2, 1) if bhsd else (0, 1, 2)
+    code = _check_heads(q, "q")
+    cos, c_strides = _table(cos, "cos", q, order)
+    sin, s_strides = _table(sin, "sin", q, order)
+    _check_writable(q, "q")
+    if k is not None:
+        _check_pair(q, k, bhsd)
     dims = (q.shape[order[0]], q.shape[order[1]], q.shape[order[2]], k.shape[order[2]] if k is not None else 0,
             q.shape[3])
     q_strides = tuple(q.stride(d) for d in order)
@@ -129,7 +139,29 @@ class _Rope(torch.autograd.Function):
         return dq, dk, None, None, None, None
 
 
+class _RopeOne(torch.autograd.Function):
+    """One tensor rotated in place: autograd refuses a Function that modifies a view in place and
+    returns more than one tensor, so q and k that are views (HF's q_proj(x).view(...).transpose(1, 2))
+    go through this, one launch each."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved, bhsd):
+        launch("fwd", x, None, cos, sin, interleaved, bhsd)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved, ctx.bhsd = interleaved, bhsd
+        return x
+
+    @staticmethod
+    def backward(ctx, dx):
+        cos, sin = ctx.saved_tensors
+        dx = _gradient(dx)
+        launch("bwd", dx, None, cos, sin, ctx.interleaved, ctx.bhsd)
+        return dx, None, None, None, None
+
+
 _rope_apply = fast_apply(_Rope)
+_rope_one_apply = fast_apply(_RopeOne)
 
 
 def _out_of_place(direction, q, k, cos, sin, interleaved, bhsd):
@@ -186,6 +218,10 @@ def rope(q, k, cos, sin, layout="neox", qk_layout="bshd"):
             k.copy_(k2)
         return q, k
     if needs_grad(q, k):
+        if k is not None and (q._is_view() or k._is_view()):
+            # checked together first (shapes, overlap), as the one-launch path does
+            _check_pair(q, k, bhsd)
+            return (_rope_one_apply(q, cos, sin, interleaved, bhsd), _rope_one_apply(k, cos, sin, interleaved, bhsd))
         return _rope_apply(q, k, cos, sin, interleaved, bhsd)
     launch("fwd", q, k, cos, sin, interleaved, bhsd)
     return q, k
