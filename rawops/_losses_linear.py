@@ -66,6 +66,7 @@ _GEMM_DEFAULT = -1  # CUBLAS_GEMM_DEFAULT
 _OP_N, _OP_T = 0, 1
 _POINTER_MODE_HOST = 0
 _ONE = numpy.ones(1, numpy.float32)
+_ONE_BITS = ((numpy.uint32, 0x3F800000), (numpy.uint16, 0x3C00), (numpy.uint16, 0x3F80))
 _ZERO = numpy.zeros(1, numpy.float32)
 
 
@@ -256,7 +257,8 @@ def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-1
         loss_rows = cupy.empty(tokens, numpy.float32)
         loss = cupy.empty(tuple(x.shape[:-1]) if reduction == "none" else (), dtype)
         buf = cupy.empty((rows, v), dtype)
-        ones = cupy.ones(rows, dtype) if b is not None else None
+        # 1.0 by its bits (float32, float16, bfloat16): the bias's GEMMs' vector of ones
+        ones = cupy.full(rows, _ONE_BITS[code][1], _ONE_BITS[code][0]) if b is not None else None
         gi = gw = gb = gw_acc = gb_acc = None
         if grad:
             gi = cupy.empty(x.shape, dtype)
