@@ -34,7 +34,7 @@ from .glu import (
 )
 from .gemm import linear_gelu, linear_gelu_backward, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
-from .losses import cross_entropy, cross_entropy_backward
+from .losses import cross_entropy, cross_entropy_backward, fused_linear_cross_entropy
 from .mlp import fused_mlp, fused_mlp_backward, fused_mlp_forward
 from .norm import (
     add_rms_norm,
@@ -67,6 +67,7 @@ __all__ = [
     "config",
     "cross_entropy",
     "cross_entropy_backward",
+    "fused_linear_cross_entropy",
     "fused_mlp",
     "fused_mlp_backward",
     "fused_mlp_forward",

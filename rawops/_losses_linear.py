@@ -39,8 +39,8 @@ once into the accumulator, so a 16-bit grad_weight takes one rounding a chunk. a
 V x H x itemsize for the conversion): one rounding in all, for float16 / bfloat16 weights.
 
 dtypes: input, weight and bias float32, float16 or bfloat16, all alike (float32: plain float32
-GEMMs, no TF32); target int64 or int32. The loss has input's dtype; the gradients input's, weight's,
-bias's.
+GEMMs, no TF32); target int64 or int32. The loss is float32 (as Liger's and transformers' losses:
+the per-row losses are float32 already); the gradients have input's, weight's and bias's dtypes.
 
 Layouts: input any (..., H) view whose leading dims collapse to one row stride (at least H) with
 H contiguous, read as it is; weight (V, H) with rows at least H apart and H contiguous; bias and
@@ -219,8 +219,8 @@ def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-1
 
     Returns (loss, grad_input, grad_weight, grad_bias) (grad_bias None without bias): the
     gradients of the loss times grad_output (None: 1; one value for 'mean' / 'sum', one per row
-    for 'none', in input's dtype), all from one pass over the chunks. grad=False: the loss alone
-    (one GEMM a chunk). The loss is 0-d for 'mean' / 'sum', input's leading shape for 'none'."""
+    for 'none'), all from one pass over the chunks. grad=False: the loss alone
+    (one GEMM a chunk). The loss is float32, 0-d for 'mean' / 'sum', input's leading shape for 'none'."""
     import cupy
 
     ignore_index, smoothing, reduction, z, chunk_rows, fp32_acc = check_options(
@@ -255,7 +255,7 @@ def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-1
         handle = cupy.cuda.device.get_cublas_handle()
         counts = cupy.empty(_ce.COUNTS, numpy.int64)
         loss_rows = cupy.empty(tokens, numpy.float32)
-        loss = cupy.empty(tuple(x.shape[:-1]) if reduction == "none" else (), dtype)
+        loss = cupy.empty(tuple(x.shape[:-1]) if reduction == "none" else (), numpy.float32)
         buf = cupy.empty((rows, v), dtype)
         # 1.0 by its bits (float32, float16, bfloat16): the bias's GEMMs' vector of ones
         ones = cupy.full(rows, _ONE_BITS[code][1], _ONE_BITS[code][0]) if b is not None else None
@@ -295,7 +295,7 @@ def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-1
                           v, start > 0, ab_type, _CUDA_R_32F)
         finally:
             cublas.setPointerMode(handle, mode)
-        _ce.launch_reduce(device, code, loss_rows.data.ptr, counts.data.ptr, loss.data.ptr, tokens, reduction, s)
+        _ce.launch_reduce(device, 0, loss_rows.data.ptr, counts.data.ptr, loss.data.ptr, tokens, reduction, s)
         if not grad:
             return loss
         if tokens == 0:  # no chunk wrote them

@@ -381,3 +381,6 @@ def cross_entropy_backward(logits, target, grad_output=None, ignore_index=-100, 
         if check_targets:
             _check_targets(counts, n, ignore_index)
     return result
+
+
+from ._losses_linear import fused_linear_cross_entropy  # noqa: E402,F401  (rawops/_losses_linear.py)

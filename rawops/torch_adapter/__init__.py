@@ -13,10 +13,12 @@ else costs a copy). Three paths, cheapest first:
 Everything is capturable in torch.cuda.graph: launches only, no allocation outside torch.
 """
 from ._common import install_substitutes
+from ._losses_linear import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .elementwise import GELU, BiasGELU, ReLU, ReLUScale, add, bias_gelu, gelu, relu, relu_scale, relu_scale_add
 from .glu import SwiGLUMLP, geglu, geglu_fused, swiglu, swiglu_fused
 from .gemm import LinearGELU, linear_gelu, matmul
 from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
+from .llama import apply_rawops_to_llama
 from .losses import CrossEntropyLoss, cross_entropy
 from .mlp import FusedMLP, fused_mlp
 from .norm import AddRMSNorm, LayerNorm, RMSNorm, add_rms_norm, layer_norm, rms_norm
@@ -27,9 +29,10 @@ from .sorting import argsort, sort, topk
 install_substitutes()  # last: every family has registered its C-level entries
 
 __all__ = [
-    "AddRMSNorm", "BiasGELU", "CrossEntropyLoss", "FusedMLP", "GELU", "LayerNorm", "LinearGELU", "LogSoftmax",
-    "RMSNorm", "ReLU", "ReLUScale", "Softmax", "SwiGLUMLP", "add", "add_rms_norm", "apply_rotary_pos_emb", "argsort",
-    "bias_gelu", "cross_entropy", "fused_mlp", "geglu", "geglu_fused", "gelu", "layer_norm", "linear_gelu",
+    "AddRMSNorm", "BiasGELU", "CrossEntropyLoss", "FusedLinearCrossEntropyLoss", "FusedMLP", "GELU", "LayerNorm",
+    "LinearGELU", "LogSoftmax", "RMSNorm", "ReLU", "ReLUScale", "Softmax", "SwiGLUMLP", "add", "add_rms_norm",
+    "apply_rawops_to_llama", "apply_rotary_pos_emb", "argsort", "bias_gelu", "cross_entropy",
+    "fused_linear_cross_entropy", "fused_mlp", "geglu", "geglu_fused", "gelu", "layer_norm", "linear_gelu",
     "log_softmax", "matmul", "normalize_volume", "relu", "relu_scale", "relu_scale_add", "rgb_to_gray", "rms_norm",
     "rope", "softmax", "sort", "swiglu", "swiglu_fused", "to_tensor_normalize", "topk",
 ]

@@ -96,7 +96,7 @@ def forward(x, weight, target, bias, ignore_index, smoothing, reduction, z_loss,
     new = dict(device=x.device)
     counts = torch.empty(_ce.COUNTS, dtype=torch.int64, **new)
     loss_rows = torch.empty(tokens, dtype=torch.float32, **new)
-    loss = torch.empty((tokens,) if reduction == "none" else (), dtype=x.dtype, **new)
+    loss = torch.empty((tokens,) if reduction == "none" else (), dtype=torch.float32, **new)  # module docstring
     buf = torch.empty((rows, v), dtype=x.dtype, **new)
     gi = torch.empty((tokens, h), dtype=x.dtype, **new) if need_x else None
     gw = gw_acc = None
@@ -142,8 +142,8 @@ def forward(x, weight, target, bias, ignore_index, smoothing, reduction, z_loss,
                 torch.sum(logits, 0, dtype=torch.float32, out=gb_acc)
             else:
                 gb_acc.add_(logits.sum(0, dtype=torch.float32))
-    on_device(device, _ce.launch_reduce, device, code, loss_rows.data_ptr(), counts.data_ptr(), loss.data_ptr(),
-              tokens, reduction, s)
+    on_device(device, _ce.launch_reduce, device, _fl_code(torch.float32), loss_rows.data_ptr(), counts.data_ptr(),
+              loss.data_ptr(), tokens, reduction, s)
     del buf
     if tokens == 0:  # no chunk wrote them
         for a in (gw_acc, gb_acc):
@@ -248,7 +248,7 @@ def _fused_impl(input, weight, target, bias, ignore_index, label_smoothing, redu
 
 
 def _loss_fake(input, weight, target, bias, ignore_index, label_smoothing, reduction, z_loss, chunk_rows, fp32_acc):
-    return input.new_empty((input.shape[0],) if reduction == "none" else ())
+    return input.new_empty((input.shape[0],) if reduction == "none" else (), dtype=torch.float32)
 
 
 def _fused_fake(input, weight, target, bias, ignore_index, label_smoothing, reduction, z_loss, chunk_rows, fp32_acc):
