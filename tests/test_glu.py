@@ -498,3 +498,11 @@ def test_swiglu_mlp_loads_a_llama_mlp_state_dict_and_matches_it(bias):
     # TF32 is off by default for matmuls: float32 GEMMs, then float32 tolerance times the depth
     assert_close(y.detach(), ref.detach(), torch.float32, "SwiGLUMLP forward", factor=20)
     assert_close(xr.grad, x64.grad, torch.float32, "SwiGLUMLP dx", factor=20)
+    for name in ("gate_proj", "up_proj", "down_proj"):  # d_gate, d_up written over the saved projections
+        assert_close(getattr(ours, name).weight.grad, getattr(stock, name).weight.grad, torch.float32,
+                     f"SwiGLUMLP d {name}.weight", factor=20)
+    # the backward wrote over its saved gate and up: a second backward through one forward is refused
+    y2 = ours(x.clone().requires_grad_())
+    y2.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        y2.sum().backward()

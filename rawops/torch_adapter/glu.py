@@ -64,18 +64,22 @@ def forward(base, gate, up):
     return out
 
 
-def backward(base, dy, gate, up):
-    """(d_gate, d_up), new contiguous tensors."""
+def backward(base, dy, gate, up, inplace=False):
+    """(d_gate, d_up): new contiguous tensors, or, inplace, written over gate and up themselves
+    (each element read before it is written, by the same thread)."""
     gate, code, gs = _operand(gate, "gate")
     up, _, us = _operand(up, "up", like=gate, shape=gate.shape)
     dy, _, ds = _operand(dy, "dy", like=gate, shape=gate.shape)
-    dgate, dup = gate.new_empty(gate.shape), gate.new_empty(gate.shape)
     f = gate.shape[-1]
+    if inplace:
+        dgate, dup, out_strides = gate, up, (gs, us)
+    else:
+        dgate, dup, out_strides = gate.new_empty(gate.shape), gate.new_empty(gate.shape), (f, f)
     rows = gate.numel() // f if f else 0
     if rows and f:
         device = gate.get_device()
         on_device(device, _glu.launch_backward, base, device, code, gate.element_size(), dy.data_ptr(),
-                  gate.data_ptr(), up.data_ptr(), dgate.data_ptr(), dup.data_ptr(), rows, f, (ds, gs, us, f, f),
+                  gate.data_ptr(), up.data_ptr(), dgate.data_ptr(), dup.data_ptr(), rows, f, (ds, gs, us, *out_strides),
                   raw_stream(device))
     return dgate, dup
 
@@ -113,16 +117,23 @@ def backward_packed(base, dy, x):
 # ------------------------------------------------------------------- autograd and custom ops
 class _GLU(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gate, up, base):
+    def forward(ctx, gate, up, base, inplace):
         ctx.save_for_backward(gate, up)
-        ctx.base = base
+        ctx.base, ctx.inplace = base, inplace
         return forward(base, gate, up)
 
     @staticmethod
     def backward(ctx, dy):
+        if ctx.inplace:
+            if ctx.base is None:
+                raise RuntimeError("SwiGLUMLP's backward wrote its gradients over the saved gate and up: it runs once "
+                                   "per forward (no retain_graph=True second backward)")
+            base, ctx.base = ctx.base, None
+        else:
+            base = ctx.base
         gate, up = ctx.saved_tensors
-        dgate, dup = backward(ctx.base, dy, gate, up)
-        return dgate, dup, None
+        dgate, dup = backward(base, dy, gate, up, ctx.inplace)
+        return dgate, dup, None, None
 
 
 class _GLUPacked(torch.autograd.Function):
@@ -180,7 +191,7 @@ def _tensor(t, name):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _split(base, gate, up):
+def _split(base, gate, up, inplace_backward=False):
     _tensor(gate, "gate")
     _tensor(up, "up")
     if gate.shape != up.shape:
@@ -194,7 +205,7 @@ def _split(base, gate, up):
     if compiling():
         return _OPS[base][0](gate, up)
     if needs_grad(gate, up):
-        return _glu_apply(gate, up, base)
+        return _glu_apply(gate, up, base, inplace_backward)
     return forward(base, gate, up)
 
 
@@ -239,7 +250,12 @@ class SwiGLUMLP(torch.nn.Module):
     """transformers' LlamaMLP with its activation on rawops: down_proj(swiglu(gate_proj(x),
     up_proj(x))). The same parameters (gate_proj, up_proj, down_proj: Linear, bias optional as
     LlamaMLP's config.mlp_bias), so it loads a LlamaMLP state_dict unchanged (LlamaMLP's act_fn
-    must be silu, config.hidden_act == "silu", as every Llama checkpoint has)."""
+    must be silu, config.hidden_act == "silu", as every Llama checkpoint has).
+
+    Its backward writes d_gate and d_up over the gate and up projections it saved (they are its
+    own intermediates: nothing else holds them, a Linear keeps its input, not its output), so
+    training holds no second pair of (T, F) tensors, as Liger's SwiGLU does; a second backward
+    through one forward (retain_graph=True) is a RuntimeError."""
 
     def __init__(self, hidden_size, intermediate_size, bias=False, device=None, dtype=None):
         super().__init__()
@@ -250,7 +266,7 @@ class SwiGLUMLP(torch.nn.Module):
         self.down_proj = torch.nn.Linear(intermediate_size, hidden_size, bias=bias, **factory)
 
     def forward(self, x):
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(_split("swiglu", self.gate_proj(x), self.up_proj(x), inplace_backward=True))
 
     def extra_repr(self):
         return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}"
