@@ -3,12 +3,16 @@ seconds for rms_norm, swiglu and rope, milliseconds for cross_entropy): cProfile
 backward in a fresh process, top entries by cumulative time. Experiment, not a bench.
     python dev/profile_first_backward.py [rms_norm|swiglu|rope] [single]
 single: autograd on the calling thread (cProfile sees only its own thread)."""
-import cProfile
-import pstats
+import os
 import sys
-import time
 
-import torch
+# dev/profile.py (this folder's) would shadow the standard library's, which cProfile imports
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+import cProfile  # noqa: E402
+import pstats  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
 
 op = sys.argv[1] if len(sys.argv) > 1 else "rms_norm"
 torch.cuda.init()

@@ -64,6 +64,8 @@ class Fakes:
         self.calls = {"rms_norm": 0, "swiglu": 0, "rope": [], "loss": []}
         monkeypatch.setattr(norm, "rms_norm", self.rms_norm)
         monkeypatch.setattr(glu, "swiglu", self.swiglu)
+        # SwiGLUMLP calls the split op's entry with its in-place backward
+        monkeypatch.setattr(glu, "_split", lambda base, gate, up, inplace_backward=False: self.swiglu(gate, up))
         monkeypatch.setattr(rotary, "rope", self.rope)
         module = types.ModuleType(LOSS_MODULE)
         module.fused_linear_cross_entropy = self.fused_linear_cross_entropy
