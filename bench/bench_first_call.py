@@ -92,7 +92,11 @@ def measure(lib, op):
     if lib == "liger" and op == "rope":
         grads = tuple(g.transpose(1, 2) for g in grads)
     warm = torch.ones(8, device="cuda", requires_grad=True)
-    (warm * 2).sum().backward()  # autograd's engine and its device threads started: torch's cost, not the op's
+    # autograd's engine and its device threads started, and torch.autograd.backward's first call with
+    # explicit gradients (its _make_grads imports torch.fx's symbolic shapes, i.e. sympy: seconds
+    # without a bytecode cache): torch's costs, not the op's
+    (warm * 2).sum().backward()
+    torch.autograd.backward(warm * 2, torch.ones_like(warm))
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     fn = _load(lib, op)
