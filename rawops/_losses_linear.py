@@ -6,7 +6,8 @@ rawops.losses holds the cross-entropy kernels (kernels/losses.cu) this module la
     loss   = cross_entropy(logits, target, ignore_index, label_smoothing, reduction, z_loss)
 
 (rawops/losses.py: the formula, label smoothing, z_loss, ignored rows, "mean" over the rows not
-ignored, NaN for a target outside [0, V) that is not ignore_index.)
+ignored, NaN for a target outside [0, V) that is not ignore_index; check_targets=True makes that a
+ValueError naming the first such row, raised before any GEMM after a synchronising read.)
 
 The tokens run in chunks of `chunk_rows` rows (chunk_plan); for each chunk, on one stream:
   1. logits_c = input_c @ weight.T (+ bias): cuBLAS, into one (chunk_rows, V) buffer reused by
@@ -213,7 +214,7 @@ def _gemm(cublas, handle, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate, a
 # ------------------------------------------------------------------------------ CuPy API
 def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
                                reduction="mean", z_loss=0.0, *, grad=True, grad_output=None, accum_dtype=None,
-                               chunk_rows=None, stream=None):
+                               chunk_rows=None, check_targets=False, stream=None):
     """cross_entropy(input @ weight.T + bias, target, ...) without the whole logits (module
     docstring: the chunks, memory, layouts).
 
@@ -227,6 +228,7 @@ def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-1
         ignore_index, label_smoothing, reduction, z_loss, chunk_rows, accum_dtype)
     _ce.check_bool(grad, "grad")
     grad = bool(grad)
+    check_targets = _ce.check_bool(check_targets, "check_targets")
     x = _float_array(input, "input")
     w = _float_array(weight, "weight", like=x)
     b = _float_array(bias, "bias", like=x) if bias is not None else None
@@ -266,10 +268,14 @@ def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-1
             if b is not None:
                 gb = gb_acc = cupy.empty(v, numpy.float32)
         hold_if_capturing(s, counts, loss_rows, buf, ones, gw_acc if fp32_acc else None, gb_acc)
+        if check_targets:  # before any GEMM: a bad target is a ValueError, not NaN (a synchronising read)
+            _ce._refuse_check_while_capturing(s)
+            _ce.launch_targets(device, code, t.ptr, i32, counts.data.ptr, tokens, v, t_stride, ignore_index, s)
+            _ce._check_targets(counts, v, ignore_index)
         mode = cublas.getPointerMode(handle)
         cublas.setPointerMode(handle, _POINTER_MODE_HOST)
         try:
-            if mean:
+            if mean and not check_targets:  # (check_targets counted them already)
                 _ce.launch_targets(device, code, t.ptr, i32, counts.data.ptr, tokens, v, t_stride, ignore_index, s)
             per_row = reduction == "none"
             for start, stop in chunks(tokens, rows):

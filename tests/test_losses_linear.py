@@ -114,6 +114,7 @@ def test_a_valid_call_gets_past_validation():
     (dict(chunk_rows=True), TypeError, "chunk_rows must be None or an int"),
     (dict(accum_dtype="float16"), ValueError, "accum_dtype must be None"),
     (dict(grad="yes"), TypeError, "grad must be a bool"),
+    (dict(check_targets=1), TypeError, "check_targets must be a bool"),
     (dict(grad_output=FakeCAI((), "<f2", OUT_AT)), TypeError, "grad_output has dtype"),
     (dict(grad_output=FakeCAI((4,), "<f4", OUT_AT)), ValueError, "expected one value for reduction='mean'"),
     (dict(grad_output=FakeCAI((), "<f4", OUT_AT), reduction="none"), ValueError, "expected (4,) for reduction='none'"),
@@ -145,7 +146,7 @@ def test_adapter_signature_is_linear_then_cross_entropy_with_keywords_only_extra
     for name in ("ignore_index", "label_smoothing", "reduction"):
         assert inspect.signature(ta.fused_linear_cross_entropy).parameters[name].default == theirs[name].default
     assert all(p.kind is p.KEYWORD_ONLY for p in params[8:]) and [p.name for p in params[8:]] == [
-        "chunk_rows", "accum_dtype"]
+        "chunk_rows", "accum_dtype", "check_targets"]
 
 
 def _cpu(tokens=4, h=8, v=16, dtype=torch.float32):
@@ -170,6 +171,7 @@ def _cpu(tokens=4, h=8, v=16, dtype=torch.float32):
     (dict(chunk_rows=-1), ValueError, "chunk_rows"),
     (dict(accum_dtype=torch.float16), ValueError, "accum_dtype"),
     (dict(accum_dtype=3), TypeError, "accum_dtype"),
+    (dict(check_targets="no"), TypeError, "check_targets must be a bool"),
 ])
 def test_adapter_checks_fire_before_any_launch(change, error, words):
     x, w, t = _cpu()
@@ -386,6 +388,16 @@ def test_cupy_bad_targets_give_nan():
     assert torch.isnan(loss[6]) and not torch.isnan(loss[:6]).any() and torch.isnan(gi[6]).all()
     assert not torch.isnan(gi[:6]).any() and torch.isnan(to_torch(gw)).any()
     assert math.isnan(float(fused_linear_cross_entropy(to_cupy(x), to_cupy(w), to_cupy(t), grad=False)))
+    # check_targets=True: a ValueError naming the first bad row, before any GEMM (both APIs)
+    t[9] = -3
+    with pytest.raises(ValueError, match=re.escape("target[6] = 100 is outside [0, 100)")):
+        fused_linear_cross_entropy(to_cupy(x), to_cupy(w), to_cupy(t), check_targets=True)
+    from rawops.torch_adapter import _losses_linear as ta
+
+    with pytest.raises(ValueError, match=re.escape("target[6] = 100 is outside [0, 100)")):
+        ta.fused_linear_cross_entropy(x.requires_grad_(), w, t, check_targets=True)
+    t[6], t[9] = -100, 0  # ignored and in range: the check passes and the loss is finite
+    assert math.isfinite(float(ta.fused_linear_cross_entropy(x, w, t, check_targets=True)))
 
 
 @gpu

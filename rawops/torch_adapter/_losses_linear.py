@@ -187,6 +187,23 @@ def _scale_in_place(grad, grad_output):
               raw_stream(device))
 
 
+def _check_targets(target, v, ignore_index):
+    """ValueError naming the first target outside [0, v) that is not ignore_index (one launch and a
+    synchronising read)."""
+    if compiling():
+        raise ValueError("check_targets=True reads a flag back from the GPU, which torch.compile cannot trace: "
+                         "pass check_targets=False inside compiled code")
+    _ta_ce._refuse_check_while_capturing()
+    counts = torch.empty(_ce.COUNTS, dtype=torch.int64, device=target.device)
+    device = target.get_device()
+    on_device(device, _ce.launch_targets, device, 0, target.data_ptr(), target.dtype == torch.int32,
+              counts.data_ptr(), target.shape[0], v, target.stride(0) if target.shape[0] else 1, ignore_index,
+              raw_stream(device))
+    _, bad, value = counts.tolist()
+    if bad >= 0:
+        raise ValueError(_ce.bad_target_message(bad, value, v, ignore_index))
+
+
 # ------------------------------------------------------------------- autograd
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
@@ -309,17 +326,24 @@ _loss_op = custom_op("fused_linear_cross_entropy", f"({_ARGS}) -> Tensor", _loss
 
 # ------------------------------------------------------------------- public
 def fused_linear_cross_entropy(input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0,
-                               reduction="mean", z_loss=0.0, *, chunk_rows=None, accum_dtype=None):
+                               reduction="mean", z_loss=0.0, *, chunk_rows=None, accum_dtype=None,
+                               check_targets=False):
     """F.cross_entropy(F.linear(input, weight, bias), target, ignore_index=..., reduction=...,
     label_smoothing=...) plus z_loss (z_loss * logsumexp^2 a row, Liger's lse_square_scale), the
     (tokens, V) logits never whole: chunks of chunk_rows tokens (None: logits of at most 256 MiB a
     chunk, rawops/_losses_linear.py). Autograd for input, weight and bias. accum_dtype=torch.float32:
     grad_weight of a 16-bit weight accumulated in float32 (V x H x 4 bytes more; torch.addmm's
-    out_dtype, which needs a recent torch); None: in weight's dtype, one rounding a chunk."""
+    out_dtype, which needs a recent torch); None: in weight's dtype, one rounding a chunk.
+    check_targets=True: a target outside [0, V) that is not ignore_index raises ValueError before
+    any GEMM (a synchronising read; refused under torch.compile and CUDA graph capture); without
+    it such a row's loss and gradients are NaN."""
     ignore_index, smoothing, reduction, z, chunk_rows, _ = _fl.check_options(
         ignore_index, label_smoothing, reduction, z_loss, chunk_rows, None)
     fp32_acc = _accum_dtype(accum_dtype)
+    check_targets = _ce.check_bool(check_targets, "check_targets")
     x, t, none_shape = _checked(input, weight, target, bias)
+    if check_targets:
+        _check_targets(t, weight.shape[0], ignore_index)
     if compiling():
         options = (ignore_index, smoothing, reduction, z, chunk_rows or 0, fp32_acc)
         if reduction != "none" and needs_grad(x, weight, bias):
@@ -340,17 +364,18 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
     Options as fused_linear_cross_entropy; no parameters, no state_dict entries."""
 
     def __init__(self, ignore_index=-100, label_smoothing=0.0, reduction="mean", z_loss=0.0, *, chunk_rows=None,
-                 accum_dtype=None):
+                 accum_dtype=None, check_targets=False):
         super().__init__()
         (self.ignore_index, self.label_smoothing, self.reduction, self.z_loss, self.chunk_rows,
          _) = _fl.check_options(ignore_index, label_smoothing, reduction, z_loss, chunk_rows, None)
         _accum_dtype(accum_dtype)
         self.accum_dtype = accum_dtype
+        self.check_targets = _ce.check_bool(check_targets, "check_targets")
 
     def forward(self, input, weight, target, bias=None):
         return fused_linear_cross_entropy(input, weight, target, bias, self.ignore_index, self.label_smoothing,
                                           self.reduction, self.z_loss, chunk_rows=self.chunk_rows,
-                                          accum_dtype=self.accum_dtype)
+                                          accum_dtype=self.accum_dtype, check_targets=self.check_targets)
 
     def extra_repr(self):
         return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
