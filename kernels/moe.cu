@@ -54,14 +54,6 @@ constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fffffff); }
 
-// a beats b: NaN above everything, then larger, then the lower expert id.
-__device__ __forceinline__ bool beats(float a, int ia, float b, int ib) {
-  const bool na = a != a, nb = b != b;
-  if (na != nb) return na;
-  if (!na && a != b) return a > b;
-  return ia < ib;
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
@@ -108,35 +100,49 @@ __device__ __forceinline__ float row_scores(const T* __restrict__ row, int exper
 }
 
 // k rounds of the warp argmax over the scores; lane j < k ends with the j-th choice (id, score).
+// Scores are >= 0 or NaN (exp and the sigmoid), so a score's bits order as unsigned integers (a NaN
+// made 0x7fffffff: above +inf): on sm_80+ a round is each lane's best untaken slot, then the warp's
+// largest bits and, among the lanes holding them, the lowest id (two redux instructions); before
+// sm_80, a shuffle tree over (score, id).
 template <int kPerLane>
-__device__ __forceinline__ void top_k(const float (&score)[kPerLane], int per, int k, int lane, int& my_id,
-                                      float& my_score) {
+__device__ __forceinline__ void top_k(const float (&score)[kPerLane], int per, int experts, int k, int lane,
+                                      int& my_id, float& my_score) {
   unsigned taken = 0;
   my_id = -1;
   my_score = 0.0f;
   for (int r = 0; r < k; ++r) {
-    float best = -INFINITY;
+    unsigned bits = 0;
     int best_id = 0x7fffffff;
 #pragma unroll
     for (int s = 0; s < kPerLane; ++s) {
-      if (s < per && !(taken >> s & 1u) && beats(score[s], lane + 32 * s, best, best_id)) {
-        best = score[s];
-        best_id = lane + 32 * s;
+      const int e = lane + 32 * s;
+      if (s < per && e < experts && !(taken >> s & 1u)) {
+        const unsigned b = score[s] != score[s] ? 0x7fffffffu : __float_as_uint(score[s]);
+        if (b > bits || best_id == 0x7fffffff) {  // slots in id order: equal bits keep the lower id
+          bits = b;
+          best_id = e;
+        }
       }
     }
+#if __CUDA_ARCH__ >= 800
+    const unsigned top = __reduce_max_sync(kFull, bits);
+    best_id = __reduce_min_sync(kFull, bits == top ? unsigned(best_id) : 0x7fffffffu);
+#else
+    unsigned top = bits;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-      const float v = __shfl_xor_sync(kFull, best, o);
+      const unsigned b = __shfl_xor_sync(kFull, top, o);
       const int i = __shfl_xor_sync(kFull, best_id, o);
-      if (beats(v, i, best, best_id)) {
-        best = v;
+      if (b > top || (b == top && i < best_id)) {
+        top = b;
         best_id = i;
       }
     }
+#endif
     if ((best_id & 31) == lane) taken |= 1u << (best_id >> 5);
     if (lane == r) {
       my_id = best_id;
-      my_score = best;
+      my_score = __uint_as_float(top);
     }
   }
 }
@@ -155,7 +161,7 @@ __device__ void route(const T* __restrict__ logits, float* __restrict__ weights,
     const float total = row_scores(logits + t * stride, experts, per, lane, sigmoid, score);
     int id;
     float v;
-    top_k(score, per, k, lane, id, v);
+    top_k(score, per, experts, k, lane, id, v);
     const float chosen = warp_sum(lane < k ? v : 0.0f);
     const float scale = normalize ? 1.0f / chosen : 1.0f / total;  // sigmoid's total is 1
     if (lane < k) {

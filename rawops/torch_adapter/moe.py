@@ -208,6 +208,8 @@ class _Route(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_weights, grad_ids, grad_counts):
+        if grad_weights is None:  # only the ids were used
+            return None, None, None
         logits, ids = ctx.saved_tensors
         return route_backward(logits, ids, grad_weights, ctx.flags), None, None
 
@@ -222,6 +224,8 @@ class _Permute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, *unused):
+        if grad_out is None:
+            return None, None, None, None
         (index,) = ctx.saved_tensors
         return unpermute(grad_out, None, index), None, None, None
 
