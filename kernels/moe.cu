@@ -22,7 +22,8 @@
 // Permute: n = T k entries (t, j) with expert ids[t, j]; a stable counting sort by expert:
 //   moe_count   block b of the flat entries [b chunk, (b + 1) chunk): its histogram over E + 1 buckets
 //               (bucket E: ids outside [0, E)) into block_counts[b][.]
-//   moe_scan    one block: block_counts[b][e] <- rows of expert e in blocks before b (a warp an expert);
+//   moe_scan    one block: block_counts[b][e] <- rows of expert e in blocks before b (a warp an expert,
+//               b < RAWOPS_MOE_INDEX_MAX_BLOCKS);
 //               counts[e], offsets[e] (groups padded to pad_to rows; offsets[E] the end of the last)
 //   moe_place   block b again, RAWOPS_MOE_INDEX_THREADS entries a step: each entry's rank among the same
 //               expert's earlier entries (__match_any_sync in a warp, the earlier warps' counts in shared
@@ -256,6 +257,7 @@ __device__ void count(const void* ids, int* __restrict__ block_counts, int64_t n
 
 constexpr int kScanThreads = RAWOPS_MOE_SCAN_THREADS;
 constexpr int kScanItems = (kMaxExperts + kScanThreads) / kScanThreads;  // E + 1 buckets a block
+constexpr int kBlockSlots = RAWOPS_MOE_INDEX_MAX_BLOCKS / 32;  // the count kernel's blocks, 32 a lane slot
 
 __device__ void scan(int* __restrict__ block_counts, int* __restrict__ offsets, int* __restrict__ counts,
                      int64_t blocks, int experts, int64_t pad_to) {
@@ -263,19 +265,27 @@ __device__ void scan(int* __restrict__ block_counts, int* __restrict__ offsets, 
   __shared__ typename Scan::TempStorage temp;
   __shared__ int totals[kMaxExperts + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // a warp an expert: the blocks' counts scanned 32 at a time, in block order
+  // a warp an expert: every block's count loaded first (the loads in flight together; the in-place
+  // stores after them), then scanned 32 blocks at a time, in block order
   for (int e = warp; e <= experts; e += kScanThreads / 32) {
+    int c[kBlockSlots];
+#pragma unroll
+    for (int i = 0; i < kBlockSlots; ++i) {
+      const int64_t b = int64_t(i) * 32 + lane;
+      c[i] = b < blocks ? block_counts[b * (experts + 1) + e] : 0;
+    }
     int running = 0;
-    for (int64_t b0 = 0; b0 < blocks; b0 += 32) {
-      const int64_t b = b0 + lane;
-      const int c = b < blocks ? block_counts[b * (experts + 1) + e] : 0;
-      int inclusive = c;
+#pragma unroll
+    for (int i = 0; i < kBlockSlots; ++i) {
+      if (int64_t(i) * 32 >= blocks) break;  // warp-uniform
+      int inclusive = c[i];
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const int up = __shfl_up_sync(kFull, inclusive, o);
         if (lane >= o) inclusive += up;
       }
-      if (b < blocks) block_counts[b * (experts + 1) + e] = running + inclusive - c;
+      const int64_t b = int64_t(i) * 32 + lane;
+      if (b < blocks) block_counts[b * (experts + 1) + e] = running + inclusive - c[i];
       running += __shfl_sync(kFull, inclusive, 31);
     }
     if (lane == 0) totals[e] = running;

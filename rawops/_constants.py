@@ -251,6 +251,9 @@ MOE_ROUTE_THREADS = 256
 MOE_ROWS_THREADS = 256
 MOE_INDEX_THREADS = 256
 MOE_SCAN_THREADS = 512
+# The most blocks the index kernels take (the scan holds every block's count of an expert in a warp's
+# registers, MOE_INDEX_MAX_BLOCKS / 32 a lane); rawops/moe.py's index_plan sizes the chunks to fit.
+MOE_INDEX_MAX_BLOCKS = 1024
 # Bits of the kernels' flags argument.
 MOE_FLAG_SIGMOID = 1
 MOE_FLAG_NORMALIZE = 2

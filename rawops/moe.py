@@ -83,11 +83,11 @@ KINDS = {"moe_route": "pppp" + "q" * 5, "moe_route_bwd": "pppp" + "q" * 5, "moe_
 FAMILY_OF = {**{f"{base}_{suffix}": FAMILY for base in KERNELS for suffix in FLOAT_SUFFIXES},
              **{base: FAMILY for base in INDEX_KERNELS}}
 
-# Launch shapes (Python's alone): the index kernels' chunks are at least INDEX_MIN_CHUNK entries and
-# at most INDEX_MAX_BLOCKS of them (the scan walks every block's counts); the grid-stride kernels
-# take at most BLOCKS_PER_SM blocks an SM.
+# Launch shapes: the index kernels' chunks are at least INDEX_MIN_CHUNK entries and at most
+# INDEX_MAX_BLOCKS of them (the scan holds every block's counts in registers); the grid-stride
+# kernels take at most BLOCKS_PER_SM blocks an SM.
 INDEX_MIN_CHUNK = 512
-INDEX_MAX_BLOCKS = 1024
+INDEX_MAX_BLOCKS = _constants.MOE_INDEX_MAX_BLOCKS
 BLOCKS_PER_SM = 8
 MAX_GRID = (1 << 31) - 1
 

@@ -91,6 +91,7 @@ def test_constants_fit_the_kernels():
     items = (_constants.MOE_MAX_EXPERTS + _constants.MOE_SCAN_THREADS) // _constants.MOE_SCAN_THREADS
     assert items * _constants.MOE_SCAN_THREADS >= _constants.MOE_MAX_EXPERTS + 1, "the scan holds E + 1 buckets"
     assert moe.MAX_ROWS == (1 << 31) - 1
+    assert _constants.MOE_INDEX_MAX_BLOCKS % 32 == 0 and moe.INDEX_MAX_BLOCKS == _constants.MOE_INDEX_MAX_BLOCKS
 
 
 # ------------------------------------------------------------------------------ argument checks (no GPU)
@@ -500,7 +501,8 @@ def reference_pipeline(x, logits, k, scale, ids):
     x64, l64 = x.double().requires_grad_(), logits.double().requires_grad_()
     p = torch.softmax(l64, dim=-1).gather(1, ids.long())
     w = p / p.sum(dim=-1, keepdim=True)
-    out = (w[..., None] * x64[:, None, :] * scale.double()[ids.long()][..., None]).sum(1)
+    scale = scale.to(x.dtype).double()  # the experts' stand-in scales x's rows in x's dtype
+    out = (w[..., None] * x64[:, None, :] * scale[ids.long()][..., None]).sum(1)
     return out, x64, l64
 
 
