@@ -47,6 +47,8 @@ from .norm import (
     rms_norm_backward,
     rms_norm_forward,
 )
+from .moe import (moe_permute, moe_permute_backward, moe_route, moe_route_backward, moe_unpermute,
+                  moe_unpermute_backward)
 from .rotary import rope, rope_backward
 from .softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
 from .sorting import argsort, sort, topk
@@ -85,6 +87,12 @@ __all__ = [
     "log_softmax",
     "log_softmax_backward",
     "matmul",
+    "moe_permute",
+    "moe_permute_backward",
+    "moe_route",
+    "moe_route_backward",
+    "moe_unpermute",
+    "moe_unpermute_backward",
     "normalize_volume",
     "relu",
     "relu_backward",

@@ -237,3 +237,25 @@ CE_FLAG_MEAN = 4
 CE_FLAG_GRAD_OUTPUT = 8
 CE_FLAG_PER_ROW_GRAD_OUTPUT = 16
 CE_FLAG_WARP = 32
+
+# ------------------------------------------------------------------ moe (kernels/moe.cu, rawops/moe.py)
+# The most experts a router row or a permutation holds (a warp's lanes hold MOE_MAX_EXPERTS / 32
+# scores each; the index kernels' shared tables hold one int an expert), and the most experts a
+# token picks (a lane a choice).
+MOE_MAX_EXPERTS = 1024
+MOE_MAX_K = 32
+# Blocks (and launch bounds): the router's and the row kernels' (a warp a token), the index
+# kernels' (count and place: a chunk of entries a block, MOE_INDEX_THREADS of them a step) and the
+# one-block scan's (also the padding kernel's: its table is scanned in every block).
+MOE_ROUTE_THREADS = 256
+MOE_ROWS_THREADS = 256
+MOE_INDEX_THREADS = 256
+MOE_SCAN_THREADS = 512
+# The most blocks the index kernels take (the scan holds every block's count of an expert in a warp's
+# registers, MOE_INDEX_MAX_BLOCKS / 32 a lane); rawops/moe.py's index_plan sizes the chunks to fit.
+MOE_INDEX_MAX_BLOCKS = 1024
+# Bits of the kernels' flags argument.
+MOE_FLAG_SIGMOID = 1
+MOE_FLAG_NORMALIZE = 2
+MOE_FLAG_IDS_I64 = 4
+MOE_FLAG_VECTORS = 8

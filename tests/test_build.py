@@ -762,6 +762,7 @@ import rawops.image as image  # noqa: E402
 import rawops.sorting as sorting  # noqa: E402
 from rawops import _sorting_topk as sorting_topk  # noqa: E402
 import rawops.glu as glu  # noqa: E402
+import rawops.moe as moe  # noqa: E402
 import rawops.rotary as rotary  # noqa: E402
 import rawops.losses as losses  # noqa: E402
 
@@ -770,8 +771,8 @@ import rawops.losses as losses  # noqa: E402
 # several fatbins (kernels/mlp_*.cu): its FAMILY_OF names each entry point's (image and sort list
 # theirs the same way); topk's table is rawops._sorting_topk's (kernels/sorting_topk.cu).
 ROW_FAMILIES = {"norm": norm, "softmaxes": softmaxes}
-TABLE_FAMILIES = {**ROW_FAMILIES, "glu": glu, "image": image, "losses": losses, "rotary": rotary, "sorting": sorting,
-                  "sorting_topk": sorting_topk,
+TABLE_FAMILIES = {**ROW_FAMILIES, "glu": glu, "image": image, "losses": losses, "moe": moe, "rotary": rotary,
+                  "sorting": sorting, "sorting_topk": sorting_topk,
                   **{family: mlp for family in sorted(set(mlp.FAMILY_OF.values()))}}
 # CUB's util_device.cuh defines one global kernel (EmptyKernel, for its PTX-version query)
 # in every unit that includes it; it is not ours and nothing launches it.

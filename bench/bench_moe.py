@@ -1,0 +1,163 @@
+"""Benchmark of the moe family (routing, permute, unpermute with the weighted combine) against torch's
+composites, in one run on one GPU.
+
+Shapes: Qwen3-30B-A3B's layer (16384 tokens, hidden 2048, 128 experts, top-8) and a Mixtral-like one
+(16384 tokens, hidden 4096, 64 experts, top-2), bfloat16 activations, float32 router weights.
+torch's composites are what Hugging Face's Qwen3MoeSparseMoeBlock does: the router softmax over
+the experts in float32, topk, renormalise, and the per-expert counts (scatter_add_ into zeros:
+torch.bincount synchronises with the host to size its output); permute as a stable argsort of the
+flat ids, then index_select of the token rows (and the counts' cumsum for offsets); the combine as
+HF's index_add_ of the weighted expert rows into zeros. Backwards are autograd's of the same
+composites, timed alone. CUDA events, interleaved rounds, medians; rawops through the adapter's
+launch functions (no autograd bookkeeping), the whole op each time (permute: its index kernels too).
+
+Bytes each must move: permute reads x once and writes T k rows; unpermute reads T k rows and writes
+T rows; its backward reads d out and T k rows, writes T k rows (the weights, ids and int32 tables
+are noise beside them, and not counted). Bars: route >= 5x torch's composite; permute and
+unpermute+combine >= 0.85 of the copy ceiling measured in the same run; the other rows are shown
+for information.
+
+    python bench/bench_moe.py [--out bench/results]
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import ROW_HEADER, device_times_us, row_result, start, write_results  # noqa: E402
+
+# (name, tokens, hidden, experts, k)
+SHAPES = [("qwen3", 16384, 2048, 128, 8), ("mixtral", 16384, 4096, 64, 2)]
+ROUTE_BAR = 5.0
+COPY_BAR = 0.85
+DTYPE, DTYPE_NAME = torch.bfloat16, "bf16"
+
+
+def torch_route(logits, k):
+    """HF's router: softmax over the experts in float32, topk, renormalise; the counts."""
+    p = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    w, ids = torch.topk(p, k, dim=-1)
+    w = w / w.sum(dim=-1, keepdim=True)
+    counts = torch.zeros(logits.shape[1], dtype=torch.int64, device=logits.device)
+    counts.scatter_add_(0, ids.flatten(), torch.ones_like(ids.flatten()))
+    return w, ids, counts
+
+
+def torch_permute_fn(experts, k):
+    """A stable argsort of the flat ids, the token rows gathered in that order, the offsets."""
+    def fn(x, ids):
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(experts, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+        offsets = torch.cumsum(counts, 0)
+        return x.index_select(0, order // k), offsets, order
+    return fn
+
+
+def torch_unpermute(y, w_sorted, token_of_row, tokens):
+    """HF's combine: the weighted expert rows index_add_-ed into zeros (float32 weights applied in y's dtype)."""
+    out = torch.zeros((tokens, y.shape[1]), dtype=y.dtype, device=y.device)
+    return out.index_add_(0, token_of_row, y * w_sorted[:, None].to(y.dtype))
+
+
+def backward_of(fn, inputs, grads, differentiable):
+    """fn's backward alone (autograd.grad replayed over one forward graph)."""
+    leaves = [t.detach().clone().requires_grad_(d) for t, d in zip(inputs, differentiable)]
+    outs = fn(*leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    wrt = [t for t, d in zip(leaves, differentiable) if d]
+    return lambda: torch.autograd.grad(outs[:len(grads)], wrt, grads, retain_graph=True)
+
+
+def shape_rows(ta_moe, name, tokens, hidden, experts, k, ceiling):
+    from rawops import moe as _moe
+
+    rows = []
+    shape = f"{name} T{tokens} H{hidden} E{experts} k{k}"
+    logits = torch.randn(tokens, experts, device="cuda", dtype=DTYPE)
+    flags = _moe.score_flags("softmax", True)
+    # route
+    times = device_times_us({"rawops": lambda: ta_moe.route(logits, k, flags), "torch": lambda: torch_route(logits, k)})
+    nbytes = logits.numel() * logits.element_size() + tokens * k * 8
+    rows.append(row_result("route", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,
+                           times["torch"] / times["rawops"] >= ROUTE_BAR))
+    w, ids, _ = ta_moe.route(logits, k, flags)
+    gw = torch.randn_like(w)
+    bwd = {"rawops": lambda: ta_moe.route_backward(logits, ids, gw, flags),
+           "torch": backward_of(lambda lg: torch_route(lg, k)[0], (logits,), (gw,), (True,))}
+    times = device_times_us(bwd)
+    nbytes = 2 * logits.numel() * logits.element_size() + tokens * k * 8
+    rows.append(row_result("route bwd", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,
+                           None))
+    # permute
+    x = torch.randn(tokens, hidden, device="cuda", dtype=DTYPE)
+    e = x.element_size()
+    tp = torch_permute_fn(experts, k)
+    times = device_times_us({"rawops": lambda: ta_moe.permute(x, ids, experts, 1), "torch": lambda: tp(x, ids)})
+    nbytes = (tokens + tokens * k) * hidden * e
+    tbps = nbytes / times["rawops"] / 1e6
+    rows.append(row_result("permute", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,
+                           tbps >= COPY_BAR * ceiling))
+    pad = 128
+    padded_rows = _moe.permuted_rows(tokens, k, experts, pad)
+    times = device_times_us({"rawops": lambda: ta_moe.permute(x, ids, experts, pad), "torch": lambda: tp(x, ids)})
+    nbytes_pad = (tokens + padded_rows) * hidden * e
+    rows.append(row_result(f"permute pad{pad}", DTYPE_NAME, shape, nbytes_pad, times["rawops"], times["torch"], {},
+                           ceiling, None))
+    permuted, offsets, counts, index = ta_moe.permute(x, ids, experts, 1)
+    del permuted
+    # unpermute + combine (y: the experts' output rows in permuted order)
+    y = torch.randn(tokens * k, hidden, device="cuda", dtype=DTYPE)
+    order = torch.argsort(ids.flatten(), stable=True)
+    token_of_row, w_sorted = order // k, w.flatten()[order]
+    times = device_times_us({"rawops": lambda: ta_moe.unpermute(y, w, index),
+                             "torch": lambda: torch_unpermute(y, w_sorted, token_of_row, tokens)})
+    nbytes = (tokens * k + tokens) * hidden * e
+    tbps = nbytes / times["rawops"] / 1e6
+    rows.append(row_result("unpermute+combine", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {},
+                           ceiling, tbps >= COPY_BAR * ceiling))
+    g = torch.randn(tokens, hidden, device="cuda", dtype=DTYPE)
+    bwd = {"rawops": lambda: ta_moe.unpermute_backward(g, y, w, index),
+           "torch": backward_of(lambda yy, ww: torch_unpermute(yy, ww, token_of_row, tokens), (y, w_sorted), (g,),
+                                (True, True))}
+    times = device_times_us(bwd)
+    nbytes = (tokens + 2 * tokens * k) * hidden * e
+    rows.append(row_result("unpermute bwd", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,
+                           None))
+    bwd = {"rawops": lambda: ta_moe.unpermute(y, None, index),
+           "torch": backward_of(lambda xx: tp(xx, ids)[0], (x,), (y,), (True,))}
+    times = device_times_us(bwd)
+    nbytes = (tokens * k + tokens) * hidden * e
+    rows.append(row_result("permute bwd", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,
+                           None))
+    return rows
+
+
+def main():
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 1
+    out_dir, ceiling = started
+    from rawops.torch_adapter import moe as ta_moe
+
+    rows = []
+    for shape in SHAPES:
+        rows += shape_rows(ta_moe, *shape, ceiling)
+        torch.cuda.empty_cache()
+    text = write_results(out_dir, "moe", "python bench/bench_moe.py", [
+        ("Device time, bf16 activations, float32 router weights", ROW_HEADER, rows,
+         {"copy ceiling TB/s": round(ceiling, 3),
+          "target": f"route >= {ROUTE_BAR:g}x torch; permute and unpermute+combine >= {COPY_BAR:.0%} of the copy "
+                    "ceiling; other rows for information (meets target: None)",
+          "bytes": "permute: x read once, T k (+ padding) rows written; unpermute: T k rows read, T written; its "
+                   "backward: d out and T k rows read, T k written; route: logits read, weights and ids written",
+          "torch": "HF's router math (softmax float32, topk, renormalise, counts by scatter_add_); argsort + "
+                   "index_select; index_add_ of the weighted rows; autograd for the backwards"}),
+    ])
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""The moe family for torch: moe_route, moe_permute and moe_unpermute with autograd, and their
+`rawops::` custom ops for torch.compile (rawops/moe.py gives the semantics).
+
+    weights, ids, counts = moe_route(router_logits, k)                # HF's softmax, top-k, renormalise
+    permuted, offsets, counts, index = moe_permute(x, ids, num_experts, pad_to=1)
+    y = experts(permuted, offsets)                                    # per-expert GEMMs (not here)
+    out = moe_unpermute(y, weights, index)                           # the weighted combine
+
+Gradients: moe_route's weights to the logits (ids and counts are integers); moe_permute's rows to x
+(each token's k gradient rows summed); moe_unpermute's to y (the gradient rows scaled by the
+weights, zero on padding rows) and to weights (dot products). Every output shape is a function of
+the input shapes (permuted has T k + E (pad_to - 1) rows when pad_to > 1), so torch.compile traces
+them with no data-dependent shapes.
+
+Layouts and copies: logits, x, y and the incoming row gradients run as they are when their rows are
+consecutive elements at one stride, else they are copied contiguous first; ids and index are made
+contiguous (a copy of a strided one); weights not float32 are converted to float32 (a copy, through
+autograd), as the kernels take float32 weights (the router's own dtype). Outputs are new tensors.
+"""
+import torch
+
+from .. import _rows, moe as _moe
+from .._launch import tensor_code
+from ._common import compiling, custom_op, fast_apply, needs_grad, on_device, raw_stream
+from .norm import row_strided
+
+_ID_TYPES = (torch.int32, torch.int64)
+
+
+# ------------------------------------------------------------------- checks
+def _float_rows(t, name, like=None, like_name="y"):
+    """(t row-strided (or a contiguous copy), dtype code, row stride) of a 2-D CUDA float tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    t = row_strided(t)
+    code = tensor_code(t, name, like, like_name, False)
+    if t.dim() != 2:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected 2 dims")
+    stride = t.shape[1] if t.is_contiguous() else _rows.collapsed_row_stride(tuple(t.shape), t.stride())
+    return t, code, stride
+
+
+def _ints(t, name, like, tokens=None, dtypes=_ID_TYPES, like_name="x"):
+    """t contiguous, a 2-D (T, k) integer tensor of one of dtypes on like's GPU."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} has dtype {t.dtype}; expected {' or '.join(str(d) for d in dtypes)}")
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device}, {like_name} on {like.device}; all arguments must be on one GPU")
+    if t.dim() != 2:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}; expected 2 dims, (T, k)")
+    if tokens is not None and t.shape[0] != tokens:
+        raise ValueError(f"{name} has {t.shape[0]} rows, expected {tokens}: one a token")
+    return t.contiguous()
+
+
+def _weights(w, tokens, k, device):
+    if w is None:
+        return None
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"weights must be a torch.Tensor, got {type(w).__name__}")
+    if tuple(w.shape) != (tokens, k):
+        raise ValueError(f"weights has shape {tuple(w.shape)}, expected ({tokens}, {k}) like index")
+    if w.device != device:
+        raise ValueError(f"weights is on {w.device}, y on {device}; all arguments must be on one GPU")
+    return w.float().contiguous()
+
+
+# ------------------------------------------------------------------- raw launches (no autograd)
+def route(logits, k, flags):
+    """(weights float32, ids int32, counts int32) of 2-D router logits."""
+    x, code, stride = _float_rows(logits, "logits")
+    tokens, experts = x.shape
+    _moe.checked_experts(experts, "logits' experts (its last dim)")
+    k = _moe.checked_k(k, experts)
+    weights = torch.empty((tokens, k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((tokens, k), dtype=torch.int32, device=x.device)
+    counts = torch.zeros(experts, dtype=torch.int32, device=x.device)
+    if tokens:
+        device = x.get_device()
+        on_device(device, _moe.launch_route, device, code, x.data_ptr(), weights.data_ptr(), ids.data_ptr(),
+                  counts.data_ptr(), tokens, experts, stride, k, flags, raw_stream(device))
+    return weights, ids, counts
+
+
+def route_backward(logits, ids, grad_weights, flags):
+    x, code, stride = _float_rows(logits, "logits")
+    tokens, experts = x.shape
+    ids = _ints(ids, "ids", x, tokens, (torch.int32,), "logits")
+    k = _moe.checked_k(ids.shape[1], experts)
+    g = grad_weights.float().contiguous()
+    out = torch.empty((tokens, experts), dtype=x.dtype, device=x.device)
+    if tokens:
+        device = x.get_device()
+        on_device(device, _moe.launch_route_bwd, device, code, x.data_ptr(), ids.data_ptr(), g.data_ptr(),
+                  out.data_ptr(), tokens, experts, stride, k, flags, raw_stream(device))
+    return out
+
+
+def permute(x, ids, num_experts, pad_to):
+    """(permuted, offsets, counts, index) of 2-D x and (T, k) ids."""
+    experts = _moe.checked_experts(num_experts)
+    pad_to = _moe.checked_pad_to(pad_to)
+    x, code, x_stride = _float_rows(x, "x")
+    tokens, hidden = x.shape
+    ids = _ints(ids, "ids", x, tokens)
+    k = _moe.checked_int(ids.shape[1], "ids' k (its columns)", 1, _moe.MAX_K, f" (MAX_K = {_moe.MAX_K})")
+    rows = _moe.check_rows_fit(tokens, k, experts, pad_to)
+    n = tokens * k
+    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    index = torch.empty((tokens, k), dtype=torch.int32, device=x.device)
+    if n == 0:
+        zeros = torch.zeros(experts + 1, dtype=torch.int32, device=x.device)
+        return out, zeros, zeros[:experts].clone(), index
+    offsets = torch.empty(experts + 1, dtype=torch.int32, device=x.device)
+    counts = torch.empty(experts, dtype=torch.int32, device=x.device)
+    scratch = torch.empty(_moe.index_scratch_ints(n, experts), dtype=torch.int32, device=x.device)
+    device = x.get_device()
+    on_device(device, _launch_permute, device, code, x, ids, scratch, offsets, counts, index, out, tokens, hidden,
+              k, x_stride, experts, pad_to, rows)
+    return out, offsets, counts, index
+
+
+def _launch_permute(device, code, x, ids, scratch, offsets, counts, index, out, tokens, hidden, k, x_stride, experts,
+                    pad_to, rows):
+    s = raw_stream(device)
+    n = tokens * k
+    _moe.launch_index(device, ids.data_ptr(), ids.dtype == torch.int64, scratch.data_ptr(), offsets.data_ptr(),
+                      counts.data_ptr(), index.data_ptr(), n, experts, pad_to, s)
+    if hidden:
+        _moe.launch_permute(device, code, x.element_size(), x.data_ptr(), index.data_ptr(), out.data_ptr(), tokens,
+                            hidden, k, x_stride, s)
+        if pad_to > 1:
+            _moe.launch_pad_zero(device, out.data_ptr(), offsets.data_ptr(), counts.data_ptr(), n, experts, rows,
+                                 hidden * x.element_size(), s)
+
+
+def _index_of(y, index):
+    index = _ints(index, "index", y, None, (torch.int32,), "y")
+    tokens, k = index.shape
+    _moe.checked_int(k, "index's k (its columns)", 1, _moe.MAX_K, f" (MAX_K = {_moe.MAX_K})")
+    if y.shape[0] < tokens * k:
+        raise ValueError(f"y has {y.shape[0]} rows; the index of {tokens} tokens x k = {k} needs at least {tokens * k}")
+    return index, tokens, k
+
+
+def unpermute(y, weights, index):
+    """(T, H) = sum_j weights[t, j] y[index[t, j]] (weights None: the plain sum)."""
+    y, code, y_stride = _float_rows(y, "y")
+    index, tokens, k = _index_of(y, index)
+    w = _weights(weights, tokens, k, y.device)
+    hidden = y.shape[1]
+    out = torch.empty((tokens, hidden), dtype=y.dtype, device=y.device)
+    if tokens and hidden:
+        device = y.get_device()
+        on_device(device, _moe.launch_unpermute, device, code, y.element_size(), y.data_ptr(),
+                  w.data_ptr() if w is not None else 0, index.data_ptr(), out.data_ptr(), tokens, hidden, k, y_stride,
+                  y.shape[0], raw_stream(device))
+    return out
+
+
+def unpermute_backward(grad_out, y, weights, index, offsets=None, counts=None):
+    """(d y, d weights float32) of unpermute; weights None: ones (the plain sum's)."""
+    y, code, y_stride = _float_rows(y, "y")
+    index, tokens, k = _index_of(y, index)
+    g, _, g_stride = _float_rows(grad_out, "grad_out", like=y)
+    hidden, y_rows = y.shape[1], y.shape[0]
+    if tuple(g.shape) != (tokens, hidden):
+        raise ValueError(f"grad_out has shape {tuple(g.shape)}, expected ({tokens}, {hidden})")
+    w = _weights(weights, tokens, k, y.device)
+    if w is None:
+        w = torch.ones((tokens, k), dtype=torch.float32, device=y.device)
+    n = tokens * k
+    padded = y_rows > n
+    have_table = offsets is not None and counts is not None
+    dy = (torch.zeros if padded and not have_table else torch.empty)((y_rows, hidden), dtype=y.dtype, device=y.device)
+    dw = torch.zeros((tokens, k), dtype=torch.float32, device=y.device)
+    if tokens and hidden or (padded and have_table):
+        device = y.get_device()
+        on_device(device, _launch_unpermute_bwd, device, code, g, y, w, index, dy, dw, tokens, hidden, k, g_stride,
+                  y_stride, offsets if padded and have_table else None, counts)
+    return dy, dw
+
+
+def _launch_unpermute_bwd(device, code, g, y, w, index, dy, dw, tokens, hidden, k, g_stride, y_stride, offsets,
+                          counts):
+    s = raw_stream(device)
+    if tokens and hidden:
+        _moe.launch_unpermute_bwd(device, code, y.element_size(), g.data_ptr(), y.data_ptr(), w.data_ptr(),
+                                  index.data_ptr(), dy.data_ptr(), dw.data_ptr(), tokens, hidden, k, g_stride,
+                                  y_stride, y.shape[0], s)
+    if offsets is not None and hidden:
+        offsets, counts = offsets.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
+        _moe.launch_pad_zero(device, dy.data_ptr(), offsets.data_ptr(), counts.data_ptr(), tokens * k,
+                             offsets.shape[0] - 1, y.shape[0], hidden * y.element_size(), s)
+
+
+# ------------------------------------------------------------------- autograd (eager)
+class _Route(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, k, flags):
+        weights, ids, counts = route(logits, k, flags)
+        ctx.mark_non_differentiable(ids, counts)
+        ctx.save_for_backward(logits, ids)
+        ctx.flags = flags
+        return weights, ids, counts
+
+    @staticmethod
+    def backward(ctx, grad_weights, grad_ids, grad_counts):
+        if grad_weights is None:  # only the ids were used
+            return None, None, None
+        logits, ids = ctx.saved_tensors
+        return route_backward(logits, ids, grad_weights, ctx.flags), None, None
+
+
+class _Permute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ids, num_experts, pad_to):
+        out, offsets, counts, index = permute(x, ids, num_experts, pad_to)
+        ctx.mark_non_differentiable(offsets, counts, index)
+        ctx.save_for_backward(index)
+        return out, offsets, counts, index
+
+    @staticmethod
+    def backward(ctx, grad_out, *unused):
+        if grad_out is None:
+            return None, None, None, None
+        (index,) = ctx.saved_tensors
+        return unpermute(grad_out, None, index), None, None, None
+
+
+class _Unpermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, weights, index, offsets, counts):
+        out = unpermute(y, weights, index)
+        ctx.save_for_backward(y, weights, index, offsets, counts)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        y, weights, index, offsets, counts = ctx.saved_tensors
+        dy, dw = unpermute_backward(grad_out, y, weights, index, offsets, counts)
+        return dy, (dw if weights is not None and ctx.needs_input_grad[1] else None), None, None, None
+
+
+_route_apply = fast_apply(_Route)
+_permute_apply = fast_apply(_Permute)
+_unpermute_apply = fast_apply(_Unpermute)
+
+
+# ------------------------------------------------------------------- custom ops (torch.compile)
+def _route_fake(logits, k, flags):
+    t, e = logits.shape
+    return (logits.new_empty((t, k), dtype=torch.float32), logits.new_empty((t, k), dtype=torch.int32),
+            logits.new_empty((e,), dtype=torch.int32))
+
+
+_route_backward_op = custom_op("moe_route_backward", "(Tensor logits, Tensor ids, Tensor grad_weights, int flags) -> "
+                               "Tensor", route_backward, lambda logits, ids, g, flags: torch.empty_like(logits))
+
+
+def _route_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output[1])
+    ctx.flags = inputs[2]
+
+
+def _route_formula(ctx, grad_weights, grad_ids, grad_counts):
+    logits, ids = ctx.saved_tensors
+    return _route_backward_op(logits, ids, grad_weights, ctx.flags), None, None
+
+
+_route_op = custom_op("moe_route", "(Tensor logits, int k, int flags) -> (Tensor, Tensor, Tensor)", route,
+                      _route_fake, _route_formula, _route_setup)
+
+
+def _unpermute_fake(y, weights, index, offsets, counts):
+    return y.new_empty((index.shape[0], y.shape[1]))
+
+
+_unpermute_backward_op = custom_op(
+    "moe_unpermute_backward", "(Tensor grad_out, Tensor y, Tensor? weights, Tensor index, Tensor? offsets, "
+    "Tensor? counts) -> (Tensor, Tensor)", unpermute_backward,
+    lambda g, y, w, index, offsets, counts: (torch.empty_like(y), index.new_empty(index.shape, dtype=torch.float32)))
+
+
+def _unpermute_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+    ctx.has_weights = inputs[1] is not None
+
+
+def _unpermute_formula(ctx, grad_out):
+    y, weights, index, offsets, counts = ctx.saved_tensors
+    dy, dw = _unpermute_backward_op(grad_out, y, weights, index, offsets, counts)
+    return dy, (dw if ctx.has_weights else None), None, None, None
+
+
+_unpermute_op = custom_op("moe_unpermute", "(Tensor y, Tensor? weights, Tensor index, Tensor? offsets, "
+                          "Tensor? counts) -> Tensor", lambda y, w, index, offsets, counts: unpermute(y, w, index),
+                          _unpermute_fake, _unpermute_formula, _unpermute_setup)
+
+
+def _permute_fake(x, ids, num_experts, pad_to):
+    t, h = x.shape
+    k = ids.shape[1]
+    rows = _moe.permuted_rows(t, k, num_experts, pad_to)
+    return (x.new_empty((rows, h)), x.new_empty((num_experts + 1,), dtype=torch.int32),
+            x.new_empty((num_experts,), dtype=torch.int32), x.new_empty((t, k), dtype=torch.int32))
+
+
+def _permute_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[3])
+
+
+def _permute_formula(ctx, grad_out, *unused):
+    (index,) = ctx.saved_tensors
+    return _unpermute_op(grad_out, None, index, None, None), None, None, None
+
+
+_permute_op = custom_op("moe_permute", "(Tensor x, Tensor ids, int num_experts, int pad_to) -> (Tensor, Tensor, "
+                        "Tensor, Tensor)", permute, _permute_fake, _permute_formula, _permute_setup)
+
+
+# ------------------------------------------------------------------- public functions
+def moe_route(logits, k, score="softmax", normalize=True):
+    """(weights (T, k) float32, ids (T, k) int32, counts (E,) int32) of router logits (T, E):
+    softmax (or sigmoid) scores, the top k (equal scores to the lower id), renormalised to sum 1 when
+    normalize (HF's Qwen3-MoE / Mixtral router). Differentiable in logits through weights."""
+    flags = _moe.score_flags(score, normalize)
+    if compiling():
+        return _route_op(logits, k, flags)
+    if needs_grad(logits):
+        return _route_apply(logits, k, flags)
+    return route(logits, k, flags)
+
+
+def moe_permute(x, ids, num_experts, pad_to=1):
+    """(permuted, offsets (E + 1,), counts (E,), index (T, k)), int32 tables: x's rows copied to
+    their experts' groups, token order within a group, each group padded with zero rows to a
+    multiple of pad_to. Differentiable in x."""
+    if compiling():
+        return _permute_op(x, ids, num_experts, pad_to)
+    if needs_grad(x):
+        return _permute_apply(x, ids, num_experts, pad_to)
+    return permute(x, ids, num_experts, pad_to)
+
+
+def moe_unpermute(y, weights, index, offsets=None, counts=None):
+    """(T, H) = sum_j weights[t, j] y[index[t, j]] (weights None: the plain sum). offsets and
+    counts (moe_permute's) let the backward zero only y's padding rows of d y (else d y is
+    zero-filled first when y has padding rows). Differentiable in y and weights."""
+    if weights is not None and isinstance(weights, torch.Tensor) and weights.dtype != torch.float32:
+        weights = weights.float()
+    if compiling():
+        return _unpermute_op(y, weights, index, offsets, counts)
+    if needs_grad(y, weights):
+        return _unpermute_apply(y, weights, index, offsets, counts)
+    return unpermute(y, weights, index)

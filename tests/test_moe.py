@@ -1,0 +1,585 @@
+"""The moe family's contract (moe_route, moe_permute, moe_unpermute and their backwards), through the
+CuPy API and the torch adapter: launch plans, tables and argument checks without a GPU; on a GPU
+against float64 torch references on fresh random data (HF's router math: softmax in float32, top-k,
+renormalise; a stable sort by expert for the permutation), poisoned outputs, ties, empty experts,
+one expert for every token, odd sizes, k = 1 and k = E, padding on and off, invalid ids, gradients."""
+import os
+import re
+
+import pytest
+
+from test_validation import BASE, FAR, OTHER, FakeCAI, assert_passes_validation
+
+import rawops
+from rawops import _constants, moe
+
+T, E, K, H = 6, 16, 2, 32
+
+
+def f32(shape, ptr=BASE, **kw):
+    return FakeCAI(shape, "<f4", ptr, **kw)
+
+
+def f16(shape, ptr=BASE, **kw):
+    return FakeCAI(shape, "<f2", ptr, **kw)
+
+
+def i32(shape, ptr=OTHER, **kw):
+    return FakeCAI(shape, "<i4", ptr, **kw)
+
+
+def i64(shape, ptr=OTHER, **kw):
+    return FakeCAI(shape, "<i8", ptr, **kw)
+
+
+# ------------------------------------------------------------------------------ plans and tables (pure)
+def test_index_plan_chunks_whole_steps_and_caps_the_blocks():
+    assert moe.index_plan(1) == (1, moe.INDEX_MIN_CHUNK)
+    assert moe.index_plan(16384 * 8) == (16384 * 8 // moe.INDEX_MIN_CHUNK, moe.INDEX_MIN_CHUNK)
+    for n in (7, 513, 1 << 20, 10_000_019, (1 << 31) - 1):
+        blocks, chunk = moe.index_plan(n)
+        assert chunk % moe.INDEX_THREADS == 0 and chunk >= moe.INDEX_MIN_CHUNK
+        assert blocks <= moe.INDEX_MAX_BLOCKS and blocks * chunk >= n > (blocks - 1) * chunk
+
+
+def test_permuted_rows_leave_room_for_the_most_padding():
+    assert moe.permuted_rows(100, 8, 128, 1) == 800
+    assert moe.permuted_rows(100, 8, 128, 16) == 800 + 128 * 15
+    # the padding the rows must hold at most: every group one row past a multiple
+    counts = [1] * 128
+    assert sum(-(-c // 16) * 16 for c in counts) <= moe.permuted_rows(1, 128, 128, 16)
+
+
+def test_warp_grid_is_a_warp_a_token_up_to_the_resident_blocks():
+    warps = moe.ROWS_THREADS // 32
+    assert moe.warp_grid(1, moe.ROWS_THREADS, 132) == 1
+    assert moe.warp_grid(37, moe.ROWS_THREADS, 132) == -(-37 // warps)
+    assert moe.warp_grid(16384, moe.ROWS_THREADS, 132) == 132 * moe.BLOCKS_PER_SM
+
+
+def test_row_flags_take_vectors_only_where_every_row_is_16_byte_aligned():
+    assert moe.row_flags(2048, 2, (0, 256), (2048,)) == moe.FLAG_VECTORS
+    assert moe.row_flags(2044, 2, (0, 256), (2044,)) == 0, "a row of 4088 bytes"
+    assert moe.row_flags(2048, 2, (2, 256), (2048,)) == 0, "x off 16 bytes"
+    assert moe.row_flags(2048, 2, (0, 256), (2052,)) == 0, "a row stride off 16 bytes"
+
+
+def test_tables_name_every_entry_point_once():
+    suffixes = ("f32", "f16", "bf16")
+    assert set(moe.FAMILY_OF) == ({f"{b}_{s}" for b in moe.KERNELS for s in suffixes} | set(moe.INDEX_KERNELS))
+    for base, args in {**moe.KERNELS, **moe.INDEX_KERNELS}.items():
+        assert len(moe.KINDS[base]) == len(args), base
+    assert set(moe.FAMILY_OF.values()) == {"moe"}
+
+
+def test_the_source_defines_exactly_the_table():
+    from rawops import _modules
+
+    with open(os.path.join(_modules.kernel_source_dir(), "moe.cu")) as f:
+        source = f.read()
+    per_dtype = set(re.findall(r"^\s+(moe_\w+)_##suffix\(", source, flags=re.M))
+    plain = set(re.findall(r"^\s+(moe_\w+)\(", source, flags=re.M))
+    assert per_dtype == set(moe.KERNELS)
+    assert plain - per_dtype == set(moe.INDEX_KERNELS)
+    instantiated = re.findall(r"^RAWOPS_MOE\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
+    assert [suffix for _, suffix in instantiated] == ["f32", "f16", "bf16"]
+
+
+def test_constants_fit_the_kernels():
+    assert _constants.MOE_MAX_EXPERTS % 32 == 0, "a warp's lanes hold MAX_EXPERTS / 32 scores each"
+    assert _constants.MOE_MAX_K <= 32, "a lane a choice"
+    items = (_constants.MOE_MAX_EXPERTS + _constants.MOE_SCAN_THREADS) // _constants.MOE_SCAN_THREADS
+    assert items * _constants.MOE_SCAN_THREADS >= _constants.MOE_MAX_EXPERTS + 1, "the scan holds E + 1 buckets"
+    assert moe.MAX_ROWS == (1 << 31) - 1
+    assert _constants.MOE_INDEX_MAX_BLOCKS % 32 == 0 and moe.INDEX_MAX_BLOCKS == _constants.MOE_INDEX_MAX_BLOCKS
+
+
+# ------------------------------------------------------------------------------ argument checks (no GPU)
+@pytest.mark.parametrize("make", [f32, f16], ids=["f32", "f16"])
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_valid_route_calls_get_past_validation(make, score):
+    assert_passes_validation(rawops.moe_route, make((T, E)), K, score)
+    assert_passes_validation(rawops.moe_route, make((T, E)), E, score, False)
+    size = 2 if make is f16 else 4
+    assert_passes_validation(rawops.moe_route, make((T, E), strides=(2 * E * size, size)), 1)  # rows of a wider array
+    assert_passes_validation(rawops.moe_route_backward, make((T, E)), i32((T, K)), f32((T, K), ptr=FAR), score)
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((FakeCAI((T, E), "<i4"), K), TypeError, r"^logits has dtype <i4; the moe ops support float32"),
+    ((f32((T * E,)), K), ValueError, r"^logits has shape \(96,\); expected 2 dims"),
+    ((f32((T, E)), E + 1), ValueError, r"^k must be between 1 and 16 \(at most the 16 experts"),
+    ((f32((T, 64)), 33), ValueError, r"^k must be between 1 and 32"),
+    ((f32((T, E)), 0), ValueError, r"^k must be between 1"),
+    ((f32((T, E)), 2.0), TypeError, r"^k must be an int"),
+    ((f32((T, E)), True), TypeError, r"^k must be an int"),
+    ((f32((T, 2048)), 2), ValueError, r"^logits' experts \(its last dim\) must be between 1 and 1024"),
+    ((f32((T, 0)), 1), ValueError, r"^logits' experts \(its last dim\) must be between 1 and 1024"),
+    ((f32((T, E)), K, "relu"), ValueError, r"^score must be 'softmax' or 'sigmoid'"),
+    ((f32((T, E)), K, None), TypeError, r"^score must be a string"),
+    ((f32((T, E)), K, "softmax", 1), TypeError, r"^normalize must be a bool"),
+    ((f32((T, E), ptr=BASE + 2), K), ValueError, r"^logits is misaligned"),
+])
+def test_route_checks_name_the_argument(args, error, match):
+    with pytest.raises(error, match=match):
+        rawops.moe_route(*args)
+
+
+def test_route_backward_checks_name_the_argument():
+    x = f32((T, E))
+    with pytest.raises(TypeError, match=r"^ids has dtype <i8; expected int32"):
+        rawops.moe_route_backward(x, i64((T, K)), f32((T, K), ptr=FAR))
+    with pytest.raises(ValueError, match=r"^ids has 5 rows, expected 6"):
+        rawops.moe_route_backward(x, i32((T - 1, K)), f32((T, K), ptr=FAR))
+    with pytest.raises(ValueError, match=r"^grad_weights has shape \(6, 3\), expected \(6, 2\)"):
+        rawops.moe_route_backward(x, i32((T, K)), f32((T, 3), ptr=FAR))
+    with pytest.raises(TypeError, match=r"^grad_weights has dtype float16; expected float32"):
+        rawops.moe_route_backward(x, i32((T, K)), f16((T, K), ptr=FAR))
+    with pytest.raises(ValueError, match=r"^k must be between 1 and 16"):
+        rawops.moe_route_backward(x, i32((T, E + 1)), f32((T, E + 1), ptr=FAR))
+
+
+@pytest.mark.parametrize("make", [f32, f16], ids=["f32", "f16"])
+@pytest.mark.parametrize("ids", [i32, i64], ids=["i32", "i64"])
+@pytest.mark.parametrize("pad_to", [1, 128])
+def test_valid_permute_calls_get_past_validation(make, ids, pad_to):
+    assert_passes_validation(rawops.moe_permute, make((T, H)), ids((T, K)), E, pad_to)
+    assert_passes_validation(rawops.moe_permute, make((T, H), strides=(4 * H * 4, 4) if make is f32 else
+                                                      (4 * H * 2, 2)), ids((T, K)), E, pad_to)
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((FakeCAI((T, H), "<i4"), i32((T, K)), E), TypeError, r"^x has dtype <i4; the moe ops support"),
+    ((f32((T, H, 1)), i32((T, K)), E), ValueError, r"^x has shape \(6, 32, 1\); expected 2 dims"),
+    ((f32((T, H)), f32((T, K), ptr=OTHER), E), TypeError, r"^ids has dtype float32; expected int32 or int64"),
+    ((f32((T, H)), FakeCAI((T, K), "<i2", OTHER), E), TypeError, r"^ids has dtype <i2"),
+    ((f32((T, H)), i32((T * K,)), E), ValueError, r"^ids has shape \(12,\); expected 2 dims, \(T, k\)"),
+    ((f32((T, H)), i32((T + 1, K)), E), ValueError, r"^ids has 7 rows, expected 6: one a token"),
+    ((f32((T, H)), i32((T, 33)), 64), ValueError, r"^ids' k \(its columns\) must be between 1 and 32"),
+    ((f32((T, H)), i32((T, 0)), E), ValueError, r"^ids' k \(its columns\) must be between 1 and 32"),
+    ((f32((T, H)), i32((T, K), strides=(4, 4 * T)), E), ValueError, r"^ids is not C-contiguous"),
+    ((f32((T, H)), i32((T, K)), 0), ValueError, r"^num_experts must be between 1 and 1024"),
+    ((f32((T, H)), i32((T, K)), 1025), ValueError, r"^num_experts must be between 1 and 1024"),
+    ((f32((T, H)), i32((T, K)), 8.0), TypeError, r"^num_experts must be an int"),
+    ((f32((T, H)), i32((T, K)), E, 0), ValueError, r"^pad_to must be between 1 and 65536"),
+    ((f32((T, H)), i32((T, K)), E, None), TypeError, r"^pad_to must be an int"),
+    ((f32((1 << 28, H)), i32((1 << 28, 8)), E), ValueError, r"^the permuted rows .* rows are int32"),
+])
+def test_permute_checks_name_the_argument(args, error, match):
+    with pytest.raises(error, match=match):
+        rawops.moe_permute(*args)
+
+
+def test_valid_unpermute_calls_get_past_validation():
+    y, w, index = f32((T * K + 5, H)), f32((T, K), ptr=FAR), i32((T, K))
+    assert_passes_validation(rawops.moe_unpermute, y, w, index)
+    assert_passes_validation(rawops.moe_unpermute, y, None, index)
+    assert_passes_validation(rawops.moe_permute_backward, y, index)
+    assert_passes_validation(rawops.moe_unpermute_backward, f32((T, H), ptr=FAR + 0x10000), y, w, index)
+    assert_passes_validation(rawops.moe_unpermute_backward, f32((T, H), ptr=FAR + 0x10000), y, w, index,
+                             i32((E + 1,), ptr=FAR + 0x20000), i32((E,), ptr=FAR + 0x30000))
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((f32((T * K - 1, H)), None, i32((T, K))), ValueError, r"^y has 11 rows; the index of 6 tokens x k = 2 needs "
+                                                         r"at least 12"),
+    ((f16((T * K, H)), None, i64((T, K))), TypeError, r"^index has dtype <i8; expected int32"),
+    ((f16((T * K, H)), f16((T, K), ptr=FAR), i32((T, K))), TypeError, r"^weights has dtype float16; expected float32"),
+    ((f16((T * K, H)), f32((T, K + 1), ptr=FAR), i32((T, K))), ValueError,
+     r"^weights has shape \(6, 3\), expected \(6, 2\)"),
+    ((FakeCAI((T * K, H), "<i4"), None, i32((T, K))), TypeError, r"^y has dtype <i4"),
+    ((f32((T * K, H)), None, i32((T, K), strides=(4, 4 * T))), ValueError, r"^index is not C-contiguous"),
+])
+def test_unpermute_checks_name_the_argument(args, error, match):
+    with pytest.raises(error, match=match):
+        rawops.moe_unpermute(*args)
+
+
+def test_unpermute_backward_checks_name_the_argument():
+    y, w, index = f32((T * K, H)), f32((T, K), ptr=FAR), i32((T, K))
+    g = f32((T, H), ptr=FAR + 0x10000)
+    with pytest.raises(TypeError, match=r"^grad_out has dtype float16, expected float32 like y"):
+        rawops.moe_unpermute_backward(f16((T, H), ptr=FAR + 0x10000), y, w, index)
+    with pytest.raises(ValueError, match=r"^grad_out has shape \(6, 16\), expected \(6, 32\)"):
+        rawops.moe_unpermute_backward(f32((T, H // 2), ptr=FAR + 0x10000), y, w, index)
+    with pytest.raises(TypeError, match=r"^weights must be a float32 array"):
+        rawops.moe_unpermute_backward(g, y, None, index)
+    with pytest.raises(ValueError, match=r"^offsets and counts go together"):
+        rawops.moe_unpermute_backward(g, y, w, index, i32((E + 1,), ptr=FAR + 0x20000))
+    with pytest.raises(TypeError, match=r"^offsets has dtype <i8; expected int32"):
+        rawops.moe_unpermute_backward(g, y, w, index, i64((E + 1,), ptr=FAR + 0x20000), i32((E,), ptr=FAR + 0x30000))
+    with pytest.raises(ValueError, match=r"^counts has shape \(15,\), expected \(16,\)"):
+        rawops.moe_unpermute_backward(g, y, w, index, i32((E + 1,), ptr=FAR + 0x20000),
+                                      i32((E - 1,), ptr=FAR + 0x30000))
+
+
+def test_adapter_refuses_bad_arguments_before_any_launch():
+    torch = pytest.importorskip("torch")
+    from rawops.torch_adapter import moe as ta_moe
+
+    logits, x = torch.ones(T, E), torch.ones(T, H)
+    with pytest.raises(ValueError, match=r"^score must be 'softmax' or 'sigmoid'"):
+        ta_moe.moe_route(logits, K, "relu")
+    with pytest.raises(TypeError, match=r"^normalize must be a bool"):
+        ta_moe.moe_route(logits, K, "softmax", None)
+    with pytest.raises((TypeError, ValueError), match=r"^logits"):  # a CPU tensor
+        ta_moe.moe_route(logits, K)
+    with pytest.raises(TypeError, match=r"^logits must be a torch.Tensor"):
+        ta_moe.moe_route([1.0], K)
+    with pytest.raises(ValueError, match=r"^num_experts must be between 1"):
+        ta_moe.moe_permute(x, torch.zeros(T, K, dtype=torch.int32), 0)
+    with pytest.raises(ValueError, match=r"^pad_to must be between 1"):
+        ta_moe.moe_permute(x, torch.zeros(T, K, dtype=torch.int32), E, 0)
+    with pytest.raises((TypeError, ValueError), match=r"^x"):  # a CPU tensor
+        ta_moe.moe_permute(x, torch.zeros(T, K, dtype=torch.int32), E)
+    with pytest.raises((TypeError, ValueError), match=r"^y"):  # a CPU tensor
+        ta_moe.moe_unpermute(torch.ones(T * K, H), None, torch.zeros(T, K, dtype=torch.int32))
+
+
+# ------------------------------------------------------------------------------ GPU: against float64 references
+torch = pytest.importorskip("torch")
+
+gpu = pytest.mark.gpu
+DTYPES = ["float32", "float16", "bfloat16"]
+
+
+def scores64(logits, score):
+    x = logits.double()
+    return torch.softmax(x, dim=-1) if score == "softmax" else torch.sigmoid(x)
+
+
+def check_route(logits, k, score, normalize, weights, ids, counts, what=""):
+    """ids: k distinct experts a token among the k best scores (float64; equal scores either way), in
+    descending order; weights: those experts' float64 scores (renormalised); counts: bincount."""
+    from gpu_reference import assert_close
+
+    t, e = logits.shape
+    s = scores64(logits, score)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32 and counts.dtype == torch.int32
+    ids64 = ids.long()
+    assert ((ids64 >= 0) & (ids64 < e)).all(), f"{what}: ids out of range"
+    assert (ids64.sort(dim=1).values.diff(dim=1) != 0).all(), f"{what}: an expert chosen twice"
+    chosen = s.gather(1, ids64)
+    kth = torch.topk(s, k, dim=1).values[:, -1:]
+    slack = 1e-6 * kth + 1e-30
+    assert (chosen >= kth - slack).all(), f"{what}: an expert outside the top {k}"
+    assert (chosen[:, :-1] >= chosen[:, 1:] - slack).all(), f"{what}: not in descending score order"
+    ref = chosen / chosen.sum(dim=1, keepdim=True) if normalize else chosen
+    assert_close(weights, ref, torch.float32, f"{what} weights")
+    assert torch.equal(counts.long(), torch.bincount(ids64.flatten(), minlength=e)), f"{what}: counts"
+
+
+def reference_ids(logits, k, score):
+    """The k best experts a row, equal scores to the lower id (a stable descending sort in float64)."""
+    return torch.sort(scores64(logits, score), dim=1, descending=True, stable=True).indices[:, :k]
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 1), (37, 8, 8), (513, 64, 2), (1000, 128, 8), (77, 256, 4),
+                                   (33, 1000, 32), (300, 60, 6)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("score,normalize", [("softmax", True), ("softmax", False), ("sigmoid", True),
+                                             ("sigmoid", False)])
+def test_route_matches_float64(shape, dtype, score, normalize):
+    from gpu_reference import DTYPES as DT, poison_pool, random, to_cupy
+
+    t, e, k = shape
+    logits = random((t, e), DT[dtype])
+    poison_pool(t * k * 4, t * k * 4)
+    w, ids, counts = rawops.moe_route(to_cupy(logits), k, score, normalize)
+    check_route(logits, k, score, normalize, torch.from_dlpack(w), torch.from_dlpack(ids), torch.from_dlpack(counts),
+                f"{score} {normalize}")
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_route_ties_go_to_the_lower_expert_id(dtype, score):
+    """Integer logits from a range of 3: most rows hold equal scores at the top-k boundary."""
+    from gpu_reference import DTYPES as DT, to_cupy
+
+    t, e, k = 500, 64, 8
+    logits = torch.randint(0, 3, (t, e), device="cuda").to(DT[dtype])
+    w, ids, counts = rawops.moe_route(to_cupy(logits), k, score)
+    assert torch.equal(torch.from_dlpack(ids).long(), reference_ids(logits, k, score))
+    check_route(logits, k, score, True, torch.from_dlpack(w), torch.from_dlpack(ids), torch.from_dlpack(counts))
+    # a row of equal logits: experts 0..k-1, equal weights
+    w, ids, _ = rawops.moe_route(to_cupy(torch.zeros(3, e, device="cuda", dtype=DT[dtype])), k, score)
+    assert torch.equal(torch.from_dlpack(ids).long().cpu(), torch.arange(k).expand(3, k))
+    assert torch.allclose(torch.from_dlpack(w), torch.full((3, k), 1.0 / k, device="cuda"))
+
+
+@gpu
+def test_route_on_a_row_strided_view_and_nan_rows():
+    from gpu_reference import random, to_cupy
+
+    base = random((200, 96), torch.bfloat16)
+    logits = base[:, :64]
+    w, ids, counts = rawops.moe_route(to_cupy(logits), 4)
+    check_route(logits, 4, "softmax", True, torch.from_dlpack(w), torch.from_dlpack(ids), torch.from_dlpack(counts))
+    bad = random((4, 64), torch.float32)
+    bad[1, 7] = float("nan")
+    w, ids, _ = rawops.moe_route(to_cupy(bad), 4)
+    w = torch.from_dlpack(w)
+    assert torch.isnan(w[1]).all() and not torch.isnan(w[[0, 2, 3]]).any(), "a NaN logit makes its row NaN alone"
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("score,normalize", [("softmax", True), ("softmax", False), ("sigmoid", True),
+                                             ("sigmoid", False)])
+def test_route_backward_matches_float64(dtype, score, normalize):
+    from gpu_reference import DTYPES as DT, assert_close, random, to_cupy
+
+    t, e, k = 300, 128, 8
+    logits = random((t, e), DT[dtype])
+    w, ids, _ = rawops.moe_route(to_cupy(logits), k, score, normalize)
+    ids = torch.from_dlpack(ids)
+    g = random((t, k), torch.float32)
+    d = torch.from_dlpack(rawops.moe_route_backward(to_cupy(logits), to_cupy(ids), to_cupy(g), score, normalize))
+    x64 = logits.double().requires_grad_()
+    chosen = scores64(x64, score).gather(1, ids.long())
+    ref_w = chosen / chosen.sum(dim=1, keepdim=True) if normalize else chosen
+    (ref,) = torch.autograd.grad(ref_w, x64, g.double())
+    assert d.dtype == logits.dtype
+    assert_close(d, ref, DT[dtype], f"d logits {score} {normalize}", floor=1e-3 * ref.numel() ** 0.5)
+
+
+def stable_groups(ids, experts, pad_to):
+    """(order of the flat entries by expert then token, counts, padded offsets) in torch."""
+    flat = ids.flatten().long()
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=experts)
+    padded = (counts + pad_to - 1) // pad_to * pad_to
+    offsets = torch.zeros(experts + 1, dtype=torch.long, device=ids.device)
+    offsets[1:] = padded.cumsum(0)
+    return order, counts, offsets
+
+
+def random_ids(t, e, k, distinct=True, high=None):
+    if distinct:
+        return torch.rand(t, e, device="cuda").topk(k, dim=1).indices.to(torch.int32)
+    return torch.randint(0, high or e, (t, k), device="cuda", dtype=torch.int32)
+
+
+def check_permuted(x, ids, experts, pad_to, out, offsets, counts, index, what=""):
+    t, k = ids.shape
+    order, ref_counts, ref_offsets = stable_groups(ids, experts, pad_to)
+    assert torch.equal(counts.long(), ref_counts), f"{what}: counts"
+    assert torch.equal(offsets.long(), ref_offsets), f"{what}: offsets"
+    assert out.shape == (moe.permuted_rows(t, k, experts, pad_to), x.shape[1])
+    # the entry at position p of group e sits at row offsets[e] + p
+    expert_of = ids.flatten().long()[order]
+    start = torch.zeros(experts + 1, dtype=torch.long, device=x.device)
+    start[1:] = ref_counts.cumsum(0)
+    rank = torch.arange(order.numel(), device=x.device) - start[expert_of]
+    rows = ref_offsets[expert_of] + rank
+    flat_index = index.flatten().long()
+    assert torch.equal(flat_index[order], rows), f"{what}: index (token order within each group)"
+    assert torch.equal(out[rows], x[order // k]), f"{what}: rows"
+    owned = torch.zeros(out.shape[0], dtype=torch.bool, device=x.device)
+    owned[rows] = True
+    assert (out[~owned] == 0).all(), f"{what}: padding rows not zero"
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [
+    (1, 1, 1, 8, "distinct"), (37, 8, 8, 40, "distinct"), (1000, 128, 8, 256, "distinct"),
+    (513, 64, 2, 33, "distinct"), (300, 64, 4, 128, "few"), (129, 16, 3, 24, "one"), (257, 1000, 6, 64, "distinct"),
+    (2000, 32, 2, 8, "repeats")], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("pad_to", [1, 16])
+def test_permute_matches_a_stable_sort(case, dtype, pad_to):
+    from gpu_reference import DTYPES as DT, poison_pool, random, to_cupy
+
+    t, e, k, h, kind = case
+    x = random((t, h), DT[dtype])
+    ids = {"distinct": lambda: random_ids(t, e, k), "few": lambda: random_ids(t, e, k, False, 5),
+           "one": lambda: torch.full((t, k), e - 1, device="cuda", dtype=torch.int32),
+           "repeats": lambda: random_ids(t, e, k, False)}[kind]()
+    rows = moe.permuted_rows(t, k, e, pad_to)
+    poison_pool(rows * h * x.element_size(), t * k * 4)
+    out, offsets, counts, index = rawops.moe_permute(to_cupy(x), to_cupy(ids), e, pad_to)
+    check_permuted(x, ids, e, pad_to, *(torch.from_dlpack(a) for a in (out, offsets, counts, index)),
+                   what=f"{kind} pad {pad_to}")
+    out2, _, _, index2 = rawops.moe_permute(to_cupy(x), to_cupy(ids.long()), e, pad_to)  # int64 ids
+    assert torch.equal(torch.from_dlpack(index2), torch.from_dlpack(index))
+    assert torch.equal(torch.from_dlpack(out2), torch.from_dlpack(out))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", [(1, 4, 1, 8), (37, 8, 8, 40), (1000, 128, 8, 256), (513, 64, 2, 33),
+                                  (200, 16, 4, 1000)], ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("pad_to", [1, 8])
+def test_unpermute_and_backwards_match_float64(case, dtype, pad_to):
+    from gpu_reference import DTYPES as DT, assert_close, poison_pool, random, to_cupy
+
+    t, e, k, h = case
+    dt = DT[dtype]
+    x = random((t, h), dt)
+    ids = random_ids(t, e, k)
+    out, offsets, counts, index = rawops.moe_permute(to_cupy(x), to_cupy(ids), e, pad_to)
+    index, offsets, counts = (torch.from_dlpack(a) for a in (index, offsets, counts))
+    n_rows = torch.from_dlpack(out).shape[0]
+    y = random((n_rows, h), dt)
+    w = torch.rand(t, k, device="cuda")
+    g = random((t, h), dt)
+    rows = index.long()
+    y64 = y.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    ref = (w64[..., None] * y64[rows]).sum(1)
+    dy_ref, dw_ref = torch.autograd.grad(ref, (y64, w64), g.double())
+    poison_pool(t * h * y.element_size())
+    combined = torch.from_dlpack(rawops.moe_unpermute(to_cupy(y), to_cupy(w), to_cupy(index)))
+    assert_close(combined, ref.detach(), dt, "combine")
+    summed = torch.from_dlpack(rawops.moe_permute_backward(to_cupy(y), to_cupy(index)))
+    assert_close(summed, y.double()[rows].sum(1), dt, "permute backward (the plain sum)")
+    for table in ((to_cupy(offsets), to_cupy(counts)), (None, None)):
+        poison_pool(n_rows * h * y.element_size(), t * k * 4)
+        dy, dw = rawops.moe_unpermute_backward(to_cupy(g), to_cupy(y), to_cupy(w), to_cupy(index), *table)
+        assert_close(torch.from_dlpack(dy), dy_ref, dt, f"d y (table {table[0] is not None})")
+        assert_close(torch.from_dlpack(dw), dw_ref, torch.float32, "d weights", factor=10 if dt != torch.float32 else 1,
+                     floor=1e-2)
+
+
+@gpu
+def test_unpermute_is_deterministic_and_reads_strided_rows():
+    from gpu_reference import random, to_cupy
+
+    t, e, k, h = 4096, 64, 8, 512
+    ids = random_ids(t, e, k)
+    x = random((t, h), torch.bfloat16)
+    _, _, _, index = rawops.moe_permute(to_cupy(x), to_cupy(ids), e)
+    ybuf = random((t * k, h + 64), torch.bfloat16)
+    y = ybuf[:, :h]
+    w = torch.rand(t, k, device="cuda")
+    a = torch.from_dlpack(rawops.moe_unpermute(to_cupy(y), to_cupy(w), index))
+    b = torch.from_dlpack(rawops.moe_unpermute(to_cupy(y.contiguous()), to_cupy(w), index))
+    assert torch.equal(a, b), "the same bits from a strided view and a copy, run after run"
+
+
+@gpu
+def test_invalid_ids_are_nan_never_a_silent_number():
+    from gpu_reference import random, to_cupy
+
+    t, e, k, h = 64, 8, 2, 64
+    x = random((t, h), torch.float32)
+    ids = random_ids(t, e, k)
+    ids[5, 1] = e
+    ids[9, 0] = -1
+    out, offsets, counts, index = rawops.moe_permute(to_cupy(x), to_cupy(ids), e)
+    offsets, counts, index = (torch.from_dlpack(a) for a in (offsets, counts, index))
+    assert int(offsets[-1]) == t * k - 2 and int(counts.sum()) == t * k - 2
+    assert int(index[5, 1]) < 0 and int(index[9, 0]) < 0
+    y = torch.from_dlpack(out).clone()
+    combined = torch.from_dlpack(rawops.moe_unpermute(to_cupy(y), to_cupy(torch.ones(t, k, device="cuda")), index))
+    bad = torch.isnan(combined).any(dim=1)
+    assert bad[5] and bad[9] and int(bad.sum()) == 2
+
+
+# ------------------------------------------------------------------------------ the torch adapter
+def hf_router(logits, k, normalize=True):
+    """Hugging Face's Qwen3MoeSparseMoeBlock router math (float64 here)."""
+    p = torch.softmax(logits, dim=-1)
+    w, ids = torch.topk(p, k, dim=-1)
+    if normalize:
+        w = w / w.sum(dim=-1, keepdim=True)
+    return w, ids
+
+
+def moe_pipeline(ta_moe, x, logits, e, k, pad_to, scale):
+    """route, permute, a per-expert scaling standing in for the experts, combine."""
+    w, ids, counts = ta_moe.moe_route(logits, k)
+    permuted, offsets, counts, index = ta_moe.moe_permute(x, ids, e, pad_to)
+    group = torch.searchsorted(offsets[1:].long(), torch.arange(permuted.shape[0], device=x.device), right=True)
+    y = permuted * scale[group.clamp(max=e - 1)][:, None].to(x.dtype)
+    return ta_moe.moe_unpermute(y, w, index, offsets, counts), ids
+
+
+def reference_pipeline(x, logits, k, scale, ids):
+    x64, l64 = x.double().requires_grad_(), logits.double().requires_grad_()
+    p = torch.softmax(l64, dim=-1).gather(1, ids.long())
+    w = p / p.sum(dim=-1, keepdim=True)
+    scale = scale.to(x.dtype).double()  # the experts' stand-in scales x's rows in x's dtype
+    out = (w[..., None] * x64[:, None, :] * scale[ids.long()][..., None]).sum(1)
+    return out, x64, l64
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pad_to", [1, 16])
+def test_adapter_pipeline_forward_and_gradients(dtype, pad_to):
+    from gpu_reference import DTYPES as DT, assert_close, random
+    from rawops.torch_adapter import moe as ta_moe
+
+    dt = DT[dtype]
+    t, e, k, h = 333, 32, 4, 128
+    x = random((t, h), dt).requires_grad_()
+    logits = random((t, e), dt).requires_grad_()
+    scale = torch.rand(e, device="cuda") + 0.5
+    out, ids = moe_pipeline(ta_moe, x, logits, e, k, pad_to, scale)
+    g = random((t, h), dt)
+    out.backward(g)
+    ref, x64, l64 = reference_pipeline(x.detach(), logits.detach(), k, scale, ids)
+    dx_ref, dl_ref = torch.autograd.grad(ref, (x64, l64), g.double())
+    _, hf_ids = hf_router(logits.detach().double(), k)
+    top = torch.topk(torch.softmax(logits.detach().double(), -1), k + 1).values
+    untied = top[:, k - 1] != top[:, k]  # rows whose k-th and (k+1)-th scores differ: one right answer
+    assert torch.equal(ids.long().sort(1).values[untied], hf_ids.sort(1).values[untied]), "HF's router's experts"
+    assert_close(out, ref.detach(), dt, "adapter out", factor=2)
+    assert_close(x.grad, dx_ref, dt, "adapter d x", factor=2)
+    assert_close(logits.grad, dl_ref, dt, "adapter d logits", factor=4, floor=1e-3 * dl_ref.numel() ** 0.5)
+
+
+@gpu
+def test_adapter_compiles_fullgraph():
+    from gpu_reference import assert_close, random
+    from rawops.torch_adapter import moe as ta_moe
+
+    dt, (t, e, k, h) = torch.float32, (128, 16, 2, 64)
+    x = random((t, h), dt).requires_grad_()
+    logits = random((t, e), dt).requires_grad_()
+    scale = torch.rand(e, device="cuda") + 0.5
+
+    def fn(x, logits):
+        out, ids = moe_pipeline(ta_moe, x, logits, e, k, 8, scale)
+        return out, ids
+
+    out, ids = torch.compile(fn, fullgraph=True)(x, logits)
+    g = random((t, h), dt)
+    out.backward(g)
+    ref, x64, l64 = reference_pipeline(x.detach(), logits.detach(), k, scale, ids)
+    dx_ref, dl_ref = torch.autograd.grad(ref, (x64, l64), g.double())
+    assert_close(out, ref.detach(), dt, "compiled out")
+    assert_close(x.grad, dx_ref, dt, "compiled d x")
+    assert_close(logits.grad, dl_ref, dt, "compiled d logits", factor=4, floor=1e-3 * dl_ref.numel() ** 0.5)
+
+
+@gpu
+def test_adapter_captures_in_a_cuda_graph():
+    """route, permute (padded) and combine captured once, replayed on new data: the eager result's bits."""
+    from gpu_reference import random
+    from rawops.torch_adapter import moe as ta_moe
+
+    t, e, k, h = 512, 32, 4, 256
+    x, logits = random((t, h), torch.bfloat16), random((t, e), torch.bfloat16)
+
+    def run():
+        w, ids, _ = ta_moe.moe_route(logits, k)
+        permuted, offsets, counts, index = ta_moe.moe_permute(x, ids, e, 8)
+        return ta_moe.moe_unpermute(permuted, w, index, offsets, counts)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    x.copy_(random((t, h), torch.bfloat16))
+    logits.copy_(random((t, e), torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, run())
