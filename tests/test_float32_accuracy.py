@@ -26,8 +26,9 @@ The thresholds swept (rawops/_mlp_plans.py, rawops/mlp.py, rawops/gemm.py):
     whole float4s (the scalar FFMA kernel);
   * matmul: <= 32 rows (gemm_small_m_nn), da = dy @ b^T at <= 128 rows (linear_small), the FFMA
     tiles and their K splits (db = a^T @ dy sums over every row: 2^20 rows in 64 splits).
-Marker `gpu`. On an H100 the file takes about a minute (most of it float64 references and the
-2^20-row cases); CPU-only machines run the checker's own test."""
+Marker `gpu`. On an H100 the file should take well under a minute (an estimate: most of it the
+float64 references, the 2^20-row cases and torch's start-up); without a GPU only the checker's
+own test runs."""
 import copy
 import math
 
