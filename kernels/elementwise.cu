@@ -257,6 +257,14 @@ constexpr int kFinalColumns = RAWOPS_COLUMN_SUM_FINAL_COLUMNS, kFinalGroups = RA
 // for that grid before the first read. Each thread's loads are issued kFinalBatch at a time
 // before their adds (in chunk order: the sum is the same, bit for bit).
 constexpr int kFinalBatch = 4;
+// float32 results keep float32's accuracy at any row count: a group's chunks are summed in
+// runs of kFinalRunBatches batches, each run then added to the group's sum, so no running sum
+// spans more than a few dozen terms where one would span chunks / kFinalGroups (hundreds for
+// 2^20 rows of short row tiles). The 2-byte types keep the single run (the same bits as ever:
+// their result is rounded to 2-byte precision anyway). A fixed order still: deterministic.
+constexpr int kFinalRunBatches = 4;
+template <typename T> struct FinalRuns { static constexpr bool value = false; };
+template <> struct FinalRuns<float> { static constexpr bool value = true; };
 template <typename T>
 __device__ __forceinline__ void column_sum_final(const float* __restrict__ partial, T* __restrict__ out,
                                                  int64_t chunks, int64_t cols) {
@@ -267,14 +275,22 @@ __device__ __forceinline__ void column_sum_final(const float* __restrict__ parti
   wait_for_previous_grid();
   if (col < cols) {
     int64_t k = g;
+    float run = 0.f;
+    int batches = 0;
     for (; k + (kFinalBatch - 1) * kFinalGroups < chunks; k += kFinalBatch * kFinalGroups) {
       float v[kFinalBatch];
 #pragma unroll
       for (int i = 0; i < kFinalBatch; ++i) v[i] = partial[(k + i * kFinalGroups) * cols + col];
 #pragma unroll
-      for (int i = 0; i < kFinalBatch; ++i) acc += v[i];
+      for (int i = 0; i < kFinalBatch; ++i) run += v[i];
+      if (FinalRuns<T>::value && ++batches == kFinalRunBatches) {
+        acc += run;
+        run = 0.f;
+        batches = 0;
+      }
     }
-    for (; k < chunks; k += kFinalGroups) acc += partial[k * cols + col];
+    for (; k < chunks; k += kFinalGroups) run += partial[k * cols + col];
+    acc += run;  // 0 + run for a single run: the same bits as summing into acc directly
   }
   sums[g][c] = acc;
   __syncthreads();

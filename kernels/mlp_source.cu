@@ -8,9 +8,10 @@
 // Per sample: 42,752 FLOPs (2 x (100x128 + 128x64 + 64x10)); 400 B of x read, 40 B of y
 // written (~97 FLOP a byte: compute-bound at any batch worth a launch). The hidden activations
 // live in shared memory and registers only. rawops/mlp.py picks source_mlp_small_fwd_f32 for
-// small batches, else source_mlp_tc{32,16}_fwd_f32 (3xTF32, inference on sm_80+) or
-// source_mlp_fwd_f32 (exact FFMA, the training forward); the backward is mlp_dgrad_bwd_f32 and
-// mlp_wgrad_bwd_f32, summed by mlp_wgrad_reduce_bwd_f32 (kernels/mlp_tiles.cu).
+// small batches, else source_mlp_fwd_f32 (exact FFMA: the default, and always the training
+// forward) or, opted in (config.mlp_tf32), source_mlp_tc{32,16}_fwd_f32 (3xTF32, inference on
+// sm_80+); the backward is mlp_dgrad_bwd_f32 and mlp_wgrad_bwd_f32, summed by
+// mlp_wgrad_reduce_bwd_f32 (kernels/mlp_tiles.cu).
 //
 // source_mlp_fwd_f32: one block of 128 threads per tile of 64 samples (grid = ceil(batch / 64));
 // each layer is a register-tiled GEMM over the tile (layer 1: 8 samples x 8 units per thread,
@@ -365,8 +366,13 @@ extern "C" __global__ void __launch_bounds__(rawops::kSmallThreads)
 //     Blocks of kGradThreads threads, kDgradRows rows each (N, K <= 128).
 //   mlp_wgrad_bwd_f32: per chunk of rows (one block each), P[n][k] = sum_b G'[b][n] act(A[b][k])
 //     and sum_b G'[b][n], written to a float32 workspace; mlp_wgrad_reduce_bwd_f32
-//     (kernels/mlp_tiles.cu) adds the chunks in chunk order (deterministic, no atomics) into dW
-//     and db.
+//     (kernels/mlp_tiles.cu) adds the chunks in a fixed blocked order (deterministic, no atomics)
+//     into dW and db. Float32 accuracy at any batch: a running float32 sum of L terms is off by
+//     ~sqrt(L) roundings, so no sum runs long: a thread's registers sum kWgradFlushRows rows, then
+//     are added into its own outputs of the block's workspace slot (same thread, no barrier),
+//     and the reduce sums the chunks in blocks of a few; every sum then runs over at most a few
+//     hundred terms, where one running sum over a chunk of thousands of rows (a 2^20-row batch)
+//     would be several times torch's float32 error.
 // =====================================================================================
 namespace rawops {
 namespace {
@@ -455,6 +461,8 @@ __device__ __forceinline__ void dgrad_f32(const float* __restrict__ G, const flo
 }
 
 constexpr int kWgradRows = RAWOPS_MLP_WGRAD_ROWS;  // rows staged a step
+constexpr int kWgradFlushSteps = 4;                // steps summed in registers before a flush
+constexpr int kWgradFlushRows = kWgradFlushSteps * kWgradRows;
 
 template <int kNI, int kKJ>
 __device__ __forceinline__ void wgrad_f32_tile(const float* __restrict__ G, const float* __restrict__ Gm,
@@ -470,6 +478,39 @@ __device__ __forceinline__ void wgrad_f32_tile(const float* __restrict__ G, cons
 #pragma unroll
     for (int j = 0; j < kKJ; ++j) acc[i][j] = 0.f;
   float db = 0.f;
+  // The registers' sums so far into the thread's own outputs of the block's slot (stored by the
+  // first flush, added by the later ones), then zeroed: no running sum spans more than
+  // kWgradFlushRows rows. Only this thread touches these words: program order suffices.
+  auto flush = [&](bool first) {
+    // The slot's address made opaque here, so that its element addresses are computed at each
+    // (rare) flush instead of hoisted out of the row loop into registers the FFMA tile needs.
+    float* slot = ws + int64_t(blockIdx.x) * stride;
+    asm volatile("" : "+l"(slot));
+#pragma unroll
+    for (int i = 0; i < kNI; ++i) {
+      const int n = ng + 16 * i;
+      if (n < N) {
+#pragma unroll
+        for (int j = 0; j < kKJ; ++j) {
+          const int k = kg + 16 * j;
+          if (k < K) {
+            float* p = slot + n * k_p + k;
+            *p = first ? acc[i][j] : *p + acc[i][j];
+          }
+        }
+      }
+      // a row of kKJ loads in flight at a time: all of them at once would need registers the
+      // tile's accumulators hold
+      asm volatile("" ::: "memory");
+#pragma unroll
+      for (int j = 0; j < kKJ; ++j) acc[i][j] = 0.f;
+    }
+    if (t < N) {
+      float* p = slot + db_offset + t;
+      *p = first ? db : *p + db;
+    }
+    db = 0.f;
+  };
   for (int64_t r0 = begin; r0 < end; r0 += kWgradRows) {
     // Every load of the step in flight before the barrier, then the stores (N, K <= 128).
     constexpr int kL = kWgradRows * 128 / kGradThreads;
@@ -510,19 +551,11 @@ __device__ __forceinline__ void wgrad_f32_tile(const float* __restrict__ G, cons
 #pragma unroll
         for (int j = 0; j < kKJ; ++j) acc[i][j] = fmaf(gv[i], av[j], acc[i][j]);
     }
+    // Block-uniform (r0 alone decides): a flush every kWgradFlushRows rows but the last.
+    if ((r0 - begin + kWgradRows) % kWgradFlushRows == 0 && r0 + kWgradRows < end)
+      flush(r0 - begin + kWgradRows == kWgradFlushRows);
   }
-  float* part = ws + int64_t(blockIdx.x) * stride;
-#pragma unroll
-  for (int i = 0; i < kNI; ++i) {
-    const int n = ng + 16 * i;
-    if (n >= N) continue;
-#pragma unroll
-    for (int j = 0; j < kKJ; ++j) {
-      const int k = kg + 16 * j;
-      if (k < K) part[n * k_p + k] = acc[i][j];
-    }
-  }
-  if (t < N) part[db_offset + t] = db;
+  flush(end - begin <= kWgradFlushRows);  // the last (or only) run: a short chunk stores its sums once
 }
 
 // The thread tile fitted to the layer (a thread holds n = ng + 16 i, k = kg + 16 j): the
@@ -564,7 +597,9 @@ extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
 // through mma.sync m16n8k8 (sm_80+, inference: h1s and h2s must be null; the training forward
 // keeps the exact FFMA kernel, whose kept activations give the backward exact ReLU masks). Same
 // arguments as source_mlp_fwd_f32. Each product is big_a big_b + big_a small_b + small_a big_b
-// (big = tf32(v), small = v - big: split_tf32_fast), accumulated in float32: float32-level error.
+// (big = tf32(v), small = v - big: split_tf32_fast), accumulated in float32 by the tensor core,
+// which truncates its sums (and the small parts to TF32): several times float32's error, so it
+// runs only where the user opted in (config.mlp_tf32).
 // Why this shape: operands read as fragments from shared memory would be split after every load,
 // and the split costs as much as the FFMA it replaces; here a warp owns kRows = 16 kMT rows and
 // walks all three layers with its activations in registers. K is permuted inside each k8

@@ -407,12 +407,17 @@ RAWOPS_TC_ENTRIES(bf16, __nv_bfloat16)
 //   dw[n][k] = sum over chunks c in order of ws[c * stride + n * k_p + k],
 //   db[n] = the same of ws[c * stride + db_offset + n] (db may be null);
 // one thread an output, blocks of kReduceThreads (grid = ceil((N K + N) / kReduceThreads)).
+// float32 (kRuns; the source network, whose gradients must carry float32's accuracy at any batch):
+// the chunks in runs of kReduceRun, each run's sum then added in order, so no running sum
+// spans more than a few dozen terms (a fixed order still: deterministic). The half types keep
+// the single run: their result is rounded to 2-byte precision anyway.
 namespace rawops {
 namespace {
 
 constexpr int kReduceThreads = RAWOPS_MLP_REDUCE_THREADS;
+constexpr int kReduceRun = 16;  // float32: chunks summed a run (~sqrt of the most chunks, 2 per SM)
 
-template <typename T>
+template <typename T, bool kRuns>
 __device__ __forceinline__ void wgrad_reduce(const float* __restrict__ ws, int64_t chunks, int64_t stride, int N,
                                              int K, int k_p, int64_t db_offset, T* __restrict__ dw,
                                              T* __restrict__ db) {
@@ -427,8 +432,18 @@ __device__ __forceinline__ void wgrad_reduce(const float* __restrict__ ws, int64
     src = db_offset + (e - nk);
   }
   float s = 0.f;
+  if constexpr (kRuns) {
+    for (int64_t c0 = 0; c0 < chunks; c0 += kReduceRun) {
+      const int64_t c1 = c0 + kReduceRun < chunks ? c0 + kReduceRun : chunks;
+      float run = 0.f;
 #pragma unroll 8  // loads issued ahead; the sum stays in chunk order (deterministic)
-  for (int64_t c = 0; c < chunks; ++c) s += ws[c * stride + src];
+      for (int64_t c = c0; c < c1; ++c) run += ws[c * stride + src];
+      s += run;
+    }
+  } else {
+#pragma unroll 8  // loads issued ahead; the sum stays in chunk order (deterministic)
+    for (int64_t c = 0; c < chunks; ++c) s += ws[c * stride + src];
+  }
   if (e < nk) dw[e] = from_float<T>(s);
   else db[e - nk] = from_float<T>(s);
 }
@@ -436,12 +451,12 @@ __device__ __forceinline__ void wgrad_reduce(const float* __restrict__ ws, int64
 }  // namespace
 }  // namespace rawops
 
-#define RAWOPS_REDUCE(suffix, T)                                                                              \
+#define RAWOPS_REDUCE(suffix, T, runs)                                                                        \
   extern "C" __global__ void __launch_bounds__(rawops::kReduceThreads)                                       \
       mlp_wgrad_reduce_bwd_##suffix(const float* ws, long long chunks, long long stride, long long N,         \
                                     long long K, long long k_p, long long db_offset, T* dw, T* db) {          \
-    rawops::wgrad_reduce<T>(ws, chunks, stride, int(N), int(K), int(k_p), db_offset, dw, db);                \
+    rawops::wgrad_reduce<T, runs>(ws, chunks, stride, int(N), int(K), int(k_p), db_offset, dw, db);          \
   }
-RAWOPS_REDUCE(f32, float)
-RAWOPS_REDUCE(f16, __half)
-RAWOPS_REDUCE(bf16, __nv_bfloat16)
+RAWOPS_REDUCE(f32, float, true)
+RAWOPS_REDUCE(f16, __half, false)
+RAWOPS_REDUCE(bf16, __nv_bfloat16, false)

@@ -21,10 +21,11 @@ DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 # ------------------------------------------------------------------------------ the source network
 SOURCE_SIZES = (C.MLP_SOURCE_IN, C.MLP_SOURCE_H1, C.MLP_SOURCE_H2, C.MLP_SOURCE_OUT)  # 100, 128, 64, 10
 SOURCE_TILE, SOURCE_THREADS = C.MLP_SOURCE_TILE, C.MLP_SOURCE_THREADS  # source_mlp_fwd: samples, threads a block
-SMALL_BATCH_MAX = 4096  # up to here source_mlp_small_fwd, beyond it the tiled (or 3xTF32) kernel
+SMALL_BATCH_MAX = 4096  # up to here source_mlp_small_fwd, beyond it the tiled (or opted-in 3xTF32) kernel
 SMALL_TILE, SMALL_THREADS = C.MLP_SOURCE_SMALL_TILE, C.MLP_SOURCE_SMALL_THREADS  # source_mlp_small_fwd
-# Beyond SMALL_BATCH_MAX on sm_80+, inference: 3xTF32 on mma.sync (source_mlp_tc*_fwd), persistent
-# blocks holding the weights; variant -> (rows a warp owns, most warps a block).
+# Beyond SMALL_BATCH_MAX on sm_80+, inference opted in to 3xTF32 (config.mlp_tf32): mma.sync
+# (source_mlp_tc*_fwd), persistent blocks holding the weights; variant -> (rows a warp owns,
+# most warps a block).
 SOURCE_TC_VARIANTS = {"source_mlp_tc32_fwd": (32, C.MLP_SOURCE_TC32_WARPS),
                       "source_mlp_tc16_fwd": (16, C.MLP_SOURCE_TC16_WARPS)}
 SOURCE_TC = "source_mlp_tc32_fwd"  # the variant launched (docs/performance.md compares the two)

@@ -7,9 +7,11 @@
 
 Each switch starts from the environment variable `RAWOPS_<NAME>` (upper case) when it is set
 (`1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`), else from its default. Setting an unknown
-name, or a value of the wrong type, is an error. Every default is the fastest correct choice;
-the switches exist to compare paths (the benchmarks and tests do) and to step around a path
-on a machine where it misbehaves. `rawops.config.describe()` lists them with their values.
+name, or a value of the wrong type, is an error. Every default is the fastest choice that keeps
+each dtype's accuracy (float32 results within torch's float32 error); `mlp_tf32` is an opt-in
+that trades float32 accuracy for speed. The other switches exist to compare paths (the
+benchmarks and tests do) and to step around a path on a machine where it misbehaves.
+`rawops.config.describe()` lists them with their values.
 
 The module is the configuration object: `import rawops.config`, `from rawops import config`
 and `rawops.config` are the same object.
@@ -23,8 +25,10 @@ import types
 SWITCHES = {
     "linear_tf32": (True, "float32 linear_gelu forwards of <= 128 rows on sm_90+ run 3xTF32 on tensor cores "
                           "(float32-level error); False: exact FFMA at every size."),
-    "mlp_tf32": (True, "the float32 source network's (100-128-64-10) inference beyond 4096 rows runs 3xTF32 on "
-                       "tensor cores on sm_80+ (float32-level error); False: exact FFMA."),
+    "mlp_tf32": (False, "opt-in: the float32 source network's (100-128-64-10) inference beyond 4096 rows runs "
+                        "3xTF32 on tensor cores on sm_80+ (faster; several times torch's float32 error: the tensor "
+                        "core truncates its sums and the split's low parts); False: exact FFMA, float32's "
+                        "accuracy."),
     "mlp_fast_forward": (True, "half-type fused_mlp forwards keep activations in registers (mma.sync, sm_80+) "
                                "where the weights fit in shared memory; False: the WMMA tile kernels."),
     "mlp_fast_backward": (True, "half-type fused_mlp backwards run as one fused kernel (sm_80+, widths 16..64); "

@@ -4,10 +4,12 @@ fused_mlp(x, weights, biases, activation, output_activation) computes, with weig
 torch.nn.Linear layout (weight [out, in], bias [out]),
     h = x; h = act(h W_l^T + b_l) for each hidden layer; y = output_act(h W_L^T + b_L)
 in one kernel; the hidden activations never reach device memory (inference). Two regimes:
-  * float32, the source network 100-128-64-10 with ReLU: exact float32 FFMA kernels (a
-    small-batch kernel up to SMALL_BATCH_MAX samples, a register-tiled one beyond); beyond
-    SMALL_BATCH_MAX on sm_80+ the inference forward runs 3xTF32 on tensor cores instead
-    (float32-level error; config.mlp_tf32 = False forces the exact FFMA kernel);
+  * float32, the source network 100-128-64-10 with ReLU: exact float32 FFMA kernels, forward
+    and backward, at every batch (a small-batch kernel up to SMALL_BATCH_MAX samples, a
+    register-tiled one beyond): float32's accuracy, within torch's float32 error. Opt-in
+    (config.mlp_tf32 = True): beyond SMALL_BATCH_MAX on sm_80+ the inference forward runs
+    3xTF32 on tensor cores instead, faster at large batches but several times torch's
+    float32 error (the tensor core truncates its sums and the split's low parts);
   * float16 / bfloat16, tiny-cuda-nn-style networks on tensor cores (float32 accumulation):
     n_in 1..128, 1..8 hidden layers of one width in (16, 32, 64, 128), n_out 1..128.
 Anything else is a ValueError naming what is supported.
@@ -15,7 +17,9 @@ Anything else is a ValueError naming what is supported.
 Training: fused_mlp_forward also returns what the backward needs (the source network keeps
 its two post-ReLU activations; the tensor-core path keeps each hidden pre-activation), and
 fused_mlp_backward returns dx, the weight and the bias gradients; weight and bias gradients
-are summed over the batch deterministically (per-chunk partials, then a fixed-order sum).
+are summed over the batch deterministically (per-chunk partials, then a fixed-order sum; in
+float32 no running sum spans more than a few hundred terms, so the sums keep float32's
+accuracy at any batch).
 
 Kernels, one fatbin each (FAMILY_OF names each kernel's): kernels/mlp_source.cu (the source
 network), mlp_tiles.cu (the WMMA tile kernels and the ordered weight-gradient reduce),
@@ -260,8 +264,10 @@ def prepare(plan, device):
 
 # ------------------------------------------------------------------------------ launches on raw pointers
 def source_launch(batch, device, training=False):
-    """(function pointer, grid, block, shared bytes) of the source network's forward. The
-    training forward (which keeps h1, h2) always takes the exact FFMA kernels."""
+    """(function pointer, grid, block, shared bytes) of the source network's forward: the exact
+    FFMA kernels, unless the user opted in to 3xTF32 (config.mlp_tf32) for inference beyond
+    SMALL_BATCH_MAX. The training forward (which keeps h1, h2) always takes the exact FFMA
+    kernels."""
     tc = None
     if batch > plans.SMALL_BATCH_MAX and config.mlp_tf32 and not training:
         fit = source_tc_fit(device)

@@ -250,7 +250,9 @@ def _route(monkeypatch, cc, limit, sms=132):
     (1 << 20, 75, 65536, ("source_mlp_fwd_f32", 1 << 14, 128, 0)),           # no tf32 mma.sync / cp.async
 ])
 def test_the_source_network_picks_its_kernel_by_batch_and_device(monkeypatch, batch, cc, limit, expected):
+    # opted in to 3xTF32 (config.mlp_tf32): the routing by batch and by what the device fits
     kernel = _route(monkeypatch, cc, limit)
+    monkeypatch.setattr(rawops.config, "mlp_tf32", True)
     assert mlp.source_launch(batch, 0) == expected
     if "tc" in expected[0]:
         assert kernel.max_dynamic_shared_size_bytes == expected[3], "the shared-memory limit is set before launch"
@@ -258,6 +260,7 @@ def test_the_source_network_picks_its_kernel_by_batch_and_device(monkeypatch, ba
 
 def test_the_training_forward_and_the_switch_keep_the_exact_ffma_kernel(monkeypatch):
     _route(monkeypatch, 90, 232448)
+    monkeypatch.setattr(rawops.config, "mlp_tf32", True)  # even opted in
     assert mlp.source_launch(1 << 20, 0, training=True)[0] == "source_mlp_fwd_f32"  # keeps h1, h2 for the backward
     launched = []
     monkeypatch.setattr(mlp, "launch", lambda function, *args: launched.append(function))
@@ -268,12 +271,49 @@ def test_the_training_forward_and_the_switch_keep_the_exact_ffma_kernel(monkeypa
     assert mlp.source_launch(1 << 20, 0)[0] == "source_mlp_fwd_f32"
 
 
+def test_float32_is_exact_ffma_by_default_at_every_batch_and_device(monkeypatch):
+    # Float32 means float32: the 3xTF32 forward (several times torch's float32 error) only
+    # where the user opts in (config.mlp_tf32, default False; RAWOPS_MLP_TF32).
+    assert rawops.config.SWITCHES["mlp_tf32"][0] is False
+    monkeypatch.delenv("RAWOPS_MLP_TF32", raising=False)
+    saved = rawops.config.mlp_tf32
+    try:
+        rawops.config.reset()
+        assert rawops.config.mlp_tf32 is False
+    finally:
+        rawops.config.mlp_tf32 = saved
+    monkeypatch.setattr(rawops.config, "mlp_tf32", False)
+    for cc, limit in ((90, 232448), (80, 166912), (100, 232448), (120, 101376)):
+        _route(monkeypatch, cc, limit)
+        for batch in (1, 4096, 4097, 8192, 65536, 1 << 20):
+            name = mlp.source_launch(batch, 0)[0]
+            assert name == ("source_mlp_small_fwd_f32" if batch <= plans.SMALL_BATCH_MAX else "source_mlp_fwd_f32"), \
+                (cc, batch, name)
+            assert mlp.source_launch(batch, 0, training=True)[0] == name
+
+
+def test_the_opt_in_switch_reads_its_environment_variable(monkeypatch):
+    saved = rawops.config.mlp_tf32
+    try:
+        monkeypatch.setenv("RAWOPS_MLP_TF32", "1")
+        rawops.config.reset()
+        assert rawops.config.mlp_tf32 is True
+        monkeypatch.setenv("RAWOPS_MLP_TF32", "0")
+        rawops.config.reset()
+        assert rawops.config.mlp_tf32 is False
+    finally:
+        monkeypatch.delenv("RAWOPS_MLP_TF32", raising=False)
+        rawops.config.reset()
+        rawops.config.mlp_tf32 = saved
+
+
 @pytest.mark.parametrize("variant, batch, grid", [("source_mlp_tc16_fwd", 4097, 17),
                                                   ("source_mlp_tc16_fwd", 1 << 20, 132),
                                                   ("source_mlp_tc32_fwd", 4097, 17),
                                                   ("source_mlp_tc32_fwd", 40000, 132)])
 def test_both_3xtf32_variants_launch_with_their_own_tiles(monkeypatch, variant, batch, grid):
     _route(monkeypatch, 90, 232448)
+    monkeypatch.setattr(rawops.config, "mlp_tf32", True)
     monkeypatch.setattr(plans, "SOURCE_TC", variant)
     rows, warps = plans.SOURCE_TC_VARIANTS[variant]
     assert mlp.source_launch(batch, 0) == (f"{variant}_f32", grid, 32 * warps, plans.source_tc_smem(rows, warps))

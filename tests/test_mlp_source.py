@@ -320,6 +320,7 @@ def test_3xtf32_forward_matches_torch_float64(variant, batch, output_activation,
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
     monkeypatch.setattr(plans, "SMALL_BATCH_MAX", 0)
+    monkeypatch.setattr(rawops.config, "mlp_tf32", True)  # the opt-in
     monkeypatch.setattr(plans, "SOURCE_TC", variant)
     names = _launched_kernels(monkeypatch)
     net = source_network(torch, output_activation == "relu")
@@ -338,6 +339,7 @@ def test_3xtf32_forward_on_misaligned_views_nan_and_out(variant, monkeypatch):
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, random, to_cupy
 
+    monkeypatch.setattr(rawops.config, "mlp_tf32", True)  # the opt-in
     monkeypatch.setattr(plans, "SOURCE_TC", variant)
     names = _launched_kernels(monkeypatch)
     net = source_network(torch)
@@ -362,8 +364,8 @@ def test_3xtf32_forward_on_misaligned_views_nan_and_out(variant, monkeypatch):
 @pytest.mark.parametrize("batch", [4097, 70001])
 @pytest.mark.parametrize("use_tc", [True, False])
 def test_large_batch_forwards_match_torch_float64(batch, use_tc, monkeypatch):
-    """Inference takes the 3xTF32 kernel unless switched off; the training forward (h1, h2
-    kept) takes the exact FFMA kernel either way."""
+    """Inference takes the 3xTF32 kernel where opted in (config.mlp_tf32), else the exact FFMA
+    kernel; the training forward (h1, h2 kept) takes the exact FFMA kernel either way."""
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
