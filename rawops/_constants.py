@@ -176,11 +176,11 @@ def defines():
             if name.isupper() and isinstance(value, int) and not isinstance(value, bool)]
 
 # image: kernels/image.cu (rawops/image.py): rgb_to_gray, normalize_volume, to_tensor_normalize
-# Every image kernel's block (its launch bound) and the blocks an SM a grid-stride grid holds;
-# pixels a thread converts per step (rgb_to_gray, to_tensor_normalize: 16 bytes of uint8 a plane);
-# 16-byte vectors a thread has in flight per step of normalize_volume's min/max pass.
+# Every image kernel's block (its launch bound; a grid-stride grid is the blocks of it the device
+# holds at once, from the occupancy API at launch); pixels a thread converts per step (rgb_to_gray,
+# to_tensor_normalize: 16 bytes of uint8 a plane); 16-byte vectors a thread has in flight per step
+# of normalize_volume's min/max pass.
 IMAGE_THREADS = 256
-IMAGE_BLOCKS_PER_SM = 8
 IMAGE_PIXELS = 16
 IMAGE_REDUCE_UNROLL = 4
 # OpenCV's uint8 RGB -> gray (imgproc color_rgb.simd.hpp RGB2Gray<uchar>: RY15, GY15, BY15, gray_shift):
