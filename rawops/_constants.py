@@ -227,9 +227,10 @@ CE_WARP_THREADS = 256
 CE_WARP_VECTORS = 64
 CE_UNROLL = 4
 CE_SMALL_THREADS = 1024
-# Bytes of rows in flight a block-per-row grid aims for (the rows resident at once, each read twice
-# by its block: the second read finds the row still in L2 while they fit; see rawops/losses.py's plan).
-CE_RESIDENT_BYTES = 24 << 20
+# Percent of the device's L2 (cudaDevAttrL2CacheSize) a re-reading block-per-row grid keeps in flight
+# (the rows resident at once, each read twice by its block: the second read finds the row still in
+# L2 while they fit; see rawops/losses.py's plan): 24 MiB of the H100's and H200's 50 MiB.
+CE_RESIDENT_L2_PERCENT = 48
 # Bits of the kernels' flags argument.
 CE_FLAG_VECTORS = 1
 CE_FLAG_TARGET_I32 = 2
