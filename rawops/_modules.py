@@ -256,6 +256,11 @@ def device_attribute(device, attribute):
     return value
 
 
+def device_threads(device):
+    """Threads the whole device holds at once (its SMs times each one's thread limit)."""
+    return device_attribute(device, ATTR_MULTIPROCESSORS) * device_attribute(device, ATTR_THREADS_PER_SM)
+
+
 def l2_bytes(device):
     """The device's L2 cache size in bytes."""
     return device_attribute(device, ATTR_L2_BYTES)

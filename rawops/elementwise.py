@@ -196,7 +196,7 @@ def bias_gelu_backward(dy, x, bias, approximate="none", *, out=None, stream=None
             hold_if_capturing(s, partial)
         else:  # the map kernel (scalar head and tail where misaligned; strided), then dx's column sums
             kernel.launch_arrays(device, a_dy, a_x, a_bias, a_out, dx_ptr, 0.0, s)
-            chunks, rows_per_chunk = column_sum_plan(rows, cols, sms)
+            chunks, rows_per_chunk = column_sum_plan(rows, cols, _modules.device_threads(device))
             partial = cupy.empty((chunks, cols), dtype="float32")
             launch_column_sum(device, a_dy.dtype, dx_ptr, partial.data.ptr, dbias.data.ptr, rows, cols, chunks,
                               rows_per_chunk, s, *(dx_strides or (cols, 1)))
@@ -299,10 +299,11 @@ def _launch_exact_tiles(device, approximate, grid, threads, args, dbias_ptr, str
            device, dependent)
 
 
-def column_sum_plan(rows, cols, sms):
-    """(chunks, rows_per_chunk): enough (chunk, column) threads to fill the GPU; chunks is
-    column_sum_part's grid.y, so at most MAX_GRID_Y (a few columns over many rows reached it)."""
-    chunks = max(1, min(rows, (sms * 2048) // max(cols, 1), MAX_GRID_Y))
+def column_sum_plan(rows, cols, device_threads):
+    """(chunks, rows_per_chunk): enough (chunk, column) threads to fill the GPU (`device_threads`
+    at once: rawops._modules.device_threads); chunks is column_sum_part's grid.y, so at most
+    MAX_GRID_Y (a few columns over many rows reached it)."""
+    chunks = max(1, min(rows, device_threads // max(cols, 1), MAX_GRID_Y))
     rows_per_chunk = (rows + chunks - 1) // chunks
     return (rows + rows_per_chunk - 1) // rows_per_chunk, rows_per_chunk
 
@@ -354,7 +355,7 @@ def column_sum(x, *, stream=None):
         if rows == 0 or cols == 0:
             return cupy.zeros((cols,), dtype=NUMPY_DTYPES[a.dtype])
         result = cupy.empty((cols,), dtype=NUMPY_DTYPES[a.dtype])
-        chunks, rows_per_chunk = column_sum_plan(rows, cols, sm_count(device))
+        chunks, rows_per_chunk = column_sum_plan(rows, cols, _modules.device_threads(device))
         partial = cupy.empty((chunks, cols), dtype="float32")
         launch_column_sum(device, a.dtype, a.ptr, partial.data.ptr, result.data.ptr, rows, cols, chunks,
                           rows_per_chunk, s)

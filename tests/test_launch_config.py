@@ -423,8 +423,9 @@ def test_strided_simulation_mirrors_the_kernel_source():
     (1, 1, 132), (1, 8, 132), (7, 3, 1), (1000, 1, 132), (1000, 768, 132), (100003, 17, 2),
     (5, 100000, 132), (2 ** 20, 1024, 132), (3, 5, 0), (70000, 1, 132), (2 ** 20, 3, 132),
 ])
-def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_once(rows, cols, sms):
-    chunks, rows_per_chunk = column_sum_plan(rows, cols, sms)
+@pytest.mark.parametrize("threads_per_sm", [2048, 1536, 1024])
+def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_once(rows, cols, sms, threads_per_sm):
+    chunks, rows_per_chunk = column_sum_plan(rows, cols, sms * threads_per_sm)
     assert chunks >= 1 and rows_per_chunk >= 1
     covered = np.zeros(rows, dtype=np.int64)
     for chunk in range(chunks):  # column_sum_part: r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rpc)
@@ -433,7 +434,7 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
         assert r1 > r0, f"chunk {chunk} is empty"
         covered[r0:r1] += 1
     assert (covered == 1).all()
-    assert chunks <= max(1, (sms * 2048) // cols) or chunks == 1
+    assert chunks <= max(1, (sms * threads_per_sm) // cols) or chunks == 1
     assert chunks <= 65535, "chunks is column_sum_part's gridDim.y"
 
 

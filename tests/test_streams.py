@@ -12,7 +12,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import rawops  # noqa: E402
 from gpu_reference import assert_close, random, to_cupy, to_torch  # noqa: E402
-from rawops import elementwise  # noqa: E402
+from rawops import _modules, elementwise  # noqa: E402
 from rawops._launch import sm_count  # noqa: E402
 from rawops._modules import compute_capability  # noqa: E402
 
@@ -52,7 +52,7 @@ def _case(name):
         return (lambda s: rawops.bias_gelu_backward(DY, X, BIAS, stream=s, approximate="tanh"), [dx64, dx64.sum(0)],
                 [x.nbytes, COLS * f32, chunks * COLS * f32])
     if name == "column_sum":
-        chunks = elementwise.column_sum_plan(ROWS, COLS, sm_count(X.device.id))[0]
+        chunks = elementwise.column_sum_plan(ROWS, COLS, _modules.device_threads(X.device.id))[0]
         return lambda s: [rawops.column_sum(X, stream=s)], [x64.sum(0)], [COLS * f32, chunks * COLS * f32]
     if name == "layer_norm":
         return (lambda s: [rawops.layer_norm(X, W, B, stream=s)],
