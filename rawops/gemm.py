@@ -460,7 +460,8 @@ def linear_gelu_backward(dy, x, weight, bias=None, approximate="none", *, preact
             # With a bias, dpre and its column sums (db) in one pass where the fused kernel applies.
             fused = None
             if P is not None and Bv is not None:
-                fused = elementwise.bias_gelu_bwd_plan(m, n, X.dtype, (DY.ptr, P.ptr), sm_count(device))
+                fused = elementwise.bias_gelu_bwd_plan(m, n, X.dtype, (DY.ptr, P.ptr), sm_count(device),
+                                                       _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM))
             if fused is not None:
                 dpre = cupy.ndarray(shape, dtype)
                 db = cupy.ndarray((n,), dtype)

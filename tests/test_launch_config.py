@@ -444,14 +444,18 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
     (70000, 8, 2, 132), (5, 1 << 17, 2, 132), (3, 4, 4, 1), (10 ** 6, 24, 4, 132), (2, 2 ** 31 // 4, 4, 132),
     (7, 2048, 4, 132),
 ])
-def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(monkeypatch, rows, cols, itemsize, sms):
+@pytest.mark.parametrize("threads_per_sm", [2048, 1536, 1024])
+def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(monkeypatch, rows, cols, itemsize, sms,
+                                                                    threads_per_sm):
     # the walkers (bias_bwd_partial): where the short tiles do not apply, or switched off as here
 
     monkeypatch.setattr(rawops.config, "bias_gelu_backward_tiles", False)
-    grid, chunks, threads, strip = bias_gelu_bwd_plan(rows, cols, 0 if itemsize == 4 else 1, (0, 256, 512), sms)
+    grid, chunks, threads, strip = bias_gelu_bwd_plan(rows, cols, 0 if itemsize == 4 else 1, (0, 256, 512), sms,
+                                                      threads_per_sm)
     strips = grid[0]
     assert grid == (strips, chunks) and strip > 0
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
+    blocks_per_sm = min(blocks_per_sm, threads_per_sm // BIAS_BWD_THREADS)  # sm_75 holds 4 of 256, not 6
     vectors = cols // (vector_bytes // itemsize)
     by = threads // strip
     assert strips * chunks <= max(blocks_per_sm * sms, strips), "more than one wave of resident blocks"

@@ -119,7 +119,8 @@ def bias_gelu_backward_fused(dy, x, bias, approximate):
     rows = x.numel() // cols if cols else 0
     device = x.get_device()
     bias_ptr = bias.data_ptr() if bias is not None else 0
-    plan = _ew.bias_gelu_bwd_plan(rows, cols, code, (dy.data_ptr(), x.data_ptr(), bias_ptr), sm_count(device))
+    plan = _ew.bias_gelu_bwd_plan(rows, cols, code, (dy.data_ptr(), x.data_ptr(), bias_ptr), sm_count(device),
+                                  _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM))
     if plan is None:
         return None
     dx, dbias = x.new_empty(*x.shape), x.new_empty(cols)  # sizes as ints: the cheapest allocation
