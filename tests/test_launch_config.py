@@ -706,3 +706,21 @@ def test_map_kernels_bound_their_grid_stride_grids_by_the_occupancy_api():
         assert kernel.resident(device, dtype, True) == _modules.resident_blocks(strided, THREADS, 0, device)
         per_sm = _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM) // THREADS
         assert sm_count(device) <= kernel.resident(device, dtype, True) <= sm_count(device) * per_sm
+
+
+@pytest.mark.gpu
+def test_the_occupancy_api_answers_what_the_threads_and_registers_allow():
+    import cupy
+
+    from rawops import image
+
+    device = 0
+    kernel = _modules.get_function(image.FAMILY, "volume_minmax_f32", device)
+    pointer = _modules.function_pointer(image.FAMILY, "volume_minmax_f32", device)
+    per_sm = _modules.blocks_per_sm(pointer, image.THREADS, 0, device)
+    threads_per_sm = _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM)
+    assert threads_per_sm == cupy.cuda.Device(device).attributes["MaxThreadsPerMultiProcessor"]
+    by_registers = cupy.cuda.runtime.deviceGetAttribute(82, device) // (kernel.num_regs * image.THREADS)
+    assert 1 <= per_sm <= min(threads_per_sm // image.THREADS, max(1, by_registers) + 1)
+    assert _modules.resident_blocks(pointer, image.THREADS, 0, device) == per_sm * sm_count(device)
+    assert _modules.l2_bytes(device) == cupy.cuda.Device(device).attributes["L2CacheSize"] > 0
