@@ -95,8 +95,7 @@ def row_shape(n, itemsize):
 
 def resident_bytes(l2_bytes):
     """Bytes of rows in flight a re-reading launch aims for: RESIDENT_L2_PERCENT of the device's L2
-    (the rest holds what the rows' second reads evict early: other rows' lines, the gradient's
-    writes on their way out)."""
+    (the rest left to the gradient's writes and the other traffic that shares it)."""
     return l2_bytes * RESIDENT_L2_PERCENT // 100
 
 
