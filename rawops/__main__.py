@@ -10,6 +10,13 @@ import sys
 from . import _modules
 from ._nvcc import read_manifest
 
+# Which launch values come from the device (docs/api.md, "Launch shapes").
+LAUNCH_SHAPES = ("launch shapes from the device: grid-stride grids = the blocks of each kernel the GPU holds at "
+                 "once (the driver's occupancy API, asked once per kernel, block and device, kept in memory: "
+                 "no disk cache); SM count, threads an SM, L2 size (cross_entropy's re-read budget) and "
+                 "opt-in shared memory from device attributes")
+
+
 def _fail(message):
     print(f"rawops: {message}", file=sys.stderr)
     return 1
@@ -78,7 +85,10 @@ def info():
     for device in range(count):
         props = cupy.cuda.runtime.getDeviceProperties(device)
         print(f"device {device}: {props['name'].decode()} sm_{props['major']}{props['minor']}, "
-              f"{props['multiProcessorCount']} SMs, {props['totalGlobalMem'] / 2**30:.1f} GiB")
+              f"{props['multiProcessorCount']} SMs, {props['totalGlobalMem'] / 2**30:.1f} GiB, "
+              f"{_modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM)} threads an SM, "
+              f"{_modules.l2_bytes(device) / 2**20:.0f} MiB L2")
+    print(LAUNCH_SHAPES)
     arch = _modules.compute_capability(0)
     print(f"on device 0 (sm_{arch}):")
     failed = False

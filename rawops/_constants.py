@@ -176,11 +176,11 @@ def defines():
             if name.isupper() and isinstance(value, int) and not isinstance(value, bool)]
 
 # image: kernels/image.cu (rawops/image.py): rgb_to_gray, normalize_volume, to_tensor_normalize
-# Every image kernel's block (its launch bound) and the blocks an SM a grid-stride grid holds;
-# pixels a thread converts per step (rgb_to_gray, to_tensor_normalize: 16 bytes of uint8 a plane);
-# 16-byte vectors a thread has in flight per step of normalize_volume's min/max pass.
+# Every image kernel's block (its launch bound; a grid-stride grid is the blocks of it the device
+# holds at once, from the occupancy API at launch); pixels a thread converts per step (rgb_to_gray,
+# to_tensor_normalize: 16 bytes of uint8 a plane); 16-byte vectors a thread has in flight per step
+# of normalize_volume's min/max pass.
 IMAGE_THREADS = 256
-IMAGE_BLOCKS_PER_SM = 8
 IMAGE_PIXELS = 16
 IMAGE_REDUCE_UNROLL = 4
 # OpenCV's uint8 RGB -> gray (imgproc color_rgb.simd.hpp RGB2Gray<uchar>: RY15, GY15, BY15, gray_shift):
@@ -227,9 +227,10 @@ CE_WARP_THREADS = 256
 CE_WARP_VECTORS = 64
 CE_UNROLL = 4
 CE_SMALL_THREADS = 1024
-# Bytes of rows in flight a block-per-row grid aims for (the rows resident at once, each read twice
-# by its block: the second read finds the row still in L2 while they fit; see rawops/losses.py's plan).
-CE_RESIDENT_BYTES = 24 << 20
+# Percent of the device's L2 (cudaDevAttrL2CacheSize) a re-reading block-per-row grid keeps in flight
+# (the rows resident at once, each read twice by its block: the second read finds the row still in
+# L2 while they fit; see rawops/losses.py's plan): 24 MiB of the H100's and H200's 50 MiB.
+CE_RESIDENT_L2_PERCENT = 48
 # Bits of the kernels' flags argument.
 CE_FLAG_VECTORS = 1
 CE_FLAG_TARGET_I32 = 2

@@ -10,7 +10,7 @@ call reuses them.
 """
 
 from ._launch import (TENSOR_MAP_BFLOAT16, TENSOR_MAP_FLOAT16, TENSOR_MAP_FLOAT32, TENSOR_MAP_SWIZZLE_128B,
-                      TENSOR_MAP_TFLOAT32, encode_tensor_map_2d, launch, sm_count)
+                      TENSOR_MAP_TFLOAT32, encode_tensor_map_2d, launch)
 from . import _constants as C
 from . import _gemm_reduce, _modules, config
 
@@ -232,7 +232,7 @@ def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, 
         return None
     partial, owner = workspace(splits * m * n * 4)
     launch(function_pointer, grid, THREADS, shared, stream, maps + (0, m, n, k, 0, partial, splits), KINDS, device)
-    reduce = _modules.function_pointer(_gemm_reduce.FAMILY, _gemm_reduce.kernel_name(dtype), device)
-    launch(reduce, (_gemm_reduce.blocks(m, n, sm_count(device)),), _gemm_reduce.THREADS, 0, stream,
+    reduce, reduce_grid = _gemm_reduce.function_and_grid(dtype, m, n, device)
+    launch(reduce, reduce_grid, _gemm_reduce.THREADS, 0, stream,
            (partial, 0, c, bias, 0, pre, m, n, splits, flags), _gemm_reduce.KINDS, device)
     return owner

@@ -155,8 +155,7 @@ def _launch_plan(layout, m, n, k, a, b, c, device, flags=0, pre=0):
         name, grid, block, shared, splits = found
         reduce = None
         if splits > 1:
-            reduce = (_modules.function_pointer(_gemm_reduce.FAMILY, _gemm_reduce.kernel_name(0), device),
-                      (_gemm_reduce.blocks(m, n, sms),))
+            reduce = _gemm_reduce.function_and_grid(0, m, n, device)
         cached = ("mma", _function(name, device, shared), grid, block, shared, splits, reduce)
     if len(_plans) > 4096:  # shapes of a long-running process: keep the cache bounded
         _plans.clear()

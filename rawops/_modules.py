@@ -238,6 +238,63 @@ def compute_capability(device):
     return cc
 
 
+# Device attributes (cudaDeviceAttr) the launch plans read.
+ATTR_MULTIPROCESSORS = 16  # cudaDevAttrMultiProcessorCount
+ATTR_L2_BYTES = 38  # cudaDevAttrL2CacheSize
+ATTR_THREADS_PER_SM = 39  # cudaDevAttrMaxThreadsPerMultiProcessor
+_attributes = {}  # (device, attribute) -> its value
+
+
+def device_attribute(device, attribute):
+    """A cudaDeviceAttr of a device (ATTR_*), asked once per device."""
+    key = (device, attribute)
+    value = _attributes.get(key)
+    if value is None:
+        import cupy
+
+        value = _attributes[key] = int(cupy.cuda.runtime.deviceGetAttribute(attribute, device))
+    return value
+
+
+def device_threads(device):
+    """Threads the whole device holds at once (its SMs times each one's thread limit)."""
+    return device_attribute(device, ATTR_MULTIPROCESSORS) * device_attribute(device, ATTR_THREADS_PER_SM)
+
+
+def l2_bytes(device):
+    """The device's L2 cache size in bytes."""
+    return device_attribute(device, ATTR_L2_BYTES)
+
+
+_per_sm = {}  # (function pointer, threads, dynamic shared bytes, device) -> blocks an SM holds at once
+
+
+def blocks_per_sm(function, threads, smem, device):
+    """Blocks of `threads` threads and `smem` bytes of dynamic shared memory of kernel `function`
+    (a CUfunction handle: function_pointer) that one SM of `device` holds at once, by its
+    registers, shared memory and thread limits (the driver's occupancy calculator,
+    cuOccupancyMaxActiveBlocksPerMultiprocessor); at least 1. A driver query, cached per
+    (function, threads, smem, device): nothing is measured and nothing is kept on disk."""
+    key = (function, threads, smem, device)
+    blocks = _per_sm.get(key)
+    if blocks is None:
+        from cupy_backends.cuda.api import driver
+
+        blocks = _per_sm[key] = max(1, int(driver.occupancyMaxActiveBlocksPerMultiprocessor(function, threads, smem)))
+    return blocks
+
+
+def resident_blocks(function, threads, smem, device):
+    """Blocks of kernel `function` that the whole device holds at once (blocks_per_sm times the
+    SMs): the grid of a grid-stride launch, one wave in which every block does equal work."""
+    return blocks_per_sm(function, threads, smem, device) * device_attribute(device, ATTR_MULTIPROCESSORS)
+
+
+def resident(family, name, device, threads, smem=0):
+    """resident_blocks of kernel `name` of `family` (loaded on `device` if it was not)."""
+    return resident_blocks(function_pointer(family, name, device), threads, smem, device)
+
+
 DEFAULT_DYNAMIC_SHARED = 48 * 1024  # what every kernel may take without opting in
 _shared_allowed = {}  # (family, name, device) -> the dynamic shared memory a kernel is allowed so far
 

@@ -22,7 +22,6 @@ BWD_BYTES = 16 * _constants.ROW_BWD_VECTORS  # backward, of each of its two oper
 WARP_PER_ROW, BLOCK_PER_ROW, STREAM_ROW = (_constants.ROW_MODE_WARP, _constants.ROW_MODE_BLOCK,
                                            _constants.ROW_MODE_STREAM)
 MAX_GRID = (1 << 31) - 1  # gridDim.x; kernels loop over rows past it
-THREADS_PER_SM = 2048  # resident threads per SM (sm_75 has 1024: extra blocks queue, correct)
 
 
 def _pow2_at_least(k):
@@ -54,9 +53,10 @@ def row_plan(rows, n, elems, itemsize, aligned):
     return mode, max(1, min(blocks, MAX_GRID)), threads
 
 
-def resident_blocks(sms, threads, threads_per_sm=THREADS_PER_SM):
-    """Blocks of `threads` threads that fill every SM once, `threads_per_sm` of them fitting
-    an SM (by the thread limit unless the kernel's registers allow fewer)."""
+def resident_blocks(sms, threads, threads_per_sm):
+    """Blocks of `threads` threads that fill every SM once, `threads_per_sm` of them fitting an SM
+    (a bound a kernel's launch bounds guarantee: norm's backward plans its partial rows with it,
+    and launches the fewer the occupancy API gives, rawops._modules.resident_blocks)."""
     return sms * max(1, threads_per_sm // threads)
 
 

@@ -186,9 +186,8 @@ def bias_gelu_backward(dy, x, bias, approximate="none", *, out=None, stream=None
         if rows == 0:
             return dx, cupy.zeros((cols,), dtype=dtype)
         dbias = cupy.empty((cols,), dtype=dtype)
-        sms = sm_count(device)
-        plan = bias_gelu_bwd_plan(rows, cols, a_dy.dtype, (a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr), sms) if dense \
-            else None
+        plan = bias_gelu_bwd_plan(rows, cols, a_dy.dtype, (a_dy.ptr, a_x.ptr, a_bias.ptr, dx_ptr), sm_count(device),
+                                  _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM)) if dense else None
         if plan is not None:
             partial = cupy.empty((plan[1], cols), dtype="float32")
             launch_bias_gelu_backward(device, a_dy.dtype, approximate, plan, a_dy.ptr, a_x.ptr, a_bias.ptr,
@@ -196,7 +195,7 @@ def bias_gelu_backward(dy, x, bias, approximate="none", *, out=None, stream=None
             hold_if_capturing(s, partial)
         else:  # the map kernel (scalar head and tail where misaligned; strided), then dx's column sums
             kernel.launch_arrays(device, a_dy, a_x, a_bias, a_out, dx_ptr, 0.0, s)
-            chunks, rows_per_chunk = column_sum_plan(rows, cols, sms)
+            chunks, rows_per_chunk = column_sum_plan(rows, cols, _modules.device_threads(device))
             partial = cupy.empty((chunks, cols), dtype="float32")
             launch_column_sum(device, a_dy.dtype, dx_ptr, partial.data.ptr, dbias.data.ptr, rows, cols, chunks,
                               rows_per_chunk, s, *(dx_strides or (cols, 1)))
@@ -225,7 +224,7 @@ def _out_matrix_strides(out):
     return (lead[-1][1] if lead else shape[-1] * strides[-1]), strides[-1]
 
 
-def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
+def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms, threads_per_sm=2048):
     """(grid, chunks, threads, strip) of the fused backward in dtype code `dtype`, or None where
     it does not apply (nothing to do, a last dim that is not whole vectors, a pointer off their
     alignment). chunks: the rows of float32 workspace it needs (per column): the partial sums
@@ -236,7 +235,9 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
     otherwise the walkers (bias_bwd_partial, BIAS_BWD_SHAPE): a block is `strip` column vectors
     x threads / strip rows (`by`), grid (strips, chunks), chunk c taking rows (i * chunks + c) *
     by + ty: at most one wave of the resident blocks (a few blocks of a second wave cost a whole
-    block's time), and so few chunks for the final sum to add."""
+    block's time), and so few chunks for the final sum to add: those the launch bounds keep
+    resident, as far as the device's `threads_per_sm` (cudaDevAttrMaxThreadsPerMultiProcessor)
+    hold them."""
     itemsize = 4 if dtype == 0 else 2
     if rows <= 0 or cols <= 0:
         return None
@@ -252,6 +253,7 @@ def bias_gelu_bwd_plan(rows, cols, dtype, pointers, sms):
                 return (blocks,), EXACT_WORKSPACE_ROWS, threads, TILES_EXACT
             return (blocks,), chunks, threads, TILES
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
+    blocks_per_sm = max(1, min(blocks_per_sm, threads_per_sm // BIAS_BWD_THREADS))
     vector = vector_bytes // itemsize
     if cols % vector or any(p % vector_bytes for p in pointers):
         return None
@@ -299,10 +301,11 @@ def _launch_exact_tiles(device, approximate, grid, threads, args, dbias_ptr, str
            device, dependent)
 
 
-def column_sum_plan(rows, cols, sms):
-    """(chunks, rows_per_chunk): enough (chunk, column) threads to fill the GPU; chunks is
-    column_sum_part's grid.y, so at most MAX_GRID_Y (a few columns over many rows reached it)."""
-    chunks = max(1, min(rows, (sms * 2048) // max(cols, 1), MAX_GRID_Y))
+def column_sum_plan(rows, cols, device_threads):
+    """(chunks, rows_per_chunk): enough (chunk, column) threads to fill the GPU (`device_threads`
+    at once: rawops._modules.device_threads); chunks is column_sum_part's grid.y, so at most
+    MAX_GRID_Y (a few columns over many rows reached it)."""
+    chunks = max(1, min(rows, device_threads // max(cols, 1), MAX_GRID_Y))
     rows_per_chunk = (rows + chunks - 1) // chunks
     return (rows + rows_per_chunk - 1) // rows_per_chunk, rows_per_chunk
 
@@ -354,7 +357,7 @@ def column_sum(x, *, stream=None):
         if rows == 0 or cols == 0:
             return cupy.zeros((cols,), dtype=NUMPY_DTYPES[a.dtype])
         result = cupy.empty((cols,), dtype=NUMPY_DTYPES[a.dtype])
-        chunks, rows_per_chunk = column_sum_plan(rows, cols, sm_count(device))
+        chunks, rows_per_chunk = column_sum_plan(rows, cols, _modules.device_threads(device))
         partial = cupy.empty((chunks, cols), dtype="float32")
         launch_column_sum(device, a.dtype, a.ptr, partial.data.ptr, result.data.ptr, rows, cols, chunks,
                           rows_per_chunk, s)

@@ -24,7 +24,7 @@ from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, hol
                       sm_count, stream_pointer, wait_for_producer)
 from . import _constants as C
 from . import _gemm_sm90, _gemm_tf32, _modules, _rows, config
-from ._gemm_reduce import THREADS as REDUCE_THREADS, blocks as reduce_blocks, kernel_name as reduce_kernel_name
+from ._gemm_reduce import THREADS as REDUCE_THREADS, function_and_grid as reduce_function_and_grid
 
 FAMILY = "gemm"  # kernels/gemm.cu: gemm_simt*, gemm_mma*, gemm_reduce*
 SMALL_FAMILY = "gemm_small"  # kernels/gemm_small.cu: linear_small*, gemm_small_m_nn
@@ -258,7 +258,7 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
         name, grid, block, shared, splits = plan(layout, dtype, m, n, k, cc, a, b, sms, c, tf32_linear)
         reduce = None
         if splits > 1:
-            reduce = (_function(reduce_kernel_name(dtype), device, 0), (reduce_blocks(m, n, sms),))
+            reduce = reduce_function_and_grid(dtype, m, n, device)
         if len(_plans) > 4096:  # shapes of a long-running process: keep the cache bounded
             _plans.clear()
         cached = _plans[key] = (_function(name, device, shared), grid, block, shared, splits, reduce)
@@ -460,7 +460,8 @@ def linear_gelu_backward(dy, x, weight, bias=None, approximate="none", *, preact
             # With a bias, dpre and its column sums (db) in one pass where the fused kernel applies.
             fused = None
             if P is not None and Bv is not None:
-                fused = elementwise.bias_gelu_bwd_plan(m, n, X.dtype, (DY.ptr, P.ptr), sm_count(device))
+                fused = elementwise.bias_gelu_bwd_plan(m, n, X.dtype, (DY.ptr, P.ptr), sm_count(device),
+                                                       _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM))
             if fused is not None:
                 dpre = cupy.ndarray(shape, dtype)
                 db = cupy.ndarray((n,), dtype)

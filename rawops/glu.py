@@ -29,7 +29,7 @@ out may be exactly an input (the same pointer and row stride: in place, as Liger
 into a and b), never partly overlap one. Launches go on CuPy's current stream of the data's device,
 or on `stream=`; every check raises a TypeError / ValueError naming the argument before any launch.
 """
-from ._launch import (NUMPY_DTYPES, allocating_on, as_array, launch, map_shape, sm_count, stream_pointer,
+from ._launch import (NUMPY_DTYPES, allocating_on, as_array, launch, map_shape, stream_pointer,
                       wait_for_producer)
 from . import _constants, _modules, _rows
 
@@ -48,7 +48,6 @@ GELU_KERNELS = {"tanh": "geglu_tanh", "none": "geglu_erf"}
 
 THREADS = _constants.MAP_THREADS  # the kernels' launch bound (the map kernels' block)
 UNROLL = _constants.MAP_UNROLL  # 16-byte vectors a thread, each operand
-GRID_STRIDE_BLOCKS_PER_SM = 32  # the element-by-element path's grid: blocks an SM at most
 MAX_GRID = (1 << 31) - 1
 # Launched in the map kernels' capped shape on sm_90 (_launch.map_shape: 128 threads, 13 blocks an
 # SM), as elementwise launches its light ops; the erf forward does the most math per byte, as
@@ -57,13 +56,13 @@ CAPPED = {"swiglu_fwd", "swiglu_bwd", "geglu_tanh_fwd", "geglu_tanh_bwd", "geglu
 
 
 # ------------------------------------------------------------------------------ launch plans (pure)
-def launch_plan(rows, cols, itemsize, pointers, strides, sms, threads=THREADS):
+def launch_plan(rows, cols, itemsize, pointers, strides, resident, threads=THREADS):
     """(blocks, rows, cols, strides, vec) of one launch over a (rows x cols) problem whose operands
     sit at `pointers` with row `strides` (elements): rows of dense operands (every stride == cols)
     merge into one flat row; vec 1 when every pointer is 16-byte aligned, every row stride (of more
     than one row) a whole number of 16-byte vectors and a row at least one vector (kernels/glu.cu),
-    one block per `threads` x UNROLL vectors; vec 0 a grid-stride loop of at most
-    GRID_STRIDE_BLOCKS_PER_SM blocks an SM."""
+    one block per `threads` x UNROLL vectors; vec 0 a grid-stride loop of at most `resident` blocks
+    (those of the kernel the device holds at once: one wave)."""
     strides = tuple(strides)
     if rows > 1 and all(s == cols for s in strides):
         rows, cols, strides = 1, rows * cols, tuple(rows * cols for _ in strides)
@@ -74,7 +73,7 @@ def launch_plan(rows, cols, itemsize, pointers, strides, sms, threads=THREADS):
     if vec:
         blocks = -(-(rows * (cols // per_vector)) // per_block)
     else:
-        blocks = min(-(-(rows * cols) // threads), sms * GRID_STRIDE_BLOCKS_PER_SM)
+        blocks = min(-(-(rows * cols) // threads), resident)
     return max(1, min(blocks, MAX_GRID)), rows, cols, strides, vec
 
 
@@ -95,10 +94,10 @@ def launch_forward(base, device, dtype, itemsize, gate, up, out, rows, cols, str
     gate, up and out in elements; rows, cols > 0."""
     name = f"{base}_fwd"
     threads, shared = map_shape(name in CAPPED, _modules.compute_capability(device))
-    blocks, rows, cols, strides, vec = launch_plan(rows, cols, itemsize, (gate, up, out), strides, sm_count(device),
-                                                   threads)
-    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(name, dtype), device), (blocks,), threads, shared,
-           stream, (gate, up, out, rows, cols, *strides, vec), FWD_KINDS, device)
+    function = _modules.function_pointer(FAMILY, _rows.kernel_name(name, dtype), device)
+    blocks, rows, cols, strides, vec = launch_plan(rows, cols, itemsize, (gate, up, out), strides,
+                                                   _modules.resident_blocks(function, threads, shared, device), threads)
+    launch(function, (blocks,), threads, shared, stream, (gate, up, out, rows, cols, *strides, vec), FWD_KINDS, device)
 
 
 def launch_backward(base, device, dtype, itemsize, dy, gate, up, dgate, dup, rows, cols, strides, stream):
@@ -106,10 +105,11 @@ def launch_backward(base, device, dtype, itemsize, dy, gate, up, dgate, dup, row
     dgate and dup in elements; rows, cols > 0."""
     name = f"{base}_bwd"
     threads, shared = map_shape(name in CAPPED, _modules.compute_capability(device))
+    function = _modules.function_pointer(FAMILY, _rows.kernel_name(name, dtype), device)
     blocks, rows, cols, strides, vec = launch_plan(rows, cols, itemsize, (dy, gate, up, dgate, dup), strides,
-                                                   sm_count(device), threads)
-    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(name, dtype), device), (blocks,), threads, shared,
-           stream, (dy, gate, up, dgate, dup, rows, cols, *strides, vec), BWD_KINDS, device)
+                                                   _modules.resident_blocks(function, threads, shared, device), threads)
+    launch(function, (blocks,), threads, shared, stream, (dy, gate, up, dgate, dup, rows, cols, *strides, vec),
+           BWD_KINDS, device)
 
 
 # ------------------------------------------------------------------------------ argument checks

@@ -43,14 +43,13 @@ import numbers
 
 import numpy
 
-from ._launch import (DTYPE_NAMES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, sm_count,
-                      stream_pointer, wait_for_producer)
+from ._launch import (DTYPE_NAMES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, stream_pointer,
+                      wait_for_producer)
 from . import _constants, _modules, _rows
 
 FAMILY = "image"
 
 THREADS = _constants.IMAGE_THREADS
-BLOCKS_PER_SM = _constants.IMAGE_BLOCKS_PER_SM
 PIXELS = _constants.IMAGE_PIXELS
 REDUCE_UNROLL = _constants.IMAGE_REDUCE_UNROLL
 FLAG_LO, FLAG_HI, FLAG_CLIP = _constants.IMAGE_FLAG_LO, _constants.IMAGE_FLAG_HI, _constants.IMAGE_FLAG_CLIP
@@ -97,10 +96,10 @@ FAMILY_OF = {name: FAMILY for name in sorted(ENTRY_POINTS)}
 
 
 # ------------------------------------------------------------------------------ launch plans (pure)
-def grid(work, sms):
-    """Blocks of a grid-stride launch over `work` items a thread each: enough for every item,
-    at most BLOCKS_PER_SM an SM."""
-    return max(1, min(-(-work // THREADS), sms * BLOCKS_PER_SM))
+def grid(work, resident):
+    """Blocks of a grid-stride launch over `work` items a thread each: enough for every item, at
+    most `resident` (the blocks of the kernel the device holds at once: one wave)."""
+    return max(1, min(-(-work // THREADS), resident))
 
 
 def per_step(in_dtype, out_dtype):
@@ -127,14 +126,15 @@ def to_tensor_vec(planar, images, pixels, channels, per, x_ptr, y_ptr):
     return int(x_ptr % 16 == 0 and y_ptr % 16 == 0 and whole)
 
 
-def volume_plan(n, in_name, out_name, sms):
+def volume_plan(n, in_name, out_name, reduce_resident, map_resident):
     """(min/max blocks, map blocks) of normalize_volume over n elements: the min/max pass reads
     REDUCE_UNROLL 16-byte vectors a thread per step, the map pass 16 bytes of the wider type
-    (and the same elements of the narrower)."""
+    (and the same elements of the narrower); each grid at most the blocks of its kernel the
+    device holds at once (reduce_resident, map_resident)."""
     per_vector = 16 // ITEMSIZE[in_name]
-    reduce_blocks = max(1, min(-(-n // (per_vector * THREADS * REDUCE_UNROLL)), sms * BLOCKS_PER_SM))
+    reduce_blocks = max(1, min(-(-n // (per_vector * THREADS * REDUCE_UNROLL)), reduce_resident))
     per_chunk = 16 // max(ITEMSIZE[in_name], ITEMSIZE[out_name])
-    return reduce_blocks, grid(-(-n // per_chunk), sms)
+    return reduce_blocks, grid(-(-n // per_chunk), map_resident)
 
 
 # ------------------------------------------------------------------------------ argument checks (pure)
@@ -261,14 +261,19 @@ def _function(name, device):
     return _modules.function_pointer(FAMILY, name, device)
 
 
+def _resident(function, device):
+    """Blocks of an image kernel (IMAGE_THREADS, no dynamic shared memory) the device holds at once."""
+    return _modules.resident_blocks(function, THREADS, 0, device)
+
+
 def launch_rgb_to_gray(device, stream, x, y, in_dtype, out_dtype, images, pixels, planar):
     """One launch on pointers checked by the caller; images * pixels > 0."""
     base = "rgb_to_gray_fwd_chw" if planar else "rgb_to_gray_fwd_hwc"
     per = per_step(in_dtype, out_dtype)
     vec = gray_vec(planar, pixels, per, x, y)
-    blocks = grid(chunks(images, pixels, per), sm_count(device))
-    launch(_function(f"{base}_{SUFFIX[in_dtype]}_{SUFFIX[out_dtype]}", device), (blocks,), THREADS, 0, stream,
-           (x, y, images, pixels, vec), KINDS[base], device)
+    function = _function(f"{base}_{SUFFIX[in_dtype]}_{SUFFIX[out_dtype]}", device)
+    blocks = grid(chunks(images, pixels, per), _resident(function, device))
+    launch(function, (blocks,), THREADS, 0, stream, (x, y, images, pixels, vec), KINDS[base], device)
 
 
 def launch_to_tensor(device, stream, x, y, out_dtype, images, pixels, channels, planar, scale, shift):
@@ -277,27 +282,36 @@ def launch_to_tensor(device, stream, x, y, out_dtype, images, pixels, channels, 
     vec = to_tensor_vec(planar, images, pixels, channels, per, x, y)
     # planar: chunks of `per` pixels of one image; interleaved: of `per` of all the elements
     work = chunks(images, pixels, per) if planar else -(-(images * pixels * channels) // per)
-    launch(_function(f"{base}_c{channels}_{SUFFIX[out_dtype]}", device), (grid(work, sm_count(device)),), THREADS,
-           0, stream, (x, y, images, pixels, vec, *scale, *shift), KINDS[base], device)
+    function = _function(f"{base}_c{channels}_{SUFFIX[out_dtype]}", device)
+    launch(function, (grid(work, _resident(function, device)),), THREADS, 0, stream,
+           (x, y, images, pixels, vec, *scale, *shift), KINDS[base], device)
+
+
+def _volume_plan(n, in_dtype, out_dtype, device):
+    """volume_plan on `device`, with (min/max, map) kernel pointers."""
+    minmax = _function(f"volume_minmax_{SUFFIX[in_dtype]}", device)
+    normalize = _function(f"normalize_volume_fwd_{SUFFIX[in_dtype]}_{SUFFIX[out_dtype]}", device)
+    plan = volume_plan(n, in_dtype, out_dtype, _resident(minmax, device), _resident(normalize, device))
+    return plan, minmax, normalize
 
 
 def partials_size(n, in_dtype, out_dtype, device):
     """float32 values of the min/max scratch (two a min/max block)."""
-    return 2 * volume_plan(n, in_dtype, out_dtype, sm_count(device))[0]
+    return 2 * _volume_plan(n, in_dtype, out_dtype, device)[0][0]
 
 
 def launch_normalize_volume(device, stream, x, y, n, in_dtype, out_dtype, lo, hi, flags, partials):
     """The min/max pass (where flags take a bound from it; partials: float32 scratch of
     partials_size values, else 0) and the map pass; n > 0."""
-    reduce_blocks, map_blocks = volume_plan(n, in_dtype, out_dtype, sm_count(device))
+    (reduce_blocks, map_blocks), minmax, normalize = _volume_plan(n, in_dtype, out_dtype, device)
     count = 0
     if flags & (FLAG_LO | FLAG_HI):
-        launch(_function(f"volume_minmax_{SUFFIX[in_dtype]}", device), (reduce_blocks,), THREADS, 0, stream,
-               (x, partials, n, int(x % 16 == 0)), KINDS["volume_minmax"], device)
+        launch(minmax, (reduce_blocks,), THREADS, 0, stream, (x, partials, n, int(x % 16 == 0)), KINDS["volume_minmax"],
+               device)
         count = reduce_blocks
-    launch(_function(f"normalize_volume_fwd_{SUFFIX[in_dtype]}_{SUFFIX[out_dtype]}", device), (map_blocks,), THREADS,
-           0, stream, (x, y, n, partials, count, lo, hi, flags, int(x % 16 == 0 and y % 16 == 0)),
-           KINDS["normalize_volume_fwd"], device)
+    launch(normalize, (map_blocks,), THREADS, 0, stream,
+           (x, y, n, partials, count, lo, hi, flags, int(x % 16 == 0 and y % 16 == 0)), KINDS["normalize_volume_fwd"],
+           device)
 
 
 # ------------------------------------------------------------------------------ CuPy API

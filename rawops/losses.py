@@ -69,7 +69,7 @@ WARP_THREADS = _constants.CE_WARP_THREADS
 WARP_VECTORS = _constants.CE_WARP_VECTORS
 UNROLL = _constants.CE_UNROLL
 SMALL_THREADS = _constants.CE_SMALL_THREADS
-RESIDENT_BYTES = _constants.CE_RESIDENT_BYTES
+RESIDENT_L2_PERCENT = _constants.CE_RESIDENT_L2_PERCENT
 FLAG_VECTORS = _constants.CE_FLAG_VECTORS
 FLAG_TARGET_I32 = _constants.CE_FLAG_TARGET_I32
 FLAG_MEAN = _constants.CE_FLAG_MEAN
@@ -77,31 +77,45 @@ FLAG_GRAD_OUTPUT = _constants.CE_FLAG_GRAD_OUTPUT
 FLAG_PER_ROW_GRAD_OUTPUT = _constants.CE_FLAG_PER_ROW_GRAD_OUTPUT
 FLAG_WARP = _constants.CE_FLAG_WARP
 MIN_BLOCK_THREADS = 64
-THREADS_PER_SM = _rows.THREADS_PER_SM
 MAX_GRID = _rows.MAX_GRID
 
 
 # ------------------------------------------------------------------------------ launch plan
-def plan(rows, n, itemsize, sms, reread=True, resident_bytes=RESIDENT_BYTES):
-    """(mode flag, blocks, threads) of a row launch (cross_entropy_fwd, cross_entropy_scale) over
-    `rows` rows of `n` elements of `itemsize` bytes on `sms` multiprocessors.
+def row_shape(n, itemsize):
+    """(mode flag, threads) of a row launch over rows of `n` elements of `itemsize` bytes.
 
-    Rows of at most WARP_VECTORS 16-byte vectors: a warp per row, WARP_THREADS-thread blocks.
-    Wider rows: a block per row of about one thread per UNROLL vectors (a power of two,
-    MIN_BLOCK_THREADS..MAX_THREADS). Both grid-stride: the grid is what the SMs hold at once
-    (THREADS_PER_SM threads each), and, where each row is read twice (`reread`: the forward with
-    the gradient), no more rows at once than `resident_bytes` hold (at least one a
-    multiprocessor), so that a row's second read finds it in L2.
-    """
+    Rows of at most WARP_VECTORS 16-byte vectors: a warp per row (FLAG_WARP), WARP_THREADS-thread
+    blocks. Wider rows: a block per row of about one thread per UNROLL vectors (a power of two,
+    MIN_BLOCK_THREADS..MAX_THREADS)."""
     nvec = -(-n // (16 // itemsize))
     if nvec <= WARP_VECTORS:
-        per_block = WARP_THREADS // 32
-        blocks = min(-(-rows // per_block), sms * (THREADS_PER_SM // WARP_THREADS))
+        return FLAG_WARP, WARP_THREADS
+    return 0, min(MAX_THREADS, max(MIN_BLOCK_THREADS, _pow2_at_least(-(-nvec // UNROLL))))
+
+
+def resident_bytes(l2_bytes):
+    """Bytes of rows in flight a re-reading launch aims for: RESIDENT_L2_PERCENT of the device's L2
+    (the rest left to the gradient's writes and the other traffic that shares it)."""
+    return l2_bytes * RESIDENT_L2_PERCENT // 100
+
+
+def plan(rows, n, itemsize, sms, per_sm, reread=True, l2_resident_bytes=0):
+    """(mode flag, blocks, threads) of a row launch (cross_entropy_fwd, cross_entropy_scale) over
+    `rows` rows of `n` elements of `itemsize` bytes on `sms` multiprocessors, each holding `per_sm`
+    blocks of the kernel at row_shape's threads at once (the occupancy API at launch).
+
+    Both modes grid-stride: the grid is what the SMs hold at once (one wave), and, where each row
+    is read twice (`reread`: the forward with the gradient) in block-per-row mode, no more rows at
+    once than `l2_resident_bytes` hold (resident_bytes of the device's L2; at least one a
+    multiprocessor), so that a row's second read finds it in L2.
+    """
+    mode, threads = row_shape(n, itemsize)
+    per_sm = max(1, per_sm)
+    if mode == FLAG_WARP:
+        blocks = min(-(-rows // (WARP_THREADS // 32)), sms * per_sm)
         return FLAG_WARP, max(1, min(blocks, MAX_GRID)), WARP_THREADS
-    threads = min(MAX_THREADS, max(MIN_BLOCK_THREADS, _pow2_at_least(-(-nvec // UNROLL))))
-    per_sm = max(1, THREADS_PER_SM // threads)
     if reread:
-        per_sm = min(per_sm, max(1, resident_bytes // (n * itemsize * sms)))
+        per_sm = min(per_sm, max(1, l2_resident_bytes // (n * itemsize * sms)))
     return 0, max(1, min(rows, sms * per_sm, MAX_GRID)), threads
 
 
@@ -121,6 +135,14 @@ def _fn(name, code, device):
     return _modules.function_pointer(FAMILY, _rows.kernel_name(name, code), device)
 
 
+def device_plan(function, device, rows, n, itemsize, reread):
+    """plan() on `device` for kernel `function`: its SMs, the blocks of it an SM holds at
+    row_shape's threads (occupancy API) and, re-reading, resident_bytes of its L2."""
+    threads = row_shape(n, itemsize)[1]
+    return plan(rows, n, itemsize, sm_count(device), _modules.blocks_per_sm(function, threads, 0, device), reread,
+                resident_bytes(_modules.l2_bytes(device)) if reread else 0)
+
+
 def launch_targets(device, code, target, target_i32, counts, rows, n, target_stride, ignore_index, stream):
     """counts (COUNTS int64): rows not ignored, the first bad target's row (or -1), its value."""
     launch(_fn("cross_entropy_targets", code, device), (1,), SMALL_THREADS, 0, stream,
@@ -134,13 +156,13 @@ def launch_rows(device, code, itemsize, logits, target, target_i32, grad, loss_r
     """cross_entropy_fwd: per-row losses (and lse) into float32 loss_rows (lse_rows), the gradient
     into grad where given (0: none), scaled by 1 / counts[0] when `mean` and by grad_output (0:
     none; per_row: one value a row) where given. rows > 0, n > 0."""
-    sms = sm_count(device)
-    mode, blocks, threads = plan(rows, n, itemsize, sms, reread=bool(grad))
+    function = _fn("cross_entropy_fwd", code, device)
+    mode, blocks, threads = device_plan(function, device, rows, n, itemsize, bool(grad))
     flags = mode | row_flags(n, itemsize, (logits, grad), (x_stride, grad_stride) if grad else (x_stride,),
                              target_i32)
     flags |= (FLAG_MEAN if mean else 0) | (FLAG_GRAD_OUTPUT if grad_output else 0)
     flags |= FLAG_PER_ROW_GRAD_OUTPUT if per_row else 0
-    launch(_fn("cross_entropy_fwd", code, device), (blocks,), threads, 0, stream,
+    launch(function, (blocks,), threads, 0, stream,
            (logits, target, grad, loss_rows, lse_rows, counts, grad_output, rows, n, x_stride, target_stride,
             grad_stride, ignore_index, flags, smoothing, z_loss), FWD_KINDS, device)
 
@@ -154,10 +176,11 @@ def launch_scale(device, code, itemsize, grad, out, target, target_i32, grad_out
                  out_stride, target_stride, ignore_index, stream):
     """out = grad * grad_output (one value, or one a row), 0 on ignored rows; in place (out ==
     grad) rows whose factor is 1, or that are ignored, are left untouched. rows > 0, n > 0."""
-    mode, blocks, threads = plan(rows, n, itemsize, sm_count(device), reread=False)
+    function = _fn("cross_entropy_scale", code, device)
+    mode, blocks, threads = device_plan(function, device, rows, n, itemsize, False)
     flags = mode | row_flags(n, itemsize, (grad, out), (grad_stride, out_stride), target_i32)
     flags |= FLAG_PER_ROW_GRAD_OUTPUT if per_row else 0
-    launch(_fn("cross_entropy_scale", code, device), (blocks,), threads, 0, stream,
+    launch(function, (blocks,), threads, 0, stream,
            (grad, out, target, grad_output, rows, n, grad_stride, out_stride, target_stride, ignore_index, flags),
            SCALE_KINDS, device)
 

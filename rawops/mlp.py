@@ -249,7 +249,8 @@ def tc_grid(name, plan, device, batch, resident, smem, threads=plans.TC_THREADS,
         regs_per_warp = -(-regs * 32 // 256) * 256
         by_regs = cupy.cuda.runtime.deviceGetAttribute(82, device) // (regs_per_warp * (threads // 32))
         by_smem = cupy.cuda.runtime.deviceGetAttribute(81, device) // (smem + 1024)
-        per_sm = _per_sm[key] = max(1, min(by_regs, by_smem, 2048 // threads))
+        by_threads = _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM) // threads
+        per_sm = _per_sm[key] = max(1, min(by_regs, by_smem, by_threads))
     tiles = -(-batch // rows)
     return max(1, min(-(-tiles // (threads // 32)), per_sm * sm_count(device)))
 

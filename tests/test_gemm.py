@@ -15,7 +15,7 @@ from test_build import elf_entry_symbols, expected_elf_archs, needs_cuobjdump
 from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
 
 import rawops.gemm as mm  # noqa: E402
-from rawops import _constants  # noqa: E402
+from rawops import _constants, _gemm_reduce  # noqa: E402
 F32, F16, BF16 = 0, 1, 2
 
 
@@ -88,6 +88,13 @@ def planned_names(monkeypatch):
     monkeypatch.setattr(mm, "compute_capability", lambda device: 90)
     monkeypatch.setattr(mm, "sm_count", lambda device: 132)
     monkeypatch.setattr(mm, "_function", lambda name, device, shared: names.append(name) or name)
+
+    def reduce(dtype, m, n, device):
+        name = _gemm_reduce.kernel_name(dtype)
+        names.append(name)
+        return name, (_gemm_reduce.blocks(m, n, 132 * 8),)
+
+    monkeypatch.setattr(mm, "reduce_function_and_grid", reduce)
     mm._plans.clear()
     yield names
     mm._plans.clear()
@@ -148,7 +155,11 @@ def test_skinny_outputs_split_k_over_the_gpu_and_reduce_in_order():
     assert mm.split_count(6, 255, 132) == 1, "K too short to split"
     assert mm.split_count(1, 1 << 20, 132) == mm.MAX_SPLITS
     assert mm.mma_split_count(1, 1 << 20, 132) == mm.MMA_MAX_SPLITS
-    assert mm.reduce_blocks(32, 768, 132) == 96 and mm.reduce_blocks(8192, 8192, 132) == 132 * 8
+    # at most the blocks the device holds at once (`resident`: the occupancy API at launch)
+    from rawops._gemm_reduce import blocks as reduce_blocks
+
+    assert reduce_blocks(32, 768, 132 * 8) == 96 and reduce_blocks(8192, 8192, 132 * 8) == 132 * 8
+    assert reduce_blocks(8192, 8192, 132 * 6) == 132 * 6 and reduce_blocks(1, 1, 0) == 1
 
 
 def test_float32_with_16_byte_rows_takes_the_vector_ffma_kernel():

@@ -48,10 +48,12 @@ def test_element_by_element_where_vectors_do_not_fit(pointers, strides, cols, wh
     assert vec == 0, why
 
 
-def test_the_element_path_grid_is_bounded_by_the_sm_count():
-    blocks, *_, vec = glu.launch_plan(1 << 20, 7, 4, (0, 0, 0), (9, 9, 7), 132)
-    assert vec == 0 and blocks == 132 * glu.GRID_STRIDE_BLOCKS_PER_SM
-    assert glu.launch_plan(1, 3, 4, (0, 0, 0), (3, 3, 3), 132)[0] == 1
+def test_the_element_path_grid_is_bounded_by_the_resident_blocks():
+    # resident: the blocks of the kernel the device holds at once (occupancy API at launch)
+    blocks, *_, vec = glu.launch_plan(1 << 20, 7, 4, (0, 0, 0), (9, 9, 7), 132 * 5)
+    assert vec == 0 and blocks == 132 * 5
+    assert glu.launch_plan(1 << 20, 7, 4, (0, 0, 0), (9, 9, 7), 10 ** 9)[0] == -(-(7 << 20) // glu.THREADS)
+    assert glu.launch_plan(1, 3, 4, (0, 0, 0), (3, 3, 3), 132 * 5)[0] == 1
 
 
 def test_table_lists_every_activation_both_ways():

@@ -182,11 +182,14 @@ def test_opencv_weights_are_bt601_in_15_bits():
     assert abs(weights[2] - 0.114 * scale) < 1
 
 
-def test_grid_is_sized_from_the_sm_count():
-    assert im.grid(1, 132) == 1
-    assert im.grid(im.THREADS * 5 + 1, 132) == 6
-    assert im.grid(10**9, 132) == 132 * im.BLOCKS_PER_SM
-    assert im.grid(10**9, 80) == 80 * im.BLOCKS_PER_SM
+def test_grid_is_one_wave_of_the_resident_blocks():
+    # resident: the blocks of the kernel the device holds at once (6 an SM of 132 for a
+    # 40-register kernel of 256 threads on an H100; the occupancy API gives it at launch)
+    assert im.grid(1, 132 * 6) == 1
+    assert im.grid(im.THREADS * 5 + 1, 132 * 6) == 6
+    assert im.grid(10**9, 132 * 6) == 132 * 6
+    assert im.grid(10**9, 80 * 8) == 80 * 8
+    assert im.grid(10**9, 0) == 1
 
 
 def test_a_thread_moves_16_bytes_of_the_wider_type():
@@ -216,13 +219,13 @@ def test_vector_paths_need_alignment_and_whole_chunks_a_plane():
 
 
 def test_volume_plan():
-    reduce_blocks, map_blocks = im.volume_plan(512 ** 3, "uint16", "float32", 132)
-    assert reduce_blocks == map_blocks == 132 * im.BLOCKS_PER_SM
+    reduce_blocks, map_blocks = im.volume_plan(512 ** 3, "uint16", "float32", 132 * 6, 132 * 8)
+    assert (reduce_blocks, map_blocks) == (132 * 6, 132 * 8)
     # 100 uint8 voxels: one min/max block; one map block (4 voxels a thread: a word of float32)
-    assert im.volume_plan(100, "uint8", "float32", 132) == (1, 1)
+    assert im.volume_plan(100, "uint8", "float32", 132 * 6, 132 * 8) == (1, 1)
     per = 4 * im.THREADS  # float32 -> float16: 4 elements a step (16 bytes of float32)
-    assert im.volume_plan(3 * per, "float32", "float16", 132)[1] == 3
-    assert im.volume_plan(3 * per, "uint8", "float16", 132)[1] == 2  # 8 a step (16 bytes of float16)
+    assert im.volume_plan(3 * per, "float32", "float16", 132 * 6, 132 * 8)[1] == 3
+    assert im.volume_plan(3 * per, "uint8", "float16", 132 * 6, 132 * 8)[1] == 2  # 8 a step (16 bytes of float16)
 
 
 def test_shapes():

@@ -1,6 +1,6 @@
 """Launch maths of the map kernels, without a GPU.
 
-rawops._launch.map_launch_config(n, itemsize, out, a, b, sms) -> (blocks, head) is what the
+rawops._launch.map_launch_config(n, itemsize, out, a, b, resident) -> (blocks, head) is what the
 launcher passes to every kernel in kernels/elementwise.cu. The simulation below replays the
 kernel's `map` index arithmetic thread by thread and checks that every element is handled
 exactly once and that every 16-byte access is 16-byte aligned.
@@ -9,7 +9,8 @@ The kernel: on the vector path work comes in chunks of UNROLL * 256 consecutive 
 vectors, one chunk per block (or, where the kernel has the chunk loop, chunks blockIdx.x,
 blockIdx.x + gridDim.x, ...), and block 0 also does the scalar head and tail; the launcher
 sizes the grid at one block per chunk. On the scalar path (operands of different 16-byte
-phases) a grid-stride loop runs over at most 32 blocks per SM.
+phases) a grid-stride loop runs over at most `resident` blocks: those the device holds at once
+(rawops._modules.resident_blocks, the occupancy API), one wave.
 """
 import math
 import os
@@ -28,7 +29,6 @@ from rawops.elementwise import (BIAS_BWD_SHAPE, BIAS_BWD_THREADS, BIAS_BWD_TILE_
 THREADS = MAP_SHAPE["threads"]  # RAWOPS_MAP_THREADS: the kernels' launch bound
 UNROLL = MAP_SHAPE["unroll"]  # RAWOPS_MAP_UNROLL in the kernel (the tripwire test checks)
 CHUNK = THREADS * UNROLL  # vectors per block on the vector path, elements on the scalar path
-SCALAR_BLOCKS_PER_SM = 32
 BASE = 0x7F0000000000  # 256-byte aligned, like any cudaMalloc pointer
 
 
@@ -91,14 +91,15 @@ def test_vector_path_grid_is_one_block_per_chunk_of_vectors_whatever_the_sm_coun
     assert blocks == max(1, math.ceil(vectors / (THREADS * UNROLL)))
 
 
-@pytest.mark.parametrize("n, sms", [
-    (0, 132), (1, 132), (1024, 132), (1025, 132), (10 ** 6, 132), (10 ** 6, 2), (2 ** 31 + 5, 132), (2 ** 40, 1),
+@pytest.mark.parametrize("n, resident", [
+    (0, 132 * 8), (1, 132 * 8), (1024, 132 * 8), (1025, 132 * 8), (10 ** 6, 132 * 8), (10 ** 6, 2 * 5),
+    (10 ** 6, 132 * 5), (2 ** 31 + 5, 132 * 8), (2 ** 40, 1), (2 ** 40, 2 ** 40),
 ])
-def test_scalar_path_grid_is_ceil_n_over_chunk_capped_at_32_blocks_per_sm(n, sms):
-    blocks, head = map_launch_config(n, 4, BASE, BASE + 4, 0, sms)
+def test_scalar_path_grid_is_ceil_n_over_chunk_capped_at_the_resident_blocks(n, resident):
+    blocks, head = map_launch_config(n, 4, BASE, BASE + 4, 0, resident)
     assert head == -1
-    assert blocks == max(1, min(math.ceil(n / (THREADS * UNROLL)), sms * SCALAR_BLOCKS_PER_SM))
-    assert 1 <= blocks <= max(1, sms * SCALAR_BLOCKS_PER_SM)
+    assert blocks == max(1, min(math.ceil(n / (THREADS * UNROLL)), resident))
+    assert 1 <= blocks <= max(1, resident)
 
 
 def test_more_than_2_to_the_31_elements_use_64_bit_arithmetic():
@@ -113,15 +114,15 @@ def test_more_than_2_to_the_31_elements_use_64_bit_arithmetic():
     assert map_launch_config(2 ** 45, 2, BASE, BASE, 0, 132) == (2 ** 45 // 8 // CHUNK, 0)
 
 
-def test_zero_sms_still_launches_one_block_on_the_scalar_path():
+def test_zero_resident_blocks_still_launch_one_block_on_the_scalar_path():
     assert map_launch_config(10 ** 6, 4, BASE, BASE + 4, 0, 0) == (1, -1)
 
 
 # ------------------------------------------------------------------------------ coverage
-def simulate_map(n, itemsize, out_ptr, a_ptr, b_ptr, sms):
+def simulate_map(n, itemsize, out_ptr, a_ptr, b_ptr, resident):
     """How many times kernels/elementwise.cu `map` touches each element, plus a check that
     every vector access (a, b, out) is 16-byte aligned. Mirrors the kernel line by line."""
-    blocks, head = map_launch_config(n, itemsize, out_ptr, a_ptr, b_ptr, sms)
+    blocks, head = map_launch_config(n, itemsize, out_ptr, a_ptr, b_ptr, resident)
     nthreads = blocks * THREADS
     hits = np.zeros(n, dtype=np.int64)
     if head < 0:  # for (i = tid; i < n; i += nthreads)
@@ -242,10 +243,11 @@ def test_every_element_is_covered_exactly_once_with_many_blocks(itemsize, phase,
     assert (hits == 1).all(), f"{int((hits != 1).sum())} elements hit != once"
 
 
-@pytest.mark.parametrize("n, sms", [(2048 * 7 + 11, 1), (10 ** 5 + 3, 2), (5000, 132)])
-def test_every_element_is_covered_exactly_once_on_the_scalar_path_with_a_capped_grid(n, sms):
-    hits, blocks, head = simulate_map(n, 4, BASE, BASE + 4, 0, sms)
-    assert head == -1 and blocks == min(math.ceil(n / CHUNK), sms * SCALAR_BLOCKS_PER_SM)
+@pytest.mark.parametrize("n, resident", [(2048 * 7 + 11, 1), (10 ** 5 + 3, 2 * 5), (10 ** 5 + 3, 7),
+                                         (5000, 132 * 8)])
+def test_every_element_is_covered_exactly_once_on_the_scalar_path_with_a_capped_grid(n, resident):
+    hits, blocks, head = simulate_map(n, 4, BASE, BASE + 4, 0, resident)
+    assert head == -1 and blocks == min(math.ceil(n / CHUNK), resident)
     assert (hits == 1).all()
 
 
@@ -368,11 +370,11 @@ def test_the_overlap_test_is_sufficient_not_exact():
     assert layout_overlaps_itself((2, 3), (3, 2))
 
 
-def simulate_map_strided(n, sms):
+def simulate_map_strided(n, resident):
     """How many times the strided kernel's chunk loop visits each element index: chunks of
     STRIDED_UNROLL x THREADS, a thread's elements THREADS apart, blocks taking chunks blockIdx.x,
     blockIdx.x + gridDim.x, ... over the grid strided_launch_config gives."""
-    blocks, threads = strided_launch_config(n, sms)
+    blocks, threads = strided_launch_config(n, resident)
     unroll = MAP_SHAPE["strided_unroll"]
     chunk_size = threads * unroll
     hits = np.zeros(n, dtype=np.int64)
@@ -389,13 +391,13 @@ def simulate_map_strided(n, sms):
     return hits, blocks
 
 
-@pytest.mark.parametrize("n, sms", [(1, 132), (1023, 132), (1025, 1), (4096 * 33 + 5, 1), (10 ** 6 + 3, 2),
-                                    (70001, 132)])
-def test_strided_kernel_visits_every_element_once(n, sms):
-    hits, blocks = simulate_map_strided(n, sms)
+@pytest.mark.parametrize("n, resident", [(1, 132 * 5), (1023, 132 * 5), (1025, 1), (4096 * 33 + 5, 1),
+                                         (10 ** 6 + 3, 2 * 5), (10 ** 6 + 3, 7), (70001, 132 * 5)])
+def test_strided_kernel_visits_every_element_once(n, resident):
+    hits, blocks = simulate_map_strided(n, resident)
     assert (hits == 1).all()
     per_block = THREADS * MAP_SHAPE["strided_unroll"]
-    assert blocks == max(1, min(-(-n // per_block), sms * MAP_SHAPE["grid_stride_blocks_per_sm"]))
+    assert blocks == max(1, min(-(-n // per_block), resident))
 
 
 def test_strided_simulation_mirrors_the_kernel_source():
@@ -421,8 +423,9 @@ def test_strided_simulation_mirrors_the_kernel_source():
     (1, 1, 132), (1, 8, 132), (7, 3, 1), (1000, 1, 132), (1000, 768, 132), (100003, 17, 2),
     (5, 100000, 132), (2 ** 20, 1024, 132), (3, 5, 0), (70000, 1, 132), (2 ** 20, 3, 132),
 ])
-def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_once(rows, cols, sms):
-    chunks, rows_per_chunk = column_sum_plan(rows, cols, sms)
+@pytest.mark.parametrize("threads_per_sm", [2048, 1536, 1024])
+def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_once(rows, cols, sms, threads_per_sm):
+    chunks, rows_per_chunk = column_sum_plan(rows, cols, sms * threads_per_sm)
     assert chunks >= 1 and rows_per_chunk >= 1
     covered = np.zeros(rows, dtype=np.int64)
     for chunk in range(chunks):  # column_sum_part: r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rpc)
@@ -431,7 +434,7 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
         assert r1 > r0, f"chunk {chunk} is empty"
         covered[r0:r1] += 1
     assert (covered == 1).all()
-    assert chunks <= max(1, (sms * 2048) // cols) or chunks == 1
+    assert chunks <= max(1, (sms * threads_per_sm) // cols) or chunks == 1
     assert chunks <= 65535, "chunks is column_sum_part's gridDim.y"
 
 
@@ -441,14 +444,18 @@ def test_column_sum_plan_splits_the_rows_into_non_empty_chunks_that_cover_them_o
     (70000, 8, 2, 132), (5, 1 << 17, 2, 132), (3, 4, 4, 1), (10 ** 6, 24, 4, 132), (2, 2 ** 31 // 4, 4, 132),
     (7, 2048, 4, 132),
 ])
-def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(monkeypatch, rows, cols, itemsize, sms):
+@pytest.mark.parametrize("threads_per_sm", [2048, 1536, 1024])
+def test_bias_gelu_bwd_plan_covers_every_column_vector_and_row_once(monkeypatch, rows, cols, itemsize, sms,
+                                                                    threads_per_sm):
     # the walkers (bias_bwd_partial): where the short tiles do not apply, or switched off as here
 
     monkeypatch.setattr(rawops.config, "bias_gelu_backward_tiles", False)
-    grid, chunks, threads, strip = bias_gelu_bwd_plan(rows, cols, 0 if itemsize == 4 else 1, (0, 256, 512), sms)
+    grid, chunks, threads, strip = bias_gelu_bwd_plan(rows, cols, 0 if itemsize == 4 else 1, (0, 256, 512), sms,
+                                                      threads_per_sm)
     strips = grid[0]
     assert grid == (strips, chunks) and strip > 0
     vector_bytes, blocks_per_sm = BIAS_BWD_SHAPE[itemsize]
+    blocks_per_sm = min(blocks_per_sm, threads_per_sm // BIAS_BWD_THREADS)  # sm_75 holds 4 of 256, not 6
     vectors = cols // (vector_bytes // itemsize)
     by = threads // strip
     assert strips * chunks <= max(blocks_per_sm * sms, strips), "more than one wave of resident blocks"
@@ -662,3 +669,58 @@ def test_a_capped_op_launches_in_the_shape_its_device_gets():
     cc = _modules.compute_capability(0)
     assert elementwise.MAP["relu_fwd"].launch_shape(0) == map_shape(True, cc)
     assert elementwise.MAP["gelu_erf_fwd"].launch_shape(0) == (THREADS, 0)
+
+
+# ------------------------------------------------------------------------------ the device's resident blocks
+def test_resident_blocks_asks_the_occupancy_api_once_per_function_shape_and_device(monkeypatch):
+    from cupy_backends.cuda.api import driver
+
+    calls = []
+
+    def occupancy(function, threads, smem):
+        calls.append((function, threads, smem))
+        return {256: 6, 128: 0}[threads]
+
+    monkeypatch.setattr(driver, "occupancyMaxActiveBlocksPerMultiprocessor", occupancy)
+    monkeypatch.setattr(_modules, "_per_sm", {})
+    monkeypatch.setattr(_modules, "_attributes", {(7, _modules.ATTR_MULTIPROCESSORS): 132})
+    assert _modules.resident_blocks(0x1234, 256, 0, 7) == 6 * 132
+    assert _modules.resident_blocks(0x1234, 256, 0, 7) == 6 * 132
+    assert calls == [(0x1234, 256, 0)]
+    assert _modules.resident_blocks(0x1234, 128, 16384, 7) == 132  # never fewer than one block an SM
+    assert _modules.blocks_per_sm(0x1234, 256, 0, 7) == 6
+    assert calls == [(0x1234, 256, 0), (0x1234, 128, 16384)]
+
+
+@pytest.mark.gpu
+def test_map_kernels_bound_their_grid_stride_grids_by_the_occupancy_api():
+    from rawops import elementwise
+
+    device = 0
+    kernel = elementwise.MAP["gelu_erf_fwd"]
+    threads, shared = kernel.launch_shape(device)
+    for dtype, suffix in enumerate(("f32", "f16", "bf16")):
+        contiguous = _modules.function_pointer(kernel.family, f"{kernel.name}_{suffix}", device)
+        strided = _modules.function_pointer(kernel.family, f"{kernel.name}_strided_{suffix}", device)
+        assert kernel.resident(device, dtype) == _modules.resident_blocks(contiguous, threads, shared, device)
+        assert kernel.resident(device, dtype, True) == _modules.resident_blocks(strided, THREADS, 0, device)
+        per_sm = _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM) // THREADS
+        assert sm_count(device) <= kernel.resident(device, dtype, True) <= sm_count(device) * per_sm
+
+
+@pytest.mark.gpu
+def test_the_occupancy_api_answers_what_the_threads_and_registers_allow():
+    import cupy
+
+    from rawops import image
+
+    device = 0
+    kernel = _modules.get_function(image.FAMILY, "volume_minmax_f32", device)
+    pointer = _modules.function_pointer(image.FAMILY, "volume_minmax_f32", device)
+    per_sm = _modules.blocks_per_sm(pointer, image.THREADS, 0, device)
+    threads_per_sm = _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM)
+    assert threads_per_sm == cupy.cuda.Device(device).attributes["MaxThreadsPerMultiProcessor"]
+    by_registers = cupy.cuda.runtime.deviceGetAttribute(82, device) // (kernel.num_regs * image.THREADS)
+    assert 1 <= per_sm <= min(threads_per_sm // image.THREADS, max(1, by_registers) + 1)
+    assert _modules.resident_blocks(pointer, image.THREADS, 0, device) == per_sm * sm_count(device)
+    assert _modules.l2_bytes(device) == cupy.cuda.Device(device).attributes["L2CacheSize"] > 0

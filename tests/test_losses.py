@@ -11,6 +11,8 @@ from rawops.losses import cross_entropy, cross_entropy_backward, plan
 from test_validation import BASE, FAR, OTHER, FakeCAI, assert_passes_validation
 
 SMS = 132
+H100_L2 = 50 << 20  # cudaDevAttrL2CacheSize of an H100 / H200
+RESIDENT = losses.resident_bytes(H100_L2)
 
 
 def logits(shape=(4, 8), ptr=BASE, typestr="<f4", **kw):
@@ -23,14 +25,15 @@ def labels(n=4, ptr=OTHER, typestr="<i8", **kw):
 
 # ------------------------------------------------------------------------------ the launch plan (CPU)
 def test_plan_takes_a_warp_per_short_row_and_a_block_per_long_one():
-    mode, blocks, threads = plan(1000, 64 * 8, 2, SMS)  # 64 bf16 vectors: the widest warp row
+    mode, blocks, threads = plan(1000, 64 * 8, 2, SMS, 8)  # 64 bf16 vectors: the widest warp row
     assert (mode, threads) == (losses.FLAG_WARP, losses.WARP_THREADS)
     assert blocks == -(-1000 // (losses.WARP_THREADS // 32))
-    mode, blocks, threads = plan(1000, 64 * 8 + 1, 2, SMS)
+    mode, blocks, threads = plan(1000, 64 * 8 + 1, 2, SMS, 8, l2_resident_bytes=RESIDENT)
     assert mode == 0 and threads == losses.MIN_BLOCK_THREADS and blocks == 1000
     for n in (1, 3, 1000, 32000, 128256, 256 * 1024):
         for itemsize in (2, 4):
-            mode, blocks, threads = plan(8192, n, itemsize, SMS)
+            mode, blocks, threads = plan(8192, n, itemsize, SMS, 2, l2_resident_bytes=RESIDENT)
+            assert (mode, threads) == losses.row_shape(n, itemsize)
             assert 1 <= blocks <= 8192 and threads % 32 == 0 and threads <= losses.MAX_THREADS
             if mode == 0:
                 nvec = -(-n // (16 // itemsize))
@@ -40,18 +43,32 @@ def test_plan_takes_a_warp_per_short_row_and_a_block_per_long_one():
 
 
 def test_plan_keeps_the_rows_in_flight_within_l2_when_it_reads_them_twice():
+    assert RESIDENT == 24 << 20  # the H100's 50 MiB L2: 24 MiB of rows in flight
+    assert losses.resident_bytes(96 << 20) == losses.resident_bytes(48 << 20) * 2  # scales with the L2
     # 8192 x 128256 bf16: 256 KB rows, one a multiprocessor; the forward alone fills the SMs
-    _, blocks, threads = plan(8192, 128256, 2, SMS)
+    _, blocks, threads = plan(8192, 128256, 2, SMS, 1, l2_resident_bytes=RESIDENT)
     assert (blocks, threads) == (SMS, 1024)
-    assert blocks * 128256 * 2 <= max(losses.RESIDENT_BYTES, SMS * 128256 * 2)
-    _, blocks, _ = plan(8192, 128256, 2, SMS, reread=False)
-    assert blocks == SMS * (losses.THREADS_PER_SM // 1024)
+    _, blocks, _ = plan(8192, 128256, 2, SMS, 1, reread=False)
+    assert blocks == SMS  # one 1024-thread block an SM: what the occupancy API gives a 58-register kernel
+    _, blocks, _ = plan(8192, 128256, 2, SMS, 2, reread=False)
+    assert blocks == 2 * SMS
     # 64 KB rows: as many as fit the budget, at most what the SMs hold
-    _, blocks, threads = plan(8192, 32768, 2, SMS)
-    assert blocks * 32768 * 2 <= losses.RESIDENT_BYTES and blocks >= SMS
+    _, blocks, threads = plan(8192, 32768, 2, SMS, 8, l2_resident_bytes=RESIDENT)
+    assert blocks * 32768 * 2 <= RESIDENT and blocks >= SMS
+    assert plan(8192, 32768, 2, SMS, 1, l2_resident_bytes=RESIDENT)[1] == SMS  # never past the SMs' blocks
+    # a larger L2 keeps more rows in flight
+    assert plan(8192, 32768, 2, SMS, 8, l2_resident_bytes=2 * RESIDENT)[1] > blocks
     # never more blocks than rows, never fewer than one
-    assert plan(3, 128256, 4, SMS)[1] == 3
-    assert plan(0, 10, 4, SMS)[1] == 1
+    assert plan(3, 128256, 4, SMS, 2, l2_resident_bytes=RESIDENT)[1] == 3
+    assert plan(0, 10, 4, SMS, 8)[1] == 1
+    assert plan(10 ** 6, 10, 4, SMS, 0)[1] == SMS  # a zero from the occupancy API still launches
+
+
+def test_the_warp_grid_is_the_resident_blocks():
+    # resident blocks of 256 threads an SM, as the occupancy API gives them
+    for per_sm in (1, 5, 8):
+        mode, blocks, threads = plan(10 ** 6, 128, 2, SMS, per_sm)
+        assert (mode, blocks, threads) == (losses.FLAG_WARP, SMS * per_sm, losses.WARP_THREADS)
 
 
 def test_vector_flag_only_where_every_row_is_on_16_byte_boundaries():

@@ -12,7 +12,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import rawops  # noqa: E402
 from gpu_reference import assert_close, random, to_cupy, to_torch  # noqa: E402
-from rawops import elementwise  # noqa: E402
+from rawops import _modules, elementwise  # noqa: E402
 from rawops._launch import sm_count  # noqa: E402
 from rawops._modules import compute_capability  # noqa: E402
 
@@ -23,6 +23,10 @@ pytestmark = pytest.mark.gpu
 ROWS, COLS = 1031, 1024  # an odd row count: pool block sizes the other tests' arrays do not have
 SIZES = [(128, 100), (64, 128), (10, 64)]  # the source network
 
+
+
+def _threads_per_sm(device):
+    return _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM)
 
 def _blocks_still_in_use(nbytes):
     """Free blocks of these sizes into the pool of the current (legacy) stream while that stream
@@ -48,11 +52,11 @@ def _case(name):
         pre = (x64 + bias.double()).requires_grad_()
         dx64, = torch.autograd.grad(F.gelu(pre, approximate="tanh"), pre, dy64)
         chunks = elementwise.bias_gelu_bwd_plan(ROWS, COLS, 0, (X.data.ptr, DY.data.ptr, BIAS.data.ptr),
-                                              sm_count(X.device.id))[1]
+                                              sm_count(X.device.id), _threads_per_sm(X.device.id))[1]
         return (lambda s: rawops.bias_gelu_backward(DY, X, BIAS, stream=s, approximate="tanh"), [dx64, dx64.sum(0)],
                 [x.nbytes, COLS * f32, chunks * COLS * f32])
     if name == "column_sum":
-        chunks = elementwise.column_sum_plan(ROWS, COLS, sm_count(X.device.id))[0]
+        chunks = elementwise.column_sum_plan(ROWS, COLS, _modules.device_threads(X.device.id))[0]
         return lambda s: [rawops.column_sum(X, stream=s)], [x64.sum(0)], [COLS * f32, chunks * COLS * f32]
     if name == "layer_norm":
         return (lambda s: [rawops.layer_norm(X, W, B, stream=s)],
@@ -168,7 +172,7 @@ def _scratch_case(name):
             random((COLS,), torch.float32)
         X, DY, BIAS = to_cupy(x), to_cupy(dy), to_cupy(bias)
         chunks = elementwise.bias_gelu_bwd_plan(ROWS, COLS, 0, (X.data.ptr, DY.data.ptr, BIAS.data.ptr),
-                                                sm_count(X.device.id))[1]
+                                                sm_count(X.device.id), _threads_per_sm(X.device.id))[1]
 
         def grads():
             pre = (x.double() + bias.double()).requires_grad_()

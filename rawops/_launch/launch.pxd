@@ -36,6 +36,10 @@ cdef class MapKernel:
     cdef uintptr_t _strided[MAX_DEVICES][N_FLOAT]
     cdef unsigned _threads[MAX_DEVICES]
     cdef unsigned _shared[MAX_DEVICES]
+    # The blocks of each entry the device holds at once (the grid-stride paths' grid bound),
+    # filled with the function pointer.
+    cdef long long _resident[MAX_DEVICES][N_FLOAT]
+    cdef long long _strided_resident[MAX_DEVICES][N_FLOAT]
 
     cdef uintptr_t function(self, int device, int dtype) except 0
     cdef uintptr_t strided_function(self, int device, int dtype) except 0

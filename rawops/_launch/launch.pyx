@@ -11,7 +11,7 @@ from libc.stdint cimport uintptr_t
 
 from rawops._launch.arrays cimport (BF16, F16, F32, N_FLOAT, DeviceArray, as_array, check_element_aligned,
                                     real_scalar, resolve_device)
-from rawops._launch.driver cimport MAX_DEVICES, import_cupy, launch_dependent, launch_kernel, load_driver, sm_count
+from rawops._launch.driver cimport MAX_DEVICES, import_cupy, launch_dependent, launch_kernel, load_driver
 from rawops._launch.streams cimport stream_pointer, wait_for_producer
 
 from rawops import _constants, _modules
@@ -71,11 +71,12 @@ if not 1 <= MAP_MAX_DIMS <= LAYOUT_CAPACITY:
 cdef enum:
     MAP_CAPPED_THREADS = 128
     MAP_CAPPED_SMEM = 16384
-    MAP_SCALAR_BLOCKS_PER_SM = 32  # the grid-stride paths' grid (scalar, strided): blocks an SM at most
 
-# The map kernels' launch shape, for tests and tools.
+# The map kernels' launch shape, for tests and tools. The grid-stride paths (scalar, strided) launch
+# at most the blocks the device holds at once (rawops._modules.resident_blocks of the kernel in its
+# launch shape, asked once per kernel and device when its function is loaded): one wave.
 MAP_SHAPE = {"threads": MAP_THREADS, "unroll": MAP_UNROLL, "strided_unroll": MAP_STRIDED_UNROLL,
-             "max_dims": MAP_MAX_DIMS, "grid_stride_blocks_per_sm": MAP_SCALAR_BLOCKS_PER_SM}
+             "max_dims": MAP_MAX_DIMS}
 # The light ops' shape on sm_90: blocks of 128 with 16 KB of dynamic shared memory they never
 # touch, so that an SM holds 13 blocks (52 warps) instead of 64 warps: the ops that read and
 # write little per element keep the memory system busier that way (docs/performance.md).
@@ -99,32 +100,35 @@ cdef inline long long _map_head(long long n, int itemsize, uintptr_t out, uintpt
     return min(<long long>(((16 - phase) % 16) // itemsize), n)
 
 
-cdef inline long long _map_blocks(long long n, long long head, int itemsize, int sms, int threads):
+cdef inline long long _map_blocks(long long n, long long head, int itemsize, long long resident, int threads):
     """Vector path: one block per threads * MAP_UNROLL vectors (not persistent: many
-    short blocks balance better). Scalar path: a grid-stride loop over a bounded grid."""
+    short blocks balance better). Scalar path: a grid-stride loop over at most `resident` blocks
+    (those the device holds at once: one wave, every block the same share)."""
     cdef long long per_block = threads * MAP_UNROLL
     if head >= 0:
         return max(1, ((n - head) // (16 // itemsize) + per_block - 1) // per_block)
-    return max(1, min((n + per_block - 1) // per_block, <long long>sms * MAP_SCALAR_BLOCKS_PER_SM))
+    return max(1, min((n + per_block - 1) // per_block, resident))
 
 
-cdef inline long long _strided_blocks(long long n, int sms):
+cdef inline long long _strided_blocks(long long n, long long resident):
     """The strided kernels' grid: one block per MAP_THREADS * MAP_STRIDED_UNROLL elements, at most
-    MAP_SCALAR_BLOCKS_PER_SM an SM (a grid-stride loop takes the rest)."""
+    `resident` (the blocks of the kernel the device holds at once; a grid-stride loop takes the rest)."""
     cdef long long per_block = MAP_THREADS * MAP_STRIDED_UNROLL
-    return max(1, min((n + per_block - 1) // per_block, <long long>sms * MAP_SCALAR_BLOCKS_PER_SM))
+    return max(1, min((n + per_block - 1) // per_block, resident))
 
 
-def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b, int sms,
+def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b, long long resident,
                       int threads=MAP_THREADS):
-    """(blocks, head) of a map launch; pure arithmetic, testable without a GPU."""
+    """(blocks, head) of a map launch, `resident` the blocks of the kernel the device holds at
+    once (rawops._modules.resident_blocks); pure arithmetic, testable without a GPU."""
     cdef long long head = _map_head(n, itemsize, out, a, b)
-    return _map_blocks(n, head, itemsize, sms, threads), head
+    return _map_blocks(n, head, itemsize, resident, threads), head
 
 
-def strided_launch_config(long long n, int sms):
-    """(blocks, threads) of a strided map launch; pure arithmetic, testable without a GPU."""
-    return _strided_blocks(n, sms), MAP_THREADS
+def strided_launch_config(long long n, long long resident):
+    """(blocks, threads) of a strided map launch, `resident` as in map_launch_config; pure
+    arithmetic, testable without a GPU."""
+    return _strided_blocks(n, resident), MAP_THREADS
 
 
 # ---------------------------------------------------------------------------- strided layouts
@@ -330,8 +334,11 @@ cdef class MapKernel:
             if self._threads[device] == 0:
                 threads, shared = map_shape(self.capped, _modules.compute_capability(device))
                 self._threads[device], self._shared[device] = threads, shared
-            self._functions[device][dtype] = _modules.function_pointer(
-                self.family, f"{self.name}_{FLOAT_SUFFIXES[dtype]}", device)
+            function = _modules.function_pointer(self.family, f"{self.name}_{FLOAT_SUFFIXES[dtype]}", device)
+            # The scalar path's grid bound, asked once here so that a launch pays an array read.
+            self._resident[device][dtype] = _modules.resident_blocks(function, self._threads[device],
+                                                                     self._shared[device], device)
+            self._functions[device][dtype] = function  # last: marks the entry complete
         return self._functions[device][dtype]
 
     cdef uintptr_t strided_function(self, int device, int dtype) except 0:
@@ -339,14 +346,24 @@ cdef class MapKernel:
             raise ValueError(f"device {device} is out of range")
         if self._strided[device][dtype] == 0:
             load_driver()
-            self._strided[device][dtype] = _modules.function_pointer(
-                self.family, f"{self.name}_strided_{FLOAT_SUFFIXES[dtype]}", device)
+            function = _modules.function_pointer(self.family, f"{self.name}_strided_{FLOAT_SUFFIXES[dtype]}", device)
+            self._strided_resident[device][dtype] = _modules.resident_blocks(function, MAP_THREADS, 0, device)
+            self._strided[device][dtype] = function  # last: marks the entry complete
         return self._strided[device][dtype]
 
     def launch_shape(self, int device):
         """(threads, dynamic shared bytes) of this op's launches on `device`."""
         self.function(device, F32)
         return self._threads[device], self._shared[device]
+
+    def resident(self, int device, int dtype, bint strided=False):
+        """The most blocks a grid-stride launch of this op's kernel for dtype code `dtype`
+        (contiguous entry, or strided) takes on `device`: those the device holds at once."""
+        if strided:
+            self.strided_function(device, dtype)
+            return self._strided_resident[device][dtype]
+        self.function(device, dtype)
+        return self._resident[device][dtype]
 
     def __call__(self, a, b=None, c=None, float alpha=0.0, out=None, stream=None):
         return self._call(a, b, c, alpha, out, stream, False)
@@ -511,7 +528,7 @@ cdef class MapKernel:
         cdef int itemsize = 4 if dtype == F32 else 2
         cdef long long head = _map_head(n, itemsize, out, a, b if self.reads_b else 0)
         cdef unsigned threads = self._threads[device], shared = self._shared[device]
-        cdef long long blocks = _map_blocks(n, head, itemsize, sm_count(device), threads)
+        cdef long long blocks = _map_blocks(n, head, itemsize, self._resident[device][dtype], threads)
         if blocks > 0x7FFFFFFF:
             raise ValueError(f"{self.name}: {n} elements exceed one launch's grid")
         cdef void* params[8]
@@ -553,8 +570,8 @@ cdef class MapKernel:
         params[4] = &n
         params[5] = &alpha
         params[6] = words
-        return launch_kernel(function, <unsigned>_strided_blocks(n, sm_count(device)), 1, 1, MAP_THREADS, 0,
-                             stream, params, device)
+        cdef long long blocks = _strided_blocks(n, self._strided_resident[device][dtype])
+        return launch_kernel(function, <unsigned>blocks, 1, 1, MAP_THREADS, 0, stream, params, device)
 
 
 # ---------------------------------------------------------------------------- the CuPy API's entries

@@ -13,7 +13,7 @@ element than the strided kernels take (rawops._constants.MAP_MAX_DIMS) is copied
 """
 import torch
 
-from .. import _constants, elementwise as _ew
+from .. import _constants, _modules, elementwise as _ew
 from .._launch import TorchMapEntry, map_call, sm_count
 from ._common import (checked, compiling, custom_op, dense, fast_apply, functorch_active, grad_enabled, like,
                       needs_grad, on_device, raw_stream, real_scalar, save_inputs, substitute_in_graph)
@@ -119,7 +119,8 @@ def bias_gelu_backward_fused(dy, x, bias, approximate):
     rows = x.numel() // cols if cols else 0
     device = x.get_device()
     bias_ptr = bias.data_ptr() if bias is not None else 0
-    plan = _ew.bias_gelu_bwd_plan(rows, cols, code, (dy.data_ptr(), x.data_ptr(), bias_ptr), sm_count(device))
+    plan = _ew.bias_gelu_bwd_plan(rows, cols, code, (dy.data_ptr(), x.data_ptr(), bias_ptr), sm_count(device),
+                                  _modules.device_attribute(device, _modules.ATTR_THREADS_PER_SM))
     if plan is None:
         return None
     dx, dbias = x.new_empty(*x.shape), x.new_empty(cols)  # sizes as ints: the cheapest allocation
@@ -136,7 +137,7 @@ def column_sum(x):
     if rows == 0 or cols == 0:
         return torch.zeros(cols, dtype=x.dtype, device=x.device)
     device = x.get_device()
-    chunks, rows_per_chunk = _ew.column_sum_plan(rows, cols, sm_count(device))
+    chunks, rows_per_chunk = _ew.column_sum_plan(rows, cols, _modules.device_threads(device))
     partial = torch.empty((chunks, cols), dtype=torch.float32, device=x.device)
     out = torch.empty(cols, dtype=x.dtype, device=x.device)
     on_device(device, _ew.launch_column_sum, device, checked(x, "dx"), x.data_ptr(), partial.data_ptr(),
