@@ -85,17 +85,17 @@ FAMILY_OF = {**{f"{base}_{suffix}": FAMILY for base in KERNELS for suffix in FLO
 
 # Launch shapes: the index kernels' chunks are at least INDEX_MIN_CHUNK entries and at most
 # INDEX_MAX_BLOCKS of them (the scan holds every block's counts in registers); the grid-stride
-# kernels take at most BLOCKS_PER_SM blocks an SM.
+# kernels take at most the blocks the device holds at once (the occupancy API: _modules.resident).
 INDEX_MIN_CHUNK = 512
 INDEX_MAX_BLOCKS = _constants.MOE_INDEX_MAX_BLOCKS
-BLOCKS_PER_SM = 8
 MAX_GRID = (1 << 31) - 1
 
 
 # ------------------------------------------------------------------------------ launch plans (pure)
-def warp_grid(tokens, threads, sms):
-    """Blocks of a warp-a-token grid-stride launch: one warp a token up to BLOCKS_PER_SM blocks an SM."""
-    return max(1, min(-(-tokens // (threads // 32)), sms * BLOCKS_PER_SM, MAX_GRID))
+def warp_grid(tokens, threads, resident):
+    """Blocks of a warp-a-token grid-stride launch: one warp a token, at most `resident` blocks (those
+    the device holds at once: one wave, every block equal work)."""
+    return max(1, min(-(-tokens // (threads // 32)), resident, MAX_GRID))
 
 
 def index_plan(n):
@@ -122,16 +122,22 @@ def _fn(name, device, code=None):
     return _modules.function_pointer(FAMILY, name if code is None else f"{name}_{FLOAT_SUFFIXES[code]}", device)
 
 
+def _warp_launch(name, device, code, tokens, threads, stream, args):
+    """A warp-a-token grid-stride kernel on warp_grid's grid for this device."""
+    function = _fn(name, device, code)
+    grid = warp_grid(tokens, threads, _modules.resident_blocks(function, threads, 0, device))
+    launch(function, (grid,), threads, 0, stream, args, KINDS[name], device)
+
+
 def launch_route(device, code, logits, weights, ids, counts, tokens, experts, stride, k, flags, stream):
     """moe_route: counts must be zero (the kernel adds to it). tokens > 0."""
-    launch(_fn("moe_route", device, code), (warp_grid(tokens, ROUTE_THREADS, sm_count(device)),), ROUTE_THREADS, 0,
-           stream, (logits, weights, ids, counts, tokens, experts, stride, k, flags), KINDS["moe_route"], device)
+    _warp_launch("moe_route", device, code, tokens, ROUTE_THREADS, stream,
+                 (logits, weights, ids, counts, tokens, experts, stride, k, flags))
 
 
 def launch_route_bwd(device, code, logits, ids, grad_w, grad_logits, tokens, experts, stride, k, flags, stream):
-    launch(_fn("moe_route_bwd", device, code), (warp_grid(tokens, ROUTE_THREADS, sm_count(device)),), ROUTE_THREADS,
-           0, stream, (logits, ids, grad_w, grad_logits, tokens, experts, stride, k, flags), KINDS["moe_route_bwd"],
-           device)
+    _warp_launch("moe_route_bwd", device, code, tokens, ROUTE_THREADS, stream,
+                 (logits, ids, grad_w, grad_logits, tokens, experts, stride, k, flags))
 
 
 def index_scratch_ints(n, experts):
@@ -160,24 +166,22 @@ def launch_pad_zero(device, out, offsets, counts, n, experts, rows, row_bytes, s
 
 def launch_permute(device, code, itemsize, x, index, out, tokens, hidden, k, x_stride, stream):
     flags = row_flags(hidden, itemsize, (x, out), (x_stride,))
-    launch(_fn("moe_permute", device, code), (warp_grid(tokens, ROWS_THREADS, sm_count(device)),), ROWS_THREADS, 0,
-           stream, (x, index, out, tokens, hidden, k, x_stride, flags), KINDS["moe_permute"], device)
+    _warp_launch("moe_permute", device, code, tokens, ROWS_THREADS, stream,
+                 (x, index, out, tokens, hidden, k, x_stride, flags))
 
 
 def launch_unpermute(device, code, itemsize, y, weights, index, out, tokens, hidden, k, y_stride, y_rows, stream):
     """weights 0: the copies summed."""
     flags = row_flags(hidden, itemsize, (y, out), (y_stride,))
-    launch(_fn("moe_unpermute", device, code), (warp_grid(tokens, ROWS_THREADS, sm_count(device)),), ROWS_THREADS, 0,
-           stream, (y, weights, index, out, tokens, hidden, k, y_stride, y_rows, flags), KINDS["moe_unpermute"],
-           device)
+    _warp_launch("moe_unpermute", device, code, tokens, ROWS_THREADS, stream,
+                 (y, weights, index, out, tokens, hidden, k, y_stride, y_rows, flags))
 
 
 def launch_unpermute_bwd(device, code, itemsize, dout, y, weights, index, dy, dw, tokens, hidden, k, dout_stride,
                          y_stride, y_rows, stream):
     flags = row_flags(hidden, itemsize, (dout, y, dy), (dout_stride, y_stride))
-    launch(_fn("moe_unpermute_bwd", device, code), (warp_grid(tokens, ROWS_THREADS, sm_count(device)),),
-           ROWS_THREADS, 0, stream, (dout, y, weights, index, dy, dw, tokens, hidden, k, dout_stride, y_stride, y_rows,
-                                     flags), KINDS["moe_unpermute_bwd"], device)
+    _warp_launch("moe_unpermute_bwd", device, code, tokens, ROWS_THREADS, stream,
+                 (dout, y, weights, index, dy, dw, tokens, hidden, k, dout_stride, y_stride, y_rows, flags))
 
 
 # ------------------------------------------------------------------------------ argument checks

@@ -52,9 +52,9 @@ def test_permuted_rows_leave_room_for_the_most_padding():
 
 def test_warp_grid_is_a_warp_a_token_up_to_the_resident_blocks():
     warps = moe.ROWS_THREADS // 32
-    assert moe.warp_grid(1, moe.ROWS_THREADS, 132) == 1
-    assert moe.warp_grid(37, moe.ROWS_THREADS, 132) == -(-37 // warps)
-    assert moe.warp_grid(16384, moe.ROWS_THREADS, 132) == 132 * moe.BLOCKS_PER_SM
+    assert moe.warp_grid(1, moe.ROWS_THREADS, 792) == 1
+    assert moe.warp_grid(37, moe.ROWS_THREADS, 792) == -(-37 // warps)
+    assert moe.warp_grid(16384 * 8, moe.ROWS_THREADS, 792) == 792  # the resident blocks (the occupancy API's)
 
 
 def test_row_flags_take_vectors_only_where_every_row_is_16_byte_aligned():
