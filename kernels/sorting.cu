@@ -310,6 +310,213 @@ __device__ __forceinline__ void merge_runs(const Bits* __restrict__ keys_in, con
   }
 }
 
+// ------------------------------------------------------------------------------ block merge
+// The stable merge-path split of diagonal d of sorted runs A (a_len keys) and B (b_len): how
+// many of A's keys are among the first d outputs, A's first on equal keys (A[mid] <= B[d - 1 -
+// mid] holds below the answer and fails from it). One warp finds it, every lane calling with the
+// same arguments: a step probes 32 points of the remaining interval at once, so a split in a run
+// of 2^15 keys costs 4 dependent rounds of loads instead of a binary search's 15.
+template <typename Bits>
+__device__ __forceinline__ int64_t warp_merge_path(const Bits* __restrict__ A, int64_t a_len,
+                                                   const Bits* __restrict__ B, int64_t b_len, int64_t d) {
+  const int lane = threadIdx.x & 31;
+  int64_t lo = d - b_len > 0 ? d - b_len : 0, hi = d < a_len ? d : a_len;  // the answer is in [lo, hi]
+  while (lo < hi) {
+    const int64_t step = (hi - lo + 31) >> 5;
+    const int64_t mid = lo + lane * step;
+    const bool before = mid < hi && A[mid] <= B[d - 1 - mid];
+    const int count = __popc(__ballot_sync(0xffffffffu, before));  // the predicate is monotone: a prefix
+    if (count == 0) {
+      hi = lo;
+    } else {
+      const int64_t failed = lo + count * step;  // the first probe that failed, or past hi
+      lo += (count - 1) * step + 1;
+      hi = failed < hi ? failed : hi;
+    }
+  }
+  return lo;
+}
+
+// One merge round as merge_runs does it (same runs, same stable order, same FINAL outputs), one
+// block a window of THREADS * ITEMS consecutive outputs of a row (a power of two dividing 2 * run,
+// so a window never spans two run pairs): warps 0 and 1 find the window's two merge-path splits
+// in global memory, the block stages the two input ranges (keys and positions, coalesced) in
+// shared memory, each thread merges ITEMS outputs there (a binary search of its diagonal, then a
+// serial merge), and the block writes the window coalesced through a padded shared transpose.
+template <typename Bits, typename T, bool FINAL, int THREADS, int ITEMS>
+__device__ __forceinline__ void block_merge(const Bits* __restrict__ keys_in, const int* __restrict__ pos_in,
+                                            Bits* __restrict__ keys_out, int* __restrict__ pos_out,
+                                            const T* __restrict__ x, T* __restrict__ values,
+                                            int64_t* __restrict__ indices, int64_t rows, int64_t n, int64_t x_stride,
+                                            int64_t run) {
+  constexpr int kWindow = THREADS * ITEMS;
+  constexpr int kPadded = kWindow + kWindow / 32;  // slot o at o + o / 32: blocked stores conflict-free
+  static_assert(THREADS >= 64 && THREADS % 32 == 0 && (kWindow & (kWindow - 1)) == 0, "block_merge shape");
+  __shared__ Bits s_keys[kPadded];
+  __shared__ int s_pos[kPadded];
+  __shared__ int64_t s_split[2];
+  const int64_t windows = (n + kWindow - 1) / kWindow;
+  for (int64_t w = blockIdx.x; w < rows * windows; w += gridDim.x) {
+    const int64_t row = w / windows;
+    const int64_t first = (w - row * windows) * kWindow;  // the window's first output in the row
+    const int64_t pair = first / (2 * run) * (2 * run);
+    const int64_t a_len = n - pair < run ? n - pair : run;
+    const int64_t b_len = n - pair - a_len < run ? n - pair - a_len : run;
+    const int64_t d0 = first - pair;
+    const int64_t d1 = d0 + kWindow < a_len + b_len ? d0 + kWindow : a_len + b_len;
+    const Bits* A = keys_in + row * n + pair;
+    const Bits* B = A + a_len;
+    const int* A_pos = pos_in + row * n + pair;
+    const int* B_pos = A_pos + a_len;
+    const int warp = threadIdx.x >> 5;
+    if (warp < 2) {
+      const int64_t split = warp_merge_path(A, a_len, B, b_len, warp ? d1 : d0);
+      if ((threadIdx.x & 31) == 0) s_split[warp] = split;
+    }
+    __syncthreads();
+    const int64_t a0 = s_split[0], b0 = d0 - a0;
+    const int la = static_cast<int>(s_split[1] - a0);
+    const int total = static_cast<int>(d1 - d0);
+    const int lb = total - la;
+    // A's range at [0, la), B's at [la, total)
+#pragma unroll
+    for (int r = 0; r < ITEMS; ++r) {
+      const int k = r * THREADS + threadIdx.x;
+      if (k < total) {
+        const bool from_a = k < la;
+        const int64_t at = from_a ? a0 + k : b0 + (k - la);
+        s_keys[k] = from_a ? A[at] : B[at];
+        s_pos[k] = from_a ? A_pos[at] : B_pos[at];
+      }
+    }
+    __syncthreads();
+    const int diag = threadIdx.x * ITEMS < total ? threadIdx.x * ITEMS : total;
+    int lo = diag - lb > 0 ? diag - lb : 0, hi = diag < la ? diag : la;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (s_keys[mid] <= s_keys[la + diag - 1 - mid]) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    int i = lo, j = la + diag - lo;  // shared slots of the next A and B keys
+    Bits a = i < la ? s_keys[i] : Bits(0), b = j < total ? s_keys[j] : Bits(0);
+    Bits out_keys[ITEMS];
+    int out_pos[ITEMS];
+#pragma unroll
+    for (int r = 0; r < ITEMS; ++r) {
+      const bool take_a = j >= total || (i < la && a <= b);
+      const int from = take_a ? i : j;
+      out_keys[r] = take_a ? a : b;
+      out_pos[r] = diag + r < total ? s_pos[from] : 0;
+      if (take_a) {
+        ++i;
+        if (i < la) a = s_keys[i];
+      } else {
+        ++j;
+        if (j < total) b = s_keys[j];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ITEMS; ++r) {
+      const int o = threadIdx.x * ITEMS + r;
+      if (o < total) {
+        s_keys[o + (o >> 5)] = out_keys[r];
+        s_pos[o + (o >> 5)] = out_pos[r];
+      }
+    }
+    __syncthreads();
+    const int64_t out = row * n + first;
+#pragma unroll
+    for (int r = 0; r < ITEMS; ++r) {
+      const int o = r * THREADS + threadIdx.x;
+      if (o < total) {
+        const int p = s_pos[o + (o >> 5)];
+        if constexpr (FINAL) {
+          if (values) values[out + o] = x[row * x_stride + p];
+          indices[out + o] = p;
+        } else {
+          keys_out[out + o] = s_keys[o + (o >> 5)];
+          pos_out[out + o] = p;
+        }
+      }
+    }
+    __syncthreads();  // the shared buffers are reused by the next window
+  }
+}
+
+// ------------------------------------------------------------------------------ merge network
+// One warp a row of n <= 32 * ITEMS keys 16 or 32 bits wide: a bitonic sorting network over
+// (key, position) packed into one word (key above, position below: 32-bit words for 16-bit keys,
+// 64-bit for 32-bit ones), so every word is distinct and the network's order is the stable
+// order. Slot s = lane * ITEMS + i: compare-exchanges of slots closer than ITEMS stay in one
+// thread's registers, the others go through shuffles; no shared memory, no barrier. Loads are
+// striped (slot (lane, i) takes position i * 32 + lane: coalesced; which slot holds which key
+// does not matter to a sorting network), padding the largest key with positions >= n.
+template <typename Bits> struct NetWord;
+template <> struct NetWord<unsigned short> { using Type = unsigned; };
+template <> struct NetWord<unsigned> { using Type = unsigned long long; };
+
+template <typename T, int ITEMS>
+__device__ __forceinline__ void sort_net(const T* __restrict__ x, T* __restrict__ values,
+                                         int64_t* __restrict__ indices, int64_t rows, int64_t n, int64_t x_stride,
+                                         int64_t descending) {
+  using Bits = typename SortKey<T>::Bits;
+  using Word = typename NetWord<Bits>::Type;
+  constexpr int kShift = 8 * sizeof(Bits);
+  constexpr Word kPosMask = (Word(1) << kShift) - 1;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t row = warp; row < rows; row += warps) {
+    const T* xr = x + row * x_stride;
+    Word v[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int p = i * 32 + lane;
+      const Bits key = p < n ? sort_key(xr[p], descending != 0) : static_cast<Bits>(~Bits(0));
+      v[i] = (static_cast<Word>(key) << kShift) | static_cast<Word>(p);
+    }
+#pragma unroll
+    for (int k = 2; k <= 32 * ITEMS; k <<= 1) {
+#pragma unroll
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        if (j >= ITEMS) {  // the partner slot is in lane ^ (j / ITEMS), same register
+          const bool lower = (lane & (j / ITEMS)) == 0;
+#pragma unroll
+          for (int i = 0; i < ITEMS; ++i) {
+            const bool ascending = ((lane * ITEMS + i) & k) == 0;
+            const Word other = shfl_xor(v[i], j / ITEMS);
+            v[i] = ((other < v[i]) == (lower == ascending)) ? other : v[i];
+          }
+        } else {  // both slots in this thread
+#pragma unroll
+          for (int i = 0; i < ITEMS; ++i) {
+            if ((i & j) == 0) {
+              const bool ascending = ((lane * ITEMS + i) & k) == 0;
+              const Word first = v[i], second = v[i | j];
+              const bool swap = (second < first) == ascending;
+              v[i] = swap ? second : first;
+              v[i | j] = swap ? first : second;
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int s = lane * ITEMS + i;
+      if (s < n) {
+        const int p = static_cast<int>(v[i] & kPosMask);
+        if (values) values[row * n + s] = xr[p];
+        indices[row * n + s] = p;
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------ longer rows
 template <typename T>
 __device__ __forceinline__ void sort_keys(const T* __restrict__ x, typename SortKey<T>::Bits* __restrict__ keys,
@@ -402,6 +609,20 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
       long long rows, long long n, long long x_stride, long long run) {                                          \
     rawops::merge_runs<typename rawops::SortKey<T>::Bits, T, true>(keys, pos, nullptr, nullptr, x, values,       \
                                                                     indices, rows, n, x_stride, run);           \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_BMERGE_THREADS) sort_bmerge_final_##suffix(           \
+      const typename rawops::SortKey<T>::Bits *keys, const int *pos, const T *x, T *values, long long *indices,  \
+      long long rows, long long n, long long x_stride, long long run) {                                          \
+    rawops::block_merge<typename rawops::SortKey<T>::Bits, T, true, RAWOPS_SORT_BMERGE_THREADS,                  \
+                        RAWOPS_SORT_BMERGE_ITEMS>(keys, pos, nullptr, nullptr, x, values, indices, rows, n,      \
+                                                  x_stride, run);                                               \
+  }
+
+// The merge networks (16- and 32-bit keys): one warp a row of up to 32 x ITEMS keys.
+#define RAWOPS_SORT_NET(T, suffix, ITEMS)                                                        \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_NET_THREADS)                          \
+      sort_net_##ITEMS##_##suffix(RAWOPS_SORT_ARGS(T)) {                                         \
+    rawops::sort_net<T, ITEMS>(x, values, indices, rows, n, x_stride, descending);               \
   }
 
 #define RAWOPS_SORT_LONG(T, suffix)                                                                                \
@@ -435,6 +656,10 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
   RAWOPS_SORT_TILES_UP_TO_4096(T, suffix)      \
   RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 16)    \
   RAWOPS_SORT_CHUNKS(T, suffix, 512, 16)       \
+  RAWOPS_SORT_NET(T, suffix, 4)                \
+  RAWOPS_SORT_NET(T, suffix, 8)                \
+  RAWOPS_SORT_NET(T, suffix, 16)               \
+  RAWOPS_SORT_NET(T, suffix, 32)               \
   RAWOPS_SORT_LONG(T, suffix)
 
 // 64-bit keys: an 8192-key tile would need 64 KB of exchange space; rows past 4096 go long.
@@ -464,9 +689,20 @@ RAWOPS_SORT_TILES_WIDE(long long, i64)
                                            n, 0, run);                                                         \
   }
 
+#define RAWOPS_SORT_BMERGE(Bits, suffix)                                                                       \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_BMERGE_THREADS)                                     \
+      sort_bmerge_##suffix(const Bits *keys_in, const int *pos_in, Bits *keys_out, int *pos_out, long long rows, \
+                           long long n, long long run) {                                                        \
+    rawops::block_merge<Bits, float, false, RAWOPS_SORT_BMERGE_THREADS, RAWOPS_SORT_BMERGE_ITEMS>(              \
+        keys_in, pos_in, keys_out, pos_out, nullptr, nullptr, nullptr, rows, n, 0, run);                       \
+  }
+
 RAWOPS_SORT_PASS(unsigned short, k16)
 RAWOPS_SORT_PASS(unsigned, k32)
 RAWOPS_SORT_PASS(unsigned long long, k64)
 RAWOPS_SORT_MERGE(unsigned short, k16)
 RAWOPS_SORT_MERGE(unsigned, k32)
 RAWOPS_SORT_MERGE(unsigned long long, k64)
+RAWOPS_SORT_BMERGE(unsigned short, k16)
+RAWOPS_SORT_BMERGE(unsigned, k32)
+RAWOPS_SORT_BMERGE(unsigned long long, k64)
