@@ -15,8 +15,9 @@ ranking, the smallest tile that holds the row); longer rows in chunks of the lar
 sorted a block each, then merged pairwise, one launch a doubling of the run length (the last
 writes the results): "block_merge" (a block a window of outputs, staged in shared memory) or
 "merge" (a thread a few outputs, straight from global memory); or (16-bit keys past two chunks,
-long_path_for()) cub's segmented radix sort machinery, one launch a 6-bit digit. The long rows use scratch of 2 x (key bytes + 4) an element allocated on the launch's stream. Rows of
-2**31 elements or more are refused.
+long_path_for()) cub's segmented radix sort machinery, one launch a 6-bit digit. The long rows
+use scratch of 2 x (key bytes + 4) an element allocated on the launch's stream. Rows of 2**31
+elements or more are refused.
 
 Layouts: along the last dim, x may be a view whose last dim is contiguous and whose leading
 dims collapse to one row stride (`x[:, :n]` of a wider matrix, `x[::2]`): read as it is; any
