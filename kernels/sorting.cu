@@ -343,12 +343,14 @@ __device__ __forceinline__ int64_t warp_merge_path(const Bits* __restrict__ A, i
 // in global memory, the block stages the two input ranges (keys and positions, coalesced) in
 // shared memory, each thread merges ITEMS outputs there (a binary search of its diagonal, then a
 // serial merge), and the block writes the window coalesced through a padded shared transpose.
+// FINAL: values decoded from the keys (sort_value: desc says which way they were made) and
+// gathered from x by position only for NaN and zero keys.
 template <typename Bits, typename T, bool FINAL, int THREADS, int ITEMS>
 __device__ __forceinline__ void block_merge(const Bits* __restrict__ keys_in, const int* __restrict__ pos_in,
                                             Bits* __restrict__ keys_out, int* __restrict__ pos_out,
                                             const T* __restrict__ x, T* __restrict__ values,
                                             int64_t* __restrict__ indices, int64_t rows, int64_t n, int64_t x_stride,
-                                            int64_t run) {
+                                            int64_t run, int64_t desc) {
   constexpr int kWindow = THREADS * ITEMS;
   constexpr int kPadded = kWindow + kWindow / 32;  // slot o at o + o / 32: blocked stores conflict-free
   static_assert(THREADS >= 64 && THREADS % 32 == 0 && (kWindow & (kWindow - 1)) == 0, "block_merge shape");
@@ -435,7 +437,11 @@ __device__ __forceinline__ void block_merge(const Bits* __restrict__ keys_in, co
       if (o < total) {
         const int p = s_pos[o + (o >> 5)];
         if constexpr (FINAL) {
-          if (values) values[out + o] = x[row * x_stride + p];
+          if (values) {  // the keys are sort_key(x, desc): decoded back where exact
+            T v;
+            if (!sort_value<T>(s_keys[o + (o >> 5)], desc != 0, &v)) v = x[row * x_stride + p];
+            values[out + o] = v;
+          }
           indices[out + o] = p;
         } else {
           keys_out[out + o] = s_keys[o + (o >> 5)];
@@ -452,9 +458,12 @@ __device__ __forceinline__ void block_merge(const Bits* __restrict__ keys_in, co
 // (key, position) packed into one word (key above, position below: 32-bit words for 16-bit keys,
 // 64-bit for 32-bit ones), so every word is distinct and the network's order is the stable
 // order. Slot s = lane * ITEMS + i: compare-exchanges of slots closer than ITEMS stay in one
-// thread's registers, the others go through shuffles; no shared memory, no barrier. Loads are
+// thread's registers, the others go through shuffles; no barrier but the warp's. Loads are
 // striped (slot (lane, i) takes position i * 32 + lane: coalesced; which slot holds which key
-// does not matter to a sorting network), padding the largest key with positions >= n.
+// does not matter to a sorting network), padding the largest key with positions >= n. The
+// sorted words go through the warp's padded slice of shared memory (slot s at s + s / 32:
+// conflict-free both ways) back to striped order, so stores are coalesced, and values are decoded
+// from the keys (sort_value), gathered from x by position only for NaN and zero keys.
 template <typename Bits> struct NetWord;
 template <> struct NetWord<unsigned short> { using Type = unsigned; };
 template <> struct NetWord<unsigned> { using Type = unsigned long long; };
@@ -467,6 +476,9 @@ __device__ __forceinline__ void sort_net(const T* __restrict__ x, T* __restrict_
   using Word = typename NetWord<Bits>::Type;
   constexpr int kShift = 8 * sizeof(Bits);
   constexpr Word kPosMask = (Word(1) << kShift) - 1;
+  constexpr int kSlots = 32 * ITEMS + ITEMS;
+  __shared__ Word s_words[RAWOPS_SORT_NET_THREADS / 32][kSlots];
+  Word* own = s_words[threadIdx.x >> 5];
   const int lane = threadIdx.x & 31;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
@@ -508,12 +520,24 @@ __device__ __forceinline__ void sort_net(const T* __restrict__ x, T* __restrict_
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int s = lane * ITEMS + i;
+      own[s + (s >> 5)] = v[i];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int s = i * 32 + lane;
+      const Word word = own[s + i];
       if (s < n) {
-        const int p = static_cast<int>(v[i] & kPosMask);
-        if (values) values[row * n + s] = xr[p];
+        const int p = static_cast<int>(word & kPosMask);
+        if (values) {
+          T value;
+          if (!sort_value<T>(static_cast<Bits>(word >> kShift), descending != 0, &value)) value = xr[p];
+          values[row * n + s] = value;
+        }
         indices[row * n + s] = p;
       }
     }
+    __syncwarp();  // the slice is rewritten by the warp's next row
   }
 }
 
@@ -612,10 +636,10 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
   }                                                                                                              \
   extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_BMERGE_THREADS) sort_bmerge_final_##suffix(           \
       const typename rawops::SortKey<T>::Bits *keys, const int *pos, const T *x, T *values, long long *indices,  \
-      long long rows, long long n, long long x_stride, long long run) {                                          \
+      long long rows, long long n, long long x_stride, long long run, long long descending) {                    \
     rawops::block_merge<typename rawops::SortKey<T>::Bits, T, true, RAWOPS_SORT_BMERGE_THREADS,                  \
                         RAWOPS_SORT_BMERGE_ITEMS>(keys, pos, nullptr, nullptr, x, values, indices, rows, n,      \
-                                                  x_stride, run);                                               \
+                                                  x_stride, run, descending);                                   \
   }
 
 // The merge networks (16- and 32-bit keys): one warp a row of up to 32 x ITEMS keys.
@@ -694,7 +718,7 @@ RAWOPS_SORT_TILES_WIDE(long long, i64)
       sort_bmerge_##suffix(const Bits *keys_in, const int *pos_in, Bits *keys_out, int *pos_out, long long rows, \
                            long long n, long long run) {                                                        \
     rawops::block_merge<Bits, float, false, RAWOPS_SORT_BMERGE_THREADS, RAWOPS_SORT_BMERGE_ITEMS>(              \
-        keys_in, pos_in, keys_out, pos_out, nullptr, nullptr, nullptr, rows, n, 0, run);                       \
+        keys_in, pos_in, keys_out, pos_out, nullptr, nullptr, nullptr, rows, n, 0, run, 0);                    \
   }
 
 RAWOPS_SORT_PASS(unsigned short, k16)

@@ -123,6 +123,7 @@ PASS_KINDS = "ppppqqqq"  # keys_in, order_in, keys_out, order_out, rows, n, bit,
 GATHER_KINDS = "ppppqqq"  # x, order, values, indices, rows, n, x_stride
 MERGE_KINDS = "ppppqqq"  # keys_in, pos_in, keys_out, pos_out, rows, n, run
 MERGE_FINAL_KINDS = "pppppqqqq"  # keys, pos, x, values, indices, rows, n, x_stride, run
+BMERGE_FINAL_KINDS = "pppppqqqqq"  # keys, pos, x, values, indices, rows, n, x_stride, run, descending
 
 Plan = collections.namedtuple("Plan", "kind kernel blocks threads passes")
 Plan.__doc__ = """A launch plan: kind ("warp", "network", "tile", "block_merge", "merge" or
@@ -233,6 +234,10 @@ def launch_sort(device, suffix, x_ptr, values_ptr, indices_ptr, rows, n, x_strid
             if i < p.passes - 1:
                 launch(_modules.function_pointer(FAMILY, name, device), (grid,), threads, 0, stream,
                        (keys[src], order[src], keys[dst], order[dst], rows, n, run), MERGE_KINDS, device)
+            elif p.kind == "block_merge":
+                launch(_modules.function_pointer(FAMILY, f"{name}_{suffix}", device), (grid,), threads, 0, stream,
+                       (keys[src], order[src], x_ptr, values_ptr, indices_ptr, rows, n, x_stride, run, desc),
+                       BMERGE_FINAL_KINDS, device)
             else:
                 launch(_modules.function_pointer(FAMILY, f"{name}_{suffix}", device), (grid,), threads, 0, stream,
                        (keys[src], order[src], x_ptr, values_ptr, indices_ptr, rows, n, x_stride, run),

@@ -288,9 +288,15 @@ def test_adapter_signatures_are_torchs():
 # ------------------------------------------------------------------------------ GPU
 def _data(rows, n, dtype, kind="random"):
     """Fresh data in dtype: "random" (normal floats, ints over a range as wide as the row),
-    "ties" (a handful of distinct values), "special" (floats: NaN, +-inf, +-0.0 among ties)."""
+    "ties" (a handful of distinct values), "special" (floats: NaN, +-inf, +-0.0 among ties),
+    "bits" (floats: every bit pattern equally likely, NaN payloads and subnormals included)."""
     g = torch.Generator(device="cuda")
     g.seed()
+    if dtype.is_floating_point and kind == "bits":
+        wide = dtype == torch.float32
+        raw = torch.randint(-(1 << 31) if wide else -(1 << 15), (1 << 31) if wide else (1 << 15), (rows, n),
+                            device="cuda", generator=g, dtype=torch.int32 if wide else torch.int16)
+        return raw.view(dtype)
     if dtype.is_floating_point:
         if kind == "random":
             return torch.randn(rows, n, device="cuda", generator=g).to(dtype)
@@ -421,7 +427,7 @@ def test_block_merge_windows_ties_and_many_rows(dtype):
     chunk = chunk[0] * chunk[1]
     for rows, n in ((300, chunk + rs.BMERGE_WINDOW + 1), (2, 3 * chunk + rs.BMERGE_WINDOW - 1), (1, 1 << 17)):
         two = torch.randint(0, 2, (rows, n), device="cuda").to(dt)
-        for x in (two, _data(rows, n, dt, "special")):
+        for x in (two, _data(rows, n, dt, "special"), _data(rows, n, dt, "bits" if dt.is_floating_point else "random")):
             for descending in (False, True):
                 values, indices = _launch(x, descending, long_path="block_merge")
                 check_sort(x, -1, descending, values, indices, f"{dtype} block_merge {rows}x{n}")
@@ -438,7 +444,7 @@ def test_the_merge_network_at_every_lane_share(dtype):
     lengths = {1, 2, 31, 33} | {n for items in rs.NETWORK_ITEMS for n in (16 * items + 1, 32 * items - 3, 32 * items)}
     assert {rs.network_items(n, 32) for n in lengths} == set(rs.NETWORK_ITEMS)
     for n in sorted(lengths):
-        for kind in ("random", "ties", "special"):
+        for kind in ("random", "ties", "special") + (("bits",) if dt.is_floating_point else ()):
             x = _data(517, n, dt, kind)
             for descending in (False, True):
                 values, indices = _launch(x, descending, network=True)
