@@ -87,11 +87,12 @@ def network_section(rs, ceiling, quick):
             continue
         bits = rs.BITS_OF[name]
         tile = rs.tile_for(n, bits)
-        choices = {"tile": {"network": False}, "network": {"network": True}}
-        chosen = rs.plan(rows_, n, bits).kind
+        choices = {"tile": {"network": False}, **{f"network {ex}": {"network": ex} for ex in rs.NETWORK_EXCHANGES}}
+        p = rs.plan(rows_, n, bits)
+        chosen = "tile" if p.kind == "tile" else f"network {p.kernel.split('_')[2]}" if p.kind == "network" else p.kind
         times, found = _rows(rs, (rows_, n), name, choices, ceiling, chosen)
         rows += found
-        results[(bits, n, name)] = times
+        results[(bits, n, name, rows_)] = times
         print(f"  {rows_}x{n} {name}: tile {tile} -> " + ", ".join(f"{k} {v:.1f} us" for k, v in times.items()),
               flush=True)
     return rows, results
@@ -104,33 +105,43 @@ def long_section(rs, ceiling, quick):
             continue
         bits = rs.BITS_OF[name]
         if rs.tile_for(n, bits) is not None:  # not a long row: the tile beside the network (if any) and torch
-            choices = {"tile": {"network": False}, "network": {"network": True}}
-            chosen = rs.plan(rows_, n, bits).kind
+            choices = {"tile": {"network": False}, **{f"network {ex}": {"network": ex} for ex in rs.NETWORK_EXCHANGES}}
+            chosen = "tile"
         else:
             choices = {"block_merge": {"long_path": "block_merge"}, "merge": {"long_path": "merge"},
                        "segmented": {"long_path": "segmented"}}
             chosen = rs.long_path_for(n, bits)
         times, found = _rows(rs, (rows_, n), name, choices, ceiling, chosen)
         rows += found
-        results[(bits, n, name)] = times
+        results[(bits, n, name, rows_)] = times
     return rows, results
 
 
 def advice(rs, network, long):
     lines = []
-    for bits in (16, 32):
-        lengths = sorted({n for (b, n, _), t in network.items() if b == bits and "network" in t})
-        best = 0
-        for n in lengths:  # the longest n with the network faster at it and every shorter timed length
-            if all(t["network"] < t["tile"] for (b, m, _), t in network.items()
-                   if b == bits and m <= n and "network" in t and "tile" in t):
-                best = n
-        lines.append(f"NETWORK_MAX[{bits}] = {best}  (now {rs.NETWORK_MAX[bits]})")
+    for (bits, n, name, rows), t in sorted(network.items()):
+        nets = {label: us for label, us in t.items() if label.startswith("network")}
+        if nets and "tile" in t:
+            fastest = min(nets, key=nets.get)
+            listed = ", ".join(f"{k} {v:.1f}" for k, v in nets.items())
+            lines.append(f"  {rows}x{n} {name}: tile {t['tile']:.1f} us, {listed}"
+                         + f", torch {t['torch']:.1f} ({t['torch'] / min(t['tile'], nets[fastest]):.2f}x torch at "
+                         f"the faster)")
+    for exchange in rs.NETWORK_EXCHANGES:
+        label = f"network {exchange}"
+        for bits in (16, 32):
+            timed = [(n, t) for (b, n, _, _), t in network.items() if b == bits and label in t and "tile" in t]
+            best = 0
+            for n, _ in timed:  # the longest n with the network faster at it and every shorter timed length
+                if all(t[label] < t["tile"] for m, t in timed if m <= n):
+                    best = max(best, n)
+            lines.append(f"with NETWORK_EXCHANGE = {exchange!r}: NETWORK_MAX[{bits}] = {best}  "
+                         f"(now {rs.NETWORK_EXCHANGE!r}, {rs.NETWORK_MAX[bits]})")
     wins = {label: 0 for label in ("block_merge", "merge")}
-    for (bits, n, name), t in long.items():
+    for (bits, n, name, rows), t in long.items():
         if "block_merge" in t and "merge" in t:
             wins["block_merge" if t["block_merge"] < t["merge"] else "merge"] += 1
-            lines.append(f"  {n} {name}: block_merge {t['block_merge']:.1f} us, merge {t['merge']:.1f}, "
+            lines.append(f"  {rows}x{n} {name}: block_merge {t['block_merge']:.1f} us, merge {t['merge']:.1f}, "
                          f"segmented {t.get('segmented', float('nan')):.1f}, torch {t['torch']:.1f} "
                          f"({t['torch'] / min(t['block_merge'], t['merge']):.2f}x torch at the faster)")
     lines.append(f"MERGE_PATH: block_merge faster at {wins['block_merge']} of {sum(wins.values())} long shapes "

@@ -457,18 +457,37 @@ __device__ __forceinline__ void block_merge(const Bits* __restrict__ keys_in, co
 // One warp a row of n <= 32 * ITEMS keys 16 or 32 bits wide: a bitonic sorting network over
 // (key, position) packed into one word (key above, position below: 32-bit words for 16-bit keys,
 // 64-bit for 32-bit ones), so every word is distinct and the network's order is the stable
-// order. Slot s = lane * ITEMS + i: compare-exchanges of slots closer than ITEMS stay in one
-// thread's registers, the others go through shuffles; no barrier but the warp's. Loads are
-// striped (slot (lane, i) takes position i * 32 + lane: coalesced; which slot holds which key
-// does not matter to a sorting network), padding the largest key with positions >= n. The
-// sorted words go through the warp's padded slice of shared memory (slot s at s + s / 32:
-// conflict-free both ways) back to striped order, so stores are coalesced, and values are decoded
-// from the keys (sort_value), gathered from x by position only for NaN and zero keys.
+// order. Each lane holds ITEMS slots in one of two layouts: blocked (slot lane * ITEMS + i) or
+// striped (slot i * 32 + lane). A compare-exchange of slots j apart stays in one thread's
+// registers when j < ITEMS (blocked) or j >= 32 (striped), else goes through shuffles. TRANSPOSE:
+// the warp switches layout (through its padded slice of shared memory, slot s at s + s / 32:
+// conflict-free both ways) whenever that turns a shuffle stage into a register stage; else it
+// stays blocked. No barrier but the warp's. Loads are striped and coalesced (which slot holds
+// which key does not matter to a sorting network), padding the largest key with positions >= n;
+// the sorted slots are stored from the striped layout (a last transpose), coalesced, values
+// decoded from the keys (sort_value), gathered from x by position only for NaN and zero keys.
 template <typename Bits> struct NetWord;
 template <> struct NetWord<unsigned short> { using Type = unsigned; };
 template <> struct NetWord<unsigned> { using Type = unsigned long long; };
 
-template <typename T, int ITEMS>
+template <typename Word, int ITEMS>
+__device__ __forceinline__ void net_transpose(Word (&v)[ITEMS], Word* own, bool to_striped) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int s = to_striped ? lane * ITEMS + i : i * 32 + lane;
+    own[s + (s >> 5)] = v[i];
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int s = to_striped ? i * 32 + lane : lane * ITEMS + i;
+    v[i] = own[s + (s >> 5)];
+  }
+  __syncwarp();  // the slice may be rewritten next
+}
+
+template <typename T, int ITEMS, bool TRANSPOSE>
 __device__ __forceinline__ void sort_net(const T* __restrict__ x, T* __restrict__ values,
                                          int64_t* __restrict__ indices, int64_t rows, int64_t n, int64_t x_stride,
                                          int64_t descending) {
@@ -491,53 +510,55 @@ __device__ __forceinline__ void sort_net(const T* __restrict__ x, T* __restrict_
       const Bits key = p < n ? sort_key(xr[p], descending != 0) : static_cast<Bits>(~Bits(0));
       v[i] = (static_cast<Word>(key) << kShift) | static_cast<Word>(p);
     }
+    bool striped = false;  // the layout: known at every point once the loops unroll
 #pragma unroll
     for (int k = 2; k <= 32 * ITEMS; k <<= 1) {
 #pragma unroll
       for (int j = k >> 1; j > 0; j >>= 1) {
-        if (j >= ITEMS) {  // the partner slot is in lane ^ (j / ITEMS), same register
-          const bool lower = (lane & (j / ITEMS)) == 0;
+        if (TRANSPOSE && (striped ? j < 32 && j < ITEMS : j >= 32)) {
+          net_transpose(v, own, !striped);
+          striped = !striped;
+        }
+        if (striped ? j >= 32 : j < ITEMS) {  // both slots in this thread: registers i and i ^ r
+          const int r = striped ? j / 32 : j;
 #pragma unroll
           for (int i = 0; i < ITEMS; ++i) {
-            const bool ascending = ((lane * ITEMS + i) & k) == 0;
-            const Word other = shfl_xor(v[i], j / ITEMS);
-            v[i] = ((other < v[i]) == (lower == ascending)) ? other : v[i];
-          }
-        } else {  // both slots in this thread
-#pragma unroll
-          for (int i = 0; i < ITEMS; ++i) {
-            if ((i & j) == 0) {
-              const bool ascending = ((lane * ITEMS + i) & k) == 0;
-              const Word first = v[i], second = v[i | j];
+            if ((i & r) == 0) {
+              const int s = striped ? i * 32 + lane : lane * ITEMS + i;
+              const bool ascending = (s & k) == 0;
+              const Word first = v[i], second = v[i | r];
               const bool swap = (second < first) == ascending;
               v[i] = swap ? second : first;
-              v[i | j] = swap ? first : second;
+              v[i | r] = swap ? first : second;
             }
+          }
+        } else {  // the partner slot is in lane ^ l, same register
+          const int l = striped ? j : j / ITEMS;
+          const bool lower = (lane & l) == 0;
+#pragma unroll
+          for (int i = 0; i < ITEMS; ++i) {
+            const int s = striped ? i * 32 + lane : lane * ITEMS + i;
+            const bool ascending = (s & k) == 0;
+            const Word other = shfl_xor(v[i], l);
+            v[i] = ((other < v[i]) == (lower == ascending)) ? other : v[i];
           }
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int s = lane * ITEMS + i;
-      own[s + (s >> 5)] = v[i];
-    }
-    __syncwarp();
+    if (!striped) net_transpose(v, own, true);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int s = i * 32 + lane;
-      const Word word = own[s + i];
       if (s < n) {
-        const int p = static_cast<int>(word & kPosMask);
+        const int p = static_cast<int>(v[i] & kPosMask);
         if (values) {
           T value;
-          if (!sort_value<T>(static_cast<Bits>(word >> kShift), descending != 0, &value)) value = xr[p];
+          if (!sort_value<T>(static_cast<Bits>(v[i] >> kShift), descending != 0, &value)) value = xr[p];
           values[row * n + s] = value;
         }
         indices[row * n + s] = p;
       }
     }
-    __syncwarp();  // the slice is rewritten by the warp's next row
   }
 }
 
@@ -642,11 +663,16 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
                                                   x_stride, run, descending);                                   \
   }
 
-// The merge networks (16- and 32-bit keys): one warp a row of up to 32 x ITEMS keys.
+// The merge networks (16- and 32-bit keys): one warp a row of up to 32 x ITEMS keys, exchanging
+// slots through shuffles only (shfl) or switching layouts through shared memory (smem).
 #define RAWOPS_SORT_NET(T, suffix, ITEMS)                                                        \
   extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_NET_THREADS)                          \
-      sort_net_##ITEMS##_##suffix(RAWOPS_SORT_ARGS(T)) {                                         \
-    rawops::sort_net<T, ITEMS>(x, values, indices, rows, n, x_stride, descending);               \
+      sort_net_shfl_##ITEMS##_##suffix(RAWOPS_SORT_ARGS(T)) {                                    \
+    rawops::sort_net<T, ITEMS, false>(x, values, indices, rows, n, x_stride, descending);        \
+  }                                                                                              \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_NET_THREADS)                          \
+      sort_net_smem_##ITEMS##_##suffix(RAWOPS_SORT_ARGS(T)) {                                    \
+    rawops::sort_net<T, ITEMS, true>(x, values, indices, rows, n, x_stride, descending);         \
   }
 
 #define RAWOPS_SORT_LONG(T, suffix)                                                                                \

@@ -71,10 +71,14 @@ WIDE_RANKING = {tile: "match" for tile in WIDE_CANDIDATES}
 LONG_PATHS = ("block_merge", "merge", "segmented")
 MERGE_PATH = "block_merge"
 SEGMENTED_FROM_ROUNDS = {16: 2, 32: None, 64: None}  # key bits -> merge rounds from which segmented runs
-# The merge networks (sort_net_<items>_<dt>, 16- and 32-bit keys): one warp a row of up to 32 x
-# items keys, the smallest that holds the row. NETWORK_MAX: key bits -> the longest row the plan
-# sorts by a network rather than a block tile (0: never; dev/time_sort_paths.py times both).
+# The merge networks (sort_net_<exchange>_<items>_<dt>, 16- and 32-bit keys): one warp a row of up
+# to 32 x items keys, the smallest that holds the row; slots exchanged through shuffles only
+# ("shfl") or by switching layouts through shared memory ("smem"), NETWORK_EXCHANGE the plan's.
+# NETWORK_MAX: key bits -> the longest row the plan sorts by a network rather than a block tile
+# (0: never; dev/time_sort_paths.py times them against each other).
 NETWORK_ITEMS = (4, 8, 16, 32)
+NETWORK_EXCHANGES = ("shfl", "smem")
+NETWORK_EXCHANGE = "smem"
 NETWORK_MAX = {16: 0, 32: 0, 64: 0}
 
 
@@ -107,7 +111,7 @@ def _entry_points():
         names += [f"sort_warp_{suffix}", f"sort_keys_{suffix}", f"sort_gather_{suffix}", f"sort_merge_final_{suffix}",
                   f"sort_bmerge_final_{suffix}"]
         if not wide:
-            names += [f"sort_net_{items}_{suffix}" for items in NETWORK_ITEMS]
+            names += [f"sort_net_{ex}_{items}_{suffix}" for ex in NETWORK_EXCHANGES for items in NETWORK_ITEMS]
         for tile in (WIDE_CANDIDATES if wide else TILE_CANDIDATES):
             names += [f"{tile_kernel(tile, ranking)}_{suffix}" for ranking in RANKINGS]
         names += [f"{tile_kernel(chunk_tile(BITS_OF[suffix]), ranking, chunks=True)}_{suffix}" for ranking in RANKINGS]
@@ -155,8 +159,9 @@ def tile_for(n, bits):
 def plan(rows, n, bits, ranking=None, tile=None, long_path=None, network=None):
     """How rows (> 0) rows of n (> 0) keys `bits` wide are sorted. ranking, tile, long_path,
     network: another choice than the tables' (the benchmark's and the tests' comparisons); a tile
-    given must hold the row; network=True takes the merge network for rows of up to 1024 16- or
-    32-bit keys (ValueError for others), network=False never."""
+    given must hold the row; network=True (or an exchange of NETWORK_EXCHANGES) takes the merge
+    network for rows of up to 1024 16- or 32-bit keys (ValueError for others), network=False
+    never."""
     if n <= WARP_MAX and tile is None and not network:
         rows_per_block = (WARP_THREADS // 32) * (32 // _pow2_at_least(n))
         return Plan("warp", "sort_warp", min(-(-rows // rows_per_block), MAX_GRID), WARP_THREADS, 0)
@@ -168,8 +173,12 @@ def plan(rows, n, bits, ranking=None, tile=None, long_path=None, network=None):
     elif network and items is None:
         raise ValueError(f"no merge network sorts rows of {n} keys {bits} bits wide")
     if network:
+        exchange = NETWORK_EXCHANGE if network is True else network
+        if exchange not in NETWORK_EXCHANGES:
+            raise ValueError(f"network must be a bool or one of {NETWORK_EXCHANGES}, got {network!r}")
         rows_per_block = NET_THREADS // 32
-        return Plan("network", f"sort_net_{items}", min(-(-rows // rows_per_block), MAX_GRID), NET_THREADS, 0)
+        return Plan("network", f"sort_net_{exchange}_{items}", min(-(-rows // rows_per_block), MAX_GRID), NET_THREADS,
+                    0)
     tile = tile or tile_for(n, bits)
     if tile is not None:
         return Plan("tile", tile_kernel(tile, ranking, bits=bits), min(rows, MAX_GRID), tile[0], 0)

@@ -108,14 +108,20 @@ def test_the_merge_network_takes_the_smallest_lane_share_when_asked(bits):
     for n, items in ((1, 4), (33, 4), (128, 4), (129, 8), (256, 8), (257, 16), (512, 16), (513, 32), (1024, 32)):
         assert rs.network_items(n, bits) == items
         p = rs.plan(1000, n, bits, network=True)
-        assert p == rs.Plan("network", f"sort_net_{items}", -(-1000 // (rs.NET_THREADS // 32)), rs.NET_THREADS, 0)
-        assert f"sort_net_{items}_f32" in rs.FAMILY_OF
+        assert p == rs.Plan("network", f"sort_net_{rs.NETWORK_EXCHANGE}_{items}", -(-1000 // (rs.NET_THREADS // 32)),
+                            rs.NET_THREADS, 0)
+        for exchange in rs.NETWORK_EXCHANGES:
+            assert rs.plan(1000, n, bits, network=exchange) == p._replace(kernel=f"sort_net_{exchange}_{items}")
+            assert f"sort_net_{exchange}_{items}_f32" in rs.FAMILY_OF
         assert rs.scratch_bytes(1000, n, bits) == 0
     assert rs.network_items(1025, bits) is None and rs.network_items(100, 64) is None
     with pytest.raises(ValueError, match="no merge network sorts rows of 1025 keys"):
         rs.plan(3, 1025, bits, network=True)
     with pytest.raises(ValueError, match="no merge network sorts rows of 100 keys 64 bits"):
         rs.plan(3, 100, 64, network=True)
+    with pytest.raises(ValueError, match="network must be a bool or one of"):
+        rs.plan(3, 100, bits, network="bitonic")
+    assert rs.NETWORK_EXCHANGE in rs.NETWORK_EXCHANGES
     assert rs.plan(1 << 40, 1000, bits, network=True).blocks == rs.MAX_GRID
     assert rs.plan(3, 1000, bits, network=False).kind == "tile"
 
@@ -447,8 +453,9 @@ def test_the_merge_network_at_every_lane_share(dtype):
         for kind in ("random", "ties", "special") + (("bits",) if dt.is_floating_point else ()):
             x = _data(517, n, dt, kind)
             for descending in (False, True):
-                values, indices = _launch(x, descending, network=True)
-                check_sort(x, -1, descending, values, indices, f"{dtype} network {kind} n={n}")
+                for exchange in rs.NETWORK_EXCHANGES:
+                    values, indices = _launch(x, descending, network=exchange)
+                    check_sort(x, -1, descending, values, indices, f"{dtype} network {exchange} {kind} n={n}")
                 if n > rs.WARP_MAX:
                     tile_values, tile_indices = _launch(x, descending, network=False)
                     assert torch.equal(indices, tile_indices) and torch.equal(_bits(values), _bits(tile_values))
