@@ -188,6 +188,26 @@ def test_table_names_every_entry_of_the_kernel_file():
         assert found == ["k16", "k32", "k64"]
 
 
+def test_launch_kinds_match_the_kernel_signatures():
+    # the generic launcher marshals one slot per kind: a count or type mismatch passes garbage
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "sorting.cu")) as f:
+        source = re.sub(r"\\\n", " ", f.read())
+    args = re.search(r"#define RAWOPS_SORT_ARGS\(T\)\s*(.*?)\n", source).group(1)
+    source = source.replace("RAWOPS_SORT_ARGS(T)", args)
+    signatures = re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*([\w#]+)\(([^)]*)\)', source)
+    kinds = {"sort_bmerge_final_": rs.BMERGE_FINAL_KINDS, "sort_bmerge_": rs.MERGE_KINDS,
+             "sort_merge_final_": rs.MERGE_FINAL_KINDS, "sort_merge_": rs.MERGE_KINDS, "sort_net_": rs.ROWS_KINDS,
+             "sort_warp_": rs.ROWS_KINDS, "sort_rows_": rs.ROWS_KINDS, "sort_chunks_": rs.ROWS_KINDS,
+             "sort_keys_": rs.KEYS_KINDS, "sort_gather_": rs.GATHER_KINDS, "sort_pass_": rs.PASS_KINDS}
+    seen = set()
+    for name, params in signatures:
+        prefix = next(k for k in kinds if name.startswith(k))
+        seen.add(prefix)
+        expected = "".join("p" if "*" in p else "q" for p in params.split(","))
+        assert kinds[prefix] == expected, f"{name}: launch kinds {kinds[prefix]!r}, signature {expected!r}"
+    assert seen == set(kinds)
+
+
 # ------------------------------------------------------------------------------ checks, no GPU
 def _fake(shape=(4, 16), typestr="<f4", **kw):
     return FakeCAI(shape, typestr, **kw)
