@@ -34,6 +34,7 @@
 //                    Both ping-pong between two scratch pairs: 2 x (key bytes + 4) an element,
 //                    allocated by the caller.
 #include <cub/agent/agent_segmented_radix_sort.cuh>
+#include <cub/block/block_merge_sort.cuh>
 #include <cub/block/block_radix_sort.cuh>
 
 #include "rawops/sort_keys.cuh"
@@ -311,6 +312,10 @@ __device__ __forceinline__ void merge_runs(const Bits* __restrict__ keys_in, con
 }
 
 // ------------------------------------------------------------------------------ block merge
+template <typename Bits> struct Less {
+  __device__ __forceinline__ bool operator()(Bits a, Bits b) const { return a < b; }
+};
+
 // The stable merge-path split of diagonal d of sorted runs A (a_len keys) and B (b_len): how
 // many of A's keys are among the first d outputs, A's first on equal keys (A[mid] <= B[d - 1 -
 // mid] holds below the answer and fails from it). One warp finds it, every lane calling with the
@@ -341,8 +346,8 @@ __device__ __forceinline__ int64_t warp_merge_path(const Bits* __restrict__ A, i
 // block a window of THREADS * ITEMS consecutive outputs of a row (a power of two dividing 2 * run,
 // so a window never spans two run pairs): warps 0 and 1 find the window's two merge-path splits
 // in global memory, the block stages the two input ranges (keys and positions, coalesced) in
-// shared memory, each thread merges ITEMS outputs there (a binary search of its diagonal, then a
-// serial merge), and the block writes the window coalesced through a padded shared transpose.
+// shared memory, each thread merges ITEMS outputs there (cub::MergePath on its diagonal, then
+// cub::SerialMerge), and the block writes the window coalesced through a padded shared transpose.
 // FINAL: values decoded from the keys (sort_value: desc says which way they were made) and
 // gathered from x by position only for NaN and zero keys.
 template <typename Bits, typename T, bool FINAL, int THREADS, int ITEMS>
@@ -354,6 +359,7 @@ __device__ __forceinline__ void block_merge(const Bits* __restrict__ keys_in, co
   constexpr int kWindow = THREADS * ITEMS;
   constexpr int kPadded = kWindow + kWindow / 32;  // slot o at o + o / 32: blocked stores conflict-free
   static_assert(THREADS >= 64 && THREADS % 32 == 0 && (kWindow & (kWindow - 1)) == 0, "block_merge shape");
+  static_assert(kWindow / 32 >= ITEMS + 1, "the serial merge's reads past a range stay in the buffer");
   __shared__ Bits s_keys[kPadded];
   __shared__ int s_pos[kPadded];
   __shared__ int64_t s_split[2];
@@ -392,34 +398,16 @@ __device__ __forceinline__ void block_merge(const Bits* __restrict__ keys_in, co
       }
     }
     __syncthreads();
+    // cub's merge path and serial merge: B's key goes first only when strictly less (stable);
+    // outputs past total are garbage, never stored (the serial merge's reads past a range stay
+    // inside the padded buffer: total + ITEMS <= kPadded)
     const int diag = threadIdx.x * ITEMS < total ? threadIdx.x * ITEMS : total;
-    int lo = diag - lb > 0 ? diag - lb : 0, hi = diag < la ? diag : la;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (s_keys[mid] <= s_keys[la + diag - 1 - mid]) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    int i = lo, j = la + diag - lo;  // shared slots of the next A and B keys
-    Bits a = i < la ? s_keys[i] : Bits(0), b = j < total ? s_keys[j] : Bits(0);
+    const int i = cub::MergePath(s_keys, s_keys + la, la, lb, diag, Less<Bits>());
     Bits out_keys[ITEMS];
-    int out_pos[ITEMS];
+    int from[ITEMS], out_pos[ITEMS];
+    cub::SerialMerge(s_keys, i, la + diag - i, la - i, lb - (diag - i), out_keys, from, Less<Bits>());
 #pragma unroll
-    for (int r = 0; r < ITEMS; ++r) {
-      const bool take_a = j >= total || (i < la && a <= b);
-      const int from = take_a ? i : j;
-      out_keys[r] = take_a ? a : b;
-      out_pos[r] = diag + r < total ? s_pos[from] : 0;
-      if (take_a) {
-        ++i;
-        if (i < la) a = s_keys[i];
-      } else {
-        ++j;
-        if (j < total) b = s_keys[j];
-      }
-    }
+    for (int r = 0; r < ITEMS; ++r) out_pos[r] = diag + r < total ? s_pos[from[r]] : 0;
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < ITEMS; ++r) {
