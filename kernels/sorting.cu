@@ -6,7 +6,8 @@
 //   their positions' order, which satisfies stable=False as well.
 // Keys: float32, float16, bfloat16, int32, int64 as sort_key() bits (16, 32 or 64 wide; the
 // half types take half the radix passes of float32). Values are gathered from x by the sorted
-// positions, never decoded from keys, so NaN payloads and -0.0 come back as they went in.
+// positions, or decoded from keys where the key has one value (sort_value: every key but NaN's
+// and zero's), so NaN payloads and -0.0 come back as they went in.
 // Rows: x is read at row stride x_stride (a row-strided view or n); values and indices are
 // dense, n a row; values may be null (argsort: indices only). Bytes: x read once (plus the
 // gather's re-read of the row, from cache) and values + indices written once: n * (2 * sizeof(T)
@@ -16,16 +17,22 @@
 //   n <= 32          sort_warp_<dt>: a bitonic network in registers over a power-of-two group
 //                    of lanes (32 / width rows a warp), compare-exchanging (key, position)
 //                    pairs through shuffles; the position tie-break makes it stable.
+//   n <= 1024        sort_net_<shfl|smem>_<I>_<dt> (16- and 32-bit keys, where the plan's
+//                    NETWORK_MAX says): one warp a row of up to 32 x I keys, a bitonic network
+//                    over (key, position) words in registers (sort_net below).
 //   n <= one tile    sort_rows_<T>x<I>_<ranking>_<dt>: one block a row, an LSD radix sort of T
 //                    threads x I keys (key bits, 16-bit positions) on cub's block ranking
 //                    (BlockSort below), the smallest tile that holds the row, padded with the
 //                    largest key (padding sits at the highest slots, so the stable sort leaves
 //                    it last even beside equal keys).
 //   longer rows      merge: sort_chunks_<T>x<I>_<ranking>_<dt> sorts chunks of the largest tile
-//                    a block each into scratch (key bits, int32 positions); then one
-//                    sort_merge_k<bits> launch per doubling of the sorted run length (stable
-//                    merge-path merges of run pairs), the last (sort_merge_final_<dt>) writing
-//                    values and int64 indices. Traffic a round: key + position read and written.
+//                    a block each into scratch (key bits, int32 positions); then one launch per
+//                    doubling of the sorted run length (stable merge-path merges of run pairs),
+//                    the last writing values and int64 indices: block_merge (sort_bmerge_k<bits>,
+//                    sort_bmerge_final_<dt>: a block a window of outputs staged in shared memory)
+//                    or the thread merge (sort_merge_k<bits>, sort_merge_final_<dt>: a thread a
+//                    few outputs, searched and read in global memory). Traffic a round: key +
+//                    position read and written.
 //                    segmented (the alternative): sort_keys_<dt> writes key bits and int32
 //                    positions; one sort_pass_k<bits> launch per RAWOPS_SORT_SEGMENT_RADIX_BITS
 //                    digit: cub's AgentSegmentedRadixSort (the block-per-segment machinery of
