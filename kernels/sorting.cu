@@ -6,7 +6,8 @@
 //   their positions' order, which satisfies stable=False as well.
 // Keys: float32, float16, bfloat16, int32, int64 as sort_key() bits (16, 32 or 64 wide; the
 // half types take half the radix passes of float32). Values are gathered from x by the sorted
-// positions, never decoded from keys, so NaN payloads and -0.0 come back as they went in.
+// positions, or decoded from keys where the key has one value (sort_value: every key but NaN's
+// and zero's), so NaN payloads and -0.0 come back as they went in.
 // Rows: x is read at row stride x_stride (a row-strided view or n); values and indices are
 // dense, n a row; values may be null (argsort: indices only). Bytes: x read once (plus the
 // gather's re-read of the row, from cache) and values + indices written once: n * (2 * sizeof(T)
@@ -16,16 +17,22 @@
 //   n <= 32          sort_warp_<dt>: a bitonic network in registers over a power-of-two group
 //                    of lanes (32 / width rows a warp), compare-exchanging (key, position)
 //                    pairs through shuffles; the position tie-break makes it stable.
+//   n <= 1024        sort_net_<shfl|smem>_<I>_<dt> (16- and 32-bit keys, where the plan's
+//                    NETWORK_MAX says): one warp a row of up to 32 x I keys, a bitonic network
+//                    over (key, position) words in registers (sort_net below).
 //   n <= one tile    sort_rows_<T>x<I>_<ranking>_<dt>: one block a row, an LSD radix sort of T
 //                    threads x I keys (key bits, 16-bit positions) on cub's block ranking
 //                    (BlockSort below), the smallest tile that holds the row, padded with the
 //                    largest key (padding sits at the highest slots, so the stable sort leaves
 //                    it last even beside equal keys).
 //   longer rows      merge: sort_chunks_<T>x<I>_<ranking>_<dt> sorts chunks of the largest tile
-//                    a block each into scratch (key bits, int32 positions); then one
-//                    sort_merge_k<bits> launch per doubling of the sorted run length (stable
-//                    merge-path merges of run pairs), the last (sort_merge_final_<dt>) writing
-//                    values and int64 indices. Traffic a round: key + position read and written.
+//                    a block each into scratch (key bits, int32 positions); then one launch per
+//                    doubling of the sorted run length (stable merge-path merges of run pairs),
+//                    the last writing values and int64 indices: block_merge (sort_bmerge_k<bits>,
+//                    sort_bmerge_final_<dt>: a block a window of outputs staged in shared memory)
+//                    or the thread merge (sort_merge_k<bits>, sort_merge_final_<dt>: a thread a
+//                    few outputs, searched and read in global memory). Traffic a round: key +
+//                    position read and written.
 //                    segmented (the alternative): sort_keys_<dt> writes key bits and int32
 //                    positions; one sort_pass_k<bits> launch per RAWOPS_SORT_SEGMENT_RADIX_BITS
 //                    digit: cub's AgentSegmentedRadixSort (the block-per-segment machinery of
@@ -34,6 +41,7 @@
 //                    Both ping-pong between two scratch pairs: 2 x (key bytes + 4) an element,
 //                    allocated by the caller.
 #include <cub/agent/agent_segmented_radix_sort.cuh>
+#include <cub/block/block_merge_sort.cuh>
 #include <cub/block/block_radix_sort.cuh>
 
 #include "rawops/sort_keys.cuh"
@@ -310,6 +318,245 @@ __device__ __forceinline__ void merge_runs(const Bits* __restrict__ keys_in, con
   }
 }
 
+// ------------------------------------------------------------------------------ block merge
+template <typename Bits> struct Less {
+  __device__ __forceinline__ bool operator()(Bits a, Bits b) const { return a < b; }
+};
+
+// The stable merge-path split of diagonal d of sorted runs A (a_len keys) and B (b_len): how
+// many of A's keys are among the first d outputs, A's first on equal keys (A[mid] <= B[d - 1 -
+// mid] holds below the answer and fails from it). One warp finds it, every lane calling with the
+// same arguments: a step probes 32 points of the remaining interval at once, so a split in a run
+// of 2^15 keys costs 4 dependent rounds of loads instead of a binary search's 15.
+template <typename Bits>
+__device__ __forceinline__ int64_t warp_merge_path(const Bits* __restrict__ A, int64_t a_len,
+                                                   const Bits* __restrict__ B, int64_t b_len, int64_t d) {
+  const int lane = threadIdx.x & 31;
+  int64_t lo = d - b_len > 0 ? d - b_len : 0, hi = d < a_len ? d : a_len;  // the answer is in [lo, hi]
+  while (lo < hi) {
+    const int64_t step = (hi - lo + 31) >> 5;
+    const int64_t mid = lo + lane * step;
+    const bool before = mid < hi && A[mid] <= B[d - 1 - mid];
+    const int count = __popc(__ballot_sync(0xffffffffu, before));  // the predicate is monotone: a prefix
+    if (count == 0) {
+      hi = lo;
+    } else {
+      const int64_t failed = lo + count * step;  // the first probe that failed, or past hi
+      lo += (count - 1) * step + 1;
+      hi = failed < hi ? failed : hi;
+    }
+  }
+  return lo;
+}
+
+// One merge round as merge_runs does it (same runs, same stable order, same FINAL outputs), one
+// block a window of THREADS * ITEMS consecutive outputs of a row (a power of two dividing 2 * run,
+// so a window never spans two run pairs): warps 0 and 1 find the window's two merge-path splits
+// in global memory, the block stages the two input ranges (keys and positions, coalesced) in
+// shared memory, each thread merges ITEMS outputs there (cub::MergePath on its diagonal, then
+// cub::SerialMerge), and the block writes the window coalesced through a padded shared transpose.
+// FINAL: values decoded from the keys (sort_value: desc says which way they were made) and
+// gathered from x by position only for NaN and zero keys.
+template <typename Bits, typename T, bool FINAL, int THREADS, int ITEMS>
+__device__ __forceinline__ void block_merge(const Bits* __restrict__ keys_in, const int* __restrict__ pos_in,
+                                            Bits* __restrict__ keys_out, int* __restrict__ pos_out,
+                                            const T* __restrict__ x, T* __restrict__ values,
+                                            int64_t* __restrict__ indices, int64_t rows, int64_t n, int64_t x_stride,
+                                            int64_t run, int64_t desc) {
+  constexpr int kWindow = THREADS * ITEMS;
+  constexpr int kPadded = kWindow + kWindow / 32;  // slot o at o + o / 32: blocked stores conflict-free
+  static_assert(THREADS >= 64 && THREADS % 32 == 0 && (kWindow & (kWindow - 1)) == 0, "block_merge shape");
+  static_assert(kWindow / 32 >= ITEMS + 1, "the serial merge's reads past a range stay in the buffer");
+  __shared__ Bits s_keys[kPadded];
+  __shared__ int s_pos[kPadded];
+  __shared__ int64_t s_split[2];
+  const int64_t windows = (n + kWindow - 1) / kWindow;
+  for (int64_t w = blockIdx.x; w < rows * windows; w += gridDim.x) {
+    const int64_t row = w / windows;
+    const int64_t first = (w - row * windows) * kWindow;  // the window's first output in the row
+    const int64_t pair = first / (2 * run) * (2 * run);
+    const int64_t a_len = n - pair < run ? n - pair : run;
+    const int64_t b_len = n - pair - a_len < run ? n - pair - a_len : run;
+    const int64_t d0 = first - pair;
+    const int64_t d1 = d0 + kWindow < a_len + b_len ? d0 + kWindow : a_len + b_len;
+    const Bits* A = keys_in + row * n + pair;
+    const Bits* B = A + a_len;
+    const int* A_pos = pos_in + row * n + pair;
+    const int* B_pos = A_pos + a_len;
+    const int warp = threadIdx.x >> 5;
+    if (warp < 2) {
+      const int64_t split = warp_merge_path(A, a_len, B, b_len, warp ? d1 : d0);
+      if ((threadIdx.x & 31) == 0) s_split[warp] = split;
+    }
+    __syncthreads();
+    const int64_t a0 = s_split[0], b0 = d0 - a0;
+    const int la = static_cast<int>(s_split[1] - a0);
+    const int total = static_cast<int>(d1 - d0);
+    const int lb = total - la;
+    // A's range at [0, la), B's at [la, total)
+#pragma unroll
+    for (int r = 0; r < ITEMS; ++r) {
+      const int k = r * THREADS + threadIdx.x;
+      if (k < total) {
+        const bool from_a = k < la;
+        const int64_t at = from_a ? a0 + k : b0 + (k - la);
+        s_keys[k] = from_a ? A[at] : B[at];
+        s_pos[k] = from_a ? A_pos[at] : B_pos[at];
+      }
+    }
+    __syncthreads();
+    // cub's merge path and serial merge: B's key goes first only when strictly less (stable);
+    // outputs past total are garbage, never stored (the serial merge's reads past a range stay
+    // inside the padded buffer: total + ITEMS <= kPadded)
+    const int diag = threadIdx.x * ITEMS < total ? threadIdx.x * ITEMS : total;
+    const int i = cub::MergePath(s_keys, s_keys + la, la, lb, diag, Less<Bits>());
+    Bits out_keys[ITEMS];
+    int from[ITEMS], out_pos[ITEMS];
+    cub::SerialMerge(s_keys, i, la + diag - i, la - i, lb - (diag - i), out_keys, from, Less<Bits>());
+#pragma unroll
+    for (int r = 0; r < ITEMS; ++r) out_pos[r] = diag + r < total ? s_pos[from[r]] : 0;
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ITEMS; ++r) {
+      const int o = threadIdx.x * ITEMS + r;
+      if (o < total) {
+        s_keys[o + (o >> 5)] = out_keys[r];
+        s_pos[o + (o >> 5)] = out_pos[r];
+      }
+    }
+    __syncthreads();
+    const int64_t out = row * n + first;
+#pragma unroll
+    for (int r = 0; r < ITEMS; ++r) {
+      const int o = r * THREADS + threadIdx.x;
+      if (o < total) {
+        const int p = s_pos[o + (o >> 5)];
+        if constexpr (FINAL) {
+          if (values) {  // the keys are sort_key(x, desc): decoded back where exact
+            T v;
+            if (!sort_value<T>(s_keys[o + (o >> 5)], desc != 0, &v)) v = x[row * x_stride + p];
+            values[out + o] = v;
+          }
+          indices[out + o] = p;
+        } else {
+          keys_out[out + o] = s_keys[o + (o >> 5)];
+          pos_out[out + o] = p;
+        }
+      }
+    }
+    __syncthreads();  // the shared buffers are reused by the next window
+  }
+}
+
+// ------------------------------------------------------------------------------ merge network
+// One warp a row of n <= 32 * ITEMS keys 16 or 32 bits wide: a bitonic sorting network over
+// (key, position) packed into one word (key above, position below: 32-bit words for 16-bit keys,
+// 64-bit for 32-bit ones), so every word is distinct and the network's order is the stable
+// order. Each lane holds ITEMS slots in one of two layouts: blocked (slot lane * ITEMS + i) or
+// striped (slot i * 32 + lane). A compare-exchange of slots j apart stays in one thread's
+// registers when j < ITEMS (blocked) or j >= 32 (striped), else goes through shuffles. TRANSPOSE:
+// the warp switches layout (through its padded slice of shared memory, slot s at s + s / 32:
+// conflict-free both ways) whenever that turns a shuffle stage into a register stage; else it
+// stays blocked. No barrier but the warp's. Loads are striped and coalesced (which slot holds
+// which key does not matter to a sorting network), padding the largest key with positions >= n;
+// the sorted slots are stored from the striped layout (a last transpose), coalesced, values
+// decoded from the keys (sort_value), gathered from x by position only for NaN and zero keys.
+template <typename Bits> struct NetWord;
+template <> struct NetWord<unsigned short> { using Type = unsigned; };
+template <> struct NetWord<unsigned> { using Type = unsigned long long; };
+
+template <typename Word, int ITEMS>
+__device__ __forceinline__ void net_transpose(Word (&v)[ITEMS], Word* own, bool to_striped) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int s = to_striped ? lane * ITEMS + i : i * 32 + lane;
+    own[s + (s >> 5)] = v[i];
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    const int s = to_striped ? i * 32 + lane : lane * ITEMS + i;
+    v[i] = own[s + (s >> 5)];
+  }
+  __syncwarp();  // the slice may be rewritten next
+}
+
+template <typename T, int ITEMS, bool TRANSPOSE>
+__device__ __forceinline__ void sort_net(const T* __restrict__ x, T* __restrict__ values,
+                                         int64_t* __restrict__ indices, int64_t rows, int64_t n, int64_t x_stride,
+                                         int64_t descending) {
+  using Bits = typename SortKey<T>::Bits;
+  using Word = typename NetWord<Bits>::Type;
+  constexpr int kShift = 8 * sizeof(Bits);
+  constexpr Word kPosMask = (Word(1) << kShift) - 1;
+  constexpr int kSlots = 32 * ITEMS + ITEMS;
+  __shared__ Word s_words[RAWOPS_SORT_NET_THREADS / 32][kSlots];
+  Word* own = s_words[threadIdx.x >> 5];
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t row = warp; row < rows; row += warps) {
+    const T* xr = x + row * x_stride;
+    Word v[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int p = i * 32 + lane;
+      const Bits key = p < n ? sort_key(xr[p], descending != 0) : static_cast<Bits>(~Bits(0));
+      v[i] = (static_cast<Word>(key) << kShift) | static_cast<Word>(p);
+    }
+    bool striped = false;  // the layout: known at every point once the loops unroll
+#pragma unroll
+    for (int k = 2; k <= 32 * ITEMS; k <<= 1) {
+#pragma unroll
+      for (int j = k >> 1; j > 0; j >>= 1) {
+        if (TRANSPOSE && (striped ? j < 32 && j < ITEMS : j >= 32)) {
+          net_transpose(v, own, !striped);
+          striped = !striped;
+        }
+        if (striped ? j >= 32 : j < ITEMS) {  // both slots in this thread: registers i and i ^ r
+          const int r = striped ? j / 32 : j;
+#pragma unroll
+          for (int i = 0; i < ITEMS; ++i) {
+            if ((i & r) == 0) {
+              const int s = striped ? i * 32 + lane : lane * ITEMS + i;
+              const bool ascending = (s & k) == 0;
+              const Word first = v[i], second = v[i | r];
+              const bool swap = (second < first) == ascending;
+              v[i] = swap ? second : first;
+              v[i | r] = swap ? first : second;
+            }
+          }
+        } else {  // the partner slot is in lane ^ l, same register
+          const int l = striped ? j : j / ITEMS;
+          const bool lower = (lane & l) == 0;
+#pragma unroll
+          for (int i = 0; i < ITEMS; ++i) {
+            const int s = striped ? i * 32 + lane : lane * ITEMS + i;
+            const bool ascending = (s & k) == 0;
+            const Word other = shfl_xor(v[i], l);
+            v[i] = ((other < v[i]) == (lower == ascending)) ? other : v[i];
+          }
+        }
+      }
+    }
+    if (!striped) net_transpose(v, own, true);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int s = i * 32 + lane;
+      if (s < n) {
+        const int p = static_cast<int>(v[i] & kPosMask);
+        if (values) {
+          T value;
+          if (!sort_value<T>(static_cast<Bits>(v[i] >> kShift), descending != 0, &value)) value = xr[p];
+          values[row * n + s] = value;
+        }
+        indices[row * n + s] = p;
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------ longer rows
 template <typename T>
 __device__ __forceinline__ void sort_keys(const T* __restrict__ x, typename SortKey<T>::Bits* __restrict__ keys,
@@ -402,6 +649,25 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
       long long rows, long long n, long long x_stride, long long run) {                                          \
     rawops::merge_runs<typename rawops::SortKey<T>::Bits, T, true>(keys, pos, nullptr, nullptr, x, values,       \
                                                                     indices, rows, n, x_stride, run);           \
+  }                                                                                                              \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_BMERGE_THREADS) sort_bmerge_final_##suffix(           \
+      const typename rawops::SortKey<T>::Bits *keys, const int *pos, const T *x, T *values, long long *indices,  \
+      long long rows, long long n, long long x_stride, long long run, long long descending) {                    \
+    rawops::block_merge<typename rawops::SortKey<T>::Bits, T, true, RAWOPS_SORT_BMERGE_THREADS,                  \
+                        RAWOPS_SORT_BMERGE_ITEMS>(keys, pos, nullptr, nullptr, x, values, indices, rows, n,      \
+                                                  x_stride, run, descending);                                   \
+  }
+
+// The merge networks (16- and 32-bit keys): one warp a row of up to 32 x ITEMS keys, exchanging
+// slots through shuffles only (shfl) or switching layouts through shared memory (smem).
+#define RAWOPS_SORT_NET(T, suffix, ITEMS)                                                        \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_NET_THREADS)                          \
+      sort_net_shfl_##ITEMS##_##suffix(RAWOPS_SORT_ARGS(T)) {                                    \
+    rawops::sort_net<T, ITEMS, false>(x, values, indices, rows, n, x_stride, descending);        \
+  }                                                                                              \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_NET_THREADS)                          \
+      sort_net_smem_##ITEMS##_##suffix(RAWOPS_SORT_ARGS(T)) {                                    \
+    rawops::sort_net<T, ITEMS, true>(x, values, indices, rows, n, x_stride, descending);         \
   }
 
 #define RAWOPS_SORT_LONG(T, suffix)                                                                                \
@@ -435,6 +701,10 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
   RAWOPS_SORT_TILES_UP_TO_4096(T, suffix)      \
   RAWOPS_SORT_TILE_PAIR(T, suffix, 512, 16)    \
   RAWOPS_SORT_CHUNKS(T, suffix, 512, 16)       \
+  RAWOPS_SORT_NET(T, suffix, 4)                \
+  RAWOPS_SORT_NET(T, suffix, 8)                \
+  RAWOPS_SORT_NET(T, suffix, 16)               \
+  RAWOPS_SORT_NET(T, suffix, 32)               \
   RAWOPS_SORT_LONG(T, suffix)
 
 // 64-bit keys: an 8192-key tile would need 64 KB of exchange space; rows past 4096 go long.
@@ -464,9 +734,20 @@ RAWOPS_SORT_TILES_WIDE(long long, i64)
                                            n, 0, run);                                                         \
   }
 
+#define RAWOPS_SORT_BMERGE(Bits, suffix)                                                                       \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_SORT_BMERGE_THREADS)                                     \
+      sort_bmerge_##suffix(const Bits *keys_in, const int *pos_in, Bits *keys_out, int *pos_out, long long rows, \
+                           long long n, long long run) {                                                        \
+    rawops::block_merge<Bits, float, false, RAWOPS_SORT_BMERGE_THREADS, RAWOPS_SORT_BMERGE_ITEMS>(              \
+        keys_in, pos_in, keys_out, pos_out, nullptr, nullptr, nullptr, rows, n, 0, run, 0);                    \
+  }
+
 RAWOPS_SORT_PASS(unsigned short, k16)
 RAWOPS_SORT_PASS(unsigned, k32)
 RAWOPS_SORT_PASS(unsigned long long, k64)
 RAWOPS_SORT_MERGE(unsigned short, k16)
 RAWOPS_SORT_MERGE(unsigned, k32)
 RAWOPS_SORT_MERGE(unsigned long long, k64)
+RAWOPS_SORT_BMERGE(unsigned short, k16)
+RAWOPS_SORT_BMERGE(unsigned, k32)
+RAWOPS_SORT_BMERGE(unsigned long long, k64)

@@ -206,6 +206,12 @@ SORT_MERGE_ITEMS = 8
 SORT_SEGMENT_THREADS = 192
 SORT_SEGMENT_ITEMS = 39
 SORT_SEGMENT_RADIX_BITS = 6
+# The block merge (sort_bmerge_*): threads a block and outputs a thread, so one block merges a
+# window of SORT_BMERGE_THREADS * SORT_BMERGE_ITEMS outputs (a power of two dividing every run
+# pair: <= 8192); the merge-network kernels' block (sort_net_*: one warp a row)
+SORT_BMERGE_THREADS = 256
+SORT_BMERGE_ITEMS = 8
+SORT_NET_THREADS = 128
 
 # ------------------------------------------------------------------ rotary (kernels/rotary.cu)
 # rope's blocks (and launch bound), the heads a thread rotates per unit (their loads in flight at

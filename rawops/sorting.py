@@ -8,13 +8,16 @@ their order), so stable=False gets the stable order too; values are gathered fro
 sorted positions, so NaN payloads and the sign of zero come back as they were.
 
 Launches (plan(), a pure function of the row length n and the key width): rows of up to 32 a
-group of lanes each (a bitonic network in registers); rows up to one block's tile (8192 keys,
-4096 for int64) one block each (a block radix sort on cub's ranking, the smallest tile that
-holds the row); longer rows in chunks of the largest tile, sorted a block each, then merged
-pairwise, one launch a doubling of the run length (the last writes the results); or (16-bit
-keys past two chunks, long_path_for()) cub's segmented radix sort machinery, one launch a 6-bit
-digit. The long rows use scratch of 2 x (key bytes + 4) an element allocated on the launch's stream. Rows of
-2**31 elements or more are refused.
+group of lanes each (a bitonic network in registers); 16- and 32-bit rows up to NETWORK_MAX one
+warp each (a bitonic network over packed (key, position) words, registers and shuffles); rows up
+to one block's tile (8192 keys, 4096 for int64) one block each (a block radix sort on cub's
+ranking, the smallest tile that holds the row); longer rows in chunks of the largest tile,
+sorted a block each, then merged pairwise, one launch a doubling of the run length (the last
+writes the results): "block_merge" (a block a window of outputs, staged in shared memory) or
+"merge" (a thread a few outputs, straight from global memory); or (16-bit keys past two chunks,
+long_path_for()) cub's segmented radix sort machinery, one launch a 6-bit digit. The long rows
+use scratch of 2 x (key bytes + 4) an element allocated on the launch's stream. Rows of 2**31
+elements or more are refused.
 
 Layouts: along the last dim, x may be a view whose last dim is contiguous and whose leading
 dims collapse to one row stride (`x[:, :n]` of a wider matrix, `x[::2]`): read as it is; any
@@ -40,6 +43,9 @@ WARP_MAX = 32  # rows up to this long: sort_warp (a group of lanes a row)
 WARP_THREADS = _constants.SORT_WARP_THREADS
 STREAM_THREADS = _constants.SORT_STREAM_THREADS
 MERGE_ITEMS = _constants.SORT_MERGE_ITEMS
+BMERGE_THREADS = _constants.SORT_BMERGE_THREADS
+BMERGE_WINDOW = _constants.SORT_BMERGE_THREADS * _constants.SORT_BMERGE_ITEMS  # outputs a block merges
+NET_THREADS = _constants.SORT_NET_THREADS
 SEGMENT_THREADS = _constants.SORT_SEGMENT_THREADS
 RADIX_BITS = _constants.SORT_SEGMENT_RADIX_BITS
 
@@ -56,12 +62,24 @@ WIDE_TILES = ((32, 4), (32, 8), (64, 8), (64, 16), (256, 8), (256, 16))
 RANKINGS = ("match", "early")
 RANKING = {**{tile: "match" for tile in TILE_CANDIDATES}, (256, 16): "early", (512, 8): "early"}
 WIDE_RANKING = {tile: "match" for tile in WIDE_CANDIDATES}
-# Rows longer than the largest tile: "merge" (chunks of the largest tile sorted a block each,
-# then merged pairwise, one launch a doubling) or "segmented" (cub's segmented radix sort
-# machinery, one launch a 6-bit digit): the merge rounds are latency-bound, and 16-bit keys need
-# only three digit passes, so those take the segmented path once the merge needs two rounds.
-LONG_PATHS = ("merge", "segmented")
+# Rows longer than the largest tile: "block_merge" or "merge" (chunks of the largest tile sorted a
+# block each, then merged pairwise, one launch a doubling: a block a window of BMERGE_WINDOW
+# outputs staged in shared memory, or a thread MERGE_ITEMS outputs read from global memory) or
+# "segmented" (cub's segmented radix sort machinery, one launch a 6-bit digit). MERGE_PATH is the
+# merge the plan takes; 16-bit keys need only three digit passes, so those take the segmented path
+# once the merge needs SEGMENTED_FROM_ROUNDS rounds.
+LONG_PATHS = ("block_merge", "merge", "segmented")
+MERGE_PATH = "block_merge"
 SEGMENTED_FROM_ROUNDS = {16: 2, 32: None, 64: None}  # key bits -> merge rounds from which segmented runs
+# The merge networks (sort_net_<exchange>_<items>_<dt>, 16- and 32-bit keys): one warp a row of up
+# to 32 x items keys, the smallest that holds the row; slots exchanged through shuffles only
+# ("shfl") or by switching layouts through shared memory ("smem"), NETWORK_EXCHANGE the plan's.
+# NETWORK_MAX: key bits -> the longest row the plan sorts by a network rather than a block tile
+# (0: never; dev/time_sort_paths.py times them against each other).
+NETWORK_ITEMS = (4, 8, 16, 32)
+NETWORK_EXCHANGES = ("shfl", "smem")
+NETWORK_EXCHANGE = "smem"
+NETWORK_MAX = {16: 0, 32: 0, 64: 0}
 
 
 def tile_kernel(tile, ranking=None, chunks=False, bits=32):
@@ -75,15 +93,29 @@ def chunk_tile(bits):
     return (WIDE_TILES if bits == 64 else TILES)[-1]
 
 
+def network_items(n, bits):
+    """Keys a lane of the merge network that holds a row of n keys `bits` wide, or None (none
+    does: 64-bit keys, or n past 32 x the largest)."""
+    if bits == 64:
+        return None
+    for items in NETWORK_ITEMS:
+        if 32 * items >= n:
+            return items
+    return None
+
+
 def _entry_points():
     names = []
     for suffix in SUFFIXES:
         wide = BITS_OF[suffix] == 64
-        names += [f"sort_warp_{suffix}", f"sort_keys_{suffix}", f"sort_gather_{suffix}", f"sort_merge_final_{suffix}"]
+        names += [f"sort_warp_{suffix}", f"sort_keys_{suffix}", f"sort_gather_{suffix}", f"sort_merge_final_{suffix}",
+                  f"sort_bmerge_final_{suffix}"]
+        if not wide:
+            names += [f"sort_net_{ex}_{items}_{suffix}" for ex in NETWORK_EXCHANGES for items in NETWORK_ITEMS]
         for tile in (WIDE_CANDIDATES if wide else TILE_CANDIDATES):
             names += [f"{tile_kernel(tile, ranking)}_{suffix}" for ranking in RANKINGS]
         names += [f"{tile_kernel(chunk_tile(BITS_OF[suffix]), ranking, chunks=True)}_{suffix}" for ranking in RANKINGS]
-    return names + [f"sort_{kind}_k{bits}" for kind in ("pass", "merge") for bits in (16, 32, 64)]
+    return names + [f"sort_{kind}_k{bits}" for kind in ("pass", "merge", "bmerge") for bits in (16, 32, 64)]
 
 
 # Every entry point of kernels/sorting.cu -> its fatbin (tests/test_build.py checks the fatbin
@@ -95,11 +127,13 @@ PASS_KINDS = "ppppqqqq"  # keys_in, order_in, keys_out, order_out, rows, n, bit,
 GATHER_KINDS = "ppppqqq"  # x, order, values, indices, rows, n, x_stride
 MERGE_KINDS = "ppppqqq"  # keys_in, pos_in, keys_out, pos_out, rows, n, run
 MERGE_FINAL_KINDS = "pppppqqqq"  # keys, pos, x, values, indices, rows, n, x_stride, run
+BMERGE_FINAL_KINDS = "pppppqqqqq"  # keys, pos, x, values, indices, rows, n, x_stride, run, descending
 
 Plan = collections.namedtuple("Plan", "kind kernel blocks threads passes")
-Plan.__doc__ = """A launch plan: kind ("warp", "tile", "merge" or "segmented"), the first kernel's
-base name (without the dtype suffix; for "segmented" the digit-pass kernel, suffix included),
-its grid and block, and the launches after it: merge rounds, or digit passes."""
+Plan.__doc__ = """A launch plan: kind ("warp", "network", "tile", "block_merge", "merge" or
+"segmented"), the first kernel's base name (without the dtype suffix; for "segmented" the
+digit-pass kernel, suffix included), its grid and block, and the launches after it: merge
+rounds, or digit passes."""
 
 
 def _pow2_at_least(k):
@@ -111,7 +145,7 @@ def long_path_for(n, bits):
     chunk = chunk_tile(bits)
     rounds = (-(-n // (chunk[0] * chunk[1])) - 1).bit_length()
     start = SEGMENTED_FROM_ROUNDS[bits]
-    return "segmented" if start is not None and rounds >= start else "merge"
+    return "segmented" if start is not None and rounds >= start else MERGE_PATH
 
 
 def tile_for(n, bits):
@@ -122,13 +156,29 @@ def tile_for(n, bits):
     return None
 
 
-def plan(rows, n, bits, ranking=None, tile=None, long_path=None):
-    """How rows (> 0) rows of n (> 0) keys `bits` wide are sorted. ranking, tile, long_path:
-    another choice than the tables' (the benchmark's and the tests' comparisons); a tile given
-    must hold the row."""
-    if n <= WARP_MAX and tile is None:
+def plan(rows, n, bits, ranking=None, tile=None, long_path=None, network=None):
+    """How rows (> 0) rows of n (> 0) keys `bits` wide are sorted. ranking, tile, long_path,
+    network: another choice than the tables' (the benchmark's and the tests' comparisons); a tile
+    given must hold the row; network=True (or an exchange of NETWORK_EXCHANGES) takes the merge
+    network for rows of up to 1024 16- or 32-bit keys (ValueError for others), network=False
+    never."""
+    if n <= WARP_MAX and tile is None and not network:
         rows_per_block = (WARP_THREADS // 32) * (32 // _pow2_at_least(n))
         return Plan("warp", "sort_warp", min(-(-rows // rows_per_block), MAX_GRID), WARP_THREADS, 0)
+    if long_path is not None and long_path not in LONG_PATHS:
+        raise ValueError(f"long_path must be one of {LONG_PATHS}, got {long_path!r}")
+    items = network_items(n, bits)
+    if network is None:
+        network = tile is None and n <= NETWORK_MAX[bits] and items is not None
+    elif network and items is None:
+        raise ValueError(f"no merge network sorts rows of {n} keys {bits} bits wide")
+    if network:
+        exchange = NETWORK_EXCHANGE if network is True else network
+        if exchange not in NETWORK_EXCHANGES:
+            raise ValueError(f"network must be a bool or one of {NETWORK_EXCHANGES}, got {network!r}")
+        rows_per_block = NET_THREADS // 32
+        return Plan("network", f"sort_net_{exchange}_{items}", min(-(-rows // rows_per_block), MAX_GRID), NET_THREADS,
+                    0)
     tile = tile or tile_for(n, bits)
     if tile is not None:
         return Plan("tile", tile_kernel(tile, ranking, bits=bits), min(rows, MAX_GRID), tile[0], 0)
@@ -136,8 +186,8 @@ def plan(rows, n, bits, ranking=None, tile=None, long_path=None):
         return Plan("segmented", f"sort_pass_k{bits}", min(rows, MAX_GRID), SEGMENT_THREADS, -(-bits // RADIX_BITS))
     chunk = chunk_tile(bits)
     chunks = -(-n // (chunk[0] * chunk[1]))
-    return Plan("merge", tile_kernel(chunk, ranking, chunks=True, bits=bits), min(rows * chunks, MAX_GRID), chunk[0],
-                (chunks - 1).bit_length())
+    return Plan(long_path or long_path_for(n, bits), tile_kernel(chunk, ranking, chunks=True, bits=bits),
+                min(rows * chunks, MAX_GRID), chunk[0], (chunks - 1).bit_length())
 
 
 def scratch_bytes(rows, n, bits, long_path=None):
@@ -148,16 +198,33 @@ def scratch_bytes(rows, n, bits, long_path=None):
 
 
 # ------------------------------------------------------------------------------ launches
+def merge_rounds(kind, rows, n, bits, passes):
+    """The launches of a merge path's rounds: (kernel base name, grid, block, run) a round, the
+    last writing the results (its kernel takes the dtype suffix)."""
+    block_merge = kind == "block_merge"
+    if block_merge:
+        grid, threads, names = min(rows * -(-n // BMERGE_WINDOW), MAX_GRID), BMERGE_THREADS, ("bmerge", "bmerge_final")
+    else:
+        grid, threads = min(-(-rows * -(-n // MERGE_ITEMS) // STREAM_THREADS), MAX_GRID), STREAM_THREADS
+        names = ("merge", "merge_final")
+    run = chunk_tile(bits)[0] * chunk_tile(bits)[1]
+    rounds = []
+    for i in range(passes):
+        final = i == passes - 1
+        rounds.append((f"sort_{names[final]}" + ("" if final else f"_k{bits}"), grid, threads, run << i))
+    return rounds
+
+
 def launch_sort(device, suffix, x_ptr, values_ptr, indices_ptr, rows, n, x_stride, descending, stream, scratch,
-                ranking=None, tile=None, long_path=None):
+                ranking=None, tile=None, long_path=None, network=None):
     """The launches of a sort on checked pointers (rows > 0, 0 < n <= MAX_ROW; values_ptr 0 for
     indices only): values and indices dense rows of n. scratch(nbytes) -> a device pointer
     valid, on `stream`, until the launches are done (called only on the long-row paths).
-    ranking, tile, long_path: as plan() takes them."""
+    ranking, tile, long_path, network: as plan() takes them."""
     bits = BITS_OF[suffix]
-    p = plan(rows, n, bits, ranking, tile, long_path)
+    p = plan(rows, n, bits, ranking, tile, long_path, network)
     desc = int(bool(descending))
-    if p.kind in ("warp", "tile"):
+    if p.kind in ("warp", "network", "tile"):
         function = _modules.function_pointer(FAMILY, f"{p.kernel}_{suffix}", device)
         launch(function, (p.blocks,), p.threads, 0, stream,
                (x_ptr, values_ptr, indices_ptr, rows, n, x_stride, desc), ROWS_KINDS, device)
@@ -168,21 +235,22 @@ def launch_sort(device, suffix, x_ptr, values_ptr, indices_ptr, rows, n, x_strid
     keys = (block, block + elements * key_bytes)
     order_base = block + 2 * elements * key_bytes
     order = (order_base, order_base + elements * 4)
-    if p.kind == "merge":
+    if p.kind in ("merge", "block_merge"):
         launch(_modules.function_pointer(FAMILY, f"{p.kernel}_{suffix}", device), (p.blocks,), p.threads, 0, stream,
                (x_ptr, keys[0], order[0], rows, n, x_stride, desc), ROWS_KINDS, device)
-        run = chunk_tile(bits)[0] * chunk_tile(bits)[1]
-        grid = (min(-(-rows * -(-n // MERGE_ITEMS) // STREAM_THREADS), MAX_GRID),)
-        for i in range(p.passes):
+        for i, (name, grid, threads, run) in enumerate(merge_rounds(p.kind, rows, n, bits, p.passes)):
             src, dst = i % 2, 1 - i % 2
             if i < p.passes - 1:
-                launch(_modules.function_pointer(FAMILY, f"sort_merge_k{bits}", device), grid, STREAM_THREADS, 0,
-                       stream, (keys[src], order[src], keys[dst], order[dst], rows, n, run), MERGE_KINDS, device)
+                launch(_modules.function_pointer(FAMILY, name, device), (grid,), threads, 0, stream,
+                       (keys[src], order[src], keys[dst], order[dst], rows, n, run), MERGE_KINDS, device)
+            elif p.kind == "block_merge":
+                launch(_modules.function_pointer(FAMILY, f"{name}_{suffix}", device), (grid,), threads, 0, stream,
+                       (keys[src], order[src], x_ptr, values_ptr, indices_ptr, rows, n, x_stride, run, desc),
+                       BMERGE_FINAL_KINDS, device)
             else:
-                launch(_modules.function_pointer(FAMILY, f"sort_merge_final_{suffix}", device), grid, STREAM_THREADS,
-                       0, stream, (keys[src], order[src], x_ptr, values_ptr, indices_ptr, rows, n, x_stride, run),
+                launch(_modules.function_pointer(FAMILY, f"{name}_{suffix}", device), (grid,), threads, 0, stream,
+                       (keys[src], order[src], x_ptr, values_ptr, indices_ptr, rows, n, x_stride, run),
                        MERGE_FINAL_KINDS, device)
-            run *= 2
         return
     grid = (min(rows, MAX_GRID),)
     launch(_modules.function_pointer(FAMILY, f"sort_keys_{suffix}", device), grid, STREAM_THREADS, 0, stream,

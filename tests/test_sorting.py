@@ -55,11 +55,87 @@ def test_longer_rows_merge_chunks_of_the_largest_tile(bits, chunk):
             assert p.kind == "segmented" and rs.long_path_for(n, bits) == "segmented"
             continue
         chunks = -(-n // chunk)
-        assert p == rs.Plan("merge", rs.tile_kernel((threads, 16), chunks=True, bits=bits), 3 * chunks, threads,
-                            rounds), n
+        assert p == rs.Plan(rs.MERGE_PATH, rs.tile_kernel((threads, 16), chunks=True, bits=bits), 3 * chunks,
+                            threads, rounds), n
+        assert rs.plan(3, n, bits, long_path="merge") == p._replace(kind="merge")
+        assert rs.plan(3, n, bits, long_path="block_merge") == p._replace(kind="block_merge")
         assert chunk << p.passes >= n > chunk << (p.passes - 1)  # the last round's runs cover the row
         assert rs.scratch_bytes(3, n, bits) == 2 * 3 * n * (bits // 8 + 4)
     assert rs.plan(3, chunk, bits).kind == "tile" and rs.scratch_bytes(3, chunk, bits) == 0
+
+
+def test_the_merge_path_is_the_block_merge_and_unknown_paths_are_refused():
+    assert rs.MERGE_PATH == "block_merge" and set(rs.LONG_PATHS) == {"block_merge", "merge", "segmented"}
+    assert rs.long_path_for(20000, 32) == rs.long_path_for(20000, 64) == "block_merge"
+    with pytest.raises(ValueError, match="long_path must be one of"):
+        rs.plan(3, 20000, 32, long_path="radix")
+
+
+@pytest.mark.parametrize("bits", [16, 32, 64])
+def test_a_block_merge_window_never_spans_two_run_pairs(bits):
+    # the kernel takes a window's run pair from its first output: the window (a power of two)
+    # must divide 2 x the first round's run, the chunk, and so every later round's
+    chunk = rs.chunk_tile(bits)[0] * rs.chunk_tile(bits)[1]
+    window = rs.BMERGE_WINDOW
+    assert window & (window - 1) == 0 and (2 * chunk) % window == 0
+    assert rs.BMERGE_THREADS >= 64 and rs.BMERGE_THREADS % 32 == 0  # warps 0 and 1 find the splits
+
+
+@pytest.mark.parametrize("kind", ["block_merge", "merge"])
+@pytest.mark.parametrize("bits", [16, 32, 64])
+def test_merge_rounds_double_the_run_and_the_last_writes_the_results(kind, bits):
+    chunk = rs.chunk_tile(bits)[0] * rs.chunk_tile(bits)[1]
+    n, rows = 8 * chunk + 5, 7
+    p = rs.plan(rows, n, bits, long_path=kind)
+    rounds = rs.merge_rounds(kind, rows, n, bits, p.passes)
+    assert len(rounds) == p.passes == 4
+    assert [run for *_, run in rounds] == [chunk, 2 * chunk, 4 * chunk, 8 * chunk]
+    stem = "bmerge" if kind == "block_merge" else "merge"
+    assert [name for name, *_ in rounds] == [f"sort_{stem}_k{bits}"] * 3 + [f"sort_{stem}_final"]
+    names = set(rs.FAMILY_OF)
+    assert all(f"sort_{stem}_k{bits}" in names for _ in rounds)
+    assert all(f"sort_{stem}_final_{suffix}" in names for suffix in rs.SUFFIXES)
+    for _, grid, threads, _ in rounds:
+        if kind == "block_merge":
+            assert (grid, threads) == (rows * -(-n // rs.BMERGE_WINDOW), rs.BMERGE_THREADS)
+        else:
+            assert (grid, threads) == (-(-rows * -(-n // rs.MERGE_ITEMS) // rs.STREAM_THREADS), rs.STREAM_THREADS)
+    assert rs.merge_rounds("block_merge", 1 << 40, n, bits, 1)[0][1] == rs.MAX_GRID
+
+
+@pytest.mark.parametrize("bits", [16, 32])
+def test_the_merge_network_takes_the_smallest_lane_share_when_asked(bits):
+    for n, items in ((1, 4), (33, 4), (128, 4), (129, 8), (256, 8), (257, 16), (512, 16), (513, 32), (1024, 32)):
+        assert rs.network_items(n, bits) == items
+        p = rs.plan(1000, n, bits, network=True)
+        assert p == rs.Plan("network", f"sort_net_{rs.NETWORK_EXCHANGE}_{items}", -(-1000 // (rs.NET_THREADS // 32)),
+                            rs.NET_THREADS, 0)
+        for exchange in rs.NETWORK_EXCHANGES:
+            assert rs.plan(1000, n, bits, network=exchange) == p._replace(kernel=f"sort_net_{exchange}_{items}")
+            assert f"sort_net_{exchange}_{items}_f32" in rs.FAMILY_OF
+        assert rs.scratch_bytes(1000, n, bits) == 0
+    assert rs.network_items(1025, bits) is None and rs.network_items(100, 64) is None
+    with pytest.raises(ValueError, match="no merge network sorts rows of 1025 keys"):
+        rs.plan(3, 1025, bits, network=True)
+    with pytest.raises(ValueError, match="no merge network sorts rows of 100 keys 64 bits"):
+        rs.plan(3, 100, 64, network=True)
+    with pytest.raises(ValueError, match="network must be a bool or one of"):
+        rs.plan(3, 100, bits, network="bitonic")
+    assert rs.NETWORK_EXCHANGE in rs.NETWORK_EXCHANGES
+    assert rs.plan(1 << 40, 1000, bits, network=True).blocks == rs.MAX_GRID
+    assert rs.plan(3, 1000, bits, network=False).kind == "tile"
+
+
+def test_the_network_table_decides_which_rows_take_it(monkeypatch):
+    assert set(rs.NETWORK_MAX) == {16, 32, 64} and rs.NETWORK_MAX[64] == 0
+    assert all(v <= 32 * rs.NETWORK_ITEMS[-1] for v in rs.NETWORK_MAX.values())
+    monkeypatch.setitem(rs.NETWORK_MAX, 32, 1024)
+    assert rs.plan(5, 1024, 32).kind == "network" and rs.plan(5, 1025, 32).kind == "tile"
+    assert rs.plan(5, 32, 32).kind == "warp"  # the lane groups keep the shortest rows
+    assert rs.plan(5, 1024, 32, tile=(128, 8)).kind == "tile"  # a tile asked for is a tile
+    assert rs.plan(5, 1024, 32, network=False).kind == "tile"
+    monkeypatch.setitem(rs.NETWORK_MAX, 32, 0)
+    assert rs.plan(5, 1024, 32).kind == "tile"
 
 
 @pytest.mark.parametrize("bits,passes", [(16, 3), (32, 6), (64, 11)])
@@ -102,12 +178,34 @@ def test_table_names_every_entry_of_the_kernel_file():
     chunks = r"RAWOPS_SORT_CHUNKS\(T, suffix, (\d+), (\d+)\)"
     assert [(int(t), int(i)) for t, i in re.findall(chunks, narrow)] == [rs.TILES[-1]]
     assert [(int(t), int(i)) for t, i in re.findall(chunks, wide)] == [rs.WIDE_TILES[-1]]
+    nets = r"RAWOPS_SORT_NET\(T, suffix, (\d+)\)"
+    assert tuple(int(i) for i in re.findall(nets, narrow)) == rs.NETWORK_ITEMS and not re.findall(nets, wide)
     instantiated = re.findall(r"^RAWOPS_SORT_TILES_(NARROW|WIDE)\([\w ]+,\s*(\w+)\)", source, flags=re.M)
     assert tuple(s for _, s in instantiated) == rs.SUFFIXES
     assert [s for kind, s in instantiated if kind == "WIDE"] == ["i64"]
-    for kind in ("PASS", "MERGE"):
+    for kind in ("PASS", "MERGE", "BMERGE"):
         found = re.findall(rf"^RAWOPS_SORT_{kind}\([\w ]+,\s*(k\d+)\)", source, flags=re.M)
         assert found == ["k16", "k32", "k64"]
+
+
+def test_launch_kinds_match_the_kernel_signatures():
+    # the generic launcher marshals one slot per kind: a count or type mismatch passes garbage
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels", "sorting.cu")) as f:
+        source = re.sub(r"\\\n", " ", f.read())
+    args = re.search(r"#define RAWOPS_SORT_ARGS\(T\)\s*(.*?)\n", source).group(1)
+    source = source.replace("RAWOPS_SORT_ARGS(T)", args)
+    signatures = re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*([\w#]+)\(([^)]*)\)', source)
+    kinds = {"sort_bmerge_final_": rs.BMERGE_FINAL_KINDS, "sort_bmerge_": rs.MERGE_KINDS,
+             "sort_merge_final_": rs.MERGE_FINAL_KINDS, "sort_merge_": rs.MERGE_KINDS, "sort_net_": rs.ROWS_KINDS,
+             "sort_warp_": rs.ROWS_KINDS, "sort_rows_": rs.ROWS_KINDS, "sort_chunks_": rs.ROWS_KINDS,
+             "sort_keys_": rs.KEYS_KINDS, "sort_gather_": rs.GATHER_KINDS, "sort_pass_": rs.PASS_KINDS}
+    seen = set()
+    for name, params in signatures:
+        prefix = next(k for k in kinds if name.startswith(k))
+        seen.add(prefix)
+        expected = "".join("p" if "*" in p else "q" for p in params.split(","))
+        assert kinds[prefix] == expected, f"{name}: launch kinds {kinds[prefix]!r}, signature {expected!r}"
+    assert seen == set(kinds)
 
 
 # ------------------------------------------------------------------------------ checks, no GPU
@@ -216,9 +314,15 @@ def test_adapter_signatures_are_torchs():
 # ------------------------------------------------------------------------------ GPU
 def _data(rows, n, dtype, kind="random"):
     """Fresh data in dtype: "random" (normal floats, ints over a range as wide as the row),
-    "ties" (a handful of distinct values), "special" (floats: NaN, +-inf, +-0.0 among ties)."""
+    "ties" (a handful of distinct values), "special" (floats: NaN, +-inf, +-0.0 among ties),
+    "bits" (floats: every bit pattern equally likely, NaN payloads and subnormals included)."""
     g = torch.Generator(device="cuda")
     g.seed()
+    if dtype.is_floating_point and kind == "bits":
+        wide = dtype == torch.float32
+        raw = torch.randint(-(1 << 31) if wide else -(1 << 15), (1 << 31) if wide else (1 << 15), (rows, n),
+                            device="cuda", generator=g, dtype=torch.int32 if wide else torch.int16)
+        return raw.view(dtype)
     if dtype.is_floating_point:
         if kind == "random":
             return torch.randn(rows, n, device="cuda", generator=g).to(dtype)
@@ -323,7 +427,7 @@ def test_every_tile_in_both_rankings(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(KEY_DTYPES))
-def test_both_long_row_paths_and_both_chunk_rankings(dtype):
+def test_every_long_row_path_and_both_chunk_rankings(dtype):
     dt = KEY_DTYPES[dtype]
     chunk = (rs.WIDE_TILES if rs.BITS_OF[rs.KEY_TYPES[dtype][0]] == 64 else rs.TILES)[-1]
     chunk = chunk[0] * chunk[1]
@@ -332,9 +436,68 @@ def test_both_long_row_paths_and_both_chunk_rankings(dtype):
             x = _data(2, n, dt, kind)
             for descending in (False, True):
                 for choice in ({"long_path": "segmented"}, {"long_path": "merge", "ranking": "match"},
-                               {"long_path": "merge", "ranking": "early"}):
+                               {"long_path": "merge", "ranking": "early"}, {"long_path": "block_merge"},
+                               {"long_path": "block_merge", "ranking": "early"}):
                     values, indices = _launch(x, descending, **choice)
                     check_sort(x, -1, descending, values, indices, f"{dtype} {choice} {kind} n={n}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(KEY_DTYPES))
+def test_block_merge_windows_ties_and_many_rows(dtype):
+    # windows that end inside runs of equal keys (two distinct values: every split is a tie),
+    # rows of a few windows past a chunk and up to 2**17, more rows than one wave of blocks, and
+    # the block merge's output equal to the thread merge's
+    dt = KEY_DTYPES[dtype]
+    chunk = (rs.WIDE_TILES if rs.BITS_OF[rs.KEY_TYPES[dtype][0]] == 64 else rs.TILES)[-1]
+    chunk = chunk[0] * chunk[1]
+    for rows, n in ((300, chunk + rs.BMERGE_WINDOW + 1), (2, 3 * chunk + rs.BMERGE_WINDOW - 1), (1, 1 << 17)):
+        two = torch.randint(0, 2, (rows, n), device="cuda").to(dt)
+        for x in (two, _data(rows, n, dt, "special"), _data(rows, n, dt, "bits" if dt.is_floating_point else "random")):
+            for descending in (False, True):
+                values, indices = _launch(x, descending, long_path="block_merge")
+                check_sort(x, -1, descending, values, indices, f"{dtype} block_merge {rows}x{n}")
+                thread_values, thread_indices = _launch(x, descending, long_path="merge")
+                assert torch.equal(indices, thread_indices) and torch.equal(_bits(values), _bits(thread_values))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [d for d in KEY_DTYPES if d != "int64"])
+def test_the_merge_network_at_every_lane_share(dtype):
+    # every compiled network at full, half and odd lengths, the shortest rows too; ties, NaN,
+    # +-inf, -0/+0 and the integer extremes (keys beside the padding's); equal to the tile path
+    dt = KEY_DTYPES[dtype]
+    lengths = {1, 2, 31, 33} | {n for items in rs.NETWORK_ITEMS for n in (16 * items + 1, 32 * items - 3, 32 * items)}
+    assert {rs.network_items(n, 32) for n in lengths} == set(rs.NETWORK_ITEMS)
+    for n in sorted(lengths):
+        for kind in ("random", "ties", "special") + (("bits",) if dt.is_floating_point else ()):
+            x = _data(517, n, dt, kind)
+            for descending in (False, True):
+                for exchange in rs.NETWORK_EXCHANGES:
+                    values, indices = _launch(x, descending, network=exchange)
+                    check_sort(x, -1, descending, values, indices, f"{dtype} network {exchange} {kind} n={n}")
+                if n > rs.WARP_MAX:
+                    tile_values, tile_indices = _launch(x, descending, network=False)
+                    assert torch.equal(indices, tile_indices) and torch.equal(_bits(values), _bits(tile_values))
+
+
+@pytest.mark.gpu
+def test_the_merge_network_through_the_api(monkeypatch):
+    # the table switched on: the CuPy API and the adapter take the network (argsort too)
+    import cupy
+
+    import rawops.torch_adapter.sorting as ta
+
+    monkeypatch.setitem(rs.NETWORK_MAX, 32, 1024)
+    monkeypatch.setitem(rs.NETWORK_MAX, 16, 1024)
+    for dt in (torch.float32, torch.bfloat16, torch.int32):
+        x = _data(333, 1000, dt, "special")
+        for descending in (False, True):
+            values, indices = rs.sort(cupy.from_dlpack(x), descending=descending)
+            check_sort(x, -1, descending, torch.from_dlpack(values), torch.from_dlpack(indices), f"{dt} api")
+            result = ta.sort(x, -1, descending)
+            check_sort(x, -1, descending, result.values, result.indices, f"{dt} adapter")
+            check_sort(x, -1, descending, None, ta.argsort(x, -1, descending), f"{dt} adapter argsort")
 
 
 @pytest.mark.gpu
