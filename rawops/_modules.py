@@ -238,6 +238,26 @@ def compute_capability(device):
     return cc
 
 
+_resident = {}  # (CUfunction handle, threads, smem, device) -> blocks the whole device holds at once
+
+
+def resident_blocks(function, threads, smem, device):
+    """Blocks of `threads` threads and `smem` bytes of dynamic shared memory of kernel `function`
+    (a function_pointer handle) that `device` holds at once: the occupancy API's blocks an SM
+    (registers, shared memory, thread limits), at least 1, times the SMs. The grid of a
+    grid-stride launch: one wave, every block equal work. Asked once per key."""
+    key = (function, threads, smem, device)
+    blocks = _resident.get(key)
+    if blocks is None:
+        from cupy_backends.cuda.api import driver
+
+        from ._launch import sm_count
+
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function, threads, smem)
+        blocks = _resident[key] = max(1, per_sm) * sm_count(device)
+    return blocks
+
+
 DEFAULT_DYNAMIC_SHARED = 48 * 1024  # what every kernel may take without opting in
 _shared_allowed = {}  # (family, name, device) -> the dynamic shared memory a kernel is allowed so far
 

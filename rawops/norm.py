@@ -97,21 +97,9 @@ def _allow_smem(name, device, smem):
     return _modules.allow_dynamic_shared(FAMILY, name, device, smem)
 
 
-_resident = {}  # (kernel name, device, threads, smem) -> blocks on the whole device at once
-
-
 def resident(name, device, threads, smem):
-    """Blocks of kernel `name` that `device` runs at once (the occupancy API, per SM, times
-    the SMs); at least one per SM."""
-    key = (name, device, threads, smem)
-    blocks = _resident.get(key)
-    if blocks is None:
-        from cupy_backends.cuda.api import driver
-
-        pointer = _modules.function_pointer(FAMILY, name, device)
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(pointer, threads, smem)
-        blocks = _resident[key] = max(1, per_sm) * sm_count(device)
-    return blocks
+    """Blocks of kernel `name` that `device` runs at once (_modules.resident_blocks)."""
+    return _modules.resident_blocks(_modules.function_pointer(FAMILY, name, device), threads, smem, device)
 
 
 def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream, x_stride=None,

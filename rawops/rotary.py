@@ -33,7 +33,7 @@ projection's output viewed as heads, are fine: heads_disjoint), or cos / sin ove
 ValueError naming them. Returns (q, k), the same arrays. Launches go on CuPy's current stream of the data's device, or
 on `stream=`; every check raises a TypeError / ValueError naming the argument before any launch.
 """
-from ._launch import (FLOAT_SUFFIXES, allocating_on, as_array, launch, resolve_device, sm_count, stream_pointer,
+from ._launch import (FLOAT_SUFFIXES, allocating_on, as_array, launch, resolve_device, stream_pointer,
                       wait_for_producer)
 from ._launch.launch import layout_overlaps_itself
 from . import _constants, _modules
@@ -93,21 +93,6 @@ def qk_order(qk_layout):
     return (0, 1, 2) if qk_layout == "bshd" else (0, 2, 1)
 
 
-_resident_blocks = {}  # (function pointer, device) -> blocks the device holds at once
-
-
-def _resident(function, device):
-    """Blocks of THREADS of `function` that `device` holds at once (the occupancy API, per SM,
-    times the SMs)."""
-    blocks = _resident_blocks.get((function, device))
-    if blocks is None:
-        from cupy_backends.cuda.api import driver
-
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(function, THREADS, 0)
-        blocks = _resident_blocks[(function, device)] = max(1, per_sm) * sm_count(device)
-    return blocks
-
-
 def launch_rope(direction, device, dtype, itemsize, q, k, cos, sin, dims, strides, interleaved, stream):
     """One launch on raw pointers checked by the caller (k 0: q alone). dims: (batch, seq, q_heads,
     k_heads, dim); strides: (q_b, q_s, q_h, k_b, k_s, k_h, cos_b, cos_s, sin_b, sin_s) in elements."""
@@ -117,7 +102,7 @@ def launch_rope(direction, device, dtype, itemsize, q, k, cos, sin, dims, stride
     function = _modules.function_pointer(FAMILY, f"rope_{direction}_{FLOAT_SUFFIXES[dtype]}", device)
     blocks, flags = rope_plan(batch, seq, q_heads, k_heads, dim, itemsize, (q, k if k else q, cos, sin),
                               strides if k_heads else strides[:3] + strides[6:], interleaved,
-                              _resident(function, device))
+                              _modules.resident_blocks(function, THREADS, 0, device))
     launch(function, (blocks,),
            THREADS, 0, stream, (q, k if k else q, cos, sin, *dims, *strides, flags), KINDS, device)
 
