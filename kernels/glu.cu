@@ -12,6 +12,9 @@
 //   <op>_bwd_<dtype>(const T* dy, const T* gate, const T* up, T* dgate, T* dup, int64 rows,
 //                    int64 cols, int64 dy_stride, int64 gate_stride, int64 up_stride,
 //                    int64 dgate_stride, int64 dup_stride, int64 vec)
+//   The backward may run in place, dgate == gate and dup == up (the torch adapter's SwiGLUMLP):
+//   each element is read, then written, by one thread, and no two threads touch one element, so
+//   the __restrict__ promise holds between the elements the compiler may reorder.
 // Traffic: the forward reads two elements and writes one per output element, the backward reads
 // three and writes two: the bytes the op must move, each once.
 // Launch (rawops/glu.py, launch_plan): vec = 1 when every pointer is 16-byte aligned, every row

@@ -61,61 +61,8 @@ __device__ __forceinline__ long long target_at(const void* target, long long str
              : static_cast<const long long*>(target)[row * stride];
 }
 
-// Which rows a thread works on: a warp per row (lane of 32) or the block per row (lane of blockDim).
-struct CeCursor {
-  bool warp;
-  int lane, width;
-  long long row, step;
-  __device__ __forceinline__ explicit CeCursor(bool warp_mode) {
-    warp = warp_mode;
-    const int warps = blockDim.x / 32;
-    lane = warp ? threadIdx.x % 32 : threadIdx.x;
-    width = warp ? 32 : blockDim.x;
-    row = warp ? (long long)blockIdx.x * warps + threadIdx.x / 32 : (long long)blockIdx.x;
-    step = warp ? (long long)gridDim.x * warps : (long long)gridDim.x;
-  }
-};
-
-// A row's reductions returned to each of its threads: CUB's warp reduction, then (block mode)
-// one barrier and every warp reducing the warps' results again in the same order: the same bits
-// in every thread, deterministic. Two shared slots alternate (rows.cuh's RowReducer, for blocks
-// of up to 1024 threads).
-class CeReducer {
- public:
-  static constexpr int kParts = 2;
-  struct Storage {
-    typename cub::WarpReduce<float>::TempStorage warp[kCeMaxWarps];
-    float partial[2][kParts][kCeMaxWarps];
-  };
-  __device__ __forceinline__ CeReducer(Storage& s, bool warp) : s_(s), warp_(warp), slot_(0) {}
-
-  template <int K, class Op>
-  __device__ __forceinline__ void reduce(float (&v)[K], Op op) {
-    static_assert(K <= kParts, "CeReducer: too many values at once");
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = cub::WarpReduce<float>(s_.warp[w]).Reduce(v[k], op);
-    if (!warp_) {
-      float (*slot)[kCeMaxWarps] = s_.partial[slot_];
-      slot_ ^= 1;
-      if (lane == 0)
-#pragma unroll
-        for (int k = 0; k < K; ++k) slot[k][w] = v[k];
-      __syncthreads();
-      const int warps = blockDim.x / 32;
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-        v[k] = cub::WarpReduce<float>(s_.warp[w]).Reduce(lane < warps ? slot[k][lane] : 0.f, op, warps);
-    }
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = __shfl_sync(0xffffffffu, v[k], 0);
-  }
-
- private:
-  Storage& s_;
-  bool warp_;
-  int slot_;
-};
+// A row's reductions: rows.cuh's, for blocks of up to CE_MAX_THREADS threads and two values at once.
+using CeReducer = BasicRowReducer<kCeMaxWarps, 2>;
 
 // One value of the row's online (max, sum of exp(x - max)) pair absorbing a vector: the vector's
 // max first, one rescale of the sum, then one exp per element. NaN propagates through the sum
@@ -147,7 +94,7 @@ __device__ __forceinline__ void absorb(const float (&v)[VE], int valid, float& m
 // than 32 floats: the launch bound leaves 64); else element by element, one vector at a time,
 // -inf past the row's end (`valid` elements real).
 template <typename T, bool VEC, class F>
-__device__ __forceinline__ void for_row(const T* row, long long n, long long nvec, const CeCursor& c, F f) {
+__device__ __forceinline__ void for_row(const T* row, long long n, long long nvec, const RowCursor& c, F f) {
   constexpr int VE = Vec16<T>::size;
   if (VEC) {
     for (long long j0 = c.lane; j0 < nvec; j0 += (long long)kCeUnroll * c.width) {
@@ -185,7 +132,7 @@ __device__ __forceinline__ void ce_fwd_rows(const T* logits, const void* target,
   __shared__ CeReducer::Storage storage;
   constexpr int VE = Vec16<T>::size;
   const bool i32 = flags & kFlagTargetI32;
-  const CeCursor c(flags & kFlagWarp);
+  const RowCursor c((flags & kFlagWarp) ? kWarpPerRow : kBlockPerRow);
   CeReducer reduce(storage, c.warp);
   const long long nvec = (n + VE - 1) / VE;
   const float mean_scale = (flags & kFlagMean) ? 1.f / float(counts[0]) : 1.f;
@@ -273,7 +220,7 @@ __device__ __forceinline__ void ce_scale_rows(const T* grad, T* out, const void*
   constexpr int VE = Vec16<T>::size;
   const bool i32 = flags & kFlagTargetI32;
   const bool in_place = grad == out && grad_stride == out_stride;
-  const CeCursor c(flags & kFlagWarp);
+  const RowCursor c((flags & kFlagWarp) ? kWarpPerRow : kBlockPerRow);
   const long long nvec = (n + VE - 1) / VE;
   for (long long row = c.row; row < rows; row += c.step) {
     const float factor = to_float(grad_output[(flags & kFlagPerRowGradOutput) ? row : 0]);

@@ -84,14 +84,17 @@ struct RowCursor {
 // warps' results one after another cost a chain of 16 dependent shared loads per value.)
 // The two shared slots alternate: reduction k+2 reuses k's slot only after every thread
 // passed reduction k+1's barrier, which follows its reads of slot k.
-class RowReducer {
+// kWarps: the widest block's warps; kParts: the most values reduced at once (shared storage
+// for both). RowReducer is the norm and softmax kernels' (512-thread blocks, up to 6 values).
+template <int kWarps, int kParts>
+class BasicRowReducer {
  public:
-  static constexpr int kMaxParts = 6;  // values reduced at once
+  static constexpr int kMaxParts = kParts;
   struct Storage {
-    typename cub::WarpReduce<float>::TempStorage warp[kMaxRowWarps];
-    float partial[2][kMaxParts][kMaxRowWarps];
+    typename cub::WarpReduce<float>::TempStorage warp[kWarps];
+    float partial[2][kParts][kWarps];
   };
-  __device__ __forceinline__ RowReducer(Storage& s, bool warp) : s_(s), warp_(warp), slot_(0) {}
+  __device__ __forceinline__ BasicRowReducer(Storage& s, bool warp) : s_(s), warp_(warp), slot_(0) {}
 
   template <class Op>
   __device__ __forceinline__ float operator()(float v, Op op) {
@@ -108,7 +111,7 @@ class RowReducer {
 #pragma unroll
     for (int k = 0; k < K; ++k) v[k] = cub::WarpReduce<float>(s_.warp[w]).Reduce(v[k], op);  // lane 0's
     if (!warp_) {
-      float (*slot)[kMaxRowWarps] = s_.partial[slot_];
+      float (*slot)[kWarps] = s_.partial[slot_];
       slot_ ^= 1;
       if (lane == 0)
 #pragma unroll
@@ -128,6 +131,7 @@ class RowReducer {
   bool warp_;
   int slot_;
 };
+using RowReducer = BasicRowReducer<kMaxRowWarps, 6>;
 
 // `p` as the compiler cannot see through: loads from it stay inside the row loop. Without it
 // nvcc hoists a thread's loop-invariant weight / bias loads out of the loop and holds them in
