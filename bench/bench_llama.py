@@ -16,17 +16,18 @@ Each configuration runs in a fresh Python process (this script with --config): L
 transformers' modeling_llama globally (its rope function, and the classes) and compiles Triton
 kernels, so neither leaks into the others, and each process's peak memory is its own. Liger is
 applied to the built model (apply_liger_kernel_to_llama(model=...)), rawops with every swap on
-(apply_rawops_to_llama(model)); "rawops-chunk256" is the same with the fused loss's chunks of 256
-tokens' logits (fused_linear_cross_entropy={"chunk_rows": 256}, the chunk Liger picks at this shape)
-in place of its default (chunks of up to 256 MiB of logits): how much of a memory difference to
-Liger is the loss's chunk. If rawops' fused linear cross-entropy is missing, the rawops
+(apply_rawops_to_llama(model): the fused loss in chunks of Liger's own rule, 256 tokens' logits at
+this shape, so its peak memory is Liger's); "rawops-chunk1024" is the same with chunks of 1024 tokens
+(fused_linear_cross_entropy={"chunk_rows": 1024}, fused_linear_cross_entropy's own default here): the
+speed the loss's memory buys back. If rawops' fused linear cross-entropy is missing, the rawops
 configurations run without the loss swap and say so.
 
-Bars (issue 29), for each rawops configuration: its step faster than stock's and Liger's; its peak
-memory no higher than Liger's; its loss curve equal to stock's within bf16 noise, taken as: at
-every step |rawops - stock| <= max(2 x the largest |Liger - stock|, 0.5% of the stock loss).
+Bars (issue 29), for the default rawops configuration (the others: their step and loss curve): its
+step faster than stock's and Liger's; its peak memory no higher than Liger's; its loss curve equal to
+stock's within bf16 noise, taken as: at every step |rawops - stock| <= max(2 x the largest
+|Liger - stock|, 0.5% of the stock loss).
 
-    python bench/bench_llama.py [--out bench/results] [--configs stock liger rawops rawops-chunk256]
+    python bench/bench_llama.py [--out bench/results] [--configs stock liger rawops rawops-chunk1024]
 """
 import argparse
 import json
@@ -47,7 +48,7 @@ BATCH, SEQ = 4, 2048
 WARMUP, STEPS = 3, 10
 LR = 2e-4
 SEED, DATA_SEED = 0, 1234
-RAWOPS_LOSS = {"rawops": True, "rawops-chunk256": {"chunk_rows": 256}}  # fused_linear_cross_entropy=
+RAWOPS_LOSS = {"rawops": True, "rawops-chunk1024": {"chunk_rows": 1024}}  # fused_linear_cross_entropy=
 CONFIGS = ("stock", "liger", *RAWOPS_LOSS)
 CHILD_TIMEOUT_S = 300
 SHAPE = f"{BATCH}x{SEQ} L{MODEL['num_hidden_layers']} H{MODEL['hidden_size']} V{MODEL['vocab_size']}"
@@ -176,8 +177,9 @@ def sections(results):
             others = [results[c]["step ms"] for c in ("stock", "liger") if "step ms" in results.get(c, {})]
             meets[f"{config}: step faster than stock and Liger"] = (
                 ours["step ms"] < min(others) if len(others) == 2 else "not measured (a configuration failed)")
-            meets[f"{config}: peak memory <= Liger's"] = (
-                ours["peak GiB"] <= liger["peak GiB"] if "peak GiB" in liger else "not measured (Liger failed)")
+            if config == "rawops":  # the others buy speed with memory, on purpose
+                meets[f"{config}: peak memory <= Liger's"] = (
+                    ours["peak GiB"] <= liger["peak GiB"] if "peak GiB" in liger else "not measured (Liger failed)")
         noise = noise_bar(results, config)
         if noise is not None:
             meets[f"{config}: loss curve within bf16 noise"] = (
@@ -187,7 +189,7 @@ def sections(results):
              "training": f"batch {BATCH} x seq {SEQ}, AdamW lr {LR} fused, {WARMUP} warm-up + {STEPS} timed steps, "
                          "the same batch each step, one fresh process per configuration",
              "attention": ", ".join(sorted({r.get("attention", "?") for r in results.values() if "attention" in r})),
-             "bars": "each rawops configuration: step < stock's and Liger's; peak GiB <= Liger's; every step "
+             "bars": "each rawops configuration: step < stock's and Liger's; rawops: peak GiB <= Liger's; every step "
                      f"|rawops - stock| <= max({NOISE_VS_LIGER} x max |Liger - stock|, {NOISE_FLOOR} x stock loss)",
              **{k: (v if isinstance(v, str) else "yes" if v else "NO") for k, v in meets.items()}}
 

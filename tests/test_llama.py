@@ -17,7 +17,7 @@ from transformers.models.llama import modeling_llama  # noqa: E402
 
 from rawops.torch_adapter import glu, llama, norm, rotary  # noqa: E402
 from rawops.torch_adapter.glu import SwiGLUMLP  # noqa: E402
-from rawops.torch_adapter.llama import apply_rawops_to_llama  # noqa: E402
+from rawops.torch_adapter.llama import apply_rawops_to_llama, loss_chunk_rows  # noqa: E402
 from rawops.torch_adapter.norm import RMSNorm  # noqa: E402
 
 LOSS_MODULE = "rawops.torch_adapter._losses_linear"
@@ -238,7 +238,19 @@ def test_loss_options_reach_the_fused_loss(fakes, monkeypatch):
     model(input_ids=ids, labels=labels)
     apply_rawops_to_llama(model, fused_linear_cross_entropy=True)  # a second call resets them
     model(input_ids=ids, labels=labels)
-    assert seen == [(5, torch.float32), (None, None)]
+    tokens, hidden = ids.numel(), model.config.hidden_size
+    assert seen == [(5, torch.float32), (loss_chunk_rows(tokens, model.config.vocab_size, hidden), None)]
+
+
+@pytest.mark.parametrize("tokens, vocab, hidden, rows", [
+    (8192, 128256, 2048, 256),   # bench_llama's shape: ceil(8192 / 63) = 131 -> 256, as Liger's
+    (8192, 32000, 4096, 1024),   # ceil(32000 / 4096) = 8 -> 1024
+    (100, 128256, 2048, 2),      # ceil(100 / 63) = 2
+    (3, 10, 64, 3),              # V <= H: one chunk of every token
+    (0, 10, 64, 1),
+])
+def test_the_default_loss_chunk_is_ligers_rule(tokens, vocab, hidden, rows):
+    assert loss_chunk_rows(tokens, vocab, hidden) == rows
 
 
 def test_skip_logits_without_labels_is_a_value_error(fakes):

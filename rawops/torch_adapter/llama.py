@@ -28,9 +28,13 @@ modeling_llama's apply_rotary_pos_emb, LlamaRMSNorm and LlamaMLP for every model
              divided by num_items_in_batch where the Trainer passes it (shift_labels, passed with
              labels, replace the shifted labels, as in HF); a float32 loss (its value
              as precise as fused_linear_cross_entropy's loss in the model's dtype). The flag may
-             be a dict of that function's options instead of True: chunk_rows, accum_dtype
-             (e.g. {"chunk_rows": 256}: smaller chunks of logits, less memory). A LlamaModel has
-             no loss: the flag does nothing there.
+             be a dict of that function's options instead of True: chunk_rows, accum_dtype.
+             chunk_rows defaults here to Liger-Kernel's chunk rule (loss_chunk_rows: the
+             next power of two of ceil(tokens / ceil(V / H))), so the loss's peak memory is
+             Liger's; {"chunk_rows": 1024} (the function's own default at V = 128256, bf16) trades
+             (1024 - 256) x V x 2 bytes more peak for fewer, cheaper grad_weight accumulations
+             (bench_llama, H100: 47.9 against 60.6 ms a step, +0.18 GiB). A LlamaModel has no
+             loss: the flag does nothing there.
 
 State dict: keys, tensors and Parameters are unchanged (the same Parameter objects), so an optimizer
 built before the swap keeps working and a checkpoint saved after it loads into a stock model.
@@ -133,6 +137,14 @@ def _loss_options(flag):
     return dict(flag)
 
 
+def loss_chunk_rows(tokens, vocab, hidden):
+    """Liger-Kernel's fused linear cross-entropy chunk (its chunk_size): the next power of two of
+    ceil(tokens / ceil(vocab / hidden)), at most `tokens` (and at least 1): a chunk's logits take about
+    as much memory as the hidden states, so the loss's peak is Liger's."""
+    rows = -(-tokens // -(-vocab // hidden)) if tokens else 1
+    return max(1, min(1 << (rows - 1).bit_length(), tokens))
+
+
 def _causal_lm_loss(hidden_states, lm_head, labels, shift_labels=None, num_items_in_batch=None, ignore_index=-100,
                     options=None):
     """HF's ForCausalLMLoss on lm_head(hidden_states) without the logits: labels padded with
@@ -144,9 +156,12 @@ def _causal_lm_loss(hidden_states, lm_head, labels, shift_labels=None, num_items
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
     target = shift_labels.reshape(-1).to(hidden.device)
     reduction = "mean" if num_items_in_batch is None else "sum"
+    options = dict(options or {})
+    if options.get("chunk_rows") is None:
+        options["chunk_rows"] = loss_chunk_rows(hidden.shape[0], lm_head.weight.shape[0], hidden.shape[-1])
     # float32, as HF's loss (computed on logits.float()): the division below and the value handed back
     loss = _fused_loss()(hidden, lm_head.weight, target, bias=lm_head.bias, ignore_index=ignore_index,
-                         reduction=reduction, **(options or {})).float()
+                         reduction=reduction, **options).float()
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(loss.device)
