@@ -17,11 +17,15 @@
 #   RAWOPS_COMMIT=<sha>   the commit the rows are recorded under (default: git rev-parse, else unknown)
 #   RAWOPS_BUNDLE=1   pack $OUT into $OUT/results.tgz (+ round.log beside it): the device tool brings
 #     back few files
+#   RAWOPS_DEADLINE_S=540   stop starting tests and benches this many seconds after the script's start,
+#     and cut the one running then (timeout): the results so far still come back bundled
 #   .whl/nvidia_cutlass-*.whl (carried): CuTe headers for the Hopper GEMM (no network there)
 # Each test file runs in its own pytest process: a kernel fault poisons the CUDA context
 # of its process only, so one broken family cannot fail the others' tests.
 set -o pipefail
 export PYTHONUNBUFFERED=1
+deadline=$(( $(date +%s) + ${RAWOPS_DEADLINE_S:-1000000} ))
+left() { echo $(( deadline - $(date +%s) )); }
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}
 FINAL_OUT=$OUT
@@ -79,16 +83,18 @@ python3 -m rawops info 2>&1 | tee -a "$LOG" | head -4
 tests_rc=0
 # test_packaging and test_nvrtc need no GPU (CI runs them) and take two minutes: skipped here.
 for f in ${RAWOPS_TESTS:-$(ls tests/test_*.py | grep -v -e test_packaging -e test_nvrtc)}; do
+  if [ "$(left)" -lt 15 ]; then echo "$f: not run (RAWOPS_DEADLINE_S)" | tee -a "$LOG"; tests_rc=1; continue; fi
   echo "== $f" >>"$LOG"
-  python3 -m pytest "$f" -q -rs -p no:cacheprovider "$@" >>"$LOG" 2>&1 || tests_rc=1
+  timeout "$(left)" python3 -m pytest "$f" -q -rs -p no:cacheprovider "$@" >>"$LOG" 2>&1 || tests_rc=1
   echo "$f: $(tail -1 "$LOG")"
 done
 grep -E "^(FAILED|ERROR)" "$LOG" | head -40
 bench_rc=0
 for b in ${RAWOPS_BENCH:-$(cd bench && ls bench_*.py | sed "s/^bench_//; s/\.py$//")}; do
   [ "$b" = none ] && continue
-  echo "== bench_$b"
-  python3 "bench/bench_$b.py" --out "$OUT" 2>&1 | tail -40 || bench_rc=1
+  if [ "$(left)" -lt 15 ]; then echo "bench_$b: not run (RAWOPS_DEADLINE_S)"; bench_rc=1; continue; fi
+  echo "== bench_$b ($(left) s left)"
+  timeout "$(left)" python3 "bench/bench_$b.py" --out "$OUT" 2>&1 | tail -40 || bench_rc=1
 done
 echo "tests exit code: $tests_rc, benches: $bench_rc"
 if [ "$OUT" != "$FINAL_OUT" ]; then
