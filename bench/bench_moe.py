@@ -83,6 +83,7 @@ def shape_rows(ta_moe, name, tokens, hidden, experts, k, ceiling):
     rows.append(row_result("route", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,
                            times["torch"] / times["rawops"] >= ROUTE_BAR))
     w, ids, _ = ta_moe.route(logits, k, flags)
+    ids_t = ids.long()  # the same ids in torch's index dtype (topk's int64), for its composites
     gw = torch.randn_like(w)
     bwd = {"rawops": lambda: ta_moe.route_backward(logits, ids, gw, flags),
            "torch": backward_of(lambda lg: torch_route(lg, k)[0], (logits,), (gw,), (True,))}
@@ -94,14 +95,14 @@ def shape_rows(ta_moe, name, tokens, hidden, experts, k, ceiling):
     x = torch.randn(tokens, hidden, device="cuda", dtype=DTYPE)
     e = x.element_size()
     tp = torch_permute_fn(experts, k)
-    times = device_times_us({"rawops": lambda: ta_moe.permute(x, ids, experts, 1), "torch": lambda: tp(x, ids)})
+    times = device_times_us({"rawops": lambda: ta_moe.permute(x, ids, experts, 1), "torch": lambda: tp(x, ids_t)})
     nbytes = (tokens + tokens * k) * hidden * e
     tbps = nbytes / times["rawops"] / 1e6
     rows.append(row_result("permute", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,
                            tbps >= COPY_BAR * ceiling))
     pad = 128
     padded_rows = _moe.permuted_rows(tokens, k, experts, pad)
-    times = device_times_us({"rawops": lambda: ta_moe.permute(x, ids, experts, pad), "torch": lambda: tp(x, ids)})
+    times = device_times_us({"rawops": lambda: ta_moe.permute(x, ids, experts, pad), "torch": lambda: tp(x, ids_t)})
     nbytes_pad = (tokens + padded_rows) * hidden * e
     rows.append(row_result(f"permute pad{pad}", DTYPE_NAME, shape, nbytes_pad, times["rawops"], times["torch"], {},
                            ceiling, None))
@@ -126,7 +127,7 @@ def shape_rows(ta_moe, name, tokens, hidden, experts, k, ceiling):
     rows.append(row_result("unpermute bwd", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,
                            None))
     bwd = {"rawops": lambda: ta_moe.unpermute(y, None, index),
-           "torch": backward_of(lambda xx: tp(xx, ids)[0], (x,), (y,), (True,))}
+           "torch": backward_of(lambda xx: tp(xx, ids_t)[0], (x,), (y,), (True,))}
     times = device_times_us(bwd)
     nbytes = (tokens * k + tokens) * hidden * e
     rows.append(row_result("permute bwd", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,

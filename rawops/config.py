@@ -1,15 +1,15 @@
 """rawops' switches, in one place: `rawops.config.<name>`, read when a call plans its launch.
 
     import rawops
-    rawops.config.linear_tf32 = False      # float32 linear_gelu: exact FFMA at every size
+    rawops.config.linear_tf32 = True       # opt-in: float32 linear_gelu <= 128 rows on 3xTF32
     with rawops.config.override(gemm_sm90=False):
         ...                                # portable GEMM kernels inside this block only
 
 Each switch starts from the environment variable `RAWOPS_<NAME>` (upper case) when it is set
 (`1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`), else from its default. Setting an unknown
 name, or a value of the wrong type, is an error. Every default is the fastest choice that keeps
-each dtype's accuracy (float32 results within torch's float32 error); `mlp_tf32` is an opt-in
-that trades float32 accuracy for speed. The other switches exist to compare paths (the
+each dtype's accuracy (float32 results within torch's float32 error); `mlp_tf32` and
+`linear_tf32` are opt-ins that trade float32 accuracy for speed. The other switches exist to compare paths (the
 benchmarks and tests do) and to step around a path on a machine where it misbehaves.
 `rawops.config.describe()` lists them with their values.
 
@@ -23,8 +23,9 @@ import types
 
 # name -> (default, documentation). Booleans unless the default says otherwise.
 SWITCHES = {
-    "linear_tf32": (True, "float32 linear_gelu forwards of <= 128 rows on sm_90+ run 3xTF32 on tensor cores "
-                          "(float32-level error); False: exact FFMA at every size."),
+    "linear_tf32": (False, "opt-in: float32 linear_gelu forwards of <= 128 rows on sm_90+ run 3xTF32 on tensor "
+                           "cores (faster; near float32's error, up to ~3x torch's at one row); False: exact FFMA "
+                           "at every size."),
     "mlp_tf32": (False, "opt-in: the float32 source network's (100-128-64-10) inference beyond 4096 rows runs "
                         "3xTF32 on tensor cores on sm_80+ (faster; several times torch's float32 error: the tensor "
                         "core truncates its sums and the split's low parts); False: exact FFMA, float32's "

@@ -10,10 +10,9 @@ linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
 float32 runs exact float32 math (FFMA, no tensor cores) unless matmul's `tf32=True` asks for
 TF32 tensor cores (rawops/_gemm_tf32.py: kernels/gemm_tf32.cu, or kernels/gemm_sm90.cu on
-sm_90), with one exception: float32
-linear_gelu's forward at <= SMALL_MAX_M rows on sm_90+ runs 3xTF32 (three TF32 products per
-term, float32-level error, as torch's float32; rawops.config.linear_tf32 = False forces the
-exact kernel); float16 / bfloat16 run tensor cores
+sm_90), or rawops.config.linear_tf32 = True lets float32 linear_gelu's forward at <= SMALL_MAX_M
+rows on sm_90+ run 3xTF32 (three TF32 products per term: near float32's error, up to ~3x torch's
+at one row); float16 / bfloat16 run tensor cores
 with float32 accumulation where the operands allow 16-byte loads (on sm_90 the WGMMA + TMA
 kernel of rawops/_gemm_sm90.py, whose tile width and K split follow the output's size; x @ W^T
 at <= 32 rows the small-batch kernel; else mma.sync, sm_80+), else the same FFMA kernel. Every
@@ -77,6 +76,11 @@ MMA_MIN_CC = 80
 # for K >= MMA_SPLIT_MIN_K (the linear backward's dW = dpre^T x at 8192 tokens: 144 tiles of
 # 128 x 128 would fill half of the H100's 264 block slots), aiming at ~3 waves.
 SPLIT_MIN_K, MAX_SPLITS = 128, 64
+# float32 FFMA: no thread sums more than FFMA_CHAIN_K products in one register chain (K split
+# further, while the float32 partials fit CHAIN_SPLIT_BYTES): a sequential float32 sum over K =
+# 3072 or 4096 had 2.4-2.6x torch's error (H200, tests/test_float32_accuracy.py), at K <= 1024
+# within it.
+FFMA_CHAIN_K, CHAIN_SPLIT_BYTES = 1024, 256 << 20
 MMA_SPLIT_MIN_K, MMA_SPLIT_CHUNK, MMA_MAX_SPLITS = 1024, 256, 16
 
 EPI_NONE, EPI_BIAS_GELU, EPI_BIAS_GELU_GRAD, EPI_BIAS = (C.GEMM_EPI_NONE, C.GEMM_EPI_BIAS_GELU,
@@ -152,6 +156,12 @@ def split_count(blocks, k, sms):
     return max(1, min(_ceil(2 * sms, blocks), k // SPLIT_MIN_K, MAX_SPLITS))
 
 
+def chain_split_count(m, n, k):
+    """float32 FFMA K splits so that no register chain sums more than FFMA_CHAIN_K of K, at most
+    MAX_SPLITS and as many as keep the partials (splits x m x n float32) within CHAIN_SPLIT_BYTES."""
+    return max(1, min(_ceil(k, FFMA_CHAIN_K), MAX_SPLITS, CHAIN_SPLIT_BYTES // max(1, 4 * m * n)))
+
+
 def small_m_split_count(blocks, k, sms):
     """K splits for gemm_small_m_nn's `blocks` column blocks: about SMALL_M_SLOTS blocks an SM."""
     return max(1, min(_ceil(SMALL_M_SLOTS * sms, blocks), k // SMALL_M_MIN_K, MAX_SPLITS))
@@ -184,7 +194,8 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
     rows everywhere gemm_simt_vec (float4 loads, BK = 16), or gemm_small_m_nn for nn with at most
     SMALL_M_ROWS rows; else the FFMA kernel gemm_simt.
     Either GEMM is split along K (then gemm_reduce applies the epilogue) when its tiles
-    would leave SMs idle."""
+    would leave SMs idle; float32 FFMA also where K is longer than FFMA_CHAIN_K
+    (chain_split_count)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     suffix = FLOAT_SUFFIXES[dtype]
@@ -220,6 +231,8 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms=132, c_ptr=0, tf32_linear
             name, block, shared = f"gemm_simt_{'vec_' if vec else ''}{layout}_{suffix}", SIMT_THREADS, 0
             grid = (_ceil(n, SIMT_TILE), _ceil(m, SIMT_TILE))
             splits = split_count(grid[0] * grid[1], k, sms)
+            if dtype == 0:
+                splits = max(splits, chain_split_count(m, n, k))
         if splits > 1:
             grid = grid + (splits,)
     if grid[1] > MAX_GRID_Y or grid[0] > _rows.MAX_GRID:
@@ -404,10 +417,10 @@ def linear_gelu(x, weight, bias=None, approximate="none", *, save_preactivation=
     one dtype. Returns y (..., out_features); with save_preactivation=True, (y, pre) where
     pre = x @ weight.T + bias is written by the same kernel for the backward.
 
-    float32 at <= 128 rows (in_features % 4 == 0, 16-byte aligned x and weight) on sm_90+
-    runs 3xTF32 tensor-core math, float32-level error (as torch's float32 GEMM);
-    rawops.config.linear_tf32 = False forces exact FFMA. Every other float32 shape is exact
-    FFMA. (3xTF32 splits each value into two TF32 parts: an infinite input gives NaN there.)"""
+    float32 is exact FFMA. rawops.config.linear_tf32 = True (opt-in) runs float32 at <= 128
+    rows (in_features % 4 == 0, 16-byte aligned x and weight) on sm_90+ as 3xTF32 tensor-core
+    math: faster, near float32's error (up to ~3x torch's float32 at one row). (3xTF32 splits
+    each value into two TF32 parts: an infinite input gives NaN there.)"""
     import cupy
 
     flags = gelu_flags(approximate) | EPI_BIAS_GELU

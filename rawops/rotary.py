@@ -58,14 +58,17 @@ QK_LAYOUTS = ("bshd", "bhsd")
 def rope_plan(batch, seq, q_heads, k_heads, dim, itemsize, pointers, strides, interleaved, resident):
     """(blocks, flags) of one launch: 16-byte units (FLAG_VECTORS) where every pointer is 16-byte
     aligned, every stride (elements) a whole number of vectors and a head's unit span (D / 2 for the
-    half split, D interleaved) whole vectors; one thread a unit (V pairs, or one pair without
-    vectors) of HEADS heads a thread, a grid-stride loop over at most `resident` blocks (those the
+    half split, D interleaved) whole vectors; one thread a unit (the vectors at i and i + D / 2, or
+    one vector where interleaved halves are not whole vectors, or one pair without vectors) of
+    HEADS heads, a grid-stride loop over at most `resident` blocks (those the
     device holds at once)."""
     per_vector = 16 // itemsize
     span = dim if interleaved else dim // 2
     vec = (span % per_vector == 0 and all(p % 16 == 0 for p in pointers)
            and all((s * itemsize) % 16 == 0 for s in strides))
-    per_head = (span // per_vector) if vec else dim // 2
+    # interleaved with whole vectors in each half: two vectors a unit (at i and i + D / 2), as the half split's
+    two = interleaved and (dim // 2) % per_vector == 0
+    per_head = ((dim // 2 if two else span) // per_vector) if vec else dim // 2
     units = batch * seq * -(-(q_heads + k_heads) // HEADS) * per_head
     blocks = max(1, min(-(-units // THREADS), resident))
     return blocks, (FLAG_VECTORS if vec else 0) | (FLAG_INTERLEAVED if interleaved else 0)

@@ -3,7 +3,9 @@ re-exported from rawops._sorting_topk). Kernels: kernels/sorting.cu.
 
 Keys: float32, float16, bfloat16, int32, int64. values have x's dtype, indices are int64
 positions along dim (torch's dtype). Order: torch's, ascending or descending: NaN after +inf
-ascending and first descending, -0.0 equal to +0.0. Every launch sorts stably (equal keys keep
+ascending and first descending (every NaN, whatever its sign bit: torch's CPU order; torch's CUDA
+sort places a NaN with its sign bit set first ascending on its radix path, pytorch/pytorch#190781),
+-0.0 equal to +0.0. Every launch sorts stably (equal keys keep
 their order), so stable=False gets the stable order too; values are gathered from x by the
 sorted positions, so NaN payloads and the sign of zero come back as they were.
 

@@ -102,6 +102,9 @@ def planned_names(monkeypatch):
 
 def test_only_linear_gelu_forward_takes_3xtf32_and_the_switch_turns_it_off(planned_names, monkeypatch):
     args = (F32, 32, 3072, 768, BASE, OTHER, 0)
+    assert rawops.config.SWITCHES["linear_tf32"][0] is False, "3xTF32 is an opt-in: float32 means float32"
+    assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_nt_f32", "the default: exact"
+    monkeypatch.setattr(rawops.config, "linear_tf32", True)
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_tf32_nt_f32"
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU | mm.EPI_ERF)[0] == "linear_small_tf32_nt_f32"
     assert mm._launch_plan("nt", *args, mm.EPI_NONE)[0] == "linear_small_nt_f32", "matmul's backward da = dy b^T"
@@ -113,6 +116,22 @@ def test_only_linear_gelu_forward_takes_3xtf32_and_the_switch_turns_it_off(plann
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_nt_f32", "a cached plan must not win"
     monkeypatch.setattr(rawops.config, "linear_tf32", True)
     assert mm._launch_plan("nt", *args, mm.EPI_BIAS_GELU)[0] == "linear_small_tf32_nt_f32"
+
+
+@pytest.mark.parametrize("layout, m, n, k, splits", [
+    ("nn", 4096, 768, 3072, 3),     # linear_gelu's dx at 4096 tokens: 192 tiles fill the GPU, K = 3072 in 3
+    ("tn", 3072, 768, 4096, 4),     # its dW: K = the 4096 tokens in 4
+    ("tn", 3072, 768, 65536, 28),   # 65536 tokens: as many as keep the partials within 256 MiB
+    ("nn", 65536, 768, 3072, 1),    # one partial would pass 256 MiB: one chain
+    ("nn", 4096, 768, 1024, 1),     # K within one chain
+])
+def test_float32_ffma_splits_long_chains(layout, m, n, k, splits):
+    name, grid, _, _, got = mm.plan(layout, F32, m, n, k, 90, BASE, OTHER, sms=132)
+    assert name == f"gemm_simt_vec_{layout}_f32" and got == splits == mm.chain_split_count(m, n, k)
+    assert grid == (-(-n // mm.SIMT_TILE), -(-m // mm.SIMT_TILE)) + ((splits,) if splits > 1 else ())
+    assert splits * m * n * 4 <= mm.CHAIN_SPLIT_BYTES or splits == 1
+    # the half types keep one chain (float32 accumulators, 16-bit results)
+    assert mm.plan(layout, BF16, m, n, k, 70, BASE, OTHER, sms=132)[4] == 1
 
 
 def test_plain_matmul_float32_never_plans_3xtf32(planned_names):
@@ -540,6 +559,7 @@ def test_linear_tf32_switch_forces_the_exact_kernel_in_both_paths(monkeypatch):
         random((3072,), torch.float32)
     ref = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), w.double(), b.double()), approximate="tanh")
     flags = mm.EPI_BIAS_GELU
+    monkeypatch.setattr(rawops.config, "linear_tf32", True)  # the opt-in
     with torch.no_grad():
         fast_tf32 = _launch.torch_linear(x, w, b, flags)
         api_tf32 = torch.from_dlpack(rawops.linear_gelu(to_cupy(x), to_cupy(w), to_cupy(b), approximate="tanh"))

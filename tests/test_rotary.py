@@ -32,8 +32,14 @@ def test_aligned_heads_take_16_byte_units():
     # half split: a unit is the vectors at i and i + 64 of HEADS heads
     units = B * S * -(-40 // rotary.HEADS) * (64 // 8)
     assert blocks == min(-(-units // rotary.THREADS), 792)
-    _, flags = rotary.rope_plan(B, S, 32, 8, 128, 2, (0, 0, 0, 0), strides, True, 792)
+    blocks_interleaved, flags = rotary.rope_plan(B, S, 32, 8, 128, 2, (0, 0, 0, 0), strides, True, 792)
     assert flags == rotary.FLAG_VECTORS | rotary.FLAG_INTERLEAVED
+    assert blocks_interleaved == blocks, "interleaved with whole vectors in each half: the half split's units"
+    # interleaved, 24 wide in 16-bit: 3 vectors a head, halves of 12 not whole vectors: a vector a unit
+    strides24 = (S * 40 * 24, 40 * 24, 24, 0, 0, 0, 0, 24, 0, 24)
+    blocks, flags = rotary.rope_plan(B, S, 32, 8, 24, 2, (0, 0, 0, 0), strides24, True, 792)
+    assert flags == rotary.FLAG_VECTORS | rotary.FLAG_INTERLEAVED
+    assert blocks == -(-(B * S * -(-40 // rotary.HEADS) * 3) // rotary.THREADS)
 
 
 @pytest.mark.parametrize("dim,pointers,strides,interleaved,why", [
@@ -181,8 +187,8 @@ torch = pytest.importorskip("torch")
 gpu = pytest.mark.gpu
 LAYOUTS = ["neox", "llama"]
 # (batch, seq, q heads, k heads, head dim): vectors and pairs, grouped-query, odd sizes
-SHAPES = [(1, 1, 1, 1, 2), (2, 7, 3, 1, 6), (2, 33, 4, 2, 64), (3, 17, 5, 5, 80), (2, 128, 32, 8, 128),
-          (1, 300, 2, 0, 256)]
+SHAPES = [(1, 1, 1, 1, 2), (2, 7, 3, 1, 6), (2, 9, 3, 2, 24), (2, 33, 4, 2, 64), (3, 17, 5, 5, 80),
+          (2, 128, 32, 8, 128), (1, 300, 2, 0, 256)]
 SHAPE_IDS = ["x".join(map(str, s)) for s in SHAPES]
 
 

@@ -350,8 +350,12 @@ def _bits(t):
 
 
 def check_sort(x, dim, descending, values, indices, what=""):
-    """indices equal torch's stable sort's; values are x gathered at them, bit for bit."""
-    ref = torch.sort(x, dim=dim, descending=descending, stable=True)
+    """indices equal torch's stable sort's; values are x gathered at them, bit for bit. torch's
+    sort runs on every NaN made the positive quiet NaN: torch's CUDA radix path places a NaN whose
+    sign bit is set first ascending (pytorch/pytorch#190781), its CPU sort and docs after +inf, as
+    rawops does ("bits" data has such NaNs)."""
+    canonical = torch.where(torch.isnan(x), torch.full_like(x, float("nan")), x) if x.is_floating_point() else x
+    ref = torch.sort(canonical, dim=dim, descending=descending, stable=True)
     assert indices.dtype == torch.int64 and indices.shape == x.shape, what
     assert torch.equal(indices, ref.indices), f"{what}: indices differ from torch.sort(stable=True)'s"
     if values is not None:
