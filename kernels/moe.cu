@@ -21,8 +21,9 @@
 //
 // Permute: n = T k entries (t, j) with expert ids[t, j]; a stable counting sort by expert:
 //   moe_count   block b of the flat entries [b chunk, (b + 1) chunk): its histogram over E + 1 buckets
-//               (bucket E: ids outside [0, E)) into block_counts[b][.]
-//   moe_scan    one block: block_counts[b][e] <- rows of expert e in blocks before b (a warp an expert,
+//               (bucket E: ids outside [0, E)) into block_counts[.][b] (an expert's counts contiguous:
+//               the scan's loads coalesce)
+//   moe_scan    one block: block_counts[e][b] <- rows of expert e in blocks before b (a warp an expert,
 //               b < RAWOPS_MOE_INDEX_MAX_BLOCKS);
 //               counts[e], offsets[e] (groups padded to pad_to rows; offsets[E] the end of the last)
 //   moe_place   block b again, RAWOPS_MOE_INDEX_THREADS entries a step: each entry's rank among the same
@@ -252,7 +253,7 @@ __device__ void count(const void* ids, int* __restrict__ block_counts, int64_t n
   const int64_t begin = int64_t(blockIdx.x) * chunk, end = begin + chunk < n ? begin + chunk : n;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) atomicAdd(&hist[bucket_of(ids, i, experts, i64)], 1);
   __syncthreads();
-  for (int e = threadIdx.x; e <= experts; e += blockDim.x) block_counts[int64_t(blockIdx.x) * (experts + 1) + e] = hist[e];
+  for (int e = threadIdx.x; e <= experts; e += blockDim.x) block_counts[int64_t(e) * gridDim.x + blockIdx.x] = hist[e];
 }
 
 constexpr int kScanThreads = RAWOPS_MOE_SCAN_THREADS;
@@ -272,7 +273,7 @@ __device__ void scan(int* __restrict__ block_counts, int* __restrict__ offsets, 
 #pragma unroll
     for (int i = 0; i < kBlockSlots; ++i) {
       const int64_t b = int64_t(i) * 32 + lane;
-      c[i] = b < blocks ? block_counts[b * (experts + 1) + e] : 0;
+      c[i] = b < blocks ? block_counts[e * blocks + b] : 0;
     }
     int running = 0;
 #pragma unroll
@@ -285,7 +286,7 @@ __device__ void scan(int* __restrict__ block_counts, int* __restrict__ offsets, 
         if (lane >= o) inclusive += up;
       }
       const int64_t b = int64_t(i) * 32 + lane;
-      if (b < blocks) block_counts[b * (experts + 1) + e] = running + inclusive - c[i];
+      if (b < blocks) block_counts[e * blocks + b] = running + inclusive - c[i];
       running += __shfl_sync(kFull, inclusive, 31);
     }
     if (lane == 0) totals[e] = running;
@@ -316,7 +317,7 @@ __device__ void place(const void* ids, const int* __restrict__ block_counts, con
   const bool i64 = flags & RAWOPS_MOE_FLAG_IDS_I64;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int e = threadIdx.x; e <= experts; e += blockDim.x) {
-    base[e] = offsets[e] + block_counts[int64_t(blockIdx.x) * (experts + 1) + e];
+    base[e] = offsets[e] + block_counts[int64_t(e) * gridDim.x + blockIdx.x];
 #pragma unroll
     for (int w = 0; w < kIndexWarps; ++w) warp_counts[w][e] = 0;
   }
@@ -426,6 +427,8 @@ template <typename T, bool kVec> struct Piece {
 
 __device__ __forceinline__ int row_of(int code) { return code >= 0 ? code : -(code + 1); }
 
+constexpr int kPermutePieces = 4;
+
 template <typename T, bool kVec>
 __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ index, T* __restrict__ out,
                              int64_t tokens, int64_t hidden, int k, int64_t x_stride) {
@@ -435,16 +438,21 @@ __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ in
   for (int64_t t = int64_t(blockIdx.x) * warps + (threadIdx.x >> 5); t < tokens; t += int64_t(gridDim.x) * warps) {
     const int mine = lane < k ? row_of(index[t * k + lane]) : 0;
     const T* src = x + t * x_stride;
-    for (int64_t c0 = 0; c0 < pieces; c0 += 64) {  // warp-uniform: every lane reaches the shuffles
-      const int64_t c = c0 + lane;
-      const bool has_a = c < pieces, has_b = c + 32 < pieces;
-      P a, b;
-      if (has_a) a.load(src + c * P::N);
-      if (has_b) b.load(src + (c + 32) * P::N);
+    // kPermutePieces pieces a lane loaded before its k stores (4 KB of a warp in flight, 16-byte pieces)
+    for (int64_t c0 = 0; c0 < pieces; c0 += 32 * kPermutePieces) {  // warp-uniform: every lane shuffles
+      P p[kPermutePieces];
+#pragma unroll
+      for (int i = 0; i < kPermutePieces; ++i) {
+        const int64_t c = c0 + i * 32 + lane;
+        if (c < pieces) p[i].load(src + c * P::N);
+      }
       for (int j = 0; j < k; ++j) {
         T* dst = out + int64_t(__shfl_sync(kFull, mine, j)) * hidden;
-        if (has_a) a.store(dst + c * P::N);
-        if (has_b) b.store(dst + (c + 32) * P::N);
+#pragma unroll
+        for (int i = 0; i < kPermutePieces; ++i) {
+          const int64_t c = c0 + i * 32 + lane;
+          if (c < pieces) p[i].store(dst + c * P::N);
+        }
       }
     }
   }
