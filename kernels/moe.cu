@@ -427,8 +427,6 @@ template <typename T, bool kVec> struct Piece {
 
 __device__ __forceinline__ int row_of(int code) { return code >= 0 ? code : -(code + 1); }
 
-constexpr int kPermutePieces = 4;
-
 template <typename T, bool kVec>
 __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ index, T* __restrict__ out,
                              int64_t tokens, int64_t hidden, int k, int64_t x_stride) {
@@ -438,21 +436,16 @@ __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ in
   for (int64_t t = int64_t(blockIdx.x) * warps + (threadIdx.x >> 5); t < tokens; t += int64_t(gridDim.x) * warps) {
     const int mine = lane < k ? row_of(index[t * k + lane]) : 0;
     const T* src = x + t * x_stride;
-    // kPermutePieces pieces a lane loaded before its k stores (4 KB of a warp in flight, 16-byte pieces)
-    for (int64_t c0 = 0; c0 < pieces; c0 += 32 * kPermutePieces) {  // warp-uniform: every lane shuffles
-      P p[kPermutePieces];
-#pragma unroll
-      for (int i = 0; i < kPermutePieces; ++i) {
-        const int64_t c = c0 + i * 32 + lane;
-        if (c < pieces) p[i].load(src + c * P::N);
-      }
+    for (int64_t c0 = 0; c0 < pieces; c0 += 64) {  // warp-uniform: every lane reaches the shuffles
+      const int64_t c = c0 + lane;
+      const bool has_a = c < pieces, has_b = c + 32 < pieces;
+      P a, b;
+      if (has_a) a.load(src + c * P::N);
+      if (has_b) b.load(src + (c + 32) * P::N);
       for (int j = 0; j < k; ++j) {
         T* dst = out + int64_t(__shfl_sync(kFull, mine, j)) * hidden;
-#pragma unroll
-        for (int i = 0; i < kPermutePieces; ++i) {
-          const int64_t c = c0 + i * 32 + lane;
-          if (c < pieces) p[i].store(dst + c * P::N);
-        }
+        if (has_a) a.store(dst + c * P::N);
+        if (has_b) b.store(dst + (c + 32) * P::N);
       }
     }
   }
