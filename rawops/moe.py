@@ -20,6 +20,8 @@ counts[e] rows are its tokens, the rest (pad_to > 1: each group rounded up to a 
 rows, a GEMM's tile) zero. permuted has T k + E (pad_to - 1) rows when pad_to > 1 (the most the
 padding can take, so that its size needs no read-back of the counts), T k otherwise; rows past
 offsets[E] are zero. index (T, k) int32 is the row of each copy: permuted[index[t, j]] = x[t].
+The copy is a gather: the placement also records each row's entry, and a warp writes each output
+row from its token's row (contiguous writes; x's rows read k times, mostly from L2).
 ids int32 or int64 (torch.topk's). An id outside [0, E) is never a silent number: its copy goes
 to a row past offsets[E] (no group reads it) and its index is stored as -(row + 1), which
 moe_unpermute and the backwards read as NaN for that token.
@@ -65,7 +67,7 @@ MAX_PAD = 1 << 16
 KERNELS = {
     "moe_route": ("logits", "weights", "ids", "counts", "tokens", "experts", "stride", "k", "flags"),
     "moe_route_bwd": ("logits", "ids", "grad_w", "grad_logits", "tokens", "experts", "stride", "k", "flags"),
-    "moe_permute": ("x", "index", "out", "tokens", "hidden", "k", "x_stride", "flags"),
+    "moe_permute": ("x", "entry_of_row", "out", "rows", "hidden", "k", "x_stride", "flags"),
     "moe_unpermute": ("y", "weights", "index", "out", "tokens", "hidden", "k", "y_stride", "y_rows", "flags"),
     "moe_unpermute_bwd": ("dout", "y", "weights", "index", "dy", "dw", "tokens", "hidden", "k", "dout_stride",
                           "y_stride", "y_rows", "flags"),
@@ -73,12 +75,12 @@ KERNELS = {
 INDEX_KERNELS = {
     "moe_count": ("ids", "block_counts", "n", "experts", "chunk", "flags"),
     "moe_scan": ("block_counts", "offsets", "counts", "blocks", "experts", "pad_to"),
-    "moe_place": ("ids", "block_counts", "offsets", "index", "n", "experts", "chunk", "flags"),
+    "moe_place": ("ids", "block_counts", "offsets", "index", "entry_of_row", "n", "experts", "chunk", "flags"),
     "moe_pad_zero": ("out", "offsets", "counts", "n", "experts", "rows", "row_bytes", "flags"),
 }
 KINDS = {"moe_route": "pppp" + "q" * 5, "moe_route_bwd": "pppp" + "q" * 5, "moe_permute": "ppp" + "q" * 5,
          "moe_unpermute": "pppp" + "q" * 6, "moe_unpermute_bwd": "pppppp" + "q" * 7, "moe_count": "pp" + "q" * 4,
-         "moe_scan": "ppp" + "q" * 3, "moe_place": "pppp" + "q" * 4, "moe_pad_zero": "ppp" + "q" * 5}
+         "moe_scan": "ppp" + "q" * 3, "moe_place": "ppppp" + "q" * 4, "moe_pad_zero": "ppp" + "q" * 5}
 # Every entry point of kernels/moe.cu (tests/test_build.py checks the fatbin holds exactly these).
 FAMILY_OF = {**{f"{base}_{suffix}": FAMILY for base in KERNELS for suffix in FLOAT_SUFFIXES},
              **{base: FAMILY for base in INDEX_KERNELS}}
@@ -145,8 +147,9 @@ def index_scratch_ints(n, experts):
     return index_plan(n)[0] * (experts + 1)
 
 
-def launch_index(device, ids, i64, scratch, offsets, counts, index, n, experts, pad_to, stream):
-    """The counting sort of n > 0 ids: offsets (E + 1), counts (E) and index (n) int32."""
+def launch_index(device, ids, i64, scratch, offsets, counts, index, n, experts, pad_to, stream, entry_of_row=0):
+    """The counting sort of n > 0 ids: offsets (E + 1), counts (E) and index (n) int32; entry_of_row
+    (a pointer, 0: none): each row's entry t k + j written (rows no entry owns left as they are)."""
     blocks, chunk = index_plan(n)
     flags = FLAG_IDS_I64 if i64 else 0
     launch(_fn("moe_count", device), (blocks,), INDEX_THREADS, 0, stream, (ids, scratch, n, experts, chunk, flags),
@@ -154,7 +157,7 @@ def launch_index(device, ids, i64, scratch, offsets, counts, index, n, experts, 
     launch(_fn("moe_scan", device), (1,), SCAN_THREADS, 0, stream, (scratch, offsets, counts, blocks, experts, pad_to),
            KINDS["moe_scan"], device)
     launch(_fn("moe_place", device), (blocks,), INDEX_THREADS, 0, stream,
-           (ids, scratch, offsets, index, n, experts, chunk, flags), KINDS["moe_place"], device)
+           (ids, scratch, offsets, index, entry_of_row, n, experts, chunk, flags), KINDS["moe_place"], device)
 
 
 def launch_pad_zero(device, out, offsets, counts, n, experts, rows, row_bytes, stream):
@@ -164,10 +167,11 @@ def launch_pad_zero(device, out, offsets, counts, n, experts, rows, row_bytes, s
            (out, offsets, counts, n, experts, rows, row_bytes, vec), KINDS["moe_pad_zero"], device)
 
 
-def launch_permute(device, code, itemsize, x, index, out, tokens, hidden, k, x_stride, stream):
+def launch_permute(device, code, itemsize, x, entry_of_row, out, rows, hidden, k, x_stride, stream):
+    """out's rows (a warp each) gathered from x by entry_of_row (-1: zeros)."""
     flags = row_flags(hidden, itemsize, (x, out), (x_stride,))
-    _warp_launch("moe_permute", device, code, tokens, ROWS_THREADS, stream,
-                 (x, index, out, tokens, hidden, k, x_stride, flags))
+    _warp_launch("moe_permute", device, code, rows, ROWS_THREADS, stream,
+                 (x, entry_of_row, out, rows, hidden, k, x_stride, flags))
 
 
 def launch_unpermute(device, code, itemsize, y, weights, index, out, tokens, hidden, k, y_stride, y_rows, stream):
@@ -352,15 +356,14 @@ def moe_permute(x, ids, num_experts, pad_to=1, *, stream=None):
         offsets = cupy.empty(experts + 1, numpy.int32)
         counts = cupy.empty(experts, numpy.int32)
         scratch = cupy.empty(index_scratch_ints(n, experts), numpy.int32)
-        hold_if_capturing(s, scratch)
+        # each output row's entry (-1: a padding row, zeroed by the permute)
+        entry_of_row = cupy.full(rows, -1, numpy.int32) if pad_to > 1 else cupy.empty(rows, numpy.int32)
+        hold_if_capturing(s, scratch, entry_of_row)
         launch_index(device, i.ptr, i64, scratch.data.ptr, offsets.data.ptr, counts.data.ptr, index.data.ptr, n,
-                     experts, pad_to, s)
+                     experts, pad_to, s, entry_of_row.data.ptr if hidden else 0)
         if hidden:
-            launch_permute(device, a.dtype, a.itemsize, a.ptr, index.data.ptr, out.data.ptr, tokens, hidden, k,
+            launch_permute(device, a.dtype, a.itemsize, a.ptr, entry_of_row.data.ptr, out.data.ptr, rows, hidden, k,
                            x_stride, s)
-            if pad_to > 1:
-                launch_pad_zero(device, out.data.ptr, offsets.data.ptr, counts.data.ptr, n, experts, rows,
-                                hidden * a.itemsize, s)
     return out, offsets, counts, index
 
 

@@ -116,24 +116,25 @@ def permute(x, ids, num_experts, pad_to):
     offsets = torch.empty(experts + 1, dtype=torch.int32, device=x.device)
     counts = torch.empty(experts, dtype=torch.int32, device=x.device)
     scratch = torch.empty(_moe.index_scratch_ints(n, experts), dtype=torch.int32, device=x.device)
+    # each output row's entry (-1: a padding row, zeroed by the permute)
+    entry_of_row = (torch.full((rows,), -1, dtype=torch.int32, device=x.device) if pad_to > 1
+                    else torch.empty(rows, dtype=torch.int32, device=x.device))
     device = x.get_device()
-    on_device(device, _launch_permute, device, code, x, ids, scratch, offsets, counts, index, out, tokens, hidden,
-              k, x_stride, experts, pad_to, rows)
+    on_device(device, _launch_permute, device, code, x, ids, scratch, offsets, counts, index, entry_of_row, out,
+              hidden, k, x_stride, experts, pad_to, rows)
     return out, offsets, counts, index
 
 
-def _launch_permute(device, code, x, ids, scratch, offsets, counts, index, out, tokens, hidden, k, x_stride, experts,
-                    pad_to, rows):
+def _launch_permute(device, code, x, ids, scratch, offsets, counts, index, entry_of_row, out, hidden, k, x_stride,
+                    experts, pad_to, rows):
     s = raw_stream(device)
-    n = tokens * k
+    n = index.numel()
     _moe.launch_index(device, ids.data_ptr(), ids.dtype == torch.int64, scratch.data_ptr(), offsets.data_ptr(),
-                      counts.data_ptr(), index.data_ptr(), n, experts, pad_to, s)
+                      counts.data_ptr(), index.data_ptr(), n, experts, pad_to, s,
+                      entry_of_row.data_ptr() if hidden else 0)
     if hidden:
-        _moe.launch_permute(device, code, x.element_size(), x.data_ptr(), index.data_ptr(), out.data_ptr(), tokens,
-                            hidden, k, x_stride, s)
-        if pad_to > 1:
-            _moe.launch_pad_zero(device, out.data_ptr(), offsets.data_ptr(), counts.data_ptr(), n, experts, rows,
-                                 hidden * x.element_size(), s)
+        _moe.launch_permute(device, code, x.element_size(), x.data_ptr(), entry_of_row.data_ptr(), out.data_ptr(),
+                            rows, hidden, k, x_stride, s)
 
 
 def _index_of(y, index):
