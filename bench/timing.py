@@ -120,6 +120,32 @@ def device_times_us(fns, warmup=10, reps=20, rounds=5):
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+QUEUE_SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock cycles: longer than any call's host work
+
+
+def queued_device_times_us(fns, warmup=10, reps=20, rounds=5):
+    """device_times_us with the GPU kept busy (torch.cuda._sleep) while the host enqueues each call:
+    the call's device time without its host launch overhead, as inside a step whose GPU work runs
+    ahead of the host. For calls whose kernels are shorter than their host work (device_times_us
+    then measures the host); report both."""
+    for fn in fns.values():
+        warm_up(fn, warmup)
+    stream = torch.cuda.current_stream()
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            events = event_pairs(reps, stream)
+            fn()
+            for start, end in events:
+                torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
+                start.record(stream)
+                fn()
+                end.record(stream)
+            torch.cuda.synchronize()
+            samples[name] += [s.elapsed_time(e) * 1e3 for s, e in events]
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def loop_times_us(fns, calls=20, reps=10, rounds=5):
     """{name: median us per call} of `calls` back-to-back calls between one event pair (made
     beforehand), in interleaved rounds: a loop's cost per call, where the host and the GPU overlap
