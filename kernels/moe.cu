@@ -37,8 +37,9 @@
 //                 zeroed: a warp a row over the padding rows only (their table scanned in every block).
 // Rows (16-byte vectors where every row of every operand is 16-byte aligned, else element by element;
 // a warp a token (the permute: a warp an output row), grid-stride):
-//   moe_permute_<dtype>    out[r] = x[entry_of_row[r] / k], a warp an output row (zeros where no entry
-//                          owns r: entry_of_row -1); x's rows read k times (from L2 mostly), out once
+//   moe_permute_<dtype>    out[r] = x[entry_of_row[r] / k], a warp an output row, the groups' rows
+//                          interleaved (zeros where no entry owns r: entry_of_row -1); x's rows read k
+//                          times (from L2 mostly), out written once
 //   moe_unpermute_<dtype>  out[t] = sum_j w[t, j] y[index[t, j]] in j order, float32 (w null: 1): the
 //                          permute's backward without weights; no atomics, the same bits every run
 //   moe_unpermute_bwd_<dtype>  dy[index[t, j]] = w[t, j] dout[t]; dw[t, j] = <dout[t], y[index[t, j]]>
@@ -432,17 +433,32 @@ template <typename T, bool kVec> struct Piece {
 
 __device__ __forceinline__ int row_of(int code) { return code >= 0 ? code : -(code + 1); }
 
-// A warp an output row r, in order (the writes contiguous, the reads of x rows in token order within
-// each expert's group): out[r] = x[entry_of_row[r] / k], or zeros where no entry owns r (-1: a
-// group's padding). Scattering each token's k copies instead (a warp a token) ran L2-bound at 0.35 of
-// the copy ceiling (H100, Qwen3 shape: 82% L2 throughput, 34% DRAM).
+// A warp an output row: out[r] = x[entry_of_row[r] / k], or zeros where no entry owns r (-1: a group's
+// padding). The rows are taken group-interleaved, work item j = i (E + 1) + g the i-th row of group g
+// (groups: the E experts' [offsets[g], offsets[g + 1]), and [offsets[E], rows): invalid ids, the
+// tail), so that the warps in flight read tokens near one another (each group is in token order)
+// and x's rows come from L2 while every group's rows are written in order. Rows taken in plain order
+// read x from DRAM (a group's tokens span all of x) at 0.54 of the copy ceiling; each token's k
+// copies scattered (a warp a token) ran L2-bound at 0.35 (H100, Qwen3 shape).
 template <typename T, bool kVec>
-__device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ entry_of_row, T* __restrict__ out,
-                             int64_t rows, int64_t hidden, int k, int64_t x_stride) {
+__device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ entry_of_row,
+                             const int* __restrict__ offsets, T* __restrict__ out, int64_t rows, int64_t hidden, int k,
+                             int64_t x_stride, int experts) {
   using P = Piece<T, kVec>;
+  __shared__ int start[kMaxExperts + 2];
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  const int64_t pieces = hidden / P::N;
-  for (int64_t r = int64_t(blockIdx.x) * warps + (threadIdx.x >> 5); r < rows; r += int64_t(gridDim.x) * warps) {
+  for (int g = threadIdx.x; g <= experts + 1; g += blockDim.x) start[g] = g <= experts ? offsets[g] : int(rows);
+  __syncthreads();
+  int longest = 0;  // the longest group's rows: every warp of every block the same
+  for (int g = lane; g <= experts; g += 32) longest = max(longest, start[g + 1] - start[g]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) longest = max(longest, __shfl_xor_sync(kFull, longest, o));
+  const int groups = experts + 1;
+  const int64_t items = int64_t(groups) * longest, pieces = hidden / P::N;
+  for (int64_t j = int64_t(blockIdx.x) * warps + (threadIdx.x >> 5); j < items; j += int64_t(gridDim.x) * warps) {
+    const int g = int(j % groups);
+    const int64_t r = start[g] + j / groups;
+    if (r >= start[g + 1]) continue;  // a group shorter than the longest
     const int entry = entry_of_row[r];
     T* dst = out + r * hidden;
     if (entry < 0) {
@@ -597,12 +613,12 @@ extern "C" __global__ void __launch_bounds__(RAWOPS_MOE_SCAN_THREADS)
                                                             int(experts), stride, int(k), flags));                \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(RAWOPS_MOE_ROWS_THREADS)                                           \
-      moe_permute_##suffix(const T* x, const int* entry_of_row, T* out, long long rows, long long hidden,         \
-                           long long k, long long x_stride, long long flags) {                                   \
+      moe_permute_##suffix(const T* x, const int* entry_of_row, const int* offsets, T* out, long long rows,       \
+                           long long hidden, long long k, long long x_stride, long long experts, long long flags) { \
     if (flags & RAWOPS_MOE_FLAG_VECTORS)                                                                          \
-      rawops::permute_rows<T, true>(x, entry_of_row, out, rows, hidden, int(k), x_stride);                        \
+      rawops::permute_rows<T, true>(x, entry_of_row, offsets, out, rows, hidden, int(k), x_stride, int(experts)); \
     else                                                                                                           \
-      rawops::permute_rows<T, false>(x, entry_of_row, out, rows, hidden, int(k), x_stride);                       \
+      rawops::permute_rows<T, false>(x, entry_of_row, offsets, out, rows, hidden, int(k), x_stride, int(experts)); \
   }                                                                                                                \
   extern "C" __global__ void __launch_bounds__(RAWOPS_MOE_ROWS_THREADS)                                           \
       moe_unpermute_##suffix(const T* y, const float* weights, const int* index, T* out, long long tokens,        \

@@ -21,7 +21,9 @@ rows, a GEMM's tile) zero. permuted has T k + E (pad_to - 1) rows when pad_to > 
 padding can take, so that its size needs no read-back of the counts), T k otherwise; rows past
 offsets[E] are zero. index (T, k) int32 is the row of each copy: permuted[index[t, j]] = x[t].
 The copy is a gather: the placement also records each row's entry, and a warp writes each output
-row from its token's row (contiguous writes; x's rows read k times, mostly from L2).
+row from its token's row, the groups' rows taken interleaved (the i-th row of every group, then
+the next), so the warps in flight read nearby tokens: x's rows come k times from L2, out is
+written once.
 ids int32 or int64 (torch.topk's). An id outside [0, E) is never a silent number: its copy goes
 to a row past offsets[E] (no group reads it) and its index is stored as -(row + 1), which
 moe_unpermute and the backwards read as NaN for that token.
@@ -67,7 +69,7 @@ MAX_PAD = 1 << 16
 KERNELS = {
     "moe_route": ("logits", "weights", "ids", "counts", "tokens", "experts", "stride", "k", "flags"),
     "moe_route_bwd": ("logits", "ids", "grad_w", "grad_logits", "tokens", "experts", "stride", "k", "flags"),
-    "moe_permute": ("x", "entry_of_row", "out", "rows", "hidden", "k", "x_stride", "flags"),
+    "moe_permute": ("x", "entry_of_row", "offsets", "out", "rows", "hidden", "k", "x_stride", "experts", "flags"),
     "moe_unpermute": ("y", "weights", "index", "out", "tokens", "hidden", "k", "y_stride", "y_rows", "flags"),
     "moe_unpermute_bwd": ("dout", "y", "weights", "index", "dy", "dw", "tokens", "hidden", "k", "dout_stride",
                           "y_stride", "y_rows", "flags"),
@@ -78,7 +80,7 @@ INDEX_KERNELS = {
     "moe_place": ("ids", "block_counts", "offsets", "index", "entry_of_row", "n", "experts", "chunk", "flags"),
     "moe_pad_zero": ("out", "offsets", "counts", "n", "experts", "rows", "row_bytes", "flags"),
 }
-KINDS = {"moe_route": "pppp" + "q" * 5, "moe_route_bwd": "pppp" + "q" * 5, "moe_permute": "ppp" + "q" * 5,
+KINDS = {"moe_route": "pppp" + "q" * 5, "moe_route_bwd": "pppp" + "q" * 5, "moe_permute": "pppp" + "q" * 6,
          "moe_unpermute": "pppp" + "q" * 6, "moe_unpermute_bwd": "pppppp" + "q" * 7, "moe_count": "pp" + "q" * 4,
          "moe_scan": "ppp" + "q" * 3, "moe_place": "ppppp" + "q" * 4, "moe_pad_zero": "ppp" + "q" * 5}
 # Every entry point of kernels/moe.cu (tests/test_build.py checks the fatbin holds exactly these).
@@ -167,11 +169,13 @@ def launch_pad_zero(device, out, offsets, counts, n, experts, rows, row_bytes, s
            (out, offsets, counts, n, experts, rows, row_bytes, vec), KINDS["moe_pad_zero"], device)
 
 
-def launch_permute(device, code, itemsize, x, entry_of_row, out, rows, hidden, k, x_stride, stream):
-    """out's rows (a warp each) gathered from x by entry_of_row (-1: zeros)."""
+def launch_permute(device, code, itemsize, x, entry_of_row, offsets, out, rows, hidden, k, x_stride, experts,
+                   stream):
+    """out's rows (a warp each, the groups of offsets interleaved) gathered from x by entry_of_row
+    (-1: zeros)."""
     flags = row_flags(hidden, itemsize, (x, out), (x_stride,))
     _warp_launch("moe_permute", device, code, rows, ROWS_THREADS, stream,
-                 (x, entry_of_row, out, rows, hidden, k, x_stride, flags))
+                 (x, entry_of_row, offsets, out, rows, hidden, k, x_stride, experts, flags))
 
 
 def launch_unpermute(device, code, itemsize, y, weights, index, out, tokens, hidden, k, y_stride, y_rows, stream):
@@ -362,8 +366,8 @@ def moe_permute(x, ids, num_experts, pad_to=1, *, stream=None):
         launch_index(device, i.ptr, i64, scratch.data.ptr, offsets.data.ptr, counts.data.ptr, index.data.ptr, n,
                      experts, pad_to, s, entry_of_row.data.ptr if hidden else 0)
         if hidden:
-            launch_permute(device, a.dtype, a.itemsize, a.ptr, entry_of_row.data.ptr, out.data.ptr, rows, hidden, k,
-                           x_stride, s)
+            launch_permute(device, a.dtype, a.itemsize, a.ptr, entry_of_row.data.ptr, offsets.data.ptr, out.data.ptr,
+                           rows, hidden, k, x_stride, experts, s)
     return out, offsets, counts, index
 
 

@@ -133,8 +133,8 @@ def _launch_permute(device, code, x, ids, scratch, offsets, counts, index, entry
                       counts.data_ptr(), index.data_ptr(), n, experts, pad_to, s,
                       entry_of_row.data_ptr() if hidden else 0)
     if hidden:
-        _moe.launch_permute(device, code, x.element_size(), x.data_ptr(), entry_of_row.data_ptr(), out.data_ptr(),
-                            rows, hidden, k, x_stride, s)
+        _moe.launch_permute(device, code, x.element_size(), x.data_ptr(), entry_of_row.data_ptr(), offsets.data_ptr(),
+                            out.data_ptr(), rows, hidden, k, x_stride, experts, s)
 
 
 def _index_of(y, index):
