@@ -306,16 +306,23 @@ def allow_dynamic_shared(family, name, device, nbytes):
     is only ever raised: one kernel serves launches of different sizes, and lowering it for a
     smaller one would make the next launch of a larger one fail."""
     key = (family, name, device)
-    if nbytes <= max(DEFAULT_DYNAMIC_SHARED, _shared_allowed.get(key, 0)):
+    if nbytes <= _shared_allowed.get(key, -1):
         return True
     import cupy
 
     kernel = get_function(family, name, device)
+    # Without opting in, static + dynamic must fit the 48 KB default (48 KB of dynamic memory beside
+    # the kernel's static storage failed to launch: CUDA_ERROR_INVALID_VALUE).
+    default = DEFAULT_DYNAMIC_SHARED - kernel.shared_size_bytes
+    if nbytes <= default:
+        _shared_allowed[key] = max(_shared_allowed.get(key, 0), default)
+        return True
     optin = cupy.cuda.runtime.deviceGetAttribute(97, device)  # cudaDevAttrMaxSharedMemoryPerBlockOptin
     if nbytes + kernel.shared_size_bytes > optin:
         return False
-    kernel.max_dynamic_shared_size_bytes = nbytes
-    _shared_allowed[key] = nbytes
+    if nbytes > kernel.max_dynamic_shared_size_bytes:
+        kernel.max_dynamic_shared_size_bytes = nbytes
+    _shared_allowed[key] = max(_shared_allowed.get(key, 0), nbytes)
     return True
 
 

@@ -148,3 +148,8 @@ def test_a_kernels_dynamic_shared_memory_limit_is_only_raised_and_checked_agains
     assert kernel.max_dynamic_shared_size_bytes == 200000
     assert not _modules.allow_dynamic_shared("f", "k", 0, 232448)  # + 1 KB static: over the opt-in
     assert kernel.max_dynamic_shared_size_bytes == 200000
+    # 48 KB of dynamic memory beside 1 KB of static storage is over the default: it opts in
+    fresh = type("Kernel", (), {"max_dynamic_shared_size_bytes": 0, "shared_size_bytes": 1024})()
+    monkeypatch.setattr(_modules, "get_function", lambda family, name, device: fresh)
+    assert _modules.allow_dynamic_shared("f", "k2", 0, 48 * 1024 - 1024) and fresh.max_dynamic_shared_size_bytes == 0
+    assert _modules.allow_dynamic_shared("f", "k2", 0, 48 * 1024) and fresh.max_dynamic_shared_size_bytes == 48 * 1024
