@@ -327,41 +327,6 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
   }
 }
 
-// Row staging (RAWOPS_NORM_FLAG_STAGE, the 16-bit backward's register modes): the next row's
-// operands (x, dy and add_rms_norm's d_residual_out) are copied into shared memory with cp.async
-// while this row is reduced and written, so a thread has two rows' loads in flight without holding
-// either in registers (its 64-byte slice a row: the H200 held the 16-bit backwards at 0.77-0.79 of
-// the copy ceiling, their loads idle through every reduction). Each thread copies and reads only
-// its own slots: no barrier, cp.async.wait_group orders them. Before sm_80 the copy is synchronous
-// (the host does not ask for staging there).
-__device__ __forceinline__ void copy16_async(uint4* dst, const void* src, bool valid) {
-#if __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#else
-  *dst = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
-#endif
-}
-__device__ __forceinline__ void async_commit() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void async_wait_all_but_one() {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-#endif
-}
-
-// Slot (buffer, operand, vector k) of this thread: [buf][op][k][thread], after the partials.
-template <int ITEMS, int OPS>
-struct RowStage {
-  uint4* base;
-  __device__ __forceinline__ uint4* slot(int buf, int op, int k) const {
-    return base + ((buf * OPS + op) * ITEMS + k) * blockDim.x + threadIdx.x;
-  }
-};
-
 // The register modes' dw / db partials: each thread's running sums for the columns it holds,
 // in dynamic shared memory (held in registers, 32 a thread in 16-bit types, they capped a
 // 256-thread block at 2 per SM: docs/performance.md). Only the owning
@@ -420,7 +385,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
                                          T* __restrict__ dx, float* __restrict__ partial_dw,
                                          float* __restrict__ partial_db, int64_t rows, int64_t n, int64_t dy_stride,
                                          int64_t x_stride, int64_t dx_stride, int mode, bool vec, bool has_w,
-                                         const GradAdd<T>& add = {}, bool stage = false) {
+                                         const GradAdd<T>& add = {}) {
   static_assert(RMS || !ADD, "the residual add is rms_norm's");
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
@@ -437,45 +402,14 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   extern __shared__ float4 column_smem[];
   const float inv_n = 1.f / float(n);
   const ColumnPartials<T> acc(column_smem, partial_dw != nullptr, partial_db != nullptr);
-  // Staging after the partials (the host sized the dynamic shared memory for both).
-  constexpr int OPS = ADD ? 3 : 2;  // x, dy (, d_residual_out)
-  const RowStage<ITEMS, OPS> st{reinterpret_cast<uint4*>(
-      column_smem + ((partial_dw != nullptr) + (partial_db != nullptr)) * ColumnPartials<T>::Q * blockDim.x)};
-  const bool add_grad = ADD && add.has;
-  auto issue = [&](int64_t r, int buf) {  // the row's slices into buffer buf (zeros past the row's end)
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t f = Slice::first(c, k);
-      const bool in = f < n;
-      copy16_async(st.slot(buf, 0, k), in ? x + r * x_stride + f : x, in);
-      copy16_async(st.slot(buf, 1, k), in ? dy + r * dy_stride + f : dy, in);
-      if (add_grad) copy16_async(st.slot(buf, OPS - 1, k), in ? add.grad + r * add.stride + f : add.grad, in);
-    }
-  };
-  int buf = 0;
-  if (stage) {
-    if (c.row < rows) issue(c.row, 0);
-    async_commit();
-  }
 
-  for (int64_t row = c.row; row < rows; row += c.step, buf ^= 1) {  // uniform over the row's threads
-    // Loading the next row into registers before this one's reduction (software pipelining)
-    // cost 16 more registers: it spilled at 64, and ran slower with the registers to hold it
-    // (docs/performance.md); staging it in shared memory costs none.
+  for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
+    // Loading the next row before this one's reduction (software pipelining) cost 16 more
+    // registers: it spilled at 64, and ran slower with the registers to hold it
+    // (docs/performance.md).
     Slice xs, ds;
-    if (stage) {
-      if (row + c.step < rows) issue(row + c.step, buf ^ 1);
-      async_commit();  // (empty on the last row: wait_group 1 then waits for this row's)
-      async_wait_all_but_one();
-#pragma unroll
-      for (int k = 0; k < ITEMS; ++k) {
-        xs.raw[k] = *st.slot(buf, 0, k);
-        ds.raw[k] = *st.slot(buf, 1, k);
-      }
-    } else {
-      xs.load(x + row * x_stride, c, n);
-      ds.load(dy + row * dy_stride, c, n);  // dy = 0 past the row's end
-    }
+    xs.load(x + row * x_stride, c, n);
+    ds.load(dy + row * dy_stride, c, n);  // dy = 0 past the row's end
     const float m = RMS ? 0.f : mean_in[row];
     const float rstd = rstd_in[row];
     float sums[K];
@@ -527,15 +461,9 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
       }
       if (acc.dw) acc.add(acc.dw, k, dyv, xhat);
       if (acc.db) acc.add(acc.db, k, dyv);
-      if (add_grad) {
+      if (ADD && add.has) {
         float av[V];
-        if (stage) {
-          const uint4 a = *st.slot(buf, OPS - 1, k);
-#pragma unroll
-          for (int e = 0; e < V; ++e) av[e] = unpack<T>(a, e);
-        } else {
-          load_row(add.grad + row * add.stride, j, n, true, 0.f, av);
-        }
+        load_row(add.grad + row * add.stride, j, n, true, 0.f, av);
 #pragma unroll
         for (int e = 0; e < V; ++e) o[e] += av[e];
       }
@@ -617,7 +545,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                           long long x_stride, long long dx_stride, long long mode, long long vec) {            \
     rawops::norm_bwd<T, RMS>(dy, x, w, mean, rstd, dx, partial_dw, partial_db, rows, n, dy_stride, x_stride,  \
                              dx_stride, int(mode), vec & RAWOPS_NORM_FLAG_VECTORS,                            \
-                             vec & RAWOPS_NORM_FLAG_WEIGHT, {}, (vec & RAWOPS_NORM_FLAG_STAGE) != 0);         \
+                             vec & RAWOPS_NORM_FLAG_WEIGHT);                                                   \
   }
 
 #define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)            \
@@ -654,7 +582,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
     const rawops::GradAdd<T> add{d_residual_out, d_residual_out_stride, (vec & RAWOPS_NORM_FLAG_ADD) != 0};     \
     rawops::norm_bwd<T, true, true>(dy, h, w, rstd, rstd, dx, partial_dw, nullptr, rows, n, dy_stride, h_stride, \
                                     dx_stride, int(mode), vec & RAWOPS_NORM_FLAG_VECTORS,                        \
-                                    vec & RAWOPS_NORM_FLAG_WEIGHT, add, (vec & RAWOPS_NORM_FLAG_STAGE) != 0);    \
+                                    vec & RAWOPS_NORM_FLAG_WEIGHT, add);                                         \
   }
 
 RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)

@@ -54,12 +54,11 @@ ROW_MODE_STREAM = 2
 
 # ------------------------------------------------------------------ norm (kernels/norm.cu)
 # Bits of the kernels' `vec` argument: 16-byte rows, weight given, bias given, add_rms_norm's
-# backward given d_residual_out, the backward staging the next row in shared memory (cp.async).
+# backward given d_residual_out.
 NORM_FLAG_VECTORS = 1
 NORM_FLAG_WEIGHT = 2
 NORM_FLAG_BIAS = 4
 NORM_FLAG_ADD = 8
-NORM_FLAG_STAGE = 16
 # norm_param_grad: blocks of COLUMNS columns x LANES lanes over the partial rows.
 NORM_PARAM_GRAD_COLUMNS = 32
 NORM_PARAM_GRAD_LANES = 16

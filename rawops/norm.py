@@ -54,8 +54,6 @@ PARAM_GRAD_THREADS = PARAM_GRAD_COLUMNS * _constants.NORM_PARAM_GRAD_LANES  # x 
 FLAG_VECTORS, FLAG_WEIGHT, FLAG_BIAS = (_constants.NORM_FLAG_VECTORS, _constants.NORM_FLAG_WEIGHT,
                                         _constants.NORM_FLAG_BIAS)
 FLAG_ADD = _constants.NORM_FLAG_ADD
-FLAG_STAGE = _constants.NORM_FLAG_STAGE
-STAGE_MIN_CC = 80  # cp.async
 
 # eps=None (torch.nn.RMSNorm's default): the storage dtype's machine epsilon, as torch.
 MACHINE_EPS = (2.0 ** -23, 2.0 ** -10, 2.0 ** -7)
@@ -84,24 +82,12 @@ def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx, strides=(), extra=(
     return mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned
 
 
-def column_smem(mode, threads, itemsize, partials, staged=0):
+def column_smem(mode, threads, itemsize, partials):
     """Dynamic shared memory of a backward launch: in the register modes each thread keeps a
-    float32 running sum per column it holds for each of `partials` (dweight, dbias) wanted, and,
-    staging (`staged` row operands), two rows' slices of each operand (BWD_BYTES a slice)."""
+    float32 running sum per column it holds for each of `partials` (dweight, dbias) wanted."""
     if mode == _rows.STREAM_ROW:
         return 0
-    return partials * threads * (_rows.BWD_BYTES // itemsize) * 4 + 2 * staged * threads * _rows.BWD_BYTES
-
-
-def stage_plan(name, device, mode, threads, itemsize, partials, staged):
-    """(dynamic shared bytes, flag) of a backward launch: the next row staged in shared memory
-    (FLAG_STAGE) for 16-bit rows in the register modes on sm_80+ where the device lets the kernel
-    take the shared memory for it, else column_smem's plain partials (0 flag)."""
-    plain = column_smem(mode, threads, itemsize, partials)
-    if itemsize != 2 or mode == _rows.STREAM_ROW or _modules.compute_capability(device) < STAGE_MIN_CC:
-        return plain, 0
-    smem = column_smem(mode, threads, itemsize, partials, staged)
-    return (smem, FLAG_STAGE) if _allow_smem(name, device, smem) else (plain, 0)
+    return partials * threads * (_rows.BWD_BYTES // itemsize) * 4
 
 
 def _allow_smem(name, device, smem):
@@ -142,7 +128,7 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
     dy_stride, x_stride, dx_stride = strides if strides is not None else (n, n, n)
     mode, blocks, threads, chunks, aligned = plan
     name = _rows.kernel_name(f"{op}_bwd", dtype)
-    smem, stage = stage_plan(name, device, mode, threads, itemsize, bool(partial_dw) + bool(partial_db), 2)
+    smem = column_smem(mode, threads, itemsize, bool(partial_dw) + bool(partial_db))
     if not _allow_smem(name, device, smem):
         # The streaming mode keeps its partials in the global rows instead (one block per
         # chunk either way: the same partial buffers serve).
@@ -152,7 +138,7 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
     # for a second wave; its partial rows, fewer, are the ones summed.
     blocks = min(blocks, resident(name, device, threads, smem))
     chunks = _rows.chunks(mode, blocks, threads)
-    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (stage if smem else 0)
+    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0)
     launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, smem, stream,
            (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, dy_stride, x_stride, dx_stride, mode,
             flags), BWD_KINDS, device)
@@ -184,13 +170,12 @@ def launch_add_backward(device, dtype, itemsize, dy, h, weight, rstd, d_residual
     dy_stride, h_stride, dr_stride, dx_stride = strides if strides is not None else (n, n, n, n)
     mode, blocks, threads, chunks, aligned = plan
     name = _rows.kernel_name("add_rms_norm_bwd", dtype)
-    smem, stage = stage_plan(name, device, mode, threads, itemsize, bool(partial_dw), 3 if d_residual_out else 2)
+    smem = column_smem(mode, threads, itemsize, bool(partial_dw))
     if not _allow_smem(name, device, smem):
         mode, smem = _rows.STREAM_ROW, 0
     blocks = min(blocks, resident(name, device, threads, smem))
     chunks = _rows.chunks(mode, blocks, threads)
-    flags = ((FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (FLAG_ADD if d_residual_out else 0)
-             | (stage if smem else 0))
+    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (FLAG_ADD if d_residual_out else 0)
     launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, smem, stream,
            (dy, h, weight or h, rstd, d_residual_out or dy, dx, partial_dw, rows, n, dy_stride, h_stride, dr_stride,
             dx_stride, mode, flags), ADD_BWD_KINDS, device)

@@ -80,26 +80,6 @@ def test_norm_backward_register_modes_keep_a_float32_sum_per_held_column_in_shar
     assert norm.column_smem(_rows.BLOCK_PER_ROW, _rows.MAX_ROW_THREADS, 2, 2) == 64 * 1024
 
 
-def test_norm_backward_stages_16_bit_rows_on_sm80_where_the_shared_memory_is_allowed(monkeypatch):
-    from rawops import _modules
-
-    allowed = {}
-    monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: smem <= allowed["limit"])
-    monkeypatch.setattr(_modules, "compute_capability", lambda device: allowed["cc"])
-    plain = norm.column_smem(_rows.BLOCK_PER_ROW, 256, 2, 1)
-    staged = norm.column_smem(_rows.BLOCK_PER_ROW, 256, 2, 1, 3)
-    assert staged == plain + 2 * 3 * 256 * _rows.BWD_BYTES  # two rows of three operands, a slice each
-    allowed.update(limit=227 * 1024, cc=90)
-    assert norm.stage_plan("add_rms_norm_bwd_bf16", 0, _rows.BLOCK_PER_ROW, 256, 2, 1, 3) == (staged, norm.FLAG_STAGE)
-    allowed.update(limit=plain)  # the staged size refused: the plain partials, no flag
-    assert norm.stage_plan("add_rms_norm_bwd_bf16", 0, _rows.BLOCK_PER_ROW, 256, 2, 1, 3) == (plain, 0)
-    allowed.update(limit=227 * 1024, cc=75)  # no cp.async
-    assert norm.stage_plan("rms_norm_bwd_f16", 0, _rows.BLOCK_PER_ROW, 256, 2, 1, 2)[1] == 0
-    allowed.update(cc=90)
-    assert norm.stage_plan("rms_norm_bwd_f32", 0, _rows.BLOCK_PER_ROW, 512, 4, 1, 2)[1] == 0, "16-bit rows only"
-    assert norm.stage_plan("rms_norm_bwd_f16", 0, _rows.STREAM_ROW, 512, 2, 1, 2) == (0, 0)
-
-
 def test_norm_backward_streams_when_an_operand_is_off_16_bytes():
     mode, blocks, threads, chunks, aligned = norm.backward_plan(16384, 4096, 2, 132, BASE, BASE + 2, 0, BASE)
     assert (mode, aligned, chunks) == (_rows.STREAM_ROW, 0, blocks)
@@ -187,7 +167,6 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
     monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
     monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 10 ** 6)
     monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
-    monkeypatch.setattr(norm._modules, "compute_capability", lambda device: 90)
     for stride, vec in ((1024, 1), (770, 0)):
         calls.clear()
         norm.launch_forward(op, 0, 1, 2, BASE, OTHER, 0, OTHER * 2, 0, OTHER * 3, 64, 768, 1e-5, 0, stride, 768)
@@ -203,7 +182,6 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
                              64, 768, plan, 0, strides)
         args = calls[0][5]
         assert len(args) == len(norm.BWD_KINDS) and args[10:13] == strides and args[14] & norm.FLAG_VECTORS == vec
-        assert bool(args[14] & norm.FLAG_STAGE) == bool(vec), "16-bit register-mode rows stage the next row"
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
