@@ -14,7 +14,8 @@
 #     RAWOPS_CUDA_ARCH_LIST=9.0 python setup.py build_ext --inplace and carried), it is none_such: the
 #     GPU's time then goes to tests and timings. Set it (to the family names) to rebuild with nvcc.
 #   RAWOPS_SKIP_BUILD=1   reuse the last build (a second call while the machine is warm)
-#   RAWOPS_COMMIT=<sha>   the commit the rows are recorded under (default: git rev-parse, else unknown)
+#   RAWOPS_COMMIT=<sha>   the commit the rows are recorded under (default: git rev-parse, else unknown;
+#     the device tool's copy of the tree may carry an older .git: pass it from the CPU machine)
 #   RAWOPS_BUNDLE=1   pack $OUT into $OUT/results.tgz (+ round.log beside it): the device tool brings
 #     back few files
 #   RAWOPS_DEADLINE_S=540   stop starting tests and benches this many seconds after the script's start,
