@@ -34,7 +34,8 @@
 //               is given, also entry_of_row[row] = t k + j (the permute's gather table; rows no entry
 //               owns keep the caller's -1).
 //   moe_pad_zero  the rows no entry owns (each group's padding, and every row past the entries)
-//                 zeroed: a warp a row over the padding rows only (their table scanned in every block).
+//                 zeroed: a warp a row over the padding rows only (their table scanned in every block);
+//                 the unpermute backward's d y (the permute zeroes its own padding rows).
 // Rows (16-byte vectors where every row of every operand is 16-byte aligned, else element by element;
 // a warp a token (the permute: a warp an output row), grid-stride):
 //   moe_permute_<dtype>    out[r] = x[entry_of_row[r] / k], a warp an output row, the groups' rows
