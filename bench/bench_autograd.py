@@ -1,0 +1,181 @@
+"""Benchmark of what autograd adds to the adapter's ops (issue 26 item 3): forward + backward through
+torch autograd timed as one call, beside the sum of the device times of the kernels that call
+launches.
+
+For each op, dtype and shape: `call us` is the median of CUDA events around one forward +
+backward (`out = op(leaves); torch.autograd.backward(out, grad)`), with L2 flushed before each
+call (a write of twice the L2 size, outside the events) and the leaves' .grad cleared outside the
+events; `kernels us` is the sum of the device times of every kernel those calls launch, per call
+(torch.profiler's CUDA activity over back-to-back calls, no flush), so the flush is not counted.
+call / kernels is what the adapter's path adds: an allocation that waits, a synchronisation, host
+work longer than the kernels it launches. Bar: call <= 1.1 x kernels. torch's own ops are timed
+the same way beside them for reference (not held to the bar).
+
+Shapes: the row ops at 16384 x 4096 (rms_norm, layer_norm, softmax, gelu, bias_gelu), linear_gelu
+at 8192 x 768 -> 3072 (bench_gemm's), fused_mlp at bench_mlp's shapes (the source network
+100-128-64-10 in float32, 64-wide 6-layer in float16) at 2^20 rows; float32 and bfloat16 for the
+row ops and linear_gelu.
+
+    python bench/bench_autograd.py [--out bench/results]
+"""
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import event_pairs, start, write_results  # noqa: E402
+
+BAR = 1.1
+REPS, ROUNDS = 10, 3
+ROWS, COLS = 16384, 4096
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+HEADER = ["op", "dtype", "shape", "call us", "kernels us", "call / kernels", "torch call us", "torch kernels us",
+          "torch call / kernels", "meets target"]
+
+
+def flusher():
+    """A callable that evicts L2: writes a buffer of twice its size."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    buf = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+    return lambda: buf.fill_(1)
+
+
+def call_us(step, leaves, flush):
+    """Median device time of step() with L2 flushed before each (events around step alone)."""
+    stream = torch.cuda.current_stream()
+    for _ in range(3):
+        step()
+    samples = []
+    for _ in range(ROUNDS):
+        pairs = event_pairs(REPS, stream)
+        for s, e in pairs:
+            for t in leaves:
+                t.grad = None
+            flush()
+            s.record(stream)
+            step()
+            e.record(stream)
+        torch.cuda.synchronize()
+        samples += [s.elapsed_time(e) * 1e3 for s, e in pairs]
+    return statistics.median(samples)
+
+
+def kernels_us(step, leaves):
+    """Sum of the device times of the kernels (and copies, fills) one step() launches."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPS):
+            for t in leaves:
+                t.grad = None
+            step()
+        torch.cuda.synchronize()
+    return sum(e.device_time_total for e in prof.key_averages()) / REPS
+
+
+def cases(ta):
+    """(op, dtype name, shape, rawops step maker, torch step maker, leaves maker) per case."""
+    out = []
+    for name, dt in DTYPES.items():
+        def rows_leaves(dt=dt, bias=False):
+            x = torch.randn(ROWS, COLS, device="cuda", dtype=dt, requires_grad=True)
+            w = torch.randn(COLS, device="cuda", dtype=dt, requires_grad=True)
+            return (x, w) if not bias else (x, w, torch.randn(COLS, device="cuda", dtype=dt, requires_grad=True))
+        shape = f"{ROWS}x{COLS}"
+        out += [
+            ("rms_norm", name, shape, lambda x, w: ta.rms_norm(x, (COLS,), w, 1e-6),
+             lambda x, w: F.rms_norm(x, (COLS,), w, 1e-6), rows_leaves),
+            ("layer_norm", name, shape, lambda x, w, b: ta.layer_norm(x, (COLS,), w, b),
+             lambda x, w, b: F.layer_norm(x, (COLS,), w, b), lambda dt=dt: rows_leaves(dt, True)),
+            ("softmax", name, shape, lambda x, w: ta.softmax(x, dim=-1), lambda x, w: torch.softmax(x, dim=-1),
+             rows_leaves),
+            ("gelu", name, shape, lambda x, w: ta.gelu(x, approximate="tanh"),
+             lambda x, w: F.gelu(x, approximate="tanh"), rows_leaves),
+            ("bias_gelu", name, shape, lambda x, w: ta.bias_gelu(x, w, approximate="tanh"),
+             lambda x, w: F.gelu(x + w, approximate="tanh"), rows_leaves),
+        ]
+
+        def linear_leaves(dt=dt):
+            x = torch.randn(8192, 768, device="cuda", dtype=dt, requires_grad=True)
+            w = (torch.randn(3072, 768, device="cuda", dtype=dt) * 768 ** -0.5).requires_grad_(True)
+            b = torch.randn(3072, device="cuda", dtype=dt, requires_grad=True)
+            return x, w, b
+        out.append(("linear_gelu", name, "8192x768->3072", lambda x, w, b: ta.linear_gelu(x, w, b, approximate="tanh"),
+                    lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), linear_leaves))
+
+    for sizes, dt, name in (((100, 128, 64, 10), torch.float32, "f32"), ((64,) * 6, torch.float16, "f16")):
+        def mlp_leaves(sizes=sizes, dt=dt):
+            x = torch.randn(1 << 20, sizes[0], device="cuda", dtype=dt, requires_grad=True)
+            ws = [(torch.randn(o, i, device="cuda", dtype=dt) * i ** -0.5).requires_grad_(True)
+                  for i, o in zip(sizes[:-1], sizes[1:])]
+            bs = [torch.zeros(o, device="cuda", dtype=dt, requires_grad=True) for o in sizes[1:]]
+            return (x, *ws, *bs)
+
+        def ours(*leaves, layers=len(sizes) - 1):
+            return ta.fused_mlp(leaves[0], list(leaves[1:1 + layers]), list(leaves[1 + layers:]))
+
+        def theirs(*leaves, layers=len(sizes) - 1):
+            h = leaves[0]
+            for i in range(layers):
+                h = F.linear(h, leaves[1 + i], leaves[1 + layers + i])
+                if i < layers - 1:
+                    h = torch.relu(h)
+            return h
+        out.append(("fused_mlp", name, "2^20 x " + "-".join(map(str, sizes)), ours, theirs, mlp_leaves))
+    return out
+
+
+def measure(fn, leaves, flush):
+    out = fn(*leaves)
+    grad = torch.randn_like(out)
+    del out
+
+    def step():
+        torch.autograd.backward(fn(*leaves), grad)
+    return call_us(step, leaves, flush), kernels_us(step, leaves)
+
+
+def main():
+    started = start(__doc__.splitlines()[0])
+    if started is None:
+        return 1
+    out_dir, _ = started
+    from rawops import torch_adapter as ta
+
+    flush = flusher()
+    rows = []
+    for op, dtype, shape, ours, theirs, make in cases(ta):
+        try:
+            leaves = make()
+            c, k = measure(ours, leaves, flush)
+            tc, tk = measure(theirs, leaves, flush)
+        except Exception as error:  # one case failing leaves the others' rows
+            print(f"{op} {dtype} {shape}: {type(error).__name__}: {error}", flush=True)
+            rows.append({"op": f"{op} fwd+bwd", "dtype": dtype, "shape": shape, "meets target": f"error: {error}"})
+            continue
+        finally:
+            leaves = None
+            torch.cuda.empty_cache()
+        rows.append({"op": f"{op} fwd+bwd", "dtype": dtype, "shape": shape, "call us": c, "kernels us": k,
+                     "call / kernels": c / k, "torch call us": tc, "torch kernels us": tk,
+                     "torch call / kernels": tc / tk, "meets target": c <= BAR * k, "rawops us": c, "torch us": tc})
+        print(f"{op:12s} {dtype:4s} {shape:22s} call {c:9.1f} us  kernels {k:9.1f} us  {c / k:5.2f}x | "
+              f"torch {tc:9.1f} / {tk:9.1f} us", flush=True)
+    text = write_results(out_dir, "autograd", "python bench/bench_autograd.py", [
+        ("Forward + backward through autograd, one call against its kernels", HEADER, rows,
+         {"target": f"call <= {BAR:g} x the sum of its kernels' device times (torch's rows for reference)",
+          "call": "CUDA events around one forward + backward, L2 flushed before it",
+          "kernels": "torch.profiler's CUDA activity over back-to-back calls, per call"}),
+    ])
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
