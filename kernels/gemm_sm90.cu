@@ -217,11 +217,27 @@ __device__ __forceinline__ void store_tile(Acc& acc, Shared<E, BN>& smem, const 
   store_through_tma<T>(acc, smem, map_c, thread, row0, col0, issued);
 }
 
+// Grouped (groups > 0): A's rows are the experts' groups [offsets[e], offsets[e + 1]), each a whole
+// number of 128-row tiles (moe_permute's pad_to = 128), B the experts' matrices stacked along its
+// rows (b_group_rows rows each: N of an (N, K) K-major matrix, K of a (K, N) MN-major one). A tile
+// takes its expert's B (the largest e with offsets[e] <= its first row); tiles past offsets[groups]
+// load nothing and store zeros.
+__device__ __forceinline__ int expert_of(const int* __restrict__ offsets, int groups, int row) {
+  int lo = 0, hi = groups;  // offsets[lo] <= row < offsets[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (offsets[mid] <= row) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
 template <typename T, bool A_KM, bool B_KM, int BN>
 __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_a_tail,
                                      const CUtensorMap* map_b, const CUtensorMap* map_c, const CUtensorMap* map_pre,
                                      const T* __restrict__ bias, int flags, bool has_pre, int64_t M, int64_t N,
-                                     int64_t K, float* __restrict__ partial, int splits) {
+                                     int64_t K, float* __restrict__ partial, int splits,
+                                     const int* __restrict__ group_offsets = nullptr, int groups = 0,
+                                     int b_group_rows = 0) {
   using C = Config<T, A_KM, B_KM, BN>;
   using E = typename C::E;
   constexpr int kBN = BN, kStages = C::kStages;
@@ -265,6 +281,11 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
         const int tile = unit / splits, split = unit - tile * splits;
         int tm, tn;
         tile_coords(tile, tiles_m, tiles_n, tm, tn);
+        int b_shift = 0;  // the tile's expert's first row in the stacked B
+        if (groups) {
+          if (tm * kBM >= group_offsets[groups]) continue;  // past the last group
+          b_shift = expert_of(group_offsets, groups, tm * kBM) * b_group_rows;
+        }
         const int kt_end = min(k_tiles, (split + 1) * split_tiles);
         const bool tail = tm == tiles_m - 1;
         const CUtensorMap* a_map = tail ? map_a_tail : map_a;
@@ -273,7 +294,10 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
           cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], bytes);
           load_operand<A_KM, kBM>(a_map, &smem.full[stage], smem.a[stage], tm * kBM, kt * kBK);
-          load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN, kt * kBK);
+          if (B_KM)
+            load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN + b_shift, kt * kBK);
+          else
+            load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN, kt * kBK + b_shift);
           if (++stage == kStages) stage = 0, phase ^= 1;
         }
       }
@@ -300,6 +324,12 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
     const int tile = unit / splits, split = unit - tile * splits;
     int tm, tn;
     tile_coords(tile, tiles_m, tiles_n, tm, tn);
+    if (groups && tm * kBM >= group_offsets[groups]) {  // past the last group: no loads (as the producer), zeros
+#pragma unroll
+      for (int i = 0; i < size(acc); ++i) acc(i) = 0.f;
+      store_tile<T>(acc, smem, map_c, map_pre, 0, false, false, thread, tm * kBM, tn * kBN, issued);
+      continue;
+    }
     // The tile's bias, loaded now and parked in shared memory after the main loop.
     const float bias_value =
         has_bias && thread < kBN ? to_float(bias[min(int64_t(tn) * kBN + thread, N - 1)]) : 0.f;
@@ -372,6 +402,22 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   RAWOPS_SM90(nt, true, true, T, suffix)   \
   RAWOPS_SM90(tn, false, false, T, suffix)
 
+// Grouped entries (map_a, map_b, map_c, map_a_tail, offsets, groups, b_group_rows, m, n, k): 128 x 256
+// tiles, no bias, no epilogue, no split; nt: each expert's y = x W_e^T (W stacked (E N, K), nn.Linear
+// layout), nn: y = x W_e (W stacked (E K, N): the forward's dx through its weight).
+#define RAWOPS_SM90_GROUPED(layout, A_KM, B_KM, T, suffix)                                                    \
+  extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) gemm_sm90_grouped_##layout##_##suffix( \
+      const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,                 \
+      const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_a_tail,            \
+      const int* offsets, long long groups, long long b_group_rows, long long m, long long n, long long k) { \
+    rawops::sm90::gemm<T, A_KM, B_KM, 256>(&map_a, &map_a_tail, &map_b, &map_c, &map_c, nullptr, 0, false, m, n, k, \
+                                           nullptr, 1, offsets, int(groups), int(b_group_rows));            \
+  }
+
 RAWOPS_SM90_FAMILY(__half, f16)
 RAWOPS_SM90_FAMILY(__nv_bfloat16, bf16)
+RAWOPS_SM90_GROUPED(nt, true, true, __half, f16)
+RAWOPS_SM90_GROUPED(nt, true, true, __nv_bfloat16, bf16)
+RAWOPS_SM90_GROUPED(nn, true, false, __half, f16)
+RAWOPS_SM90_GROUPED(nn, true, false, __nv_bfloat16, bf16)
 RAWOPS_SM90(nt, true, true, float, tf32)  // float32 as TF32: K-major operands only

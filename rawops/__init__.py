@@ -47,7 +47,7 @@ from .norm import (
     rms_norm_backward,
     rms_norm_forward,
 )
-from .moe import (moe_permute, moe_permute_backward, moe_route, moe_route_backward, moe_unpermute,
+from .moe import (moe_grouped_mm, moe_permute, moe_permute_backward, moe_route, moe_route_backward, moe_unpermute,
                   moe_unpermute_backward)
 from .rotary import rope, rope_backward
 from .softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
@@ -87,6 +87,7 @@ __all__ = [
     "log_softmax",
     "log_softmax_backward",
     "matmul",
+    "moe_grouped_mm",
     "moe_permute",
     "moe_permute_backward",
     "moe_route",

@@ -65,10 +65,20 @@ def entry_name(layout, dtype, bn=TILE_N):
     return f"gemm_sm90_{layout}_{SUFFIXES[dtype]}" + ("" if bn == TILE_N else f"_n{bn}")
 
 
+GROUPED_LAYOUTS = ("nn", "nt")
+GROUPED_KINDS = "bbbbpqqqqq"  # map_a, map_b, map_c, map_a_tail, offsets, groups, b_group_rows, m, n, k
+
+
+def grouped_entry_name(layout, dtype):
+    return f"gemm_sm90_grouped_{layout}_{SUFFIXES[dtype]}"
+
+
 def entry_points():
     kinds = [(layout, dtype) for layout in ("nn", "nt", "tn") for dtype in (1, 2)]
     kinds += [(layout, 0) for layout in TF32_LAYOUTS]
-    return sorted(entry_name(layout, dtype, bn) for layout, dtype in kinds for bn in TILE_WIDTHS)
+    names = [entry_name(layout, dtype, bn) for layout, dtype in kinds for bn in TILE_WIDTHS]
+    names += [grouped_entry_name(layout, dtype) for layout in GROUPED_LAYOUTS for dtype in (1, 2)]
+    return sorted(names)
 
 
 def tile_k(dtype):
@@ -236,3 +246,42 @@ def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, 
     launch(reduce, reduce_grid, _gemm_reduce.THREADS, 0, stream,
            (partial, 0, c, bias, 0, pre, m, n, splits, flags), _gemm_reduce.KINDS, device)
     return owner
+
+
+# ------------------------------------------------------------------------------ grouped (mixture of experts)
+def grouped_maps(layout, dtype, a, b, c, groups, m, n, k):
+    """(map_a, map_b, map_c, map_a_tail, b_group_rows) of a grouped launch: A (m, k) K-major, its
+    rows the experts' groups padded to TILE_M rows; B the experts' matrices stacked, (groups n, k)
+    K-major for nt (each expert's nn.Linear weight), (groups k, n) for nn; C (m, n)."""
+    bk = tile_k(dtype)
+    a_map = tensor_map(a, dtype, k, m, bk, TILE_M)
+    if layout == "nt":
+        b_map, rows = tensor_map(b, dtype, k, groups * n, bk, TILE_N), n
+    else:
+        b_map, rows = tensor_map(b, dtype, n, groups * k, BOX, BOX), k
+    c_map = tensor_map(c, dtype, n, m, SPAN // ITEMSIZE[dtype], TILE_M)
+    return a_map, b_map, c_map, a_map, rows
+
+
+def grouped_check(layout, dtype, m, n, k, a, b, c, offsets):
+    """None where the grouped kernel applies, else why not: 16-bit, nt or nn, 16-byte rows and pointers,
+    m a whole number of tiles (the permuted rows padded to TILE_M: moe_permute(pad_to=TILE_M) with T k
+    a multiple of TILE_M, or rows beyond offsets[E] counted in), k whole stages for nn (an expert's last
+    stage must not read the next expert's rows)."""
+    if dtype not in (1, 2) or layout not in GROUPED_LAYOUTS:
+        return "float16 / bfloat16, layouts nt and nn only"
+    if k % 8 or n % 8 or any(p % 16 for p in (a, b, c, offsets)):
+        return "rows of whole 16-byte vectors and 16-byte aligned pointers"
+    if layout == "nn" and k % tile_k(dtype):
+        return f"nn: K a multiple of {tile_k(dtype)}"
+    return None
+
+
+def launch_grouped(function_pointer, sms, device, layout, dtype, a, b, c, offsets, groups, m, n, k, stream):
+    """C[rows of expert e] = A[those rows] (op B_e), e over `groups` experts, by the grouped Hopper
+    kernel (pointers; offsets int32 (groups + 1,) on the device, every group a multiple of TILE_M
+    rows). One persistent block an SM over the (m / TILE_M) x (n / TILE_N) tiles."""
+    map_a, map_b, map_c, map_tail, rows = grouped_maps(layout, dtype, a, b, c, groups, m, n, k)
+    tiles = _ceil(m, TILE_M) * _ceil(n, TILE_N)
+    launch(function_pointer, (max(1, min(tiles, sms)),), THREADS, SHARED_BYTES, stream,
+           (map_a, map_b, map_c, map_tail, offsets, groups, rows, m, n, k), GROUPED_KINDS, device)

@@ -444,3 +444,53 @@ def moe_unpermute_backward(grad_out, y, weights, index, offsets=None, counts=Non
         if padded and off is not None and hidden:
             launch_pad_zero(device, dy.data.ptr, off.ptr, cnt.ptr, n, off.shape[0] - 1, y_rows, hidden * b.itemsize, s)
     return dy, dw
+
+
+# ------------------------------------------------------------------------------ grouped GEMM (sm_90)
+def moe_grouped_mm(x, weight, offsets, *, transpose=True, stream=None):
+    """y (N_rows, out) with each expert's rows y[offsets[e]:offsets[e + 1]] = x[those rows] @ weight[e].T
+    (transpose=True: weight (E, out, K), each expert's nn.Linear weight) or @ weight[e] (transpose=False:
+    weight (E, K, out)), in one persistent launch of the Hopper GEMM (sm_90; float16 / bfloat16).
+    x: moe_permute's rows with pad_to=TILE_M (128: every group a whole number of tiles; other offsets
+    give wrong rows, unchecked on the device), C-contiguous (N_rows, K); offsets its (E + 1,) int32.
+    Rows past offsets[E] come back zero. Prototype: no backward yet (d x is the transpose=False call
+    with weight's transpose; d weight per expert is still to build)."""
+    import cupy
+
+    from . import _gemm_sm90
+
+    a, rows, k, a_stride = float_rows(x, "x", ndim_text="(N, K): the permuted rows")
+    if a.dtype not in (1, 2):
+        raise TypeError(f"x has dtype {a.dtype_text}; moe_grouped_mm supports float16 and bfloat16")
+    w = as_array(weight, "weight")
+    if w.dtype != a.dtype:
+        raise TypeError(f"weight has dtype {w.dtype_text}, expected {a.dtype_text} like x")
+    if len(w.shape) != 3:
+        raise ValueError(f"weight has shape {w.shape}; expected 3 dims, (E, out, K) or (E, K, out)")
+    experts = checked_experts(w.shape[0], "weight's experts (its first dim)")
+    if (w.shape[2] if transpose else w.shape[1]) != k:
+        raise ValueError(f"weight has shape {w.shape}; its K must match x's last dim {k}")
+    n = w.shape[1] if transpose else w.shape[2]
+    _rows._dense(w)
+    if a_stride != k:
+        raise ValueError("x must be C-contiguous (its rows read by the copy engine as one matrix)")
+    off = int32_vector(offsets, "offsets", experts + 1)
+    layout = "nt" if transpose else "nn"
+    why = _gemm_sm90.grouped_check(layout, a.dtype, rows, n, k, a.ptr, w.ptr, 0, off.ptr)
+    if why is not None:
+        raise ValueError(f"moe_grouped_mm: {why}")
+    device, s = _begin(stream, a, w, off)
+    from ._modules import compute_capability
+
+    if compute_capability(device) != _gemm_sm90.CC or not _gemm_sm90.built(device):
+        raise NotImplementedError("moe_grouped_mm runs the Hopper kernel (sm_90) only, for now")
+    with cupy.cuda.Device(device), allocating_on(stream, s):
+        for t in (a, w, off):
+            wait_for_producer(t, s)
+        out = cupy.empty((rows, n), NUMPY_DTYPES[a.dtype])  # (CuPy's allocations: 256-byte aligned)
+        if rows and n:
+            name = _gemm_sm90.grouped_entry_name(layout, a.dtype)
+            function = _gemm_sm90.function(name, device)
+            _gemm_sm90.launch_grouped(function, sm_count(device), device, layout, a.dtype, a.ptr, w.ptr,
+                                      out.data.ptr, off.ptr, experts, rows, n, k, s)
+    return out

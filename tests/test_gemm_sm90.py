@@ -194,8 +194,16 @@ def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
     assert singles == [(layout, "tf32") for layout in hopper.TF32_LAYOUTS]
     bases = {f"gemm_sm90_{layout}_{s}" for layout in layouts for s in suffixes} | \
         {f"gemm_sm90_{layout}_{s}" for layout, s in singles}
-    assert {base + ("" if bn == 256 else f"_n{bn}") for base in bases for bn in hopper.TILE_WIDTHS} == set(
+    grouped = {hopper.grouped_entry_name(layout, d) for layout in hopper.GROUPED_LAYOUTS for d in (1, 2)}
+    assert {base + ("" if bn == 256 else f"_n{bn}") for base in bases for bn in hopper.TILE_WIDTHS} | grouped == set(
         hopper.entry_points())
+    # the grouped entries: four tensor maps, then the groups' table and the GEMM's sizes
+    params = re.search(r"gemm_sm90_grouped_##layout##_##suffix\((.*?)\)\s*\{", source, re.S).group(1)
+    params = [p.strip() for p in params.replace("\\", " ").split(",")]
+    kinds = "".join("b" if "CUtensorMap" in p else "p" if "*" in p else "q" for p in params)
+    assert kinds == hopper.GROUPED_KINDS
+    assert re.findall(r"^RAWOPS_SM90_GROUPED\((\w+), \w+, \w+, \w+, (\w+)\)", source, re.M) == [
+        (layout, s) for layout in ("nt", "nn") for s in ("f16", "bf16")]
 
 
 def test_the_source_asks_for_sm90a_only():

@@ -583,3 +583,75 @@ def test_adapter_captures_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, run())
+
+
+# ------------------------------------------------------------------------------ grouped GEMM (sm_90)
+def test_grouped_gemm_entry_points_are_in_the_hopper_table():
+    from rawops import _gemm_sm90
+
+    names = _gemm_sm90.entry_points()
+    for layout in _gemm_sm90.GROUPED_LAYOUTS:
+        for dtype in (1, 2):
+            assert _gemm_sm90.grouped_entry_name(layout, dtype) in names
+    assert len(_gemm_sm90.GROUPED_KINDS) == 10
+
+
+def test_valid_grouped_mm_calls_get_past_validation():
+    rows, k, n = 3 * 128, 64, 96
+    assert_passes_validation(rawops.moe_grouped_mm, f16((rows, k)), f16((E, n, k), ptr=FAR), i32((E + 1,)))
+    assert_passes_validation(rawops.moe_grouped_mm, f16((rows, k)), f16((E, k, n), ptr=FAR), i32((E + 1,)),
+                             transpose=False)
+
+
+@pytest.mark.parametrize("args,kwargs,error,match", [
+    ((f32((256, 64)), f32((E, 96, 64), ptr=FAR), i32((E + 1,))), {}, TypeError,
+     r"^x has dtype float32; moe_grouped_mm"),
+    ((f16((256, 64)), f32((E, 96, 64), ptr=FAR), i32((E + 1,))), {}, TypeError,
+     r"^weight has dtype float32, expected float16"),
+    ((f16((256, 64)), f16((96, 64), ptr=FAR), i32((E + 1,))), {}, ValueError, r"^weight has shape \(96, 64\)"),
+    ((f16((256, 64)), f16((E, 96, 32), ptr=FAR), i32((E + 1,))), {}, ValueError, r"K must match x's last dim 64"),
+    ((f16((256, 64)), f16((E, 96, 64), ptr=FAR), i32((E,))), {}, ValueError, r"^offsets has shape \(16,\)"),
+    ((f16((256, 64)), f16((E, 96, 64), ptr=FAR), i64((E + 1,))), {}, TypeError, r"^offsets has dtype <i8"),
+    ((f16((256, 60)), f16((E, 96, 60), ptr=FAR), i32((E + 1,))), {}, ValueError, r"16-byte vectors"),
+    ((f16((256, 72)), f16((E, 72, 96), ptr=FAR), i32((E + 1,))), {"transpose": False}, ValueError,
+     r"nn: K a multiple of 64"),
+])
+def test_grouped_mm_checks_name_the_argument(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        rawops.moe_grouped_mm(*args, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transpose", [True, False])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_grouped_mm_matches_each_experts_matmul(dtype, transpose):
+    import cupy
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped Hopper kernel: sm_90")
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda")
+    g.seed()
+    experts, k, n = 12, 256, 320
+    counts = torch.randint(0, 300, (experts,), generator=g, device="cuda")
+    counts[3] = 0                       # an expert with no tokens
+    counts[7] = 128                     # exactly one tile
+    padded = (counts + 127) // 128 * 128
+    offsets = torch.zeros(experts + 1, dtype=torch.int32, device="cuda")
+    offsets[1:] = torch.cumsum(padded, 0)
+    rows = int(offsets[-1]) + 200       # rows past the groups (as moe_permute leaves): zeros out
+    x = torch.randn(rows, k, generator=g, device="cuda").to(dt)
+    for e in range(experts):            # each group's padding rows zero, as moe_permute writes them
+        x[int(offsets[e]) + int(counts[e]):int(offsets[e + 1])] = 0
+    w = (torch.randn(experts, n, k, generator=g, device="cuda") * k ** -0.5).to(dt)
+    weight = w if transpose else w.transpose(1, 2).contiguous()
+    y = torch.from_dlpack(rawops.moe_grouped_mm(cupy.from_dlpack(x), cupy.from_dlpack(weight),
+                                                cupy.from_dlpack(offsets), transpose=transpose))
+    ref = torch.zeros(rows, n, dtype=torch.float64, device="cuda")
+    for e in range(experts):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        ref[lo:hi] = x[lo:hi].double() @ w[e].double().T
+    assert not torch.isnan(y).any()
+    err = ((y.double() - ref).norm() / ref.norm()).item()
+    assert err < (4e-3 if dtype == "bfloat16" else 5e-4), f"relative error {err:.2e}"
+    assert torch.equal(y[int(offsets[-1]):], torch.zeros_like(y[int(offsets[-1]):])), "rows past the groups"
