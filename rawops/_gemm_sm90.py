@@ -260,7 +260,9 @@ def grouped_maps(layout, dtype, a, b, c, groups, m, n, k):
     else:
         b_map, rows = tensor_map(b, dtype, n, groups * k, BOX, BOX), k
     c_map = tensor_map(c, dtype, n, m, SPAN // ITEMSIZE[dtype], TILE_M)
-    return a_map, b_map, c_map, a_map, rows
+    # the last tile-row's box as the kernel's tail_rows expects (its transaction bytes), as the dense path's
+    a_tail = tensor_map(a, dtype, k, m, bk, a_tail_rows(m))
+    return a_map, b_map, c_map, a_tail, rows
 
 
 def grouped_check(layout, dtype, m, n, k, a, b, c, offsets):
