@@ -237,7 +237,7 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
                                      const T* __restrict__ bias, int flags, bool has_pre, int64_t M, int64_t N,
                                      int64_t K, float* __restrict__ partial, int splits,
                                      const int* __restrict__ group_offsets = nullptr, int groups = 0,
-                                     int b_group_rows = 0) {
+                                     int b_group_rows = 0, bool k_groups = false) {
   using C = Config<T, A_KM, B_KM, BN>;
   using E = typename C::E;
   constexpr int kBN = BN, kStages = C::kStages;
@@ -248,7 +248,11 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   const int warpgroup = threadIdx.x / 128;
   if (BN == 256) splits = 1;  // the full-width tiles never split (the planner's rule): their code stays lean
   const int tiles_m = int((M + kBM - 1) / kBM), tiles_n = int((N + kBN - 1) / kBN);
-  const int units = tiles_m * tiles_n * splits;
+  // k_groups (an expert's weight gradient): a unit is one tile of one expert, K its rows
+  // [offsets[e], offsets[e + 1]) (whole stages: the groups are padded to 128 rows); the output
+  // is the experts' M x N matrices stacked, expert e's at row e M.
+  const int parts = k_groups ? groups : splits;
+  const int units = tiles_m * tiles_n * parts;
   constexpr int kBK = C::kBK;
   const int k_tiles = int((K + kBK - 1) / kBK);
   const int split_tiles = (k_tiles + splits - 1) / splits;  // K tiles a split (the last may have fewer)
@@ -278,19 +282,20 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
       int stage = 0;
       uint32_t phase = 1;  // a fresh "empty" barrier counts as released
       for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-        const int tile = unit / splits, split = unit - tile * splits;
+        const int tile = unit / parts, split = unit - tile * parts;
         int tm, tn;
         tile_coords(tile, tiles_m, tiles_n, tm, tn);
         int b_shift = 0;  // the tile's expert's first row in the stacked B
-        if (groups) {
+        if (groups && !k_groups) {
           if (tm * kBM >= group_offsets[groups]) continue;  // past the last group
           b_shift = expert_of(group_offsets, groups, tm * kBM) * b_group_rows;
         }
-        const int kt_end = min(k_tiles, (split + 1) * split_tiles);
+        const int kt_begin = k_groups ? group_offsets[split] / kBK : split * split_tiles;
+        const int kt_end = k_groups ? group_offsets[split + 1] / kBK : min(k_tiles, (split + 1) * split_tiles);
         const bool tail = tm == tiles_m - 1;
         const CUtensorMap* a_map = tail ? map_a_tail : map_a;
         const uint32_t bytes = tail ? tail_stage_bytes : stage_bytes;
-        for (int kt = split * split_tiles; kt < kt_end; ++kt) {
+        for (int kt = kt_begin; kt < kt_end; ++kt) {
           cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], bytes);
           load_operand<A_KM, kBM>(a_map, &smem.full[stage], smem.a[stage], tm * kBM, kt * kBK);
@@ -321,10 +326,10 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   int stage = 0;
   uint32_t phase = 0;
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const int tile = unit / splits, split = unit - tile * splits;
+    const int tile = unit / parts, split = unit - tile * parts;
     int tm, tn;
     tile_coords(tile, tiles_m, tiles_n, tm, tn);
-    if (groups && tm * kBM >= group_offsets[groups]) {  // past the last group: no loads (as the producer), zeros
+    if (groups && !k_groups && tm * kBM >= group_offsets[groups]) {  // past the last group: no loads (as the producer), zeros
 #pragma unroll
       for (int i = 0; i < size(acc); ++i) acc(i) = 0.f;
       store_tile<T>(acc, smem, map_c, map_pre, 0, false, false, thread, tm * kBM, tn * kBN, issued);
@@ -335,8 +340,9 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
         has_bias && thread < kBN ? to_float(bias[min(int64_t(tn) * kBN + thread, N - 1)]) : 0.f;
     mma.accumulate_ = GMMA::ScaleOut::Zero;
     int release = -1;  // the stage whose WGMMAs may still be reading it
-    const int kt_begin = split * split_tiles, kt_end = min(k_tiles, kt_begin + split_tiles);
-    if (kt_begin >= kt_end) {  // an empty split (the planner avoids them) still writes its zeros
+    const int kt_begin = k_groups ? group_offsets[split] / kBK : split * split_tiles;
+    const int kt_end = k_groups ? group_offsets[split + 1] / kBK : min(k_tiles, kt_begin + split_tiles);
+    if (kt_begin >= kt_end) {  // an empty split (the planner avoids them), an expert without rows: zeros
 #pragma unroll
       for (int i = 0; i < size(acc); ++i) acc(i) = 0.f;
     }
@@ -368,7 +374,8 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
       if (thread < kBN) smem.bias[thread] = bias_value;
       consumers_sync();
     }
-    store_tile<T>(acc, smem, map_c, map_pre, flags, has_bias, has_pre, thread, tm * kBM, tn * kBN, issued);
+    const int row0 = (k_groups ? split * int(M) : 0) + tm * kBM;  // k_groups: expert `split`'s matrix
+    store_tile<T>(acc, smem, map_c, map_pre, flags, has_bias, has_pre, thread, row0, tn * kBN, issued);
   }
   if (thread == 0) tma_store_wait<0>();  // shared memory must outlive the stores reading it
 }
@@ -416,8 +423,22 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
 
 RAWOPS_SM90_FAMILY(__half, f16)
 RAWOPS_SM90_FAMILY(__nv_bfloat16, bf16)
+// The experts' weight gradients (map_a, map_b, map_c, offsets, groups, m, n): dW_e (M x N, stacked
+// (E M, N)) = A_e^T B_e over expert e's rows of A (rows, M) and B (rows, N), both M/N-major (tn);
+// M a multiple of 128 (the TMA store of a tile must not cross into the next expert's matrix).
+#define RAWOPS_SM90_GROUPED_TN(T, suffix)                                                                       \
+  extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) gemm_sm90_grouped_tn_##suffix(     \
+      const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,                 \
+      const __grid_constant__ CUtensorMap map_c, const int* offsets, long long groups, long long m,         \
+      long long n) {                                                                                        \
+    rawops::sm90::gemm<T, false, false, 256>(&map_a, &map_a, &map_b, &map_c, &map_c, nullptr, 0, false, m, n, 0, \
+                                             nullptr, 1, offsets, int(groups), 0, true);                    \
+  }
+
 RAWOPS_SM90_GROUPED(nt, true, true, __half, f16)
 RAWOPS_SM90_GROUPED(nt, true, true, __nv_bfloat16, bf16)
 RAWOPS_SM90_GROUPED(nn, true, false, __half, f16)
 RAWOPS_SM90_GROUPED(nn, true, false, __nv_bfloat16, bf16)
+RAWOPS_SM90_GROUPED_TN(__half, f16)
+RAWOPS_SM90_GROUPED_TN(__nv_bfloat16, bf16)
 RAWOPS_SM90(nt, true, true, float, tf32)  // float32 as TF32: K-major operands only

@@ -47,8 +47,8 @@ from .norm import (
     rms_norm_backward,
     rms_norm_forward,
 )
-from .moe import (moe_grouped_mm, moe_permute, moe_permute_backward, moe_route, moe_route_backward, moe_unpermute,
-                  moe_unpermute_backward)
+from .moe import (moe_grouped_mm, moe_grouped_mm_backward_weight, moe_permute, moe_permute_backward, moe_route,
+                  moe_route_backward, moe_unpermute, moe_unpermute_backward)
 from .rotary import rope, rope_backward
 from .softmaxes import log_softmax, log_softmax_backward, softmax, softmax_backward
 from .sorting import argsort, sort, topk
@@ -88,6 +88,7 @@ __all__ = [
     "log_softmax_backward",
     "matmul",
     "moe_grouped_mm",
+    "moe_grouped_mm_backward_weight",
     "moe_permute",
     "moe_permute_backward",
     "moe_route",

@@ -67,6 +67,7 @@ def entry_name(layout, dtype, bn=TILE_N):
 
 GROUPED_LAYOUTS = ("nn", "nt")
 GROUPED_KINDS = "bbbbpqqqqq"  # map_a, map_b, map_c, map_a_tail, offsets, groups, b_group_rows, m, n, k
+GROUPED_TN_KINDS = "bbbpqqq"  # map_a, map_b, map_c, offsets, groups, m, n (the experts' weight gradients)
 
 
 def grouped_entry_name(layout, dtype):
@@ -77,7 +78,7 @@ def entry_points():
     kinds = [(layout, dtype) for layout in ("nn", "nt", "tn") for dtype in (1, 2)]
     kinds += [(layout, 0) for layout in TF32_LAYOUTS]
     names = [entry_name(layout, dtype, bn) for layout, dtype in kinds for bn in TILE_WIDTHS]
-    names += [grouped_entry_name(layout, dtype) for layout in GROUPED_LAYOUTS for dtype in (1, 2)]
+    names += [grouped_entry_name(layout, dtype) for layout in GROUPED_LAYOUTS + ("tn",) for dtype in (1, 2)]
     return sorted(names)
 
 
@@ -287,3 +288,28 @@ def launch_grouped(function_pointer, sms, device, layout, dtype, a, b, c, offset
     tiles = _ceil(m, TILE_M) * _ceil(n, TILE_N)
     launch(function_pointer, (max(1, min(tiles, sms)),), THREADS, SHARED_BYTES, stream,
            (map_a, map_b, map_c, map_tail, offsets, groups, rows, m, n, k), GROUPED_KINDS, device)
+
+
+def grouped_wgrad_check(dtype, m, n, a, b, c, offsets):
+    """None where the experts' weight-gradient kernel applies, else why not: 16-bit, m a multiple of
+    TILE_M (an expert's matrix a whole number of tile-rows: its stores must not cross into the next),
+    n whole 16-byte vectors, 16-byte aligned pointers."""
+    if dtype not in (1, 2):
+        return "float16 / bfloat16 only"
+    if m % TILE_M:
+        return f"the weight's rows a multiple of {TILE_M}"
+    if n % 8 or any(p % 16 for p in (a, b, c, offsets)):
+        return "rows of whole 16-byte vectors and 16-byte aligned pointers"
+    return None
+
+
+def launch_grouped_wgrad(function_pointer, sms, device, dtype, a, b, c, offsets, groups, rows, m, n, stream):
+    """C_e (m, n) = A_e^T B_e for each expert e over its rows [offsets[e], offsets[e + 1]) of A (rows, m)
+    and B (rows, n), C the experts' matrices stacked (groups m, n): one persistent block an SM over
+    the (m / TILE_M) x (n / TILE_N) tiles of every expert."""
+    map_a = tensor_map(a, dtype, m, rows, BOX, BOX)
+    map_b = tensor_map(b, dtype, n, rows, BOX, BOX)
+    map_c = tensor_map(c, dtype, n, groups * m, SPAN // ITEMSIZE[dtype], TILE_M)
+    units = _ceil(m, TILE_M) * _ceil(n, TILE_N) * groups
+    launch(function_pointer, (max(1, min(units, sms)),), THREADS, SHARED_BYTES, stream,
+           (map_a, map_b, map_c, offsets, groups, m, n), GROUPED_TN_KINDS, device)

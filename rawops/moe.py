@@ -494,3 +494,47 @@ def moe_grouped_mm(x, weight, offsets, *, transpose=True, stream=None):
             _gemm_sm90.launch_grouped(function, sm_count(device), device, layout, a.dtype, a.ptr, w.ptr,
                                       out.data.ptr, off.ptr, experts, rows, n, k, s)
     return out
+
+
+def moe_grouped_mm_backward_weight(x, grad_y, offsets, *, transpose=True, stream=None):
+    """The experts' weight gradients of y = moe_grouped_mm(x, weight, offsets, transpose=...): for each
+    expert e over its rows [offsets[e], offsets[e + 1]), grad_y_e^T x_e (transpose=True: (E, out, K), as
+    weight) or x_e^T grad_y_e ((E, K, out)), in one persistent launch of the Hopper GEMM (sm_90; float16
+    / bfloat16). The gradient's rows (out, or K) must be a multiple of 128; x (N, K) and grad_y (N, out)
+    C-contiguous; offsets as moe_grouped_mm's. An expert without rows gets zeros."""
+    import cupy
+
+    from . import _gemm_sm90
+
+    a, rows, k, a_stride = float_rows(x, "x", ndim_text="(N, K): the permuted rows")
+    if a.dtype not in (1, 2):
+        raise TypeError(f"x has dtype {a.dtype_text}; moe_grouped_mm_backward_weight supports float16 and bfloat16")
+    g, g_rows, n, g_stride = float_rows(grad_y, "grad_y", like=a, ndim_text="(N, out): d y")
+    if g_rows != rows:
+        raise ValueError(f"grad_y has {g_rows} rows, expected {rows} like x")
+    if a_stride != k or g_stride != n:
+        raise ValueError("x and grad_y must be C-contiguous (read by the copy engine as whole matrices)")
+    off = as_array(offsets, "offsets")
+    if len(off.shape) != 1 or off.shape[0] < 2:
+        raise ValueError(f"offsets has shape {off.shape}; expected (E + 1,) with E >= 1")
+    experts = checked_experts(off.shape[0] - 1, "offsets' experts (its length - 1)")
+    off = int32_vector(offsets, "offsets", experts + 1)
+    # dW = A^T B with A, B the operands whose columns are the gradient's rows, columns
+    (first, m), (second, cols) = ((g, n), (a, k)) if transpose else ((a, k), (g, n))
+    why = _gemm_sm90.grouped_wgrad_check(a.dtype, m, cols, first.ptr, second.ptr, 0, off.ptr)
+    if why is not None:
+        raise ValueError(f"moe_grouped_mm_backward_weight: {why}")
+    device, s = _begin(stream, a, g, off)
+    from ._modules import compute_capability
+
+    if compute_capability(device) != _gemm_sm90.CC or not _gemm_sm90.built(device):
+        raise NotImplementedError("moe_grouped_mm_backward_weight runs the Hopper kernel (sm_90) only, for now")
+    with cupy.cuda.Device(device), allocating_on(stream, s):
+        for t in (a, g, off):
+            wait_for_producer(t, s)
+        out = cupy.empty((experts, m, cols), NUMPY_DTYPES[a.dtype])
+        if m and cols:
+            function = _gemm_sm90.function(_gemm_sm90.grouped_entry_name("tn", a.dtype), device)
+            _gemm_sm90.launch_grouped_wgrad(function, sm_count(device), device, a.dtype, first.ptr, second.ptr,
+                                            out.data.ptr, off.ptr, experts, rows, m, cols, s)
+    return out

@@ -194,7 +194,7 @@ def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
     assert singles == [(layout, "tf32") for layout in hopper.TF32_LAYOUTS]
     bases = {f"gemm_sm90_{layout}_{s}" for layout in layouts for s in suffixes} | \
         {f"gemm_sm90_{layout}_{s}" for layout, s in singles}
-    grouped = {hopper.grouped_entry_name(layout, d) for layout in hopper.GROUPED_LAYOUTS for d in (1, 2)}
+    grouped = {hopper.grouped_entry_name(layout, d) for layout in hopper.GROUPED_LAYOUTS + ("tn",) for d in (1, 2)}
     assert {base + ("" if bn == 256 else f"_n{bn}") for base in bases for bn in hopper.TILE_WIDTHS} | grouped == set(
         hopper.entry_points())
     # the grouped entries: four tensor maps, then the groups' table and the GEMM's sizes
@@ -204,6 +204,11 @@ def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
     assert kinds == hopper.GROUPED_KINDS
     assert re.findall(r"^RAWOPS_SM90_GROUPED\((\w+), \w+, \w+, \w+, (\w+)\)", source, re.M) == [
         (layout, s) for layout in ("nt", "nn") for s in ("f16", "bf16")]
+    assert re.findall(r"^RAWOPS_SM90_GROUPED_TN\(\w+, (\w+)\)", source, re.M) == ["f16", "bf16"]
+    params = re.search(r"gemm_sm90_grouped_tn_##suffix\((.*?)\)\s*\{", source, re.S).group(1)
+    params = [p.strip() for p in params.replace("\\", " ").split(",")]
+    assert "".join("b" if "CUtensorMap" in p else "p" if "*" in p else "q" for p in params) == \
+        hopper.GROUPED_TN_KINDS
 
 
 def test_the_source_asks_for_sm90a_only():

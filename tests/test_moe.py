@@ -655,3 +655,58 @@ def test_grouped_mm_matches_each_experts_matmul(dtype, transpose):
     err = ((y.double() - ref).norm() / ref.norm()).item()
     assert err < (4e-3 if dtype == "bfloat16" else 5e-4), f"relative error {err:.2e}"
     assert torch.equal(y[int(offsets[-1]):], torch.zeros_like(y[int(offsets[-1]):])), "rows past the groups"
+
+
+def test_valid_grouped_weight_gradient_calls_get_past_validation():
+    rows, k, n = 3 * 128, 64, 256
+    assert_passes_validation(rawops.moe_grouped_mm_backward_weight, f16((rows, k)), f16((rows, n), ptr=FAR),
+                             i32((E + 1,)))
+    assert_passes_validation(rawops.moe_grouped_mm_backward_weight, f16((rows, 128)), f16((rows, 72), ptr=FAR),
+                             i32((E + 1,)), transpose=False)
+
+
+@pytest.mark.parametrize("args,kwargs,error,match", [
+    ((f32((256, 64)), f32((256, 256), ptr=FAR), i32((E + 1,))), {}, TypeError, r"^x has dtype float32"),
+    ((f16((256, 64)), f16((255, 256), ptr=FAR), i32((E + 1,))), {}, ValueError, r"^grad_y has 255 rows"),
+    ((f16((256, 64)), f16((256, 200), ptr=FAR), i32((E + 1,))), {}, ValueError, r"rows a multiple of 128"),
+    ((f16((256, 64)), f16((256, 256), ptr=FAR), i32((E + 1,))), {"transpose": False}, ValueError,
+     r"rows a multiple of 128"),
+    ((f16((256, 64)), f16((256, 256), ptr=FAR), i32((1,))), {}, ValueError, r"^offsets has shape \(1,\)"),
+])
+def test_grouped_weight_gradient_checks_name_the_argument(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        rawops.moe_grouped_mm_backward_weight(*args, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("transpose", [True, False])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_grouped_weight_gradient_matches_each_experts(dtype, transpose):
+    import cupy
+    torch = pytest.importorskip("torch")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped Hopper kernel: sm_90")
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda")
+    g.seed()
+    experts, k, n = 10, 256, 384
+    counts = torch.randint(0, 300, (experts,), generator=g, device="cuda")
+    counts[2] = 0                       # an expert without rows: zeros
+    padded = (counts + 127) // 128 * 128
+    offsets = torch.zeros(experts + 1, dtype=torch.int32, device="cuda")
+    offsets[1:] = torch.cumsum(padded, 0)
+    rows = int(offsets[-1]) + 64        # rows past the groups: not read
+    x = torch.randn(rows, k, generator=g, device="cuda").to(dt)
+    dy = torch.randn(rows, n, generator=g, device="cuda").to(dt)
+    got = torch.from_dlpack(rawops.moe_grouped_mm_backward_weight(
+        cupy.from_dlpack(x), cupy.from_dlpack(dy), cupy.from_dlpack(offsets), transpose=transpose))
+    for e in range(experts):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        ref = dy[lo:hi].double().T @ x[lo:hi].double() if transpose else x[lo:hi].double().T @ dy[lo:hi].double()
+        ours = got[e].double()
+        assert ours.shape == ref.shape
+        if hi == lo:
+            assert torch.equal(ours, torch.zeros_like(ours)), f"expert {e} without rows"
+            continue
+        err = ((ours - ref).norm() / ref.norm()).item()
+        assert err < (4e-3 if dtype == "bfloat16" else 5e-4), f"expert {e}: relative error {err:.2e}"
