@@ -357,3 +357,98 @@ def moe_unpermute(y, weights, index, offsets=None, counts=None):
     if needs_grad(y, weights):
         return _unpermute_apply(y, weights, index, offsets, counts)
     return unpermute(y, weights, index)
+
+
+# ------------------------------------------------------------------- grouped GEMM and the layer (sm_90 prototype)
+def _grouped_launch(kind, a, b, out, offsets, experts, rows, m, n, k, transpose):
+    from .. import _gemm_sm90, _modules
+    from .._launch import sm_count
+
+    device = a.get_device()
+    if _modules.compute_capability(device) != _gemm_sm90.CC or not _gemm_sm90.built(device):
+        raise NotImplementedError("the grouped expert GEMM runs the Hopper kernel (sm_90) only, for now")
+    code = tensor_code(a, "x", None, None, False)
+    if kind == "mm":
+        layout = "nt" if transpose else "nn"
+        why = _gemm_sm90.grouped_check(layout, code, rows, n, k, a.data_ptr(), b.data_ptr(), out.data_ptr(),
+                                       offsets.data_ptr())
+        name, launch = _gemm_sm90.grouped_entry_name(layout, code), _gemm_sm90.launch_grouped
+        args = (layout, code, a.data_ptr(), b.data_ptr(), out.data_ptr(), offsets.data_ptr(), experts, rows, n, k)
+    else:
+        why = _gemm_sm90.grouped_wgrad_check(code, m, n, a.data_ptr(), b.data_ptr(), out.data_ptr(),
+                                             offsets.data_ptr())
+        name, launch = _gemm_sm90.grouped_entry_name("tn", code), _gemm_sm90.launch_grouped_wgrad
+        args = (code, a.data_ptr(), b.data_ptr(), out.data_ptr(), offsets.data_ptr(), experts, rows, m, n)
+    if why is not None:
+        raise ValueError(f"grouped expert GEMM: {why}")
+    function = _gemm_sm90.function(name, device)
+    on_device(device, launch, function, sm_count(device), device, *args, raw_stream(device))
+
+
+def grouped_mm(x, weight, offsets, transpose=True):
+    """y (N, out): each expert's rows of x (N, K; moe_permute(pad_to=128)'s) times weight[e].T
+    (transpose: weight (E, out, K)) or weight[e] ((E, K, out)); rows past offsets[E] zero. No autograd."""
+    experts = weight.shape[0]
+    x, w, offsets = x.contiguous(), weight.contiguous(), offsets.contiguous()
+    k = x.shape[1]
+    if (w.shape[2] if transpose else w.shape[1]) != k:
+        raise ValueError(f"weight has shape {tuple(w.shape)}; its K must match x's last dim {k}")
+    n = w.shape[1] if transpose else w.shape[2]
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    _grouped_launch("mm", x, w, out, offsets, experts, x.shape[0], 0, n, k, transpose)
+    return out
+
+
+def grouped_mm_weight_grad(x, grad_y, offsets, experts, transpose=True):
+    """d weight of grouped_mm(x, weight, offsets, transpose): (E, out, K) or (E, K, out)."""
+    x, g = x.contiguous(), grad_y.contiguous()
+    (first, m), (second, cols) = ((g, g.shape[1]), (x, x.shape[1])) if transpose else ((x, x.shape[1]),
+                                                                                      (g, g.shape[1]))
+    out = torch.empty((experts, m, cols), dtype=x.dtype, device=x.device)
+    _grouped_launch("wgrad", first, second, out, offsets.contiguous(), experts, x.shape[0], m, cols, 0, transpose)
+    return out
+
+
+class _GroupedMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, offsets, transpose):
+        ctx.save_for_backward(x, weight, offsets)
+        ctx.transpose = transpose
+        return grouped_mm(x, weight, offsets, transpose)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, offsets = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[0]:  # y = x W^T -> dx = dy W (the other layout on the same weight)
+            dx = grouped_mm(grad_y, weight, offsets, not ctx.transpose)
+        if ctx.needs_input_grad[1]:
+            dw = grouped_mm_weight_grad(x, grad_y, offsets, weight.shape[0], ctx.transpose)
+        return dx, dw, None, None
+
+
+def moe_grouped_mm(x, weight, offsets, transpose=True):
+    """grouped_mm with autograd to x and weight (sm_90 prototype)."""
+    if needs_grad(x, weight):
+        return _GroupedMM.apply(x, weight, offsets, transpose)
+    return grouped_mm(x, weight, offsets, transpose)
+
+
+MOE_TILE_ROWS = 128  # the grouped GEMM's tile rows: every expert's group padded to it
+
+
+def moe_mlp(x, router_weight, w_gate_up, w_down, k, normalize=True):
+    """A mixture-of-experts SwiGLU MLP, Qwen3-MoE's: the router (x @ router_weight.T, softmax, top-k,
+    renormalise), each token's rows to its k experts, per expert down(silu(gate) * up) with
+    gate_up = x @ w_gate_up[e].T split in halves (gate first), the weighted combine. x (T, H);
+    router_weight (E, H); w_gate_up (E, 2 I, H); w_down (E, H, I) (transformers' fused experts'
+    layouts). Returns (T, H) and the router logits. sm_90 prototype (the grouped GEMM)."""
+    experts = router_weight.shape[0]
+    logits = torch.nn.functional.linear(x, router_weight)
+    weights, ids, _ = moe_route(logits, k, "softmax", normalize)
+    permuted, offsets, counts, index = moe_permute(x, ids, experts, MOE_TILE_ROWS)
+    from .glu import swiglu_fused
+
+    h = swiglu_fused(moe_grouped_mm(permuted, w_gate_up, offsets, True))
+    y = moe_grouped_mm(h, w_down, offsets, True)
+    return moe_unpermute(y, weights, index, offsets, counts), logits
