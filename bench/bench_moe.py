@@ -144,6 +144,74 @@ def shape_rows(ta_moe, name, tokens, hidden, experts, k, ceiling):
     return rows
 
 
+# The whole layer against transformers' Qwen3MoeSparseMoeBlock (Qwen3-30B-A3B's shape), with each
+# experts implementation the installed transformers offers (config._experts_implementation).
+HF_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
+LAYER_BARS = {"eager": 2.0, "fastest": 1.2}
+LAYER_HEADER = ["op", "dtype", "shape", "config", "fwd us", "fwd+bwd us", "peak MiB", "x fwd", "x fwd+bwd", "notes"]
+
+
+def layer_rows():
+    """HF's block with each experts implementation and rawops' MoE sharing its Parameters: forward, forward
+    + backward (every Parameter's gradient and the input's), peak memory of the forward + backward above
+    the inputs. x: HF's time over rawops'."""
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as modeling
+
+    from rawops.torch_adapter import MoE
+
+    tokens, hidden, inter, experts, k = 16384, 2048, 768, 128, 8
+    config = modeling.Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inter, num_experts=experts,
+                                     num_experts_per_tok=k, norm_topk_prob=True)
+    block = modeling.Qwen3MoeSparseMoeBlock(config).to("cuda", DTYPE)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(std=hidden ** -0.5)
+    x = torch.randn(1, tokens, hidden, device="cuda", dtype=DTYPE, requires_grad=True)
+    dout = torch.randn_like(x)
+    params = [x, *block.parameters()]
+    shape = f"qwen3 T{tokens} H{hidden} I{inter} E{experts} k{k}"
+
+    def timed(module):
+        def fwd():
+            with torch.no_grad():
+                return module(x)
+
+        def step():
+            for p in params:
+                p.grad = None
+            torch.autograd.backward(module(x), dout)
+        times = device_times_us({"fwd": fwd, "step": step})
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        return times["fwd"], times["step"], (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+    results = {}
+    for impl in HF_IMPLEMENTATIONS:
+        config._experts_implementation = impl
+        try:
+            results[f"hf {impl}"] = timed(block)
+        except Exception as error:  # an implementation this torch / transformers lacks
+            results[f"hf {impl}"] = f"{type(error).__name__}: {str(error)[:80]}"
+    results["rawops"] = timed(MoE.from_qwen3(block))
+    ours = results["rawops"]
+    rows = []
+    for name, r in results.items():
+        row = {"op": "moe layer", "dtype": DTYPE_NAME, "shape": shape, "config": name, "rawops us": None,
+               "torch us": None}
+        if isinstance(r, str):
+            row["notes"] = r
+        else:
+            row.update({"fwd us": r[0], "fwd+bwd us": r[1], "peak MiB": r[2], "x fwd": r[0] / ours[0],
+                        "x fwd+bwd": r[1] / ours[1]})
+            if name != "rawops":
+                row.update({"op": f"moe layer fwd+bwd vs {name}", "rawops us": ours[1], "torch us": r[1]})
+        rows.append(row)
+    return rows
+
+
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -155,7 +223,16 @@ def main():
     for shape in SHAPES:
         rows += shape_rows(ta_moe, *shape, ceiling)
         torch.cuda.empty_cache()
+    try:
+        layer = layer_rows()
+    except NotImplementedError as error:  # the grouped GEMM: sm_90 only
+        layer = [{"op": "moe layer", "notes": str(error), "rawops us": None, "torch us": None}]
+    torch.cuda.empty_cache()
     text = write_results(out_dir, "moe", "python bench/bench_moe.py", [
+        ("The layer against transformers' Qwen3MoeSparseMoeBlock, bf16", LAYER_HEADER, layer,
+         {"bars": f">= {LAYER_BARS['eager']:g}x HF's eager experts, >= {LAYER_BARS['fastest']:g}x its fastest, "
+                  "peak memory no higher than either",
+          "x": "HF's time over rawops' (rawops' MoE shares the block's Parameters)"}),
         ("Device time, bf16 activations, float32 router weights", ROW_HEADER + [ALONE], rows,
          {"copy ceiling TB/s": round(ceiling, 3),
           "target": f"route >= {ROUTE_BAR:g}x torch; permute and unpermute+combine >= {COPY_BAR:.0%} of the copy "

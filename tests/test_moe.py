@@ -756,3 +756,42 @@ def test_moe_mlp_forward_and_gradients_match_a_per_expert_reference(dtype):
         assert not torch.isnan(o).any(), name
         e = ((o.float() - r).norm() / r.norm()).item()
         assert e < tol, f"d {name}: relative error {e:.2e}"
+
+
+def test_moe_module_takes_a_qwen3_blocks_parameters_and_state_dict():
+    torch = pytest.importorskip("torch")
+    modeling = pytest.importorskip("transformers.models.qwen3_moe.modeling_qwen3_moe")
+    from rawops.torch_adapter import MoE
+
+    config = modeling.Qwen3MoeConfig(hidden_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                                     norm_topk_prob=True)
+    block = modeling.Qwen3MoeSparseMoeBlock(config)
+    swapped = MoE.from_qwen3(block)
+    ours, theirs = dict(swapped.named_parameters()), dict(block.named_parameters())
+    assert ours.keys() == theirs.keys() and all(ours[k] is theirs[k] for k in ours), "the block's own Parameters"
+    assert swapped.top_k == 2 and swapped.normalize
+    fresh = MoE(64, 32, 8, 2)
+    assert {k: v.shape for k, v in fresh.state_dict().items()} == {k: v.shape for k, v in block.state_dict().items()}
+    fresh.load_state_dict(block.state_dict())  # strict: the same keys, layouts
+    assert torch.equal(fresh.experts.gate_up_proj, block.experts.gate_up_proj)
+
+
+@pytest.mark.gpu
+def test_moe_module_matches_the_qwen3_block_it_was_built_from():
+    torch = pytest.importorskip("torch")
+    modeling = pytest.importorskip("transformers.models.qwen3_moe.modeling_qwen3_moe")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped Hopper kernel: sm_90")
+    from rawops.torch_adapter import MoE
+
+    config = modeling.Qwen3MoeConfig(hidden_size=256, moe_intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+                                     norm_topk_prob=True)
+    block = modeling.Qwen3MoeSparseMoeBlock(config).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(std=256 ** -0.5)
+    x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        theirs, ours = block(x).float(), MoE.from_qwen3(block)(x).float()
+    err = ((ours - theirs).norm() / theirs.norm()).item()
+    assert err < 2e-2, f"relative error {err:.2e} against the block (bf16 routing weights there, float32 here)"

@@ -21,7 +21,7 @@ from .image import normalize_volume, rgb_to_gray, to_tensor_normalize
 from .llama import apply_rawops_to_llama
 from .losses import CrossEntropyLoss, cross_entropy
 from .mlp import FusedMLP, fused_mlp
-from .moe import moe_grouped_mm, moe_mlp, moe_permute, moe_route, moe_unpermute
+from .moe import MoE, moe_grouped_mm, moe_mlp, moe_permute, moe_route, moe_unpermute
 from .norm import AddRMSNorm, LayerNorm, RMSNorm, add_rms_norm, layer_norm, rms_norm
 from .rotary import apply_rotary_pos_emb, rope
 from .softmaxes import LogSoftmax, Softmax, log_softmax, softmax
@@ -31,7 +31,7 @@ install_substitutes()  # last: every family has registered its C-level entries
 
 __all__ = [
     "AddRMSNorm", "BiasGELU", "CrossEntropyLoss", "FusedLinearCrossEntropyLoss", "FusedMLP", "GELU", "LayerNorm",
-    "LinearGELU", "LogSoftmax", "RMSNorm", "ReLU", "ReLUScale", "Softmax", "SwiGLUMLP", "add", "add_rms_norm",
+    "LinearGELU", "LogSoftmax", "MoE", "RMSNorm", "ReLU", "ReLUScale", "Softmax", "SwiGLUMLP", "add", "add_rms_norm",
     "apply_rawops_to_llama", "apply_rotary_pos_emb", "argsort", "bias_gelu", "cross_entropy",
     "fused_linear_cross_entropy", "fused_mlp", "geglu", "geglu_fused", "gelu", "layer_norm", "linear_gelu",
     "log_softmax", "matmul", "moe_grouped_mm", "moe_mlp", "moe_permute", "moe_route", "moe_unpermute",

@@ -452,3 +452,59 @@ def moe_mlp(x, router_weight, w_gate_up, w_down, k, normalize=True):
     h = swiglu_fused(moe_grouped_mm(permuted, w_gate_up, offsets, True))
     y = moe_grouped_mm(h, w_down, offsets, True)
     return moe_unpermute(y, weights, index, offsets, counts), logits
+
+
+class _Router(torch.nn.Module):
+    """The router's parameter under HF's name (`gate.weight`, (E, H))."""
+
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+
+class _Experts(torch.nn.Module):
+    """The experts' parameters under HF's names and layouts: gate_up_proj (E, 2 I, H), down_proj (E, H, I)."""
+
+    def __init__(self, gate_up_proj, down_proj):
+        super().__init__()
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
+
+
+class MoE(torch.nn.Module):
+    """A mixture-of-experts SwiGLU block on rawops (moe_mlp), with transformers'
+    Qwen3MoeSparseMoeBlock's parameters and state_dict keys (gate.weight, experts.gate_up_proj,
+    experts.down_proj): MoE(hidden, intermediate, experts, k) builds one, MoE.from_qwen3(block) shares a
+    block's Parameters (an optimizer built before keeps working). forward(hidden_states (..., H)) ->
+    (..., H), as the block's. sm_90 prototype (the grouped GEMM)."""
+
+    def __init__(self, hidden, intermediate, experts, k, normalize=True, device=None, dtype=None):
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.top_k, self.normalize = int(k), bool(normalize)
+        self.gate = _Router(torch.nn.Parameter(torch.empty(experts, hidden, **kw)))
+        self.experts = _Experts(torch.nn.Parameter(torch.empty(experts, 2 * intermediate, hidden, **kw)),
+                                torch.nn.Parameter(torch.empty(experts, hidden, intermediate, **kw)))
+        for p in self.parameters():
+            torch.nn.init.normal_(p, std=hidden ** -0.5)
+
+    @classmethod
+    def from_qwen3(cls, block):
+        """A MoE holding a transformers Qwen3MoeSparseMoeBlock's own Parameters (its act must be silu)."""
+        gate, experts = block.gate, block.experts
+        act = getattr(experts, "act_fn", None)
+        if act is not None and type(act).__name__ not in ("SiLU", "SiLUActivation"):
+            raise ValueError(f"the block's experts use {type(act).__name__}; MoE computes silu(gate) * up")
+        new = cls.__new__(cls)
+        torch.nn.Module.__init__(new)
+        new.top_k, new.normalize = int(gate.top_k), bool(getattr(gate, "norm_topk_prob", True))
+        new.gate = _Router(gate.weight)
+        new.experts = _Experts(experts.gate_up_proj, experts.down_proj)
+        return new.train(block.training)
+
+    def forward(self, hidden_states):
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        out, _ = moe_mlp(x, self.gate.weight, self.experts.gate_up_proj, self.experts.down_proj, self.top_k,
+                         self.normalize)
+        return out.reshape(shape)
