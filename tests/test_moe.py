@@ -766,6 +766,9 @@ def test_moe_module_takes_a_qwen3_blocks_parameters_and_state_dict():
     config = modeling.Qwen3MoeConfig(hidden_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
                                      norm_topk_prob=True)
     block = modeling.Qwen3MoeSparseMoeBlock(config)
+    with torch.no_grad():
+        for p in block.parameters():  # (the block leaves them uninitialised)
+            p.normal_()
     swapped = MoE.from_qwen3(block)
     ours, theirs = dict(swapped.named_parameters()), dict(block.named_parameters())
     assert ours.keys() == theirs.keys() and all(ours[k] is theirs[k] for k in ours), "the block's own Parameters"
