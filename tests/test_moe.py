@@ -798,3 +798,126 @@ def test_moe_module_matches_the_qwen3_block_it_was_built_from():
         theirs, ours = block(x).float(), MoE.from_qwen3(block)(x).float()
     err = ((ours - theirs).norm() / theirs.norm()).item()
     assert err < 2e-2, f"relative error {err:.2e} against the block (bf16 routing weights there, float32 here)"
+
+
+# ------------------------------------------------------------------------------ expert parallel (CPU, gloo)
+def _reference_experts(rows, expert_ids, wgu, wd):
+    """Qwen3-MoE's SwiGLU experts, one at a time (torch), rows (N, H) and their expert ids (N,)."""
+    import torch
+    import torch.nn.functional as F
+
+    out = rows.new_zeros((rows.shape[0], wd.shape[1]))
+    inter = wd.shape[2]
+    for e in range(wgu.shape[0]):
+        sel = torch.nonzero(expert_ids == e).flatten()
+        if sel.numel():
+            h = F.linear(rows[sel], wgu[e])
+            out = out.index_add(0, sel, F.linear(F.silu(h[:, :inter]) * h[:, inter:], wd[e]))
+    return out
+
+
+def _expert_parallel_worker(rank, world, port):
+    import torch
+    import torch.distributed as dist
+
+    from rawops.torch_adapter._moe_parallel import expert_parallel
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        experts, k, hidden, inter = 8, 2, 16, 8
+        g = torch.Generator().manual_seed(1234)  # the same draws on every rank
+        wgu = torch.randn(experts, 2 * inter, hidden, generator=g, dtype=torch.float64)
+        wd = torch.randn(experts, hidden, inter, generator=g, dtype=torch.float64)
+        xs = [torch.randn(37 + 5 * r, hidden, generator=g, dtype=torch.float64) for r in range(world)]
+        routes = [torch.topk(torch.softmax(torch.randn(x.shape[0], experts, generator=g, dtype=torch.float64), -1), k)
+                  for x in xs]
+        douts = [torch.randn(x.shape[0], hidden, generator=g, dtype=torch.float64) for x in xs]
+        lo, hi = rank * experts // world, (rank + 1) * experts // world
+        local_wgu, local_wd = wgu[lo:hi].clone().requires_grad_(True), wd[lo:hi].clone().requires_grad_(True)
+        x = xs[rank].clone().requires_grad_(True)
+        w = routes[rank].values.clone().requires_grad_(True)
+
+        def combine(y, weights, index):
+            return (y[index.long()] * weights[..., None]).sum(1)
+        out = expert_parallel(x, w, routes[rank].indices, experts,
+                              lambda rows, ids: _reference_experts(rows, ids, local_wgu, local_wd), combine=combine)
+        dx, dw, dwgu, dwd = torch.autograd.grad(out, [x, w, local_wgu, local_wd], douts[rank])
+        # the one-process reference over every rank's tokens with every expert
+        full = [t.clone().requires_grad_(True) for t in (wgu, wd)]
+        leaves = [t.clone().requires_grad_(True) for t in xs] + [r.values.clone().requires_grad_(True) for r in routes]
+        total = 0
+        for r in range(world):
+            xr, wr, ids = leaves[r], leaves[world + r], routes[r].indices
+            y = _reference_experts(xr[torch.arange(xr.shape[0]).repeat_interleave(k)], ids.reshape(-1), *full)
+            ref = (y.reshape(xr.shape[0], k, hidden) * wr[..., None]).sum(1)
+            if r == rank:
+                ref_out = ref
+            total = total + (ref * douts[r]).sum()
+        grads = torch.autograd.grad(total, [leaves[rank], leaves[world + rank], *full])
+        assert torch.allclose(out, ref_out, atol=1e-10), "output"
+        for name, ours, theirs in zip(("x", "weights"), (dx, dw), grads[:2]):
+            assert torch.allclose(ours, theirs, atol=1e-10), f"d {name}"
+        assert torch.allclose(dwgu, grads[2][lo:hi], atol=1e-10), "d gate_up (this rank's experts)"
+        assert torch.allclose(dwd, grads[3][lo:hi], atol=1e-10), "d down (this rank's experts)"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_expert_parallel_equals_one_process_forward_and_backward(world):
+    torch = pytest.importorskip("torch")
+    import socket
+
+    import torch.multiprocessing as mp
+
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_expert_parallel_worker, args=(world, port), nprocs=world, join=True)
+
+
+def _expert_parallel_gpu_worker(rank, world, port):
+    import torch
+    import torch.distributed as dist
+
+    from rawops.torch_adapter import moe_mlp, moe_route
+    from rawops.torch_adapter._moe_parallel import expert_parallel, local_moe_experts
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    try:
+        experts, k, hidden, inter, tokens = 16, 4, 256, 128, 600
+        g = torch.Generator(device="cuda").manual_seed(99)  # the same draws on every rank
+        dt = torch.bfloat16
+        wr = (torch.randn(experts, hidden, generator=g, device="cuda") * hidden ** -0.5).to(dt)
+        wgu = (torch.randn(experts, 2 * inter, hidden, generator=g, device="cuda") * hidden ** -0.5).to(dt)
+        wd = (torch.randn(experts, hidden, inter, generator=g, device="cuda") * inter ** -0.5).to(dt)
+        xs = [torch.randn(tokens, hidden, generator=g, device="cuda").to(dt) for _ in range(world)]
+        lo, hi = rank * experts // world, (rank + 1) * experts // world
+        x = xs[rank]
+        weights, ids, _ = moe_route(torch.nn.functional.linear(x, wr), k)
+        out = expert_parallel(x, weights, ids, experts, local_moe_experts(wgu[lo:hi], wd[lo:hi]))
+        ref, _ = moe_mlp(x, wr, wgu, wd, k)  # the one-GPU layer on this rank's tokens
+        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        assert err < 1e-2, f"rank {rank}: relative error {err:.2e} against the one-GPU layer"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_expert_parallel_on_two_gpus_equals_the_one_gpu_layer():
+    torch = pytest.importorskip("torch")
+    import socket
+
+    import torch.multiprocessing as mp
+
+    if torch.cuda.device_count() < 2 or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("two sm_90 GPUs (the grouped Hopper kernel)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_expert_parallel_gpu_worker, args=(2, port), nprocs=2, join=True)
