@@ -21,6 +21,11 @@ are noise beside them, and not counted). Bars: route >= 5x torch's composite; pe
 unpermute+combine >= 0.85 of the copy ceiling measured in the same run; the other rows are shown
 for information.
 
+The layer (sm_90: the grouped GEMM): transformers' Qwen3MoeSparseMoeBlock with each experts
+implementation against rawops' MoE sharing its Parameters, forward and forward + backward, peak
+memory; with two GPUs, the expert-parallel layer (NCCL all_to_all, 16384 tokens a GPU) in tokens/s
+a GPU against one GPU's.
+
     python bench/bench_moe.py [--out bench/results]
 """
 import os
@@ -212,6 +217,72 @@ def layer_rows():
     return rows
 
 
+PARALLEL_BAR = 1.6  # expert parallel on 2 GPUs: tokens/s at least this many times one GPU's
+
+
+def _parallel_worker(rank, world, port, out_dir):
+    """One rank of the expert-parallel layer at the Qwen3 shape (16384 tokens a rank, the experts split
+    over the ranks): the median time of a forward + backward, written to out_dir/rank<r>.txt."""
+    import torch.distributed as dist
+
+    from rawops.torch_adapter import moe_route
+    from rawops.torch_adapter._moe_parallel import expert_parallel, local_moe_experts
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    tokens, hidden, inter, experts, k = 16384, 2048, 768, 128, 8
+    lo, hi = rank * experts // world, (rank + 1) * experts // world
+    wr = (torch.randn(experts, hidden, device="cuda") * hidden ** -0.5).to(DTYPE).requires_grad_(True)
+    wgu = (torch.randn(hi - lo, 2 * inter, hidden, device="cuda") * hidden ** -0.5).to(DTYPE).requires_grad_(True)
+    wd = (torch.randn(hi - lo, hidden, inter, device="cuda") * inter ** -0.5).to(DTYPE).requires_grad_(True)
+    x = torch.randn(tokens, hidden, device="cuda", dtype=DTYPE, requires_grad=True)
+    dout = torch.randn_like(x)
+    local = local_moe_experts(wgu, wd)
+
+    def step():
+        weights, ids, _ = moe_route(torch.nn.functional.linear(x, wr), k)
+        torch.autograd.backward(expert_parallel(x, weights, ids, experts, local), dout)
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(10):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start_event.record()
+        step()
+        end_event.record()
+        torch.cuda.synchronize()
+        times.append(start_event.elapsed_time(end_event) * 1e3)
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(str(sorted(times)[len(times) // 2]))
+    dist.destroy_process_group()
+
+
+def parallel_rows(one_gpu_step_us, tokens=16384):
+    """Expert parallel on 2 GPUs against one GPU's layer (one_gpu_step_us: its forward + backward of
+    `tokens` tokens): tokens/s per GPU and the 2-GPU total over one GPU's."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    world = 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_parallel_worker, args=(world, port, out_dir), nprocs=world, join=True)
+        step_us = max(float(open(os.path.join(out_dir, f"rank{r}.txt")).read()) for r in range(world))
+    per_gpu = tokens / step_us * 1e6
+    one = tokens / one_gpu_step_us * 1e6
+    return [{"op": "moe layer fwd+bwd, expert parallel", "dtype": DTYPE_NAME, "shape": f"qwen3 T{tokens} a GPU",
+             "config": f"{world} GPUs", "fwd+bwd us": step_us, "rawops us": None, "torch us": None,
+             "notes": f"{per_gpu:.0f} tokens/s a GPU; {world} GPUs {world * per_gpu / one:.2f}x one GPU's "
+                      f"{one:.0f} (bar {PARALLEL_BAR:g}x)"}]
+
+
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -225,6 +296,9 @@ def main():
         torch.cuda.empty_cache()
     try:
         layer = layer_rows()
+        ours = next((r for r in layer if r.get("config") == "rawops" and "fwd+bwd us" in r), None)
+        if ours is not None and torch.cuda.device_count() >= 2:
+            layer += parallel_rows(ours["fwd+bwd us"])
     except NotImplementedError as error:  # the grouped GEMM: sm_90 only
         layer = [{"op": "moe layer", "notes": str(error), "rawops us": None, "torch us": None}]
     torch.cuda.empty_cache()
