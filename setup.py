@@ -9,6 +9,8 @@ import glob
 import importlib.util
 import os
 import shutil
+import sys
+import threading
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -109,10 +111,19 @@ class BuildKernelsAndExtensions(build_ext):
             jobs.append((family, cu_path, out_path, targets, cutlass))
             if targets:
                 specific[family] = [f"sm_{t}" for t in targets]
-        # One nvcc per family, side by side: each compiles its architectures in turn.
+        # One nvcc per family, side by side: each compiles its architectures in turn. Their log lines are
+        # written whole under a lock (print writes the text and the newline apart: two threads' lines
+        # interleaved, and a family's line went missing from the packaging test's reading of the log).
+        lock = threading.Lock()
+
+        def log(line):
+            with lock:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
             for family, done in [(family, pool.submit(nvcc_helpers.build_fatbin, nvcc, cu_path, include_dir, out_path,
-                                                      archs, targets=targets, cutlass=cutlass, cache=cache))
+                                                      archs, targets=targets, cutlass=cutlass, cache=cache, log=log))
                                  for family, cu_path, out_path, targets, cutlass in jobs]:
                 digests[family] = done.result()[0]  # nvcc's error, if any, surfaces here
         present = {f for f in families if os.path.exists(os.path.join(fatbin_dir, f"{f}.fatbin"))}
