@@ -99,10 +99,14 @@ def device_time_us(fn, warmup=10, reps=50):
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
 
 
-def device_times_us(fns, warmup=10, reps=20, rounds=5):
+QUEUE_SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock cycles: longer than any call's host work
+
+
+def device_times_us(fns, warmup=10, reps=20, rounds=5, queued=False):
     """{name: median device time in us} of each callable (one event pair around each call),
     measured in interleaved rounds (A, B, A, B, ...): drift in the host's or the GPU's speed
-    during the run then falls on every candidate alike."""
+    during the run then falls on every candidate alike. queued: the GPU kept busy
+    (torch.cuda._sleep) while the host enqueues each call (queued_device_times_us)."""
     for fn in fns.values():
         warm_up(fn, warmup)
     stream = torch.cuda.current_stream()
@@ -112,15 +116,14 @@ def device_times_us(fns, warmup=10, reps=20, rounds=5):
             events = event_pairs(reps, stream)
             fn()  # once more after the other candidates' calls
             for start, end in events:
+                if queued:
+                    torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
                 start.record(stream)
                 fn()
                 end.record(stream)
             torch.cuda.synchronize()
             samples[name] += [s.elapsed_time(e) * 1e3 for s, e in events]
     return {name: statistics.median(values) for name, values in samples.items()}
-
-
-QUEUE_SLEEP_CYCLES = 2_000_000  # ~1 ms of GPU clock cycles: longer than any call's host work
 
 
 def queued_device_times_us(fns, warmup=10, reps=20, rounds=5):
@@ -128,22 +131,7 @@ def queued_device_times_us(fns, warmup=10, reps=20, rounds=5):
     the call's device time without its host launch overhead, as inside a step whose GPU work runs
     ahead of the host. For calls whose kernels are shorter than their host work (device_times_us
     then measures the host); report both."""
-    for fn in fns.values():
-        warm_up(fn, warmup)
-    stream = torch.cuda.current_stream()
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            events = event_pairs(reps, stream)
-            fn()
-            for start, end in events:
-                torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
-                start.record(stream)
-                fn()
-                end.record(stream)
-            torch.cuda.synchronize()
-            samples[name] += [s.elapsed_time(e) * 1e3 for s, e in events]
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return device_times_us(fns, warmup, reps, rounds, queued=True)
 
 
 def loop_times_us(fns, calls=20, reps=10, rounds=5):
