@@ -21,6 +21,10 @@ are noise beside them, and not counted). Bars: route >= 5x torch's composite; pe
 unpermute+combine >= 0.85 of the copy ceiling measured in the same run; the other rows are shown
 for information.
 
+The experts' grouped GEMMs (sm_90), Qwen3's and Mixtral's: forward, d x and d weight of the gate/up
+and down projections over moe_permute(pad_to=128)'s rows, against torch._grouped_mm on the same rows
+and cuBLAS dense (torch.mm) of the same M x N x K. Bars: >= 0.9x torch._grouped_mm, >= 0.8 of dense.
+
 The layer (sm_90: the grouped GEMM): transformers' Qwen3MoeSparseMoeBlock with each experts
 implementation against rawops' MoE sharing its Parameters, forward and forward + backward, peak
 memory; with two GPUs, the expert-parallel layer (NCCL all_to_all, 16384 tokens a GPU) in tokens/s
@@ -38,6 +42,8 @@ from timing import ROW_HEADER, device_times_us, queued_device_times_us, row_resu
 
 # (name, tokens, hidden, experts, k)
 SHAPES = [("qwen3", 16384, 2048, 128, 8), ("mixtral", 16384, 4096, 64, 2)]
+# (name, tokens, hidden, intermediate, experts, k) of the grouped GEMMs
+GEMM_SHAPES = [("qwen3", 16384, 2048, 768, 128, 8), ("mixtral", 16384, 4096, 14336, 64, 2)]
 ROUTE_BAR = 5.0
 ALONE = "call alone us (rawops / torch)"
 COPY_BAR = 0.85
@@ -147,6 +153,70 @@ def shape_rows(ta_moe, name, tokens, hidden, experts, k, ceiling):
     rows.append(row_result("permute bwd", DTYPE_NAME, shape, nbytes, times["rawops"], times["torch"], {}, ceiling,
                            None))
     return rows
+
+
+# The grouped GEMMs of the layer's experts, over moe_permute(pad_to=128)'s rows of a random routing:
+# the gate/up and down projections forward (nt: each expert's nn.Linear weight), their d x (nn) and
+# their d weight (tn, one launch over every expert), against torch._grouped_mm on the same rows and
+# offsets and cuBLAS dense (torch.mm) of the same M x N x K (the same FLOPs, one weight).
+GEMM_BARS = {"grouped_mm": 0.9, "dense": 0.8}
+GEMM_HEADER = ["op", "dtype", "shape", "rawops us", "torch._grouped_mm us", "cuBLAS dense us", "rawops TFLOP/s",
+               "x torch._grouped_mm", "of dense", "meets target", "notes"]
+
+
+def grouped_rows(name, tokens, hidden, inter, experts, k):
+    from rawops import moe as _moe
+    from rawops.torch_adapter import moe as ta_moe
+
+    shape = f"{name} T{tokens} H{hidden} I{inter} E{experts} k{k}"
+    logits = torch.randn(tokens, experts, device="cuda", dtype=DTYPE)
+    _, ids, _ = ta_moe.route(logits, k, _moe.score_flags("softmax", True))
+    x = torch.randn(tokens, hidden, device="cuda", dtype=DTYPE)
+    xp, offsets, _, _ = ta_moe.permute(x, ids, experts, 128)
+    del x
+    rows, ends = xp.shape[0], offsets[1:].contiguous()
+    used = int(offsets[-1])  # the rows of the groups (the permuted buffer's tail past them stays zero)
+    wgu = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=DTYPE) * hidden ** -0.5
+    wd = torch.randn(experts, hidden, inter, device="cuda", dtype=DTYPE) * inter ** -0.5
+    hp = torch.randn(rows, inter, device="cuda", dtype=DTYPE)  # the swiglu rows the down projection reads
+    dgu = torch.randn(rows, 2 * inter, device="cuda", dtype=DTYPE)  # d of the gate/up output
+    dy = torch.randn(rows, hidden, device="cuda", dtype=DTYPE)  # d of the down output
+    cases = [  # (op, m, n, k, rawops, torch._grouped_mm, dense of the same m n k)
+        ("gate_up fwd (nt)", used, 2 * inter, hidden, lambda: ta_moe.grouped_mm(xp, wgu, offsets, True),
+         lambda: torch._grouped_mm(xp, wgu.transpose(-2, -1), offs=ends), lambda: torch.mm(xp[:used], wgu[0].t())),
+        ("down fwd (nt)", used, hidden, inter, lambda: ta_moe.grouped_mm(hp, wd, offsets, True),
+         lambda: torch._grouped_mm(hp, wd.transpose(-2, -1), offs=ends), lambda: torch.mm(hp[:used], wd[0].t())),
+        ("gate_up dx (nn)", used, hidden, 2 * inter, lambda: ta_moe.grouped_mm(dgu, wgu, offsets, False),
+         lambda: torch._grouped_mm(dgu, wgu, offs=ends), lambda: torch.mm(dgu[:used], wgu[0])),
+        ("down dx (nn)", used, inter, hidden, lambda: ta_moe.grouped_mm(dy, wd, offsets, False),
+         lambda: torch._grouped_mm(dy, wd, offs=ends), lambda: torch.mm(dy[:used], wd[0])),
+        ("gate_up dW (tn)", 2 * inter, hidden, used,
+         lambda: ta_moe.grouped_mm_weight_grad(xp, dgu, offsets, experts, True),
+         lambda: torch._grouped_mm(dgu.t(), xp, offs=ends), lambda: torch.mm(dgu[:used].t(), xp[:used])),
+        ("down dW (tn)", hidden, inter, used, lambda: ta_moe.grouped_mm_weight_grad(hp, dy, offsets, experts, True),
+         lambda: torch._grouped_mm(dy.t(), hp, offs=ends), lambda: torch.mm(dy[:used].t(), hp[:used])),
+    ]
+    out = []
+    for op, m, n, kk, ours, theirs, dense in cases:
+        fns = {"rawops": ours, "dense": dense}
+        note = "-"
+        try:
+            theirs()
+            fns["grouped_mm"] = theirs
+        except Exception as error:  # a torch without it, or a layout it refuses
+            note = f"torch._grouped_mm: {type(error).__name__}: {str(error)[:70]}"
+        t = device_times_us(fns, warmup=3, reps=10, rounds=3)
+        tflops = 2 * m * n * kk / t["rawops"] / 1e6
+        vs = t["grouped_mm"] / t["rawops"] if "grouped_mm" in t else None
+        of_dense = t["dense"] / t["rawops"]
+        meets = of_dense >= GEMM_BARS["dense"] and (vs is None or vs >= GEMM_BARS["grouped_mm"])
+        out.append({"op": f"grouped gemm {op}", "dtype": DTYPE_NAME, "shape": f"{shape} M{m} N{n} K{kk}",
+                    "rawops us": t["rawops"], "torch._grouped_mm us": t.get("grouped_mm"),
+                    "cuBLAS dense us": t["dense"], "rawops TFLOP/s": tflops, "x torch._grouped_mm": vs,
+                    "of dense": of_dense, "meets target": meets, "torch us": t.get("grouped_mm"), "notes": note})
+        print(f"{op:18s} {shape}: rawops {t['rawops']:8.1f} us ({tflops:5.0f} TFLOP/s), "
+              f"grouped_mm {t.get('grouped_mm', float('nan')):8.1f}, dense {t['dense']:8.1f}", flush=True)
+    return out
 
 
 # The whole layer against transformers' Qwen3MoeSparseMoeBlock (Qwen3-30B-A3B's shape), with each
@@ -294,6 +364,14 @@ def main():
     for shape in SHAPES:
         rows += shape_rows(ta_moe, *shape, ceiling)
         torch.cuda.empty_cache()
+    gemm = []
+    for gshape in GEMM_SHAPES:
+        try:
+            gemm += grouped_rows(*gshape)
+        except NotImplementedError as error:  # the grouped GEMM: sm_90 only
+            gemm = [{"op": "grouped gemm", "notes": str(error), "rawops us": None, "torch us": None}]
+            break
+        torch.cuda.empty_cache()
     try:
         layer = layer_rows()
         ours = next((r for r in layer if r.get("config") == "rawops" and "fwd+bwd us" in r), None)
@@ -303,6 +381,10 @@ def main():
         layer = [{"op": "moe layer", "notes": str(error), "rawops us": None, "torch us": None}]
     torch.cuda.empty_cache()
     text = write_results(out_dir, "moe", "python bench/bench_moe.py", [
+        ("The experts' grouped GEMMs, bf16, over moe_permute(pad_to=128) rows", GEMM_HEADER, gemm,
+         {"bars": f">= {GEMM_BARS['grouped_mm']:g}x torch._grouped_mm, >= {GEMM_BARS['dense']:g} of cuBLAS dense "
+                  "bf16 at the same M N K",
+          "dense": "torch.mm of the same M x N x K with one expert's weight (the same FLOPs)"}),
         ("The layer against transformers' Qwen3MoeSparseMoeBlock, bf16", LAYER_HEADER, layer,
          {"bars": f">= {LAYER_BARS['eager']:g}x HF's eager experts, >= {LAYER_BARS['fastest']:g}x its fastest, "
                   "peak memory no higher than either",

@@ -734,28 +734,40 @@ def test_moe_mlp_forward_and_gradients_match_a_per_expert_reference(dtype):
     leaves = [t.clone().requires_grad_(True) for t in (x, wr, wgu, wd)]
     out, _ = moe_mlp(*leaves, k)
     ours = torch.autograd.grad(out, leaves, dout)
+    def reference(leaves):  # the per-expert loop in the leaves' dtype; the router's softmax in float32
+        rx, rwr, rwgu, rwd = leaves
+        p = torch.softmax(F.linear(rx, rwr).float(), -1)
+        w, ids = torch.topk(p, k, -1)
+        w = w / w.sum(-1, keepdim=True)
+        ref = torch.zeros_like(rx)
+        for e in range(experts):
+            t, j = torch.nonzero(ids == e, as_tuple=True)
+            if t.numel() == 0:
+                continue
+            h = F.linear(rx[t], rwgu[e])
+            y = F.linear(F.silu(h[:, :inter]) * h[:, inter:], rwd[e])
+            ref = ref.index_add(0, t, (y * w[t, j, None]).to(ref.dtype))
+        return ref
+
     ref_leaves = [t.float().requires_grad_(True) for t in (x, wr, wgu, wd)]
-    rx, rwr, rwgu, rwd = ref_leaves
-    logits = F.linear(rx, rwr)
-    p = torch.softmax(logits, -1)
-    w, ids = torch.topk(p, k, -1)
-    w = w / w.sum(-1, keepdim=True)
-    ref = torch.zeros_like(rx)
-    for e in range(experts):
-        t, j = torch.nonzero(ids == e, as_tuple=True)
-        if t.numel() == 0:
-            continue
-        h = F.linear(rx[t], rwgu[e])
-        y = F.linear(F.silu(h[:, :inter]) * h[:, inter:], rwd[e])
-        ref = ref.index_add(0, t, y * w[t, j, None])
+    ref = reference(ref_leaves)
     theirs = torch.autograd.grad(ref, ref_leaves, dout.float())
+    # torch's own error in the leaves' dtype (the same loop): the router's gradient goes through the
+    # differences of the renormalised top-k weights (a cancellation), so its 16-bit error is several
+    # times the others'; ours is held to 3x torch's, never tighter than tol
+    torch_leaves = [t.clone().requires_grad_(True) for t in (x, wr, wgu, wd)]
+    torch_out = reference(torch_leaves)
+    torch_grads = torch.autograd.grad(torch_out, torch_leaves, dout)
+
+    def rel(a, b):
+        return ((a.float() - b).norm() / b.norm()).item()
     tol = 3e-2 if dtype == "bfloat16" else 1e-2
-    err = ((out.float() - ref).norm() / ref.norm()).item()
-    assert err < tol, f"output: relative error {err:.2e}"
-    for name, o, r in zip(("x", "router", "gate_up", "down"), ours, theirs):
+    err = rel(out, ref)
+    assert err < max(tol, 3 * rel(torch_out, ref)), f"output: relative error {err:.2e}"
+    for name, o, t, r in zip(("x", "router", "gate_up", "down"), ours, torch_grads, theirs):
         assert not torch.isnan(o).any(), name
-        e = ((o.float() - r).norm() / r.norm()).item()
-        assert e < tol, f"d {name}: relative error {e:.2e}"
+        e, te = rel(o, r), rel(t, r)
+        assert e < max(tol, 3 * te), f"d {name}: relative error {e:.2e} (torch {dtype}: {te:.2e})"
 
 
 def test_moe_module_takes_a_qwen3_blocks_parameters_and_state_dict():
