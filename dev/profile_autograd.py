@@ -46,6 +46,18 @@ def main(argv):
         hosts.sort()
         print(f"\n== {op} {dtype} {shape}: call {with_flush:.1f} us (flushed), {without:.1f} (not), kernels "
               f"{kernels:.1f}, host {hosts[len(hosts) // 2]:.1f} us (min {hosts[0]:.1f})", flush=True)
+        import cProfile
+        import pstats
+        prof_host = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof_host.enable()
+        for _ in range(30):
+            for t in leaves:
+                t.grad = None
+            step()
+        prof_host.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(prof_host).sort_stats("tottime").print_stats(18)
         from torch.profiler import ProfilerActivity, profile
         for t in leaves:
             t.grad = None

@@ -252,7 +252,7 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   // [offsets[e], offsets[e + 1]) (whole stages: the groups are padded to 128 rows); the output
   // is the experts' M x N matrices stacked, expert e's at row e M.
   const int parts = k_groups ? groups : splits;
-  const int units = tiles_m * tiles_n * parts;
+  const int tiles = tiles_m * tiles_n, units = tiles * parts;
   constexpr int kBK = C::kBK;
   const int k_tiles = int((K + kBK - 1) / kBK);
   const int split_tiles = (k_tiles + splits - 1) / splits;  // K tiles a split (the last may have fewer)
@@ -282,7 +282,9 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
       int stage = 0;
       uint32_t phase = 1;  // a fresh "empty" barrier counts as released
       for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-        const int tile = unit / parts, split = unit - tile * parts;
+        // k_groups: expert-major (the blocks running together share an expert's rows in L2: tile-major, each
+        // read its own expert's, 0.42x torch._grouped_mm at DRAM speed); splits: tile-major
+        const int tile = k_groups ? unit % tiles : unit / parts, split = k_groups ? unit / tiles : unit - tile * parts;
         int tm, tn;
         tile_coords(tile, tiles_m, tiles_n, tm, tn);
         int b_shift = 0;  // the tile's expert's first row in the stacked B
@@ -326,7 +328,7 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   int stage = 0;
   uint32_t phase = 0;
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const int tile = unit / parts, split = unit - tile * parts;
+    const int tile = k_groups ? unit % tiles : unit / parts, split = k_groups ? unit / tiles : unit - tile * parts;
     int tm, tn;
     tile_coords(tile, tiles_m, tiles_n, tm, tn);
     if (groups && !k_groups && tm * kBM >= group_offsets[groups]) {  // past the last group: no loads (as the producer), zeros
