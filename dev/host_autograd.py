@@ -87,5 +87,47 @@ def main():
               f" host {host_us(step):.1f}", flush=True)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and not os.environ.get("TIMELINE"):
     main()
+
+
+def timeline(reps=200):
+    """Where ta.rms_norm's forward + backward spends its host time: perf_counter stamps at the entry and
+    exit of the autograd Function's forward and backward (GPU kept busy), medians in us from the step's
+    start."""
+    from rawops.torch_adapter import norm as tn
+    stamps = {}
+
+    def wrap(cls, name):
+        original = getattr(cls, name)
+
+        def timed(*args):
+            stamps[name + " in"] = time.perf_counter()
+            out = original(*args)
+            stamps[name + " out"] = time.perf_counter()
+            return out
+        setattr(cls, name, staticmethod(timed))
+    wrap(tn._Norm, "forward")
+    wrap(tn._Norm, "backward")
+    x = torch.randn(16384, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    rows = []
+    for i in range(reps):
+        if i % 10 == 0:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(50_000_000)
+        x.grad = w.grad = None
+        t0 = time.perf_counter()
+        y = ta.rms_norm(x, (4096,), w, 1e-6)
+        stamps["apply returned"] = time.perf_counter()
+        torch.autograd.backward(y, dy)
+        stamps["backward returned"] = time.perf_counter()
+        rows.append({k: (v - t0) * 1e6 for k, v in stamps.items()})
+    torch.cuda.synchronize()
+    for key in ("forward in", "forward out", "apply returned", "backward in", "backward out", "backward returned"):
+        print(f"  rms_norm bf16 {key:18s} {statistics.median(r[key] for r in rows[10:]):8.1f} us", flush=True)
+
+
+if __name__ == "__main__" and os.environ.get("TIMELINE"):
+    timeline()
