@@ -9,7 +9,11 @@ events; `kernels us` is the sum of the device times of every kernel those calls 
 (torch.profiler's CUDA activity over back-to-back calls, no flush), so the flush is not counted.
 call / kernels is what the adapter's path adds: an allocation that waits, a synchronisation, host
 work longer than the kernels it launches. Bar: call <= 1.1 x kernels. torch's own ops are timed
-the same way beside them for reference (not held to the bar).
+the same way beside them for reference (not held to the bar). To tell those apart, two more
+columns: `queued us`, the same call with the GPU kept busy while the host enqueues it (a sleep
+kernel ahead of the events, as in a training step whose GPU runs ahead of its host): an allocation
+or synchronisation that stalls the GPU shows there, host work does not; and `host us`, the host's
+time to enqueue one call (perf_counter, those same queued calls).
 
 Shapes: the row ops at 16384 x 4096 (rms_norm, layer_norm, softmax, gelu, bias_gelu), linear_gelu
 at 8192 x 768 -> 3072 (bench_gemm's), fused_mlp at bench_mlp's shapes (the source network
@@ -21,19 +25,20 @@ row ops and linear_gelu.
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import event_pairs, start, write_results  # noqa: E402
+from timing import QUEUE_SLEEP_CYCLES, event_pairs, start, write_results  # noqa: E402
 
 BAR = 1.1
 REPS, ROUNDS = 10, 3
 ROWS, COLS = 16384, 4096
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
-HEADER = ["op", "dtype", "shape", "call us", "kernels us", "call / kernels", "torch call us", "torch kernels us",
-          "torch call / kernels", "meets target"]
+HEADER = ["op", "dtype", "shape", "call us", "kernels us", "call / kernels", "queued us", "host us", "torch call us",
+          "torch kernels us", "torch call / kernels", "torch queued us", "torch host us", "meets target"]
 
 
 def flusher():
@@ -43,24 +48,30 @@ def flusher():
     return lambda: buf.fill_(1)
 
 
-def call_us(step, leaves, flush):
-    """Median device time of step() with L2 flushed before each (events around step alone)."""
+def call_us(step, leaves, flush, queued=False):
+    """Median device time of step() with L2 flushed before each (events around step alone); queued:
+    with a sleep kernel ahead of the events (the GPU busy while the host enqueues step), and then
+    also the median host time of enqueueing step: (device us, host us)."""
     stream = torch.cuda.current_stream()
     for _ in range(3):
         step()
-    samples = []
+    samples, hosts = [], []
     for _ in range(ROUNDS):
         pairs = event_pairs(REPS, stream)
         for s, e in pairs:
             for t in leaves:
                 t.grad = None
             flush()
+            if queued:
+                torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
             s.record(stream)
+            t0 = time.perf_counter()
             step()
+            hosts.append((time.perf_counter() - t0) * 1e6)
             e.record(stream)
         torch.cuda.synchronize()
         samples += [s.elapsed_time(e) * 1e3 for s, e in pairs]
-    return statistics.median(samples)
+    return (statistics.median(samples), statistics.median(hosts)) if queued else statistics.median(samples)
 
 
 def kernels_us(step, leaves):
@@ -138,7 +149,7 @@ def measure(fn, leaves, flush):
 
     def step():
         torch.autograd.backward(fn(*leaves), grad)
-    return call_us(step, leaves, flush), kernels_us(step, leaves)
+    return (call_us(step, leaves, flush), kernels_us(step, leaves)) + call_us(step, leaves, flush, queued=True)
 
 
 def main():
@@ -153,8 +164,8 @@ def main():
     for op, dtype, shape, ours, theirs, make in cases(ta):
         try:
             leaves = make()
-            c, k = measure(ours, leaves, flush)
-            tc, tk = measure(theirs, leaves, flush)
+            c, k, q, h = measure(ours, leaves, flush)
+            tc, tk, tq, th = measure(theirs, leaves, flush)
         except Exception as error:  # one case failing leaves the others' rows
             print(f"{op} {dtype} {shape}: {type(error).__name__}: {error}", flush=True)
             rows.append({"op": f"{op} fwd+bwd", "dtype": dtype, "shape": shape, "meets target": f"error: {error}"})
@@ -163,15 +174,18 @@ def main():
             leaves = None
             torch.cuda.empty_cache()
         rows.append({"op": f"{op} fwd+bwd", "dtype": dtype, "shape": shape, "call us": c, "kernels us": k,
-                     "call / kernels": c / k, "torch call us": tc, "torch kernels us": tk,
-                     "torch call / kernels": tc / tk, "meets target": c <= BAR * k, "rawops us": c, "torch us": tc})
+                     "call / kernels": c / k, "queued us": q, "host us": h, "torch call us": tc,
+                     "torch kernels us": tk, "torch call / kernels": tc / tk, "torch queued us": tq,
+                     "torch host us": th, "meets target": c <= BAR * k, "rawops us": c, "torch us": tc})
         print(f"{op:12s} {dtype:4s} {shape:22s} call {c:9.1f} us  kernels {k:9.1f} us  {c / k:5.2f}x | "
-              f"torch {tc:9.1f} / {tk:9.1f} us", flush=True)
+              f"queued {q:9.1f} host {h:7.1f} | torch {tc:9.1f} / {tk:9.1f} us", flush=True)
     text = write_results(out_dir, "autograd", "python bench/bench_autograd.py", [
         ("Forward + backward through autograd, one call against its kernels", HEADER, rows,
          {"target": f"call <= {BAR:g} x the sum of its kernels' device times (torch's rows for reference)",
           "call": "CUDA events around one forward + backward, L2 flushed before it",
-          "kernels": "torch.profiler's CUDA activity over back-to-back calls, per call"}),
+          "kernels": "torch.profiler's CUDA activity over back-to-back calls, per call",
+          "queued": "the call with the GPU busy while the host enqueues it (a stall in the path shows here)",
+          "host": "the host's time to enqueue one call (GPU busy)"}),
     ])
     print(text)
     return 0
