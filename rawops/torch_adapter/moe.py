@@ -418,17 +418,45 @@ class _GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight, offsets = ctx.saved_tensors
-        dx = dw = None
-        if ctx.needs_input_grad[0]:  # y = x W^T -> dx = dy W (the other layout on the same weight)
-            dx = grouped_mm(grad_y, weight, offsets, not ctx.transpose)
-        if ctx.needs_input_grad[1]:
-            dw = grouped_mm_weight_grad(x, grad_y, offsets, weight.shape[0], ctx.transpose)
-        return dx, dw, None, None
+        return _grouped_mm_grads(ctx, grad_y, grouped_mm, grouped_mm_weight_grad)
+
+
+def _grouped_mm_grads(ctx, grad_y, mm, weight_grad):
+    """(dx, dweight, None, None) of y = grouped_mm(x, weight, offsets, transpose): dx the other layout
+    on the same weight (y = x W^T -> dx = dy W), dweight the experts' weight-gradient launch."""
+    x, weight, offsets = ctx.saved_tensors
+    dx = mm(grad_y, weight, offsets, not ctx.transpose) if ctx.needs_input_grad[0] else None
+    dw = weight_grad(x, grad_y, offsets, weight.shape[0], ctx.transpose) if ctx.needs_input_grad[1] else None
+    return dx, dw, None, None
+
+
+def _grouped_mm_fake(x, weight, offsets, transpose):
+    return x.new_empty((x.shape[0], weight.shape[1] if transpose else weight.shape[2]))
+
+
+def _grouped_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3])
+    ctx.transpose = inputs[3]
+
+
+_grouped_weight_grad_op = custom_op(
+    "moe_grouped_mm_weight_grad", "(Tensor x, Tensor grad_y, Tensor offsets, int experts, bool transpose) -> Tensor",
+    grouped_mm_weight_grad,
+    lambda x, g, offsets, experts, transpose: x.new_empty(
+        (experts, g.shape[1], x.shape[1]) if transpose else (experts, x.shape[1], g.shape[1])))
+_grouped_mm_op = custom_op(
+    "moe_grouped_mm", "(Tensor x, Tensor weight, Tensor offsets, bool transpose) -> Tensor", grouped_mm,
+    _grouped_mm_fake, lambda ctx, grad_y: _grouped_mm_grads(ctx, grad_y, _grouped_mm_op, _grouped_weight_grad_op),
+    _grouped_setup)
 
 
 def moe_grouped_mm(x, weight, offsets, transpose=True):
-    """grouped_mm with autograd to x and weight (sm_90 prototype)."""
+    """y (N, out): each expert e's rows y[offsets[e]:offsets[e + 1]] = x[those rows] @ weight[e].T
+    (transpose: weight (E, out, K), nn.Linear's layout) or @ weight[e] (weight (E, K, out)), x
+    moe_permute's rows with pad_to=128, offsets its (E + 1,) int32. Differentiable in x and weight
+    (the experts' weight gradients in one launch); torch.compile traces it (a custom op). sm_90."""
+    if compiling():
+        return _grouped_mm_op(x, weight, offsets, transpose)
     if needs_grad(x, weight):
         return _GroupedMM.apply(x, weight, offsets, transpose)
     return grouped_mm(x, weight, offsets, transpose)
