@@ -11,6 +11,7 @@ import torch  # noqa: E402
 
 from rawops import _modules, _rows, norm as _norm  # noqa: E402
 from rawops._launch import sm_count  # noqa: E402
+from rawops import torch_adapter as ta  # noqa: E402
 from rawops.torch_adapter import _common, norm as tn  # noqa: E402
 
 
@@ -66,6 +67,9 @@ def main():
             "rms_norm", dev, code, 2, dy.data_ptr(), x.data_ptr(), w.data_ptr(), 0, rstd.data_ptr(), dx.data_ptr(),
             partial.data_ptr(), 0, dweight.data_ptr(), 0, 16384, 4096, plan, _common.raw_stream(dev), strides),
         "tn.backward (whole)": lambda: tn.backward("rms_norm", dy, x, w, mean, rstd, True, False),
+        "torch F.rms_norm (no grad)": lambda: torch.nn.functional.rms_norm(x, (4096,), w, 1e-6),
+        "ta.gelu (no grad, C-level entry)": lambda: ta.gelu(x),
+        "ta.rms_norm (no grad)": lambda: ta.rms_norm(x, (4096,), w, 1e-6),
     }
     for name, fn in pieces.items():
         fn()
