@@ -881,10 +881,11 @@ def _expert_parallel_worker(rank, world, port):
         x = xs[rank].clone().requires_grad_(True)
         w = routes[rank].values.clone().requires_grad_(True)
 
-        def combine(y, weights, index):
-            return (y[index.long()] * weights[..., None]).sum(1)
-        out = expert_parallel(x, w, routes[rank].indices, experts,
-                              lambda rows, ids: _reference_experts(rows, ids, local_wgu, local_wd), combine=combine)
+        def local(rows, ids, weights, entries):  # each row's weighted sum over its slots here (id >= 0)
+            assert entries == int((ids >= 0).sum()) and bool(((ids >= 0) | (weights == 0)).all())
+            return sum(_reference_experts(rows, ids[:, j].clamp(min=0), local_wgu, local_wd)
+                       * torch.where(ids[:, j] >= 0, weights[:, j], 0)[:, None] for j in range(ids.shape[1]))
+        out = expert_parallel(x, w, routes[rank].indices, experts, local)
         dx, dw, dwgu, dwd = torch.autograd.grad(out, [x, w, local_wgu, local_wd], douts[rank])
         # the one-process reference over every rank's tokens with every expert
         full = [t.clone().requires_grad_(True) for t in (wgu, wd)]

@@ -1,21 +1,26 @@
 """Expert parallelism for the moe family: the experts sharded over the ranks of a torch.distributed
-group, each token's k rows sent to the ranks holding their experts and the results sent back and
-combined, through torch's own all_to_all_single (NCCL between GPUs), with autograd through it.
+group, each token sent once to each rank holding any of its experts, that rank's weighted sum of
+its experts' outputs sent back and the ranks' sums added, through torch's own all_to_all_single
+(NCCL between GPUs), with autograd through it.
 
-    out = expert_parallel(x, weights, ids, num_experts, local_experts, group=None, combine=None)
+    out = expert_parallel(x, weights, ids, num_experts, local_experts, group=None)
 
 Rank r holds experts [r E/W, (r + 1) E/W) of the E = num_experts (W ranks; E a multiple of W).
-x (T, H) are this rank's tokens, weights (T, k) and ids (T, k) their routing (moe_route's). The
-entries (t, j) are sorted by destination rank (stable: token order within a rank), the counts
-exchanged (one small all_to_all and a read of them on the host: the splits of the exchanges are
-host integers), the rows exchanged, `local_experts(rows, local_ids)` runs this rank's experts on
-the rows it received (local_ids: int64 in [0, E/W)), the results exchanged back into the sorted
-order, and `combine(y, weights, index)` adds each token's k results with its weights, index (T, k)
-int32 the row of y each entry's result is in (default: rawops' moe_unpermute, deterministic;
-another callable for tensors rawops' kernels do not take, as the CPU test does).
+x (T, H) are this rank's tokens, weights (T, k) and ids (T, k) their routing (moe_route's).
+
+Dispatch: a token goes to each rank holding at least one of its k experts, once (not once an
+expert: with Qwen3's top-8 over 2 ranks that is 2 rows a token on the wire instead of 8), with its
+k slots: the local expert id where the slot's expert is on that rank, else -1, and the slot's
+weight (0 where -1). The rows go sorted by destination rank, token order within a rank. The
+counts are exchanged first (one small all_to_all and one read on the host: the splits of the
+exchanges are host integers). `local_experts(rows, ids, weights, entries)` returns, for each
+received row, sum_j weights[r, j] expert_{ids[r, j]}(rows[r]) over its slots with ids >= 0
+(entries: how many such slots there are in all, a host integer). Those sums go back and each
+token's (at most W) are added in rank order, in float32: no atomics contend, the same bits every
+run; the gradients take the same paths back.
 
 local_moe_experts(w_gate_up, w_down) is the GPU local_experts of Qwen3-MoE's SwiGLU experts on
-rawops (moe_permute with 128-row groups, the grouped GEMMs, swiglu, the sum back).
+rawops (moe_permute with 128-row groups, the grouped GEMMs, swiglu, the weighted sum back).
 """
 import warnings
 
@@ -32,22 +37,63 @@ def _exchange(x, out_rows, out_splits, in_splits, group):
     return all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
 
 
-def dispatch_order(ids, experts, world):
-    """(order, destination counts) of the flat entries of ids (T, k): entries sorted by the rank
-    holding their expert (experts // world a rank), stably."""
-    per_rank = experts // world
-    dest = ids.reshape(-1).long() // per_rank
-    order = torch.argsort(dest, stable=True)
-    return order, torch.bincount(dest, minlength=world)
+def _slices(splits):
+    start = 0
+    for n in splits:
+        yield start, start + n
+        start += n
 
 
-def _unpermute(y, weights, index):
-    from .moe import moe_unpermute
+def _sum_rows_by_rank(rows, token, splits, tokens):
+    """(tokens, H): rows[i] added into row token[i] (16-bit rows in float32), the rows in runs of
+    `splits` each with distinct tokens, the runs added one after another (no two adds meet:
+    deterministic)."""
+    dtype = torch.float32 if rows.dtype in (torch.float16, torch.bfloat16) else rows.dtype
+    out = rows.new_zeros((tokens, rows.shape[1]), dtype=dtype)
+    for a, b in _slices(splits):
+        if b > a:
+            out.index_add_(0, token[a:b], rows[a:b].to(dtype))
+    return out
 
-    return moe_unpermute(y, weights, index)
+
+class _GatherByRank(torch.autograd.Function):
+    """x[token] whose backward adds each run's rows back (runs of distinct tokens: deterministic)."""
+
+    @staticmethod
+    def forward(ctx, x, token, splits):
+        ctx.save_for_backward(token)
+        ctx.splits, ctx.tokens = splits, x.shape[0]
+        return x.index_select(0, token)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (token,) = ctx.saved_tensors
+        return _sum_rows_by_rank(grad, token, ctx.splits, ctx.tokens).to(grad.dtype), None, None
 
 
-def expert_parallel(x, weights, ids, num_experts, local_experts, group=None, combine=None):
+class _AddByRank(torch.autograd.Function):
+    """Each token's rows (one a rank, in runs of `splits`) added in rank order, in float32."""
+
+    @staticmethod
+    def forward(ctx, rows, token, splits, tokens):
+        ctx.save_for_backward(token)
+        return _sum_rows_by_rank(rows, token, splits, tokens).to(rows.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (token,) = ctx.saved_tensors
+        return grad.index_select(0, token), None, None, None
+
+
+def dispatch_plan(ids, experts, world):
+    """(mask (T, W) bool: token t has an expert on rank r, entries (W,) int64: its slots a rank)."""
+    dest = ids.long() // (experts // world)
+    mask = torch.zeros((ids.shape[0], world), dtype=torch.bool, device=ids.device)
+    mask.scatter_(1, dest, True)
+    return mask, torch.bincount(dest.reshape(-1), minlength=world)
+
+
+def expert_parallel(x, weights, ids, num_experts, local_experts, group=None):
     """(T, H_out) = sum_j weights[t, j] expert_{ids[t, j]}(x[t]) with the experts sharded over the
     group's ranks (module docstring). Differentiable in x, weights and what local_experts uses."""
     world = dist.get_world_size(group)
@@ -58,31 +104,76 @@ def expert_parallel(x, weights, ids, num_experts, local_experts, group=None, com
                          "expected (T, H), (T, k), (T, k)")
     tokens, k = ids.shape
     per_rank = num_experts // world
-    order, send_counts = dispatch_order(ids, num_experts, world)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts, group=group)
-    send, recv = send_counts.tolist(), recv_counts.tolist()  # the splits: host integers
-    rows_in = _exchange(x[order // k], sum(recv), recv, send, group)
-    local_ids = (ids.reshape(-1).long()[order] % per_rank).contiguous()
-    ids_in = local_ids.new_empty(sum(recv))
-    dist.all_to_all_single(ids_in, local_ids, recv, send, group=group)
-    y_back = _exchange(local_experts(rows_in, ids_in), sum(send), send, recv, group)
-    index = torch.empty(tokens * k, dtype=torch.int32, device=x.device)
-    index[order] = torch.arange(tokens * k, dtype=torch.int32, device=x.device)
-    return (combine or _unpermute)(y_back, weights, index.reshape(tokens, k))
+    mask, entries = dispatch_plan(ids, num_experts, world)
+    counts = torch.stack([mask.sum(0), entries], 1)  # (W, 2): rows and slots to each rank
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts, group=group)
+    both = torch.cat([counts, received]).tolist()  # the splits: host integers (one read)
+    send, recv = [c[0] for c in both[:world]], [c[0] for c in both[world:]]
+    recv_entries = sum(c[1] for c in both[world:])
+    # (rank, token) pairs, rank-major, tokens ascending within a rank (the size known: no second read)
+    pairs = torch.nonzero_static(mask.t(), size=sum(send))
+    dest_rank, token = pairs[:, 0], pairs[:, 1]
+    token_ids = ids.long().index_select(0, token)
+    here = token_ids // per_rank == dest_rank[:, None]  # (rows, k): the slots whose expert is on that rank
+    slot_ids = torch.where(here, token_ids % per_rank, -1).to(torch.int32)
+    slot_weights = weights.index_select(0, token) * here  # (its backward adds exact zeros: same bits)
+    rows_in = _exchange(_GatherByRank.apply(x, token, send), sum(recv), recv, send, group)
+    weights_in = _exchange(slot_weights, sum(recv), recv, send, group)
+    ids_in = slot_ids.new_empty((sum(recv), k))
+    dist.all_to_all_single(ids_in, slot_ids, recv, send, group=group)
+    partial = local_experts(rows_in, ids_in, weights_in, recv_entries)
+    back = _exchange(partial, sum(send), send, recv, group)
+    return _AddByRank.apply(back, token, send, tokens)
+
+
+class _GatherWithZeroRow(torch.autograd.Function):
+    """rows[row] with one zero row after them (index len(row)); the backward adds each entry's
+    gradient to its row through torch's sorted index_put (deterministic)."""
+
+    @staticmethod
+    def forward(ctx, rows, row):
+        ctx.save_for_backward(row)
+        ctx.rows = rows.shape[0]
+        out = rows.new_empty((row.shape[0] + 1, rows.shape[1]))
+        torch.index_select(rows, 0, row, out=out[:-1])
+        out[-1].zero_()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (row,) = ctx.saved_tensors
+        out = grad.new_zeros((ctx.rows, grad.shape[1]))
+        return out.index_put_((row,), grad[:-1], accumulate=True), None
 
 
 def local_moe_experts(w_gate_up, w_down):
     """local_experts for expert_parallel: Qwen3-MoE's SwiGLU experts on rawops, w_gate_up (E_local,
-    2 I, H) and w_down (E_local, H, I) this rank's (sm_90: the grouped GEMM)."""
+    2 I, H) and w_down (E_local, H, I) this rank's (sm_90: the grouped GEMM). Each slot's row is
+    gathered (one row an entry, plus a zero row that every empty slot points at: expert 0 of a
+    zero row is a zero row, bias-free SwiGLU), grouped by expert, and the weighted sum of each
+    received row's slots taken by moe_unpermute over an (R, k) table into the experts' output."""
     from .glu import swiglu_fused
     from .moe import MOE_TILE_ROWS, moe_grouped_mm, moe_permute, moe_unpermute
 
-    def run(rows, local_ids):
+    def run(rows, ids, weights, entries):
         if rows.shape[0] == 0:
             return rows.new_zeros((0, w_down.shape[1]))
-        permuted, offsets, counts, index = moe_permute(rows, local_ids.view(-1, 1).int(), w_gate_up.shape[0],
-                                                       MOE_TILE_ROWS)
+        slots = torch.nonzero_static(ids >= 0, size=entries)  # (entries, 2): (row, slot), row-major
+        row, slot = slots[:, 0], slots[:, 1]
+        empty_slots = entries < ids.numel()  # (a zero row only where some slot points at it)
+        if empty_slots:
+            entry_rows = _GatherWithZeroRow.apply(rows, row)  # (entries + 1, H)
+            entry_ids = torch.cat([ids[row, slot], ids.new_zeros(1)]).view(-1, 1)
+        else:
+            entry_rows, entry_ids = rows[row], ids[row, slot].view(-1, 1)
+        permuted, offsets, counts, index = moe_permute(entry_rows, entry_ids, w_gate_up.shape[0], MOE_TILE_ROWS)
         h = swiglu_fused(moe_grouped_mm(permuted, w_gate_up, offsets, True))
-        return moe_unpermute(moe_grouped_mm(h, w_down, offsets, True), None, index, offsets, counts)
+        y = moe_grouped_mm(h, w_down, offsets, True)
+        if empty_slots:  # empty slots: the zero row's output, weight 0
+            table = index[-1].expand(ids.shape).clone()
+            table[row, slot] = index[:-1, 0]
+        else:
+            table = index.view(ids.shape)
+        return moe_unpermute(y, weights, table, offsets, counts)
     return run
