@@ -942,12 +942,20 @@ def _expert_parallel_gpu_worker(rank, world, port):
         wd = (torch.randn(experts, hidden, inter, generator=g, device="cuda") * inter ** -0.5).to(dt)
         xs = [torch.randn(tokens, hidden, generator=g, device="cuda").to(dt) for _ in range(world)]
         lo, hi = rank * experts // world, (rank + 1) * experts // world
-        x = xs[rank]
+        x = xs[rank].clone().requires_grad_(True)
+        local_wgu, local_wd = wgu[lo:hi].clone().requires_grad_(True), wd[lo:hi].clone().requires_grad_(True)
+        dout = torch.randn(x.shape, generator=g, device="cuda").to(dt)
         weights, ids, _ = moe_route(torch.nn.functional.linear(x, wr), k)
-        out = expert_parallel(x, weights, ids, experts, local_moe_experts(wgu[lo:hi], wd[lo:hi]))
-        ref, _ = moe_mlp(x, wr, wgu, wd, k)  # the one-GPU layer on this rank's tokens
-        err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-        assert err < 1e-2, f"rank {rank}: relative error {err:.2e} against the one-GPU layer"
+        out = expert_parallel(x, weights, ids, experts, local_moe_experts(local_wgu, local_wd))
+        dx, dwgu, dwd = torch.autograd.grad(out, [x, local_wgu, local_wd], dout)
+        x_ref = xs[rank].clone().requires_grad_(True)
+        ref, _ = moe_mlp(x_ref, wr, wgu, wd, k)  # the one-GPU layer on this rank's tokens
+        (dx_ref,) = torch.autograd.grad(ref, [x_ref], dout)
+        for name, ours, theirs in (("out", out, ref), ("d x", dx, dx_ref)):
+            err = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
+            assert err < 1e-2, f"rank {rank}: {name} relative error {err:.2e} against the one-GPU layer"
+        # the experts' gradients take every rank's tokens (the one-GPU layer here sees this rank's only)
+        assert torch.isfinite(dwgu).all() and torch.isfinite(dwd).all(), "d experts"
     finally:
         dist.destroy_process_group()
 
