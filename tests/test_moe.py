@@ -954,8 +954,14 @@ def _expert_parallel_gpu_worker(rank, world, port):
         for name, ours, theirs in (("out", out, ref), ("d x", dx, dx_ref)):
             err = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
             assert err < 1e-2, f"rank {rank}: {name} relative error {err:.2e} against the one-GPU layer"
-        # the experts' gradients take every rank's tokens (the one-GPU layer here sees this rank's only)
-        assert torch.isfinite(dwgu).all() and torch.isfinite(dwd).all(), "d experts"
+        # the experts' gradients take every rank's tokens (each rank drew the same dout): the one-GPU
+        # layer over all of them
+        full = [t.clone().requires_grad_(True) for t in (wgu, wd)]
+        ref_all, _ = moe_mlp(torch.cat(xs), wr, *full, k)
+        dwgu_ref, dwd_ref = torch.autograd.grad(ref_all, full, torch.cat([dout] * world))
+        for name, ours, theirs in (("d gate_up", dwgu, dwgu_ref[lo:hi]), ("d down", dwd, dwd_ref[lo:hi])):
+            err = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
+            assert err < 1e-2, f"rank {rank}: {name} relative error {err:.2e} against the one-GPU layer"
     finally:
         dist.destroy_process_group()
 
