@@ -147,6 +147,26 @@ class _GatherWithZeroRow(torch.autograd.Function):
         return out.index_put_((row,), grad[:-1], accumulate=True), None
 
 
+class _SlotSum(torch.autograd.Function):
+    """(R, H) = sum_j weights[r, j] y[table[r, j]]: moe_unpermute's kernels over a table whose empty
+    slots share one zero row of y (weight 0); the backward zero-fills d y first."""
+
+    @staticmethod
+    def forward(ctx, y, weights, table):
+        from .moe import unpermute
+
+        ctx.save_for_backward(y, weights, table)
+        return unpermute(y, weights, table, shared_rows=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        from .moe import unpermute_backward
+
+        y, weights, table = ctx.saved_tensors
+        dy, dw = unpermute_backward(grad, y, weights, table, shared_rows=True)
+        return dy, dw, None
+
+
 def local_moe_experts(w_gate_up, w_down):
     """local_experts for expert_parallel: Qwen3-MoE's SwiGLU experts on rawops, w_gate_up (E_local,
     2 I, H) and w_down (E_local, H, I) this rank's (sm_90: the grouped GEMM). Each slot's row is
@@ -170,10 +190,9 @@ def local_moe_experts(w_gate_up, w_down):
         permuted, offsets, counts, index = moe_permute(entry_rows, entry_ids, w_gate_up.shape[0], MOE_TILE_ROWS)
         h = swiglu_fused(moe_grouped_mm(permuted, w_gate_up, offsets, True))
         y = moe_grouped_mm(h, w_down, offsets, True)
-        if empty_slots:  # empty slots: the zero row's output, weight 0
-            table = index[-1].expand(ids.shape).clone()
-            table[row, slot] = index[:-1, 0]
-        else:
-            table = index.view(ids.shape)
-        return moe_unpermute(y, weights, table, offsets, counts)
+        if not empty_slots:
+            return moe_unpermute(y, weights, index.view(ids.shape), offsets, counts)
+        table = index[-1].expand(ids.shape).clone()  # empty slots: the zero row's output, weight 0
+        table[row, slot] = index[:-1, 0]
+        return _SlotSum.apply(y, weights, table)
     return run

@@ -137,19 +137,20 @@ def _launch_permute(device, code, x, ids, scratch, offsets, counts, index, entry
                             out.data_ptr(), rows, hidden, k, x_stride, experts, s)
 
 
-def _index_of(y, index):
+def _index_of(y, index, shared_rows=False):
     index = _ints(index, "index", y, None, (torch.int32,), "y")
     tokens, k = index.shape
     _moe.checked_int(k, "index's k (its columns)", 1, _moe.MAX_K, f" (MAX_K = {_moe.MAX_K})")
-    if y.shape[0] < tokens * k:
+    if y.shape[0] < tokens * k and not shared_rows:
         raise ValueError(f"y has {y.shape[0]} rows; the index of {tokens} tokens x k = {k} needs at least {tokens * k}")
     return index, tokens, k
 
 
-def unpermute(y, weights, index):
-    """(T, H) = sum_j weights[t, j] y[index[t, j]] (weights None: the plain sum)."""
+def unpermute(y, weights, index, shared_rows=False):
+    """(T, H) = sum_j weights[t, j] y[index[t, j]] (weights None: the plain sum). shared_rows: index
+    is not moe_permute's (entries may share a row of y; the expert-parallel slots' table)."""
     y, code, y_stride = _float_rows(y, "y")
-    index, tokens, k = _index_of(y, index)
+    index, tokens, k = _index_of(y, index, shared_rows)
     w = _weights(weights, tokens, k, y.device)
     hidden = y.shape[1]
     out = torch.empty((tokens, hidden), dtype=y.dtype, device=y.device)
@@ -161,10 +162,13 @@ def unpermute(y, weights, index):
     return out
 
 
-def unpermute_backward(grad_out, y, weights, index, offsets=None, counts=None):
-    """(d y, d weights float32) of unpermute; weights None: ones (the plain sum's)."""
+def unpermute_backward(grad_out, y, weights, index, offsets=None, counts=None, shared_rows=False):
+    """(d y, d weights float32) of unpermute; weights None: ones (the plain sum's). shared_rows (the
+    index not moe_permute's, entries sharing a row each writing its w d out there): d y zero-filled
+    first, and every entry sharing a row must have weight 0 but one (the expert-parallel zero row:
+    all 0)."""
     y, code, y_stride = _float_rows(y, "y")
-    index, tokens, k = _index_of(y, index)
+    index, tokens, k = _index_of(y, index, shared_rows)
     g, _, g_stride = _float_rows(grad_out, "grad_out", like=y)
     hidden, y_rows = y.shape[1], y.shape[0]
     if tuple(g.shape) != (tokens, hidden):
@@ -173,8 +177,8 @@ def unpermute_backward(grad_out, y, weights, index, offsets=None, counts=None):
     if w is None:
         w = torch.ones((tokens, k), dtype=torch.float32, device=y.device)
     n = tokens * k
-    padded = y_rows > n
-    have_table = offsets is not None and counts is not None
+    padded = y_rows > n or shared_rows
+    have_table = offsets is not None and counts is not None and not shared_rows
     dy = (torch.zeros if padded and not have_table else torch.empty)((y_rows, hidden), dtype=y.dtype, device=y.device)
     dw = torch.zeros((tokens, k), dtype=torch.float32, device=y.device)
     if tokens and hidden or (padded and have_table):
