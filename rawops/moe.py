@@ -453,8 +453,8 @@ def moe_grouped_mm(x, weight, offsets, *, transpose=True, stream=None):
     weight (E, K, out)), in one persistent launch of the Hopper GEMM (sm_90; float16 / bfloat16).
     x: moe_permute's rows with pad_to=TILE_M (128: every group a whole number of tiles; other offsets
     give wrong rows, unchecked on the device), C-contiguous (N_rows, K); offsets its (E + 1,) int32.
-    Rows past offsets[E] come back zero. Prototype: no backward yet (d x is the transpose=False call
-    with weight's transpose; d weight per expert is still to build)."""
+    Rows past offsets[E] come back zero. Its backward: d x is this call with the other layout on the
+    same weight (transpose=not transpose), d weight moe_grouped_mm_backward_weight."""
     import cupy
 
     from . import _gemm_sm90

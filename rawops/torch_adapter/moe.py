@@ -363,7 +363,7 @@ def moe_unpermute(y, weights, index, offsets=None, counts=None):
     return unpermute(y, weights, index)
 
 
-# ------------------------------------------------------------------- grouped GEMM and the layer (sm_90 prototype)
+# ------------------------------------------------------------------- grouped GEMM and the layer (sm_90)
 def _grouped_launch(kind, a, b, out, offsets, experts, rows, m, n, k, transpose):
     from .. import _gemm_sm90, _modules
     from .._launch import sm_count
@@ -474,7 +474,7 @@ def moe_mlp(x, router_weight, w_gate_up, w_down, k, normalize=True):
     renormalise), each token's rows to its k experts, per expert down(silu(gate) * up) with
     gate_up = x @ w_gate_up[e].T split in halves (gate first), the weighted combine. x (T, H);
     router_weight (E, H); w_gate_up (E, 2 I, H); w_down (E, H, I) (transformers' fused experts'
-    layouts). Returns (T, H) and the router logits. sm_90 prototype (the grouped GEMM)."""
+    layouts). Returns (T, H) and the router logits. sm_90 (the grouped GEMM)."""
     experts = router_weight.shape[0]
     logits = torch.nn.functional.linear(x, router_weight)
     weights, ids, _ = moe_route(logits, k, "softmax", normalize)
@@ -508,7 +508,7 @@ class MoE(torch.nn.Module):
     Qwen3MoeSparseMoeBlock's parameters and state_dict keys (gate.weight, experts.gate_up_proj,
     experts.down_proj): MoE(hidden, intermediate, experts, k) builds one, MoE.from_qwen3(block) shares a
     block's Parameters (an optimizer built before keeps working). forward(hidden_states (..., H)) ->
-    (..., H), as the block's. sm_90 prototype (the grouped GEMM)."""
+    (..., H), as the block's. sm_90 (the grouped GEMM)."""
 
     def __init__(self, hidden, intermediate, experts, k, normalize=True, device=None, dtype=None):
         super().__init__()
