@@ -622,6 +622,29 @@ def test_grouped_mm_checks_name_the_argument(args, kwargs, error, match):
 
 
 @pytest.mark.gpu
+def test_adapter_grouped_mm_checks_name_the_argument():
+    torch = pytest.importorskip("torch")
+    from rawops.torch_adapter import moe as ta_moe
+
+    x = torch.zeros(256, 64, dtype=torch.float16, device="cuda")
+    w = torch.zeros(E, 96, 64, dtype=torch.float16, device="cuda")
+    off = torch.zeros(E + 1, dtype=torch.int32, device="cuda")
+    g = torch.zeros(256, 128, dtype=torch.float16, device="cuda")
+    for call, error, match in [
+        (lambda: ta_moe.grouped_mm(x, w.float(), off), TypeError, r"^weight has dtype torch.float32"),
+        (lambda: ta_moe.grouped_mm(x, w[0], off), ValueError, r"^weight has shape \(96, 64\)"),
+        (lambda: ta_moe.grouped_mm(x, w, off.long()), TypeError, r"^offsets has dtype torch.int64"),
+        (lambda: ta_moe.grouped_mm(x, w, off[:-1]), ValueError, r"^offsets has shape \(16,\)"),
+        (lambda: ta_moe.grouped_mm(x, w, off.cpu()), ValueError, r"^offsets is on cpu"),
+        (lambda: ta_moe.grouped_mm_weight_grad(x, g.bfloat16(), off, E), TypeError, r"^grad_y has dtype"),
+        (lambda: ta_moe.grouped_mm_weight_grad(x, g[:255], off, E), ValueError, r"^grad_y has 255 rows"),
+        (lambda: ta_moe.grouped_mm_weight_grad(x, g, off[:-1], E), ValueError, r"^offsets has shape"),
+    ]:
+        with pytest.raises(error, match=match):
+            call()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("transpose", [True, False])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_grouped_mm_matches_each_experts_matmul(dtype, transpose):

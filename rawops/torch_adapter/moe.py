@@ -55,6 +55,19 @@ def _ints(t, name, like, tokens=None, dtypes=_ID_TYPES, like_name="x"):
     return t.contiguous()
 
 
+def _offsets(t, experts, like):
+    """The grouped GEMM's group offsets: a 1-D int32 tensor of experts + 1 on like's GPU, contiguous."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"offsets must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"offsets has dtype {t.dtype}; expected torch.int32 (moe_permute's)")
+    if t.device != like.device:
+        raise ValueError(f"offsets is on {t.device}, x on {like.device}; all arguments must be on one GPU")
+    if tuple(t.shape) != (experts + 1,):
+        raise ValueError(f"offsets has shape {tuple(t.shape)}, expected ({experts + 1},): one a group and the end")
+    return t.contiguous()
+
+
 def _weights(w, tokens, k, device):
     if w is None:
         return None
@@ -392,8 +405,15 @@ def _grouped_launch(kind, a, b, out, offsets, experts, rows, m, n, k, transpose)
 def grouped_mm(x, weight, offsets, transpose=True):
     """y (N, out): each expert's rows of x (N, K; moe_permute(pad_to=128)'s) times weight[e].T
     (transpose: weight (E, out, K)) or weight[e] ((E, K, out)); rows past offsets[E] zero. No autograd."""
+    x, _, _ = _float_rows(x, "x")
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+    tensor_code(weight, "weight", x, "x", False)
+    if weight.dim() != 3:
+        raise ValueError(f"weight has shape {tuple(weight.shape)}; expected 3 dims, (E, out, K) or (E, K, out)")
     experts = weight.shape[0]
-    x, w, offsets = x.contiguous(), weight.contiguous(), offsets.contiguous()
+    offsets = _offsets(offsets, experts, x)
+    x, w = x.contiguous(), weight.contiguous()
     k = x.shape[1]
     if (w.shape[2] if transpose else w.shape[1]) != k:
         raise ValueError(f"weight has shape {tuple(w.shape)}; its K must match x's last dim {k}")
@@ -405,11 +425,16 @@ def grouped_mm(x, weight, offsets, transpose=True):
 
 def grouped_mm_weight_grad(x, grad_y, offsets, experts, transpose=True):
     """d weight of grouped_mm(x, weight, offsets, transpose): (E, out, K) or (E, K, out)."""
+    x, _, _ = _float_rows(x, "x")
+    grad_y, _, _ = _float_rows(grad_y, "grad_y", like=x, like_name="x")
+    if grad_y.shape[0] != x.shape[0]:
+        raise ValueError(f"grad_y has {grad_y.shape[0]} rows, expected {x.shape[0]} like x")
+    offsets = _offsets(offsets, experts, x)
     x, g = x.contiguous(), grad_y.contiguous()
     (first, m), (second, cols) = ((g, g.shape[1]), (x, x.shape[1])) if transpose else ((x, x.shape[1]),
                                                                                       (g, g.shape[1]))
     out = torch.empty((experts, m, cols), dtype=x.dtype, device=x.device)
-    _grouped_launch("wgrad", first, second, out, offsets.contiguous(), experts, x.shape[0], m, cols, 0, transpose)
+    _grouped_launch("wgrad", first, second, out, offsets, experts, x.shape[0], m, cols, 0, transpose)
     return out
 
 
