@@ -271,29 +271,35 @@ __device__ void scan(int* __restrict__ block_counts, int* __restrict__ offsets, 
   __shared__ typename Scan::TempStorage temp;
   __shared__ int totals[kMaxExperts + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // a warp an expert: every block's count loaded first (the loads in flight together; the in-place
-  // stores after them), then scanned 32 blocks at a time, in block order
+  // a warp an expert, lane l owning the blocks [l per, (l + 1) per): its counts loaded together
+  // (no dependence between them), summed in the lane, one warp scan of the lane sums, then each
+  // lane's exclusive prefixes stored in place, in block order. (Scanning 32 blocks at a time, one
+  // warp scan each, chained 16 dependent scans an expert at 512 blocks: 19.6 us of the permute.)
+  const int per = int((blocks + 31) / 32);  // <= kBlockSlots (blocks <= RAWOPS_MOE_INDEX_MAX_BLOCKS)
   for (int e = warp; e <= experts; e += kScanThreads / 32) {
+    const int64_t first = int64_t(lane) * per;
     int c[kBlockSlots];
+    int sum = 0;
 #pragma unroll
     for (int i = 0; i < kBlockSlots; ++i) {
-      const int64_t b = int64_t(i) * 32 + lane;
-      c[i] = b < blocks ? block_counts[e * blocks + b] : 0;
+      const int64_t b = first + i;
+      c[i] = (i < per && b < blocks) ? block_counts[e * blocks + b] : 0;
+      sum += c[i];
     }
-    int running = 0;
+    int inclusive = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int up = __shfl_up_sync(kFull, inclusive, o);
+      if (lane >= o) inclusive += up;
+    }
+    int before = inclusive - sum;
 #pragma unroll
     for (int i = 0; i < kBlockSlots; ++i) {
-      if (int64_t(i) * 32 >= blocks) break;  // warp-uniform
-      int inclusive = c[i];
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int up = __shfl_up_sync(kFull, inclusive, o);
-        if (lane >= o) inclusive += up;
-      }
-      const int64_t b = int64_t(i) * 32 + lane;
-      if (b < blocks) block_counts[e * blocks + b] = running + inclusive - c[i];
-      running += __shfl_sync(kFull, inclusive, 31);
+      const int64_t b = first + i;
+      if (i < per && b < blocks) block_counts[e * blocks + b] = before;
+      before += c[i];
     }
+    const int running = __shfl_sync(kFull, inclusive, 31);
     if (lane == 0) totals[e] = running;
   }
   __syncthreads();
@@ -430,6 +436,17 @@ template <typename T, bool kVec> struct Piece {
       p[0] = v[0];
     }
   }
+  // evict-first: the permute's k copies must not push x's rows (read again soon) out of L2
+  __device__ __forceinline__ void store_streaming(T* p) const {
+    if constexpr (kVec) {
+      Vec16<T> w;
+#pragma unroll
+      for (int i = 0; i < N; ++i) w.v[i] = v[i];
+      store16_streaming(p, w);
+    } else {
+      __stcs(p, v[0]);
+    }
+  }
 };
 
 __device__ __forceinline__ int row_of(int code) { return code >= 0 ? code : -(code + 1); }
@@ -475,8 +492,8 @@ __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ en
       P a, b;
       if (c < pieces) a.load(src + c * P::N);
       if (c + 32 < pieces) b.load(src + (c + 32) * P::N);
-      if (c < pieces) a.store(dst + c * P::N);
-      if (c + 32 < pieces) b.store(dst + (c + 32) * P::N);
+      if (c < pieces) a.store_streaming(dst + c * P::N);
+      if (c + 32 < pieces) b.store_streaming(dst + (c + 32) * P::N);
     }
   }
 }

@@ -33,6 +33,7 @@
 // Launch: mode and block from rawops/_rows.py (see rawops/rows.cuh); the backward's grid is
 // what the occupancy API says the device holds at once, its shared memory from
 // rawops/norm.py (column_smem).
+#include "rawops/bulk.cuh"
 #include "rawops/rows.cuh"
 
 namespace rawops {
@@ -385,7 +386,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
                                          T* __restrict__ dx, float* __restrict__ partial_dw,
                                          float* __restrict__ partial_db, int64_t rows, int64_t n, int64_t dy_stride,
                                          int64_t x_stride, int64_t dx_stride, int mode, bool vec, bool has_w,
-                                         const GradAdd<T>& add = {}) {
+                                         const GradAdd<T>& add = {}, int stages = 0) {
   static_assert(RMS || !ADD, "the residual add is rms_norm's");
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
@@ -403,15 +404,87 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   const float inv_n = 1.f / float(n);
   const ColumnPartials<T> acc(column_smem, partial_dw != nullptr, partial_db != nullptr);
 
-  for (int64_t row = c.row; row < rows; row += c.step) {  // uniform over the row's threads
+  // The weight, copied once into shared memory after the partials (has_w; rawops/norm.py sizes
+  // the dynamic shared memory for it): read every row from there. Read through L1 instead, the
+  // streamed rows evicted it (ncu, H200: 39% L1 hits, warps stalled on L1TEX 41% of cycles).
+  float4* free_smem =
+      column_smem + ((partial_dw != nullptr) + (partial_db != nullptr)) * ColumnPartials<T>::Q * blockDim.x;
+  const uint4* const ws = reinterpret_cast<const uint4*>(free_smem);
+  if (has_w) {
+    const int64_t words = n * int64_t(sizeof(T)) / 16;  // register modes: n % V == 0
+    for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
+      reinterpret_cast<uint4*>(free_smem)[i] = __ldg(reinterpret_cast<const uint4*>(w) + i);
+    free_smem += words;
+    __syncthreads();
+  }
+
+  // The bulk path (sm_90, block mode, `stages` > 0): the block's rows x, dy (and d_residual_out)
+  // land in `stages` shared-memory stages after the partials, posted by thread 0 that many rows
+  // ahead, so the next rows stream in while this one computes; each thread then reads its slice
+  // from shared memory (docs/performance.md, the norm backward on the H200).
+#ifdef RAWOPS_HAS_BULK
+  __shared__ uint64_t stage_bar[kBwdMaxStages];
+  static_assert(kBwdMaxStages == 2, "the stage of row it is it % stages, written for stages 1 and 2");
+  stages = stages < kBwdMaxStages ? stages : kBwdMaxStages;
+  const bool use_bulk = RMS && stages > 0 && !c.warp;  // layer_norm: no gain measured, and it spilled at 64
+  const int ops = (ADD && add.has) ? 3 : 2;
+  T* const stage0 = reinterpret_cast<T*>(free_smem);
+  const unsigned row_bytes = unsigned(n * int64_t(sizeof(T)));
+  auto post = [&](int s, int64_t r) {  // thread 0: row r's operands into stage s
+    bulk_expect(&stage_bar[s], row_bytes * ops);
+    T* d = stage0 + int64_t(s) * ops * n;
+    bulk_copy(d, x + r * x_stride, row_bytes, &stage_bar[s]);
+    bulk_copy(d + n, dy + r * dy_stride, row_bytes, &stage_bar[s]);
+    if (ADD && ops == 3) bulk_copy(d + 2 * n, add.grad + r * add.stride, row_bytes, &stage_bar[s]);
+  };
+  if (use_bulk) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < stages; ++s) bulk_barrier_init(&stage_bar[s]);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < stages; ++s)
+        if (c.row + s * c.step < rows) post(s, c.row + s * c.step);
+    }
+  }
+  // The next row's statistics loaded a row ahead: behind the stage's wait they would be one
+  // more memory round trip a row.
+  float rstd_ahead = use_bulk && c.row < rows ? rstd_in[c.row] : 0.f;
+  float m_ahead = !RMS && use_bulk && c.row < rows ? mean_in[c.row] : 0.f;
+#else
+  constexpr bool use_bulk = false;
+  float rstd_ahead = 0.f, m_ahead = 0.f;
+#endif
+
+  int it = 0;  // this block's rows so far (the bulk path's stage and phase)
+  for (int64_t row = c.row; row < rows; row += c.step, ++it) {  // uniform over the row's threads
     // Loading the next row before this one's reduction (software pipelining) cost 16 more
     // registers: it spilled at 64, and ran slower with the registers to hold it
     // (docs/performance.md).
-    Slice xs, ds;
-    xs.load(x + row * x_stride, c, n);
-    ds.load(dy + row * dy_stride, c, n);  // dy = 0 past the row's end
-    const float m = RMS ? 0.f : mean_in[row];
-    const float rstd = rstd_in[row];
+    Slice xs, ds, rs;  // rs: d_residual_out (bulk path of add_rms_norm)
+    float m, rstd;
+    if (use_bulk) {
+#ifdef RAWOPS_HAS_BULK
+      const int s = stages == 1 ? 0 : (it & 1);  // stages is 1 or 2 (kBwdMaxStages)
+      m = m_ahead;
+      rstd = rstd_ahead;
+      const int64_t next = row + c.step;
+      if (next < rows) {
+        rstd_ahead = rstd_in[next];
+        if (!RMS) m_ahead = mean_in[next];
+      }
+      bulk_wait(&stage_bar[s], unsigned(stages == 1 ? it : it >> 1) & 1u);
+      const T* d = stage0 + int64_t(s) * ops * n;
+      xs.load_shared(d, c, n);
+      ds.load_shared(d + n, c, n);
+      if (ADD && ops == 3) rs.load_shared(d + 2 * n, c, n);
+#endif
+    } else {
+      xs.load(x + row * x_stride, c, n);
+      ds.load(dy + row * dy_stride, c, n);  // dy = 0 past the row's end
+      m = RMS ? 0.f : mean_in[row];
+      rstd = rstd_in[row];
+    }
     float sums[K];
     {
       float s0 = 0.f, s1 = 0.f, s2 = 0.f;
@@ -420,8 +493,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
         // A vector past the row's end adds nothing: skipped whole (one branch, not a select
         // per element).
         if (!Slice::valid(c, k, n)) break;
-        const uint4 wk = has_w ? __ldg(reinterpret_cast<const uint4*>(opaque(w)) + k * c.width + c.lane)
-                               : make_uint4(0, 0, 0, 0);
+        const uint4 wk = has_w ? ws[k * c.width + c.lane] : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int e = 0; e < V; ++e) {
           // g rounded once (__fmul_rn, no contraction into a later fma): the same g here and in
@@ -443,6 +515,10 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     xs.refresh();
     ds.refresh();
     reduce.reduce(sums, ShuffleSumOp());
+#ifdef RAWOPS_HAS_BULK
+    // Past the reduction's barrier every thread holds its slice of this stage: refill it.
+    if (use_bulk && threadIdx.x == 0 && row + stages * c.step < rows) post(stages == 1 ? 0 : (it & 1), row + stages * c.step);
+#endif
     const float row_sums[3] = {RMS ? 0.f : sums[1], RMS ? 0.f : sums[2], sums[0]};
     const NormRowTerms t = NormRowTerms::from<RMS>(row_sums, rstd, inv_n);
     T* dxr = dx + row * dx_stride;
@@ -450,8 +526,8 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t j = int64_t(k) * c.width + c.lane;
       if (j * V >= n) break;
-      // weight: L1-resident, reloading beats holding it in registers
-      const uint4 wk = has_w ? __ldg(reinterpret_cast<const uint4*>(opaque(w)) + j) : make_uint4(0, 0, 0, 0);
+      // weight: from shared memory again; holding it in registers cost occupancy
+      const uint4 wk = has_w ? ws[j] : make_uint4(0, 0, 0, 0);
       float o[V], xhat[V], dyv[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) {
@@ -463,13 +539,20 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
       if (acc.db) acc.add(acc.db, k, dyv);
       if (ADD && add.has) {
         float av[V];
-        load_row(add.grad + row * add.stride, j, n, true, 0.f, av);
+        if (use_bulk) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) av[e] = rs.at(k, e);
+        } else {
+          load_row(add.grad + row * add.stride, j, n, true, 0.f, av);
+        }
 #pragma unroll
         for (int e = 0; e < V; ++e) o[e] += av[e];
       }
       store_row(dxr, j, n, true, o);
     }
   }
+  (void)rstd_ahead;
+  (void)m_ahead;
 
   // One partial row per warp (warp mode) or block, each thread writing its own columns.
   const int64_t chunk = c.warp ? int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
@@ -545,7 +628,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                           long long x_stride, long long dx_stride, long long mode, long long vec) {            \
     rawops::norm_bwd<T, RMS>(dy, x, w, mean, rstd, dx, partial_dw, partial_db, rows, n, dy_stride, x_stride,  \
                              dx_stride, int(mode), vec & RAWOPS_NORM_FLAG_VECTORS,                            \
-                             vec & RAWOPS_NORM_FLAG_WEIGHT);                                                   \
+                             vec & RAWOPS_NORM_FLAG_WEIGHT, {}, int(vec >> RAWOPS_NORM_STAGES_SHIFT) & 3);  \
   }
 
 #define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)            \
@@ -564,7 +647,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
 // add_rms_norm's entries: rms_norm's with the residual operands after the row operands. d_residual_out
 // is optional (flag RAWOPS_NORM_FLAG_ADD; absent, any valid pointer). The backward's launch bound is
 // rms_norm's of the same type.
-#define RAWOPS_ADD_RMS_NORM(T, suffix, BWD_MIN_BLOCKS)                                                           \
+#define RAWOPS_ADD_RMS_NORM(T, suffix, BWD_BOUNDS)                                                           \
   extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                    \
       add_rms_norm_fwd_##suffix(const T* x, const T* residual, const T* w, T* y, T* residual_out, float* rstd,   \
                                 long long rows, long long n, long long x_stride, long long residual_stride,     \
@@ -574,7 +657,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
     rawops::norm_fwd<T, true, true>(x, w, w, y, rstd, rstd, rows, n, x_stride, y_stride, eps, int(mode),        \
                                     vec & RAWOPS_NORM_FLAG_VECTORS, vec & RAWOPS_NORM_FLAG_WEIGHT, false, add); \
   }                                                                                                             \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, BWD_MIN_BLOCKS)                          \
+  extern "C" __global__ void BWD_BOUNDS                                                                          \
       add_rms_norm_bwd_##suffix(const T* dy, const T* h, const T* w, const float* rstd, const T* d_residual_out, \
                                 T* dx, float* partial_dw, long long rows, long long n, long long dy_stride,      \
                                 long long h_stride, long long d_residual_out_stride, long long dx_stride,         \
@@ -582,12 +665,12 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
     const rawops::GradAdd<T> add{d_residual_out, d_residual_out_stride, (vec & RAWOPS_NORM_FLAG_ADD) != 0};     \
     rawops::norm_bwd<T, true, true>(dy, h, w, rstd, rstd, dx, partial_dw, nullptr, rows, n, dy_stride, h_stride, \
                                     dx_stride, int(mode), vec & RAWOPS_NORM_FLAG_VECTORS,                        \
-                                    vec & RAWOPS_NORM_FLAG_WEIGHT, add);                                         \
+                                    vec & RAWOPS_NORM_FLAG_WEIGHT, add, int(vec >> RAWOPS_NORM_STAGES_SHIFT) & 3); \
   }
 
 RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
 RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
 RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
-RAWOPS_ADD_RMS_NORM(float, f32, rawops::kMinRowBlocks)
-RAWOPS_ADD_RMS_NORM(__half, f16, 1)
-RAWOPS_ADD_RMS_NORM(__nv_bfloat16, bf16, 1)
+RAWOPS_ADD_RMS_NORM(float, f32, __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks))
+RAWOPS_ADD_RMS_NORM(__half, f16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))
+RAWOPS_ADD_RMS_NORM(__nv_bfloat16, bf16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))

@@ -47,6 +47,12 @@ ROW_MIN_BLOCKS = 2
 # 16-byte vectors a thread holds of a row in registers: forward, backward (two operands).
 ROW_FWD_VECTORS = 4
 ROW_BWD_VECTORS = 2
+# The norm backward's bulk path (sm_90): at most this many rows of its operands in flight ahead of
+# the one computed (the launch asks for 1..ROW_BWD_MAX_STAGES, 0: the register path).
+ROW_BWD_MAX_STAGES = 2
+# add_rms_norm's 16-bit backward: registers a thread at most (80: three 256-thread blocks an SM;
+# its bulk path's third operand took it to 96, two blocks).
+ROW_BWD_MAX_REGISTERS = 80
 # The mode argument of every row kernel.
 ROW_MODE_WARP = 0
 ROW_MODE_BLOCK = 1
@@ -54,11 +60,12 @@ ROW_MODE_STREAM = 2
 
 # ------------------------------------------------------------------ norm (kernels/norm.cu)
 # Bits of the kernels' `vec` argument: 16-byte rows, weight given, bias given, add_rms_norm's
-# backward given d_residual_out.
+# backward given d_residual_out; then the backward's bulk-path stages (sm_90, block mode: rawops/norm.py).
 NORM_FLAG_VECTORS = 1
 NORM_FLAG_WEIGHT = 2
 NORM_FLAG_BIAS = 4
 NORM_FLAG_ADD = 8
+NORM_STAGES_SHIFT = 4  # bits 4-5 of `vec`: the bulk path's stages (0: none)
 # norm_param_grad: blocks of COLUMNS columns x LANES lanes over the partial rows.
 NORM_PARAM_GRAD_COLUMNS = 32
 NORM_PARAM_GRAD_LANES = 16

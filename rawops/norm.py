@@ -54,6 +54,13 @@ PARAM_GRAD_THREADS = PARAM_GRAD_COLUMNS * _constants.NORM_PARAM_GRAD_LANES  # x 
 FLAG_VECTORS, FLAG_WEIGHT, FLAG_BIAS = (_constants.NORM_FLAG_VECTORS, _constants.NORM_FLAG_WEIGHT,
                                         _constants.NORM_FLAG_BIAS)
 FLAG_ADD = _constants.NORM_FLAG_ADD
+STAGES_SHIFT = _constants.NORM_STAGES_SHIFT
+# The backward's bulk path (kernels/norm.cu): on sm_90+, in block mode, each block's next rows are
+# copied into shared-memory stages by the bulk copy engine while it computes the current one,
+# wherever those stages cost no occupancy. STAGES: rows in flight ahead, by op (0: the register
+# path); module-level so that dev scripts can compare.
+STAGES = {"rms_norm": 1, "add_rms_norm": 1}  # layer_norm's kernel has no bulk path
+compute_capability = _modules.compute_capability  # module-level: tests replace it here
 
 # eps=None (torch.nn.RMSNorm's default): the storage dtype's machine epsilon, as torch.
 MACHINE_EPS = (2.0 ** -23, 2.0 ** -10, 2.0 ** -7)
@@ -82,12 +89,27 @@ def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx, strides=(), extra=(
     return mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned
 
 
-def column_smem(mode, threads, itemsize, partials):
+def column_smem(mode, threads, itemsize, partials, n=0, weight=False):
     """Dynamic shared memory of a backward launch: in the register modes each thread keeps a
-    float32 running sum per column it holds for each of `partials` (dweight, dbias) wanted."""
+    float32 running sum per column it holds for each of `partials` (dweight, dbias) wanted, and the
+    block a copy of the weight (n elements) when there is one."""
     if mode == _rows.STREAM_ROW:
         return 0
-    return partials * threads * (_rows.BWD_BYTES // itemsize) * 4
+    return partials * threads * (_rows.BWD_BYTES // itemsize) * 4 + (n * itemsize if weight else 0)
+
+
+def bulk_stages(op, name, device, mode, threads, smem, n, itemsize, operands):
+    """(stages, dynamic shared memory) of a backward launch: STAGES[op] rows of `operands` rows of n
+    each after the partials, or (0, smem) where the bulk path does not apply: before sm_90, outside
+    block mode, or where the stages would leave fewer blocks an SM than registers and partials do."""
+    stages = min(STAGES.get(op, 0), _constants.ROW_BWD_MAX_STAGES)
+    if not stages or mode != _rows.BLOCK_PER_ROW or compute_capability(device) < 90:
+        return 0, smem
+    total = smem + stages * operands * n * itemsize
+    if not _allow_smem(name, device, total) or resident(name, device, threads, total) < resident(
+            name, device, threads, smem):
+        return 0, smem
+    return stages, total
 
 
 def _allow_smem(name, device, smem):
@@ -128,7 +150,7 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
     dy_stride, x_stride, dx_stride = strides if strides is not None else (n, n, n)
     mode, blocks, threads, chunks, aligned = plan
     name = _rows.kernel_name(f"{op}_bwd", dtype)
-    smem = column_smem(mode, threads, itemsize, bool(partial_dw) + bool(partial_db))
+    smem = column_smem(mode, threads, itemsize, bool(partial_dw) + bool(partial_db), n, bool(weight))
     if not _allow_smem(name, device, smem):
         # The streaming mode keeps its partials in the global rows instead (one block per
         # chunk either way: the same partial buffers serve).
@@ -136,9 +158,10 @@ def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, 
     # The plan's grid is an upper bound (BWD_THREADS_PER_SM); the grid launched is what the
     # kernel's registers and shared memory let each SM hold at once, so that no block waits
     # for a second wave; its partial rows, fewer, are the ones summed.
+    stages, smem = bulk_stages(op, name, device, mode, threads, smem, n, itemsize, 2)
     blocks = min(blocks, resident(name, device, threads, smem))
     chunks = _rows.chunks(mode, blocks, threads)
-    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0)
+    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (stages << STAGES_SHIFT)
     launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, smem, stream,
            (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, dy_stride, x_stride, dx_stride, mode,
             flags), BWD_KINDS, device)
@@ -170,12 +193,15 @@ def launch_add_backward(device, dtype, itemsize, dy, h, weight, rstd, d_residual
     dy_stride, h_stride, dr_stride, dx_stride = strides if strides is not None else (n, n, n, n)
     mode, blocks, threads, chunks, aligned = plan
     name = _rows.kernel_name("add_rms_norm_bwd", dtype)
-    smem = column_smem(mode, threads, itemsize, bool(partial_dw))
+    smem = column_smem(mode, threads, itemsize, bool(partial_dw), n, bool(weight))
     if not _allow_smem(name, device, smem):
         mode, smem = _rows.STREAM_ROW, 0
+    stages, smem = bulk_stages("add_rms_norm", name, device, mode, threads, smem, n, itemsize,
+                               3 if d_residual_out else 2)
     blocks = min(blocks, resident(name, device, threads, smem))
     chunks = _rows.chunks(mode, blocks, threads)
-    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (FLAG_ADD if d_residual_out else 0)
+    flags = ((FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (FLAG_ADD if d_residual_out else 0)
+             | (stages << STAGES_SHIFT))
     launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, smem, stream,
            (dy, h, weight or h, rstd, d_residual_out or dy, dx, partial_dw, rows, n, dy_stride, h_stride, dr_stride,
             dx_stride, mode, flags), ADD_BWD_KINDS, device)

@@ -1,6 +1,8 @@
 """Row families (norm, softmax) without a GPU: launch plans, and argument checks that fire
 before any launch (fake __cuda_array_interface__ producers, as in test_validation.py)."""
 
+import itertools
+
 import pytest
 
 import rawops
@@ -167,7 +169,8 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
     monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
     monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 10 ** 6)
     monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
-    for stride, vec in ((1024, 1), (770, 0)):
+    for (stride, vec), cc in itertools.product(((1024, 1), (770, 0)), (80, 90)):
+        monkeypatch.setattr(norm, "compute_capability", lambda device, cc=cc: cc)
         calls.clear()
         norm.launch_forward(op, 0, 1, 2, BASE, OTHER, 0, OTHER * 2, 0, OTHER * 3, 64, 768, 1e-5, 0, stride, 768)
         (name, grid, block, smem, stream, args, kinds, device), = calls
@@ -180,8 +183,13 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
         calls.clear()
         norm.launch_backward(op, 0, 1, 2, BASE, OTHER, 0, OTHER * 3, OTHER * 4, OTHER * 2, OTHER * 5, 0, OTHER * 6, 0,
                              64, 768, plan, 0, strides)
-        args = calls[0][5]
+        args, smem = calls[0][5], calls[0][3]
         assert len(args) == len(norm.BWD_KINDS) and args[10:13] == strides and args[14] & norm.FLAG_VECTORS == vec
+        # the bulk path's stages: rms_norm's on sm_90+ in block mode (the 16-byte rows: 64 threads a
+        # row), each a row of x and of dy in shared memory; the register path elsewhere
+        stages = norm.STAGES["rms_norm"] if op == "rms_norm" and vec and cc >= 90 else 0
+        partials = norm.column_smem(_rows.BLOCK_PER_ROW, 64, 2, 1) if vec else 0  # dweight's, no weight
+        assert args[14] >> norm.STAGES_SHIFT == stages and smem == partials + stages * 2 * 768 * 2
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])

@@ -68,6 +68,12 @@ template <typename T> __device__ __forceinline__ void store16(T* p, const Vec16<
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
 }
 
+// store16 that streams past L2 (st.global.cs: evict first), for rows written once and never read
+// again by the kernel while the rows it reads should stay in L2 (moe_permute).
+template <typename T> __device__ __forceinline__ void store16_streaming(T* p, const Vec16<T>& v) {
+  __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
+}
+
 // store16 with its width pinned: one STG.E.128. In bias_bwd_tile nvcc split store16 into four
 // 32-bit STG.E (4x the store instructions, each writing a quarter of every sector). Only there:
 // as asm volatile it also reorders a kernel's schedule, and every other store16 already gets

@@ -46,6 +46,7 @@ constexpr int kMaxRowWarps = kMaxRowThreads / 32;
 constexpr int kMinRowBlocks = RAWOPS_ROW_MIN_BLOCKS;
 constexpr int kFwdVectors = RAWOPS_ROW_FWD_VECTORS;  // 16-byte vectors a thread holds of a row, forward
 constexpr int kBwdVectors = RAWOPS_ROW_BWD_VECTORS;  // backward: of each of its two operands
+constexpr int kBwdMaxStages = RAWOPS_ROW_BWD_MAX_STAGES;  // backward, bulk path: rows in flight ahead
 enum RowMode { kWarpPerRow = RAWOPS_ROW_MODE_WARP, kBlockPerRow = RAWOPS_ROW_MODE_BLOCK, kStreamRow = RAWOPS_ROW_MODE_STREAM };
 
 struct SumOp {
@@ -185,6 +186,14 @@ struct RowSlice {
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t f = first(c, k);
       raw[k] = f < n ? words(load16(row + f)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // The same from a copy of the row in shared memory (the bulk path's stages), element 0 at `row`.
+  __device__ __forceinline__ void load_shared(const T* row, const RowCursor& c, int64_t n) {
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const int64_t f = first(c, k);
+      raw[k] = f < n ? *reinterpret_cast<const uint4*>(row + f) : make_uint4(0, 0, 0, 0);
     }
   }
   // The words as the compiler cannot see through: values decoded before this point are
