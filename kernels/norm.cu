@@ -423,7 +423,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   // ahead, so the next rows stream in while this one computes; each thread then reads its slice
   // from shared memory (docs/performance.md, the norm backward on the H200).
 #ifdef RAWOPS_HAS_BULK
-  __shared__ uint64_t stage_bar[kBwdMaxStages];
+  __shared__ unsigned long long stage_bar[kBwdMaxStages];
   static_assert(kBwdMaxStages == 2, "the stage of row it is it % stages, written for stages 1 and 2");
   stages = stages < kBwdMaxStages ? stages : kBwdMaxStages;
   const bool use_bulk = RMS && stages > 0 && !c.warp;  // layer_norm: no gain measured, and it spilled at 64

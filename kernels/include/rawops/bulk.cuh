@@ -5,8 +5,6 @@
 // register loads (the host never asks for the bulk path there).
 #pragma once
 
-#include <cstdint>
-
 namespace rawops {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -17,19 +15,19 @@ __device__ __forceinline__ unsigned smem_address(const void* p) {
 }
 
 // One thread: an mbarrier expecting one arrival (the thread that posts each phase's bytes).
-__device__ __forceinline__ void bulk_barrier_init(uint64_t* bar) {
+__device__ __forceinline__ void bulk_barrier_init(unsigned long long* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_address(bar)) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
 // The arrival of this phase, and the bytes its copies will complete.
-__device__ __forceinline__ void bulk_expect(uint64_t* bar, unsigned bytes) {
+__device__ __forceinline__ void bulk_expect(unsigned long long* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes)
                : "memory");
 }
 
 // bytes (a multiple of 16; both addresses 16-byte aligned) from global src to shared dst.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_address(dst)),
                "l"(src), "r"(bytes), "r"(smem_address(bar))
@@ -37,7 +35,7 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
 }
 
 // Every thread: until the phase of parity `parity` has completed (its bytes have landed).
-__device__ __forceinline__ void bulk_wait(uint64_t* bar, unsigned parity) {
+__device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned parity) {
   unsigned done = 0;
   do {
     asm volatile(
