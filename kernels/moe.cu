@@ -426,25 +426,23 @@ template <typename T, bool kVec> struct Piece {
       v[0] = p[0];
     }
   }
+  // kStream: evict-first (st.global.cs), for the permute's k copies, which must not push x's rows
+  // (read again soon) out of L2
+  template <bool kStream = false>
   __device__ __forceinline__ void store(T* p) const {
     if constexpr (kVec) {
       Vec16<T> w;
 #pragma unroll
       for (int i = 0; i < N; ++i) w.v[i] = v[i];
-      store16(p, w);
+      if constexpr (kStream) {
+        store16_streaming(p, w);
+      } else {
+        store16(p, w);
+      }
+    } else if constexpr (kStream) {
+      __stcs(p, v[0]);
     } else {
       p[0] = v[0];
-    }
-  }
-  // evict-first: the permute's k copies must not push x's rows (read again soon) out of L2
-  __device__ __forceinline__ void store_streaming(T* p) const {
-    if constexpr (kVec) {
-      Vec16<T> w;
-#pragma unroll
-      for (int i = 0; i < N; ++i) w.v[i] = v[i];
-      store16_streaming(p, w);
-    } else {
-      __stcs(p, v[0]);
     }
   }
 };
@@ -492,8 +490,8 @@ __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ en
       P a, b;
       if (c < pieces) a.load(src + c * P::N);
       if (c + 32 < pieces) b.load(src + (c + 32) * P::N);
-      if (c < pieces) a.store_streaming(dst + c * P::N);
-      if (c + 32 < pieces) b.store_streaming(dst + (c + 32) * P::N);
+      if (c < pieces) a.template store<true>(dst + c * P::N);
+      if (c + 32 < pieces) b.template store<true>(dst + (c + 32) * P::N);
     }
   }
 }
