@@ -33,8 +33,9 @@
 //   as in torch's (v - v.min()) / (v.max() - v.min()); clipping keeps NaN.
 //   Bytes: x read twice (once with lo and hi given), y written once. The map moves a 16-byte word
 //   of the wider type a thread per step (the narrower side's word is consecutive too).
-// Launch: blocks of IMAGE_THREADS, a grid-stride grid of at most the blocks the device holds at once
-// (rawops/image.py asks the occupancy API); 64-bit indexing throughout.
+// Launch: blocks of IMAGE_THREADS; rgb_to_gray and to_tensor_normalize a grid covering every chunk
+// once (the loops walk on only past gridDim.x's limit), normalize_volume's kernels a grid-stride grid
+// of at most the blocks the device holds at once (rawops/image.py); 64-bit indexing throughout.
 #include <cub/block/block_reduce.cuh>
 
 #include "rawops/dtype.cuh"

@@ -192,6 +192,13 @@ def test_grid_is_one_wave_of_the_resident_blocks():
     assert im.grid(10**9, 0) == 1
 
 
+def test_the_maps_grid_covers_every_chunk_once():
+    assert im.covering(1) == 1
+    assert im.covering(im.THREADS * 5 + 1) == 6
+    assert im.covering(10**9) == -(-10**9 // im.THREADS)
+    assert im.covering(im.THREADS << 32) == (1 << 31) - 1  # gridDim.x's limit: the kernels walk on
+
+
 def test_a_thread_moves_16_bytes_of_the_wider_type():
     assert im.per_step("uint8", "uint8") == 16
     assert im.per_step("uint8", "float32") == im.per_step("float32", "uint8") == 4
