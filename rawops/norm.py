@@ -55,7 +55,7 @@ FLAG_VECTORS, FLAG_WEIGHT, FLAG_BIAS = (_constants.NORM_FLAG_VECTORS, _constants
                                         _constants.NORM_FLAG_BIAS)
 FLAG_ADD = _constants.NORM_FLAG_ADD
 STAGES_SHIFT = _constants.NORM_STAGES_SHIFT
-# The backward's bulk path (kernels/norm.cu): on sm_90+, in block mode, each block's next rows are
+# The backward's bulk path (kernels/norm.cu): on sm_90, in block mode, each block's next rows are
 # copied into shared-memory stages by the bulk copy engine while it computes the current one,
 # wherever those stages cost no occupancy. STAGES: rows in flight ahead, by op (0: the register
 # path); module-level so that dev scripts can compare.
@@ -100,10 +100,11 @@ def column_smem(mode, threads, itemsize, partials, n=0, weight=False):
 
 def bulk_stages(op, name, device, mode, threads, smem, n, itemsize, operands):
     """(stages, dynamic shared memory) of a backward launch: STAGES[op] rows of `operands` rows of n
-    each after the partials, or (0, smem) where the bulk path does not apply: before sm_90, outside
-    block mode, or where the stages would leave fewer blocks an SM than registers and partials do."""
+    each after the partials, or (0, smem) where the bulk path does not apply: off Hopper (sm_90, where
+    it was measured; sm_120 compiles cp.async.bulk to a toolkit call), outside block mode, or where
+    the stages would leave fewer blocks an SM than registers and partials do."""
     stages = min(STAGES.get(op, 0), _constants.ROW_BWD_MAX_STAGES)
-    if not stages or mode != _rows.BLOCK_PER_ROW or compute_capability(device) < 90:
+    if not stages or mode != _rows.BLOCK_PER_ROW or not 90 <= compute_capability(device) < 100:
         return 0, smem
     total = smem + stages * operands * n * itemsize
     if not _allow_smem(name, device, total) or resident(name, device, threads, total) < resident(

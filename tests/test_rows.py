@@ -169,7 +169,7 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
     monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
     monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 10 ** 6)
     monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
-    for (stride, vec), cc in itertools.product(((1024, 1), (770, 0)), (80, 90)):
+    for (stride, vec), cc in itertools.product(((1024, 1), (770, 0)), (80, 90, 120)):
         monkeypatch.setattr(norm, "compute_capability", lambda device, cc=cc: cc)
         calls.clear()
         norm.launch_forward(op, 0, 1, 2, BASE, OTHER, 0, OTHER * 2, 0, OTHER * 3, 64, 768, 1e-5, 0, stride, 768)
@@ -185,9 +185,9 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
                              64, 768, plan, 0, strides)
         args, smem = calls[0][5], calls[0][3]
         assert len(args) == len(norm.BWD_KINDS) and args[10:13] == strides and args[14] & norm.FLAG_VECTORS == vec
-        # the bulk path's stages: rms_norm's on sm_90+ in block mode (the 16-byte rows: 64 threads a
+        # the bulk path's stages: rms_norm's on sm_90 in block mode (the 16-byte rows: 64 threads a
         # row), each a row of x and of dy in shared memory; the register path elsewhere
-        stages = norm.STAGES["rms_norm"] if op == "rms_norm" and vec and cc >= 90 else 0
+        stages = norm.STAGES["rms_norm"] if op == "rms_norm" and vec and cc == 90 else 0
         partials = norm.column_smem(_rows.BLOCK_PER_ROW, 64, 2, 1) if vec else 0  # dweight's, no weight
         assert args[14] >> norm.STAGES_SHIFT == stages and smem == partials + stages * 2 * 768 * 2
 

@@ -1,8 +1,9 @@
 // The bulk copy engine (sm_90: cp.async.bulk, global -> shared, completing on an mbarrier): a row
 // kernel's next rows land in shared memory while it computes the current one, with no registers
 // and no load instructions of its threads (docs/performance.md, the norm backward on the H200).
-// Compiled only for sm_90 and later; elsewhere the helpers are absent and callers keep their
-// register loads (the host never asks for the bulk path there).
+// Compiled for sm_90 and later (before it the helpers are absent and callers keep their register
+// loads); rawops/norm.py asks for the bulk path on sm_90 only, where it was measured (sm_120 compiles
+// cp.async.bulk to a call into the toolkit).
 #pragma once
 
 namespace rawops {
