@@ -38,7 +38,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import ROW_HEADER, device_times_us, queued_device_times_us, row_result, start, write_results  # noqa: E402
+from timing import (ROW_HEADER, device_times_us, queued_device_times_us, ranked_step_us, row_result, start,  # noqa: E402
+                    write_results)
 
 # (name, tokens, hidden, experts, k)
 SHAPES = [("qwen3", 16384, 2048, 128, 8), ("mixtral", 16384, 4096, 64, 2)]
@@ -290,18 +291,15 @@ def layer_rows():
 PARALLEL_BAR = 1.6  # expert parallel on 2 GPUs: tokens/s at least this many times one GPU's
 
 
-def _parallel_worker(rank, world, port, out_dir):
-    """One rank of the expert-parallel layer at the Qwen3 shape (16384 tokens a rank, the experts split
-    over the ranks): the median time of a forward + backward, written to out_dir/rank<r>.txt."""
-    import torch.distributed as dist
-
+def parallel_layer(rank, world, tokens=16384):
+    """The expert-parallel layer at the Qwen3 shape on this rank of an initialised NCCL group (`tokens`
+    a rank, the experts split over the ranks, random weights): step(exchange=None) runs one forward +
+    backward through `exchange` (an expert_parallel-like function; None: the shipped one) and returns
+    the output. Also used by dev/profile_moe_parallel.py and dev/moe_parallel_gather.py."""
     from rawops.torch_adapter import moe_route
     from rawops.torch_adapter._moe_parallel import expert_parallel, local_moe_experts
 
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world)
-    tokens, hidden, inter, experts, k = 16384, 2048, 768, 128, 8
+    hidden, inter, experts, k = 2048, 768, 128, 8
     lo, hi = rank * experts // world, (rank + 1) * experts // world
     wr = (torch.randn(experts, hidden, device="cuda") * hidden ** -0.5).to(DTYPE).requires_grad_(True)
     wgu = (torch.randn(hi - lo, 2 * inter, hidden, device="cuda") * hidden ** -0.5).to(DTYPE).requires_grad_(True)
@@ -310,23 +308,26 @@ def _parallel_worker(rank, world, port, out_dir):
     dout = torch.randn_like(x)
     local = local_moe_experts(wgu, wd)
 
-    def step():
+    def step(exchange=None):
         weights, ids, _ = moe_route(torch.nn.functional.linear(x, wr), k)
-        torch.autograd.backward(expert_parallel(x, weights, ids, experts, local), dout)
+        out = (exchange or expert_parallel)(x, weights, ids, experts, local)
+        torch.autograd.backward(out, dout)
+        return out
+    return step
+
+
+def _parallel_worker(rank, world, port, out_dir):
+    """One rank of parallel_layer: the median time of its step, written to out_dir/rank<r>.txt."""
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    step = parallel_layer(rank, world)
     for _ in range(3):
         step()
-    times = []
-    for _ in range(10):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start_event.record()
-        step()
-        end_event.record()
-        torch.cuda.synchronize()
-        times.append(start_event.elapsed_time(end_event) * 1e3)
     with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
-        f.write(str(sorted(times)[len(times) // 2]))
+        f.write(str(ranked_step_us(step)))
     dist.destroy_process_group()
 
 

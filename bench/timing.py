@@ -126,6 +126,25 @@ def device_times_us(fns, warmup=10, reps=20, rounds=5, queued=False):
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def ranked_step_us(step, reps=10):
+    """Median time in us of step() on this rank of a torch.distributed group (events around each
+    call, the ranks lined up by a barrier and a synchronize before it): a multi-GPU step's time,
+    the slowest rank's being the step's."""
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(begin.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
 def queued_device_times_us(fns, warmup=10, reps=20, rounds=5):
     """device_times_us with the GPU kept busy (torch.cuda._sleep) while the host enqueues each call:
     the call's device time without its host launch overhead, as inside a step whose GPU work runs

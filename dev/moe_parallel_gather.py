@@ -111,42 +111,22 @@ def _cpu_worker(rank, world, port):
 
 
 def _gpu_worker(rank, world, port):
-    from rawops.torch_adapter import moe_route
-    from rawops.torch_adapter._moe_parallel import expert_parallel, local_moe_experts
+    sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+    from bench_moe import parallel_layer
+    from timing import ranked_step_us
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
-    tokens, hidden, inter, experts, k, dt = 16384, 2048, 768, 128, 8, torch.bfloat16
-    lo, hi = rank * experts // world, (rank + 1) * experts // world
-    wr = (torch.randn(experts, hidden, device="cuda") * hidden ** -0.5).to(dt).requires_grad_(True)
-    wgu = (torch.randn(hi - lo, 2 * inter, hidden, device="cuda") * hidden ** -0.5).to(dt).requires_grad_(True)
-    wd = (torch.randn(hi - lo, hidden, inter, device="cuda") * inter ** -0.5).to(dt).requires_grad_(True)
-    x = torch.randn(tokens, hidden, device="cuda", dtype=dt, requires_grad=True)
-    dout = torch.randn_like(x)
-    local = local_moe_experts(wgu, wd)
+    tokens = 16384
+    step = parallel_layer(rank, world, tokens)
     outs = {}
-    variants = (("all_to_all (shipped)", expert_parallel), ("all_gather / reduce_scatter", expert_parallel_gathered))
-    for name, fn in variants:
-        def step(fn=fn):
-            weights, ids, _ = moe_route(torch.nn.functional.linear(x, wr), k)
-            out = fn(x, weights, ids, experts, local)
-            torch.autograd.backward(out, dout)
-            return out
+    for name, exchange in (("all_to_all (shipped)", None), ("all_gather / reduce_scatter", expert_parallel_gathered)):
         for _ in range(3):
-            outs[name] = step().detach()
-        times = []
-        for _ in range(10):
-            dist.barrier()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
+            outs[name] = step(exchange).detach()
+        step_us = ranked_step_us(lambda exchange=exchange: step(exchange))
         if rank == 0:
-            print(f"{name:30s} fwd+bwd {sorted(times)[5]:8.0f} us a step (rank 0), {tokens} tokens a GPU", flush=True)
+            print(f"{name:30s} fwd+bwd {step_us:8.0f} us a step (rank 0), {tokens} tokens a GPU", flush=True)
     a, b = outs.values()
     err = ((a.float() - b.float()).norm() / a.float().norm()).item()
     print(f"rank {rank}: outputs differ by {err:.2e} (relative norm)", flush=True)
