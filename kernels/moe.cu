@@ -273,8 +273,9 @@ __device__ void scan(int* __restrict__ block_counts, int* __restrict__ offsets, 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // a warp an expert, lane l owning the blocks [l per, (l + 1) per): its counts loaded together
   // (no dependence between them), summed in the lane, one warp scan of the lane sums, then each
-  // lane's exclusive prefixes stored in place, in block order. (Scanning 32 blocks at a time, one
-  // warp scan each, chained 16 dependent scans an expert at 512 blocks: 19.6 us of the permute.)
+  // lane's exclusive prefixes stored in place, in block order. (The form before, 16 chained warp
+  // scans an expert at 512 blocks, read 19.6 us on the H200; this one 18.1 on the H100: the chains
+  // were not what the scan costs, docs/performance.md.)
   const int per = int((blocks + 31) / 32);  // <= kBlockSlots (blocks <= RAWOPS_MOE_INDEX_MAX_BLOCKS)
   for (int e = warp; e <= experts; e += kScanThreads / 32) {
     const int64_t first = int64_t(lane) * per;

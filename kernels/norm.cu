@@ -645,8 +645,9 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
 // 16-bit rms_norm backward runs faster with the registers it asks for, layer_norm's at 64
 // (docs/performance.md); bfloat16's forward fits 64 with its row held as 32-bit words.
 // add_rms_norm's entries: rms_norm's with the residual operands after the row operands. d_residual_out
-// is optional (flag RAWOPS_NORM_FLAG_ADD; absent, any valid pointer). The backward's launch bound is
-// rms_norm's of the same type.
+// is optional (flag RAWOPS_NORM_FLAG_ADD; absent, any valid pointer). The backward's bound: float32's
+// rms_norm's; the 16-bit types' RAWOPS_ROW_BWD_MAX_REGISTERS (__maxnreg__: under (512, 1) the bulk
+// path's third operand took 96 registers, two 256-thread blocks an SM).
 #define RAWOPS_ADD_RMS_NORM(T, suffix, BWD_BOUNDS)                                                           \
   extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                    \
       add_rms_norm_fwd_##suffix(const T* x, const T* residual, const T* w, T* y, T* residual_out, float* rstd,   \

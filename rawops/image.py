@@ -104,14 +104,11 @@ def grid(work, resident):
     return max(1, min(-(-work // THREADS), resident))
 
 
-MAX_GRID = (1 << 31) - 1  # gridDim.x; the kernels walk chunks past it grid-stride
-
-
 def covering(work):
     """Blocks of a grid covering `work` items a thread once (rgb_to_gray, to_tensor_normalize):
     short blocks handed out in order balance the SMs; a resident grid walking the items
     grid-stride was 4-9% slower (to_tensor f32 8K 191.8 vs 177.1 us, H100: docs/performance.md)."""
-    return max(1, min(-(-work // THREADS), MAX_GRID))
+    return max(1, min(-(-work // THREADS), _rows.MAX_GRID))  # past gridDim.x's limit the kernels walk on
 
 
 def per_step(in_dtype, out_dtype):

@@ -106,11 +106,17 @@ def bulk_stages(op, name, device, mode, threads, smem, n, itemsize, operands):
     stages = min(STAGES.get(op, 0), _constants.ROW_BWD_MAX_STAGES)
     if not stages or mode != _rows.BLOCK_PER_ROW or not 90 <= compute_capability(device) < 100:
         return 0, smem
-    total = smem + stages * operands * n * itemsize
-    if not _allow_smem(name, device, total) or resident(name, device, threads, total) < resident(
-            name, device, threads, smem):
-        return 0, smem
-    return stages, total
+    key = (name, device, threads, smem, n, itemsize, operands, stages)
+    plan = _bulk_plans.get(key)  # every launch asks: the occupancy queries once a shape
+    if plan is None:
+        total = smem + stages * operands * n * itemsize
+        fits = _allow_smem(name, device, total) and resident(name, device, threads, total) >= resident(
+            name, device, threads, smem)
+        plan = _bulk_plans[key] = (stages, total) if fits else (0, smem)
+    return plan
+
+
+_bulk_plans = {}  # bulk_stages' answers
 
 
 def _allow_smem(name, device, smem):

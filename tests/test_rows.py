@@ -466,3 +466,29 @@ def test_add_rms_norm_adapter_refuses_bad_arguments():
     with pytest.raises((TypeError, ValueError), match=r"^x"):  # a CPU tensor
         ta.add_rms_norm(torch.ones(2, 4), torch.ones(2, 4))
     assert sorted(ta.AddRMSNorm(16).state_dict()) == ["weight"]
+
+
+def test_norm_bulk_stages_only_where_they_cost_no_blocks_and_asked_once_a_shape(monkeypatch):
+    asked = []
+
+    def resident(name, device, threads, smem):
+        asked.append(smem)
+        return 4 if smem <= 24 * 1024 else 3  # stages past 24 KB cost a block an SM
+    monkeypatch.setattr(norm, "resident", resident)
+    monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
+    monkeypatch.setattr(norm, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(norm, "_bulk_plans", {})
+    row = 4096 * 2  # one bf16 row of 4096
+    args = ("rms_norm_bwd_bf16", 0, _rows.BLOCK_PER_ROW, 256)
+    assert norm.bulk_stages("rms_norm", *args, 8 * 1024, 4096, 2, 2) == (1, 8 * 1024 + 2 * row)
+    assert norm.bulk_stages("rms_norm", *args, 16 * 1024, 4096, 2, 2) == (0, 16 * 1024)
+    queries = len(asked)
+    assert norm.bulk_stages("rms_norm", *args, 8 * 1024, 4096, 2, 2) == (1, 8 * 1024 + 2 * row)
+    assert len(asked) == queries, "the occupancy asked again for a shape already planned"
+    # off Hopper, outside block mode, or not asked for: the register path, no query
+    monkeypatch.setattr(norm, "compute_capability", lambda device: 120)
+    assert norm.bulk_stages("rms_norm", *args, 8 * 1024, 4096, 2, 2) == (0, 8 * 1024)
+    monkeypatch.setattr(norm, "compute_capability", lambda device: 90)
+    assert norm.bulk_stages("rms_norm", "rms_norm_bwd_bf16", 0, _rows.WARP_PER_ROW, 256, 512, 64, 2, 2) == (0, 512)
+    assert norm.bulk_stages("layer_norm", *args, 8 * 1024, 4096, 2, 2) == (0, 8 * 1024)
+    assert len(asked) == queries
