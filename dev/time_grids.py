@@ -129,7 +129,8 @@ def swiglu(rows, ceiling):
     up = cp(torch.randn(n + 1, dtype=torch.bfloat16, device="cuda")[1:])
     out = cp(torch.empty(n + 1, dtype=torch.bfloat16, device="cuda")[1:])
     fn = _modules.function_pointer(glu.FAMILY, "swiglu_fwd_bf16", DEVICE)
-    threads, shared = glu.map_shape("swiglu_fwd" in glu.CAPPED, _modules.compute_capability(DEVICE))
+    threads, shared = glu.map_shape("swiglu_fwd" in glu.CAPPED, _modules.compute_capability(DEVICE),
+                                     _modules.fast_memory(DEVICE))
     work = -(-n // threads)
     grids = (min(work, 32 * sm_count(DEVICE)), min(work, _modules.resident_blocks(fn, threads, shared, DEVICE)))
 

@@ -37,7 +37,8 @@
 //                 zeroed: a warp a row over the padding rows only (their table scanned in every block);
 //                 the unpermute backward's d y (the permute zeroes its own padding rows).
 // Rows (16-byte vectors where every row of every operand is 16-byte aligned, else element by element;
-// a warp a token (the permute: a warp an output row), grid-stride):
+// a warp a token (the permute: a warp an output row); the kernels walk grid-stride, launched on a grid
+// covering every row once (rawops/moe.py)):
 //   moe_permute_<dtype>    out[r] = x[entry_of_row[r] / k], a warp an output row, the groups' rows
 //                          interleaved (zeros where no entry owns r: entry_of_row -1); x's rows read k
 //                          times (from L2 mostly), out written once
@@ -57,6 +58,10 @@ namespace rawops {
 namespace {
 
 constexpr int kMaxExperts = RAWOPS_MOE_MAX_EXPERTS;
+#ifndef RAWOPS_MOE_PERMUTE_PIECES
+#define RAWOPS_MOE_PERMUTE_PIECES 2  // dev/moe_permute_limits.py times others
+#endif
+constexpr int kPermutePieces = RAWOPS_MOE_PERMUTE_PIECES;
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fffffff); }
@@ -486,13 +491,18 @@ __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ en
       continue;
     }
     const T* src = x + int64_t(entry / k) * x_stride;
-    for (int64_t c0 = 0; c0 < pieces; c0 += 64) {
-      const int64_t c = c0 + lane;
-      P a, b;
-      if (c < pieces) a.load(src + c * P::N);
-      if (c + 32 < pieces) b.load(src + (c + 32) * P::N);
-      if (c < pieces) a.template store<true>(dst + c * P::N);
-      if (c + 32 < pieces) b.template store<true>(dst + (c + 32) * P::N);
+    for (int64_t c0 = 0; c0 < pieces; c0 += 32 * kPermutePieces) {  // kPermutePieces loads a lane in flight
+      P a[kPermutePieces];
+#pragma unroll
+      for (int i = 0; i < kPermutePieces; ++i) {
+        const int64_t c = c0 + lane + 32 * i;
+        if (c < pieces) a[i].load(src + c * P::N);
+      }
+#pragma unroll
+      for (int i = 0; i < kPermutePieces; ++i) {
+        const int64_t c = c0 + lane + 32 * i;
+        if (c < pieces) a[i].template store<true>(dst + c * P::N);
+      }
     }
   }
 }

@@ -242,6 +242,8 @@ def compute_capability(device):
 ATTR_MULTIPROCESSORS = 16  # cudaDevAttrMultiProcessorCount
 ATTR_L2_BYTES = 38  # cudaDevAttrL2CacheSize
 ATTR_THREADS_PER_SM = 39  # cudaDevAttrMaxThreadsPerMultiProcessor
+ATTR_MEMORY_CLOCK_KHZ = 36  # cudaDevAttrMemoryClockRate (peak, kHz)
+ATTR_MEMORY_BUS_BITS = 37  # cudaDevAttrGlobalMemoryBusWidth
 _attributes = {}  # (device, attribute) -> its value
 
 
@@ -259,6 +261,26 @@ def device_attribute(device, attribute):
 def device_threads(device):
     """Threads the whole device holds at once (its SMs times each one's thread limit)."""
     return device_attribute(device, ATTR_MULTIPROCESSORS) * device_attribute(device, ATTR_THREADS_PER_SM)
+
+
+def memory_bandwidth_per_sm(device):
+    """The device memory's peak bytes a second (double data rate: 2 x clock x bus width) over its
+    SMs: what one SM's loads in flight must cover (Little's law), 25 GB/s on the H100 SXM, 37 on the
+    H200; 0 where the device does not report its memory clock."""
+    clock_hz = device_attribute(device, ATTR_MEMORY_CLOCK_KHZ) * 1000
+    return 2 * clock_hz * device_attribute(device, ATTR_MEMORY_BUS_BITS) / 8 / device_attribute(
+        device, ATTR_MULTIPROCESSORS)
+
+
+# Memory this fast an SM (bytes a second) needs more loads in flight an SM than the H100 SXM's (25
+# GB/s an SM) for the same latency: the map kernels drop their warp cap on it, the norm backwards
+# stage more rows (measured on the H200, 37 GB/s an SM: docs/performance.md).
+FAST_MEMORY_PER_SM = 30e9
+
+
+def fast_memory(device):
+    """Whether the device's memory delivers FAST_MEMORY_PER_SM bytes a second an SM or more."""
+    return memory_bandwidth_per_sm(device) >= FAST_MEMORY_PER_SM
 
 
 def l2_bytes(device):

@@ -50,8 +50,8 @@ THREADS = _constants.MAP_THREADS  # the kernels' launch bound (the map kernels' 
 UNROLL = _constants.MAP_UNROLL  # 16-byte vectors a thread, each operand
 MAX_GRID = (1 << 31) - 1
 # Launched in the map kernels' capped shape on sm_90 (_launch.map_shape: 128 threads, 13 blocks an
-# SM), as elementwise launches its light ops; the erf forward does the most math per byte, as
-# elementwise's gelu_erf_fwd, which runs faster uncapped.
+# SM; uncapped on a device with fast memory), as elementwise launches its light ops; the erf
+# forward does the most math per byte, as elementwise's gelu_erf_fwd, which runs faster uncapped.
 CAPPED = {"swiglu_fwd", "swiglu_bwd", "geglu_tanh_fwd", "geglu_tanh_bwd", "geglu_erf_bwd"}
 
 
@@ -93,7 +93,7 @@ def launch_forward(base, device, dtype, itemsize, gate, up, out, rows, cols, str
     """out = act(gate) * up on raw pointers checked by the caller; strides: the row strides of
     gate, up and out in elements; rows, cols > 0."""
     name = f"{base}_fwd"
-    threads, shared = map_shape(name in CAPPED, _modules.compute_capability(device))
+    threads, shared = map_shape(name in CAPPED, _modules.compute_capability(device), _modules.fast_memory(device))
     function = _modules.function_pointer(FAMILY, _rows.kernel_name(name, dtype), device)
     blocks, rows, cols, strides, vec = launch_plan(rows, cols, itemsize, (gate, up, out), strides,
                                                    _modules.resident_blocks(function, threads, shared, device), threads)
@@ -104,7 +104,7 @@ def launch_backward(base, device, dtype, itemsize, dy, gate, up, dgate, dup, row
     """d_gate, d_up on raw pointers checked by the caller; strides: the row strides of dy, gate, up,
     dgate and dup in elements; rows, cols > 0."""
     name = f"{base}_bwd"
-    threads, shared = map_shape(name in CAPPED, _modules.compute_capability(device))
+    threads, shared = map_shape(name in CAPPED, _modules.compute_capability(device), _modules.fast_memory(device))
     function = _modules.function_pointer(FAMILY, _rows.kernel_name(name, dtype), device)
     blocks, rows, cols, strides, vec = launch_plan(rows, cols, itemsize, (dy, gate, up, dgate, dup), strides,
                                                    _modules.resident_blocks(function, threads, shared, device), threads)

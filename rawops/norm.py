@@ -57,10 +57,16 @@ FLAG_ADD = _constants.NORM_FLAG_ADD
 STAGES_SHIFT = _constants.NORM_STAGES_SHIFT
 # The backward's bulk path (kernels/norm.cu): on sm_90, in block mode, each block's next rows are
 # copied into shared-memory stages by the bulk copy engine while it computes the current one,
-# wherever those stages cost no occupancy. STAGES: rows in flight ahead, by op (0: the register
-# path); module-level so that dev scripts can compare.
-STAGES = {"rms_norm": 1, "add_rms_norm": 1}  # layer_norm's kernel has no bulk path
-compute_capability = _modules.compute_capability  # module-level: tests replace it here
+# wherever those stages cost no occupancy. STAGES[op]: rows in flight ahead (0: the register path),
+# as (on most devices, for 16-bit rows on a device with fast memory: _modules.fast_memory, 30 GB/s an
+# SM or more): the faster memory needs more bytes in flight for the same latency. Measured
+# (dev/norm_bwd_limits.py, 16384 x 4096, of the copy ceiling): rms_norm bf16/f16 on the H100 SXM (25
+# GB/s an SM) 1 stage 0.893, 2 stages 0.831; on the H200 (37 GB/s an SM) 1 stage 0.801-0.806, 2
+# stages 0.874-0.880; add_rms_norm 1 stage best on both (H200 0.903-0.907 against 0.877-0.889);
+# float32 rows 1 stage (H200: 0.922 against 2 stages' 0.887). Module-level so dev scripts can compare.
+STAGES = {"rms_norm": (1, 2), "add_rms_norm": (1, 1)}  # layer_norm's kernel has no bulk path
+compute_capability = _modules.compute_capability  # module-level: tests replace these here
+fast_memory = _modules.fast_memory
 
 # eps=None (torch.nn.RMSNorm's default): the storage dtype's machine epsilon, as torch.
 MACHINE_EPS = (2.0 ** -23, 2.0 ** -10, 2.0 ** -7)
@@ -103,8 +109,10 @@ def bulk_stages(op, name, device, mode, threads, smem, n, itemsize, operands):
     each after the partials, or (0, smem) where the bulk path does not apply: off Hopper (sm_90, where
     it was measured; sm_120 compiles cp.async.bulk to a toolkit call), outside block mode, or where
     the stages would leave fewer blocks an SM than registers and partials do."""
-    stages = min(STAGES.get(op, 0), _constants.ROW_BWD_MAX_STAGES)
-    if not stages or mode != _rows.BLOCK_PER_ROW or not 90 <= compute_capability(device) < 100:
+    if op not in STAGES or mode != _rows.BLOCK_PER_ROW or not 90 <= compute_capability(device) < 100:
+        return 0, smem
+    stages = min(stage_count(op, itemsize, device), _constants.ROW_BWD_MAX_STAGES)
+    if not stages:
         return 0, smem
     key = (name, device, threads, smem, n, itemsize, operands, stages)
     plan = _bulk_plans.get(key)  # every launch asks: the occupancy queries once a shape
@@ -117,6 +125,12 @@ def bulk_stages(op, name, device, mode, threads, smem, n, itemsize, operands):
 
 
 _bulk_plans = {}  # bulk_stages' answers
+
+
+def stage_count(op, itemsize, device):
+    """The bulk path's rows in flight for op's rows of itemsize bytes on device (STAGES)."""
+    usual, fast = STAGES[op]
+    return fast if itemsize == 2 and fast_memory(device) else usual
 
 
 def _allow_smem(name, device, smem):

@@ -12,6 +12,7 @@ sizes the grid at one block per chunk. On the scalar path (operands of different
 phases) a grid-stride loop runs over at most `resident` blocks: those the device holds at once
 (rawops._modules.resident_blocks, the occupancy API), one wave.
 """
+import itertools
 import math
 import os
 import re
@@ -641,6 +642,9 @@ def test_light_ops_take_the_capped_shape_on_sm90_only():
     for cc in (75, 80, 86, 89, 100, 120):
         assert map_shape(True, cc) == (THREADS, 0)
     assert map_shape(False, 90) == (THREADS, 0)
+    # on a device with fast memory an SM (the H200): every op in 128-thread blocks, uncapped
+    for cc, capped in itertools.product((80, 90, 100), (True, False)):
+        assert map_shape(capped, cc, True) == (128, 0)
     # 16 KB needs no opt-in attribute (the default dynamic limit is 48 KB), and the block fits
     # the kernels' launch bounds
     assert MAP_CAPPED_SHAPE["shared"] <= 48 * 1024 and MAP_CAPPED_SHAPE["threads"] <= THREADS
@@ -667,8 +671,9 @@ def test_a_capped_op_launches_in_the_shape_its_device_gets():
     from rawops._launch import map_shape
 
     cc = _modules.compute_capability(0)
-    assert elementwise.MAP["relu_fwd"].launch_shape(0) == map_shape(True, cc)
-    assert elementwise.MAP["gelu_erf_fwd"].launch_shape(0) == (THREADS, 0)
+    fast = _modules.fast_memory(0)
+    assert elementwise.MAP["relu_fwd"].launch_shape(0) == map_shape(True, cc, fast)
+    assert elementwise.MAP["gelu_erf_fwd"].launch_shape(0) == ((128, 0) if fast else (THREADS, 0))
 
 
 # ------------------------------------------------------------------------------ the device's resident blocks

@@ -55,6 +55,7 @@ def test_warp_grid_is_a_warp_a_token_up_to_the_resident_blocks():
     assert moe.warp_grid(1, moe.ROWS_THREADS, 792) == 1
     assert moe.warp_grid(37, moe.ROWS_THREADS, 792) == -(-37 // warps)
     assert moe.warp_grid(16384 * 8, moe.ROWS_THREADS, 792) == 792  # the resident blocks (the occupancy API's)
+    assert moe.warp_grid(16384 * 8, moe.ROWS_THREADS) == 16384 * 8 // warps  # the row kernels: a covering grid
 
 
 def test_row_flags_take_vectors_only_where_every_row_is_16_byte_aligned():

@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 import rawops
-from rawops import _rows
+from rawops import _modules, _rows
 from test_validation import BASE, OTHER, FakeCAI, assert_passes_validation, f16, f32
 
 import rawops.norm as norm  # noqa: E402
@@ -169,6 +169,7 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
     monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
     monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 10 ** 6)
     monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
+    monkeypatch.setattr(norm, "fast_memory", lambda device: False)  # the H100 SXM's
     for (stride, vec), cc in itertools.product(((1024, 1), (770, 0)), (80, 90, 120)):
         monkeypatch.setattr(norm, "compute_capability", lambda device, cc=cc: cc)
         calls.clear()
@@ -187,7 +188,7 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
         assert len(args) == len(norm.BWD_KINDS) and args[10:13] == strides and args[14] & norm.FLAG_VECTORS == vec
         # the bulk path's stages: rms_norm's on sm_90 in block mode (the 16-byte rows: 64 threads a
         # row), each a row of x and of dy in shared memory; the register path elsewhere
-        stages = norm.STAGES["rms_norm"] if op == "rms_norm" and vec and cc == 90 else 0
+        stages = norm.STAGES["rms_norm"][0] if op == "rms_norm" and vec and cc == 90 else 0
         partials = norm.column_smem(_rows.BLOCK_PER_ROW, 64, 2, 1) if vec else 0  # dweight's, no weight
         assert args[14] >> norm.STAGES_SHIFT == stages and smem == partials + stages * 2 * 768 * 2
 
@@ -477,6 +478,7 @@ def test_norm_bulk_stages_only_where_they_cost_no_blocks_and_asked_once_a_shape(
     monkeypatch.setattr(norm, "resident", resident)
     monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
     monkeypatch.setattr(norm, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(norm, "fast_memory", lambda device: False)  # the H100 SXM's
     monkeypatch.setattr(norm, "_bulk_plans", {})
     row = 4096 * 2  # one bf16 row of 4096
     args = ("rms_norm_bwd_bf16", 0, _rows.BLOCK_PER_ROW, 256)
@@ -492,3 +494,25 @@ def test_norm_bulk_stages_only_where_they_cost_no_blocks_and_asked_once_a_shape(
     assert norm.bulk_stages("rms_norm", "rms_norm_bwd_bf16", 0, _rows.WARP_PER_ROW, 256, 512, 64, 2, 2) == (0, 512)
     assert norm.bulk_stages("layer_norm", *args, 8 * 1024, 4096, 2, 2) == (0, 8 * 1024)
     assert len(asked) == queries
+
+
+def test_norm_stages_grow_with_the_memory_bandwidth_an_sm(monkeypatch):
+    # more rows in flight for 16-bit rms_norm rows where the memory is fast (the H200's 37 GB/s an
+    # SM); float32 rows and add_rms_norm keep one; layer_norm has no bulk path
+    for fast, want in ((False, {("rms_norm", 2): 1, ("rms_norm", 4): 1, ("add_rms_norm", 2): 1}),
+                       (True, {("rms_norm", 2): 2, ("rms_norm", 4): 1, ("add_rms_norm", 2): 1})):
+        monkeypatch.setattr(norm, "fast_memory", lambda device, v=fast: v)
+        assert {key: norm.stage_count(*key, 0) for key in want} == want
+    assert norm.STAGES.keys() == {"rms_norm", "add_rms_norm"}
+
+
+def test_memory_bandwidth_per_sm_is_the_double_data_rate_over_the_sms(monkeypatch):
+    values = {_modules.ATTR_MEMORY_CLOCK_KHZ: 3_201_000, _modules.ATTR_MEMORY_BUS_BITS: 6144,
+              _modules.ATTR_MULTIPROCESSORS: 132}  # the H200's
+    monkeypatch.setattr(_modules, "device_attribute", lambda device, attribute: values[attribute])
+    assert _modules.memory_bandwidth_per_sm(0) == pytest.approx(2 * 3.201e9 * 768 / 132)
+    assert 37e9 < _modules.memory_bandwidth_per_sm(0) < 38e9 and _modules.fast_memory(0)
+    values.update({_modules.ATTR_MEMORY_CLOCK_KHZ: 2_619_000, _modules.ATTR_MEMORY_BUS_BITS: 5120})  # the H100 SXM's
+    assert 25e9 < _modules.memory_bandwidth_per_sm(0) < 26e9 and not _modules.fast_memory(0)
+    values[_modules.ATTR_MEMORY_CLOCK_KHZ] = 0  # a device that does not say: the usual shapes
+    assert not _modules.fast_memory(0)

@@ -79,13 +79,18 @@ MAP_SHAPE = {"threads": MAP_THREADS, "unroll": MAP_UNROLL, "strided_unroll": MAP
              "max_dims": MAP_MAX_DIMS}
 # The light ops' shape on sm_90: blocks of 128 with 16 KB of dynamic shared memory they never
 # touch, so that an SM holds 13 blocks (52 warps) instead of 64 warps: the ops that read and
-# write little per element keep the memory system busier that way (docs/performance.md).
+# write little per element keep the H100's memory system busier that way (docs/performance.md);
+# not on a device with faster memory an SM (map_shape's fast_memory).
 MAP_CAPPED_SHAPE = {"threads": MAP_CAPPED_THREADS, "shared": MAP_CAPPED_SMEM, "cc": 90}
 
 
-def map_shape(bint capped, int cc):
+def map_shape(bint capped, int cc, bint fast_memory=False):
     """(threads, dynamic shared bytes) of a map kernel's launch on a GPU of compute
-    capability cc (major * 10 + minor)."""
+    capability cc (major * 10 + minor); fast_memory: rawops._modules.fast_memory of the device
+    (the H200: every map in 128-thread blocks, uncapped, 64 warps an SM: on it the cap cost
+    4-6% and 128 threads matched or beat 256, dev/time_map_shapes.py)."""
+    if fast_memory:
+        return MAP_CAPPED_THREADS, 0
     if capped and cc == 90:
         return MAP_CAPPED_THREADS, MAP_CAPPED_SMEM
     return MAP_THREADS, 0
@@ -332,7 +337,8 @@ cdef class MapKernel:
         if self._functions[device][dtype] == 0:
             load_driver()
             if self._threads[device] == 0:
-                threads, shared = map_shape(self.capped, _modules.compute_capability(device))
+                threads, shared = map_shape(self.capped, _modules.compute_capability(device),
+                                            _modules.fast_memory(device))
                 self._threads[device], self._shared[device] = threads, shared
             function = _modules.function_pointer(self.family, f"{self.name}_{FLOAT_SUFFIXES[dtype]}", device)
             # The scalar path's grid bound, asked once here so that a launch pays an array read.
