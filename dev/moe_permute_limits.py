@@ -8,7 +8,10 @@ rounds at bench_moe's shapes (bf16), each against the bytes permute must move:
   permute ordered ids   the shipped permute with ids sorted by token (output rows in token order: x
                         read once, in order; the limit of the kernel without the routing's scatter)
   permute pieces=P      random routing, the kernel with P 16-byte loads a lane in flight before
-                        its stores (shipped: 2), cubins built from kernels/moe.cu (dev/cubins.py)
+                        its stores (shipped: rawops/_constants.py MOE_PERMUTE_PIECES), cubins built
+                        from kernels/moe.cu (dev/cubins.py)
+  permute chunk=C       the shipped kernels, the index kernels' chunks at least C entries (fewer
+                        blocks: fewer counts for the one-block scan to read; shipped 512)
 Experiment, not a bench.
     python dev/moe_permute_limits.py
 """
@@ -29,6 +32,7 @@ from rawops.torch_adapter import moe as ta_moe  # noqa: E402
 
 SHAPES = [("qwen3", 16384, 2048, 128, 8), ("mixtral", 16384, 4096, 64, 2)]
 PIECES = (2, 4, 8)
+CHUNKS = (1024, 2048, 4096)
 BROADCAST = r"""
 template <bool kStream>
 __device__ void broadcast(const uint4* __restrict__ x, uint4* __restrict__ out, long long vecs, long long k,
@@ -83,6 +87,15 @@ def main():
                 finally:
                     _moe._fn = shipped_fn
             calls[f"permute pieces={p}"] = variant
+        for chunk in CHUNKS:
+            def chunked(chunk=chunk):
+                saved = _moe.INDEX_MIN_CHUNK
+                _moe.INDEX_MIN_CHUNK = chunk
+                try:
+                    return ta_moe.permute(x, ids, experts, 1)
+                finally:
+                    _moe.INDEX_MIN_CHUNK = saved
+            calls[f"permute chunk={chunk}"] = chunked
         check = {p: None for p in PIECES}
         for p in PIECES:  # each variant's rows bit for bit the shipped kernel's
             _moe._fn = (lambda n, d, c=None, q=modules[p].get_function("moe_permute_bf16").kernel.ptr:

@@ -58,10 +58,7 @@ namespace rawops {
 namespace {
 
 constexpr int kMaxExperts = RAWOPS_MOE_MAX_EXPERTS;
-#ifndef RAWOPS_MOE_PERMUTE_PIECES
-#define RAWOPS_MOE_PERMUTE_PIECES 2  // dev/moe_permute_limits.py times others
-#endif
-constexpr int kPermutePieces = RAWOPS_MOE_PERMUTE_PIECES;
+constexpr int kPermutePieces = RAWOPS_MOE_PERMUTE_PIECES;  // 16-byte loads a lane in flight
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ float nan_f() { return __int_as_float(0x7fffffff); }
@@ -491,7 +488,7 @@ __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ en
       continue;
     }
     const T* src = x + int64_t(entry / k) * x_stride;
-    for (int64_t c0 = 0; c0 < pieces; c0 += 32 * kPermutePieces) {  // kPermutePieces loads a lane in flight
+    for (int64_t c0 = 0; c0 < pieces; c0 += 32 * kPermutePieces) {
       P a[kPermutePieces];
 #pragma unroll
       for (int i = 0; i < kPermutePieces; ++i) {

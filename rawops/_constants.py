@@ -265,6 +265,10 @@ MOE_ROUTE_THREADS = 256
 MOE_ROWS_THREADS = 256
 MOE_INDEX_THREADS = 256
 MOE_SCAN_THREADS = 512
+# 16-byte loads a lane of the permute holds in flight before its stores (dev/moe_permute_limits.py,
+# bf16, 2 / 4 / 8: H100 Qwen3 257.2 / 254.6 / 253.6 us, Mixtral 173.7 / 169.6 / 166.8; H200 Qwen3
+# 204.4 / 196.5 / 196.7, Mixtral 137.8 / 129.3 / 127.7).
+MOE_PERMUTE_PIECES = 8
 # The most blocks the index kernels take (the scan holds every block's count of an expert in a warp's
 # registers, MOE_INDEX_MAX_BLOCKS / 32 a lane); rawops/moe.py's index_plan sizes the chunks to fit.
 MOE_INDEX_MAX_BLOCKS = 1024
