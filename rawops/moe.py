@@ -105,10 +105,13 @@ def warp_grid(tokens, threads, resident=MAX_GRID):
     return max(1, min(-(-tokens // (threads // 32)), resident, MAX_GRID))
 
 
-def index_plan(n):
+def index_plan(n, sms=0):
     """(blocks, chunk) of the counting sort over n entries: chunks of whole INDEX_THREADS steps, at
-    least INDEX_MIN_CHUNK entries, at most INDEX_MAX_BLOCKS of them."""
-    chunk = max(INDEX_MIN_CHUNK, -(-n // INDEX_MAX_BLOCKS))
+    least INDEX_MIN_CHUNK entries, at most a block an SM (sms > 0: the scan reads every block's counts
+    in one block, so more blocks than SMs cost the scan more than they give the other two: H200 Qwen3
+    permute 198.9 us at 256 blocks, 192.4 at 128; Mixtral 129.6 at 64 blocks, 132.2 at 32,
+    dev/moe_permute_limits.py) and at most INDEX_MAX_BLOCKS."""
+    chunk = max(INDEX_MIN_CHUNK, -(-n // sms) if sms > 0 else 0, -(-n // INDEX_MAX_BLOCKS))
     chunk = -(-chunk // INDEX_THREADS) * INDEX_THREADS
     return max(1, -(-n // chunk)), chunk
 
@@ -148,15 +151,15 @@ def launch_route_bwd(device, code, logits, ids, grad_w, grad_logits, tokens, exp
                  (logits, ids, grad_w, grad_logits, tokens, experts, stride, k, flags), resident=True)
 
 
-def index_scratch_ints(n, experts):
-    """int32 scratch of the counting sort: every block's E + 1 bucket counts."""
-    return index_plan(n)[0] * (experts + 1)
+def index_scratch_ints(n, experts, sms):
+    """int32 scratch of the counting sort on a device of `sms` SMs: every block's E + 1 bucket counts."""
+    return index_plan(n, sms)[0] * (experts + 1)
 
 
 def launch_index(device, ids, i64, scratch, offsets, counts, index, n, experts, pad_to, stream, entry_of_row=0):
     """The counting sort of n > 0 ids: offsets (E + 1), counts (E) and index (n) int32; entry_of_row
     (a pointer, 0: none): each row's entry t k + j written (rows no entry owns left as they are)."""
-    blocks, chunk = index_plan(n)
+    blocks, chunk = index_plan(n, sm_count(device))
     flags = FLAG_IDS_I64 if i64 else 0
     launch(_fn("moe_count", device), (blocks,), INDEX_THREADS, 0, stream, (ids, scratch, n, experts, chunk, flags),
            KINDS["moe_count"], device)
@@ -363,7 +366,7 @@ def moe_permute(x, ids, num_experts, pad_to=1, *, stream=None):
             return out, cupy.zeros(experts + 1, numpy.int32), cupy.zeros(experts, numpy.int32), index
         offsets = cupy.empty(experts + 1, numpy.int32)
         counts = cupy.empty(experts, numpy.int32)
-        scratch = cupy.empty(index_scratch_ints(n, experts), numpy.int32)
+        scratch = cupy.empty(index_scratch_ints(n, experts, sm_count(device)), numpy.int32)
         # each output row's entry (-1: a padding row, zeroed by the permute)
         entry_of_row = cupy.full(rows, -1, numpy.int32) if pad_to > 1 else cupy.empty(rows, numpy.int32)
         hold_if_capturing(s, scratch, entry_of_row)

@@ -3,6 +3,7 @@ CuPy API and the torch adapter: launch plans, tables and argument checks without
 against float64 torch references on fresh random data (HF's router math: softmax in float32, top-k,
 renormalise; a stable sort by expert for the permutation), poisoned outputs, ties, empty experts,
 one expert for every token, odd sizes, k = 1 and k = E, padding on and off, invalid ids, gradients."""
+import itertools
 import os
 import re
 
@@ -40,6 +41,14 @@ def test_index_plan_chunks_whole_steps_and_caps_the_blocks():
         blocks, chunk = moe.index_plan(n)
         assert chunk % moe.INDEX_THREADS == 0 and chunk >= moe.INDEX_MIN_CHUNK
         assert blocks <= moe.INDEX_MAX_BLOCKS and blocks * chunk >= n > (blocks - 1) * chunk
+    # at most a block an SM where the SMs are given: Qwen3's 131072 entries in 128 blocks on 132 SMs
+    assert moe.index_plan(16384 * 8, 132) == (128, 1024)
+    assert moe.index_plan(16384 * 2, 132) == (64, 512)  # Mixtral's: the smallest chunks already
+    for n, sms in itertools.product((7, 513, 131072, 10_000_019, (1 << 31) - 1), (1, 80, 132, 148)):
+        blocks, chunk = moe.index_plan(n, sms)
+        assert chunk % moe.INDEX_THREADS == 0 and chunk >= moe.INDEX_MIN_CHUNK and blocks <= moe.INDEX_MAX_BLOCKS
+        assert blocks <= sms or chunk == moe.INDEX_MIN_CHUNK
+        assert blocks * chunk >= n > (blocks - 1) * chunk
 
 
 def test_permuted_rows_leave_room_for_the_most_padding():

@@ -20,7 +20,7 @@ autograd), as the kernels take float32 weights (the router's own dtype). Outputs
 import torch
 
 from .. import _rows, moe as _moe
-from .._launch import tensor_code
+from .._launch import sm_count, tensor_code
 from ._common import compiling, custom_op, fast_apply, needs_grad, on_device, raw_stream
 from .norm import row_strided
 
@@ -128,7 +128,8 @@ def permute(x, ids, num_experts, pad_to):
         return out, zeros, zeros[:experts].clone(), index
     offsets = torch.empty(experts + 1, dtype=torch.int32, device=x.device)
     counts = torch.empty(experts, dtype=torch.int32, device=x.device)
-    scratch = torch.empty(_moe.index_scratch_ints(n, experts), dtype=torch.int32, device=x.device)
+    scratch = torch.empty(_moe.index_scratch_ints(n, experts, sm_count(x.get_device())), dtype=torch.int32,
+                          device=x.device)
     # each output row's entry (-1: a padding row, zeroed by the permute)
     entry_of_row = (torch.full((rows,), -1, dtype=torch.int32, device=x.device) if pad_to > 1
                     else torch.empty(rows, dtype=torch.int32, device=x.device))
@@ -379,7 +380,6 @@ def moe_unpermute(y, weights, index, offsets=None, counts=None):
 # ------------------------------------------------------------------- grouped GEMM and the layer (sm_90)
 def _grouped_launch(kind, a, b, out, offsets, experts, rows, m, n, k, transpose):
     from .. import _gemm_sm90, _modules
-    from .._launch import sm_count
 
     device = a.get_device()
     if _modules.compute_capability(device) != _gemm_sm90.CC or not _gemm_sm90.built(device):
