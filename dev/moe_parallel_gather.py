@@ -1,11 +1,7 @@
-"""Expert parallel through fixed-size collectives (issue 28: 1.06x one GPU on two, bar 1.6x). At
-Qwen3's top-8 over 2 ranks nearly every token has an expert on both ranks, so the shipped exchange
-(rawops/torch_adapter/_moe_parallel.py: each token once to each rank holding one of its experts,
-all_to_all_single with splits read on the host) moves about all T rows each way anyway. Here: an
-all_gather of x, the routing weights and ids (every rank the same T), each rank's experts over all
-W T rows (slots of other ranks' experts -1), and a reduce_scatter of the weighted sums (16-bit
-partials summed in float32 past two ranks): no splits, no count exchange, no gathers or index_add
-by rank; one host read remains (the local slot count local_experts takes). Experiment, not shipped.
+"""Expert parallel's two exchanges side by side (issue 28: 1.06x one GPU on two, bar 1.6x):
+all_to_all (each token once to each rank holding one of its experts, splits read on the host) and
+the gather (all_gather of x, weights and ids, each rank's experts over all W T rows, reduce_scatter
+back: rawops/torch_adapter/_moe_parallel.py, now what "auto" takes where the ranks' T are equal).
     python dev/moe_parallel_gather.py          two GPUs: both exchanges timed at the Qwen3 shape
                                                (forward + backward, median of 10) and compared
     python dev/moe_parallel_gather.py --cpu    gloo, float64, 2 and 4 ranks: the gathered exchange's
@@ -13,6 +9,7 @@ by rank; one host read remains (the local slot count local_experts takes). Exper
 """
 import os
 import socket
+from functools import partial
 import sys
 
 import torch
@@ -21,56 +18,6 @@ import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path.join(HERE, "..")]
-
-
-class _AllGather(torch.autograd.Function):
-    """(W T, ...) every rank's rows in rank order; the backward sums each rank's gradient back."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        out = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out = grad.new_empty((grad.shape[0] // dist.get_world_size(ctx.group), *grad.shape[1:]))
-        dist.reduce_scatter_tensor(out, grad.contiguous(), group=ctx.group)
-        return out, None
-
-
-class _ReduceScatter(torch.autograd.Function):
-    """(T, ...) the ranks' rows for this rank's tokens summed; the backward gathers the gradient."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        out = x.new_empty((x.shape[0] // dist.get_world_size(group), *x.shape[1:]))
-        dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _AllGather.apply(grad, ctx.group), None
-
-
-def expert_parallel_gathered(x, weights, ids, num_experts, local_experts, group=None):
-    """expert_parallel's result (T, H_out) through all_gather / reduce_scatter (module docstring);
-    every rank of the group must hold the same number of tokens."""
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    per_rank = num_experts // world
-    rows = _AllGather.apply(x, group)
-    weights_all = _AllGather.apply(weights, group)
-    ids_all = ids.new_empty((world * ids.shape[0], ids.shape[1]))
-    dist.all_gather_into_tensor(ids_all, ids.contiguous(), group=group)
-    local = ids_all.long() - rank * per_rank
-    here = (local >= 0) & (local < per_rank)
-    slot_ids = torch.where(here, local, -1).to(torch.int32)
-    partial = local_experts(rows, slot_ids, weights_all * here, int(here.sum()))
-    if partial.dtype in (torch.float16, torch.bfloat16) and world > 2:  # two ranks: one add, one rounding
-        return _ReduceScatter.apply(partial.float(), group).to(partial.dtype)
-    return _ReduceScatter.apply(partial, group)
 
 
 def _port():
@@ -95,14 +42,14 @@ def _cpu_worker(rank, world, port):
     route = torch.topk(torch.softmax(torch.randn(tokens, experts, generator=g, dtype=torch.float64), -1), k)
     dout = torch.randn(tokens, hidden, generator=g, dtype=torch.float64)
     results = []
-    for fn in (expert_parallel, expert_parallel_gathered):
+    for exchange in ("all_to_all", "gather"):
         leaves = [t.clone().requires_grad_(True) for t in (x, route.values, wgu, wd)]
 
         def local(rows, ids, weights, entries, wgu=leaves[2], wd=leaves[3]):
             assert entries == int((ids >= 0).sum())
             return sum(_reference_experts(rows, ids[:, j].clamp(min=0), wgu, wd)
                        * torch.where(ids[:, j] >= 0, weights[:, j], 0)[:, None] for j in range(ids.shape[1]))
-        out = fn(leaves[0], leaves[1], route.indices, experts, local)
+        out = expert_parallel(leaves[0], leaves[1], route.indices, experts, local, exchange=exchange)
         results.append([out, *torch.autograd.grad(out, leaves, dout)])
     for name, a, b in zip(("out", "d x", "d weights", "d gate_up", "d down"), *results):
         assert torch.allclose(a, b, atol=1e-10), f"rank {rank}: {name}"
@@ -121,10 +68,12 @@ def _gpu_worker(rank, world, port):
     tokens = 16384
     step = parallel_layer(rank, world, tokens)
     outs = {}
-    for name, exchange in (("all_to_all (shipped)", None), ("all_gather / reduce_scatter", expert_parallel_gathered)):
+    from rawops.torch_adapter._moe_parallel import expert_parallel
+
+    for name, exchange in (("all_to_all", "all_to_all"), ("all_gather / reduce_scatter", "gather")):
         for _ in range(3):
-            outs[name] = step(exchange).detach()
-        step_us = ranked_step_us(lambda exchange=exchange: step(exchange))
+            outs[name] = step(partial(expert_parallel, exchange=exchange)).detach()
+        step_us = ranked_step_us(lambda exchange=exchange: step(partial(expert_parallel, exchange=exchange)))
         if rank == 0:
             print(f"{name:30s} fwd+bwd {step_us:8.0f} us a step (rank 0), {tokens} tokens a GPU", flush=True)
     a, b = outs.values()

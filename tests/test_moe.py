@@ -892,7 +892,7 @@ def _reference_experts(rows, expert_ids, wgu, wd):
     return out
 
 
-def _expert_parallel_worker(rank, world, port):
+def _expert_parallel_worker(rank, world, port, equal, exchange):
     import torch
     import torch.distributed as dist
 
@@ -905,7 +905,7 @@ def _expert_parallel_worker(rank, world, port):
         g = torch.Generator().manual_seed(1234)  # the same draws on every rank
         wgu = torch.randn(experts, 2 * inter, hidden, generator=g, dtype=torch.float64)
         wd = torch.randn(experts, hidden, inter, generator=g, dtype=torch.float64)
-        xs = [torch.randn(37 + 5 * r, hidden, generator=g, dtype=torch.float64) for r in range(world)]
+        xs = [torch.randn(37 + (0 if equal else 5 * r), hidden, generator=g, dtype=torch.float64) for r in range(world)]
         routes = [torch.topk(torch.softmax(torch.randn(x.shape[0], experts, generator=g, dtype=torch.float64), -1), k)
                   for x in xs]
         douts = [torch.randn(x.shape[0], hidden, generator=g, dtype=torch.float64) for x in xs]
@@ -918,7 +918,14 @@ def _expert_parallel_worker(rank, world, port):
             assert entries == int((ids >= 0).sum()) and bool(((ids >= 0) | (weights == 0)).all())
             return sum(_reference_experts(rows, ids[:, j].clamp(min=0), local_wgu, local_wd)
                        * torch.where(ids[:, j] >= 0, weights[:, j], 0)[:, None] for j in range(ids.shape[1]))
-        out = expert_parallel(x, w, routes[rank].indices, experts, local)
+        with pytest.raises(ValueError, match="exchange must be one of"):
+            expert_parallel(x, w, routes[rank].indices, experts, local, exchange="ring")
+        import rawops.torch_adapter._moe_parallel as parallel
+
+        gathered, shipped_gathered = [], parallel._gathered
+        parallel._gathered = lambda *args: gathered.append(1) or shipped_gathered(*args)
+        out = expert_parallel(x, w, routes[rank].indices, experts, local, exchange=exchange)
+        assert bool(gathered) == (equal and exchange == "auto"), "auto takes the gather where T is equal"
         dx, dw, dwgu, dwd = torch.autograd.grad(out, [x, w, local_wgu, local_wd], douts[rank])
         # the one-process reference over every rank's tokens with every expert
         full = [t.clone().requires_grad_(True) for t in (wgu, wd)]
@@ -941,8 +948,10 @@ def _expert_parallel_worker(rank, world, port):
         dist.destroy_process_group()
 
 
+# unequal tokens a rank: "auto" takes all_to_all; equal: "auto" takes the gather, all_to_all asked for
+@pytest.mark.parametrize("equal, exchange", [(False, "auto"), (True, "auto"), (True, "all_to_all")])
 @pytest.mark.parametrize("world", [2, 4])
-def test_expert_parallel_equals_one_process_forward_and_backward(world):
+def test_expert_parallel_equals_one_process_forward_and_backward(world, equal, exchange):
     torch = pytest.importorskip("torch")
     import socket
 
@@ -953,7 +962,7 @@ def test_expert_parallel_equals_one_process_forward_and_backward(world):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_expert_parallel_worker, args=(world, port), nprocs=world, join=True)
+    mp.spawn(_expert_parallel_worker, args=(world, port, equal, exchange), nprocs=world, join=True)
 
 
 def _expert_parallel_gpu_worker(rank, world, port):
