@@ -11,7 +11,8 @@ each backward with 0 (the register path), 1 and 2 bulk-path stages (rawops.norm.
 path applies), bf16, f16 and f32.
 Each row: us, TB/s counted on the backward's bytes (dy, x read; dx written; add_rms_norm adds
 d_residual_out), of the ceiling, of the 2:1 map. Experiment, not a bench.
-    python dev/norm_bwd_limits.py            (NCU=1: one call of each backward, bf16, for ncu)
+    python dev/norm_bwd_limits.py            (NCU=1: one call of each backward, bf16, for ncu;
+                                              NORM_OPS=layer_norm, NORM_DTYPES=bfloat16: a subset)
 """
 import os
 import sys
@@ -45,18 +46,25 @@ def _cases(dtype):
         "layer_norm bwd, no weight": lambda: norm.layer_norm_backward(DY, X, None, M, R),
         "add_rms_norm bwd": lambda: norm.add_rms_norm_backward(DY, DR, X, W, R),
     }
+    only = os.environ.get("NORM_OPS")  # e.g. NORM_OPS=layer_norm: those ops' rows alone
+    ops = {name: fn for name, fn in ops.items() if not only or name.split()[0] in only.split(",")}
     fns = {}
     for name, fn in ops.items():  # each backward with 0 (registers), 1 and 2 bulk stages
         op = name.split()[0]
         for stages in (0, 1, 2):
             def call(fn=fn, op=op, stages=stages):
                 saved = dict(norm.STAGES)
-                norm.STAGES[op] = (stages, stages)
+                norm.STAGES[op] = (stages, stages)  # layer_norm: only a build with RAWOPS_NORM_LN_BULK=1 stages
                 try:
-                    fn()
+                    return fn()
                 finally:
+                    norm.STAGES.clear()
                     norm.STAGES.update(saved)
             fns[f"{name}, stages {stages}"] = call
+        dx0 = fns[f"{name}, stages 0"]()[0].astype(cupy.float32)
+        for stages in (1, 2):  # the staged path's dx against the register path's
+            diff = float(cupy.abs(fns[f"{name}, stages {stages}"]()[0].astype(cupy.float32) - dx0).max())
+            print(f"  {name}, stages {stages}: dx max |diff| from stages 0: {diff:.2e}")
     nbytes = 3 * x.numel() * x.element_size()
     half = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda").random_()
     half_out = torch.empty_like(half)
@@ -67,6 +75,8 @@ def _cases(dtype):
 
 def main():
     dtypes = [torch.bfloat16, torch.float16, torch.float32]
+    if os.environ.get("NORM_DTYPES"):  # e.g. NORM_DTYPES=bfloat16
+        dtypes = [getattr(torch, d) for d in os.environ["NORM_DTYPES"].split(",")]
     if os.environ.get("NCU"):
         fns, _ = _cases(torch.bfloat16)
         for fn in fns.values():
