@@ -1,0 +1,88 @@
+"""The row forwards' register layout (issue 26: on the H200 the 16-bit softmax forward runs at 0.78 of
+the copy ceiling while Liger's Triton softmax reaches 0.94; layer_norm's 16-bit forward 0.79-0.82).
+Variants of kernels/softmaxes.cu and kernels/norm.cu built as cubins (dev/cubins.py), each launched
+through the library's own plan with _rows.FWD_BYTES set to what the variant holds a thread:
+  v4          shipped: 4 16-byte vectors a thread (128 threads a 4096-wide 16-bit row), 64 registers
+  v8 / v8 r128  8 vectors a thread (64 threads a row), 64 / 128 registers (RAWOPS_ROW_MIN_BLOCKS=1)
+  v2          2 vectors a thread (256 threads a row)
+(A softmax holding its exps in registers for the output, not computing them again, was slower on the
+H200 at every shape: 81.3 -> 88.5 us bf16 16384 x 4096 with 128 registers; docs/performance.md.)
+Outputs checked against the shipped kernels'; interleaved rounds (bench/timing.py), beside a copy of
+the same bytes. Experiment, not a bench.
+    python dev/time_row_fwd_variants.py
+"""
+import os
+import sys
+
+import cupy
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path.join(HERE, ".."),
+                                                                        os.path.join(HERE, "..", "bench"), HERE]
+import timing  # noqa: E402
+from cubins import build_modules  # noqa: E402
+
+from rawops import _modules, _rows, norm, softmaxes  # noqa: E402
+
+# name: (macros, FWD_BYTES, families)
+VARIANTS = {
+    "v8": (["RAWOPS_ROW_FWD_VECTORS=8"], 128, ("softmaxes", "norm")),
+    "v8 r128": (["RAWOPS_ROW_FWD_VECTORS=8", "RAWOPS_ROW_MIN_BLOCKS=1"], 128, ("softmaxes",)),
+    "v2": (["RAWOPS_ROW_FWD_VECTORS=2"], 32, ("softmaxes", "norm")),
+}
+SHAPES = [(16384, 4096), (87381, 768)]
+
+
+def variant_call(fn, family, module, fwd_bytes):
+    shipped = _modules.function_pointer
+
+    def pointer(fam, name, device):
+        return module.get_function(name).kernel.ptr if fam == family else shipped(fam, name, device)
+
+    def call():
+        saved = _rows.FWD_BYTES
+        _modules.function_pointer, _rows.FWD_BYTES = pointer, fwd_bytes
+        try:
+            return fn()
+        finally:
+            _modules.function_pointer, _rows.FWD_BYTES = shipped, saved
+    return call
+
+
+def main():
+    ceiling = timing.copy_ceiling_tbps()
+    print(f"{torch.cuda.get_device_name()}, copy ceiling {ceiling:.3f} TB/s")
+    modules = {(name, fam): m for name, (macros, _, fams) in VARIANTS.items() for fam in fams
+               for m in [build_modules(fam, {name: macros})[name]]}
+    for rows, n in SHAPES:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            xt = torch.randn(rows, n, device="cuda", dtype=dtype)
+            x = cupy.from_dlpack(xt)
+            w, b = (cupy.from_dlpack(torch.randn(n, device="cuda", dtype=dtype)) for _ in range(2))
+            ops = {"softmax": ("softmaxes", lambda: softmaxes.softmax(x)),
+                   "log_softmax": ("softmaxes", lambda: softmaxes.log_softmax(x)),
+                   "layer_norm": ("norm", lambda: norm.layer_norm(x, w, b)),
+                   "rms_norm": ("norm", lambda: norm.rms_norm(x, w))}
+            nbytes = 2 * xt.numel() * xt.element_size()
+            src, dst = (torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda") for _ in range(2))
+            print(f"== {rows} x {n} {dtype}")
+            for op, (family, fn) in ops.items():
+                ref = fn().astype(cupy.float32)
+                calls = {"v4 (shipped)": fn}
+                for name, (_, fwd_bytes, fams) in VARIANTS.items():
+                    if family not in fams:
+                        continue
+                    call = variant_call(fn, family, modules[(name, family)], fwd_bytes)
+                    err = float(cupy.abs(call().astype(cupy.float32) - ref).max())
+                    calls[f"{name} (max diff {err:.1e})"] = call
+                calls["copy same bytes"] = lambda: dst.copy_(src)
+                times = timing.device_times_us(calls, reps=20, rounds=5)
+                for label, us in times.items():
+                    print(f"  {op:12s} {label:32s} {us:7.1f} us  {nbytes / us / 1e6 / ceiling:.3f} of ceiling")
+            ops.clear()
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
