@@ -60,7 +60,9 @@ __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* _
   }
 }
 
-template <typename T, bool LOG>
+// ITEMS: 16-byte vectors a thread holds (kFwdVectors; the wide entries kFwdWideVectors, where the
+// host's plan spreads a row over fewer threads: more loads in flight a thread, fewer to reduce over).
+template <typename T, bool LOG, int ITEMS = kFwdVectors>
 __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t n,
                                             int64_t x_stride, int64_t y_stride, int mode, bool vec) {
   __shared__ RowReducer::Storage storage;
@@ -71,7 +73,6 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
     return;
   }
   constexpr int V = Vec16<T>::size;
-  constexpr int ITEMS = kFwdVectors;
   using Slice = RowSlice<T, ITEMS>;
   for (int64_t row = c.row; row < rows; row += c.step) {
     const T* xr = x + row * x_stride;
@@ -181,6 +182,11 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
       name##_fwd_##suffix(const T* x, T* y, long long rows, long long n, long long x_stride, long long y_stride, \
                           long long mode, long long vec) {                                                     \
     rawops::softmax_fwd<T, LOG>(x, y, rows, n, x_stride, y_stride, int(mode), vec != 0);                      \
+  }                                                                                                            \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                  \
+      name##_fwd_wide_##suffix(const T* x, T* y, long long rows, long long n, long long x_stride,              \
+                               long long y_stride, long long mode, long long vec) {                            \
+    rawops::softmax_fwd<T, LOG, rawops::kFwdWideVectors>(x, y, rows, n, x_stride, y_stride, int(mode), vec != 0); \
   }                                                                                                            \
   extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                  \
       name##_bwd_##suffix(const T* dy, const T* y, T* dx, long long rows, long long n, long long dy_stride,   \

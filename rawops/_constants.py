@@ -47,6 +47,9 @@ ROW_MIN_BLOCKS = 2
 # 16-byte vectors a thread holds of a row in registers: forward, backward (two operands).
 ROW_FWD_VECTORS = 4
 ROW_BWD_VECTORS = 2
+# The softmax forwards' wide entries (<op>_fwd_wide): 8 vectors a thread, taken where a row then
+# still spreads over 24 to 128 threads (rawops/softmaxes.py forward_plan).
+ROW_FWD_WIDE_VECTORS = 8
 # The norm backward's bulk path (sm_90): at most this many rows of its operands in flight ahead of
 # the one computed (the launch asks for 1..ROW_BWD_MAX_STAGES, 0: the register path).
 ROW_BWD_MAX_STAGES = 2

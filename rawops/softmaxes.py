@@ -11,7 +11,7 @@ of one row): launched as it is, no copy; the 16-byte path is kept wherever every
 the argument. The result is a new contiguous array unless out= is given.
 """
 from ._launch import NUMPY_DTYPES, allocating_on, launch, stream_pointer, wait_for_producer
-from . import _modules, _rows
+from . import _constants, _modules, _rows
 
 FAMILY = "softmaxes"
 
@@ -20,16 +20,32 @@ _FWD_ARGS = ("x", "y", "rows", "n", "x_stride", "y_stride", "mode", "vec")
 _BWD_ARGS = ("dy", "y", "dx", "rows", "n", "dy_stride", "y_stride", "dx_stride", "mode", "vec")
 KERNELS = {
     "softmax_fwd": _FWD_ARGS,
+    "softmax_fwd_wide": _FWD_ARGS,
     "softmax_bwd": _BWD_ARGS,
     "log_softmax_fwd": _FWD_ARGS,
+    "log_softmax_fwd_wide": _FWD_ARGS,
     "log_softmax_bwd": _BWD_ARGS,
 }
 FWD_KINDS = "ppqqqqqq"
 BWD_KINDS = "pppqqqqqqq"
 
 
+# The wide forward entries (8 vectors a thread, not 4) where a row then still spreads over
+# WIDE_MIN_THREADS..WIDE_MAX_THREADS threads (dev/time_row_fwd_variants.py, H200: f32 at 768 columns
+# 148.8 -> 131.7 us, a warp a row; bf16 at 4096 81.3 -> 77.2, 64 threads; f32 at 4096 136.6 ->
+# 134.2; 16-bit rows at 768 would keep 12 lanes of a warp busy: 86.9 -> 114.0, so not taken; rows
+# wider than 128 threads' worth not measured, not taken).
+WIDE_BYTES = 16 * _constants.ROW_FWD_WIDE_VECTORS
+WIDE_MIN_THREADS, WIDE_MAX_THREADS = 24, 128
+
+
 def forward_plan(rows, n, itemsize, aligned):
-    return _rows.row_plan(rows, n, _rows.FWD_BYTES // itemsize, itemsize, aligned)
+    """(mode, blocks, threads, wide): _rows.row_plan's, and whether the wide entries run it."""
+    plan = _rows.row_plan(rows, n, _rows.FWD_BYTES // itemsize, itemsize, aligned)
+    need = -(-n * itemsize // WIDE_BYTES)  # threads holding the row 8 vectors each
+    if aligned and plan[0] != _rows.STREAM_ROW and WIDE_MIN_THREADS <= need <= WIDE_MAX_THREADS:
+        return (*_rows.row_plan(rows, n, WIDE_BYTES // itemsize, itemsize, aligned), True)
+    return (*plan, False)
 
 
 def backward_plan(rows, n, itemsize, aligned):
@@ -42,9 +58,10 @@ def launch_forward(op, device, dtype, itemsize, x, y, rows, n, stream, strides=N
     and n > 0."""
     strides = (n, n) if strides is None else tuple(strides)
     aligned = _rows.vectors(n, itemsize, x, y, strides=strides)
-    mode, blocks, threads = forward_plan(rows, n, itemsize, aligned)
-    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), threads,
-           0, stream, (x, y, rows, n, *strides, mode, aligned), FWD_KINDS, device)
+    mode, blocks, threads, wide = forward_plan(rows, n, itemsize, aligned)
+    name = _rows.kernel_name(f"{op}_fwd_wide" if wide else f"{op}_fwd", dtype)
+    launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, 0, stream,
+           (x, y, rows, n, *strides, mode, aligned), FWD_KINDS, device)
 
 
 def launch_backward(op, device, dtype, itemsize, dy, y, dx, rows, n, stream, strides=None):

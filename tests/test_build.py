@@ -843,7 +843,7 @@ def test_norm_table_matches_the_kernels_defined_in_the_source():
 def test_softmax_table_matches_the_kernels_defined_in_the_source():
     source = _source("softmaxes")
     ops = re.findall(r"^\s*RAWOPS_SOFTMAX\((\w+),\s*(true|false),\s*T,\s*suffix\)", source, flags=re.M)
-    assert {f"{op}_{d}" for op, _ in ops for d in ("fwd", "bwd")} == set(softmaxes.KERNELS)
+    assert {f"{op}_{d}" for op, _ in ops for d in ("fwd", "fwd_wide", "bwd")} == set(softmaxes.KERNELS)
     assert dict(ops) == {"softmax": "false", "log_softmax": "true"}, "the LOG flag of each op"
     instantiated = re.findall(r"^RAWOPS_SOFTMAX_FAMILY\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
@@ -856,15 +856,16 @@ def _kinds_key(kinds, name):
 @pytest.mark.parametrize("family, kinds", [
     ("norm", {"add_rms_norm_fwd": norm.ADD_FWD_KINDS, "add_rms_norm_bwd": norm.ADD_BWD_KINDS, "_fwd": norm.FWD_KINDS,
               "_bwd": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
-    ("softmaxes", {"_fwd": softmaxes.FWD_KINDS, "_bwd": softmaxes.BWD_KINDS}),
+    ("softmaxes", {"_fwd": softmaxes.FWD_KINDS, "_fwd_wide": softmaxes.FWD_KINDS, "_bwd": softmaxes.BWD_KINDS}),
 ])
 def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
     # The generic launcher marshals one slot per kind: a count or type mismatch passes
     # garbage to the kernel, so compare with the extern "C" parameter lists.
     source = re.sub(r"\\\n", " ", _source(family))
     table = ROW_FAMILIES[family].KERNELS
-    signatures = re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*([\w#]+?)_##suffix\(([^)]*)\)',
-                            source)
+    # entries bounded by __launch_bounds__(...) or by a macro argument (BWD_BOUNDS: __maxnreg__(...))
+    signatures = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)|BWD_BOUNDS)\s*([\w#]+?)'
+                            r'_##suffix\(([^)]*)\)', source)
     assert {name for name, _ in signatures} >= {f"name##{k}" for k in kinds if k.startswith("_")}
     for name, params in signatures:  # name: "name##_fwd" inside a macro, or a plain helper name
         key = _kinds_key(kinds, name)  # the first that matches: the specific names listed first

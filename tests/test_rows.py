@@ -211,6 +211,25 @@ def test_softmax_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(mo
         first = 4 if direction == "fwd" else 5
         assert args[first:first + len(strides)] == strides and args[-1] == vec
         assert (args[-2] == _rows.STREAM_ROW) == (not vec)
+        if direction == "fwd":  # 1000 float32: the wide entry (32 threads of 8 vectors) where 16-byte rows
+            assert name == ("softmax_fwd_wide_f32" if vec else "softmax_fwd_f32")
+
+
+def test_softmax_forward_takes_the_wide_entries_where_a_row_spreads_over_24_to_128_threads():
+    plan = softmax_module.forward_plan
+    # (rows, n, itemsize) -> wide: f32 at 768 (24 threads: a warp a row), 1000, 4096 (128); 16-bit at
+    # 4096 (64 threads); not 16-bit at 768 (12 threads), f32 at 8192 (256), 16-bit at 65536 (streamed)
+    cases = {(64, 768, 4): True, (64, 1000, 4): True, (64, 4096, 4): True, (64, 4096, 2): True,
+             (64, 768, 2): False, (64, 8192, 4): False, (64, 65536, 2): False, (64, 31, 4): False}
+    for (rows, n, itemsize), wide in cases.items():
+        mode, blocks, threads, got = plan(rows, n, itemsize, 1)
+        assert got == wide, (rows, n, itemsize)
+        if wide:  # the plan of 8 vectors a thread; rows off 16 bytes never take it
+            assert (mode, blocks, threads) == _rows.row_plan(rows, n, softmax_module.WIDE_BYTES // itemsize,
+                                                             itemsize, 1)
+            assert plan(rows, n, itemsize, 0)[3] is False
+    assert plan(64, 768, 4, 1)[:3] == (_rows.WARP_PER_ROW, 8, 256)
+    assert plan(64, 4096, 2, 1)[:3] == (_rows.BLOCK_PER_ROW, 64, 64)
 
 
 # ------------------------------------------------------------------------------ validation

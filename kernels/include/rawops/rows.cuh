@@ -45,6 +45,7 @@ constexpr int kMaxRowWarps = kMaxRowThreads / 32;
 // so those registers bought nothing but lost occupancy.
 constexpr int kMinRowBlocks = RAWOPS_ROW_MIN_BLOCKS;
 constexpr int kFwdVectors = RAWOPS_ROW_FWD_VECTORS;  // 16-byte vectors a thread holds of a row, forward
+constexpr int kFwdWideVectors = RAWOPS_ROW_FWD_WIDE_VECTORS;  // the softmax forwards' wide entries
 constexpr int kBwdVectors = RAWOPS_ROW_BWD_VECTORS;  // backward: of each of its two operands
 constexpr int kBwdMaxStages = RAWOPS_ROW_BWD_MAX_STAGES;  // backward, bulk path: rows in flight ahead
 enum RowMode { kWarpPerRow = RAWOPS_ROW_MODE_WARP, kBlockPerRow = RAWOPS_ROW_MODE_BLOCK, kStreamRow = RAWOPS_ROW_MODE_STREAM };
