@@ -2,14 +2,16 @@
 the copy ceiling while Liger's Triton softmax reaches 0.94; layer_norm's 16-bit forward 0.79-0.82).
 Variants of kernels/softmaxes.cu and kernels/norm.cu built as cubins (dev/cubins.py), each launched
 through the library's own plan with _rows.FWD_BYTES set to what the variant holds a thread:
-  v4          shipped: 4 16-byte vectors a thread (128 threads a 4096-wide 16-bit row), 64 registers
+  shipped     the library's plan (softmax: its wide entries where planned, rawops/softmaxes.py)
+  v4          4 16-byte vectors a thread (128 threads a 4096-wide 16-bit row), 64 registers: the norms'
+              shipped kernels, the softmaxes' with the wide entries off
   v8 / v8 r128  8 vectors a thread (64 threads a row), 64 / 128 registers (RAWOPS_ROW_MIN_BLOCKS=1)
   v2          2 vectors a thread (256 threads a row)
 (A softmax holding its exps in registers for the output, not computing them again, was slower on the
 H200 at every shape: 81.3 -> 88.5 us bf16 16384 x 4096 with 128 registers; docs/performance.md.)
 Outputs checked against the shipped kernels'; interleaved rounds (bench/timing.py), beside a copy of
 the same bytes. Experiment, not a bench.
-    python dev/time_row_fwd_variants.py
+    python dev/time_row_fwd_variants.py          (ROW_OPS=softmax,log_softmax: those ops alone)
 """
 import os
 import sys
@@ -50,6 +52,17 @@ def variant_call(fn, family, module, fwd_bytes):
     return call
 
 
+def without_wide(fn):
+    def call():
+        saved = softmaxes.WIDE_MAX_THREADS
+        softmaxes.WIDE_MAX_THREADS = 0
+        try:
+            return fn()
+        finally:
+            softmaxes.WIDE_MAX_THREADS = saved
+    return call
+
+
 def main():
     ceiling = timing.copy_ceiling_tbps()
     print(f"{torch.cuda.get_device_name()}, copy ceiling {ceiling:.3f} TB/s")
@@ -67,9 +80,14 @@ def main():
             nbytes = 2 * xt.numel() * xt.element_size()
             src, dst = (torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda") for _ in range(2))
             print(f"== {rows} x {n} {dtype}")
+            only = os.environ.get("ROW_OPS")  # e.g. ROW_OPS=softmax,log_softmax
             for op, (family, fn) in ops.items():
+                if only and op not in only.split(","):
+                    continue
                 ref = fn().astype(cupy.float32)
-                calls = {"v4 (shipped)": fn}
+                calls = {"shipped": fn}
+                if family == "softmaxes":  # the shipped plan without its wide entries: 4 vectors a thread
+                    calls["v4 (wide off)"] = without_wide(fn)
                 for name, (_, fwd_bytes, fams) in VARIANTS.items():
                     if family not in fams:
                         continue
