@@ -30,20 +30,24 @@ FWD_KINDS = "ppqqqqqq"
 BWD_KINDS = "pppqqqqqqq"
 
 
-# The wide forward entries (8 vectors a thread, not 4) where a row then still spreads over
-# WIDE_MIN_THREADS..WIDE_MAX_THREADS threads (dev/time_row_fwd_variants.py, H200: f32 at 768 columns
-# 148.8 -> 131.7 us, a warp a row; bf16 at 4096 81.3 -> 77.2, 64 threads; f32 at 4096 136.6 ->
-# 134.2; 16-bit rows at 768 would keep 12 lanes of a warp busy: 86.9 -> 114.0, so not taken; rows
-# wider than 128 threads' worth not measured, not taken).
+# The wide forward entries (8 vectors a thread, not 4), on a device with fast memory an SM
+# (_modules.fast_memory: the H200), where a row then still spreads over WIDE_MIN_THREADS..
+# WIDE_MAX_THREADS threads (dev/time_row_fwd_variants.py, H200: f32 at 768 columns 148.8 -> 131.7
+# us, a warp a row; bf16 at 4096 81.3 -> 77.2, 64 threads; f32 at 4096 136.6 -> 134.2; 16-bit rows
+# at 768 would keep 12 lanes of a warp busy: 86.9 -> 114.0, so not taken; rows wider than 128
+# threads' worth not measured, not taken). On the H100 the wide entries were 0-2% slower (bf16 at
+# 4096 96.1 against 94.2 us): not taken there.
 WIDE_BYTES = 16 * _constants.ROW_FWD_WIDE_VECTORS
 WIDE_MIN_THREADS, WIDE_MAX_THREADS = 24, 128
+fast_memory = _modules.fast_memory  # module-level: tests replace it here
 
 
-def forward_plan(rows, n, itemsize, aligned):
-    """(mode, blocks, threads, wide): _rows.row_plan's, and whether the wide entries run it."""
+def forward_plan(rows, n, itemsize, aligned, fast=False):
+    """(mode, blocks, threads, wide): _rows.row_plan's, and whether the wide entries run it (only
+    with fast: the device's fast_memory)."""
     plan = _rows.row_plan(rows, n, _rows.FWD_BYTES // itemsize, itemsize, aligned)
     need = -(-n * itemsize // WIDE_BYTES)  # threads holding the row 8 vectors each
-    if aligned and plan[0] != _rows.STREAM_ROW and WIDE_MIN_THREADS <= need <= WIDE_MAX_THREADS:
+    if fast and aligned and plan[0] != _rows.STREAM_ROW and WIDE_MIN_THREADS <= need <= WIDE_MAX_THREADS:
         return (*_rows.row_plan(rows, n, WIDE_BYTES // itemsize, itemsize, aligned), True)
     return (*plan, False)
 
@@ -58,7 +62,7 @@ def launch_forward(op, device, dtype, itemsize, x, y, rows, n, stream, strides=N
     and n > 0."""
     strides = (n, n) if strides is None else tuple(strides)
     aligned = _rows.vectors(n, itemsize, x, y, strides=strides)
-    mode, blocks, threads, wide = forward_plan(rows, n, itemsize, aligned)
+    mode, blocks, threads, wide = forward_plan(rows, n, itemsize, aligned, fast_memory(device))
     name = _rows.kernel_name(f"{op}_fwd_wide" if wide else f"{op}_fwd", dtype)
     launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, 0, stream,
            (x, y, rows, n, *strides, mode, aligned), FWD_KINDS, device)

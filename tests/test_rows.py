@@ -198,7 +198,8 @@ def test_softmax_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(mo
     calls = []
     monkeypatch.setattr(softmax_module, "launch", lambda *args: calls.append(args))
     monkeypatch.setattr(softmax_module._modules, "function_pointer", lambda family, name, device: name)
-    for strides, vec in (((4096, 1000), 1), ((1001, 1000), 0)):  # float32: 1001 * 4 bytes is off 16
+    for (strides, vec), fast in itertools.product((((4096, 1000), 1), ((1001, 1000), 0)), (False, True)):
+        monkeypatch.setattr(softmax_module, "fast_memory", lambda device, v=fast: v)  # float32: 1001 * 4 is off 16
         calls.clear()
         if direction == "fwd":
             softmax_module.launch_forward("softmax", 0, 0, 4, BASE, OTHER, 7, 1000, 0, strides)
@@ -211,13 +212,15 @@ def test_softmax_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(mo
         first = 4 if direction == "fwd" else 5
         assert args[first:first + len(strides)] == strides and args[-1] == vec
         assert (args[-2] == _rows.STREAM_ROW) == (not vec)
-        if direction == "fwd":  # 1000 float32: the wide entry (32 threads of 8 vectors) where 16-byte rows
-            assert name == ("softmax_fwd_wide_f32" if vec else "softmax_fwd_f32")
+        if direction == "fwd":  # 1000 float32: the wide entry (32 threads of 8 vectors), fast memory, 16-byte rows
+            assert name == ("softmax_fwd_wide_f32" if vec and fast else "softmax_fwd_f32")
 
 
-def test_softmax_forward_takes_the_wide_entries_where_a_row_spreads_over_24_to_128_threads():
-    plan = softmax_module.forward_plan
-    # (rows, n, itemsize) -> wide: f32 at 768 (24 threads: a warp a row), 1000, 4096 (128); 16-bit at
+def test_softmax_forward_takes_the_wide_entries_on_fast_memory_where_a_row_spreads_over_24_to_128_threads():
+    def plan(*args):
+        assert softmax_module.forward_plan(*args)[3] is False, "only on a device with fast memory"
+        return softmax_module.forward_plan(*args, True)
+    # (rows, n, itemsize) -> wide, with fast memory: f32 at 768 (24 threads: a warp a row), 1000, 4096 (128); 16-bit at
     # 4096 (64 threads); not 16-bit at 768 (12 threads), f32 at 8192 (256), 16-bit at 65536 (streamed)
     cases = {(64, 768, 4): True, (64, 1000, 4): True, (64, 4096, 4): True, (64, 4096, 2): True,
              (64, 768, 2): False, (64, 8192, 4): False, (64, 65536, 2): False, (64, 31, 4): False}
