@@ -54,7 +54,7 @@ def _cases(dtype):
         for stages in (0, 1, 2):
             def call(fn=fn, op=op, stages=stages):
                 saved = dict(norm.STAGES)
-                norm.STAGES[op] = (stages, stages)  # layer_norm: only a build with RAWOPS_NORM_LN_BULK=1 stages
+                norm.STAGES[op] = (stages, stages)  # layer_norm: no bulk path (kernels/norm.cu), stages ignored
                 try:
                     return fn()
                 finally:

@@ -380,13 +380,6 @@ struct ColumnPartials {
   }
 };
 
-// layer_norm's backward on the bulk path: off (no gain measured on the H100, and it spilled at 64
-// registers); dev experiments build it with RAWOPS_NORM_LN_BULK=1.
-#ifndef RAWOPS_NORM_LN_BULK
-#define RAWOPS_NORM_LN_BULK 0
-#endif
-constexpr bool kLayerNormBulk = RAWOPS_NORM_LN_BULK != 0;
-
 template <typename T, bool RMS, bool ADD = false>
 __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                                          const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
@@ -433,7 +426,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   __shared__ unsigned long long stage_bar[kBwdMaxStages];
   static_assert(kBwdMaxStages == 2, "the stage of row it is it % stages, written for stages 1 and 2");
   stages = stages < kBwdMaxStages ? stages : kBwdMaxStages;
-  const bool use_bulk = (RMS || kLayerNormBulk) && stages > 0 && !c.warp;  // layer_norm: off (kLayerNormBulk)
+  const bool use_bulk = RMS && stages > 0 && !c.warp;  // layer_norm: no gain measured, and it spilled at 64
   const int ops = (ADD && add.has) ? 3 : 2;
   T* const stage0 = reinterpret_cast<T*>(free_smem);
   const unsigned row_bytes = unsigned(n * int64_t(sizeof(T)));
@@ -620,7 +613,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
 // weight / bias still arrive as valid pointers (x): nvcc hoists their loop-invariant loads
 // above the `has_w` test (seen in SASS: a null bias faulted), so a null pointer is unsafe.
 // The *_stride arguments: each operand's row stride in elements (rows.cuh).
-#define RAWOPS_NORM(name, RMS, T, suffix, FWD_MIN_BLOCKS, BWD_BOUNDS)                                          \
+#define RAWOPS_NORM(name, RMS, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                                      \
   extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, FWD_MIN_BLOCKS)                         \
       name##_fwd_##suffix(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, long long rows,  \
                           long long n, long long x_stride, long long y_stride, long long mode, long long vec,  \
@@ -629,7 +622,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                              vec & RAWOPS_NORM_FLAG_VECTORS, vec & RAWOPS_NORM_FLAG_WEIGHT,                   \
                              vec & RAWOPS_NORM_FLAG_BIAS);                                                     \
   }                                                                                                            \
-  extern "C" __global__ void BWD_BOUNDS                                                                         \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, BWD_MIN_BLOCKS)                         \
       name##_bwd_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx,    \
                           float* partial_dw, float* partial_db, long long rows, long long n, long long dy_stride, \
                           long long x_stride, long long dx_stride, long long mode, long long vec) {            \
@@ -638,10 +631,9 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                              vec & RAWOPS_NORM_FLAG_WEIGHT, {}, int(vec >> RAWOPS_NORM_STAGES_SHIFT) & 3);  \
   }
 
-#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, LN_BWD_BOUNDS, RMS_BWD_MIN_BLOCKS)                \
-  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, LN_BWD_BOUNDS)                             \
-  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS,                                               \
-              __launch_bounds__(rawops::kMaxRowThreads, RMS_BWD_MIN_BLOCKS))                           \
+#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)            \
+  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS)                         \
+  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)                           \
   extern "C" __global__ void __launch_bounds__(rawops::kParamColumns * rawops::kParamLanes)             \
       norm_param_grad_##suffix(const float* partial_dw, const float* partial_db, T* dw, T* db,         \
                                long long chunks, long long n) {                                        \
@@ -677,13 +669,9 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                                     vec & RAWOPS_NORM_FLAG_WEIGHT, add, int(vec >> RAWOPS_NORM_STAGES_SHIFT) & 3); \
   }
 
-#ifndef RAWOPS_NORM_LN_BWD_BOUNDS  // layer_norm's 16-bit backward (dev experiments build others)
-#define RAWOPS_NORM_LN_BWD_BOUNDS __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)
-#endif
-RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks),
-                   rawops::kMinRowBlocks)
-RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, RAWOPS_NORM_LN_BWD_BOUNDS, 1)
-RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, RAWOPS_NORM_LN_BWD_BOUNDS, 1)
+RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
+RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
+RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
 RAWOPS_ADD_RMS_NORM(float, f32, __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks))
 RAWOPS_ADD_RMS_NORM(__half, f16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))
 RAWOPS_ADD_RMS_NORM(__nv_bfloat16, bf16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))
