@@ -278,9 +278,15 @@ def memory_bandwidth_per_sm(device):
 FAST_MEMORY_PER_SM = 30e9
 
 
+_fast = {}  # device -> fast_memory's answer (launchers ask on every call)
+
+
 def fast_memory(device):
     """Whether the device's memory delivers FAST_MEMORY_PER_SM bytes a second an SM or more."""
-    return memory_bandwidth_per_sm(device) >= FAST_MEMORY_PER_SM
+    fast = _fast.get(device)
+    if fast is None:
+        fast = _fast[device] = memory_bandwidth_per_sm(device) >= FAST_MEMORY_PER_SM
+    return fast
 
 
 def l2_bytes(device):

@@ -532,9 +532,11 @@ def test_memory_bandwidth_per_sm_is_the_double_data_rate_over_the_sms(monkeypatc
     values = {_modules.ATTR_MEMORY_CLOCK_KHZ: 3_201_000, _modules.ATTR_MEMORY_BUS_BITS: 6144,
               _modules.ATTR_MULTIPROCESSORS: 132}  # the H200's
     monkeypatch.setattr(_modules, "device_attribute", lambda device, attribute: values[attribute])
+    monkeypatch.setattr(_modules, "_fast", {})  # fast_memory's answers, one a device
     assert _modules.memory_bandwidth_per_sm(0) == pytest.approx(2 * 3.201e9 * 768 / 132)
     assert 37e9 < _modules.memory_bandwidth_per_sm(0) < 38e9 and _modules.fast_memory(0)
     values.update({_modules.ATTR_MEMORY_CLOCK_KHZ: 2_619_000, _modules.ATTR_MEMORY_BUS_BITS: 5120})  # the H100 SXM's
-    assert 25e9 < _modules.memory_bandwidth_per_sm(0) < 26e9 and not _modules.fast_memory(0)
+    assert 25e9 < _modules.memory_bandwidth_per_sm(0) < 26e9 and not _modules.fast_memory(1)
+    assert _modules.fast_memory(0), "asked once a device"
     values[_modules.ATTR_MEMORY_CLOCK_KHZ] = 0  # a device that does not say: the usual shapes
-    assert not _modules.fast_memory(0)
+    assert not _modules.fast_memory(2)
