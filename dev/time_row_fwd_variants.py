@@ -5,8 +5,7 @@ through the library's own plan with _rows.FWD_BYTES set to what the variant hold
   shipped     the library's plan (softmax: its wide entries where planned, rawops/softmaxes.py)
   v4          4 16-byte vectors a thread (128 threads a 4096-wide 16-bit row), 64 registers: the norms'
               shipped kernels, the softmaxes' with the wide entries off
-  v8 / v8 r128  8 vectors a thread (64 threads a row), 64 / 128 registers (RAWOPS_ROW_MIN_BLOCKS=1)
-  v2          2 vectors a thread (256 threads a row)
+  then (efe88fc) 8 and 2 vectors a thread and 128 registers; now (VARIANTS) the 16-bit rows' bodies
 (A softmax holding its exps in registers for the output, not computing them again, was slower on the
 H200 at every shape: 81.3 -> 88.5 us bf16 16384 x 4096 with 128 registers; docs/performance.md.)
 Outputs checked against the shipped kernels'; interleaved rounds (bench/timing.py), beside a copy of
@@ -27,11 +26,14 @@ from cubins import build_modules  # noqa: E402
 
 from rawops import _modules, _rows, norm, softmaxes  # noqa: E402
 
-# name: (macros, FWD_BYTES, families)
+# name: (macros, FWD_BYTES, families, wide entries as planned). The earlier layouts (8 / 2 vectors
+# a thread, 128 registers) were measured at efe88fc: docs/performance.md. Now the 16-bit rows'
+# instruction counts: the old exp2f / two-pass bodies against the shipped ex2 / packed-max / one-pass.
 VARIANTS = {
-    "v8": (["RAWOPS_ROW_FWD_VECTORS=8"], 128, ("softmaxes", "norm")),
-    "v8 r128": (["RAWOPS_ROW_FWD_VECTORS=8", "RAWOPS_ROW_MIN_BLOCKS=1"], 128, ("softmaxes",)),
-    "v2": (["RAWOPS_ROW_FWD_VECTORS=2"], 32, ("softmaxes", "norm")),
+    "exp2f": (["RAWOPS_SOFTMAX_EX2=0", "RAWOPS_SOFTMAX_HALF=0"], 64, ("softmaxes",), True),
+    "exp2f v4": (["RAWOPS_SOFTMAX_EX2=0", "RAWOPS_SOFTMAX_HALF=0"], 64, ("softmaxes",), False),
+    "ex2 no-half": (["RAWOPS_SOFTMAX_HALF=0"], 64, ("softmaxes",), True),
+    "two-pass": (["RAWOPS_NORM_LN_HALF=0"], 64, ("norm",), True),
 }
 SHAPES = [(16384, 4096), (87381, 768)]
 
@@ -66,13 +68,17 @@ def without_wide(fn):
 def main():
     ceiling = timing.copy_ceiling_tbps()
     print(f"{torch.cuda.get_device_name()}, copy ceiling {ceiling:.3f} TB/s")
-    modules = {(name, fam): m for name, (macros, _, fams) in VARIANTS.items() for fam in fams
+    modules = {(name, fam): m for name, (macros, _, fams, _) in VARIANTS.items() for fam in fams
                for m in [build_modules(fam, {name: macros})[name]]}
     for rows, n in SHAPES:
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             xt = torch.randn(rows, n, device="cuda", dtype=dtype)
             x = cupy.from_dlpack(xt)
             w, b = (cupy.from_dlpack(torch.randn(n, device="cuda", dtype=dtype)) for _ in range(2))
+            wt, bt = torch.from_dlpack(w), torch.from_dlpack(b)
+            torch_ops = {"softmax": lambda: torch.softmax(xt, -1), "log_softmax": lambda: torch.log_softmax(xt, -1),
+                         "layer_norm": lambda: torch.nn.functional.layer_norm(xt, (n,), wt, bt),
+                         "rms_norm": lambda: torch.nn.functional.rms_norm(xt, (n,), wt)}
             ops = {"softmax": ("softmaxes", lambda: softmaxes.softmax(x)),
                    "log_softmax": ("softmaxes", lambda: softmaxes.log_softmax(x)),
                    "layer_norm": ("norm", lambda: norm.layer_norm(x, w, b)),
@@ -88,12 +94,14 @@ def main():
                 calls = {"shipped": fn}
                 if family == "softmaxes":  # the shipped plan without its wide entries: 4 vectors a thread
                     calls["v4 (wide off)"] = without_wide(fn)
-                for name, (_, fwd_bytes, fams) in VARIANTS.items():
+                for name, (_, fwd_bytes, fams, wide) in VARIANTS.items():
                     if family not in fams:
                         continue
                     call = variant_call(fn, family, modules[(name, family)], fwd_bytes)
+                    call = call if wide else without_wide(call)
                     err = float(cupy.abs(call().astype(cupy.float32) - ref).max())
                     calls[f"{name} (max diff {err:.1e})"] = call
+                calls["torch"] = torch_ops[op]
                 calls["copy same bytes"] = lambda: dst.copy_(src)
                 times = timing.device_times_us(calls, reps=20, rounds=5)
                 for label, us in times.items():

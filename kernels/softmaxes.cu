@@ -19,7 +19,73 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 // exp(x - max), subtracting first: x == max gives exactly 1 (an fma of x * log2e against a
 // rounded max * log2e left a residual, so a one-element log_softmax was ~1e-7, not 0).
-__device__ __forceinline__ float exp_shifted(float x, float max) { return exp2f((x - max) * kLog2e); }
+#ifndef RAWOPS_SOFTMAX_EX2
+#define RAWOPS_SOFTMAX_EX2 1
+#endif
+__device__ __forceinline__ float ex2(float v) {
+#if RAWOPS_SOFTMAX_EX2
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+#else
+  return exp2f(v);
+#endif
+}
+__device__ __forceinline__ float exp_shifted(float x, float max) { return ex2((x - max) * kLog2e); }
+
+#ifndef RAWOPS_SOFTMAX_HALF
+#define RAWOPS_SOFTMAX_HALF 1
+#endif
+// T's two-lane type: a 32-bit word of the row as two values; the word of two -inf.
+template <typename T> struct Pair;
+template <> struct Pair<__half> {
+  using type = __half2;
+  static constexpr unsigned neg_inf = 0xfc00fc00u;
+};
+template <> struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static constexpr unsigned neg_inf = 0xff80ff80u;
+};
+template <typename T> __device__ __forceinline__ typename Pair<T>::type pair_of(unsigned w) {
+  return *reinterpret_cast<const typename Pair<T>::type*>(&w);
+}
+
+// One row of a 16-bit type in registers (the register modes' body for half and bfloat16).
+// Issue-bound on fast memory (the H200 streams 4 elements a clock an SM at its ceiling), so
+// the fewest instructions an element: the max in the storage type, two a word (a max rounds
+// nothing); each exp one FFMA and one ex2 (x log2e - max log2e: the product's rounding, ~1e-6
+// relative at |x| ~ 10, is far under the output's 8 or 11 bits; float32 rows subtract first);
+// softmax's output exp(x - max - log(sum)) as one more ex2, not an exp and a multiply.
+template <typename T, bool LOG, int ITEMS>
+__device__ __forceinline__ void softmax_row_half(const RowSlice<T, ITEMS>& xs, const RowCursor& c, int64_t n,
+                                                 T* __restrict__ yr, RowReducer& reduce) {
+  constexpr int V = Vec16<T>::size;
+  using P = typename Pair<T>::type;
+  P m2 = pair_of<T>(Pair<T>::neg_inf);
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k)
+    if (RowSlice<T, ITEMS>::valid(c, k, n))
+#pragma unroll
+      for (int i = 0; i < 4; ++i) m2 = __hmax2(m2, pair_of<T>(word_of(xs.raw[k], i)));
+  const float max_l2 = reduce(fmaxf(to_float(m2.x), to_float(m2.y)), MaxOp()) * kLog2e;
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k)
+#pragma unroll
+    for (int e = 0; e < V; ++e)
+      if (RowSlice<T, ITEMS>::valid(c, k, n)) s += ex2(fmaf(xs.at(k, e), kLog2e, -max_l2));
+  const float sum = reduce(s, SumOp());
+  const float shift_l2 = max_l2 + log2f(sum), shift = shift_l2 * (1.f / kLog2e);
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t j = int64_t(k) * c.width + c.lane;
+    if (j * V >= n) break;
+    float o[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) o[e] = LOG ? xs.at(k, e) - shift : ex2(fmaf(xs.at(k, e), kLog2e, -shift_l2));
+    store_row(yr, j, n, true, o);
+  }
+}
 
 template <typename T, bool LOG>
 __device__ __forceinline__ void softmax_fwd_stream(const T* __restrict__ x, T* __restrict__ y, int64_t rows,
@@ -78,6 +144,12 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
     const T* xr = x + row * x_stride;
     Slice xs;
     xs.load(xr, c, n);
+#if RAWOPS_SOFTMAX_HALF
+    if constexpr (sizeof(T) == 2) {
+      softmax_row_half<T, LOG>(xs, c, n, y + row * y_stride, reduce);
+      continue;
+    }
+#endif
     float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)
