@@ -27,14 +27,20 @@ SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # (threads, dynamic shared bytes): warps an SM 64, 64, 52 (shipped capped), 40, 48
 SHAPES = [(256, 0), (128, 0), (128, 16384), (128, 20480), (256, 32768)]
 UNROLLS = (2, 4)
-# op -> (operands read, torch's op)
+INNER = 4096  # bias_gelu's row width
+# op -> (operands read, torch's op); bias_gelu's bias (c) is a row of INNER
 OPS = {
     "relu_fwd": (1, torch.relu),
     "gelu_tanh_fwd": (1, lambda a: F.gelu(a, approximate="tanh")),
     "gelu_erf_fwd": (1, F.gelu),
     "add_fwd": (2, torch.add),
     "gelu_tanh_bwd": (2, None),
+    "gelu_erf_bwd": (2, None),
+    "bias_gelu_fwd": (1, None),
+    "bias_gelu_erf_fwd": (1, None),
 }
+ONLY = os.environ.get("MAP_OPS")  # e.g. MAP_OPS=gelu_erf_fwd,bias_gelu_fwd
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 def main():
@@ -42,14 +48,18 @@ def main():
     print(f"{torch.cuda.get_device_name()}, copy ceiling {ceiling:.3f} TB/s, {N} elements")
     modules = build_modules("elementwise", {u: [f"RAWOPS_MAP_UNROLL={u}"] for u in UNROLLS})
     stream = torch.cuda.current_stream().cuda_stream
-    for dtype in (torch.float32, torch.float16):
+    for dtype in (DTYPES[d] for d in os.environ.get("MAP_DTYPES", "f32,f16").split(",")):
         a, b = (torch.randn(N, device="cuda", dtype=dtype) for _ in range(2))
+        bias = torch.randn(INNER, device="cuda", dtype=dtype)
         out = torch.empty_like(a)
         vec = 16 // a.element_size()
         for op, (reads, theirs) in OPS.items():
+            if ONLY and op not in ONLY.split(","):
+                continue
             name = f"{op}_{SUFFIX[dtype]}"
             shipped = _modules.function_pointer("elementwise", name, 0)
-            args = (a.data_ptr(), b.data_ptr() if reads == 2 else 0, 0, out.data_ptr(), N, 0, 1, 1.0)
+            c, inner = (bias.data_ptr(), INNER) if op.startswith("bias_") else (0, 1)
+            args = (a.data_ptr(), b.data_ptr() if reads == 2 else 0, c, out.data_ptr(), N, 0, inner, 1.0)
 
             def run(function, threads, shared, unroll=1):
                 blocks = -(-(N // vec) // (threads * unroll))
@@ -58,6 +68,7 @@ def main():
             for u, module in modules.items():
                 pointer = module.get_function(name).kernel.ptr
                 calls[f"256t 0K u{u}"] = run(pointer, 256, 0, u)
+                calls[f"128t 0K u{u}"] = run(pointer, 128, 0, u)
                 calls[f"128t 16K u{u}"] = run(pointer, 128, 16384, u)
             mine = elementwise.MAP[op]
             calls["shipped " + ("capped" if op in elementwise.CAPPED else "256t")] = run(shipped, *(
