@@ -23,10 +23,14 @@
 //   moe_count   block b of the flat entries [b chunk, (b + 1) chunk): its histogram over E + 1 buckets
 //               (bucket E: ids outside [0, E)) into block_counts[.][b] (an expert's counts contiguous:
 //               the scan's loads coalesce)
-//   moe_scan    one block: block_counts[e][b] <- rows of expert e in blocks before b (a warp an expert,
-//               b < RAWOPS_MOE_INDEX_MAX_BLOCKS);
-//               counts[e], offsets[e] (groups padded to pad_to rows; offsets[E] the end of the last)
-//   moe_place   block b again, RAWOPS_MOE_INDEX_THREADS entries a step: each entry's rank among the same
+//   moe_place   block b again (launched after moe_count, programmatically dependent on sm_90): first
+//               the scan, in every block: each bucket's total and its count in blocks before b, read
+//               from block_counts (a warp a bucket, kPrefixBatch buckets' loads in flight), then
+//               offsets by a block scan of the totals (groups padded to pad_to rows; offsets[E] the end
+//               of the last); block 0 stores offsets and counts. (A one-block scan kernel between
+//               count and place cost 10.5 us of the H100's 27 us of index kernels: a warp walked 8-9
+//               buckets one load round trip each.) Then RAWOPS_MOE_INDEX_THREADS entries a step: each
+//               entry's rank among the same
 //               expert's earlier entries (__match_any_sync in a warp, the earlier warps' counts in shared
 //               memory, the earlier steps' in a running base): index[t, j] = its row, in token order
 //               within each group. An invalid id gets a row past offsets[E] (the bucket E rows),
@@ -52,6 +56,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/warp/warp_reduce.cuh>
 
+#include "rawops/dependent_launch.cuh"
 #include "rawops/dtype.cuh"
 
 namespace rawops {
@@ -255,6 +260,7 @@ __device__ void count(const void* ids, int* __restrict__ block_counts, int64_t n
                       long long flags) {
   __shared__ int hist[kMaxExperts + 1];
   const bool i64 = flags & RAWOPS_MOE_FLAG_IDS_I64;
+  allow_dependent_launch();  // moe_place's blocks may start; they wait for this grid's counts
   for (int e = threadIdx.x; e <= experts; e += blockDim.x) hist[e] = 0;
   __syncthreads();
   const int64_t begin = int64_t(blockIdx.x) * chunk, end = begin + chunk < n ? begin + chunk : n;
@@ -263,78 +269,89 @@ __device__ void count(const void* ids, int* __restrict__ block_counts, int64_t n
   for (int e = threadIdx.x; e <= experts; e += blockDim.x) block_counts[int64_t(e) * gridDim.x + blockIdx.x] = hist[e];
 }
 
-constexpr int kScanThreads = RAWOPS_MOE_SCAN_THREADS;
+constexpr int kScanThreads = RAWOPS_MOE_SCAN_THREADS;  // pad_zero's block
 constexpr int kScanItems = (kMaxExperts + kScanThreads) / kScanThreads;  // E + 1 buckets a block
-constexpr int kBlockSlots = RAWOPS_MOE_INDEX_MAX_BLOCKS / 32;  // the count kernel's blocks, 32 a lane slot
-
-__device__ void scan(int* __restrict__ block_counts, int* __restrict__ offsets, int* __restrict__ counts,
-                     int64_t blocks, int experts, int64_t pad_to) {
-  using Scan = cub::BlockScan<int, kScanThreads>;
-  __shared__ typename Scan::TempStorage temp;
-  __shared__ int totals[kMaxExperts + 1];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // a warp an expert, lane l owning the blocks [l per, (l + 1) per): its counts loaded together
-  // (no dependence between them), summed in the lane, one warp scan of the lane sums, then each
-  // lane's exclusive prefixes stored in place, in block order. (The form before, 16 chained warp
-  // scans an expert at 512 blocks, read 19.6 us on the H200; this one 18.1 on the H100: the chains
-  // were not what the scan costs, docs/performance.md.)
-  const int per = int((blocks + 31) / 32);  // <= kBlockSlots (blocks <= RAWOPS_MOE_INDEX_MAX_BLOCKS)
-  for (int e = warp; e <= experts; e += kScanThreads / 32) {
-    const int64_t first = int64_t(lane) * per;
-    int c[kBlockSlots];
-    int sum = 0;
-#pragma unroll
-    for (int i = 0; i < kBlockSlots; ++i) {
-      const int64_t b = first + i;
-      c[i] = (i < per && b < blocks) ? block_counts[e * blocks + b] : 0;
-      sum += c[i];
-    }
-    int inclusive = sum;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int up = __shfl_up_sync(kFull, inclusive, o);
-      if (lane >= o) inclusive += up;
-    }
-    int before = inclusive - sum;
-#pragma unroll
-    for (int i = 0; i < kBlockSlots; ++i) {
-      const int64_t b = first + i;
-      if (i < per && b < blocks) block_counts[e * blocks + b] = before;
-      before += c[i];
-    }
-    const int running = __shfl_sync(kFull, inclusive, 31);
-    if (lane == 0) totals[e] = running;
-  }
-  __syncthreads();
-  int padded[kScanItems];
-#pragma unroll
-  for (int i = 0; i < kScanItems; ++i) {
-    const int e = threadIdx.x * kScanItems + i;
-    padded[i] = e < experts ? int((totals[e] + pad_to - 1) / pad_to * pad_to) : 0;
-  }
-  Scan(temp).ExclusiveSum(padded, padded);
-#pragma unroll
-  for (int i = 0; i < kScanItems; ++i) {
-    const int e = threadIdx.x * kScanItems + i;
-    if (e <= experts) offsets[e] = padded[i];
-    if (e < experts) counts[e] = totals[e];
-  }
-}
 
 constexpr int kIndexThreads = RAWOPS_MOE_INDEX_THREADS;
 constexpr int kIndexWarps = kIndexThreads / 32;
 
-__device__ void place(const void* ids, const int* __restrict__ block_counts, const int* __restrict__ offsets,
-                      int* __restrict__ index, int* __restrict__ entry_of_row, int64_t n, int experts, int64_t chunk,
-                      long long flags) {
+constexpr int kPlaceItems = (kMaxExperts + kIndexThreads) / kIndexThreads;  // E + 1 buckets a block
+constexpr int kPrefixBatch = 4;  // buckets a warp reads at once in place's scan
+constexpr int kPrefixSlots = 8;  // blocks a lane reads of each (32 x 8 = 256 blocks a round)
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(kFull, v);
+#else
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+#endif
+}
+
+__device__ void place(const void* ids, const int* __restrict__ block_counts, int* __restrict__ offsets,
+                      int* __restrict__ counts, int* __restrict__ index, int* __restrict__ entry_of_row, int64_t n,
+                      int experts, int64_t chunk, int64_t pad_to, long long flags) {
+  using Scan = cub::BlockScan<int, kIndexThreads>;
+  __shared__ typename Scan::TempStorage temp;
   __shared__ int base[kMaxExperts + 1];
+  __shared__ int totals[kMaxExperts + 1];
   __shared__ int warp_counts[kIndexWarps][kMaxExperts + 1];
   const bool i64 = flags & RAWOPS_MOE_FLAG_IDS_I64;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int e = threadIdx.x; e <= experts; e += blockDim.x) {
-    base[e] = offsets[e] + block_counts[int64_t(e) * gridDim.x + blockIdx.x];
+  const int blocks = int(gridDim.x), self = int(blockIdx.x);
+  wait_for_previous_grid();  // moe_count's block_counts
+  allow_dependent_launch();
+  // The scan, every block its own: bucket e's total and its entries in blocks before this one.
+  for (int e0 = warp * kPrefixBatch; e0 <= experts; e0 += kIndexWarps * kPrefixBatch) {
+    int total[kPrefixBatch] = {}, before[kPrefixBatch] = {};
+    for (int s0 = 0; s0 < blocks; s0 += 32 * kPrefixSlots) {
+      int c[kPrefixBatch][kPrefixSlots];
+#pragma unroll
+      for (int g = 0; g < kPrefixBatch; ++g)
+#pragma unroll
+        for (int i = 0; i < kPrefixSlots; ++i) {
+          const int b = s0 + i * 32 + lane;
+          c[g][i] = (e0 + g <= experts && b < blocks) ? block_counts[int64_t(e0 + g) * blocks + b] : 0;
+        }
+#pragma unroll
+      for (int g = 0; g < kPrefixBatch; ++g)
+#pragma unroll
+        for (int i = 0; i < kPrefixSlots; ++i) {
+          total[g] += c[g][i];
+          before[g] += s0 + i * 32 + lane < self ? c[g][i] : 0;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < kPrefixBatch; ++g) {
+      const int t = warp_sum_int(total[g]), p = warp_sum_int(before[g]);
+      if (lane == 0 && e0 + g <= experts) {
+        totals[e0 + g] = t;
+        base[e0 + g] = p;
+      }
+    }
+  }
+  for (int e = threadIdx.x; e <= experts; e += blockDim.x)
 #pragma unroll
     for (int w = 0; w < kIndexWarps; ++w) warp_counts[w][e] = 0;
+  __syncthreads();
+  int padded[kPlaceItems];
+#pragma unroll
+  for (int i = 0; i < kPlaceItems; ++i) {
+    const int e = threadIdx.x * kPlaceItems + i;
+    padded[i] = e < experts ? int((totals[e] + pad_to - 1) / pad_to * pad_to) : 0;
+  }
+  Scan(temp).ExclusiveSum(padded, padded);
+#pragma unroll
+  for (int i = 0; i < kPlaceItems; ++i) {
+    const int e = threadIdx.x * kPlaceItems + i;
+    if (e <= experts) {
+      base[e] += padded[i];
+      if (self == 0) {
+        offsets[e] = padded[i];
+        if (e < experts) counts[e] = totals[e];
+      }
+    }
   }
   __syncthreads();
   const int64_t begin = int64_t(blockIdx.x) * chunk, end = begin + chunk < n ? begin + chunk : n;
@@ -466,6 +483,7 @@ __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ en
   using P = Piece<T, kVec>;
   __shared__ int start[kMaxExperts + 2];
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  wait_for_previous_grid();  // launched dependent on moe_place (sm_90): its offsets and table
   for (int g = threadIdx.x; g <= experts + 1; g += blockDim.x) start[g] = g <= experts ? offsets[g] : int(rows);
   __syncthreads();
   int longest = 0;  // the longest group's rows: every warp of every block the same
@@ -592,15 +610,10 @@ extern "C" __global__ void __launch_bounds__(RAWOPS_MOE_INDEX_THREADS)
   rawops::count(ids, block_counts, n, int(experts), chunk, flags);
 }
 
-extern "C" __global__ void __launch_bounds__(RAWOPS_MOE_SCAN_THREADS)
-    moe_scan(int* block_counts, int* offsets, int* counts, long long blocks, long long experts, long long pad_to) {
-  rawops::scan(block_counts, offsets, counts, blocks, int(experts), pad_to);
-}
-
 extern "C" __global__ void __launch_bounds__(RAWOPS_MOE_INDEX_THREADS)
-    moe_place(const void* ids, const int* block_counts, const int* offsets, int* index, int* entry_of_row,
-              long long n, long long experts, long long chunk, long long flags) {
-  rawops::place(ids, block_counts, offsets, index, entry_of_row, n, int(experts), chunk, flags);
+    moe_place(const void* ids, const int* block_counts, int* offsets, int* counts, int* index, int* entry_of_row,
+              long long n, long long experts, long long chunk, long long pad_to, long long flags) {
+  rawops::place(ids, block_counts, offsets, counts, index, entry_of_row, n, int(experts), chunk, pad_to, flags);
 }
 
 extern "C" __global__ void __launch_bounds__(RAWOPS_MOE_SCAN_THREADS)

@@ -14,7 +14,7 @@ score, normalize) gives d logits (T, E) in the logits' dtype, recomputing the sc
 
 moe_permute(x, ids, num_experts, pad_to=1) -> (permuted, offsets, counts, index): the k copies of
 every token row x[t] (T, H) grouped by expert, in token order within each group (a stable counting
-sort of the ids: a histogram a chunk of entries, one scan, a stable placement; no float atomics,
+sort of the ids: a histogram a chunk of entries, then a scan and a stable placement; no float atomics,
 the same layout every run). Group e is rows [offsets[e], offsets[e + 1]) of permuted; its first
 counts[e] rows are its tokens, the rest (pad_to > 1: each group rounded up to a multiple of pad_to
 rows, a GEMM's tile) zero. permuted has T k + E (pad_to - 1) rows when pad_to > 1 (the most the
@@ -44,7 +44,7 @@ raises a TypeError / ValueError naming the argument before any launch.
 """
 import numpy
 
-from . import _constants, _modules, _rows
+from . import _constants, _modules, _rows, config
 from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, sm_count,
                       stream_pointer, wait_for_producer)
 
@@ -76,19 +76,19 @@ KERNELS = {
 }
 INDEX_KERNELS = {
     "moe_count": ("ids", "block_counts", "n", "experts", "chunk", "flags"),
-    "moe_scan": ("block_counts", "offsets", "counts", "blocks", "experts", "pad_to"),
-    "moe_place": ("ids", "block_counts", "offsets", "index", "entry_of_row", "n", "experts", "chunk", "flags"),
+    "moe_place": ("ids", "block_counts", "offsets", "counts", "index", "entry_of_row", "n", "experts", "chunk",
+                  "pad_to", "flags"),
     "moe_pad_zero": ("out", "offsets", "counts", "n", "experts", "rows", "row_bytes", "flags"),
 }
 KINDS = {"moe_route": "pppp" + "q" * 5, "moe_route_bwd": "pppp" + "q" * 5, "moe_permute": "pppp" + "q" * 6,
          "moe_unpermute": "pppp" + "q" * 6, "moe_unpermute_bwd": "pppppp" + "q" * 7, "moe_count": "pp" + "q" * 4,
-         "moe_scan": "ppp" + "q" * 3, "moe_place": "ppppp" + "q" * 4, "moe_pad_zero": "ppp" + "q" * 5}
+         "moe_place": "pppppp" + "q" * 5, "moe_pad_zero": "ppp" + "q" * 5}
 # Every entry point of kernels/moe.cu (tests/test_build.py checks the fatbin holds exactly these).
 FAMILY_OF = {**{f"{base}_{suffix}": FAMILY for base in KERNELS for suffix in FLOAT_SUFFIXES},
              **{base: FAMILY for base in INDEX_KERNELS}}
 
 # Launch shapes: the index kernels' chunks are at least INDEX_MIN_CHUNK entries and at most
-# INDEX_MAX_BLOCKS of them (the scan holds every block's counts in registers); route takes at most the
+# INDEX_MAX_BLOCKS of them (moe_place's scan reads every block's counts); route takes at most the
 # blocks the device holds at once (the occupancy API: _modules.resident_blocks) and walks the tokens
 # grid-stride; the row kernels (permute, unpermute and its backward) a grid covering every row once,
 # short blocks handed out in order (dev/time_moe_grids.py, H100 bf16: Qwen3 permute 299.9 -> 256.9 us,
@@ -107,8 +107,9 @@ def warp_grid(tokens, threads, resident=MAX_GRID):
 
 def index_plan(n, sms=0):
     """(blocks, chunk) of the counting sort over n entries: chunks of whole INDEX_THREADS steps, at
-    least INDEX_MIN_CHUNK entries, at most a block an SM (sms > 0: the scan reads every block's counts
-    in one block, so more blocks than SMs cost the scan more than they give the other two: H200 Qwen3
+    least INDEX_MIN_CHUNK entries, at most a block an SM (sms > 0: the scan reads every block's counts,
+    so more blocks than SMs cost the scan more than they give the other two (measured with the scan a
+    one-block kernel of its own): H200 Qwen3
     permute 198.9 us at 256 blocks, 192.4 at 128; Mixtral 129.6 at 64 blocks, 132.2 at 32,
     dev/moe_permute_limits.py) and at most INDEX_MAX_BLOCKS."""
     chunk = max(INDEX_MIN_CHUNK, -(-n // sms) if sms > 0 else 0, -(-n // INDEX_MAX_BLOCKS))
@@ -132,12 +133,19 @@ def _fn(name, device, code=None):
     return _modules.function_pointer(FAMILY, name if code is None else f"{name}_{FLOAT_SUFFIXES[code]}", device)
 
 
-def _warp_launch(name, device, code, tokens, threads, stream, args, resident=False):
+def dependent_launch(device):
+    """Whether moe_place and moe_permute, which wait for the kernel before them (moe_count, moe_place), are
+    launched programmatically dependent: sm_90+, config.dependent_launch (their launches overlap the
+    kernel before; kernels/include/rawops/dependent_launch.cuh)."""
+    return config.dependent_launch and _modules.compute_capability(device) >= 90
+
+
+def _warp_launch(name, device, code, tokens, threads, stream, args, resident=False, dependent=False):
     """A warp-a-token kernel on warp_grid's grid: one wave of the blocks this device holds at once
     (resident) or a grid covering every token once."""
     function = _fn(name, device, code)
     grid = warp_grid(tokens, threads, _modules.resident_blocks(function, threads, 0, device) if resident else MAX_GRID)
-    launch(function, (grid,), threads, 0, stream, args, KINDS[name], device)
+    launch(function, (grid,), threads, 0, stream, args, KINDS[name], device, dependent)
 
 
 def launch_route(device, code, logits, weights, ids, counts, tokens, experts, stride, k, flags, stream):
@@ -163,10 +171,9 @@ def launch_index(device, ids, i64, scratch, offsets, counts, index, n, experts, 
     flags = FLAG_IDS_I64 if i64 else 0
     launch(_fn("moe_count", device), (blocks,), INDEX_THREADS, 0, stream, (ids, scratch, n, experts, chunk, flags),
            KINDS["moe_count"], device)
-    launch(_fn("moe_scan", device), (1,), SCAN_THREADS, 0, stream, (scratch, offsets, counts, blocks, experts, pad_to),
-           KINDS["moe_scan"], device)
     launch(_fn("moe_place", device), (blocks,), INDEX_THREADS, 0, stream,
-           (ids, scratch, offsets, index, entry_of_row, n, experts, chunk, flags), KINDS["moe_place"], device)
+           (ids, scratch, offsets, counts, index, entry_of_row, n, experts, chunk, pad_to, flags), KINDS["moe_place"],
+           device, dependent_launch(device))
 
 
 def launch_pad_zero(device, out, offsets, counts, n, experts, rows, row_bytes, stream):
@@ -182,7 +189,8 @@ def launch_permute(device, code, itemsize, x, entry_of_row, offsets, out, rows, 
     (-1: zeros)."""
     flags = row_flags(hidden, itemsize, (x, out), (x_stride,))
     _warp_launch("moe_permute", device, code, rows, ROWS_THREADS, stream,
-                 (x, entry_of_row, offsets, out, rows, hidden, k, x_stride, experts, flags))
+                 (x, entry_of_row, offsets, out, rows, hidden, k, x_stride, experts, flags),
+                 dependent=dependent_launch(device))
 
 
 def launch_unpermute(device, code, itemsize, y, weights, index, out, tokens, hidden, k, y_stride, y_rows, stream):
