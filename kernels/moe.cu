@@ -302,9 +302,21 @@ __device__ void place(const void* ids, const int* __restrict__ block_counts, int
   const int blocks = int(gridDim.x), self = int(blockIdx.x);
   wait_for_previous_grid();  // moe_count's block_counts
   allow_dependent_launch();
-  // The scan, every block its own: bucket e's total and its entries in blocks before this one.
-  for (int e0 = warp * kPrefixBatch; e0 <= experts; e0 += kIndexWarps * kPrefixBatch) {
-    int total[kPrefixBatch] = {}, before[kPrefixBatch] = {};
+  // The scan, every block its own: bucket e's total and its entries in blocks before this one. Each
+  // block starts its walk over the buckets at its own place (rot), so that the blocks do not all
+  // read the same lines of block_counts at once.
+#ifndef RAWOPS_MOE_PREFIX_ROTATE
+#define RAWOPS_MOE_PREFIX_ROTATE 1
+#endif
+  const int buckets = experts + 1;
+  const int rot = RAWOPS_MOE_PREFIX_ROTATE ? int(int64_t(self) * buckets / blocks) : 0;
+  for (int v0 = warp * kPrefixBatch; v0 < buckets; v0 += kIndexWarps * kPrefixBatch) {
+    int total[kPrefixBatch] = {}, before[kPrefixBatch] = {}, bucket[kPrefixBatch];
+#pragma unroll
+    for (int g = 0; g < kPrefixBatch; ++g) {
+      const int v = v0 + g + rot;
+      bucket[g] = v0 + g < buckets ? (v < buckets ? v : v - buckets) : -1;
+    }
     for (int s0 = 0; s0 < blocks; s0 += 32 * kPrefixSlots) {
       int c[kPrefixBatch][kPrefixSlots];
 #pragma unroll
@@ -312,7 +324,7 @@ __device__ void place(const void* ids, const int* __restrict__ block_counts, int
 #pragma unroll
         for (int i = 0; i < kPrefixSlots; ++i) {
           const int b = s0 + i * 32 + lane;
-          c[g][i] = (e0 + g <= experts && b < blocks) ? block_counts[int64_t(e0 + g) * blocks + b] : 0;
+          c[g][i] = (bucket[g] >= 0 && b < blocks) ? block_counts[int64_t(bucket[g]) * blocks + b] : 0;
         }
 #pragma unroll
       for (int g = 0; g < kPrefixBatch; ++g)
@@ -325,9 +337,9 @@ __device__ void place(const void* ids, const int* __restrict__ block_counts, int
 #pragma unroll
     for (int g = 0; g < kPrefixBatch; ++g) {
       const int t = warp_sum_int(total[g]), p = warp_sum_int(before[g]);
-      if (lane == 0 && e0 + g <= experts) {
-        totals[e0 + g] = t;
-        base[e0 + g] = p;
+      if (lane == 0 && bucket[g] >= 0) {
+        totals[bucket[g]] = t;
+        base[bucket[g]] = p;
       }
     }
   }
