@@ -8,6 +8,8 @@ dependent. Variants of the whole permute call (the bench's unit), interleaved (b
                      block's scan reads; shipped 512, at most a block an SM)
   no rotate          moe_place's scan walking the buckets from 0 in every block (a cubin built with
                      RAWOPS_MOE_PREFIX_ROTATE=0, dev/cubins.py)
+  early trigger      moe_place letting the copy's blocks be scheduled at its start, not its end
+                     (RAWOPS_MOE_PLACE_EARLY_TRIGGER=1)
 Outputs checked equal to the shipped call's. Experiment, not a bench.
     python dev/time_moe_index.py
 """
@@ -26,13 +28,14 @@ from rawops import config, moe as _moe  # noqa: E402
 from rawops.torch_adapter import moe as ta_moe  # noqa: E402
 
 SHAPES = [("qwen3", 16384, 2048, 128, 8), ("mixtral", 16384, 4096, 64, 2)]
-CHUNKS = (1024, 2048, 4096)
+CHUNKS = (2048,)
 
 
 def main():
     ceiling = timing.copy_ceiling_tbps()
     print(f"{torch.cuda.get_device_name()}, copy ceiling {ceiling:.3f} TB/s")
     norotate = build_modules("moe", {"norotate": ["RAWOPS_MOE_PREFIX_ROTATE=0"]})["norotate"]
+    early = build_modules("moe", {"early": ["RAWOPS_MOE_PLACE_EARLY_TRIGGER=1"]})["early"]
     shipped_fn = _moe._fn
     for name, tokens, hidden, experts, k in SHAPES:
         logits = torch.randn(tokens, experts, device="cuda", dtype=torch.bfloat16)
@@ -54,7 +57,14 @@ def main():
                 return ta_moe.permute(x, ids, experts, 1)
             finally:
                 _moe._fn = shipped_fn
-        calls = {"shipped": shipped, "no pdl": no_pdl, "no rotate": no_rotate}
+        def early_trigger():
+            _moe._fn = lambda n, d, c=None: (early.get_function(n).kernel.ptr if n in ("moe_place", "moe_count")
+                                             else shipped_fn(n, d, c))
+            try:
+                return ta_moe.permute(x, ids, experts, 1)
+            finally:
+                _moe._fn = shipped_fn
+        calls = {"shipped": shipped, "no pdl": no_pdl, "no rotate": no_rotate, "early trigger": early_trigger}
         for chunk in CHUNKS:
             def chunked(chunk=chunk):
                 saved = _moe.INDEX_MIN_CHUNK

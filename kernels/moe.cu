@@ -301,7 +301,10 @@ __device__ void place(const void* ids, const int* __restrict__ block_counts, int
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int blocks = int(gridDim.x), self = int(blockIdx.x);
   wait_for_previous_grid();  // moe_count's block_counts
-  allow_dependent_launch();
+#ifndef RAWOPS_MOE_PLACE_EARLY_TRIGGER
+#define RAWOPS_MOE_PLACE_EARLY_TRIGGER 0
+#endif
+  if (RAWOPS_MOE_PLACE_EARLY_TRIGGER) allow_dependent_launch();
   // The scan, every block its own: bucket e's total and its entries in blocks before this one. Each
   // block starts its walk over the buckets at its own place (rot), so that the blocks do not all
   // read the same lines of block_counts at once.
@@ -388,6 +391,9 @@ __device__ void place(const void* ids, const int* __restrict__ block_counts, int
     }
     __syncthreads();
   }
+  // The copy's blocks may be scheduled now (they wait for this grid): triggered at the start, they
+  // filled the SMs beside place's blocks while it ran.
+  if (!RAWOPS_MOE_PLACE_EARLY_TRIGGER) allow_dependent_launch();
 }
 
 // Rows no entry owns: each group's padding [offsets[e] + counts[e], offsets[e + 1]) and the rows past
