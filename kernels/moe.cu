@@ -23,8 +23,7 @@
 //   moe_count   block b of the flat entries [b chunk, (b + 1) chunk): its histogram over E + 1 buckets
 //               (bucket E: ids outside [0, E)) into block_counts[.][b] (an expert's counts contiguous:
 //               the scan's loads coalesce)
-//   moe_place   block b again (launched after moe_count, programmatically dependent on sm_90): first
-//               the scan, in every block: each bucket's total and its count in blocks before b, read
+//   moe_place   block b again: first the scan, in every block: each bucket's total and its count in blocks before b, read
 //               from block_counts (a warp a bucket, kPrefixBatch buckets' loads in flight), then
 //               offsets by a block scan of the totals (groups padded to pad_to rows; offsets[E] the end
 //               of the last); block 0 stores offsets and counts. (A one-block scan kernel between
@@ -56,7 +55,6 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/warp/warp_reduce.cuh>
 
-#include "rawops/dependent_launch.cuh"
 #include "rawops/dtype.cuh"
 
 namespace rawops {
@@ -260,7 +258,6 @@ __device__ void count(const void* ids, int* __restrict__ block_counts, int64_t n
                       long long flags) {
   __shared__ int hist[kMaxExperts + 1];
   const bool i64 = flags & RAWOPS_MOE_FLAG_IDS_I64;
-  allow_dependent_launch();  // moe_place's blocks may start; they wait for this grid's counts
   for (int e = threadIdx.x; e <= experts; e += blockDim.x) hist[e] = 0;
   __syncthreads();
   const int64_t begin = int64_t(blockIdx.x) * chunk, end = begin + chunk < n ? begin + chunk : n;
@@ -300,11 +297,6 @@ __device__ void place(const void* ids, const int* __restrict__ block_counts, int
   const bool i64 = flags & RAWOPS_MOE_FLAG_IDS_I64;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int blocks = int(gridDim.x), self = int(blockIdx.x);
-  wait_for_previous_grid();  // moe_count's block_counts
-#ifndef RAWOPS_MOE_PLACE_EARLY_TRIGGER
-#define RAWOPS_MOE_PLACE_EARLY_TRIGGER 0
-#endif
-  if (RAWOPS_MOE_PLACE_EARLY_TRIGGER) allow_dependent_launch();
   // The scan, every block its own: bucket e's total and its entries in blocks before this one. Each
   // block starts its walk over the buckets at its own place (rot), so that the blocks do not all
   // read the same lines of block_counts at once.
@@ -391,9 +383,6 @@ __device__ void place(const void* ids, const int* __restrict__ block_counts, int
     }
     __syncthreads();
   }
-  // The copy's blocks may be scheduled now (they wait for this grid): triggered at the start, they
-  // filled the SMs beside place's blocks while it ran.
-  if (!RAWOPS_MOE_PLACE_EARLY_TRIGGER) allow_dependent_launch();
 }
 
 // Rows no entry owns: each group's padding [offsets[e] + counts[e], offsets[e + 1]) and the rows past
@@ -501,7 +490,6 @@ __device__ void permute_rows(const T* __restrict__ x, const int* __restrict__ en
   using P = Piece<T, kVec>;
   __shared__ int start[kMaxExperts + 2];
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  wait_for_previous_grid();  // launched dependent on moe_place (sm_90): its offsets and table
   for (int g = threadIdx.x; g <= experts + 1; g += blockDim.x) start[g] = g <= experts ? offsets[g] : int(rows);
   __syncthreads();
   int longest = 0;  // the longest group's rows: every warp of every block the same

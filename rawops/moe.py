@@ -44,7 +44,7 @@ raises a TypeError / ValueError naming the argument before any launch.
 """
 import numpy
 
-from . import _constants, _modules, _rows, config
+from . import _constants, _modules, _rows
 from ._launch import (FLOAT_SUFFIXES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, sm_count,
                       stream_pointer, wait_for_producer)
 
@@ -133,19 +133,12 @@ def _fn(name, device, code=None):
     return _modules.function_pointer(FAMILY, name if code is None else f"{name}_{FLOAT_SUFFIXES[code]}", device)
 
 
-def dependent_launch(device):
-    """Whether moe_place and moe_permute, which wait for the kernel before them (moe_count, moe_place), are
-    launched programmatically dependent: sm_90+, config.dependent_launch (their launches overlap the
-    kernel before; kernels/include/rawops/dependent_launch.cuh)."""
-    return config.dependent_launch and _modules.compute_capability(device) >= 90
-
-
-def _warp_launch(name, device, code, tokens, threads, stream, args, resident=False, dependent=False):
+def _warp_launch(name, device, code, tokens, threads, stream, args, resident=False):
     """A warp-a-token kernel on warp_grid's grid: one wave of the blocks this device holds at once
     (resident) or a grid covering every token once."""
     function = _fn(name, device, code)
     grid = warp_grid(tokens, threads, _modules.resident_blocks(function, threads, 0, device) if resident else MAX_GRID)
-    launch(function, (grid,), threads, 0, stream, args, KINDS[name], device, dependent)
+    launch(function, (grid,), threads, 0, stream, args, KINDS[name], device)
 
 
 def launch_route(device, code, logits, weights, ids, counts, tokens, experts, stride, k, flags, stream):
@@ -173,7 +166,7 @@ def launch_index(device, ids, i64, scratch, offsets, counts, index, n, experts, 
            KINDS["moe_count"], device)
     launch(_fn("moe_place", device), (blocks,), INDEX_THREADS, 0, stream,
            (ids, scratch, offsets, counts, index, entry_of_row, n, experts, chunk, pad_to, flags), KINDS["moe_place"],
-           device, dependent_launch(device))
+           device)
 
 
 def launch_pad_zero(device, out, offsets, counts, n, experts, rows, row_bytes, stream):
@@ -189,8 +182,7 @@ def launch_permute(device, code, itemsize, x, entry_of_row, offsets, out, rows, 
     (-1: zeros)."""
     flags = row_flags(hidden, itemsize, (x, out), (x_stride,))
     _warp_launch("moe_permute", device, code, rows, ROWS_THREADS, stream,
-                 (x, entry_of_row, offsets, out, rows, hidden, k, x_stride, experts, flags),
-                 dependent=dependent_launch(device))
+                 (x, entry_of_row, offsets, out, rows, hidden, k, x_stride, experts, flags))
 
 
 def launch_unpermute(device, code, itemsize, y, weights, index, out, tokens, hidden, k, y_stride, y_rows, stream):
