@@ -3,12 +3,11 @@ kernel of 219; count, scan and place and the gaps between them took ~27 us). The
 inside moe_place, every block its own prefix. (Launching place and the copy programmatically
 dependent on sm_90 was measured at df11b21 / d7dbe80 here: Qwen3 246.2 us against 239.5 launched in
 order, Mixtral 161.6 against 164.2; the copy's blocks triggered at place's start or at its end alike:
-not kept.) Variants of the whole permute call (the bench's unit), interleaved (bench/timing.py):
+not kept. Each block's scan walking the buckets from 0 rather than from its own place, a variant
+measured at 85b7f9b: Qwen3 241.0 against 240.5 us, Mixtral 162.7 / 162.6.) Variants of the whole permute call (the bench's unit), interleaved (bench/timing.py):
   shipped            as built
   chunk=C            the index kernels' chunks at least C entries (fewer blocks: fewer counts each
                      block's scan reads; shipped 512, at most a block an SM)
-  no rotate          moe_place's scan walking the buckets from 0 in every block (a cubin built with
-                     RAWOPS_MOE_PREFIX_ROTATE=0, dev/cubins.py)
 Outputs checked equal to the shipped call's. Experiment, not a bench.
     python dev/time_moe_index.py
 """
@@ -21,7 +20,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path.join(HERE, ".."),
                                                                         os.path.join(HERE, "..", "bench"), HERE]
 import timing  # noqa: E402
-from cubins import build_modules  # noqa: E402
 
 from rawops import moe as _moe  # noqa: E402
 from rawops.torch_adapter import moe as ta_moe  # noqa: E402
@@ -33,8 +31,6 @@ CHUNKS = (2048,)
 def main():
     ceiling = timing.copy_ceiling_tbps()
     print(f"{torch.cuda.get_device_name()}, copy ceiling {ceiling:.3f} TB/s")
-    norotate = build_modules("moe", {"norotate": ["RAWOPS_MOE_PREFIX_ROTATE=0"]})["norotate"]
-    shipped_fn = _moe._fn
     for name, tokens, hidden, experts, k in SHAPES:
         logits = torch.randn(tokens, experts, device="cuda", dtype=torch.bfloat16)
         x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
@@ -44,14 +40,7 @@ def main():
         def shipped():
             return ta_moe.permute(x, ids, experts, 1)
 
-        def no_rotate():
-            _moe._fn = lambda n, d, c=None: (norotate.get_function(n).kernel.ptr if n in ("moe_place", "moe_count")
-                                             else shipped_fn(n, d, c))
-            try:
-                return ta_moe.permute(x, ids, experts, 1)
-            finally:
-                _moe._fn = shipped_fn
-        calls = {"shipped": shipped, "no rotate": no_rotate}
+        calls = {"shipped": shipped}
         for chunk in CHUNKS:
             def chunked(chunk=chunk):
                 saved = _moe.INDEX_MIN_CHUNK

@@ -299,12 +299,9 @@ __device__ void place(const void* ids, const int* __restrict__ block_counts, int
   const int blocks = int(gridDim.x), self = int(blockIdx.x);
   // The scan, every block its own: bucket e's total and its entries in blocks before this one. Each
   // block starts its walk over the buckets at its own place (rot), so that the blocks do not all
-  // read the same lines of block_counts at once.
-#ifndef RAWOPS_MOE_PREFIX_ROTATE
-#define RAWOPS_MOE_PREFIX_ROTATE 1
-#endif
+  // read the same lines of block_counts at once (measured neutral on the H100: 240.5 against 241.0 us).
   const int buckets = experts + 1;
-  const int rot = RAWOPS_MOE_PREFIX_ROTATE ? int(int64_t(self) * buckets / blocks) : 0;
+  const int rot = int(int64_t(self) * buckets / blocks);
   for (int v0 = warp * kPrefixBatch; v0 < buckets; v0 += kIndexWarps * kPrefixBatch) {
     int total[kPrefixBatch] = {}, before[kPrefixBatch] = {}, bucket[kPrefixBatch];
 #pragma unroll
