@@ -4,7 +4,8 @@ inside moe_place, every block its own prefix. (Launching place and the copy prog
 dependent on sm_90 was measured at df11b21 / d7dbe80 here: Qwen3 246.2 us against 239.5 launched in
 order, Mixtral 161.6 against 164.2; the copy's blocks triggered at place's start or at its end alike:
 not kept. Each block's scan walking the buckets from 0 rather than from its own place, a variant
-measured at 85b7f9b: Qwen3 241.0 against 240.5 us, Mixtral 162.7 / 162.6.) Variants of the whole permute call (the bench's unit), interleaved (bench/timing.py):
+measured at 85b7f9b: Qwen3 241.0 against 240.5 us, Mixtral 162.7 / 162.6.) Variants of the whole
+permute call (the bench's unit), interleaved (bench/timing.py):
   shipped            as built
   chunk=C            the index kernels' chunks at least C entries (fewer blocks: fewer counts each
                      block's scan reads; shipped 512, at most a block an SM)

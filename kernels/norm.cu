@@ -146,9 +146,6 @@ __device__ __forceinline__ void norm_fwd_stream(const T* __restrict__ x, const T
   }
 }
 
-#ifndef RAWOPS_NORM_LN_HALF
-#define RAWOPS_NORM_LN_HALF 1
-#endif
 // layer_norm's row of a 16-bit type in registers (norm_fwd's register modes). Issue-bound on fast
 // memory (the H200 streams 4 elements a clock an SM at its ceiling), so the fewest instructions an
 // element: sum and sum of squares of d = x - shift in one pass and one barrier, var = E[d^2] -
@@ -243,13 +240,11 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
     // Summed relative to the row's first element: with a large common offset (1e4) a plain
     // float32 sum loses the mean to rounding, visibly in y.
     const float shift = RMS ? 0.f : to_float(xr[0]);
-#if RAWOPS_NORM_LN_HALF
     if constexpr (!RMS && sizeof(T) == 2) {
       layer_norm_row_half(xs, c, n, shift, eps, w, b, y + row * y_stride, has_w, has_b, reduce, mean_out + row,
                           rstd_out + row);
       continue;
     }
-#endif
     float sum = 0.f;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)

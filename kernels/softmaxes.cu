@@ -19,23 +19,15 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 // exp(x - max), subtracting first: x == max gives exactly 1 (an fma of x * log2e against a
 // rounded max * log2e left a residual, so a one-element log_softmax was ~1e-7, not 0).
-#ifndef RAWOPS_SOFTMAX_EX2
-#define RAWOPS_SOFTMAX_EX2 1
-#endif
+// 2^v as one MUFU.EX2: exp2f adds a range check and two multiplies (subnormal results; here those
+// are exps below 2^-126 of the row's largest, flushed to 0).
 __device__ __forceinline__ float ex2(float v) {
-#if RAWOPS_SOFTMAX_EX2
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
   return r;
-#else
-  return exp2f(v);
-#endif
 }
 __device__ __forceinline__ float exp_shifted(float x, float max) { return ex2((x - max) * kLog2e); }
 
-#ifndef RAWOPS_SOFTMAX_HALF
-#define RAWOPS_SOFTMAX_HALF 1
-#endif
 // T's two-lane type: a 32-bit word of the row as two values; the word of two -inf.
 template <typename T> struct Pair;
 template <> struct Pair<__half> {
@@ -144,12 +136,10 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
     const T* xr = x + row * x_stride;
     Slice xs;
     xs.load(xr, c, n);
-#if RAWOPS_SOFTMAX_HALF
     if constexpr (sizeof(T) == 2) {
       softmax_row_half<T, LOG>(xs, c, n, y + row * y_stride, reduce);
       continue;
     }
-#endif
     float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k)
