@@ -68,15 +68,9 @@ __device__ __forceinline__ void softmax_row_half(const RowSlice<T, ITEMS>& xs, c
       if (RowSlice<T, ITEMS>::valid(c, k, n)) s += ex2(fmaf(xs.at(k, e), kLog2e, -max_l2));
   const float sum = reduce(s, SumOp());
   const float shift_l2 = max_l2 + log2f(sum), shift = shift_l2 * (1.f / kLog2e);
-#pragma unroll
-  for (int k = 0; k < ITEMS; ++k) {
-    const int64_t j = int64_t(k) * c.width + c.lane;
-    if (j * V >= n) break;
-    float o[V];
-#pragma unroll
-    for (int e = 0; e < V; ++e) o[e] = LOG ? xs.at(k, e) - shift : ex2(fmaf(xs.at(k, e), kLog2e, -shift_l2));
-    store_row(yr, j, n, true, o);
-  }
+  store_slice<ITEMS>(yr, c, n, [&](int k, int e) {
+    return LOG ? xs.at(k, e) - shift : ex2(fmaf(xs.at(k, e), kLog2e, -shift_l2));
+  });
 }
 
 template <typename T, bool LOG>
@@ -155,16 +149,10 @@ __device__ __forceinline__ void softmax_fwd(const T* __restrict__ x, T* __restri
         if (Slice::valid(c, k, n)) s += exp_shifted(xs.at(k, e), row_max);
     const float sum = reduce(s, SumOp());
     const float inv = 1.f / sum, shift = row_max + logf(sum);
-    T* yr = y + row * y_stride;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t j = int64_t(k) * c.width + c.lane;
-      if (j * V >= n) break;
-      float o[V];  // exp again rather than held: registers buy more bandwidth than MUFU costs
-#pragma unroll
-      for (int e = 0; e < V; ++e) o[e] = LOG ? xs.at(k, e) - shift : exp_shifted(xs.at(k, e), row_max) * inv;
-      store_row(yr, j, n, true, o);
-    }
+    // exp again rather than held: registers buy more bandwidth than MUFU costs
+    store_slice<ITEMS>(y + row * y_stride, c, n, [&](int k, int e) {
+      return LOG ? xs.at(k, e) - shift : exp_shifted(xs.at(k, e), row_max) * inv;
+    });
   }
 }
 
@@ -222,16 +210,8 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
 #pragma unroll
       for (int e = 0; e < V; ++e) t += bwd_term<LOG>(ds.at(k, e), ys.at(k, e));
     const float total = reduce(t, SumOp());
-    T* dxr = dx + row * dx_stride;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t j = int64_t(k) * c.width + c.lane;
-      if (j * V >= n) break;
-      float o[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) o[e] = bwd_dx<LOG>(ds.at(k, e), ys.at(k, e), total);
-      store_row(dxr, j, n, true, o);
-    }
+    store_slice<ITEMS>(dx + row * dx_stride, c, n,
+                       [&](int k, int e) { return bwd_dx<LOG>(ds.at(k, e), ys.at(k, e), total); });
   }
 }
 

@@ -244,4 +244,20 @@ __device__ __forceinline__ void store_row(T* row, int64_t j, int64_t n, bool vec
     if (first + e < n) row[first + e] = from_float<T>(v[e]);
 }
 
+// A row's register-mode output: vector k of this thread's slice (RowSlice's layout), element e,
+// is value(k, e), stored as one 16-byte vector while the vector lies inside the row.
+template <int ITEMS, typename T, class F>
+__device__ __forceinline__ void store_slice(T* row, const RowCursor& c, int64_t n, F value) {
+  constexpr int V = Vec16<T>::size;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t j = int64_t(k) * c.width + c.lane;
+    if (j * V >= n) break;
+    float o[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) o[e] = value(k, e);
+    store_row(row, j, n, true, o);
+  }
+}
+
 }  // namespace rawops
