@@ -210,8 +210,16 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
 #pragma unroll
       for (int e = 0; e < V; ++e) t += bwd_term<LOG>(ds.at(k, e), ys.at(k, e));
     const float total = reduce(t, SumOp());
-    store_slice<ITEMS>(dx + row * dx_stride, c, n,
-                       [&](int k, int e) { return bwd_dx<LOG>(ds.at(k, e), ys.at(k, e), total); });
+    T* dxr = dx + row * dx_stride;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {  // spelled out: through store_slice nvcc moved registers differently
+      const int64_t j = int64_t(k) * c.width + c.lane;
+      if (j * V >= n) break;
+      float o[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) o[e] = bwd_dx<LOG>(ds.at(k, e), ys.at(k, e), total);
+      store_row(dxr, j, n, true, o);
+    }
   }
 }
 
