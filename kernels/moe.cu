@@ -23,13 +23,13 @@
 //   moe_count   block b of the flat entries [b chunk, (b + 1) chunk): its histogram over E + 1 buckets
 //               (bucket E: ids outside [0, E)) into block_counts[.][b] (an expert's counts contiguous:
 //               the scan's loads coalesce)
-//   moe_place   block b again: first the scan, in every block: each bucket's total and its count in blocks before b, read
-//               from block_counts (a warp a bucket, kPrefixBatch buckets' loads in flight), then
-//               offsets by a block scan of the totals (groups padded to pad_to rows; offsets[E] the end
-//               of the last); block 0 stores offsets and counts. (A one-block scan kernel between
-//               count and place cost 10.5 us of the H100's 27 us of index kernels: a warp walked 8-9
-//               buckets one load round trip each.) Then RAWOPS_MOE_INDEX_THREADS entries a step: each
-//               entry's rank among the same
+//   moe_place   block b again: first the scan, every block its own: each bucket's total and its
+//               count in blocks before b, read from block_counts (a warp a bucket, kPrefixBatch
+//               buckets' loads in flight), then offsets by a block scan of the totals (groups padded
+//               to pad_to rows; offsets[E] the end of the last); block 0 stores offsets and counts. (A
+//               one-block scan kernel between count and place cost 10.5 us of the H100's 27 us of
+//               index kernels: a warp walked 8-9 buckets one load round trip each.) Then
+//               RAWOPS_MOE_INDEX_THREADS entries a step: each entry's rank among the same
 //               expert's earlier entries (__match_any_sync in a warp, the earlier warps' counts in shared
 //               memory, the earlier steps' in a running base): index[t, j] = its row, in token order
 //               within each group. An invalid id gets a row past offsets[E] (the bucket E rows),

@@ -263,7 +263,7 @@ MOE_MAX_EXPERTS = 1024
 MOE_MAX_K = 32
 # Blocks (and launch bounds): the router's and the row kernels' (a warp a token), the index
 # kernels' (count and place: a chunk of entries a block, MOE_INDEX_THREADS of them a step) and the
-# one-block scan's (also the padding kernel's: its table is scanned in every block).
+# padding kernel's (MOE_SCAN_THREADS: its table is scanned in every block).
 MOE_ROUTE_THREADS = 256
 MOE_ROWS_THREADS = 256
 MOE_INDEX_THREADS = 256
@@ -272,8 +272,8 @@ MOE_SCAN_THREADS = 512
 # bf16, 2 / 4 / 8: H100 Qwen3 257.2 / 254.6 / 253.6 us, Mixtral 173.7 / 169.6 / 166.8; H200 Qwen3
 # 204.4 / 196.5 / 196.7, Mixtral 137.8 / 129.3 / 127.7).
 MOE_PERMUTE_PIECES = 8
-# The most blocks the index kernels take (the scan holds every block's count of an expert in a warp's
-# registers, MOE_INDEX_MAX_BLOCKS / 32 a lane); rawops/moe.py's index_plan sizes the chunks to fit.
+# The most blocks the index kernels take (every moe_place block reads each block's counts: E + 1 a
+# block); rawops/moe.py's index_plan sizes the chunks to fit.
 MOE_INDEX_MAX_BLOCKS = 1024
 # Bits of the kernels' flags argument.
 MOE_FLAG_SIGMOID = 1

@@ -108,9 +108,8 @@ def warp_grid(tokens, threads, resident=MAX_GRID):
 def index_plan(n, sms=0):
     """(blocks, chunk) of the counting sort over n entries: chunks of whole INDEX_THREADS steps, at
     least INDEX_MIN_CHUNK entries, at most a block an SM (sms > 0: the scan reads every block's counts,
-    so more blocks than SMs cost the scan more than they give the other two (measured with the scan a
-    one-block kernel of its own): H200 Qwen3
-    permute 198.9 us at 256 blocks, 192.4 at 128; Mixtral 129.6 at 64 blocks, 132.2 at 32,
+    so more blocks than SMs cost it more than they give the rest; with the scan a one-block kernel of
+    its own, H200 Qwen3 permute 198.9 us at 256 blocks, 192.4 at 128; Mixtral 129.6 at 64, 132.2 at 32,
     dev/moe_permute_limits.py) and at most INDEX_MAX_BLOCKS."""
     chunk = max(INDEX_MIN_CHUNK, -(-n // sms) if sms > 0 else 0, -(-n // INDEX_MAX_BLOCKS))
     chunk = -(-chunk // INDEX_THREADS) * INDEX_THREADS
