@@ -36,10 +36,10 @@ OPS = {
     "add_fwd": (2, torch.add),
     "gelu_tanh_bwd": (2, None),
     "gelu_erf_bwd": (2, None),
-    "bias_gelu_fwd": (1, None),
+    "bias_gelu_tanh_fwd": (1, None),
     "bias_gelu_erf_fwd": (1, None),
 }
-ONLY = os.environ.get("MAP_OPS")  # e.g. MAP_OPS=gelu_erf_fwd,bias_gelu_fwd
+ONLY = os.environ.get("MAP_OPS")  # e.g. MAP_OPS=gelu_erf_fwd,bias_gelu_tanh_fwd
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 

@@ -280,6 +280,32 @@ __device__ __forceinline__ float map_volume(Tin v, float lo, float range, bool f
   return clip ? (y < 0.f ? 0.f : (y > 1.f ? 1.f : y)) : y;  // comparisons keep NaN
 }
 
+// Integer voxels (u8, u16) on the map's fast path: as_float without I2F (a quarter-rate conversion;
+// with div.rn's MUFU.RCP it made the u8 -> 16-bit map issue-bound on fast memory), the bits of
+// 2^23 + v less 2^23, exact for v < 2^23.
+template <typename T> __device__ __forceinline__ float int_as_float(T v) {
+  return __int_as_float(0x4B000000u | unsigned(v)) - 8388608.f;
+}
+
+// (x - lo) / range for integer x, correctly rounded, from r = RN(1 / range): q = t r, e = t - q range
+// (exact, one FMA), q + e r (Markstein: r within half an ulp of 1 / range and q within one ulp of the
+// quotient make that the correctly rounded quotient). Three FMA-pipe instructions instead of div.rn's
+// MUFU.RCP, FCHK and slow-path branch; the caller takes it only where no step can overflow or
+// underflow (fast_bounds), where t is finite, so the clip needs no NaN care.
+__device__ __forceinline__ float map_int(float x, float lo, float range, float r, bool clip) {
+  const float t = x - lo;
+  const float q = t * r;
+  const float y = fmaf(fmaf(-q, range, t), r, q);
+  return clip ? fminf(fmaxf(y, 0.f), 1.f) : y;
+}
+// Bounds under which map_int is exact: 2^-32 <= range <= 2^32 and lo 0 or 2^-32 <= |lo| <= 2^32 (every
+// bound an integer volume's min / max gives; NaN and inf fail every comparison).
+__device__ __forceinline__ bool fast_bounds(float lo, float range) {
+  constexpr float kSmall = 0x1p-32f, kLarge = 0x1p32f;
+  const float a = fabsf(lo);
+  return range >= kSmall && range <= kLarge && (lo == 0.f || (a >= kSmall && a <= kLarge));
+}
+
 template <typename Tin, typename Tout>
 __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t n, const float2* __restrict__ partials,
                                                  int64_t count, float lo, float hi, int64_t flags,
@@ -301,6 +327,27 @@ __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t 
   constexpr int E = 16 / (sizeof(Tin) > sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));  // a word of each, coalesced
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
   int64_t done = 0;
+#ifndef RAWOPS_VOLUME_DIVIDE
+  if constexpr (IsInt<Tin>::value) {
+    if (fast_bounds(lo, range)) {  // uniform: every thread takes the same path
+      const float r = 1.f / range;
+      if (vec) {
+        const int64_t chunks = n / E;
+        for (int64_t k = tid; k < chunks; k += step) {
+          Chunk<Tin, E> in;
+          Chunk<Tout, E> out;
+          in.load(x + k * E);
+#pragma unroll
+          for (int e = 0; e < E; ++e) out.v[e] = convert<Tout>(map_int(int_as_float(in.v[e]), lo, range, r, clip));
+          out.store(y + k * E);
+        }
+        done = chunks * E;
+      }
+      for (int64_t i = done + tid; i < n; i += step) y[i] = convert<Tout>(map_int(int_as_float(x[i]), lo, range, r, clip));
+      return;
+    }
+  }
+#endif
   if (vec) {  // x and y 16-byte aligned (the launcher checks)
     const int64_t chunks = n / E;
     for (int64_t k = tid; k < chunks; k += step) {

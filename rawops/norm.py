@@ -146,6 +146,21 @@ def resident(name, device, threads, smem):
     return _modules.resident(FAMILY, name, device, threads, smem)
 
 
+_forward_configs = {}  # forward_config's answers
+
+
+def forward_config(op, device, dtype, itemsize, rows, n, aligned, flags):
+    """(kernel, mode, blocks, threads) of a forward launch, cached by its arguments: launchers ask
+    on every call (the autograd path's host time is what a 16-bit row's kernels are short of)."""
+    key = (op, device, dtype, rows, n, aligned, flags)
+    config = _forward_configs.get(key)
+    if config is None:
+        mode, blocks, threads = forward_plan(rows, n, itemsize, aligned)
+        config = _forward_configs[key] = (_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype),
+                                                                    device), mode, blocks, threads)
+    return config
+
+
 def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream, x_stride=None,
                    y_stride=None):
     """One forward launch (op: 'layer_norm' or 'rms_norm'); pointers checked by the caller,
@@ -154,36 +169,49 @@ def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, 
     x_stride = n if x_stride is None else x_stride
     y_stride = n if y_stride is None else y_stride
     aligned = _rows.vectors(n, itemsize, x, weight, bias, y, strides=(x_stride, y_stride))
-    mode, blocks, threads = forward_plan(rows, n, itemsize, aligned)
     # Flags, not null pointers, say what is absent (see the note in kernels/norm.cu).
     flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (FLAG_BIAS if bias else 0)
-    launch(_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype), device), (blocks,), threads,
-           0, stream, (x, weight or x, bias or x, y, mean, rstd, rows, n, x_stride, y_stride, mode, flags, eps),
-           FWD_KINDS, device)
+    function, mode, blocks, threads = forward_config(op, device, dtype, itemsize, rows, n, aligned, flags)
+    launch(function, (blocks,), threads, 0, stream,
+           (x, weight or x, bias or x, y, mean, rstd, rows, n, x_stride, y_stride, mode, flags, eps), FWD_KINDS, device)
+
+
+_backward_configs = {}  # backward_config's answers
+
+
+def backward_config(op, device, dtype, itemsize, plan, n, has_weight, partials):
+    """(kernel, mode, blocks, threads, dynamic shared bytes, chunks, stage flags) of a backward launch
+    of plan = backward_plan(...) with `partials` (0-2: dweight, dbias) wanted, cached by its arguments:
+    the shared memory of its partials, the bulk stages, and the grid the occupancy API says the device
+    holds at once (at most the plan's), whose partial rows (`chunks`, fewer) are the ones summed."""
+    key = (op, device, dtype, plan, n, has_weight, partials)
+    config = _backward_configs.get(key)
+    if config is None:
+        mode, blocks, threads, _, _ = plan
+        name = _rows.kernel_name(f"{op}_bwd", dtype)
+        smem = column_smem(mode, threads, itemsize, partials, n, has_weight)
+        if not _allow_smem(name, device, smem):
+            # The streaming mode keeps its partials in the global rows instead (one block per
+            # chunk either way: the same partial buffers serve).
+            mode, smem = _rows.STREAM_ROW, 0
+        stages, smem = bulk_stages(op, name, device, mode, threads, smem, n, itemsize, 2)
+        blocks = min(blocks, resident(name, device, threads, smem))
+        config = _backward_configs[key] = (_modules.function_pointer(FAMILY, name, device), mode, blocks, threads, smem,
+                                           _rows.chunks(mode, blocks, threads), stages << STAGES_SHIFT)
+    return config
 
 
 def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, partial_dw, partial_db, dweight,
                     dbias, rows, n, plan, stream, strides=None):
     """dx, and dweight / dbias (0: not wanted) through partial buffers of plan[3] x n float32
-    each (0 where not wanted), plan = backward_plan(...) of the same pointers and strides;
-    strides: the row strides of dy, x and dx in elements (None: n each, dense rows). rows > 0,
-    n > 0."""
+    each (0 where not wanted; backward_config's chunks x n suffice), plan = backward_plan(...) of
+    the same pointers and strides; strides: the row strides of dy, x and dx in elements (None: n
+    each, dense rows). rows > 0, n > 0."""
     dy_stride, x_stride, dx_stride = strides if strides is not None else (n, n, n)
-    mode, blocks, threads, chunks, aligned = plan
-    name = _rows.kernel_name(f"{op}_bwd", dtype)
-    smem = column_smem(mode, threads, itemsize, bool(partial_dw) + bool(partial_db), n, bool(weight))
-    if not _allow_smem(name, device, smem):
-        # The streaming mode keeps its partials in the global rows instead (one block per
-        # chunk either way: the same partial buffers serve).
-        mode, smem = _rows.STREAM_ROW, 0
-    # The plan's grid is an upper bound (BWD_THREADS_PER_SM); the grid launched is what the
-    # kernel's registers and shared memory let each SM hold at once, so that no block waits
-    # for a second wave; its partial rows, fewer, are the ones summed.
-    stages, smem = bulk_stages(op, name, device, mode, threads, smem, n, itemsize, 2)
-    blocks = min(blocks, resident(name, device, threads, smem))
-    chunks = _rows.chunks(mode, blocks, threads)
-    flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (stages << STAGES_SHIFT)
-    launch(_modules.function_pointer(FAMILY, name, device), (blocks,), threads, smem, stream,
+    function, mode, blocks, threads, smem, chunks, stage_flags = backward_config(
+        op, device, dtype, itemsize, plan, n, bool(weight), bool(partial_dw) + bool(partial_db))
+    flags = (FLAG_VECTORS if plan[4] else 0) | (FLAG_WEIGHT if weight else 0) | stage_flags
+    launch(function, (blocks,), threads, smem, stream,
            (dy, x, weight or x, mean, rstd, dx, partial_dw, partial_db, rows, n, dy_stride, x_stride, dx_stride, mode,
             flags), BWD_KINDS, device)
     if dweight or dbias:

@@ -522,6 +522,37 @@ def test_normalize_volume_matches_torch_float64(shape, in_dtype, out_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", ["uint8", "uint16"])
+def test_normalize_volume_integer_voxels_give_torch_float32_bits(in_dtype):
+    # Integer voxels take a reciprocal and one FMA correction instead of a division (kernels/image.cu
+    # map_int): every voxel value, against torch's float32 (v - lo) / (hi - lo) bit for bit, with bounds
+    # from the data, given integers and fractions, and ranges at and past the fast path's limits
+    # (2^-32, 2^32: past them the division itself).
+    import torch
+
+    top = 255 if in_dtype == "uint8" else 65535
+    values = torch.arange(top + 1, dtype=torch.int32, device="cuda")
+    v = values.repeat(3)[torch.randperm(3 * (top + 1), device="cuda")].to(getattr(torch, in_dtype))
+    f = v.to(torch.int32).float()
+    for lo, hi in ((None, None), (0, top), (17, 200), (0.3, 200.7), (-1000.5, 3.25), (1e-3, 7.0), (0.0, 2.0**-31),
+                   (0.0, 2.0**-34), (0.0, 2.0**33), (-(2.0**31), 2.0**31), (2.0**-33, 1.0), (2.0, 2.0 + 2**-30),
+                   (None, 100.5), (40, None)):
+        for clip in (True, False):
+            lo32 = f.min() if lo is None else torch.tensor(lo, dtype=torch.float32, device="cuda")
+            hi32 = f.max() if hi is None else torch.tensor(hi, dtype=torch.float32, device="cuda")
+            if hi32 > lo32:
+                ref = (f - lo32) / (hi32 - lo32)
+                ref = ref.clamp(0, 1) if clip else ref
+            else:
+                ref = torch.zeros_like(f)
+            got = torch.from_dlpack(normalize_volume(_as_cupy(v), lo, hi, clip))
+            bad = (got.view(torch.int32) != ref.view(torch.int32)).sum().item()
+            assert bad == 0, f"{in_dtype} lo={lo} hi={hi} clip={clip}: {bad} voxels differ from torch's bits"
+            half = torch.from_dlpack(normalize_volume(_as_cupy(v), lo, hi, clip, "float16"))
+            assert torch.equal(half, ref.half()), f"{in_dtype} lo={lo} hi={hi} clip={clip} float16"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("in_dtype", im.VOLUME_DTYPES)
 def test_normalize_volume_extremes_anywhere_and_large(in_dtype):
     # 2^25 + 5 voxels (many min/max blocks, a scalar tail): the min in the tail, the max first

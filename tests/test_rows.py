@@ -172,6 +172,8 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
     monkeypatch.setattr(norm, "fast_memory", lambda device: False)  # the H100 SXM's
     for (stride, vec), cc in itertools.product(((1024, 1), (770, 0)), (80, 90, 120)):
         monkeypatch.setattr(norm, "compute_capability", lambda device, cc=cc: cc)
+        for cache in ("_forward_configs", "_backward_configs", "_bulk_plans"):  # a device of each capability
+            monkeypatch.setattr(norm, cache, {})
         calls.clear()
         norm.launch_forward(op, 0, 1, 2, BASE, OTHER, 0, OTHER * 2, 0, OTHER * 3, 64, 768, 1e-5, 0, stride, 768)
         (name, grid, block, smem, stream, args, kinds, device), = calls
