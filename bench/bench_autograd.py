@@ -160,14 +160,14 @@ def replayed(fn, leaves, grad):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture (allocator, lazy loads)
         for _ in range(2):
-            torch.autograd.grad(fn(*leaves), leaves, grad)
+            torch.autograd.grad(fn(*leaves), leaves, grad, allow_unused=True)
     torch.cuda.current_stream().wait_stream(side)
     fwd, bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     pool = torch.cuda.graph_pool_handle()
     with torch.cuda.graph(fwd, pool=pool):
         out = fn(*leaves)
     with torch.cuda.graph(bwd, pool=pool):
-        grads = torch.autograd.grad(out, leaves, grad)
+        grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)  # None for a leaf the op ignores
     static_out = out.detach()
 
     class Replay(torch.autograd.Function):

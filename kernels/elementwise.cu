@@ -101,7 +101,7 @@ __device__ __forceinline__ void map_scalar(const T* a, const T* b, const T* c, T
   out[i] = from_float<T>(Op::f(to_float(a[i]), bv, cv, alpha));
 }
 
-template <class Op, typename T>
+template <class Op, typename T, int UNROLL = kUnroll>
 __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict__ b,
                                     const T* __restrict__ c, T* __restrict__ out, int64_t n,
                                     int64_t head, int64_t inner, float alpha) {
@@ -123,18 +123,18 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
   // The row vector c is read 16 bytes at a time when every vector starts a whole group of
   // V columns on a 16-byte boundary; otherwise element by element.
   const bool c_vectors = Op::C && head == 0 && inner % V == 0 && (reinterpret_cast<size_t>(c) & 15) == 0;
-  // Work comes in chunks of kUnroll * blockDim consecutive vectors; a block takes chunks
+  // Work comes in chunks of UNROLL * blockDim consecutive vectors; a block takes chunks
   // blockIdx.x, blockIdx.x + gridDim.x, ... (one chunk each when the grid covers them all).
-  const int64_t chunk_size = int64_t(blockDim.x) * kUnroll;
+  const int64_t chunk_size = int64_t(blockDim.x) * UNROLL;
   // Consecutive vectors of a thread are blockDim * V elements apart: their columns advance
   // by a fixed step modulo inner, so only the first needs a division.
   const int64_t col_step = Op::C ? column_of(int64_t(blockDim.x) * V, inner) : 0;
   for (int64_t chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {
     const int64_t first_vec = chunk * chunk_size + threadIdx.x;
     int64_t col = Op::C ? column_of(head + first_vec * V, inner) : 0;
-    Vec16<T> va[kUnroll], vb[kUnroll];
+    Vec16<T> va[UNROLL], vb[UNROLL];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {  // every load in flight before any math
+    for (int k = 0; k < UNROLL; ++k) {  // every load in flight before any math
       const int64_t j = first_vec + k * blockDim.x;
       if (j < nvec) {
         va[k] = load16(a + head + j * V);
@@ -142,7 +142,7 @@ __device__ __forceinline__ void map(const T* __restrict__ a, const T* __restrict
       }
     }
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
+    for (int k = 0; k < UNROLL; ++k) {
       const int64_t j = first_vec + k * blockDim.x;
       if (j < nvec) {
         const int64_t first = head + j * V;
@@ -578,6 +578,21 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
     rawops::map_strided<rawops::Op<T>>(a, b, c, out, n, alpha, layout);                               \
   }
 
+// The heavier 16-bit forwards also as <name>_x<U>_<suffix>: U 16-byte vectors a thread, every load in
+// flight before the math. Taken where the memory is fast an SM (rawops._modules.fast_memory: the H200),
+// where one vector a thread left too few bytes in flight behind the erf / bias arithmetic (rawops/
+// elementwise.py FAST_UNROLL, measured with dev/time_map_shapes.py).
+#define RAWOPS_UNROLLED_MAP(name, Op, T, suffix, U)                                                    \
+  extern "C" __global__ void __launch_bounds__(RAWOPS_MAP_THREADS)                                    \
+      name##_x##U##_##suffix(const T* a, const T* b, const T* c, T* out, long long n, long long head, \
+                             long long inner, float alpha) {                                          \
+    rawops::map<rawops::Op<T>, T, U>(a, b, c, out, n, head, inner, alpha);                            \
+  }
+#define RAWOPS_UNROLLED_HALF_MAPS(T, suffix)                        \
+  RAWOPS_UNROLLED_MAP(gelu_erf_fwd, GeluErf, T, suffix, 2)         \
+  RAWOPS_UNROLLED_MAP(bias_gelu_tanh_fwd, BiasGeluTanh, T, suffix, 2) \
+  RAWOPS_UNROLLED_MAP(bias_gelu_erf_fwd, BiasGeluErf, T, suffix, 4)
+
 #define RAWOPS_BIAS_BWD_PARTIAL(name, Op, T, suffix)                                            \
   extern "C" __global__ void __launch_bounds__(rawops::kBiasBwdThreads, rawops::BiasBwdShape<T>::blocks) \
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows, \
@@ -630,6 +645,8 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
 RAWOPS_ELEMENTWISE(float, f32)
 RAWOPS_ELEMENTWISE(__half, f16)
 RAWOPS_ELEMENTWISE(__nv_bfloat16, bf16)
+RAWOPS_UNROLLED_HALF_MAPS(__half, f16)
+RAWOPS_UNROLLED_HALF_MAPS(__nv_bfloat16, bf16)
 
 // float16's tiles with dbias summed exactly (bias_bwd_tile's kExact), and their two small launches.
 #define RAWOPS_BIAS_BWD_TILE_EXACT(name, Op)                                                                   \

@@ -27,7 +27,8 @@ EXPECTED_KERNELS = {
                  *elementwise.GELU_BWD_TILE.values())
     for suffix in SUFFIXES
 } | {f"{name}_f16" for name in (*elementwise.BIAS_BWD_TILE_EXACT.values(), *elementwise.GELU_BWD_TILE_EXACT.values())
-     } | set(elementwise.FIXED_SUM_KERNELS)
+     } | set(elementwise.FIXED_SUM_KERNELS) | {
+    f"{name}_x{unroll}_{suffix}" for name, unroll in elementwise.FAST_UNROLL.items() for suffix in SUFFIXES[1:]}
 
 
 def _find_tool(name):
@@ -219,7 +220,9 @@ def test_every_kernel_info_loads_is_an_entry_point_of_the_familys_fatbin(family)
 def test_map_kernels_ask_for_names_the_fatbin_table_lists():
     # MapKernel builds '<name>_<suffix>' at launch; those must be among the names checked above.
     asked = {name for kernel in elementwise.MAP.values() for name in kernel.kernel_names()}
-    assert asked == {f"{b}_{s}" for b in (*elementwise.KERNELS, *elementwise.STRIDED.values()) for s in SUFFIXES}
+    unrolled = {f"{b}_x{u}_{s}" for b, u in elementwise.FAST_UNROLL.items() for s in SUFFIXES[1:]}
+    assert asked == {f"{b}_{s}" for b in (*elementwise.KERNELS, *elementwise.STRIDED.values())
+                     for s in SUFFIXES} | unrolled
     assert asked < EXPECTED_KERNELS
 
 

@@ -181,7 +181,8 @@ def test_simulation_mirrors_the_kernel_source():
     ]
     if CHUNK_LOOP:
         lines += [
-            "const int64_t chunk_size = int64_t(blockDim.x) * kUnroll;",
+            "template <class Op, typename T, int UNROLL = kUnroll>",  # the _x<U> entries set UNROLL
+            "const int64_t chunk_size = int64_t(blockDim.x) * UNROLL;",
             "for (int64_t chunk = blockIdx.x; chunk * chunk_size < nvec; chunk += gridDim.x) {",
             "const int64_t first_vec = chunk * chunk_size + threadIdx.x;",
         ]
@@ -663,6 +664,28 @@ def test_capped_blocks_cover_the_vectors_with_128_threads(n):
     blocks, head = map_launch_config(n, 2, BASE, BASE, 0, 132, 128)
     assert head == 0 and blocks == max(1, math.ceil((n // 8) / 128))
     assert blocks * 128 * 8 >= n - n % 8
+
+
+def test_the_heavier_16_bit_forwards_unroll_on_fast_memory_only():
+    from rawops import elementwise
+    from rawops._launch import map_unroll
+
+    assert elementwise.FAST_UNROLL == {"gelu_erf_fwd": 2, "bias_gelu_tanh_fwd": 2, "bias_gelu_erf_fwd": 4}
+    for name, kernel in elementwise.MAP.items():
+        assert kernel.fast_unroll == elementwise.FAST_UNROLL.get(name, 1)
+    for dtype, fast in itertools.product((0, 1, 2), (False, True)):  # f32, f16, bf16
+        want = 4 if fast and dtype else UNROLL
+        assert map_unroll(4, dtype, fast) == want
+        assert map_unroll(1, dtype, fast) == UNROLL
+
+
+@pytest.mark.parametrize("unroll", [2, 4])
+@pytest.mark.parametrize("n", [1, 1023, 1 << 20, (1 << 26) + 5])
+def test_unrolled_blocks_cover_the_vectors_once(n, unroll):
+    # a block of an _x<U> entry owns 128 * U consecutive vectors (kernels/elementwise.cu map)
+    blocks, head = map_launch_config(n, 2, BASE, BASE, 0, 132, 128, unroll)
+    assert head == 0 and blocks == max(1, math.ceil((n // 8) / (128 * unroll)))
+    assert blocks * 128 * unroll * 8 >= n - n % 8
 
 
 @pytest.mark.gpu

@@ -16,7 +16,8 @@ from .arrays import (DTYPE_NAMES, FLOAT_SUFFIXES, NUMPY_DTYPES, DeviceArray, as_
                      require_str, resolve_device)
 from .driver import (TENSOR_MAP_BFLOAT16, TENSOR_MAP_FLOAT16, TENSOR_MAP_FLOAT32, TENSOR_MAP_SWIZZLE_128B,
                      TENSOR_MAP_TFLOAT32, NoDeviceError, encode_tensor_map_2d, sm_count)
-from .launch import (MAP_CAPPED_SHAPE, MAP_SHAPE, CupyMapEntry, MapKernel, launch, map_launch_config, map_shape)
+from .launch import (MAP_CAPPED_SHAPE, MAP_SHAPE, CupyMapEntry, MapKernel, launch, map_launch_config, map_shape,
+                     map_unroll)
 from .streams import allocating_on, hold_if_capturing, release_captured_scratch, stream_pointer, wait_for_producer
 from .torch_fast import (TorchLinearEntry, TorchMapEntry, TorchMatmulEntry, map_call, register_torch,
                          register_torch_gemm, register_torch_modules, tensor_code, torch_linear, torch_matmul,

@@ -32,6 +32,7 @@ cdef class MapKernel:
     cdef readonly bint reads_b
     cdef readonly bint reads_c
     cdef readonly bint capped  # the light ops' launch shape where measured (map_shape)
+    cdef readonly int fast_unroll  # vectors a thread of its <name>_x<U> 16-bit entries on fast memory (1: none)
     cdef uintptr_t _functions[MAX_DEVICES][N_FLOAT]
     cdef uintptr_t _strided[MAX_DEVICES][N_FLOAT]
     cdef unsigned _threads[MAX_DEVICES]
@@ -40,6 +41,7 @@ cdef class MapKernel:
     # filled with the function pointer.
     cdef long long _resident[MAX_DEVICES][N_FLOAT]
     cdef long long _strided_resident[MAX_DEVICES][N_FLOAT]
+    cdef long long _unroll[MAX_DEVICES][N_FLOAT]  # vectors a thread of the entry function() loaded
 
     cdef uintptr_t function(self, int device, int dtype) except 0
     cdef uintptr_t strided_function(self, int device, int dtype) except 0

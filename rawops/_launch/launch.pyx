@@ -105,11 +105,12 @@ cdef inline long long _map_head(long long n, int itemsize, uintptr_t out, uintpt
     return min(<long long>(((16 - phase) % 16) // itemsize), n)
 
 
-cdef inline long long _map_blocks(long long n, long long head, int itemsize, long long resident, int threads):
-    """Vector path: one block per threads * MAP_UNROLL vectors (not persistent: many
-    short blocks balance better). Scalar path: a grid-stride loop over at most `resident` blocks
-    (those the device holds at once: one wave, every block the same share)."""
-    cdef long long per_block = threads * MAP_UNROLL
+cdef inline long long _map_blocks(long long n, long long head, int itemsize, long long resident, int threads,
+                                  long long unroll):
+    """Vector path: one block per threads * unroll vectors (the entry's vectors a thread; not
+    persistent: many short blocks balance better). Scalar path: a grid-stride loop over at most
+    `resident` blocks (those the device holds at once: one wave, every block the same share)."""
+    cdef long long per_block = threads * unroll
     if head >= 0:
         return max(1, ((n - head) // (16 // itemsize) + per_block - 1) // per_block)
     return max(1, min((n + per_block - 1) // per_block, resident))
@@ -123,11 +124,18 @@ cdef inline long long _strided_blocks(long long n, long long resident):
 
 
 def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uintptr_t b, long long resident,
-                      int threads=MAP_THREADS):
+                      int threads=MAP_THREADS, long long unroll=MAP_UNROLL):
     """(blocks, head) of a map launch, `resident` the blocks of the kernel the device holds at
-    once (rawops._modules.resident_blocks); pure arithmetic, testable without a GPU."""
+    once (rawops._modules.resident_blocks), `unroll` its entry's vectors a thread; pure
+    arithmetic, testable without a GPU."""
     cdef long long head = _map_head(n, itemsize, out, a, b)
-    return _map_blocks(n, head, itemsize, resident, threads), head
+    return _map_blocks(n, head, itemsize, resident, threads, unroll), head
+
+
+def map_unroll(int fast_unroll, int dtype, bint fast_memory):
+    """Vectors a thread of a map op's contiguous entry: its <name>_x<fast_unroll> entry for 16-bit
+    dtypes on a device with fast memory an SM (rawops._modules.fast_memory), else MAP_UNROLL."""
+    return fast_unroll if fast_unroll > 1 and dtype != F32 and fast_memory else MAP_UNROLL
 
 
 def strided_launch_config(long long n, long long resident):
@@ -319,17 +327,22 @@ cdef class MapKernel:
     """
 
     def __init__(self, str family, str name, tuple arg_names, bint reads_b=False, bint reads_c=False,
-                 bint capped=False):
+                 bint capped=False, int fast_unroll=1):
         self.family = family
         self.name = name
         self.arg_names = arg_names
         self.reads_b = reads_b
         self.reads_c = reads_c
         self.capped = capped
+        self.fast_unroll = fast_unroll
 
     def kernel_names(self):
-        """The entries this op launches: <name>_<dtype> and <name>_strided_<dtype>."""
-        return [f"{self.name}_{s}" for s in FLOAT_SUFFIXES] + [f"{self.name}_strided_{s}" for s in FLOAT_SUFFIXES]
+        """The entries this op launches: <name>_<dtype>, <name>_strided_<dtype>, and with fast_unroll
+        its 16-bit <name>_x<fast_unroll>_<dtype>."""
+        names = [f"{self.name}_{s}" for s in FLOAT_SUFFIXES] + [f"{self.name}_strided_{s}" for s in FLOAT_SUFFIXES]
+        if self.fast_unroll > 1:
+            names += [f"{self.name}_x{self.fast_unroll}_{s}" for s in FLOAT_SUFFIXES[1:]]
+        return names
 
     cdef uintptr_t function(self, int device, int dtype) except 0:
         if device < 0 or device >= MAX_DEVICES:
@@ -340,7 +353,10 @@ cdef class MapKernel:
                 threads, shared = map_shape(self.capped, _modules.compute_capability(device),
                                             _modules.fast_memory(device))
                 self._threads[device], self._shared[device] = threads, shared
-            function = _modules.function_pointer(self.family, f"{self.name}_{FLOAT_SUFFIXES[dtype]}", device)
+            unroll = map_unroll(self.fast_unroll, dtype, _modules.fast_memory(device))
+            entry = f"{self.name}_x{unroll}" if unroll != MAP_UNROLL else self.name
+            function = _modules.function_pointer(self.family, f"{entry}_{FLOAT_SUFFIXES[dtype]}", device)
+            self._unroll[device][dtype] = unroll
             # The scalar path's grid bound, asked once here so that a launch pays an array read.
             self._resident[device][dtype] = _modules.resident_blocks(function, self._threads[device],
                                                                      self._shared[device], device)
@@ -534,7 +550,8 @@ cdef class MapKernel:
         cdef int itemsize = 4 if dtype == F32 else 2
         cdef long long head = _map_head(n, itemsize, out, a, b if self.reads_b else 0)
         cdef unsigned threads = self._threads[device], shared = self._shared[device]
-        cdef long long blocks = _map_blocks(n, head, itemsize, self._resident[device][dtype], threads)
+        cdef long long blocks = _map_blocks(n, head, itemsize, self._resident[device][dtype], threads,
+                                            self._unroll[device][dtype])
         if blocks > 0x7FFFFFFF:
             raise ValueError(f"{self.name}: {n} elements exceed one launch's grid")
         cdef void* params[8]
