@@ -578,7 +578,7 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
     rawops::map_strided<rawops::Op<T>>(a, b, c, out, n, alpha, layout);                               \
   }
 
-// The heavier 16-bit forwards also as <name>_x<U>_<suffix>: U 16-byte vectors a thread, every load in
+// The heavier forwards also as <name>_x<U>_<suffix>: U 16-byte vectors a thread, every load in
 // flight before the math. Taken where the memory is fast an SM (rawops._modules.fast_memory: the H200),
 // where one vector a thread left too few bytes in flight behind the erf / bias arithmetic (rawops/
 // elementwise.py FAST_UNROLL, measured with dev/time_map_shapes.py).
@@ -592,6 +592,9 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
   RAWOPS_UNROLLED_MAP(gelu_erf_fwd, GeluErf, T, suffix, 2)         \
   RAWOPS_UNROLLED_MAP(bias_gelu_tanh_fwd, BiasGeluTanh, T, suffix, 2) \
   RAWOPS_UNROLLED_MAP(bias_gelu_erf_fwd, BiasGeluErf, T, suffix, 4)
+#define RAWOPS_UNROLLED_F32_MAPS                                    \
+  RAWOPS_UNROLLED_MAP(gelu_erf_fwd, GeluErf, float, f32, 2)        \
+  RAWOPS_UNROLLED_MAP(bias_gelu_erf_fwd, BiasGeluErf, float, f32, 4)
 
 #define RAWOPS_BIAS_BWD_PARTIAL(name, Op, T, suffix)                                            \
   extern "C" __global__ void __launch_bounds__(rawops::kBiasBwdThreads, rawops::BiasBwdShape<T>::blocks) \
@@ -645,6 +648,7 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
 RAWOPS_ELEMENTWISE(float, f32)
 RAWOPS_ELEMENTWISE(__half, f16)
 RAWOPS_ELEMENTWISE(__nv_bfloat16, bf16)
+RAWOPS_UNROLLED_F32_MAPS
 RAWOPS_UNROLLED_HALF_MAPS(__half, f16)
 RAWOPS_UNROLLED_HALF_MAPS(__nv_bfloat16, bf16)
 

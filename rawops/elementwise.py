@@ -93,14 +93,15 @@ TILES, TILES_EXACT = 0, -1  # the plan's strip for the short tiles (partial rows
 CAPPED = {"gelu_tanh_fwd", "gelu_tanh_bwd", "gelu_erf_bwd", "relu_fwd", "relu_bwd", "relu_scale_fwd",
           "relu_scale_bwd", "relu_scale_add_fwd", "add_fwd"}
 
-# The heavier forwards' 16-bit entries of FAST_UNROLL[name] 16-byte vectors a thread
-# (<name>_x<U>_<dtype>, kernels/elementwise.cu), taken on devices with fast memory an SM
-# (_modules.fast_memory): on the H200 one vector a thread left too few bytes in flight behind their
-# arithmetic (dev/time_map_shapes.py, bf16 / f16: gelu erf 0.891 -> 0.928 of the copy ceiling,
-# bias_gelu tanh 0.900 -> 0.913, its erf form 0.832 -> 0.868; docs/performance.md).
-FAST_UNROLL = {"gelu_erf_fwd": 2, "bias_gelu_tanh_fwd": 2, "bias_gelu_erf_fwd": 4}
+# The heavier forwards' entries of U 16-byte vectors a thread (<name>_x<U>_<dtype>,
+# kernels/elementwise.cu), FAST_UNROLL[name] = (U for float32, U for the 16-bit dtypes; 1: none),
+# taken on devices with fast memory an SM (_modules.fast_memory): on the H200 one vector a thread
+# left too few bytes in flight behind their arithmetic (dev/time_map_shapes.py, of the copy ceiling:
+# bf16 / f16 gelu erf 0.891 -> 0.928, bias_gelu tanh 0.900 -> 0.913, its erf form 0.832 -> 0.868;
+# f32 gelu erf 0.961 -> 0.977, bias_gelu erf 0.898 -> 0.939; docs/performance.md).
+FAST_UNROLL = {"gelu_erf_fwd": (2, 2), "bias_gelu_tanh_fwd": (1, 2), "bias_gelu_erf_fwd": (4, 4)}
 
-MAP = {name: MapKernel(FAMILY, name, names, reads_b, reads_c, name in CAPPED, FAST_UNROLL.get(name, 1))
+MAP = {name: MapKernel(FAMILY, name, names, reads_b, reads_c, name in CAPPED, *FAST_UNROLL.get(name, (1, 1))[::-1])
        for name, (names, reads_b, reads_c) in KERNELS.items()}
 
 GELU_MODES = {"tanh": "tanh", "none": "erf"}

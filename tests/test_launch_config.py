@@ -670,13 +670,15 @@ def test_the_heavier_16_bit_forwards_unroll_on_fast_memory_only():
     from rawops import elementwise
     from rawops._launch import map_unroll
 
-    assert elementwise.FAST_UNROLL == {"gelu_erf_fwd": 2, "bias_gelu_tanh_fwd": 2, "bias_gelu_erf_fwd": 4}
+    assert elementwise.FAST_UNROLL == {"gelu_erf_fwd": (2, 2), "bias_gelu_tanh_fwd": (1, 2),
+                                       "bias_gelu_erf_fwd": (4, 4)}  # (float32, 16-bit)
     for name, kernel in elementwise.MAP.items():
-        assert kernel.fast_unroll == elementwise.FAST_UNROLL.get(name, 1)
+        assert (kernel.fast_unroll_f32, kernel.fast_unroll) == elementwise.FAST_UNROLL.get(name, (1, 1))
     for dtype, fast in itertools.product((0, 1, 2), (False, True)):  # f32, f16, bf16
-        want = 4 if fast and dtype else UNROLL
-        assert map_unroll(4, dtype, fast) == want
-        assert map_unroll(1, dtype, fast) == UNROLL
+        want = (3 if dtype == 0 else 4) if fast else UNROLL
+        assert map_unroll(4, 3, dtype, fast) == want
+        assert map_unroll(1, 1, dtype, fast) == UNROLL
+        assert map_unroll(4, 1, 0, fast) == UNROLL and map_unroll(1, 4, 1, fast) == UNROLL
 
 
 @pytest.mark.parametrize("unroll", [2, 4])

@@ -32,7 +32,8 @@ cdef class MapKernel:
     cdef readonly bint reads_b
     cdef readonly bint reads_c
     cdef readonly bint capped  # the light ops' launch shape where measured (map_shape)
-    cdef readonly int fast_unroll  # vectors a thread of its <name>_x<U> 16-bit entries on fast memory (1: none)
+    cdef readonly int fast_unroll  # vectors a thread of its 16-bit <name>_x<U> entries on fast memory (1: none)
+    cdef readonly int fast_unroll_f32  # the same of its float32 entry
     cdef uintptr_t _functions[MAX_DEVICES][N_FLOAT]
     cdef uintptr_t _strided[MAX_DEVICES][N_FLOAT]
     cdef unsigned _threads[MAX_DEVICES]

@@ -132,10 +132,12 @@ def map_launch_config(long long n, int itemsize, uintptr_t out, uintptr_t a, uin
     return _map_blocks(n, head, itemsize, resident, threads, unroll), head
 
 
-def map_unroll(int fast_unroll, int dtype, bint fast_memory):
-    """Vectors a thread of a map op's contiguous entry: its <name>_x<fast_unroll> entry for 16-bit
-    dtypes on a device with fast memory an SM (rawops._modules.fast_memory), else MAP_UNROLL."""
-    return fast_unroll if fast_unroll > 1 and dtype != F32 and fast_memory else MAP_UNROLL
+def map_unroll(int fast_unroll, int fast_unroll_f32, int dtype, bint fast_memory):
+    """Vectors a thread of a map op's contiguous entry: on a device with fast memory an SM
+    (rawops._modules.fast_memory) its <name>_x<U> entry, U fast_unroll_f32 for float32 and
+    fast_unroll for the 16-bit dtypes where above 1; else MAP_UNROLL."""
+    cdef int unroll = fast_unroll_f32 if dtype == F32 else fast_unroll
+    return unroll if unroll > 1 and fast_memory else MAP_UNROLL
 
 
 def strided_launch_config(long long n, long long resident):
@@ -327,7 +329,7 @@ cdef class MapKernel:
     """
 
     def __init__(self, str family, str name, tuple arg_names, bint reads_b=False, bint reads_c=False,
-                 bint capped=False, int fast_unroll=1):
+                 bint capped=False, int fast_unroll=1, int fast_unroll_f32=1):
         self.family = family
         self.name = name
         self.arg_names = arg_names
@@ -335,11 +337,14 @@ cdef class MapKernel:
         self.reads_c = reads_c
         self.capped = capped
         self.fast_unroll = fast_unroll
+        self.fast_unroll_f32 = fast_unroll_f32
 
     def kernel_names(self):
-        """The entries this op launches: <name>_<dtype>, <name>_strided_<dtype>, and with fast_unroll
-        its 16-bit <name>_x<fast_unroll>_<dtype>."""
+        """The entries this op launches: <name>_<dtype>, <name>_strided_<dtype>, and its unrolled
+        <name>_x<U>_<dtype> (fast_unroll_f32, fast_unroll) where U > 1."""
         names = [f"{self.name}_{s}" for s in FLOAT_SUFFIXES] + [f"{self.name}_strided_{s}" for s in FLOAT_SUFFIXES]
+        if self.fast_unroll_f32 > 1:
+            names.append(f"{self.name}_x{self.fast_unroll_f32}_{FLOAT_SUFFIXES[F32]}")
         if self.fast_unroll > 1:
             names += [f"{self.name}_x{self.fast_unroll}_{s}" for s in FLOAT_SUFFIXES[1:]]
         return names
@@ -353,7 +358,7 @@ cdef class MapKernel:
                 threads, shared = map_shape(self.capped, _modules.compute_capability(device),
                                             _modules.fast_memory(device))
                 self._threads[device], self._shared[device] = threads, shared
-            unroll = map_unroll(self.fast_unroll, dtype, _modules.fast_memory(device))
+            unroll = map_unroll(self.fast_unroll, self.fast_unroll_f32, dtype, _modules.fast_memory(device))
             entry = f"{self.name}_x{unroll}" if unroll != MAP_UNROLL else self.name
             function = _modules.function_pointer(self.family, f"{entry}_{FLOAT_SUFFIXES[dtype]}", device)
             self._unroll[device][dtype] = unroll
