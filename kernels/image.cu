@@ -360,7 +360,6 @@ __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t 
   constexpr int E = 16 / (sizeof(Tin) > sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));  // a word of each, coalesced
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
   int64_t done = 0;
-#ifndef RAWOPS_VOLUME_DIVIDE
   if constexpr (IsInt<Tin>::value) {
     if (fast_bounds(lo, range)) {  // uniform: every thread takes the same path
       const float r = 1.f / range;
@@ -380,7 +379,6 @@ __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t 
       return;
     }
   }
-#endif
   if (vec) {  // x and y 16-byte aligned (the launcher checks)
     const int64_t chunks = n / E;
     for (int64_t k = tid; k < chunks; k += step) {
