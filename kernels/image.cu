@@ -339,6 +339,28 @@ __device__ __forceinline__ bool fast_bounds(float lo, float range) {
   return range >= kSmall && range <= kLarge && (lo == 0.f || (a >= kSmall && a <= kLarge));
 }
 
+// y[i] = f(x[i]) over the volume, grid-stride: a word of each side a thread a step where `vec` (x and y
+// 16-byte aligned: the launcher checks), element by element past the last whole word.
+template <typename Tin, typename Tout, typename F>
+__device__ __forceinline__ void map_voxels(const Tin* x, Tout* y, int64_t n, int64_t vec, F f) {
+  constexpr int E = 16 / (sizeof(Tin) > sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));  // a word of each, coalesced
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t chunks = n / E;
+    for (int64_t k = tid; k < chunks; k += step) {
+      Chunk<Tin, E> in;
+      Chunk<Tout, E> out;
+      in.load(x + k * E);
+#pragma unroll
+      for (int e = 0; e < E; ++e) out.v[e] = convert<Tout>(f(in.v[e]));
+      out.store(y + k * E);
+    }
+    done = chunks * E;
+  }
+  for (int64_t i = done + tid; i < n; i += step) y[i] = convert<Tout>(f(x[i]));
+}
+
 template <typename Tin, typename Tout>
 __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t n, const float2* __restrict__ partials,
                                                  int64_t count, float lo, float hi, int64_t flags,
@@ -357,41 +379,14 @@ __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t 
   const float range = hi - lo;  // a NaN bound makes it NaN, and every output NaN
   const bool flat = hi <= lo;
   const bool clip = flags & RAWOPS_IMAGE_FLAG_CLIP;
-  constexpr int E = 16 / (sizeof(Tin) > sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));  // a word of each, coalesced
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
-  int64_t done = 0;
   if constexpr (IsInt<Tin>::value) {
     if (fast_bounds(lo, range)) {  // uniform: every thread takes the same path
       const float r = 1.f / range;
-      if (vec) {
-        const int64_t chunks = n / E;
-        for (int64_t k = tid; k < chunks; k += step) {
-          Chunk<Tin, E> in;
-          Chunk<Tout, E> out;
-          in.load(x + k * E);
-#pragma unroll
-          for (int e = 0; e < E; ++e) out.v[e] = convert<Tout>(map_int(int_as_float(in.v[e]), lo, range, r, clip));
-          out.store(y + k * E);
-        }
-        done = chunks * E;
-      }
-      for (int64_t i = done + tid; i < n; i += step) y[i] = convert<Tout>(map_int(int_as_float(x[i]), lo, range, r, clip));
+      map_voxels(x, y, n, vec, [=](Tin v) { return map_int(int_as_float(v), lo, range, r, clip); });
       return;
     }
   }
-  if (vec) {  // x and y 16-byte aligned (the launcher checks)
-    const int64_t chunks = n / E;
-    for (int64_t k = tid; k < chunks; k += step) {
-      Chunk<Tin, E> in;
-      Chunk<Tout, E> out;
-      in.load(x + k * E);
-#pragma unroll
-      for (int e = 0; e < E; ++e) out.v[e] = convert<Tout>(map_volume<Tin>(in.v[e], lo, range, flat, clip));
-      out.store(y + k * E);
-    }
-    done = chunks * E;
-  }
-  for (int64_t i = done + tid; i < n; i += step) y[i] = convert<Tout>(map_volume<Tin>(x[i], lo, range, flat, clip));
+  map_voxels(x, y, n, vec, [=](Tin v) { return map_volume<Tin>(v, lo, range, flat, clip); });
 }
 
 }  // namespace
