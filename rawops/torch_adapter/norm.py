@@ -31,6 +31,13 @@ def checked(t, name, like=None, like_name="x"):
     return tensor_code(t, name, like, like_name, False)
 
 
+def _row_layout(t):
+    """(rows, n, row stride) of a row-strided tensor (row_strided's; _run's reshape of one is one too)."""
+    n = t.shape[-1]
+    stride = n if t.is_contiguous() else _rows.collapsed_row_stride(tuple(t.shape), t.stride())
+    return (t.numel() // n if n else 0), n, stride
+
+
 def _rows_of(x, name="x"):
     """(dtype code, rows, n, row stride) of a row operand: its checks (CUDA, dtype), and the
     stride its rows are read at (rawops._rows.collapsed_row_stride); the caller made it
@@ -38,9 +45,7 @@ def _rows_of(x, name="x"):
     code = checked(x, name)
     if x.dim() == 0:
         raise ValueError(f"{name} must have at least one dimension (the op works over the last dim)")
-    n = x.shape[-1]
-    stride = n if x.is_contiguous() else _rows.collapsed_row_stride(tuple(x.shape), x.stride())
-    return code, (x.numel() // n if n else 0), n, stride
+    return (code, *_row_layout(x))
 
 
 def row_strided(t):
@@ -68,28 +73,19 @@ def _row_vector(t, name, x):
 
 
 # ------------------------------------------------------------------- raw launches (no autograd)
+# The raw functions check every operand (the custom ops are called with anything), then launch as
+# the autograd path does (_checked_forward / _checked_backward below).
 def forward(op, x, weight, bias, eps):
     """(y, mean, rstd) of op ('layer_norm' or 'rms_norm') over x's last dim; mean and rstd are
     float32, one per row (mean is an empty tensor for rms_norm). x row-strided or copied (the
     module docstring); weight and bias copied where not contiguous; y contiguous."""
     x = row_strided(x)
-    code, rows, n, x_stride = _rows_of(x)
+    _rows_of(x)
     weight, bias = dense(weight), dense(bias)
-    w, b = _row_vector(weight, "weight", x), _row_vector(bias, "bias", x)
-    eps = _norm.check_eps(eps, code)
-    y = _contiguous_like(x)
-    stats = x.shape[:-1]
-    mean = torch.empty(stats if op == "layer_norm" else (0,), dtype=torch.float32, device=x.device)
-    rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
-    if rows and n:
-        device = x.get_device()
-        on_device(device, _norm.launch_forward, op, device, code, x.element_size(), x.data_ptr(), w, b,
-                  y.data_ptr(), mean.data_ptr() if op == "layer_norm" else 0, rstd.data_ptr(), rows, n,
-                  eps, raw_stream(device), x_stride, n)
-    elif rows:
-        mean.fill_(float("nan"))
-        rstd.fill_(float("nan"))
-    return y, mean, rstd
+    _row_vector(weight, "weight", x)
+    _row_vector(bias, "bias", x)
+    y, mean, rstd = _checked_forward(op, x, weight, bias, eps)
+    return y, (mean if mean is not None else rstd.new_empty((0,))), rstd
 
 
 def _stats(t, name, x):
@@ -112,34 +108,20 @@ def backward(op, dy, x, weight, mean, rstd, need_dweight, need_dbias):
     tensors where not wanted. dweight and dbias are the same bits on every run. dy and x
     row-strided or copied (a broadcast gradient's rows at stride 0 are read as they are)."""
     dy, x = row_strided(dy), row_strided(x)
-    code, rows, n, x_stride = _rows_of(x)
+    _rows_of(x)
     checked(dy, "dy", like=x)
     if dy.shape != x.shape:
         raise ValueError(f"dy has shape {tuple(dy.shape)}, expected {tuple(x.shape)} like x")
-    dy_stride = _rows_of(dy, "dy")[3]
+    _rows_of(dy, "dy")
     if op == "layer_norm":
         _stats(mean, "mean", x)
     _stats(rstd, "rstd", x)
     weight = dense(weight)
-    w = _row_vector(weight, "weight", x)
-    need_dweight = need_dweight and weight is not None
-    dx = _contiguous_like(x)
-    make = torch.zeros if not (rows and n) else torch.empty
-    dweight = make(n if need_dweight else 0, dtype=x.dtype, device=x.device)
-    dbias = make(n if need_dbias else 0, dtype=x.dtype, device=x.device)
-    if rows and n:
-        device = x.get_device()
-        strides = (dy_stride, x_stride, n)
-        plan = _norm.backward_plan(rows, n, x.element_size(), sm_count(device), dy.data_ptr(), x.data_ptr(), w,
-                                   dx.data_ptr(), strides)
-        partial_dw = torch.empty((plan[3], n) if need_dweight else (0,), dtype=torch.float32, device=x.device)
-        partial_db = torch.empty((plan[3], n) if need_dbias else (0,), dtype=torch.float32, device=x.device)
-        on_device(device, _norm.launch_backward, op, device, code, x.element_size(), dy.data_ptr(),
-                  x.data_ptr(), w, mean.data_ptr() if op == "layer_norm" else 0, rstd.data_ptr(), dx.data_ptr(),
-                  partial_dw.data_ptr() if need_dweight else 0, partial_db.data_ptr() if need_dbias else 0,
-                  dweight.data_ptr() if need_dweight else 0, dbias.data_ptr() if need_dbias else 0, rows, n,
-                  plan, raw_stream(device), strides)
-    return dx, dweight, dbias
+    _row_vector(weight, "weight", x)
+    dx, dweight, dbias = _checked_backward(op, dy, x, weight, mean if op == "layer_norm" else None, rstd,
+                                           need_dweight, need_dbias)
+    return (dx, dweight if dweight is not None else x.new_empty((0,)),
+            dbias if dbias is not None else x.new_empty((0,)))
 
 
 # ------------------------------------------------------------------- autograd (eager)
@@ -150,13 +132,6 @@ def backward(op, dy, x, weight, mean, rstd, need_dweight, need_dbias):
 # Only what autograd hands over unchecked is looked at: dy's layout (its shape, dtype and GPU are y's,
 # the engine's checks).
 _CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-
-
-def _row_layout(t):
-    """(rows, n, row stride) of a row-strided tensor (row_strided's; _run's reshape of one is one too)."""
-    n = t.shape[-1]
-    stride = n if t.is_contiguous() else _rows.collapsed_row_stride(tuple(t.shape), t.stride())
-    return (t.numel() // n if n else 0), n, stride
 
 
 def _checked_forward(op, x, weight, bias, eps):
