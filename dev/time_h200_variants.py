@@ -20,29 +20,29 @@ sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path
 import timing  # noqa: E402
 from cubins import build_modules  # noqa: E402
 
-from rawops import _modules, _rows, elementwise, norm, softmaxes  # noqa: E402
+from rawops import _modules, elementwise, norm, softmaxes  # noqa: E402
 
-# family -> variant -> (macros, {(module, attribute): value} patched for its calls)
+# family -> variant -> (macros, {(module, attribute): value} patched for its calls). Measured at f9b7df3
+# (H200, docs/performance.md): the row kernels at 3 blocks an SM (log_softmax bwd f32 209.5 -> 186.9 us;
+# softmax's 16-bit backward spilled, 95 -> 118), 4 vectors a thread in the softmax backward, the norms
+# at 1 block; the 16-bit bias_gelu backward tiles at 2 and 4 rows a thread and 256 threads. Now: the
+# shipped choices (log_softmax bwd at 3 blocks; float16 tiles 4 rows a thread; bfloat16's at 3 blocks,
+# decoded a word a pair) against the ones they replaced and the next candidates.
+TILE = elementwise.BIAS_BWD_TILE_SHAPE
 VARIANTS = {
     "softmaxes": {
-        "min3": (["RAWOPS_ROW_MIN_BLOCKS=3"], {}),
-        "bwd4": (["RAWOPS_ROW_BWD_VECTORS=4"], {(_rows, "BWD_BYTES"): 64}),
+        "log bwd at 2 blocks": (["RAWOPS_ROW_LOG_SOFTMAX_BWD_MIN_BLOCKS=2"], {}),
     },
-    "norm": {
-        "min1": (["RAWOPS_ROW_MIN_BLOCKS=1"], {(norm, "BWD_THREADS_PER_SM"): 512}),
-    },
+    "norm": {},
     "elementwise": {
-        "per2": (["RAWOPS_BIAS_BWD_TILE_F16_ROWS=128", "RAWOPS_BIAS_BWD_TILE_F16_PER=2"],
-                 {(elementwise, "BIAS_BWD_TILE_SHAPE"): {**elementwise.BIAS_BWD_TILE_SHAPE, 1: (512, 128, 2)}}),
-        "per4": (["RAWOPS_BIAS_BWD_TILE_F16_ROWS=256", "RAWOPS_BIAS_BWD_TILE_F16_PER=4",
-                  "RAWOPS_BIAS_BWD_TILE_BF16_ROWS=256", "RAWOPS_BIAS_BWD_TILE_BF16_PER=4"],
-                 {(elementwise, "BIAS_BWD_TILE_SHAPE"): {**elementwise.BIAS_BWD_TILE_SHAPE, 1: (512, 256, 4),
-                                                         2: (512, 256, 4)}}),
-        "t256p2": (["RAWOPS_BIAS_BWD_TILE_F16_THREADS=256", "RAWOPS_BIAS_BWD_TILE_F16_ROWS=64",
-                    "RAWOPS_BIAS_BWD_TILE_F16_PER=2", "RAWOPS_BIAS_BWD_TILE_BF16_THREADS=256",
-                    "RAWOPS_BIAS_BWD_TILE_BF16_ROWS=64", "RAWOPS_BIAS_BWD_TILE_BF16_PER=2"],
-                   {(elementwise, "BIAS_BWD_TILE_SHAPE"): {**elementwise.BIAS_BWD_TILE_SHAPE, 1: (256, 64, 2),
-                                                           2: (256, 64, 2)}}),
+        "f16 2 rows a thread": (["RAWOPS_BIAS_BWD_TILE_F16_ROWS=128", "RAWOPS_BIAS_BWD_TILE_F16_PER=2"],
+                                {(elementwise, "BIAS_BWD_TILE_SHAPE"): {**TILE, 1: (512, 128, 2)}}),
+        "f16 1 row a thread": (["RAWOPS_BIAS_BWD_TILE_F16_ROWS=64", "RAWOPS_BIAS_BWD_TILE_F16_PER=1"],
+                               {(elementwise, "BIAS_BWD_TILE_SHAPE"): {**TILE, 1: (512, 64, 1)}}),
+        "bf16 unbounded": (["RAWOPS_BIAS_BWD_TILE_BF16_BLOCKS=1"], {}),
+        "bf16 4 rows 2 blocks": (["RAWOPS_BIAS_BWD_TILE_BF16_ROWS=256", "RAWOPS_BIAS_BWD_TILE_BF16_PER=4",
+                                  "RAWOPS_BIAS_BWD_TILE_BF16_BLOCKS=2"],
+                                 {(elementwise, "BIAS_BWD_TILE_SHAPE"): {**TILE, 2: (512, 256, 4)}}),
     },
 }
 CACHES = [(norm, "_forward_configs"), (norm, "_backward_configs"), (norm, "_bulk_plans")]

@@ -458,7 +458,7 @@ template <> struct BiasBwdTile<__half> {
 };
 template <> struct BiasBwdTile<__nv_bfloat16> {
   static constexpr int threads = RAWOPS_BIAS_BWD_TILE_BF16_THREADS, rows = RAWOPS_BIAS_BWD_TILE_BF16_ROWS,
-                       per = RAWOPS_BIAS_BWD_TILE_BF16_PER;
+                       per = RAWOPS_BIAS_BWD_TILE_BF16_PER, blocks = RAWOPS_BIAS_BWD_TILE_BF16_BLOCKS;
 };
 
 constexpr float kFixedScale = 16777216.f;        // kExact below: float16's least bit, 2^-24, becomes 1
@@ -467,9 +467,10 @@ constexpr double kFixedUnit = 1.0 / 16777216.0;  // and back
 // The entries take BiasBwdTile<T>'s shape.
 // kExact (float16 only): instead of a partial row, each tile adds its column sums to one int64
 // accumulator a column in fixed point (red.add: no wait, no order). Every float16 is a whole
-// multiple of 2^-24 below 2^16, so a tile's float32 sum of them is too (below 2^22): times 2^24 it
-// is an exact integer below 2^46, and integer addition is associative, so dbias comes out the same
-// bits in any order, from the exact sum of the tiles' sums, for up to 2^17 tiles (the plan checks).
+// multiple of 2^-24 below 2^16, so a tile's float32 sum of them is too (below kRows x 2^16): times
+// 2^24 it is an exact integer below kRows x 2^40, and integer addition is associative, so dbias comes
+// out the same bits in any order, from the exact sum of the tiles' sums, for up to 2^23 rows (below
+// 2^63 in all; the plan checks).
 // What it saves: the partial rows (written and read again) and column_sum_final's pass over them. A tile sum that is Inf or NaN goes to a float32 accumulator
 // instead (Inf + x, NaN + x and Inf + -Inf do not depend on the order either). `partial` is then
 // the workspace: cols int64 sums, then cols floats, zeroed by fixed_sum_zero (the launch before,
@@ -506,9 +507,10 @@ __device__ __forceinline__ void bias_bwd_tile(const T* __restrict__ dy, const T*
       Vec16<T> out;
 #pragma unroll
       for (int e = 0; e < V; e += 2) {  // pairs: the half types' packed rounding (dtype.cuh from_float2)
-        from_float2<T>(Op::f(to_float(d[k].v[e]), to_float(v[k].v[e]), Op::C ? to_float(b.v[e]) : 0.f, 0.f),
-                       Op::f(to_float(d[k].v[e + 1]), to_float(v[k].v[e + 1]), Op::C ? to_float(b.v[e + 1]) : 0.f,
-                             0.f),
+        // Decoded a pair a word (to_float2): bfloat16 element by element held each half in a register
+        // of its own (55 registers against float16's 40: two blocks an SM, not three).
+        from_float2<T>(Op::f(to_float2(d[k], e).x, to_float2(v[k], e).x, Op::C ? to_float2(b, e).x : 0.f, 0.f),
+                       Op::f(to_float2(d[k], e).y, to_float2(v[k], e).y, Op::C ? to_float2(b, e).y : 0.f, 0.f),
                        out.v + e);
         acc[e] += to_float(out.v[e]);  // the rounded dx, as column_sum(dx) would see it
         acc[e + 1] += to_float(out.v[e + 1]);
@@ -603,8 +605,9 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
     rawops::bias_bwd_partial<rawops::Op<T>>(dy, x, bias, dx, partial, rows, cols, int(strip));     \
   }
 
-#define RAWOPS_BIAS_BWD_TILE(name, Op, T, suffix)                                                           \
-  extern "C" __global__ void __launch_bounds__(rawops::BiasBwdTile<T>::threads)                              \
+// BOUNDS: the entry's launch bounds (the tiles' TILE_BOUNDS of RAWOPS_ELEMENTWISE).
+#define RAWOPS_BIAS_BWD_TILE(name, Op, T, suffix, BOUNDS)                                                   \
+  extern "C" __global__ void BOUNDS                                                                          \
       name##_##suffix(const T* dy, const T* x, const T* bias, T* dx, float* partial, long long rows,         \
                       long long cols) {                                                                      \
     using Shape = rawops::BiasBwdTile<T>;                                                                    \
@@ -612,7 +615,8 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
                                                                                      rows, cols);             \
   }
 
-#define RAWOPS_ELEMENTWISE(T, suffix)                                                    \
+// TILE_BOUNDS: the short tiles' launch bounds (bfloat16's keep BiasBwdTile's blocks an SM).
+#define RAWOPS_ELEMENTWISE(T, suffix, TILE_BOUNDS)                                       \
   RAWOPS_MAP(gelu_tanh_fwd, GeluTanh, T, suffix)                                         \
   RAWOPS_MAP(gelu_tanh_bwd, GeluTanhBwd, T, suffix)                                      \
   RAWOPS_MAP(gelu_erf_fwd, GeluErf, T, suffix)                                           \
@@ -640,14 +644,16 @@ __device__ __forceinline__ void fixed_sum_final(const float* __restrict__ worksp
   RAWOPS_BIAS_BWD_PARTIAL(bias_gelu_erf_bwd_partial, BiasGeluErfBwd, T, suffix)        \
   RAWOPS_BIAS_BWD_PARTIAL(gelu_tanh_bwd_partial, GeluTanhBwd, T, suffix)                 \
   RAWOPS_BIAS_BWD_PARTIAL(gelu_erf_bwd_partial, GeluErfBwd, T, suffix)                  \
-  RAWOPS_BIAS_BWD_TILE(bias_gelu_tanh_bwd_tile, BiasGeluTanhBwd, T, suffix)              \
-  RAWOPS_BIAS_BWD_TILE(bias_gelu_erf_bwd_tile, BiasGeluErfBwd, T, suffix)                \
-  RAWOPS_BIAS_BWD_TILE(gelu_tanh_bwd_tile, GeluTanhBwd, T, suffix)                       \
-  RAWOPS_BIAS_BWD_TILE(gelu_erf_bwd_tile, GeluErfBwd, T, suffix)
+  RAWOPS_BIAS_BWD_TILE(bias_gelu_tanh_bwd_tile, BiasGeluTanhBwd, T, suffix, TILE_BOUNDS) \
+  RAWOPS_BIAS_BWD_TILE(bias_gelu_erf_bwd_tile, BiasGeluErfBwd, T, suffix, TILE_BOUNDS) \
+  RAWOPS_BIAS_BWD_TILE(gelu_tanh_bwd_tile, GeluTanhBwd, T, suffix, TILE_BOUNDS) \
+  RAWOPS_BIAS_BWD_TILE(gelu_erf_bwd_tile, GeluErfBwd, T, suffix, TILE_BOUNDS)
 
-RAWOPS_ELEMENTWISE(float, f32)
-RAWOPS_ELEMENTWISE(__half, f16)
-RAWOPS_ELEMENTWISE(__nv_bfloat16, bf16)
+RAWOPS_ELEMENTWISE(float, f32, __launch_bounds__(rawops::BiasBwdTile<float>::threads))
+RAWOPS_ELEMENTWISE(__half, f16, __launch_bounds__(rawops::BiasBwdTile<__half>::threads))
+RAWOPS_ELEMENTWISE(__nv_bfloat16, bf16,
+                   __launch_bounds__(rawops::BiasBwdTile<__nv_bfloat16>::threads,
+                                     rawops::BiasBwdTile<__nv_bfloat16>::blocks))
 RAWOPS_UNROLLED_F32_MAPS
 RAWOPS_UNROLLED_HALF_MAPS(__half, f16)
 RAWOPS_UNROLLED_HALF_MAPS(__nv_bfloat16, bf16)

@@ -227,7 +227,8 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
 }  // namespace rawops
 
 // The *_stride arguments: each operand's row stride in elements (rows.cuh).
-#define RAWOPS_SOFTMAX(name, LOG, T, suffix)                                                                   \
+// BWD_MIN_BLOCKS: the backward's blocks an SM (log_softmax's: RAWOPS_ROW_LOG_SOFTMAX_BWD_MIN_BLOCKS).
+#define RAWOPS_SOFTMAX(name, LOG, T, suffix, BWD_MIN_BLOCKS)                                                   \
   extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                  \
       name##_fwd_##suffix(const T* x, T* y, long long rows, long long n, long long x_stride, long long y_stride, \
                           long long mode, long long vec) {                                                     \
@@ -238,15 +239,15 @@ __device__ __forceinline__ void softmax_bwd(const T* __restrict__ dy, const T* _
                                long long y_stride, long long mode, long long vec) {                            \
     rawops::softmax_fwd<T, LOG, rawops::kFwdWideVectors>(x, y, rows, n, x_stride, y_stride, int(mode), vec != 0); \
   }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                  \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, BWD_MIN_BLOCKS)                         \
       name##_bwd_##suffix(const T* dy, const T* y, T* dx, long long rows, long long n, long long dy_stride,   \
                           long long y_stride, long long dx_stride, long long mode, long long vec) {            \
     rawops::softmax_bwd<T, LOG>(dy, y, dx, rows, n, dy_stride, y_stride, dx_stride, int(mode), vec != 0);     \
   }
 
-#define RAWOPS_SOFTMAX_FAMILY(T, suffix)     \
-  RAWOPS_SOFTMAX(softmax, false, T, suffix)  \
-  RAWOPS_SOFTMAX(log_softmax, true, T, suffix)
+#define RAWOPS_SOFTMAX_FAMILY(T, suffix)                             \
+  RAWOPS_SOFTMAX(softmax, false, T, suffix, rawops::kMinRowBlocks)   \
+  RAWOPS_SOFTMAX(log_softmax, true, T, suffix, RAWOPS_ROW_LOG_SOFTMAX_BWD_MIN_BLOCKS)
 
 RAWOPS_SOFTMAX_FAMILY(float, f32)
 RAWOPS_SOFTMAX_FAMILY(__half, f16)

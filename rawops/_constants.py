@@ -26,15 +26,19 @@ BIAS_BWD_F32_BYTES = 16
 BIAS_BWD_F32_BLOCKS = 3
 BIAS_BWD_HALF_BYTES = 8
 BIAS_BWD_HALF_BLOCKS = 6
-# bias_bwd_tile (the short tiles), per type: threads a block, rows a tile, rows a thread.
+# bias_bwd_tile (the short tiles), per type: threads a block, rows a tile, rows a thread; bfloat16's
+# blocks an SM its launch bound keeps resident (the other types' tiles have none, ptxas's choice).
+# float16 4 rows a thread (H200: 0.85 -> 0.94 of the copy ceiling, erf 0.78 -> 0.91; 1 before), bfloat16
+# held to 3 blocks (40 registers; it took 55, 2 blocks): docs/performance.md, dev/time_h200_variants.py.
 BIAS_BWD_TILE_F32_THREADS = 1024
 BIAS_BWD_TILE_F32_ROWS = 64
 BIAS_BWD_TILE_F32_PER = 1
 BIAS_BWD_TILE_F16_THREADS = 512
-BIAS_BWD_TILE_F16_ROWS = 64
-BIAS_BWD_TILE_F16_PER = 1
+BIAS_BWD_TILE_F16_ROWS = 256
+BIAS_BWD_TILE_F16_PER = 4
 BIAS_BWD_TILE_BF16_THREADS = 512
 BIAS_BWD_TILE_BF16_ROWS = 128
+BIAS_BWD_TILE_BF16_BLOCKS = 3
 BIAS_BWD_TILE_BF16_PER = 2
 # fixed_sum_zero / fixed_sum_final_f16 (float16's exact dbias): their blocks and launch bound.
 FIXED_SUM_THREADS = 256
@@ -44,6 +48,10 @@ FIXED_SUM_THREADS = 256
 # (ROW_MIN_BLOCKS: at most 65536 / (ROW_MAX_THREADS * ROW_MIN_BLOCKS) registers a thread).
 ROW_MAX_THREADS = 512
 ROW_MIN_BLOCKS = 2
+# log_softmax's backward: three such blocks (40 registers, none spilled). Its epilogue's exp leaves an
+# SM's two rows idle on memory longer than softmax's multiply does (H200, 16384 x 4096 float32:
+# 209.5 -> 186.9 us, 0.90 -> 1.01 of the copy ceiling; docs/performance.md).
+ROW_LOG_SOFTMAX_BWD_MIN_BLOCKS = 3
 # 16-byte vectors a thread holds of a row in registers: forward, backward (two operands).
 ROW_FWD_VECTORS = 4
 ROW_BWD_VECTORS = 2

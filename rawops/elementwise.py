@@ -74,13 +74,14 @@ BIAS_BWD_TILE_SHAPE = {
 # each tile adds its column sums to int64 fixed-point accumulators (every float16 is a whole
 # multiple of 2^-24), so no partial rows are written or read again and dbias is the same bits in
 # any order. Three launches (zero the accumulators, the tiles, one rounding a column), the last
-# two programmatically dependent on sm_90. Up to EXACT_MAX_ROW_TILES row tiles (a tile's sum is
-# below 2^46 in fixed point, the int64 total below 2^63).
+# two programmatically dependent on sm_90. Up to EXACT_MAX_ROWS rows (each float16 below 2^40 in fixed
+# point, the int64 total below 2^63), EXACT_MAX_ROW_TILES tiles of them.
 BIAS_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in BIAS_BWD_TILE.items()}
 GELU_BWD_TILE_EXACT = {approximate: f"{name}_exact" for approximate, name in GELU_BWD_TILE.items()}
 FIXED_SUM_KERNELS = ("fixed_sum_zero", "fixed_sum_final_f16")
 FIXED_SUM_THREADS = _constants.FIXED_SUM_THREADS  # their blocks (and launch bound)
-EXACT_MAX_ROW_TILES = 1 << 17
+EXACT_MAX_ROWS = 1 << 23
+EXACT_MAX_ROW_TILES = EXACT_MAX_ROWS // BIAS_BWD_TILE_SHAPE[1][1]
 # From 2^24 elements: below that the third launch costs more than the partial rows it saves
 # (docs/performance.md).
 EXACT_MIN_ELEMENTS = 1 << 24

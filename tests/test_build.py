@@ -364,7 +364,8 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     assert fused == {"bias_gelu_tanh_bwd_partial": "BiasGeluTanhBwd", "bias_gelu_erf_bwd_partial": "BiasGeluErfBwd",
                      "gelu_tanh_bwd_partial": "GeluTanhBwd", "gelu_erf_bwd_partial": "GeluErfBwd"}
     assert set(fused) == {*elementwise.BIAS_BWD_PARTIAL.values(), *elementwise.GELU_BWD_PARTIAL.values()}
-    tiles = dict(re.findall(r"^\s*RAWOPS_BIAS_BWD_TILE\((\w+),\s*(\w+),\s*T,\s*suffix\)", source, flags=re.M))
+    tiles = dict(re.findall(r"^\s*RAWOPS_BIAS_BWD_TILE\((\w+),\s*(\w+),\s*T,\s*suffix,\s*TILE_BOUNDS\)", source,
+                            flags=re.M))
     assert tiles == {"bias_gelu_tanh_bwd_tile": "BiasGeluTanhBwd", "bias_gelu_erf_bwd_tile": "BiasGeluErfBwd",
                      "gelu_tanh_bwd_tile": "GeluTanhBwd", "gelu_erf_bwd_tile": "GeluErfBwd"}
     assert set(tiles) == {*elementwise.BIAS_BWD_TILE.values(), *elementwise.GELU_BWD_TILE.values()}
@@ -378,7 +379,7 @@ def test_python_table_matches_the_kernels_defined_in_the_source():
     assert "name##_strided_##suffix(" in source
     assert set(elementwise.STRIDED) == set(elementwise.KERNELS)
     assert all(strided == f"{name}_strided" for name, strided in elementwise.STRIDED.items())
-    instantiated = re.findall(r"^RAWOPS_ELEMENTWISE\(([\w ]+),\s*(\w+)\)", source, flags=re.M)
+    instantiated = re.findall(r"^RAWOPS_ELEMENTWISE\(([\w ]+),\s*(\w+),", source, flags=re.M)
     assert [suffix for _, suffix in instantiated] == list(SUFFIXES)
 
 
@@ -410,12 +411,18 @@ def test_tile_backward_plan_uses_the_kernels_tile_shapes():
     found = {}
     for t, threads, rows, per in re.findall(
             r"template <> struct BiasBwdTile<(\w+)> \{ static constexpr int threads = RAWOPS_(\w+), "
-            r"rows = RAWOPS_(\w+), per = RAWOPS_(\w+); \};", source):
+            r"rows = RAWOPS_(\w+), per = RAWOPS_(\w+)[;,]", source):
         code, name = types[t]
         assert (threads, rows, per) == tuple(f"BIAS_BWD_TILE_{name}_{part}" for part in ("THREADS", "ROWS", "PER"))
         found[code] = tuple(getattr(_constants, macro) for macro in (threads, rows, per))
     assert found == elementwise.BIAS_BWD_TILE_SHAPE
-    assert "__launch_bounds__(rawops::BiasBwdTile<T>::threads)" in source
+    # Each type's tiles launch at most its threads; bfloat16's keep BIAS_BWD_TILE_BF16_BLOCKS an SM.
+    for t in ("float", "__half"):
+        assert f"RAWOPS_ELEMENTWISE({t}, {dict(float='f32', __half='f16')[t]}, " \
+               f"__launch_bounds__(rawops::BiasBwdTile<{t}>::threads))" in source
+    assert ("RAWOPS_ELEMENTWISE(__nv_bfloat16, bf16, __launch_bounds__(rawops::BiasBwdTile<__nv_bfloat16>::threads, "
+            "rawops::BiasBwdTile<__nv_bfloat16>::blocks))") in source
+    assert "blocks = RAWOPS_BIAS_BWD_TILE_BF16_BLOCKS;" in source
 
 
 def test_python_table_reads_the_operands_each_kernel_reads():
@@ -847,7 +854,7 @@ def test_norm_table_matches_the_kernels_defined_in_the_source():
 
 def test_softmax_table_matches_the_kernels_defined_in_the_source():
     source = _source("softmaxes")
-    ops = re.findall(r"^\s*RAWOPS_SOFTMAX\((\w+),\s*(true|false),\s*T,\s*suffix\)", source, flags=re.M)
+    ops = re.findall(r"^\s*RAWOPS_SOFTMAX\((\w+),\s*(true|false),\s*T,\s*suffix,\s*[\w:]+\)", source, flags=re.M)
     assert {f"{op}_{d}" for op, _ in ops for d in ("fwd", "fwd_wide", "bwd")} == set(softmaxes.KERNELS)
     assert dict(ops) == {"softmax": "false", "log_softmax": "true"}, "the LOG flag of each op"
     instantiated = re.findall(r"^RAWOPS_SOFTMAX_FAMILY\(([\w ]+),\s*(\w+)\)", source, flags=re.M)

@@ -171,7 +171,7 @@ def test_tile_and_walker_backwards_agree(monkeypatch, dtype, shape):
                          ids=["16384x4096", "70001x64", "129x2112", "3x5x192"])
 def test_exact_half_dbias_is_dx_summed_then_rounded_once(monkeypatch, shape, approximate):
     # float16's tiles sum dbias in int64 fixed point (config.exact_half_dbias): the tiles'
-    # float32 sums of 64 rows, added exactly, rounded once. Against the float64 sum of the dx it
+    # float32 sums of a tile's rows, added exactly, rounded once. Against the float64 sum of the dx it
     # returned, rounded to float16: equal but where the tiles' float32 rounding (at most ~20
     # additions deep, each off by 2^-24 of what it adds up) crosses a rounding boundary, and then
     # off by one float16 step plus that rounding (a sum that cancels to near 0 can be several of

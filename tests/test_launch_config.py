@@ -557,17 +557,18 @@ def test_every_type_and_size_takes_the_tiles(dtype, rows, cols):
 
 
 def test_exact_half_sums_stop_where_the_int64_total_could_overflow(monkeypatch):
-    # a 64-row tile's float16 sum is below 2^46 in units of 2^-24: at most 2^17 row tiles a column
-    from rawops.elementwise import EXACT_MAX_ROW_TILES, TILES, TILES_EXACT
+    # every float16 is below 2^40 in units of 2^-24: at most 2^23 rows a column, in whole row tiles
+    from rawops.elementwise import BIAS_BWD_TILE_SHAPE, EXACT_MAX_ROW_TILES, EXACT_MAX_ROWS, TILES, TILES_EXACT
 
-    assert 64 * 65504 * 2 ** 24 * EXACT_MAX_ROW_TILES < 2 ** 63
-    assert bias_gelu_bwd_plan(64 * EXACT_MAX_ROW_TILES, 64, 1, (0, 256, 512), 132)[3] == TILES_EXACT
-    grid, chunks, _, strip = bias_gelu_bwd_plan(64 * EXACT_MAX_ROW_TILES + 1, 64, 1, (0, 256, 512), 132)
+    tile_rows = BIAS_BWD_TILE_SHAPE[1][1]
+    assert EXACT_MAX_ROWS * 65504 * 2 ** 24 < 2 ** 63 and EXACT_MAX_ROW_TILES * tile_rows <= EXACT_MAX_ROWS
+    assert bias_gelu_bwd_plan(tile_rows * EXACT_MAX_ROW_TILES, 64, 1, (0, 256, 512), 132)[3] == TILES_EXACT
+    grid, chunks, _, strip = bias_gelu_bwd_plan(tile_rows * EXACT_MAX_ROW_TILES + 1, 64, 1, (0, 256, 512), 132)
     assert strip == TILES and chunks == EXACT_MAX_ROW_TILES + 1
     assert bias_gelu_bwd_plan(4096, 4096, 1, (0, 256, 512), 132)[3] == TILES_EXACT  # 2^24 elements
     assert bias_gelu_bwd_plan(4095, 4096, 1, (0, 256, 512), 132)[3] == TILES  # the third launch costs more
     monkeypatch.setattr(rawops.config, "exact_half_dbias", False)
-    assert bias_gelu_bwd_plan(8192, 3072, 1, (0, 256, 512), 132)[1:] == (128, 512, TILES)
+    assert bias_gelu_bwd_plan(8192, 3072, 1, (0, 256, 512), 132)[1:] == (8192 // tile_rows, 512, TILES)
 
 
 @pytest.mark.parametrize("cc, dependent", [(90, True), (100, True), (89, False), (80, False)])
@@ -584,7 +585,7 @@ def test_exact_half_sums_zero_the_workspace_then_tiles_then_round(monkeypatch, c
     monkeypatch.setattr(elementwise._modules, "function_pointer", lambda family, kernel, device: names.append(kernel)
                         or 0x100 * len(names))
     monkeypatch.setattr(elementwise._modules, "compute_capability", lambda device: cc)
-    rows, cols = 8000, 3072  # 2^24 elements and more, 125 row tiles (the last part-filled)
+    rows, cols = 8000, 3072  # 2^24 elements and more, row tiles the last part-filled
     plan = bias_gelu_bwd_plan(rows, cols, 1, (0, 256, bias_ptr), 132)
     elementwise.launch_bias_gelu_backward(0, 1, "none", plan, 0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, 0x6000,
                                           rows, cols, 0x77)
@@ -592,7 +593,8 @@ def test_exact_half_sums_zero_the_workspace_then_tiles_then_round(monkeypatch, c
     zero, tiles, final = calls
     assert zero[:8] == (0x100, (-(-3 * cols // 256),), 256, 0, 0x77, (0x5000, 3 * cols), "pq", 0)
     assert len(zero) == 8 or zero[8] is False
-    assert tiles == (0x200, ((-(-rows // 64)) * (cols // 64),), 512, 0, 0x77,
+    tile_rows = elementwise.BIAS_BWD_TILE_SHAPE[1][1]
+    assert tiles == (0x200, ((-(-rows // tile_rows)) * (cols // 64),), 512, 0, 0x77,
                      (0x1000, 0x2000, bias_ptr, 0x3000, 0x5000, rows, cols), "pppppqq", 0, dependent)
     assert final == (0x300, (cols // 256,), 256, 0, 0x77, (0x5000, 0x6000, cols), "ppq", 0, dependent)
 
