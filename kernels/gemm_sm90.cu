@@ -79,10 +79,10 @@ using SmemLayout = decltype(tile_to_shape(
     make_shape(Int<ROWS>{}, Int<kBKOf<E>>{}, Int<STAGES>{}),
     conditional_t<K_MAJOR, Step<_1, _2, _3>, Step<_2, _1, _3>>{}));
 
-template <typename T, bool A_KM, bool B_KM, int BN, int STAGES = kStagesOf<BN>> struct Config {
+template <typename T, bool A_KM, bool B_KM, int BN> struct Config {
   using E = typename CuteType<T>::type;
   static_assert(sizeof(E) == 2 || (A_KM && B_KM), "WGMMA reads TF32 operands K-major only");
-  static constexpr int kBN = BN, kStages = STAGES;
+  static constexpr int kBN = BN, kStages = kStagesOf<BN>;
   static constexpr int kBK = kBKOf<E>;
   static constexpr GMMA::Major kMajorA = A_KM ? GMMA::Major::K : GMMA::Major::MN;
   static constexpr GMMA::Major kMajorB = B_KM ? GMMA::Major::K : GMMA::Major::MN;
@@ -94,22 +94,18 @@ template <typename T, bool A_KM, bool B_KM, int BN, int STAGES = kStagesOf<BN>> 
       Layout<Shape<_2, _1, _1>>{}));
 };
 
-// OUTS: the epilogue's staging buffers, 128 x 128 bytes each (two; the grouped weight gradient's
-// kWgradOuts beside kWgradStages stages, its entries below).
-template <typename E, int BN, int STAGES = kStagesOf<BN>, int OUTS = RAWOPS_GEMM_SM90_OUTS> struct alignas(1024) Shared {
-  static constexpr int kBN = BN, kStages = STAGES, kOuts = OUTS;
+template <typename E, int BN> struct alignas(1024) Shared {
+  static constexpr int kStages = kStagesOf<BN>;
   E a[kStages][kBM * kBKOf<E>];  // 1024-byte aligned stages: the swizzle is taken from address bits
   E b[kStages][BN * kBKOf<E>];
-  char out[OUTS][kBM * kSpanBytes]; // the epilogue's staging buffers (128 rows x 128 bytes) for the TMA stores
+  char out[2][kBM * kSpanBytes]; // the epilogue's two staging buffers (128 rows x 128 bytes) for the TMA stores
   float bias[BN];           // the tile's bias
   uint64_t full[kStages];
   uint64_t empty[kStages];
 };
 // rawops/_gemm_sm90.py's shared_bytes(BN) asks for sizeof + 1024 (the base's alignment).
-constexpr int kWgradStages = RAWOPS_GEMM_SM90_WGRAD_STAGES, kWgradOuts = RAWOPS_GEMM_SM90_WGRAD_OUTS;
 static_assert(sizeof(Shared<__half, 256>) + 1024 <= 232448 && sizeof(Shared<__half, 128>) + 1024 <= 232448 &&
-                  sizeof(Shared<__half, 64>) + 1024 <= 232448 &&
-                  sizeof(Shared<__half, 256, kWgradStages, kWgradOuts>) + 1024 <= 232448,
+                  sizeof(Shared<__half, 64>) + 1024 <= 232448,
               "a block's shared memory on sm_90");
 
 // Tile index -> (tile-row, tile-column), tile-rows grouped by kGroupRows.
@@ -142,22 +138,21 @@ __device__ __forceinline__ void consumers_sync() {
 // 16-bit or 32 float32 columns), the consumers write it to a staging buffer in the 128-byte
 // swizzle (each thread a pair of columns: 4- or 8-byte stores), then one thread issues the TMA
 // store of the 128-row box, which clips at the
-// matrix's edges; the buffers take turns, so the stores drain while the next quarter is
+// matrix's edges; the two buffers alternate, so the stores drain while the next quarter is
 // written and while the next tile's main loop runs. `issued` counts the stores so far.
 // Accumulator i of a thread is row (t / 4) % 8 + 16 (t / 32) + 64 warpgroup + 8 ((i / 2) % 2),
 // column 2 (t % 4) + i % 2 + 8 (i / 4): CuTe's 64 x N GMMA C layout, ((4,8,4),(2,2,N/8)).
-template <typename T, class S, class Acc>
-__device__ __forceinline__ void store_through_tma(const Acc& acc, S& smem, const CUtensorMap* map,
+template <typename T, typename E, int BN, class Acc>
+__device__ __forceinline__ void store_through_tma(const Acc& acc, Shared<E, BN>& smem, const CUtensorMap* map,
                                                   int thread, int row0, int col0, int& issued) {
-  constexpr int BN = S::kBN, kOuts = S::kOuts;
   using Pair = conditional_t<sizeof(T) == 2, uint32_t, uint2>;
   constexpr int kCols = kSpanBytes / int(sizeof(T));  // columns a box
   const int row = 64 * (thread / 128) + 16 * (thread % 128 / 32) + thread % 32 / 4;
   const int pair_bytes = int(sizeof(Pair)) * (thread % 4);  // within an 8-column group
 #pragma unroll
   for (int q = 0; q < BN / kCols; ++q) {
-    const int buffer = issued % kOuts;
-    if (thread == 0) tma_store_wait<kOuts - 1>();  // the store that last read this buffer is done with it
+    const int buffer = issued & 1;
+    if (thread == 0) tma_store_wait<1>();  // the store that last read this buffer is done with it
     consumers_sync();
     char* base = reinterpret_cast<char*>(smem.out[buffer]);
 #pragma unroll
@@ -199,8 +194,8 @@ __device__ __forceinline__ void store_partial(const Acc& acc, float* partial, in
 
 // Modes 0 (none), 1 (bias + GELU, + pre-activation) and 3 (bias) of rawops/gemm_epilogue.cuh.
 // The GELU-gradient mode (2) is not compiled here: rawops/_gemm_sm90.py never plans it.
-template <typename T, class S, class Acc>
-__device__ __forceinline__ void store_tile(Acc& acc, S& smem, const CUtensorMap* map_c,
+template <typename T, typename E, int BN, class Acc>
+__device__ __forceinline__ void store_tile(Acc& acc, Shared<E, BN>& smem, const CUtensorMap* map_c,
                                            const CUtensorMap* map_pre, int flags, bool has_bias, bool has_pre,
                                            int thread, int row0, int col0, int& issued) {
   const int mode = flags & 3;
@@ -236,19 +231,18 @@ __device__ __forceinline__ int expert_of(const int* __restrict__ offsets, int gr
   return lo;
 }
 
-template <typename T, bool A_KM, bool B_KM, int BN, int STAGES = kStagesOf<BN>, int OUTS = RAWOPS_GEMM_SM90_OUTS>
+template <typename T, bool A_KM, bool B_KM, int BN>
 __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_a_tail,
                                      const CUtensorMap* map_b, const CUtensorMap* map_c, const CUtensorMap* map_pre,
                                      const T* __restrict__ bias, int flags, bool has_pre, int64_t M, int64_t N,
                                      int64_t K, float* __restrict__ partial, int splits,
                                      const int* __restrict__ group_offsets = nullptr, int groups = 0,
                                      int b_group_rows = 0, bool k_groups = false) {
-  using C = Config<T, A_KM, B_KM, BN, STAGES>;
+  using C = Config<T, A_KM, B_KM, BN>;
   using E = typename C::E;
-  using S = Shared<E, BN, STAGES, OUTS>;
   constexpr int kBN = BN, kStages = C::kStages;
   extern __shared__ char shared_raw[];
-  S& smem = *reinterpret_cast<S*>(
+  Shared<E, BN>& smem = *reinterpret_cast<Shared<E, BN>*>(
       (reinterpret_cast<uintptr_t>(shared_raw) + 1023) / 1024 * 1024);
 
   const int warpgroup = threadIdx.x / 128;
@@ -434,18 +428,13 @@ RAWOPS_SM90_FAMILY(__nv_bfloat16, bf16)
 // The experts' weight gradients (map_a, map_b, map_c, offsets, groups, m, n): dW_e (M x N, stacked
 // (E M, N)) = A_e^T B_e over expert e's rows of A (rows, M) and B (rows, N), both M/N-major (tn);
 // M a multiple of 128 (the TMA store of a tile must not cross into the next expert's matrix).
-// An expert's K is its rows (~570 for Mixtral: 9 stages a tile), so every tile ends in a 64 KB
-// store: with two staging buffers the consumers waited for two of its four quarters to drain
-// (0.78 of dense); kWgradOuts = 4 buffers hold the whole tile, which drains during the next
-// tile's main loop, at kWgradStages = 3 stages (all 227 KB hold).
 #define RAWOPS_SM90_GROUPED_TN(T, suffix)                                                                       \
   extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) gemm_sm90_grouped_tn_##suffix(     \
       const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,                 \
       const __grid_constant__ CUtensorMap map_c, const int* offsets, long long groups, long long m,         \
       long long n) {                                                                                        \
-    rawops::sm90::gemm<T, false, false, 256, rawops::sm90::kWgradStages, rawops::sm90::kWgradOuts>(         \
-        &map_a, &map_a, &map_b, &map_c, &map_c, nullptr, 0, false, m, n, 0, nullptr, 1, offsets, int(groups), 0,  \
-        true);                                                                                              \
+    rawops::sm90::gemm<T, false, false, 256>(&map_a, &map_a, &map_b, &map_c, &map_c, nullptr, 0, false, m, n, 0, \
+                                             nullptr, 1, offsets, int(groups), 0, true);                    \
   }
 
 RAWOPS_SM90_GROUPED(nt, true, true, __half, f16)

@@ -341,8 +341,8 @@ __device__ __forceinline__ bool fast_bounds(float lo, float range) {
 
 // y[i] = f(x[i]) over the volume, grid-stride: a word of each side a thread a step where `vec` (x and y
 // 16-byte aligned: the launcher checks), element by element past the last whole word. The words are
-// walked from the volume's end (RAWOPS_IMAGE_VOLUME_REVERSE): the min/max pass before read it from the
-// start, so its last reads (up to L2's size) are still in L2 when the map starts.
+// walked from the volume's end: the min/max pass before read it from the start, so its last reads are
+// still in L2 when the map starts (docs/performance.md: 2-3 us of ~150 at 512^3 on the H200).
 template <typename Tin, typename Tout, typename F>
 __device__ __forceinline__ void map_voxels(const Tin* x, Tout* y, int64_t n, int64_t vec, F f) {
   constexpr int E = 16 / (sizeof(Tin) > sizeof(Tout) ? sizeof(Tin) : sizeof(Tout));  // a word of each, coalesced
@@ -351,7 +351,7 @@ __device__ __forceinline__ void map_voxels(const Tin* x, Tout* y, int64_t n, int
   if (vec) {
     const int64_t chunks = n / E;
     for (int64_t i = tid; i < chunks; i += step) {
-      const int64_t k = RAWOPS_IMAGE_VOLUME_REVERSE ? chunks - 1 - i : i;
+      const int64_t k = chunks - 1 - i;
       Chunk<Tin, E> in;
       Chunk<Tout, E> out;
       in.load(x + k * E);

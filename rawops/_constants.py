@@ -140,11 +140,6 @@ GEMM_SM90_THREADS = 384
 GEMM_SM90_STAGES_N256 = 4
 GEMM_SM90_STAGES_N128 = 6
 GEMM_SM90_STAGES_N64 = 8
-GEMM_SM90_OUTS = 2  # the epilogue's 128 x 128-byte staging buffers
-# The grouped weight gradient (gemm_sm90_grouped_tn): a whole 128 x 256 output tile of staging buffers
-# beside 3 stages (kernels/gemm_sm90.cu).
-GEMM_SM90_WGRAD_STAGES = 3
-GEMM_SM90_WGRAD_OUTS = 4
 
 # mlp: kernels/mlp_source.cu, mlp_tiles.cu, mlp_fused_fwd.cu, mlp_fused_bwd.cu, include/rawops/mlp.cuh
 # (rawops/mlp.py, _mlp_plans.py)
@@ -206,7 +201,6 @@ def defines():
 IMAGE_THREADS = 256
 IMAGE_PIXELS = 16
 IMAGE_REDUCE_UNROLL = 4
-IMAGE_VOLUME_REVERSE = 1  # normalize_volume's map walks from the end (kernels/image.cu map_voxels)
 # OpenCV's uint8 RGB -> gray (imgproc color_rgb.simd.hpp RGB2Gray<uchar>: RY15, GY15, BY15, gray_shift):
 # gray = (R * IMAGE_GRAY_R + G * IMAGE_GRAY_G + B * IMAGE_GRAY_B + 2^(SHIFT - 1)) >> SHIFT, the weights
 # summing to 2^SHIFT.

@@ -30,19 +30,16 @@ ITEMSIZE = {0: 4, 1: 2, 2: 2}  # rawops dtype code -> bytes an element
 THREADS = C.GEMM_SM90_THREADS  # producer warpgroup + two consumer warpgroups
 
 
-def shared_bytes(bn=TILE_N, stages=None, outs=C.GEMM_SM90_OUTS):
-    """Shared<E, BN, stages, outs>: the stages of both operands (STAGES_OF[bn] unless given), `outs`
-    128 x 128-byte output staging buffers, the tile's bias (float32) and 2 x stages mbarriers,
-    rounded up to 1024 bytes; + 1024 to align the dynamic shared memory base inside the kernel (at
-    most 232448, all that sm_90 gives a block). The same bytes for every type: a stage is 128 bytes
-    of K."""
-    stages = STAGES_OF[bn] if stages is None else stages
-    return -(-(stages * (TILE_M + bn) * SPAN + outs * TILE_M * SPAN + bn * 4 + 2 * stages * 8) // 1024) * 1024 + 1024
+def shared_bytes(bn=TILE_N):
+    """Shared<E, BN>: the stages of both operands, two 128 x 128-byte output staging buffers,
+    the tile's bias (float32) and 2 x stages mbarriers, rounded up to 1024 bytes; + 1024 to
+    align the dynamic shared memory base inside the kernel (at most 232448, all that sm_90
+    gives a block). The same bytes for every type: a stage is 128 bytes of K."""
+    stages = STAGES_OF[bn]
+    return -(-(stages * (TILE_M + bn) * SPAN + 2 * TILE_M * SPAN + bn * 4 + 2 * stages * 8) // 1024) * 1024 + 1024
 
 
 SHARED_BYTES = shared_bytes()
-# The grouped weight gradient's: a whole output tile of staging buffers beside fewer stages.
-WGRAD_SHARED_BYTES = shared_bytes(TILE_N, C.GEMM_SM90_WGRAD_STAGES, C.GEMM_SM90_WGRAD_OUTS)
 # From this many 128 x 256 output tiles per SM the widest tiles, unsplit, run; below it
 # `narrow_shape` picks a narrower tile and a K split. (Between half a wave and one the model
 # would pick 64-wide tiles for linear_gelu's dW at 8192 tokens, slower than the widest:
@@ -314,5 +311,5 @@ def launch_grouped_wgrad(function_pointer, sms, device, dtype, a, b, c, offsets,
     map_b = tensor_map(b, dtype, n, rows, BOX, BOX)
     map_c = tensor_map(c, dtype, n, groups * m, SPAN // ITEMSIZE[dtype], TILE_M)
     units = _ceil(m, TILE_M) * _ceil(n, TILE_N) * groups
-    launch(function_pointer, (max(1, min(units, sms)),), THREADS, WGRAD_SHARED_BYTES, stream,
+    launch(function_pointer, (max(1, min(units, sms)),), THREADS, SHARED_BYTES, stream,
            (map_a, map_b, map_c, offsets, groups, m, n), GROUPED_TN_KINDS, device)
