@@ -29,7 +29,7 @@ BIAS_BWD_HALF_BLOCKS = 6
 # bias_bwd_tile (the short tiles), per type: threads a block, rows a tile, rows a thread; bfloat16's
 # blocks an SM its launch bound keeps resident (the other types' tiles have none, ptxas's choice).
 # float16 4 rows a thread (H200: 0.85 -> 0.94 of the copy ceiling, erf 0.78 -> 0.91; 1 before), bfloat16
-# held to 3 blocks (40 registers; it took 55, 2 blocks): docs/performance.md, dev/time_h200_variants.py.
+# held to 3 blocks (40 registers; it took 55, 2 blocks): docs/performance.md.
 BIAS_BWD_TILE_F32_THREADS = 1024
 BIAS_BWD_TILE_F32_ROWS = 64
 BIAS_BWD_TILE_F32_PER = 1
