@@ -74,26 +74,27 @@ def build_cubins(source, variants, arch):
     sources = ([path] if not source.endswith(".cu")
                else [path, *sorted(glob.glob(os.path.join(ROOT, "kernels", "*.cu")))])
     helpers = _nvcc_helpers()
-    nvcc = helpers.find_nvcc()
-    if nvcc is None:
-        raise RuntimeError("nvcc not found (set CUDA_HOME or put it on PATH)")
     target = _target(path, arch)
-    extra = []
-    if helpers.uses_cutlass(path):
-        cutlass = helpers.cutlass_include()
-        if cutlass is None:
-            raise RuntimeError(f"{path} needs the CuTe headers: pip install nvidia-cutlass "
-                               f"or set {helpers.CUTLASS_ENV}")
-        extra = [f"-I{cutlass}", *helpers.CUTLASS_FLAGS]
     os.makedirs(CACHE, exist_ok=True)
-    paths, jobs = {}, {}
-    for key, macros in variants.items():
-        defines = _defines(helpers, macros)
-        paths[key] = out = os.path.join(CACHE, f"{stem}-{target}-{_digest(sources, defines, arch)}.cubin")
-        if not os.path.exists(out):
-            flags = [f for f in helpers.NVCC_FLAGS if f != "--compress-mode=size"]
+    paths = {key: os.path.join(CACHE, f"{stem}-{target}-{_digest(sources, _defines(helpers, macros), arch)}.cubin")
+             for key, macros in variants.items()}
+    missing = [key for key, out in paths.items() if not os.path.exists(out)]
+    jobs = {}
+    if missing:  # nvcc (and the CuTe headers) only for what the cache lacks: carried cubins need neither
+        nvcc = helpers.find_nvcc()
+        if nvcc is None:
+            raise RuntimeError("nvcc not found (set CUDA_HOME or put it on PATH)")
+        extra = []
+        if helpers.uses_cutlass(path):
+            cutlass = helpers.cutlass_include()
+            if cutlass is None:
+                raise RuntimeError(f"{path} needs the CuTe headers: pip install nvidia-cutlass "
+                                   f"or set {helpers.CUTLASS_ENV}")
+            extra = [f"-I{cutlass}", *helpers.CUTLASS_FLAGS]
+        flags = [f for f in helpers.NVCC_FLAGS if f != "--compress-mode=size"]
+        for key in missing:
             jobs[key] = subprocess.Popen([nvcc, *flags, f"-I{INCLUDE}", *extra, "--cubin", f"-arch={target}",
-                                          *defines, path, "-o", out + ".tmp"])
+                                          *_defines(helpers, variants[key]), path, "-o", paths[key] + ".tmp"])
     for key, proc in jobs.items():
         if proc.wait() != 0:
             raise RuntimeError(f"nvcc failed for {stem} {key}: {variants[key]}")
