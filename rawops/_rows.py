@@ -42,15 +42,22 @@ def row_plan(rows, n, elems, itemsize, aligned):
     need = -(-n // elems)
     if not aligned:
         per_vector = 16 // itemsize
-        mode, blocks = STREAM_ROW, rows
+        mode = STREAM_ROW
         threads = min(MAX_ROW_THREADS, max(MIN_STREAM_THREADS, _pow2_at_least(-(-n // per_vector))))
     elif need <= 32:
-        mode, threads, blocks = WARP_PER_ROW, WARP_BLOCK, -(-rows // WARP_ROWS)
+        mode, threads = WARP_PER_ROW, WARP_BLOCK
     elif need <= MAX_ROW_THREADS:
-        mode, threads, blocks = BLOCK_PER_ROW, max(MIN_ROW_THREADS, _pow2_at_least(need)), rows
+        mode, threads = BLOCK_PER_ROW, max(MIN_ROW_THREADS, _pow2_at_least(need))
     else:
-        mode, threads, blocks = STREAM_ROW, MAX_ROW_THREADS, rows
-    return mode, max(1, min(blocks, MAX_GRID)), threads
+        mode, threads = STREAM_ROW, MAX_ROW_THREADS
+    return mode, row_blocks(rows, mode), threads
+
+
+def row_blocks(rows, mode):
+    """row_plan's grid for `rows` rows in `mode`: a block a row (warp mode: WARP_ROWS rows a block),
+    at most MAX_GRID (the kernels loop over rows past it)."""
+    blocks = -(-rows // WARP_ROWS) if mode == WARP_PER_ROW else rows
+    return max(1, min(blocks, MAX_GRID))
 
 
 def resident_blocks(sms, threads, threads_per_sm):

@@ -150,15 +150,18 @@ _forward_configs = {}  # forward_config's answers
 
 
 def forward_config(op, device, dtype, itemsize, rows, n, aligned, flags):
-    """(kernel, mode, blocks, threads) of a forward launch, cached by its arguments: launchers ask
-    on every call (the autograd path's host time is what a 16-bit row's kernels are short of)."""
-    key = (op, device, dtype, rows, n, aligned, flags)
+    """(kernel, mode, blocks, threads) of a forward launch; all but the grid cached by the row width,
+    type and flags (never by the row count: a model's varying batch sizes would grow the cache):
+    launchers ask on every call (the autograd path's host time is what a 16-bit row's kernels are
+    short of)."""
+    key = (op, device, dtype, n, aligned, flags)
     config = _forward_configs.get(key)
     if config is None:
-        mode, blocks, threads = forward_plan(rows, n, itemsize, aligned)
+        mode, _, threads = forward_plan(1, n, itemsize, aligned)
         config = _forward_configs[key] = (_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype),
-                                                                    device), mode, blocks, threads)
-    return config
+                                                                    device), mode, threads)
+    function, mode, threads = config
+    return function, mode, _rows.row_blocks(rows, mode), threads
 
 
 def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream, x_stride=None,
@@ -181,24 +184,27 @@ _backward_configs = {}  # backward_config's answers
 
 def backward_config(op, device, dtype, itemsize, plan, n, has_weight, partials):
     """(kernel, mode, blocks, threads, dynamic shared bytes, chunks, stage flags) of a backward launch
-    of plan = backward_plan(...) with `partials` (0-2: dweight, dbias) wanted, cached by its arguments:
-    the shared memory of its partials, the bulk stages, and the grid the occupancy API says the device
-    holds at once (at most the plan's), whose partial rows (`chunks`, fewer) are the ones summed."""
-    key = (op, device, dtype, plan, n, has_weight, partials)
+    of plan = backward_plan(...) with `partials` (0-2: dweight, dbias) wanted: the shared memory of its
+    partials, the bulk stages, and the grid the occupancy API says the device holds at once (at most
+    the plan's), whose partial rows (`chunks`, fewer) are the ones summed. All but the grid cached by
+    the plan's mode and block, the row width and what is wanted (never by the row count)."""
+    mode, blocks, threads, _, _ = plan
+    key = (op, device, dtype, mode, threads, n, has_weight, partials)
     config = _backward_configs.get(key)
     if config is None:
-        mode, blocks, threads, _, _ = plan
         name = _rows.kernel_name(f"{op}_bwd", dtype)
         smem = column_smem(mode, threads, itemsize, partials, n, has_weight)
+        run_mode = mode
         if not _allow_smem(name, device, smem):
             # The streaming mode keeps its partials in the global rows instead (one block per
             # chunk either way: the same partial buffers serve).
-            mode, smem = _rows.STREAM_ROW, 0
-        stages, smem = bulk_stages(op, name, device, mode, threads, smem, n, itemsize, 2)
-        blocks = min(blocks, resident(name, device, threads, smem))
-        config = _backward_configs[key] = (_modules.function_pointer(FAMILY, name, device), mode, blocks, threads, smem,
-                                           _rows.chunks(mode, blocks, threads), stages << STAGES_SHIFT)
-    return config
+            run_mode, smem = _rows.STREAM_ROW, 0
+        stages, smem = bulk_stages(op, name, device, run_mode, threads, smem, n, itemsize, 2)
+        config = _backward_configs[key] = (_modules.function_pointer(FAMILY, name, device), run_mode, threads, smem,
+                                           resident(name, device, threads, smem), stages << STAGES_SHIFT)
+    function, run_mode, threads, smem, held, stage_flags = config
+    blocks = min(blocks, held)
+    return function, run_mode, blocks, threads, smem, _rows.chunks(run_mode, blocks, threads), stage_flags
 
 
 def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, partial_dw, partial_db, dweight,

@@ -195,6 +195,26 @@ def test_norm_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monke
         assert args[14] >> norm.STAGES_SHIFT == stages and smem == partials + stages * 2 * 768 * 2
 
 
+def test_norm_launch_configs_are_cached_by_shape_not_by_row_count(monkeypatch):
+    # A model's varying batch sizes must not grow the caches: one entry a (width, type, flags), the
+    # grid of each call its own rows' (the plan's, capped by the resident blocks in the backward).
+    monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
+    monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 528)
+    monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
+    monkeypatch.setattr(norm, "compute_capability", lambda device: 80)
+    for cache in ("_forward_configs", "_backward_configs", "_bulk_plans"):
+        monkeypatch.setattr(norm, cache, {})
+    for rows in (1, 7, 64, 1000, 16384, 100003):
+        for n in (768, 4096):
+            function, mode, blocks, threads = norm.forward_config("layer_norm", 0, 1, 2, rows, n, 1, 7)
+            assert (mode, blocks, threads) == norm.forward_plan(rows, n, 2, 1) and function == "layer_norm_fwd_f16"
+            plan = norm.backward_plan(rows, n, 2, 132, BASE, OTHER, OTHER * 2, OTHER * 3)
+            _, bmode, bblocks, bthreads, _, chunks, _ = norm.backward_config("layer_norm", 0, 1, 2, plan, n, True, 2)
+            assert (bmode, bthreads) == (plan[0], plan[2]) and bblocks == min(plan[1], 528)
+            assert chunks == _rows.chunks(bmode, bblocks, bthreads)
+    assert len(norm._forward_configs) == 2 and len(norm._backward_configs) == 2
+
+
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_softmax_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monkeypatch, direction):
     calls = []
