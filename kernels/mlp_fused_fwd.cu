@@ -333,13 +333,10 @@ __device__ void fast_fwd(const T* __restrict__ x, T* __restrict__ y, T* __restri
   RAWOPS_TC_FAST(suffix, T, W, MT, relu, rawops::kActRelu)                                                     \
   RAWOPS_TC_FAST(suffix, T, W, MT, gelu, rawops::kActGelu)                                                     \
   RAWOPS_TC_FAST(suffix, T, W, MT, none, rawops::kActNone)
-#ifndef RAWOPS_MLP_W64_MT
-#define RAWOPS_MLP_W64_MT 2
-#endif
 #define RAWOPS_TC_FAST_ENTRIES(suffix, T)                                                                      \
   RAWOPS_TC_FAST_ACTS(suffix, T, 16, 2)                                                                        \
   RAWOPS_TC_FAST_ACTS(suffix, T, 32, 2)                                                                        \
-  RAWOPS_TC_FAST_ACTS(suffix, T, 64, RAWOPS_MLP_W64_MT)                                                        \
+  RAWOPS_TC_FAST_ACTS(suffix, T, 64, 2)                                                                        \
   RAWOPS_TC_FAST_ACTS(suffix, T, 128, 1)
 
 // mma.sync m16n8k16, ldmatrix and cp.async need sm_80; rawops/mlp.py launches these there only.
