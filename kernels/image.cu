@@ -38,6 +38,7 @@
 // of at most the blocks the device holds at once (rawops/image.py); 64-bit indexing throughout.
 #include <cub/block/block_reduce.cuh>
 
+#include "rawops/dependent_launch.cuh"
 #include "rawops/dtype.cuh"
 
 namespace rawops {
@@ -269,6 +270,7 @@ template <typename T>
 __device__ __forceinline__ void volume_minmax(const T* __restrict__ x, float2* __restrict__ partials, int64_t n,
                                               int64_t vec) {
   constexpr int V = 16 / sizeof(T);
+  allow_dependent_launch();  // the map may be scheduled now: it waits for this whole grid first
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
   Extremes<T> m;
   int64_t done = 0;
@@ -369,6 +371,9 @@ __device__ __forceinline__ void normalize_volume(const Tin* x, Tout* y, int64_t 
                                                  int64_t count, float lo, float hi, int64_t flags,
                                                  int64_t vec) {
   if (flags & (RAWOPS_IMAGE_FLAG_LO | RAWOPS_IMAGE_FLAG_HI)) {
+    // Launched programmatically dependent on the min/max pass on sm_90 (rawops/image.py): its
+    // partials, and its reads of x (y may be x), are complete past this wait.
+    wait_for_previous_grid();
     float2 m = make_float2(INFINITY, -INFINITY);
     for (int64_t i = threadIdx.x; i < count; i += blockDim.x) m = MinMaxOp()(m, partials[i]);
     __shared__ typename BlockMinMax::TempStorage storage;

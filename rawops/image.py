@@ -313,14 +313,17 @@ def launch_normalize_volume(device, stream, x, y, n, in_dtype, out_dtype, lo, hi
     """The min/max pass (where flags take a bound from it; partials: float32 scratch of
     partials_size values, else 0) and the map pass; n > 0."""
     (reduce_blocks, map_blocks), minmax, normalize = _volume_plan(n, in_dtype, out_dtype, device)
-    count = 0
+    count, dependent = 0, False
     if flags & (FLAG_LO | FLAG_HI):
         launch(minmax, (reduce_blocks,), THREADS, 0, stream, (x, partials, n, int(x % 16 == 0)), KINDS["volume_minmax"],
                device)
         count = reduce_blocks
+        # The map waits for the min/max grid before its first read of the partials (kernels/image.cu),
+        # so on sm_90+ it is launched programmatically dependent: its launch overlaps that grid's end.
+        dependent = config.dependent_launch and _modules.compute_capability(device) >= 90
     launch(normalize, (map_blocks,), THREADS, 0, stream,
            (x, y, n, partials, count, lo, hi, flags, int(x % 16 == 0 and y % 16 == 0)), KINDS["normalize_volume_fwd"],
-           device)
+           device, dependent)
 
 
 # ------------------------------------------------------------------------------ CuPy API
