@@ -45,7 +45,7 @@ import numpy
 
 from ._launch import (DTYPE_NAMES, NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, stream_pointer,
                       wait_for_producer)
-from . import _constants, _modules, _rows
+from . import _constants, _modules, _rows, config
 
 FAMILY = "image"
 

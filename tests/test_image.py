@@ -595,6 +595,31 @@ def test_normalize_volume_constant_volume_gives_zeros(in_dtype):
 
 
 @pytest.mark.gpu
+def test_normalize_volume_captured_in_a_cuda_graph():
+    # On sm_90 the map is a programmatic dependent launch of the min/max pass: captured, the graph
+    # keeps that edge; a volume written before each replay (by torch, just ahead) is what it reads.
+    import torch
+
+    from rawops import torch_adapter as ta
+
+    v = torch.randint(0, 256, (64, 4096), dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ta.normalize_volume(v)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = ta.normalize_volume(v, out_dtype=torch.float16)
+    for top in (255, 17):
+        v.copy_(torch.randint(3, top + 1, v.shape, dtype=torch.uint8, device="cuda"))
+        graph.replay()
+        f = v.float()
+        ref = ((f - f.min()) / (f.max() - f.min())).half()
+        assert torch.equal(got, ref), f"replay with voxels up to {top}"
+
+
+@pytest.mark.gpu
 def test_normalize_volume_in_place_misaligned_and_empty():
     import cupy
 
