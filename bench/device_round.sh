@@ -18,6 +18,7 @@
 #     the device tool's copy of the tree may carry an older .git: pass it from the CPU machine)
 #   RAWOPS_BUNDLE=1   pack $OUT into $OUT/results.tgz (+ round.log beside it): the device tool brings
 #     back few files
+#   RAWOPS_SANITIZE="memcheck racecheck"   run test files under compute-sanitizer too (see below)
 #   RAWOPS_DEADLINE_S=540   stop starting tests and benches this many seconds after the script's start,
 #     and cut the one running then (timeout): the results so far still come back bundled
 #   .whl/nvidia_cutlass-*.whl (carried): CuTe headers for the Hopper GEMM (no network there)
@@ -90,6 +91,41 @@ for f in ${RAWOPS_TESTS:-$(ls tests/test_*.py | grep -v -e test_packaging -e tes
   echo "$f: $(tail -1 "$LOG")"
 done
 grep -E "^(FAILED|ERROR)" "$LOG" | head -40
+# compute-sanitizer (issue 26, item 7): each tool of RAWOPS_SANITIZE (memcheck, racecheck, synccheck,
+# initcheck; "tool:tests/a.py,tests/b.py" gives a tool its own files) over each file of
+# RAWOPS_SANITIZE_TESTS (default: the test files above), one process a file, pytest args from
+# RAWOPS_SANITIZE_ARGS (say -k to narrow a slow tool), each file cut at RAWOPS_SANITIZE_FILE_S (exit
+# 124: the table says how far it got); a tool's error makes the file's exit code 86.
+# Logs in $OUT/sanitizer/, the table in $OUT/<gpu>/sanitizer.md.
+if [ -n "${RAWOPS_SANITIZE:-}" ]; then
+  gpu=$(python3 -c "import sys; sys.path.insert(0, 'bench'); from timing import gpu_key; print(gpu_key())")
+  mkdir -p "$OUT/sanitizer" "$OUT/$gpu"
+  table="$OUT/$gpu/sanitizer.md"
+  { echo "# compute-sanitizer over the GPU tests ($gpu)"; echo
+    echo "- commit: $RAWOPS_COMMIT"; echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "- command: RAWOPS_SANITIZE=\"$RAWOPS_SANITIZE\" RAWOPS_SANITIZE_TESTS=\"${RAWOPS_SANITIZE_TESTS:-}\" RAWOPS_SANITIZE_ARGS=\"${RAWOPS_SANITIZE_ARGS:-}\" bash bench/device_round.sh"
+    echo "- $(compute-sanitizer --version | tail -1)"; echo
+    echo "| tool | test file | pytest | tool summary | exit | seconds |"; echo "|---|---|---|---|---|---|"; } >"$table"
+  for entry in $RAWOPS_SANITIZE; do
+    tool=${entry%%:*}
+    files=${RAWOPS_SANITIZE_TESTS:-${RAWOPS_TESTS:-$(ls tests/test_*.py | grep -v -e test_packaging -e test_nvrtc)}}
+    [ "$entry" != "$tool" ] && files=${entry#*:} && files=${files//,/ }
+    for f in $files; do
+      if [ "$(left)" -lt 30 ]; then echo "| $tool | $f | not run (RAWOPS_DEADLINE_S) | | | |" >>"$table"; tests_rc=1; continue; fi
+      log="$OUT/sanitizer/${tool}_$(basename "$f" .py).log"
+      t0=$(date +%s)
+      cap=${RAWOPS_SANITIZE_FILE_S:-600}
+      timeout "$(( $(left) < cap ? $(left) : cap ))" compute-sanitizer --tool "$tool" --error-exitcode 86 --report-api-errors no \
+        $( [ "$tool" = racecheck ] && echo --racecheck-report hazard ) \
+        python3 -m pytest "$f" -q -p no:cacheprovider ${RAWOPS_SANITIZE_ARGS:-} >"$log" 2>&1
+      rc=$?
+      [ $rc -eq 0 ] || tests_rc=1
+      result=$(grep -E "[0-9]+ (passed|failed)|no tests ran" "$log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')
+      echo "| $tool | $f | ${result:-see log} | ${summary:-none printed} | $rc | $(( $(date +%s) - t0 )) |" | tee -a "$table"
+    done
+  done
+fi
 bench_rc=0
 for b in ${RAWOPS_BENCH:-$(cd bench && ls bench_*.py | sed "s/^bench_//; s/\.py$//")}; do
   [ "$b" = none ] && continue
