@@ -121,6 +121,7 @@ if [ -n "${RAWOPS_SANITIZE:-}" ]; then
       rc=$?
       [ $rc -eq 0 ] || tests_rc=1
       result=$(grep -E "[0-9]+ (passed|failed)|no tests ran" "$log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
+      [ $rc -eq 124 ] && result="cut at $(grep -o '\[ *[0-9]*%\]' "$log" | tail -1 | tr -d '[] ') of the file's tests"
       summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')
       echo "| $tool | $f | ${result:-see log} | ${summary:-none printed} | $rc | $(( $(date +%s) - t0 )) |" | tee -a "$table"
     done
