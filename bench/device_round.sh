@@ -121,7 +121,11 @@ if [ -n "${RAWOPS_SANITIZE:-}" ]; then
       rc=$?
       [ $rc -eq 0 ] || tests_rc=1
       result=$(grep -E "[0-9]+ (passed|failed)|no tests ran" "$log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
-      [ $rc -eq 124 ] && result="cut at $(grep -o '\[ *[0-9]*%\]' "$log" | tail -1 | tr -d '[] ') of the file's tests"
+      if [ $rc -eq 124 ]; then  # cut: how far pytest got, or that only the tool's exit was cut
+        done_at=$(grep -o '\[ *[0-9]*%\]' "$log" | tail -1 | tr -d '[] ')
+        if [ -n "$result" ]; then result="$result (the tool cut while exiting)"
+        else result="cut at ${done_at:-0%} of the file's tests"; fi
+      fi
       summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')
       echo "| $tool | $f | ${result:-see log} | ${summary:-none printed} | $rc | $(( $(date +%s) - t0 )) |" | tee -a "$table"
     done
