@@ -1,0 +1,171 @@
+"""Small calls of the kernels that use shared memory, a shape or two each on their block paths, for
+compute-sanitizer's racecheck (issue 26, item 7: bench/device_round.sh with
+RAWOPS_SANITIZE="racecheck:tests/test_sanitizer_small.py"). Racecheck tracks every shared-memory
+access, and the other files' shapes do not finish under it (test_sorting.py: no test in 150 s on the
+H200). Each call is also checked against torch in float64, so the file is a plain GPU test as well."""
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _check_forward_backward(ours, reference, inputs, dtype, what, factor=4):
+    """ours(*inputs) against reference(*inputs in float64), and the gradients of both against one
+    random dy, every input's."""
+    import torch
+    from gpu_reference import assert_close
+
+    leaves = [t.detach().requires_grad_(True) for t in inputs]
+    out = ours(*leaves)
+    dy = torch.randn(out.shape, device="cuda").to(out.dtype)
+    grads = torch.autograd.grad(out, leaves, dy)
+    ref_leaves = [t.detach().double().requires_grad_(True) for t in inputs]
+    ref = reference(*ref_leaves)
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dy.double())
+    assert_close(out.detach(), ref.detach(), dtype, what)
+    for i, (g, r) in enumerate(zip(grads, ref_grads)):
+        assert_close(g, r, dtype, f"{what}: gradient of input {i}", factor=factor)
+
+
+@pytest.mark.parametrize("n", [1024, 4096, 20000])  # a block tile; 16 keys a thread (16-bit: packed); the merge
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "int64"])
+def test_sort_block_paths(dtype, n):
+    import torch
+
+    from rawops import torch_adapter as ta
+
+    dt = getattr(torch, dtype)
+    if dt.is_floating_point:
+        x = torch.randn(3, n, device="cuda").to(dt)
+    else:
+        x = torch.randint(-50, 50, (3, n), device="cuda", dtype=dt)  # many ties
+    for descending in (False, True):
+        values, indices = ta.sort(x, descending=descending)
+        ref = torch.sort(x, descending=descending, stable=True)
+        assert torch.equal(indices, ref.indices), f"{dtype} {n} descending={descending}: indices"
+        assert torch.equal(values, ref.values), f"{dtype} {n} descending={descending}: values"
+
+
+@pytest.mark.parametrize("shape,k", [((4, 1024), 8), ((2, 40000), 50)])  # a warp a row; the block select
+def test_topk_paths(shape, k):
+    import torch
+
+    from rawops import torch_adapter as ta
+
+    x = torch.randn(shape, device="cuda")
+    values, indices = ta.topk(x, k)
+    assert torch.equal(values, torch.topk(x, k).values)
+    assert torch.equal(x.gather(-1, indices), values)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_norms_forward_and_backward(dtype):
+    import torch
+    import torch.nn.functional as F
+    from gpu_reference import random
+
+    from rawops import torch_adapter as ta
+
+    dt = getattr(torch, dtype)
+    x, w, b = random((8, 4096), dt), random((4096,), dt), random((4096,), dt)
+    _check_forward_backward(lambda x, w, b: ta.layer_norm(x, (4096,), w, b),
+                            lambda x, w, b: F.layer_norm(x, (4096,), w, b), (x, w, b), dt, f"layer_norm {dtype}")
+    _check_forward_backward(lambda x, w: ta.rms_norm(x, (4096,), w, 1e-6),
+                            lambda x, w: F.rms_norm(x, (4096,), w, 1e-6), (x, w), dt, f"rms_norm {dtype}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_softmaxes_forward_and_backward(dtype):
+    import torch
+    from gpu_reference import random
+
+    from rawops import torch_adapter as ta
+
+    dt = getattr(torch, dtype)
+    x = random((4, 4096), dt)
+    _check_forward_backward(lambda x: ta.softmax(x, -1), lambda x: torch.softmax(x, -1), (x,), dt, "softmax")
+    _check_forward_backward(lambda x: ta.log_softmax(x, -1), lambda x: torch.log_softmax(x, -1), (x,), dt,
+                            "log_softmax")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_bias_gelu_backward_tiles(dtype):
+    import torch
+    import torch.nn.functional as F
+    from gpu_reference import random
+
+    from rawops import torch_adapter as ta
+
+    dt = getattr(torch, dtype)
+    x, b = random((512, 1024), dt), random((1024,), dt)
+    _check_forward_backward(lambda x, b: ta.bias_gelu(x, b), lambda x, b: F.gelu(x + b), (x, b), dt, "bias_gelu")
+
+
+def test_normalize_volume_min_max():
+    import torch
+
+    from rawops import torch_adapter as ta
+
+    v = torch.randint(0, 256, (64, 4096), dtype=torch.uint8, device="cuda")
+    f = v.float()
+    ref = (f - f.min()) / (f.max() - f.min())
+    assert torch.equal(ta.normalize_volume(v), ref)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cross_entropy_rows(dtype):
+    import torch
+    import torch.nn.functional as F
+    from gpu_reference import random
+
+    from rawops import torch_adapter as ta
+
+    dt = getattr(torch, dtype)
+    logits = random((8, 32000), dt)
+    target = torch.randint(0, 32000, (8,), device="cuda")
+    _check_forward_backward(lambda z: ta.cross_entropy(z, target), lambda z: F.cross_entropy(z, target), (logits,),
+                            dt, f"cross_entropy {dtype}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fused_mlp_64_wide(dtype):
+    # The register-resident forward and the fused backward (weights and partials in shared memory).
+    import copy
+
+    import torch
+    from gpu_reference import assert_close, random
+
+    from rawops import torch_adapter as ta
+
+    dt = getattr(torch, dtype)
+    layers = []
+    for _ in range(5):
+        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+    net = torch.nn.Sequential(*layers[:-1]).cuda().to(dt)
+    fused = ta.FusedMLP.from_sequential(net)  # copies the weights
+    net64 = copy.deepcopy(net).double()
+    linears = [m for m in net64 if isinstance(m, torch.nn.Linear)]
+    x = random((512, 64), dt, scale=1.0)
+    with torch.no_grad():
+        assert_close(fused(x), net64(x.double()), dt, f"fused_mlp {dtype} inference", factor=4)
+    xg = x.detach().requires_grad_(True)
+    out = fused(xg)
+    dy = torch.randn(out.shape, device="cuda").to(dt)
+    grads = torch.autograd.grad(out, [xg, *fused.weights, *fused.biases], dy)
+    x64 = x.double().requires_grad_(True)
+    ref = net64(x64)
+    ref_grads = torch.autograd.grad(ref, [x64, *(m.weight for m in linears), *(m.bias for m in linears)], dy.double())
+    assert_close(out.detach(), ref.detach(), dt, f"fused_mlp {dtype} training forward", factor=4)
+    for i, (g, r) in enumerate(zip(grads, ref_grads)):
+        assert_close(g, r, dt, f"fused_mlp {dtype}: gradient {i} (x, weights, biases)", factor=8)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_matmul_tiles(dtype):
+    import torch
+    from gpu_reference import random
+
+    from rawops import torch_adapter as ta
+
+    dt = getattr(torch, dtype)
+    a, b = random((192, 256), dt, scale=1.0), random((256, 320), dt, scale=1.0)
+    _check_forward_backward(lambda a, b: ta.matmul(a, b), lambda a, b: a @ b, (a, b), dt, f"matmul {dtype}")
