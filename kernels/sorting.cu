@@ -97,11 +97,6 @@ __device__ __forceinline__ void sort_warp(const T* __restrict__ x, T* __restrict
 }
 
 // ------------------------------------------------------------------------------ n <= one tile
-// A (key, position) pair as one word, key above position (sort_net; BlockSort's packed path).
-template <typename Bits> struct NetWord;
-template <> struct NetWord<unsigned short> { using Type = unsigned; };
-template <> struct NetWord<unsigned> { using Type = unsigned long long; };
-
 // A block's LSD radix sort of THREADS x ITEMS keys carrying 16-bit positions, 8-bit digits, one
 // cub ranking a digit: EARLY, cub::BlockRadixRankMatchEarlyCounts (a warp's digit histogram by
 // shared atomics first, then each key's rank among its warp's equal digits by atomicOr masks);
@@ -109,14 +104,8 @@ template <> struct NetWord<unsigned> { using Type = unsigned long long; };
 // warp-striped order (warp w, key i, lane l: slot w * 32 * ITEMS + i * 32 + l), so keys go in
 // and every pass reads them back in that order, which is what makes the sort stable; loads in
 // that order are coalesced too. The last pass reads back striped (slot i * THREADS + t), so a
-// row's results are stored coalesced.
-// 16-bit keys of 16 a thread travel packed with their positions in 32-bit words (NetWord; the
-// digit read from the word's upper half): one exchange a pass, one store and one load a key
-// where key and position apart took two of each, and 16 registers fewer (the 4096-key tile
-// 96 -> 80: three blocks an SM, not two; H200 bf16 4096 x 4096 263 -> 193 us). Elsewhere the
-// words were slower (dev/time_sort_tiles.py: more registers, fewer blocks an SM), so other keys
-// exchange key and position apart, the last pass the positions alone unless the caller wants
-// the keys.
+// row's results are stored coalesced, and exchanges the keys only when the caller wants them
+// (values are gathered from x by position, never decoded from keys).
 template <typename Bits, int THREADS, int ITEMS, bool EARLY>
 struct BlockSort {
   static constexpr int kTile = THREADS * ITEMS;
@@ -126,12 +115,8 @@ struct BlockSort {
       cub::BlockRadixRankMatchEarlyCounts<THREADS, kRadixBits, false, cub::BLOCK_SCAN_WARP_SCANS,
                                           cub::WARP_MATCH_ATOMIC_OR>,
       cub::BlockRadixRankMatch<THREADS, kRadixBits, false>>;
-  static constexpr bool kPacked = sizeof(Bits) == 2 && ITEMS >= 16;
-  using Word = unsigned;  // packed: key << 16 | position
-  static constexpr int kPosBits = 16;
   // Keys and positions exchanged together while both fit 32 KB, else one after the other.
   static constexpr bool kTogether = kTile * (sizeof(Bits) + sizeof(unsigned short)) <= 32768;
-  static_assert(!kPacked || kTile * sizeof(Word) <= 32768, "the packed words take 32 KB at most");
   struct Exchange {
     Bits keys[kTile];
     unsigned short pos[kTogether ? kTile : 1];
@@ -140,15 +125,6 @@ struct BlockSort {
     typename Rank::TempStorage rank;
     Exchange exchange;
     unsigned short pos[kTile];
-    Word words[kPacked ? kTile : 1];
-  };
-
-  // Bits [bit, bit + bits) of a packed word's key (cub's rankings take any extractor with Digit).
-  struct WordDigit {
-    unsigned bit, mask;
-    __device__ __forceinline__ unsigned Digit(Word w) const {
-      return (static_cast<unsigned>(w >> kPosBits) >> bit) & mask;
-    }
   };
 
   // Where item i of this thread sits in the order the ranking is stable in.
@@ -156,9 +132,9 @@ struct BlockSort {
     return (threadIdx.x >> 5) * (32 * ITEMS) + i * 32 + (threadIdx.x & 31);
   }
 
-  template <typename Key, typename Digit>
-  static __device__ __forceinline__ void rank(TempStorage& temp, Key (&keys)[ITEMS], int (&ranks)[ITEMS],
-                                              Digit digit) {
+  static __device__ __forceinline__ void rank(TempStorage& temp, Bits (&keys)[ITEMS], int (&ranks)[ITEMS], int bit,
+                                              int bits) {
+    const cub::BFEDigitExtractor<Bits> digit(bit, bits);
     if constexpr (EARLY) {
       int exclusive_digit_prefix[Rank::BINS_PER_THREAD];
       Rank(temp.rank).RankKeys(keys, ranks, digit, exclusive_digit_prefix);
@@ -167,71 +143,44 @@ struct BlockSort {
     }
   }
 
-  // Sorts bits [0, end_bit) of keys, stable; on return pos[i] (and keys[i] when WANT_KEYS; the
-  // packed path always) is sorted slot i * THREADS + threadIdx.x (striped). Ends with a
-  // barrier: temp may be reused.
+  // Sorts bits [0, end_bit) of keys, stable; on return pos[i] (and keys[i] when WANT_KEYS) is
+  // sorted slot i * THREADS + threadIdx.x (striped). Ends with a barrier: temp may be reused.
   template <bool WANT_KEYS>
   static __device__ __forceinline__ void sort(TempStorage& temp, Bits (&keys)[ITEMS], unsigned short (&pos)[ITEMS],
                                               int end_bit) {
-    if constexpr (kPacked) {
-      Word words[ITEMS];
+    for (int bit = 0; bit < end_bit; bit += kRadixBits) {
+      const bool last = bit + kRadixBits >= end_bit;
+      int ranks[ITEMS];
+      rank(temp, keys, ranks, bit, end_bit - bit < kRadixBits ? end_bit - bit : int(kRadixBits));
+      __syncthreads();
+      if ((last && !WANT_KEYS) || !kTogether) {
 #pragma unroll
-      for (int i = 0; i < ITEMS; ++i) words[i] = (static_cast<Word>(keys[i]) << kPosBits) | pos[i];
-      for (int bit = 0; bit < end_bit; bit += kRadixBits) {
-        const bool last = bit + kRadixBits >= end_bit;
-        const int bits = end_bit - bit < kRadixBits ? end_bit - bit : int(kRadixBits);
-        int ranks[ITEMS];
-        rank(temp, words, ranks, WordDigit{static_cast<unsigned>(bit), (1u << bits) - 1u});
+        for (int i = 0; i < ITEMS; ++i) temp.pos[ranks[i]] = pos[i];
         __syncthreads();
 #pragma unroll
-        for (int i = 0; i < ITEMS; ++i) temp.words[ranks[i]] = words[i];
+        for (int i = 0; i < ITEMS; ++i) pos[i] = temp.pos[last ? i * THREADS + threadIdx.x : slot(i)];
+        __syncthreads();
+        if (last && !WANT_KEYS) break;
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) temp.exchange.keys[ranks[i]] = keys[i];
         __syncthreads();
 #pragma unroll
-        for (int i = 0; i < ITEMS; ++i) words[i] = temp.words[last ? i * THREADS + threadIdx.x : slot(i)];
-        __syncthreads();
-      }
+        for (int i = 0; i < ITEMS; ++i) keys[i] = temp.exchange.keys[last ? i * THREADS + threadIdx.x : slot(i)];
+      } else {
 #pragma unroll
-      for (int i = 0; i < ITEMS; ++i) {
-        keys[i] = static_cast<Bits>(words[i] >> kPosBits);
-        pos[i] = static_cast<unsigned short>(words[i]);
-      }
-      return;
-    } else {
-      for (int bit = 0; bit < end_bit; bit += kRadixBits) {
-        const bool last = bit + kRadixBits >= end_bit;
-        int ranks[ITEMS];
-        rank(temp, keys, ranks,
-             cub::BFEDigitExtractor<Bits>(bit, end_bit - bit < kRadixBits ? end_bit - bit : int(kRadixBits)));
-        __syncthreads();
-        if ((last && !WANT_KEYS) || !kTogether) {
-#pragma unroll
-          for (int i = 0; i < ITEMS; ++i) temp.pos[ranks[i]] = pos[i];
-          __syncthreads();
-#pragma unroll
-          for (int i = 0; i < ITEMS; ++i) pos[i] = temp.pos[last ? i * THREADS + threadIdx.x : slot(i)];
-          __syncthreads();
-          if (last && !WANT_KEYS) break;
-#pragma unroll
-          for (int i = 0; i < ITEMS; ++i) temp.exchange.keys[ranks[i]] = keys[i];
-          __syncthreads();
-#pragma unroll
-          for (int i = 0; i < ITEMS; ++i) keys[i] = temp.exchange.keys[last ? i * THREADS + threadIdx.x : slot(i)];
-        } else {
-#pragma unroll
-          for (int i = 0; i < ITEMS; ++i) {
-            temp.exchange.keys[ranks[i]] = keys[i];
-            temp.exchange.pos[ranks[i]] = pos[i];
-          }
-          __syncthreads();
-#pragma unroll
-          for (int i = 0; i < ITEMS; ++i) {
-            const int from = last ? i * THREADS + threadIdx.x : slot(i);
-            keys[i] = temp.exchange.keys[from];
-            pos[i] = temp.exchange.pos[from];
-          }
+        for (int i = 0; i < ITEMS; ++i) {
+          temp.exchange.keys[ranks[i]] = keys[i];
+          temp.exchange.pos[ranks[i]] = pos[i];
         }
         __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+          const int from = last ? i * THREADS + threadIdx.x : slot(i);
+          keys[i] = temp.exchange.keys[from];
+          pos[i] = temp.exchange.pos[from];
+        }
       }
+      __syncthreads();
     }
   }
 };
@@ -512,6 +461,10 @@ __device__ __forceinline__ void block_merge(const Bits* __restrict__ keys_in, co
 // which key does not matter to a sorting network), padding the largest key with positions >= n;
 // the sorted slots are stored from the striped layout (a last transpose), coalesced, values
 // decoded from the keys (sort_value), gathered from x by position only for NaN and zero keys.
+template <typename Bits> struct NetWord;
+template <> struct NetWord<unsigned short> { using Type = unsigned; };
+template <> struct NetWord<unsigned> { using Type = unsigned long long; };
+
 template <typename Word, int ITEMS>
 __device__ __forceinline__ void net_transpose(Word (&v)[ITEMS], Word* own, bool to_striped) {
   const int lane = threadIdx.x & 31;
