@@ -26,7 +26,7 @@ def _check_forward_backward(ours, reference, inputs, dtype, what, factor=4):
         assert_close(g, r, dtype, f"{what}: gradient of input {i}", factor=factor)
 
 
-@pytest.mark.parametrize("n", [1024, 4096, 20000])  # a block tile; 16 keys a thread (16-bit: packed); the merge
+@pytest.mark.parametrize("n", [1024, 4096, 20000])  # block tiles of 8 and 16 keys a thread; the merge
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "int64"])
 def test_sort_block_paths(dtype, n):
     import torch
