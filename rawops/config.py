@@ -47,7 +47,8 @@ SWITCHES = {
     "exact_half_dbias": (True, "float16 bias_gelu backwards of >= 2^24 elements sum dbias exactly in int64 fixed "
                                "point (deterministic bits in any order); False: float32 partial rows."),
     "dependent_launch": (True, "on sm_90+ a kernel that only finishes its predecessor's work (the column sums, "
-                               "the MLP's gradient reduce) is launched programmatically dependent."),
+                               "the MLP's gradient reduce, normalize_volume's map) is launched programmatically "
+                               "dependent."),
     "dev_kernels": (False, "kernel authors: rebuild an edited kernels/<family>.cu of a source checkout with nvcc "
                            "for the current GPU at first use, cached by content hash (needs nvcc)."),
     "force_nvrtc": (False, "compile the shipped kernel sources with NVRTC even where a fatbin exists (tests)."),
