@@ -129,10 +129,13 @@ def test_cross_entropy_rows(dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_fused_mlp_64_wide(dtype):
     # The register-resident forward and the fused backward (weights and partials in shared memory).
+    # Gradients against float64 are held to torch's own same-dtype autograd error there: a hidden
+    # pre-activation within rounding of the ReLU's kink flips its mask in any half-type forward
+    # (tests/test_mlp.py builds its references on the kernel's own z for that reason).
     import copy
 
     import torch
-    from gpu_reference import assert_close, random
+    from gpu_reference import TOLERANCE, assert_close, random
 
     from rawops import torch_adapter as ta
 
@@ -143,20 +146,28 @@ def test_fused_mlp_64_wide(dtype):
     net = torch.nn.Sequential(*layers[:-1]).cuda().to(dt)
     fused = ta.FusedMLP.from_sequential(net)  # copies the weights
     net64 = copy.deepcopy(net).double()
-    linears = [m for m in net64 if isinstance(m, torch.nn.Linear)]
     x = random((512, 64), dt, scale=1.0)
     with torch.no_grad():
         assert_close(fused(x), net64(x.double()), dt, f"fused_mlp {dtype} inference", factor=4)
-    xg = x.detach().requires_grad_(True)
-    out = fused(xg)
-    dy = torch.randn(out.shape, device="cuda").to(dt)
-    grads = torch.autograd.grad(out, [xg, *fused.weights, *fused.biases], dy)
-    x64 = x.double().requires_grad_(True)
-    ref = net64(x64)
-    ref_grads = torch.autograd.grad(ref, [x64, *(m.weight for m in linears), *(m.bias for m in linears)], dy.double())
-    assert_close(out.detach(), ref.detach(), dt, f"fused_mlp {dtype} training forward", factor=4)
-    for i, (g, r) in enumerate(zip(grads, ref_grads)):
-        assert_close(g, r, dt, f"fused_mlp {dtype}: gradient {i} (x, weights, biases)", factor=8)
+    dy = torch.randn(512, 64, device="cuda").to(dt)
+
+    def gradients(model, inp, weights, biases):
+        leaf = inp.detach().requires_grad_(True)
+        return torch.autograd.grad(model(leaf), [leaf, *weights, *biases], dy.to(inp.dtype))
+
+    def linears(m):
+        return [layer for layer in m if isinstance(layer, torch.nn.Linear)]
+
+    ours = gradients(fused, x, fused.weights, fused.biases)
+    theirs = gradients(net, x, [m.weight for m in linears(net)], [m.bias for m in linears(net)])
+    ref = gradients(net64, x.double(), [m.weight for m in linears(net64)], [m.bias for m in linears(net64)])
+    for i, (g, t, r) in enumerate(zip(ours, theirs, ref)):
+        assert not torch.isnan(g).any(), f"fused_mlp {dtype}: NaN in gradient {i}"
+        error = ((g.double() - r).norm() / r.norm()).item()
+        torch_error = ((t.double() - r).norm() / r.norm()).item()
+        bound = max(4 * TOLERANCE[dt], 2 * torch_error)
+        assert error <= bound, f"fused_mlp {dtype}: gradient {i} error {error:.3g} > {bound:.3g} " \
+                               f"(torch's {torch_error:.3g})"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
