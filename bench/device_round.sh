@@ -84,7 +84,8 @@ fi
 python3 -m rawops info 2>&1 | tee -a "$LOG" | head -4
 tests_rc=0
 # test_packaging and test_nvrtc need no GPU (CI runs them) and take two minutes: skipped here.
-for f in ${RAWOPS_TESTS:-$(ls tests/test_*.py | grep -v -e test_packaging -e test_nvrtc)}; do
+default_tests=$(ls tests/test_*.py | grep -v -e test_packaging -e test_nvrtc)
+for f in ${RAWOPS_TESTS:-$default_tests}; do
   if [ "$(left)" -lt 15 ]; then echo "$f: not run (RAWOPS_DEADLINE_S)" | tee -a "$LOG"; tests_rc=1; continue; fi
   echo "== $f" >>"$LOG"
   timeout "$(left)" python3 -m pytest "$f" -q -rs -p no:cacheprovider "$@" >>"$LOG" 2>&1 || tests_rc=1
@@ -108,7 +109,7 @@ if [ -n "${RAWOPS_SANITIZE:-}" ]; then
     echo "| tool | test file | pytest | tool summary | exit | seconds |"; echo "|---|---|---|---|---|---|"; } >"$table"
   for entry in $RAWOPS_SANITIZE; do
     tool=${entry%%:*}
-    files=${RAWOPS_SANITIZE_TESTS:-${RAWOPS_TESTS:-$(ls tests/test_*.py | grep -v -e test_packaging -e test_nvrtc)}}
+    files=${RAWOPS_SANITIZE_TESTS:-${RAWOPS_TESTS:-$default_tests}}
     [ "$entry" != "$tool" ] && files=${entry#*:} && files=${files//,/ }
     for f in $files; do
       if [ "$(left)" -lt 30 ]; then echo "| $tool | $f | not run (RAWOPS_DEADLINE_S) | | | |" >>"$table"; tests_rc=1; continue; fi

@@ -132,36 +132,29 @@ def test_fused_mlp_64_wide(dtype):
     # Gradients against float64 are held to torch's own same-dtype autograd error there: a hidden
     # pre-activation within rounding of the ReLU's kink flips its mask in any half-type forward
     # (tests/test_mlp.py builds its references on the kernel's own z for that reason).
-    import copy
-
     import torch
     from gpu_reference import TOLERANCE, assert_close, random
+    from mlp_reference import grads64, sequential
 
     from rawops import torch_adapter as ta
 
     dt = getattr(torch, dtype)
-    layers = []
-    for _ in range(5):
-        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
-    net = torch.nn.Sequential(*layers[:-1]).cuda().to(dt)
+    net = sequential(torch, (64,) * 6, "relu", "none", dt)
     fused = ta.FusedMLP.from_sequential(net)  # copies the weights
-    net64 = copy.deepcopy(net).double()
     x = random((512, 64), dt, scale=1.0)
-    with torch.no_grad():
-        assert_close(fused(x), net64(x.double()), dt, f"fused_mlp {dtype} inference", factor=4)
     dy = torch.randn(512, 64, device="cuda").to(dt)
+    y64, dx64, dw64, db64 = grads64(net, x, dy)
+    with torch.no_grad():
+        assert_close(fused(x), y64, dt, f"fused_mlp {dtype} inference", factor=4)
 
-    def gradients(model, inp, weights, biases):
-        leaf = inp.detach().requires_grad_(True)
-        return torch.autograd.grad(model(leaf), [leaf, *weights, *biases], dy.to(inp.dtype))
+    def gradients(model, weights, biases):
+        leaf = x.detach().requires_grad_(True)
+        return torch.autograd.grad(model(leaf), [leaf, *weights, *biases], dy)
 
-    def linears(m):
-        return [layer for layer in m if isinstance(layer, torch.nn.Linear)]
-
-    ours = gradients(fused, x, fused.weights, fused.biases)
-    theirs = gradients(net, x, [m.weight for m in linears(net)], [m.bias for m in linears(net)])
-    ref = gradients(net64, x.double(), [m.weight for m in linears(net64)], [m.bias for m in linears(net64)])
-    for i, (g, t, r) in enumerate(zip(ours, theirs, ref)):
+    ours = gradients(fused, fused.weights, fused.biases)
+    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
+    theirs = gradients(net, [m.weight for m in linears], [m.bias for m in linears])
+    for i, (g, t, r) in enumerate(zip(ours, theirs, [dx64, *dw64, *db64], strict=True)):
         assert not torch.isnan(g).any(), f"fused_mlp {dtype}: NaN in gradient {i}"
         error = ((g.double() - r).norm() / r.norm()).item()
         torch_error = ((t.double() - r).norm() / r.norm()).item()
