@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Nsight Compute (full set, text) of the kernels under their bars on the H200: the 1024-key row
-# sort (issue 27) and the 64-wide f16 fused MLP forward (issue 26). Writes $1/ncu_<name>.txt.
-#   bash dev/ncu_targets.sh "$OUT" [names...]   (names: sort mlp; default both)
+# sort (issue 27), the 64-wide f16 fused MLP forward and the 16-bit norm backwards (layer_norm's
+# beside rms_norm's, bf16 16384 x 4096; issue 26). Writes $1/ncu_<name>.txt.
+#   bash dev/ncu_targets.sh "$OUT" [names...]   (names: sort mlp norm; default sort mlp)
 out=${1:?output folder}; shift
 names=${*:-sort mlp}
 mlp_setup="import torch.nn as nn
 net = nn.Sequential(*[m for i in range(5) for m in (nn.Linear(64, 64), nn.ReLU())][:-1]).cuda().half()
 m = ta.FusedMLP.from_sequential(net)"
+norm_setup="import cupy
+from rawops import norm
+mean = torch.randn(16384, device='cuda') * 0.1
+rstd = torch.rand(16384, device='cuda') + 0.5
+X, DY, W, M, R = (cupy.from_dlpack(t) for t in (x, dy, w, mean, rstd))"
 prof() {
   local name=$1; shift
   timeout 240 ncu --profile-from-start off --set full "$@" > "$out/ncu_$name.txt" 2>&1
@@ -15,6 +21,8 @@ prof() {
 for name in $names; do
   case $name in
     sort) prof sort python dev/profile.py "ta.sort(x)" --shape 65536x1024 --dtype f32 ;;
+    norm) prof norm -k regex:'(layer|rms)_norm_bwd' python dev/profile.py "norm.layer_norm_backward(DY, X, W, M, R)" \
+      "norm.rms_norm_backward(DY, X, W, R)" --shape 16384x4096 --dtype bf16 --setup "$norm_setup" ;;
     mlp) prof mlp python dev/profile.py "with torch.no_grad(): m(x)" --shape 1048576x64 --dtype f16 --setup "$mlp_setup" ;;
   esac
 done

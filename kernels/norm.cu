@@ -458,7 +458,11 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   }
   constexpr int V = Vec16<T>::size;
   constexpr int ITEMS = kBwdVectors;
-  constexpr int K = RMS ? 1 : 3;  // sums a row reduces: sum(g (x - m)) [, sum(x - m), sum(g)]
+#ifndef RAWOPS_DEV_LN_K2
+#define RAWOPS_DEV_LN_K2 0
+#endif
+  constexpr bool SHIFTED = !RMS && !(RAWOPS_DEV_LN_K2 && sizeof(T) == 2);
+  constexpr int K = RMS ? 1 : (SHIFTED ? 3 : 2);  // sums a row reduces: sum(g (x - m)) [, sum(x - m)], sum(g)
   using Slice = RowSlice<T, ITEMS>;
   extern __shared__ float4 column_smem[];
   const float inv_n = 1.f / float(n);
@@ -486,7 +490,10 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
   __shared__ unsigned long long stage_bar[kBwdMaxStages];
   static_assert(kBwdMaxStages == 2, "the stage of row it is it % stages, written for stages 1 and 2");
   stages = stages < kBwdMaxStages ? stages : kBwdMaxStages;
-  const bool use_bulk = RMS && stages > 0 && !c.warp;  // layer_norm: no gain measured, and it spilled at 64
+#ifndef RAWOPS_DEV_LN_BULK
+#define RAWOPS_DEV_LN_BULK 0
+#endif
+  const bool use_bulk = (RMS || RAWOPS_DEV_LN_BULK) && stages > 0 && !c.warp;  // layer_norm: no gain measured, and it spilled at 64
   const int ops = (ADD && add.has) ? 3 : 2;
   T* const stage0 = reinterpret_cast<T*>(free_smem);
   const unsigned row_bytes = unsigned(n * int64_t(sizeof(T)));
@@ -566,9 +573,11 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
         }
       }
       sums[0] = s2;
-      if (!RMS) {
+      if constexpr (SHIFTED) {
         sums[1] = s0;
         sums[2] = s1;
+      } else if constexpr (!RMS) {
+        sums[1] = s1;
       }
     }
     // Decoded x and dy are recomputed after the reduction, not held across it.
@@ -579,7 +588,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
     // Past the reduction's barrier every thread holds its slice of this stage: refill it.
     if (use_bulk && threadIdx.x == 0 && row + stages * c.step < rows) post(stages == 1 ? 0 : (it & 1), row + stages * c.step);
 #endif
-    const float row_sums[3] = {RMS ? 0.f : sums[1], RMS ? 0.f : sums[2], sums[0]};
+    const float row_sums[3] = {SHIFTED ? sums[1] : 0.f, RMS ? 0.f : sums[K - 1], sums[0]};
     const NormRowTerms t = NormRowTerms::from<RMS>(row_sums, rstd, inv_n);
     T* dxr = dx + row * dx_stride;
 #pragma unroll
@@ -673,7 +682,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
 // weight / bias still arrive as valid pointers (x): nvcc hoists their loop-invariant loads
 // above the `has_w` test (seen in SASS: a null bias faulted), so a null pointer is unsafe.
 // The *_stride arguments: each operand's row stride in elements (rows.cuh).
-#define RAWOPS_NORM(name, RMS, T, suffix, FWD_MIN_BLOCKS, BWD_MIN_BLOCKS)                                      \
+#define RAWOPS_NORM(name, RMS, T, suffix, FWD_MIN_BLOCKS, BWD_BOUNDS)                                      \
   extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, FWD_MIN_BLOCKS)                         \
       name##_fwd_##suffix(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd, long long rows,  \
                           long long n, long long x_stride, long long y_stride, long long mode, long long vec,  \
@@ -682,7 +691,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                              vec & RAWOPS_NORM_FLAG_VECTORS, vec & RAWOPS_NORM_FLAG_WEIGHT,                   \
                              vec & RAWOPS_NORM_FLAG_BIAS);                                                     \
   }                                                                                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, BWD_MIN_BLOCKS)                         \
+  extern "C" __global__ void BWD_BOUNDS                         \
       name##_bwd_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, T* dx,    \
                           float* partial_dw, float* partial_db, long long rows, long long n, long long dy_stride, \
                           long long x_stride, long long dx_stride, long long mode, long long vec) {            \
@@ -691,9 +700,9 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                              vec & RAWOPS_NORM_FLAG_WEIGHT, {}, int(vec >> RAWOPS_NORM_STAGES_SHIFT) & 3);  \
   }
 
-#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)            \
-  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, LN_BWD_MIN_BLOCKS)                         \
-  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS, RMS_BWD_MIN_BLOCKS)                           \
+#define RAWOPS_NORM_FAMILY(T, suffix, FWD_MIN_BLOCKS, LN_BWD_BOUNDS, RMS_BWD_MIN_BLOCKS)            \
+  RAWOPS_NORM(layer_norm, false, T, suffix, FWD_MIN_BLOCKS, LN_BWD_BOUNDS)                         \
+  RAWOPS_NORM(rms_norm, true, T, suffix, FWD_MIN_BLOCKS, __launch_bounds__(rawops::kMaxRowThreads, RMS_BWD_MIN_BLOCKS))                           \
   extern "C" __global__ void __launch_bounds__(rawops::kParamColumns * rawops::kParamLanes)             \
       norm_param_grad_##suffix(const float* partial_dw, const float* partial_db, T* dw, T* db,         \
                                long long chunks, long long n) {                                        \
@@ -729,9 +738,14 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                                     vec & RAWOPS_NORM_FLAG_WEIGHT, add, int(vec >> RAWOPS_NORM_STAGES_SHIFT) & 3); \
   }
 
-RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
-RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
-RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
+#ifdef RAWOPS_DEV_LN_MAXNREG
+#define RAWOPS_LN_BWD_HALF_BOUNDS __maxnreg__(RAWOPS_DEV_LN_MAXNREG)
+#else
+#define RAWOPS_LN_BWD_HALF_BOUNDS __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)
+#endif
+RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks), rawops::kMinRowBlocks)
+RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, RAWOPS_LN_BWD_HALF_BOUNDS, 1)
+RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, RAWOPS_LN_BWD_HALF_BOUNDS, 1)
 RAWOPS_ADD_RMS_NORM(float, f32, __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks))
 RAWOPS_ADD_RMS_NORM(__half, f16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))
 RAWOPS_ADD_RMS_NORM(__nv_bfloat16, bf16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))
