@@ -293,6 +293,9 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
 //   sums: [0] sum(x - m), [1] sum(g), [2] sum(g * (x - m)), m the forward's float32 mean.
 // x - mean is taken as (x - m) - r with r = mean(x - m): exact even near a 1e4 offset, where
 // m alone carries ~5e-4 of rounding. Then mean(g * xhat) = rstd * (sum(g (x - m)) - r sum(g)) / n.
+#ifndef RAWOPS_DEV_NORM_FMA
+#define RAWOPS_DEV_NORM_FMA 0
+#endif
 // inv_n = 1 / n, computed once: three IEEE divisions a row cost ~30 instructions a thread.
 struct NormRowTerms {
   float r, rstd, mean_g, mean_gx;
@@ -303,13 +306,29 @@ struct NormRowTerms {
     t.rstd = rstd;
     t.mean_g = RMS ? 0.f : sums[1] * inv_n;
     t.mean_gx = rstd * (sums[2] - t.r * sums[1]) * inv_n;
+#if RAWOPS_DEV_NORM_FMA
+    t.shift = -t.r * rstd;
+    t.a = rstd * t.mean_gx;
+    t.c = -rstd * t.mean_g;
+#endif
     return t;
   }
+#if RAWOPS_DEV_NORM_FMA
+  float shift, a, c;
+  template <bool RMS>
+  __device__ __forceinline__ float xhat(float x, float m) const { return RMS ? x * rstd : fmaf(x - m, rstd, shift); }
+  template <bool RMS>
+  __device__ __forceinline__ float dx(float g, float xhat) const {
+    return RMS ? rstd * (g - xhat * mean_gx) : fmaf(g, rstd, fmaf(-xhat, a, c));
+  }
+#else
+  template <bool RMS>
   __device__ __forceinline__ float xhat(float x, float m) const { return ((x - m) - r) * rstd; }
   template <bool RMS>
   __device__ __forceinline__ float dx(float g, float xhat) const {
     return rstd * (g - (RMS ? 0.f : mean_g) - xhat * mean_gx);
   }
+#endif
 };
 
 // The gradient added to dx (ADD only, where has_add): d_residual_out's rows at their stride.
@@ -369,7 +388,7 @@ __device__ __forceinline__ void norm_bwd_stream(const T* __restrict__ dy, const 
       if (has_w) load_row(w, j, n, vec, 1.f, wv);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
-        const float xhat = t.xhat(xv[e], m);
+        const float xhat = t.xhat<RMS>(xv[e], m);
         const int64_t col = j * V + e;
         if (col < n) {
           if (pdw) pdw[col] = fmaf(gv[e], xhat, pdw[col]);
@@ -601,7 +620,7 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         dyv[e] = ds.at(k, e);
-        xhat[e] = t.xhat(xs.at(k, e), m);
+        xhat[e] = t.xhat<RMS>(xs.at(k, e), m);
         o[e] = t.dx<RMS>(has_w ? __fmul_rn(dyv[e], unpack<T>(wk, e)) : dyv[e], xhat[e]);
       }
       if (acc.dw) acc.add(acc.dw, k, dyv, xhat);
