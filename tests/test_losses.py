@@ -2,6 +2,7 @@
 the CuPy API and the torch adapter: the launch plan and every argument check without a GPU; on a
 GPU, against torch's F.cross_entropy (and the z-loss formula) in float64 on fresh random data."""
 import math
+import os
 import re
 
 import pytest
@@ -520,7 +521,11 @@ def test_adapter_autograd_matches_torch(reduction, dtype):
     before = torch.cuda.memory_allocated()
     ta.cross_entropy(leaf3, t, reduction=reduction, inplace_backward=True).sum().backward()
     extra = torch.cuda.max_memory_allocated() - before
-    assert extra < leaf3.numel() * leaf3.element_size() // 2, f"inplace_backward: {extra} bytes more at the peak"
+    # Under compute-sanitizer memcheck torch's autograd keeps a copy of the gradient as .grad, not the
+    # buffer itself (dev/losses_inplace_peak.py; bench/results/h200/sanitizer.md): the peak is then
+    # torch's, not the op's. bench/device_round.sh sets RAWOPS_UNDER_SANITIZER there.
+    if os.environ.get("RAWOPS_UNDER_SANITIZER") != "1":
+        assert extra < leaf3.numel() * leaf3.element_size() // 2, f"inplace_backward: {extra} bytes more at the peak"
     assert torch.equal(leaf3.grad, leaf2.grad)
 
 
