@@ -522,10 +522,11 @@ def test_adapter_autograd_matches_torch(reduction, dtype):
     ta.cross_entropy(leaf3, t, reduction=reduction, inplace_backward=True).sum().backward()
     extra = torch.cuda.max_memory_allocated() - before
     # Under compute-sanitizer memcheck torch's autograd keeps a copy of the gradient as .grad, not the
-    # buffer itself (dev/losses_inplace_peak.py; bench/results/h200/sanitizer.md): the peak is then
-    # torch's, not the op's. bench/device_round.sh sets RAWOPS_UNDER_SANITIZER there.
-    if os.environ.get("RAWOPS_UNDER_SANITIZER") != "1":
-        assert extra < leaf3.numel() * leaf3.element_size() // 2, f"inplace_backward: {extra} bytes more at the peak"
+    # buffer itself (dev/losses_inplace_peak.py; bench/results/h200/sanitizer.md): that one copy is
+    # torch's, allowed there (bench/device_round.sh sets RAWOPS_UNDER_SANITIZER), nothing more.
+    logits = leaf3.numel() * leaf3.element_size()
+    copies = 1 if os.environ.get("RAWOPS_UNDER_SANITIZER") == "1" else 0
+    assert extra < copies * logits + logits // 2, f"inplace_backward: {extra} bytes more at the peak"
     assert torch.equal(leaf3.grad, leaf2.grad)
 
 
