@@ -442,6 +442,129 @@ struct ColumnPartials {
   }
 };
 
+// The 16-bit layer_norm backward of full rows: block mode, every thread's kBwdVectors vectors
+// inside the row (n = blockDim.x x kBwdVectors x V: 2048, 4096, 8192 wide at 128, 256, 512
+// threads), 16-byte rows, a multiple of 4 warps. norm_bwd's math and bits of work per element,
+// less per row: row pointers advanced by the grid's step (no 64-bit row x stride products, no
+// bounds tests), and the two row sums reduced by an xor butterfly in each warp (every lane ends
+// with the same bits: the adds commute) and one barrier, after which every thread adds the warps'
+// sums from shared memory in a fixed order (no second warp reduction, no broadcast).
+template <typename T>
+__device__ __forceinline__ void layer_norm_bwd_full_rows(const T* __restrict__ dy, const T* __restrict__ x,
+                                                         const T* __restrict__ w, const float* __restrict__ mean_in,
+                                                         const float* __restrict__ rstd_in, T* __restrict__ dx,
+                                                         float* __restrict__ partial_dw,
+                                                         float* __restrict__ partial_db, int64_t rows, int64_t n,
+                                                         int64_t dy_stride, int64_t x_stride, int64_t dx_stride,
+                                                         bool has_w) {
+  constexpr int V = Vec16<T>::size;
+  constexpr int ITEMS = kBwdVectors;
+  constexpr int K = 2;  // sum(g (x - m)), sum(g): norm_bwd's 16-bit rows
+  using Slice = RowSlice<T, ITEMS>;
+  __shared__ __align__(16) float part[2][K][kMaxRowWarps];  // alternating slots, as RowReducer's
+  const RowCursor c(kBlockPerRow);
+  extern __shared__ float4 column_smem[];
+  const float inv_n = 1.f / float(n);
+  const ColumnPartials<T> acc(column_smem, partial_dw != nullptr, partial_db != nullptr);
+  float4* free_smem =
+      column_smem + ((partial_dw != nullptr) + (partial_db != nullptr)) * ColumnPartials<T>::Q * blockDim.x;
+  const uint4* const ws = reinterpret_cast<const uint4*>(free_smem);  // the weight, as in norm_bwd
+  if (has_w) {
+    const int64_t words = n * int64_t(sizeof(T)) / 16;
+    for (int64_t i = threadIdx.x; i < words; i += blockDim.x)
+      reinterpret_cast<uint4*>(free_smem)[i] = __ldg(reinterpret_cast<const uint4*>(w) + i);
+    __syncthreads();
+  }
+  const int64_t kw = int64_t(c.width) * V;  // elements between a thread's vectors
+  const int64_t lane0 = int64_t(c.lane) * V;
+  const T* xp = x + c.row * x_stride + lane0;
+  const T* dyp = dy + c.row * dy_stride + lane0;
+  T* dxp = dx + c.row * dx_stride + lane0;
+  const float* mp = mean_in + c.row;
+  const float* rp = rstd_in + c.row;
+  const int64_t x_step = c.step * x_stride, dy_step = c.step * dy_stride, dx_step = c.step * dx_stride;
+  int slot = 0;
+  for (int64_t row = c.row; row < rows; row += c.step) {
+    Slice xs, ds;
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      xs.raw[k] = words(load16(xp + k * kw));
+      ds.raw[k] = words(load16(dyp + k * kw));
+    }
+    const float m = *mp, rstd = *rp;
+    float sums[K];
+    {
+      float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+      for (int k = 0; k < ITEMS; ++k) {
+        const uint4 wk = has_w ? ws[k * c.width + c.lane] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+          const float g = has_w ? __fmul_rn(ds.at(k, e), unpack<T>(wk, e)) : ds.at(k, e);  // as norm_bwd
+          s1 += g;
+          s2 = fmaf(g, xs.at(k, e) - m, s2);
+        }
+      }
+      sums[0] = s2;
+      sums[1] = s1;
+    }
+    xs.refresh();
+    ds.refresh();
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) sums[k] += __shfl_xor_sync(0xffffffffu, sums[k], o);
+    }
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) part[slot][k][threadIdx.x / 32] = sums[k];
+    }
+    __syncthreads();  // a slot is rewritten two rows on, after every thread passed the next barrier
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float total = 0.f;
+#pragma unroll
+      for (int q = 0; q < kMaxRowWarps / 4; ++q) {
+        if (128 * q >= int(blockDim.x)) break;  // 4 warps a float4
+        const float4 a = *reinterpret_cast<const float4*>(&part[slot][k][4 * q]);
+        const float quad = (a.x + a.y) + (a.z + a.w);
+        total = q == 0 ? quad : total + quad;
+      }
+      sums[k] = total;
+    }
+    slot ^= 1;
+    const float row_sums[3] = {0.f, sums[1], sums[0]};
+    const NormRowTerms t = NormRowTerms::from<false>(row_sums, rstd, inv_n);
+#pragma unroll
+    for (int k = 0; k < ITEMS; ++k) {
+      const uint4 wk = has_w ? ws[k * c.width + c.lane] : make_uint4(0, 0, 0, 0);
+      float xhat[V], dyv[V];
+      Vec16<T> out;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        dyv[e] = ds.at(k, e);
+        xhat[e] = t.xhat(xs.at(k, e), m);
+        out.v[e] = from_float<T>(t.dx<false>(has_w ? __fmul_rn(dyv[e], unpack<T>(wk, e)) : dyv[e], xhat[e]));
+      }
+      if (acc.dw) acc.add(acc.dw, k, dyv, xhat);
+      if (acc.db) acc.add(acc.db, k, dyv);
+      store16(dxp + k * kw, out);
+    }
+    xp += x_step;
+    dyp += dy_step;
+    dxp += dx_step;
+    mp += c.step;
+    rp += c.step;
+  }
+  const int64_t chunk = blockIdx.x;
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t col = (int64_t(k) * c.width + c.lane) * V;
+    if (acc.dw) acc.flush(acc.dw, k, partial_dw + chunk * n + col);
+    if (acc.db) acc.flush(acc.db, k, partial_db + chunk * n + col);
+  }
+}
+
 template <typename T, bool RMS, bool ADD = false>
 __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                                          const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
@@ -450,6 +573,14 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
                                          int64_t x_stride, int64_t dx_stride, int mode, bool vec, bool has_w,
                                          const GradAdd<T>& add = {}, int stages = 0) {
   static_assert(RMS || !ADD, "the residual add is rms_norm's");
+  if constexpr (!RMS && sizeof(T) == 2) {
+    if (mode == kBlockPerRow && vec && stages == 0 && blockDim.x % 128 == 0 &&
+        n == int64_t(blockDim.x) * kBwdVectors * Vec16<T>::size) {
+      layer_norm_bwd_full_rows<T>(dy, x, w, mean_in, rstd_in, dx, partial_dw, partial_db, rows, n, dy_stride,
+                                  x_stride, dx_stride, has_w);
+      return;
+    }
+  }
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
   RowReducer reduce(storage, c.warp);
