@@ -1,8 +1,9 @@
 """The 16-bit layer_norm backward's per-row overhead (issue 26: 0.74 of the H200's copy ceiling at
 16384 x 4096, bar 0.85): dev/ln_bwd_exp.cu's entries (incremental row pointers, RAWOPS_EXP_PTR; a
 butterfly row reduction, RAWOPS_EXP_RED; both; neither, the rewrite's own baseline) in place of
-the shipped layer_norm_bwd_<dtype>, timed beside it in interleaved rounds through
-rawops.norm.layer_norm_backward (so the launch plan, grid and partial rows are the shipped ones).
+the shipped layer_norm_bwd_<dtype> (and layer_norm_bwd_full_<dtype>, which the plan takes at
+4096), timed beside it in interleaved rounds through rawops.norm.layer_norm_backward (so the
+launch plan, grid and partial rows are the shipped ones).
 Each variant's dx, dweight and dbias must equal the shipped kernel's bit for bit. Prints us and
 the fraction of the copy ceiling (dy, x read; dx written). Experiment, not a bench.
     python dev/time_ln_bwd_exp.py     (cubins built where nvcc is: carry dev/.cubins)
@@ -42,9 +43,10 @@ class Variant:
         self.caches = [{} for _ in CACHES]
         for suffix in ("bf16", "f16"):
             kernel = self.module.get_function(f"layer_norm_bwd_exp_{suffix}")
-            key = ("norm", f"layer_norm_bwd_{suffix}", 0)
-            self.caches[0][key] = kernel
-            self.caches[1][key] = kernel.kernel.ptr
+            for name in (f"layer_norm_bwd_{suffix}", f"layer_norm_bwd_full_{suffix}"):  # what the plan may pick
+                key = ("norm", name, 0)
+                self.caches[0][key] = kernel
+                self.caches[1][key] = kernel.kernel.ptr
 
     def __call__(self, fn):
         saved = [getattr(m, n) for m, n in CACHES]

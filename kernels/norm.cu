@@ -442,9 +442,10 @@ struct ColumnPartials {
   }
 };
 
-// The 16-bit layer_norm backward of full rows: block mode, every thread's kBwdVectors vectors
-// inside the row (n = blockDim.x x kBwdVectors x V: 2048, 4096, 8192 wide at 128, 256, 512
-// threads), 16-byte rows, a multiple of 4 warps. norm_bwd's math and bits of work per element,
+// The 16-bit layer_norm backward of full rows (entries layer_norm_bwd_full_<f16|bf16>, picked by
+// rawops/norm.py): block mode, every thread's kBwdVectors vectors inside the row (n = blockDim.x x
+// kBwdVectors x V: 2048, 4096, 8192 wide at 128, 256, 512 threads), 16-byte rows, a multiple of 4
+// warps; its own entry, so that norm_bwd's register allocation for every other row is its own. norm_bwd's math and bits of work per element,
 // less per row: row pointers advanced by the grid's step (no 64-bit row x stride products, no
 // bounds tests), and the two row sums reduced by an xor butterfly in each warp (every lane ends
 // with the same bits: the adds commute) and one barrier, after which every thread adds the warps'
@@ -573,14 +574,6 @@ __device__ __forceinline__ void norm_bwd(const T* __restrict__ dy, const T* __re
                                          int64_t x_stride, int64_t dx_stride, int mode, bool vec, bool has_w,
                                          const GradAdd<T>& add = {}, int stages = 0) {
   static_assert(RMS || !ADD, "the residual add is rms_norm's");
-  if constexpr (!RMS && sizeof(T) == 2) {
-    if (mode == kBlockPerRow && vec && stages == 0 && blockDim.x % 128 == 0 &&
-        n == int64_t(blockDim.x) * kBwdVectors * Vec16<T>::size) {
-      layer_norm_bwd_full_rows<T>(dy, x, w, mean_in, rstd_in, dx, partial_dw, partial_db, rows, n, dy_stride,
-                                  x_stride, dx_stride, has_w);
-      return;
-    }
-  }
   __shared__ RowReducer::Storage storage;
   const RowCursor c(mode);
   RowReducer reduce(storage, c.warp);
@@ -870,9 +863,24 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                                     vec & RAWOPS_NORM_FLAG_WEIGHT, add, int(vec >> RAWOPS_NORM_STAGES_SHIFT) & 3); \
   }
 
+// The 16-bit layer_norm backward of full rows: layer_norm_bwd_<suffix>'s arguments (mode: block;
+// the vector flag set, no stages).
+#define RAWOPS_LN_BWD_FULL(T, suffix)                                                                         \
+  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                 \
+      layer_norm_bwd_full_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, \
+                                   T* dx, float* partial_dw, float* partial_db, long long rows, long long n,   \
+                                   long long dy_stride, long long x_stride, long long dx_stride,              \
+                                   long long mode, long long vec) {                                           \
+    (void)mode;                                                                                               \
+    rawops::layer_norm_bwd_full_rows<T>(dy, x, w, mean, rstd, dx, partial_dw, partial_db, rows, n, dy_stride, \
+                                        x_stride, dx_stride, vec & RAWOPS_NORM_FLAG_WEIGHT);                  \
+  }
+
 RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)
 RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
 RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
+RAWOPS_LN_BWD_FULL(__half, f16)
+RAWOPS_LN_BWD_FULL(__nv_bfloat16, bf16)
 RAWOPS_ADD_RMS_NORM(float, f32, __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks))
 RAWOPS_ADD_RMS_NORM(__half, f16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))
 RAWOPS_ADD_RMS_NORM(__nv_bfloat16, bf16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))

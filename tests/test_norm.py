@@ -152,6 +152,37 @@ def test_backward_of_the_widest_register_rows(op, dtype, monkeypatch):
             check(db, rdb, dt, f"{op} dbias, {how}", factor=SUM_FACTOR)
 
 
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rows,n", [(1, 4096), (3, 2048), (1000, 2048), (16384, 4096), (1000, 8192)])
+def test_layer_norm_backward_of_full_rows(rows, n, dtype, weighted, monkeypatch):
+    """16-bit rows that fill every thread's vectors (4, 8 and 16 warps) take layer_norm_bwd_full_<dtype>
+    (its row pointers stepped, its row sums by a butterfly and one barrier): against float64, with
+    and without weight and bias, fewer rows than the grid and more."""
+    dt = DTYPES[dtype]
+    x, dy, w, b = _inputs(rows, n, dt)
+    names = []
+    pointer = norm_module._modules.function_pointer
+    monkeypatch.setattr(norm_module._modules, "function_pointer",
+                        lambda family, name, device: names.append(name) or pointer(family, name, device))
+    monkeypatch.setattr(norm_module, "_backward_configs", {})
+    if weighted:
+        _, dx, dw, db = _run("layer_norm", x, dy, w, b, 1e-5)
+        _, rdx, rdw, rdb = _reference("layer_norm", x, dy, w, b, 1e-5)
+        check(dw, rdw, dt, "dweight, full rows", factor=SUM_FACTOR)
+    else:
+        leaf = x.double().requires_grad_()
+        (rdx,) = torch.autograd.grad(F.layer_norm(leaf, (n,), eps=1e-5), leaf, dy.double())
+        rdb = dy.double().sum(0)
+        _, mean, rstd = rawops.layer_norm_forward(to_cupy(x))
+        poison_pool(x.numel() * 2, n * 2)
+        dx, dw, db = rawops.layer_norm_backward(to_cupy(dy), to_cupy(x), None, mean, rstd)
+        assert dw is None
+    assert f"layer_norm_bwd_full_{'f16' if dtype == 'float16' else 'bf16'}" in names, names
+    check(dx, rdx, dt, "dx, full rows", factor=2)
+    check(db, rdb, dt, "dbias, full rows", factor=SUM_FACTOR)
+
+
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 def test_without_weight_and_bias(op):
     x, dy, _, _ = _inputs(33, 1000, torch.float32)

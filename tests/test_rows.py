@@ -215,6 +215,32 @@ def test_norm_launch_configs_are_cached_by_shape_not_by_row_count(monkeypatch):
     assert len(norm._forward_configs) == 2 and len(norm._backward_configs) == 2
 
 
+def test_layer_norm_backward_takes_the_full_rows_entry_only_where_rows_fill_the_block(monkeypatch):
+    # layer_norm_bwd_full_<dtype> (kernels/norm.cu) assumes block mode, 16-byte rows, every thread's
+    # vectors inside the row and a multiple of 4 warps; every other launch keeps layer_norm_bwd_<dtype>.
+    monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
+    monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 528)
+    monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
+    monkeypatch.setattr(norm, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(norm, "stage_count", lambda op, itemsize, device: 1)  # rms_norm's bulk path
+    for cache in ("_backward_configs", "_bulk_plans"):
+        monkeypatch.setattr(norm, cache, {})
+
+    def kernel(op, code, itemsize, n, aligned=True):
+        plan = norm.backward_plan(16384, n, itemsize, 132, *((BASE, OTHER, OTHER * 2, OTHER * 3) if aligned
+                                                            else (BASE + 2, OTHER, OTHER * 2, OTHER * 3)))
+        return norm.backward_config(op, 0, code, itemsize, plan, n, True, 2)[0]
+
+    for n in (2048, 4096, 8192):
+        assert kernel("layer_norm", 1, 2, n) == "layer_norm_bwd_full_f16"
+        assert kernel("layer_norm", 2, 2, n) == "layer_norm_bwd_full_bf16"
+        assert kernel("layer_norm", 1, 2, n, aligned=False) == "layer_norm_bwd_f16"
+        assert kernel("rms_norm", 1, 2, n) == "rms_norm_bwd_f16"
+    for n in (768, 1000, 1024, 4097, 65536):  # partial slices, 2 warps, streamed
+        assert kernel("layer_norm", 2, 2, n) == "layer_norm_bwd_bf16"
+    assert kernel("layer_norm", 0, 4, 4096) == "layer_norm_bwd_f32"
+
+
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_softmax_launches_pass_each_operands_row_stride_and_keep_16_byte_rows(monkeypatch, direction):
     calls = []
