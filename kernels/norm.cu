@@ -201,6 +201,38 @@ __device__ __forceinline__ void layer_norm_row_half(const RowSlice<T, ITEMS>& xs
   }
 }
 
+// The row sums of the full-rows kernels, returned to every thread of the block: each warp's by
+// an xor butterfly (every lane ends with the same bits: the adds commute), one barrier, then
+// every thread adds the warps' sums from shared memory a float4 (four warps) at a time, in a
+// fixed order (no second warp reduction, no broadcast). part's two slots alternate (slot flips
+// each call): a slot is rewritten two rows on, after every thread passed the next barrier.
+template <int K>
+__device__ __forceinline__ void full_row_sums(float (&s)[K], float (&part)[2][K][kMaxRowWarps], int& slot) {
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
+  }
+  if (threadIdx.x % 32 == 0) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) part[slot][i][threadIdx.x / 32] = s[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    float total = 0.f;
+#pragma unroll
+    for (int q = 0; q < kMaxRowWarps / 4; ++q) {
+      if (128 * q >= int(blockDim.x)) break;
+      const float4 a = *reinterpret_cast<const float4*>(&part[slot][i][4 * q]);
+      const float quad = (a.x + a.y) + (a.z + a.w);
+      total = q == 0 ? quad : total + quad;
+    }
+    s[i] = total;
+  }
+  slot ^= 1;
+}
+
 // The 16-bit layer_norm and every rms_norm forward of full rows (entries <op>_fwd_full_<dtype>,
 // picked by rawops/norm.py fwd_full_rows): block mode, every thread's kFwdVectors vectors inside
 // the row (n = blockDim.x x kFwdVectors x V), 16-byte rows, a multiple of 4 warps. The grid is
@@ -259,29 +291,7 @@ __device__ __forceinline__ void norm_fwd_full_rows(const T* __restrict__ x, cons
         }
       }
     xs.refresh();
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) s[i] += __shfl_xor_sync(0xffffffffu, s[i], o);
-    }
-    if (threadIdx.x % 32 == 0) {
-#pragma unroll
-      for (int i = 0; i < K; ++i) part[slot][i][threadIdx.x / 32] = s[i];
-    }
-    __syncthreads();  // a slot is rewritten two rows on, after every thread passed the next barrier
-#pragma unroll
-    for (int i = 0; i < K; ++i) {
-      float total = 0.f;
-#pragma unroll
-      for (int q = 0; q < kMaxRowWarps / 4; ++q) {
-        if (128 * q >= int(blockDim.x)) break;  // 4 warps a float4
-        const float4 a = *reinterpret_cast<const float4*>(&part[slot][i][4 * q]);
-        const float quad = (a.x + a.y) + (a.z + a.w);
-        total = q == 0 ? quad : total + quad;
-      }
-      s[i] = total;
-    }
-    slot ^= 1;
+    full_row_sums(s, part, slot);
     float rstd, offset = 0.f;
     if constexpr (RMS) {
       rstd = rsqrtf(s[0] / float(n) + eps);
@@ -627,29 +637,7 @@ __device__ __forceinline__ void layer_norm_bwd_full_rows(const T* __restrict__ d
     }
     xs.refresh();
     ds.refresh();
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) sums[k] += __shfl_xor_sync(0xffffffffu, sums[k], o);
-    }
-    if (threadIdx.x % 32 == 0) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) part[slot][k][threadIdx.x / 32] = sums[k];
-    }
-    __syncthreads();  // a slot is rewritten two rows on, after every thread passed the next barrier
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      float total = 0.f;
-#pragma unroll
-      for (int q = 0; q < kMaxRowWarps / 4; ++q) {
-        if (128 * q >= int(blockDim.x)) break;  // 4 warps a float4
-        const float4 a = *reinterpret_cast<const float4*>(&part[slot][k][4 * q]);
-        const float quad = (a.x + a.y) + (a.z + a.w);
-        total = q == 0 ? quad : total + quad;
-      }
-      sums[k] = total;
-    }
-    slot ^= 1;
+    full_row_sums(sums, part, slot);
     const float row_sums[3] = {0.f, sums[1], sums[0]};
     const NormRowTerms t = NormRowTerms::from<false>(row_sums, rstd, inv_n);
 #pragma unroll
