@@ -22,6 +22,7 @@
 #   RAWOPS_DEADLINE_S=540   stop starting tests and benches this many seconds after the script's start,
 #     and cut the one running then (timeout): the results so far still come back bundled
 #   .whl/nvidia_cutlass-*.whl (carried): CuTe headers for the Hopper GEMM (no network there)
+#   .whl/liger_kernel-*.whl (carried): installed without dependencies for the benches' Liger column
 # Each test file runs in its own pytest process: a kernel fault poisons the CUDA context
 # of its process only, so one broken family cannot fail the others' tests.
 set -o pipefail
@@ -49,6 +50,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 if [ -z "${RAWOPS_CUTLASS_INCLUDE:-}" ] && ls .whl/nvidia_cutlass-*.whl >/dev/null 2>&1; then
   python3 -m zipfile -e "$(ls .whl/nvidia_cutlass-*.whl | head -1)" /tmp/cutlass-wheel \
     && export RAWOPS_CUTLASS_INCLUDE=/tmp/cutlass-wheel/cutlass_library/source/include
+fi
+# Liger-Kernel for the benches' side-by-side column, from its carried wheel (no network there; no
+# dependencies: triton and torch are on the machine). Absent, the column reads nan.
+if ls .whl/liger_kernel-*.whl >/dev/null 2>&1 && ! python3 -c "import liger_kernel" 2>/dev/null; then
+  python3 -m pip install -q --no-deps "$(ls .whl/liger_kernel-*.whl | head -1)" >>"$LOG" 2>&1 \
+    || echo "liger-kernel: wheel not installed (its column reads nan)" | tee -a "$LOG"
 fi
 arch=$(python3 -c "import cupy; d=cupy.cuda.Device(0).compute_capability; print(d[:-1]+'.'+d[-1])")
 # Prebuilt fatbins: every family's fatbin present and holding sm_<arch> (an arch-specific family,
