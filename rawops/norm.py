@@ -39,11 +39,15 @@ KERNELS = {
     "add_rms_norm_bwd": _ADD_BWD_ARGS,
     "layer_norm_fwd": _FWD_ARGS,
     "layer_norm_bwd": _BWD_ARGS,
+    "layer_norm_bwd_full": _BWD_ARGS,  # 16-bit rows that fill the block (full_rows): f16, bf16 only
     "rms_norm_fwd": _FWD_ARGS,
     "rms_norm_bwd": _BWD_ARGS,
     # Second stage of dweight/dbias: the per-block partial rows summed in a fixed order.
     "norm_param_grad": ("partial_dw", "partial_db", "dweight", "dbias", "chunks", "n"),
 }
+SUFFIXES_OF = {"layer_norm_bwd_full": ("f16", "bf16")}  # entries not built for every dtype
+ENTRY_POINTS = sorted(f"{base}_{suffix}" for base in KERNELS
+                      for suffix in SUFFIXES_OF.get(base, ("f32", "f16", "bf16")))
 FWD_KINDS = "ppppppqqqqqqf"
 BWD_KINDS = "ppppppppqqqqqqq"
 PARAM_GRAD_KINDS = "ppppqq"
