@@ -324,7 +324,8 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
 // dx of one row from its sums: shared by the register and streaming modes.
 //   sums: [0] sum(x - m), [1] sum(g), [2] sum(g * (x - m)), m the forward's float32 mean.
 // x - mean is taken as (x - m) - r with r = mean(x - m) (0 for 16-bit rows: norm_bwd): exact
-// near a 1e4 offset, where m alone carries ~5e-4 of rounding. Then mean(g * xhat) = rstd * (sum(g (x - m)) - r sum(g)) / n.
+// near a 1e4 offset, where m alone carries ~5e-4 of rounding. Then
+// mean(g * xhat) = rstd * (sum(g (x - m)) - r sum(g)) / n.
 // inv_n = 1 / n, computed once: three IEEE divisions a row cost ~30 instructions a thread.
 struct NormRowTerms {
   float r, rstd, mean_g, mean_gx;
@@ -475,13 +476,11 @@ struct ColumnPartials {
 };
 
 // The 16-bit layer_norm backward of full rows (entries layer_norm_bwd_full_<f16|bf16>, picked by
-// rawops/norm.py): block mode, every thread's kBwdVectors vectors inside the row (n = blockDim.x x
-// kBwdVectors x V: 2048, 4096, 8192 wide at 128, 256, 512 threads), 16-byte rows, a multiple of 4
-// warps; its own entry, so that norm_bwd's register allocation for every other row is its own. norm_bwd's math and bits of work per element,
-// less per row: row pointers advanced by the grid's step (no 64-bit row x stride products, no
-// bounds tests), and the two row sums reduced by an xor butterfly in each warp (every lane ends
-// with the same bits: the adds commute) and one barrier, after which every thread adds the warps'
-// sums from shared memory in a fixed order (no second warp reduction, no broadcast).
+// rawops/norm.py full_rows): block mode, every thread's kBwdVectors vectors inside the row (n =
+// blockDim.x x kBwdVectors x V: 2048, 4096, 8192 wide at 128, 256, 512 threads), 16-byte rows, a
+// multiple of 4 warps. An entry of its own, so that norm_bwd keeps its register allocation for
+// every other row. norm_bwd's math an element; less a row: row pointers advanced by the grid's
+// step (no 64-bit row x stride products, no bounds tests) and the row sums by full_row_sums.
 template <typename T>
 __device__ __forceinline__ void layer_norm_bwd_full_rows(const T* __restrict__ dy, const T* __restrict__ x,
                                                          const T* __restrict__ w, const float* __restrict__ mean_in,

@@ -190,9 +190,8 @@ def full_rows(op, itemsize, mode, threads, n, aligned, stages):
     """Whether a backward launch takes layer_norm_bwd_full_<dtype> (kernels/norm.cu): 16-bit
     layer_norm rows in block mode that fill every thread's vectors (n = threads x
     ROW_BWD_VECTORS x 16 bytes: 2048, 4096, 8192 at 128, 256, 512 threads), 16-byte aligned,
-    a multiple of 4 warps, no bulk stages. Same bits of work, fewer a row: its row pointers
-    advance by the grid's step and its row sums take one barrier (H200 bf16 16384 x 4096
-    132.1 -> 117-122 us)."""
+    a multiple of 4 warps, no bulk stages. The same work an element, less a row: its row pointers
+    advance by the grid's step and its row sums take one barrier (docs/performance.md)."""
     return (op == "layer_norm" and itemsize == 2 and mode == _rows.BLOCK_PER_ROW and not stages and aligned
             and threads % 128 == 0 and n == threads * _constants.ROW_BWD_VECTORS * (16 // itemsize))
 
