@@ -233,100 +233,6 @@ __device__ __forceinline__ void full_row_sums(float (&s)[K], float (&part)[2][K]
   slot ^= 1;
 }
 
-// The 16-bit layer_norm and every rms_norm forward of full rows (entries <op>_fwd_full_<dtype>,
-// picked by rawops/norm.py fwd_full_rows): block mode, every thread's kFwdVectors vectors inside
-// the row (n = blockDim.x x kFwdVectors x V), 16-byte rows, a multiple of 4 warps. The grid is
-// what the device holds at once and each block loops over rows (norm_fwd: a block a row), so the
-// weight and bias are copied once a block into shared memory (dynamic, rawops/norm.py sizes it)
-// instead of read through L1 every row, where the streamed rows evict them; the row pointers
-// advance by the grid's step, and the row sums take an xor butterfly in each warp and one barrier
-// (every thread then adds the warps' sums in a fixed order). norm_fwd's formulas: layer_norm's
-// 16-bit rows as layer_norm_row_half (sums of x - x[0] in one pass), rms_norm's x rstd w.
-template <typename T, bool RMS>
-__device__ __forceinline__ void norm_fwd_full_rows(const T* __restrict__ x, const T* __restrict__ w,
-                                                   const T* __restrict__ b, T* __restrict__ y,
-                                                   float* __restrict__ mean_out, float* __restrict__ rstd_out,
-                                                   int64_t rows, int64_t n, int64_t x_stride, int64_t y_stride,
-                                                   float eps, bool has_w, bool has_b) {
-  static_assert(RMS || sizeof(T) == 2, "float32 layer_norm keeps its two exact passes (norm_fwd)");
-  constexpr int V = Vec16<T>::size;
-  constexpr int ITEMS = kFwdVectors;
-  constexpr int K = RMS ? 1 : 2;  // rms_norm: sum(x^2); layer_norm: sum(d), sum(d^2), d = x - x[0]
-  using Slice = RowSlice<T, ITEMS>;
-  __shared__ __align__(16) float part[2][K][kMaxRowWarps];  // alternating slots, as RowReducer's
-  extern __shared__ uint4 wb_smem[];                           // the weight's words, then the bias's
-  const RowCursor c(kBlockPerRow);
-  const int64_t row_words = n * int64_t(sizeof(T)) / 16;
-  uint4* const ws = wb_smem;
-  uint4* const bs = wb_smem + (has_w ? row_words : 0);
-  for (int64_t i = threadIdx.x; i < row_words; i += blockDim.x) {
-    if (has_w) ws[i] = __ldg(reinterpret_cast<const uint4*>(w) + i);
-    if (!RMS && has_b) bs[i] = __ldg(reinterpret_cast<const uint4*>(b) + i);
-  }
-  __syncthreads();
-  const int64_t kw = int64_t(c.width) * V;  // elements between a thread's vectors
-  const int64_t lane0 = int64_t(c.lane) * V;
-  const T* xrow = x + c.row * x_stride;
-  T* yp = y + c.row * y_stride + lane0;
-  const int64_t x_step = c.step * x_stride, y_step = c.step * y_stride;
-  int slot = 0;
-  for (int64_t row = c.row; row < rows; row += c.step) {
-    Slice xs;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) xs.raw[k] = words(load16(xrow + lane0 + k * kw));
-    const float shift = RMS ? 0.f : to_float(xrow[0]);
-    float s[K];
-#pragma unroll
-    for (int i = 0; i < K; ++i) s[i] = 0.f;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k)
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float d = xs.at(k, e) - shift;
-        if constexpr (RMS) {
-          s[0] = fmaf(d, d, s[0]);
-        } else {
-          s[0] += d;
-          s[1] = fmaf(d, d, s[1]);
-        }
-      }
-    xs.refresh();
-    full_row_sums(s, part, slot);
-    float rstd, offset = 0.f;
-    if constexpr (RMS) {
-      rstd = rsqrtf(s[0] / float(n) + eps);
-    } else {
-      const float S1 = s[0] / float(n);
-      rstd = rsqrtf(fmaxf(s[1] / float(n) - S1 * S1, 0.f) + eps);
-      offset = -S1 * rstd;
-      if (threadIdx.x == 0) mean_out[row] = shift + S1;
-    }
-    if (threadIdx.x == 0) rstd_out[row] = rstd;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t j = int64_t(k) * c.width + c.lane;
-      const uint4 wk = has_w ? ws[j] : make_uint4(0, 0, 0, 0);
-      const uint4 bk = !RMS && has_b ? bs[j] : make_uint4(0, 0, 0, 0);
-      Vec16<T> out;
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        const float wv = has_w ? unpack<T>(wk, e) : 1.f;
-        float o;
-        if constexpr (RMS) {
-          o = xs.at(k, e) * rstd;
-          if (has_w) o *= wv;
-        } else {
-          o = fmaf(fmaf(xs.at(k, e) - shift, rstd, offset), wv, has_b ? unpack<T>(bk, e) : 0.f);
-        }
-        out.v[e] = from_float<T>(o);
-      }
-      store16(yp + k * kw, out);
-    }
-    xrow += x_step;
-    yp += y_step;
-  }
-}
-
 template <typename T, bool RMS, bool ADD = false>
 __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __restrict__ w,
                                          const T* __restrict__ b, T* __restrict__ y, float* __restrict__ mean_out,
@@ -966,17 +872,6 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
                                     vec & RAWOPS_NORM_FLAG_WEIGHT, add, int(vec >> RAWOPS_NORM_STAGES_SHIFT) & 3); \
   }
 
-// The forwards of full rows: <name>_fwd_<suffix>'s arguments (mode: block; the vector flag set).
-#define RAWOPS_NORM_FWD_FULL(name, RMS, T, suffix)                                                            \
-  extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                 \
-      name##_fwd_full_##suffix(const T* x, const T* w, const T* b, T* y, float* mean, float* rstd,            \
-                               long long rows, long long n, long long x_stride, long long y_stride,          \
-                               long long mode, long long vec, float eps) {                                   \
-    (void)mode;                                                                                               \
-    rawops::norm_fwd_full_rows<T, RMS>(x, w, b, y, mean, rstd, rows, n, x_stride, y_stride, eps,             \
-                                       vec & RAWOPS_NORM_FLAG_WEIGHT, vec & RAWOPS_NORM_FLAG_BIAS);           \
-  }
-
 // The 16-bit layer_norm backward of full rows: layer_norm_bwd_<suffix>'s arguments (mode: block;
 // the vector flag set, no stages).
 #define RAWOPS_LN_BWD_FULL(T, suffix)                                                                         \
@@ -995,11 +890,6 @@ RAWOPS_NORM_FAMILY(__half, f16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
 RAWOPS_NORM_FAMILY(__nv_bfloat16, bf16, rawops::kMinRowBlocks, rawops::kMinRowBlocks, 1)
 RAWOPS_LN_BWD_FULL(__half, f16)
 RAWOPS_LN_BWD_FULL(__nv_bfloat16, bf16)
-RAWOPS_NORM_FWD_FULL(layer_norm, false, __half, f16)
-RAWOPS_NORM_FWD_FULL(layer_norm, false, __nv_bfloat16, bf16)
-RAWOPS_NORM_FWD_FULL(rms_norm, true, float, f32)
-RAWOPS_NORM_FWD_FULL(rms_norm, true, __half, f16)
-RAWOPS_NORM_FWD_FULL(rms_norm, true, __nv_bfloat16, bf16)
 RAWOPS_ADD_RMS_NORM(float, f32, __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks))
 RAWOPS_ADD_RMS_NORM(__half, f16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))
 RAWOPS_ADD_RMS_NORM(__nv_bfloat16, bf16, __maxnreg__(RAWOPS_ROW_BWD_MAX_REGISTERS))

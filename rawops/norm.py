@@ -38,17 +38,14 @@ KERNELS = {
     "add_rms_norm_fwd": _ADD_FWD_ARGS,
     "add_rms_norm_bwd": _ADD_BWD_ARGS,
     "layer_norm_fwd": _FWD_ARGS,
-    "layer_norm_fwd_full": _FWD_ARGS,  # 16-bit rows that fill a resident block (fwd_full_rows): f16, bf16
     "layer_norm_bwd": _BWD_ARGS,
     "layer_norm_bwd_full": _BWD_ARGS,  # 16-bit rows that fill the block (full_rows): f16, bf16 only
     "rms_norm_fwd": _FWD_ARGS,
-    "rms_norm_fwd_full": _FWD_ARGS,  # rows that fill a resident block (fwd_full_rows)
     "rms_norm_bwd": _BWD_ARGS,
     # Second stage of dweight/dbias: the per-block partial rows summed in a fixed order.
     "norm_param_grad": ("partial_dw", "partial_db", "dweight", "dbias", "chunks", "n"),
 }
-# entries not built for every dtype
-SUFFIXES_OF = {"layer_norm_bwd_full": ("f16", "bf16"), "layer_norm_fwd_full": ("f16", "bf16")}
+SUFFIXES_OF = {"layer_norm_bwd_full": ("f16", "bf16")}  # entries not built for every dtype
 ENTRY_POINTS = sorted(f"{base}_{suffix}" for base in KERNELS
                       for suffix in SUFFIXES_OF.get(base, ("f32", "f16", "bf16")))
 FWD_KINDS = "ppppppqqqqqqf"
@@ -157,36 +154,18 @@ _forward_configs = {}  # forward_config's answers
 
 
 def forward_config(op, device, dtype, itemsize, rows, n, aligned, flags):
-    """(kernel, mode, blocks, threads, dynamic shared bytes) of a forward launch; all but the grid
-    cached by the row width, type and flags (never by the row count: a model's varying batch sizes
-    would grow the cache): launchers ask on every call (the autograd path's host time is what a
-    16-bit row's kernels are short of). Full rows (fwd_full_rows) take <op>_fwd_full_<dtype>, whose
-    grid is what the device holds at once (its blocks loop over rows), the weight and bias in its
-    shared memory; every other launch a block a row."""
+    """(kernel, mode, blocks, threads) of a forward launch; all but the grid cached by the row width,
+    type and flags (never by the row count: a model's varying batch sizes would grow the cache):
+    launchers ask on every call (the autograd path's host time is what a 16-bit row's kernels are
+    short of)."""
     key = (op, device, dtype, n, aligned, flags)
     config = _forward_configs.get(key)
     if config is None:
         mode, _, threads = forward_plan(1, n, itemsize, aligned)
-        name, smem, held = _rows.kernel_name(f"{op}_fwd", dtype), 0, None
-        if fwd_full_rows(op, itemsize, mode, threads, n, aligned):
-            full = _rows.kernel_name(f"{op}_fwd_full", dtype)
-            wanted = (bool(flags & FLAG_WEIGHT) + (op == "layer_norm" and bool(flags & FLAG_BIAS))) * n * itemsize
-            if _allow_smem(full, device, wanted):
-                name, smem = full, wanted
-                held = resident(name, device, threads, smem)
-        config = _forward_configs[key] = (_modules.function_pointer(FAMILY, name, device), mode, threads, smem, held)
-    function, mode, threads, smem, held = config
-    blocks = _rows.row_blocks(rows, mode)
-    return function, mode, blocks if held is None else min(blocks, held), threads, smem
-
-
-def fwd_full_rows(op, itemsize, mode, threads, n, aligned):
-    """Whether a forward launch takes <op>_fwd_full_<dtype> (kernels/norm.cu): rms_norm rows and
-    16-bit layer_norm rows (float32 layer_norm keeps its two exact passes) in block mode that fill
-    every thread's vectors (n = threads x ROW_FWD_VECTORS x 16 bytes), 16-byte aligned, a multiple
-    of 4 warps (docs/performance.md)."""
-    return ((op == "rms_norm" or (op == "layer_norm" and itemsize == 2)) and mode == _rows.BLOCK_PER_ROW and aligned
-            and threads % 128 == 0 and n == threads * _constants.ROW_FWD_VECTORS * (16 // itemsize))
+        config = _forward_configs[key] = (_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype),
+                                                                    device), mode, threads)
+    function, mode, threads = config
+    return function, mode, _rows.row_blocks(rows, mode), threads
 
 
 def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, rows, n, eps, stream, x_stride=None,
@@ -199,8 +178,8 @@ def launch_forward(op, device, dtype, itemsize, x, weight, bias, y, mean, rstd, 
     aligned = _rows.vectors(n, itemsize, x, weight, bias, y, strides=(x_stride, y_stride))
     # Flags, not null pointers, say what is absent (see the note in kernels/norm.cu).
     flags = (FLAG_VECTORS if aligned else 0) | (FLAG_WEIGHT if weight else 0) | (FLAG_BIAS if bias else 0)
-    function, mode, blocks, threads, smem = forward_config(op, device, dtype, itemsize, rows, n, aligned, flags)
-    launch(function, (blocks,), threads, smem, stream,
+    function, mode, blocks, threads = forward_config(op, device, dtype, itemsize, rows, n, aligned, flags)
+    launch(function, (blocks,), threads, 0, stream,
            (x, weight or x, bias or x, y, mean, rstd, rows, n, x_stride, y_stride, mode, flags, eps), FWD_KINDS, device)
 
 

@@ -848,13 +848,6 @@ def test_norm_table_matches_the_kernels_defined_in_the_source():
     # entries bounded by __launch_bounds__(...) or by a macro argument (BWD_BOUNDS: __maxnreg__(...))
     helpers = set(re.findall(r'void (?:__launch_bounds__\([^)]*\)|BWD_BOUNDS)\s*\\?\s*(\w+)_##suffix\(', source))
     helpers -= {"name##_fwd", "name##_bwd"}
-    # the forwards of full rows: one RAWOPS_NORM_FWD_FULL(op, RMS, T, suffix) line per entry
-    full = re.findall(r"^RAWOPS_NORM_FWD_FULL\((\w+),\s*(true|false),\s*[\w ]+,\s*(\w+)\)", source, flags=re.M)
-    assert all(dict(ops)[op] == rms for op, rms, _ in full), "the RMS flag of each full-rows forward"
-    for op in {op for op, _, _ in full}:
-        suffixes = tuple(s for o, _, s in full if o == op)
-        assert suffixes == norm.SUFFIXES_OF.get(f"{op}_fwd_full", SUFFIXES), f"{op}_fwd_full: its dtypes"
-    defined |= {f"{op}_fwd_full" for op, _, _ in full}
     assert defined | helpers == set(norm.KERNELS)
     assert dict(ops) == {"layer_norm": "false", "rms_norm": "true"}, "the RMS flag of each op"
     instantiated = re.findall(r"^RAWOPS_NORM_FAMILY\(([\w ]+),\s*(\w+)\b", source, flags=re.M)
@@ -876,8 +869,7 @@ def _kinds_key(kinds, name):
 
 @pytest.mark.parametrize("family, kinds", [
     ("norm", {"add_rms_norm_fwd": norm.ADD_FWD_KINDS, "add_rms_norm_bwd": norm.ADD_BWD_KINDS, "_fwd": norm.FWD_KINDS,
-              "_fwd_full": norm.FWD_KINDS, "_bwd": norm.BWD_KINDS, "layer_norm_bwd_full": norm.BWD_KINDS,
-              "norm_param_grad": norm.PARAM_GRAD_KINDS}),
+              "_bwd": norm.BWD_KINDS, "layer_norm_bwd_full": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
     ("softmaxes", {"_fwd": softmaxes.FWD_KINDS, "_fwd_wide": softmaxes.FWD_KINDS, "_bwd": softmaxes.BWD_KINDS}),
 ])
 def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):

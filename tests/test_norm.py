@@ -152,42 +152,6 @@ def test_backward_of_the_widest_register_rows(op, dtype, monkeypatch):
             check(db, rdb, dt, f"{op} dbias, {how}", factor=SUM_FACTOR)
 
 
-FULL_FWD = [("layer_norm", dt, rows, n) for dt in ("float16", "bfloat16")
-            for rows, n in ((1, 4096), (1000, 8192), (3, 16384), (300, 16384))]
-FULL_FWD += [("rms_norm", dt, rows, n) for dt in DTYPES for rows, n in ((1, 4096), (1000, 8192), (20000, 4096))]
-FULL_FWD += [("rms_norm", "float32", rows, n) for rows, n in ((3, 2048), (1000, 2048))]
-
-
-@pytest.mark.parametrize("weighted", [True, False])
-@pytest.mark.parametrize("op,dtype,rows,n", FULL_FWD, ids=[f"{o}-{d}-{r}x{n}" for o, d, r, n in FULL_FWD])
-def test_forward_of_full_rows(op, dtype, rows, n, weighted, monkeypatch):
-    """Rows that fill every thread's vectors take <op>_fwd_full_<dtype> (a resident grid looping
-    over rows, the weight and bias in shared memory: 64 KB of it at 16384 16-bit columns): fewer
-    rows than the grid and more, with and without weight and bias, against float64."""
-    dt = DTYPES[dtype]
-    x, _, w, b = _inputs(rows, n, dt, offset=3.0)
-    names = []
-    pointer = norm_module._modules.function_pointer
-    monkeypatch.setattr(norm_module._modules, "function_pointer",
-                        lambda family, name, device: names.append(name) or pointer(family, name, device))
-    monkeypatch.setattr(norm_module, "_forward_configs", {})
-    wc, bc = (to_cupy(w), to_cupy(b)) if weighted else (None, None)
-    poison_pool(x.numel() * x.element_size(), rows * 4, rows * 4)
-    if op == "layer_norm":
-        y, mean, rstd = rawops.layer_norm_forward(to_cupy(x), wc, bc, 1e-5)
-        ref = F.layer_norm(x.double(), (n,), w.double() if weighted else None, b.double() if weighted else None, 1e-5)
-        check(mean, x.double().mean(-1), torch.float32, "mean, full rows")
-        var = x.double().var(-1, unbiased=False)
-    else:
-        y, rstd = rawops.rms_norm_forward(to_cupy(x), wc, 1e-5)
-        ref = F.rms_norm(x.double(), (n,), w.double() if weighted else None, 1e-5)
-        var = x.double().pow(2).mean(-1)
-    suffix = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[dtype]
-    assert f"{op}_fwd_full_{suffix}" in names, names
-    check(y, ref, dt, f"{op} y, full rows")
-    check(rstd, (var + 1e-5).rsqrt(), torch.float32 if dtype == "float32" else dt, "rstd, full rows")
-
-
 @pytest.mark.parametrize("weighted", [True, False])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("rows,n", [(1, 4096), (3, 2048), (1000, 2048), (16384, 4096), (1000, 8192)])

@@ -206,14 +206,8 @@ def test_norm_launch_configs_are_cached_by_shape_not_by_row_count(monkeypatch):
         monkeypatch.setattr(norm, cache, {})
     for rows in (1, 7, 64, 1000, 16384, 100003):
         for n in (768, 4096):
-            function, mode, blocks, threads, smem = norm.forward_config("layer_norm", 0, 1, 2, rows, n, 1, 7)
-            pmode, pblocks, pthreads = norm.forward_plan(rows, n, 2, 1)
-            if n == 4096:  # full rows: the resident grid, the weight and bias in shared memory
-                assert (mode, blocks, threads, smem) == (pmode, min(pblocks, 528), pthreads, 2 * 4096 * 2)
-                assert function == "layer_norm_fwd_full_f16"
-            else:
-                assert (mode, blocks, threads, smem) == (pmode, pblocks, pthreads, 0)
-                assert function == "layer_norm_fwd_f16"
+            function, mode, blocks, threads = norm.forward_config("layer_norm", 0, 1, 2, rows, n, 1, 7)
+            assert (mode, blocks, threads) == norm.forward_plan(rows, n, 2, 1) and function == "layer_norm_fwd_f16"
             plan = norm.backward_plan(rows, n, 2, 132, BASE, OTHER, OTHER * 2, OTHER * 3)
             _, bmode, bblocks, bthreads, _, chunks, _ = norm.backward_config("layer_norm", 0, 1, 2, plan, n, True, 2)
             assert (bmode, bthreads) == (plan[0], plan[2]) and bblocks == min(plan[1], 528)
@@ -245,32 +239,6 @@ def test_layer_norm_backward_takes_the_full_rows_entry_only_where_rows_fill_the_
     for n in (768, 1000, 1024, 4097, 65536):  # partial slices, 2 warps, streamed
         assert kernel("layer_norm", 2, 2, n) == "layer_norm_bwd_bf16"
     assert kernel("layer_norm", 0, 4, 4096) == "layer_norm_bwd_f32"
-
-
-def test_norm_forwards_take_the_full_rows_entries_only_where_rows_fill_the_block(monkeypatch):
-    # <op>_fwd_full_<dtype>: rms_norm of every type and 16-bit layer_norm in block mode with
-    # n = threads x 4 vectors; their shared memory the weight (and layer_norm's bias).
-    monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
-    monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 1056)
-    monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
-    monkeypatch.setattr(norm, "_forward_configs", {})
-    wb = norm.FLAG_VECTORS | norm.FLAG_WEIGHT | norm.FLAG_BIAS
-
-    def config(op, code, itemsize, n, flags=wb, aligned=1):
-        return norm.forward_config(op, 0, code, itemsize, 16384, n, aligned, flags)
-
-    for n in (4096, 8192, 16384):
-        f, _, blocks, threads, smem = config("layer_norm", 2, 2, n)
-        assert (f, blocks, threads, smem) == ("layer_norm_fwd_full_bf16", 1056, n // 32, 2 * n * 2)
-        assert config("layer_norm", 1, 2, n, norm.FLAG_VECTORS)[::4] == ("layer_norm_fwd_full_f16", 0)
-        assert config("rms_norm", 1, 2, n)[::4] == ("rms_norm_fwd_full_f16", n * 2)  # no bias
-        assert config("layer_norm", 1, 2, n, aligned=0)[0] == "layer_norm_fwd_f16"
-    for n in (2048, 4096, 8192):
-        assert config("rms_norm", 0, 4, n)[::4] == ("rms_norm_fwd_full_f32", n * 4)
-        assert config("layer_norm", 0, 4, n)[0] == "layer_norm_fwd_f32"  # two exact passes
-    for n in (768, 1000, 1024, 2048, 4097, 65536):  # partial slices, warp mode, 2 warps, streamed
-        f, _, blocks, _, smem = config("layer_norm", 2, 2, n)
-        assert (f, smem) == ("layer_norm_fwd_bf16", 0) and blocks == norm.forward_plan(16384, n, 2, 1)[1]
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
