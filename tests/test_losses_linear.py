@@ -4,6 +4,7 @@ F.linear + F.cross_entropy (and the z-loss formula) in float64 on fresh random d
 the gradients of input, weight and bias, every dtype and reduction, ignored rows, chunks that do
 not divide the tokens."""
 import math
+import os
 import re
 
 import numpy
@@ -249,15 +250,55 @@ def reference(x, w, b, t, ignore_index=-100, smoothing=0.0, reduction="mean", z=
     return (loss.detach(), *grads, *([None] if b is None else []))
 
 
-def _check(out, ref, dtype, what, bias):
-    """out, ref: (loss, gi, gw, gb) each."""
+def native(x, w, b, t, ignore_index=-100, smoothing=0.0, reduction="mean", z=0.0, grad_output=None):
+    """reference()'s expression run by torch in the storage type (F.linear and F.cross_entropy of
+    16-bit logits): torch's own error, which a 16-bit result may reach. Where the vocabulary is
+    large, a 16-bit grad_input's terms (probabilities of ~1 / V over the kept rows) fall under
+    float16's smallest normal, and torch's own error against float64 spreads over draws from
+    3e-4 to 5e-3: a fixed tolerance alone would fail on some fresh data (H200, 2026-12-03:
+    0.0042 against 0.004 at V = 32001)."""
+    F = torch.nn.functional
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    bs = b.clone().requires_grad_() if b is not None else None
+    t = t.long().reshape(-1)
+    logits = F.linear(xs.reshape(-1, x.shape[-1]), ws, bs)
+    rows = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction="none", label_smoothing=smoothing)
+    keep = t != ignore_index
+    if z:
+        rows = rows + torch.where(keep, z * torch.logsumexp(logits, -1) ** 2, torch.zeros_like(rows))
+    loss = {"none": rows, "sum": rows.sum(), "mean": rows.sum() / keep.sum()}[reduction]
+    if reduction == "none":
+        loss = loss.reshape(x.shape[:-1])
+    go = torch.ones_like(loss) if grad_output is None else grad_output.to(loss.dtype).reshape(loss.shape)
+    leaves = [xs, ws] + ([bs] if b is not None else [])
+    grads = torch.autograd.grad(loss, leaves, go, allow_unused=True)
+    grads = [torch.zeros_like(leaf) if g is None else g for leaf, g in zip(leaves, grads)]
+    return (loss.detach(), *grads, *([None] if b is None else []))
+
+
+def _factor(factor, dtype, want, torch_own):
+    """factor, raised to twice torch's own relative error (in units of the dtype's tolerance)."""
+    from gpu_reference import TOLERANCE
+
+    if torch_own is None:
+        return factor
+    error = (torch_own.double() - want).norm().item() / max(want.norm().item(), 1e-30)
+    assert math.isfinite(error), "torch's own result is not finite: no measure of its error"
+    return max(factor, 2 * error / TOLERANCE[dtype])
+
+
+def _check(out, ref, dtype, what, bias, torch_own=None):
+    """out, ref: (loss, gi, gw, gb) each; torch_own: native()'s, for 16-bit types (each gradient's
+    tolerance at least twice torch's own error; the loss, float32 here and 16-bit in torch, keeps
+    its fixed tolerance), or None."""
     _, assert_close, *_ = _gpu_imports()
+    own = torch_own if torch_own is not None and dtype != torch.float32 else (None,) * 4
     assert_close(out[0], ref[0], dtype, f"{what}: loss", factor=LOSS_FACTOR)
-    for name, got, want in zip(("grad_input", "grad_weight", "grad_bias"), out[1:], ref[1:]):
+    for name, got, want, mine in zip(("grad_input", "grad_weight", "grad_bias"), out[1:], ref[1:], own[1:]):
         if name == "grad_bias" and not bias:
             assert got is None, f"{what}: a grad_bias without bias"
             continue
-        assert_close(got, want, dtype, f"{what}: {name}", factor=GRAD_FACTOR)
+        assert_close(got, want, dtype, f"{what}: {name}", factor=_factor(GRAD_FACTOR, dtype, want, mine))
 
 
 def _cupy_grad_output(reduction, tokens, dtype, scalar_one=False):
@@ -282,13 +323,14 @@ def test_cupy_loss_and_gradients_match_torch_float64(tokens, h, v, chunk_rows, d
     x, w, b, t = _problem(tokens, h, v, dt, bias)
     go = _cupy_grad_output(reduction, tokens, dt)
     ref = reference(x, w, b, t, -100, smoothing, reduction, z, go)
+    own = native(x, w, b, t, -100, smoothing, reduction, z, go) if dt != torch.float32 else None
     size = x.element_size()
     poison_pool(tokens * h * size, v * h * size, v * size, tokens * 4, size * max(tokens, 1))
     out = fused_linear_cross_entropy(to_cupy(x), to_cupy(w), to_cupy(t), to_cupy(b) if bias else None, -100,
                                      smoothing, reduction, z, grad_output=to_cupy(go), chunk_rows=chunk_rows)
     assert all(isinstance(a, cupy.ndarray) for a in out[:3]) and out[1].shape == (tokens, h)
     assert out[0].dtype == cupy.float32 and out[2].dtype == to_cupy(x).dtype
-    _check(out, ref, dt, f"{dtype} {reduction} T={tokens} V={v} chunk={chunk_rows}", bias)
+    _check(out, ref, dt, f"{dtype} {reduction} T={tokens} V={v} chunk={chunk_rows}", bias, own)
     # the loss alone, no gradient: the same loss bit for bit
     alone = fused_linear_cross_entropy(to_cupy(x), to_cupy(w), to_cupy(t), to_cupy(b) if bias else None, -100,
                                        smoothing, reduction, z, grad=False, chunk_rows=chunk_rows)
@@ -433,13 +475,15 @@ def test_adapter_autograd_matches_torch_float64(dtype, reduction, bias):
     x, w, b, t = _problem(tokens, h, v, dt, bias, ignore_index=3)
     go = random((tokens,) if reduction == "none" else (), dt)
     ref = reference(x, w, b, t, 3, 0.1, reduction, 1e-4, go)
+    own = native(x, w, b, t, 3, 0.1, reduction, 1e-4, go) if dt != torch.float32 else None
     lx, lw, lb = _leaves(x, w, b)
     size = x.element_size()
     poison_torch_pool(tokens * h * size, v * h * size, 100 * v * size)
     loss = ta.fused_linear_cross_entropy(lx, lw, t, lb, 3, 0.1, reduction, 1e-4, chunk_rows=100)
     assert loss.dtype == torch.float32 and loss.shape == ((tokens,) if reduction == "none" else ())
     loss.backward(go)
-    _check((loss.detach(), lx.grad, lw.grad, lb.grad if bias else None), ref, dt, f"adapter {dtype} {reduction}", bias)
+    _check((loss.detach(), lx.grad, lw.grad, lb.grad if bias else None), ref, dt, f"adapter {dtype} {reduction}", bias,
+           own)
     with torch.no_grad():
         again = ta.fused_linear_cross_entropy(x, w, t, b, 3, 0.1, reduction, 1e-4, chunk_rows=100)
     assert torch.equal(again, loss.detach()), "no-grad path == autograd path"
@@ -515,7 +559,12 @@ def test_adapter_extra_memory_is_the_chunk_and_the_gradients():
     grads = (tokens * h + v * h) * 2
     chunk = 512 * v * 2
     logits = tokens * v * 2
-    assert extra <= grads + chunk + (8 << 20), f"{extra} bytes at the peak, expected about {grads + chunk}"
+    # Under compute-sanitizer memcheck torch's autograd keeps copies of the gradients as .grad, not
+    # the buffers themselves (as in test_losses' in-place check; H200 2026-12-03: 18369536 bytes more,
+    # the gradients' 18481152 less 111 KB): that one copy is torch's, allowed there
+    # (bench/device_round.sh sets RAWOPS_UNDER_SANITIZER), nothing more.
+    copies = 2 if os.environ.get("RAWOPS_UNDER_SANITIZER") == "1" else 1
+    assert extra <= copies * grads + chunk + (8 << 20), f"{extra} bytes at the peak, expected about {grads + chunk}"
     assert extra < logits, "less than one whole logits tensor"
     assert lx.grad is not None and lw.grad is not None
 
