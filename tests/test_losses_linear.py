@@ -253,10 +253,10 @@ def reference(x, w, b, t, ignore_index=-100, smoothing=0.0, reduction="mean", z=
 def native(x, w, b, t, ignore_index=-100, smoothing=0.0, reduction="mean", z=0.0, grad_output=None):
     """reference()'s expression run by torch in the storage type (F.linear and F.cross_entropy of
     16-bit logits): torch's own error, which a 16-bit result may reach. Where the vocabulary is
-    large, a 16-bit grad_input's terms (probabilities of ~1 / V over the kept rows) fall under
-    float16's smallest normal, and torch's own error against float64 spreads over draws from
-    3e-4 to 5e-3: a fixed tolerance alone would fail on some fresh data (H200, 2026-12-03:
-    0.0042 against 0.004 at V = 32001)."""
+    large, the logits' gradients (probabilities of ~1 / V over the kept rows) fall under float16's
+    smallest normal: torch's own float16 grad_input error at T=130, V=32001 (mean, smoothing, z)
+    spread over 30 fresh draws from 7.2e-4 to 0.056, median 0.026 (H200, 2026-12-03,
+    dev/losses_linear_torch_error.py), while ours once read 0.0042 against the fixed 0.004."""
     F = torch.nn.functional
     xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
     bs = b.clone().requires_grad_() if b is not None else None
@@ -277,19 +277,21 @@ def native(x, w, b, t, ignore_index=-100, smoothing=0.0, reduction="mean", z=0.0
 
 
 def _factor(factor, dtype, want, torch_own):
-    """factor, raised to twice torch's own relative error (in units of the dtype's tolerance)."""
+    """factor, raised towards twice torch's own relative error (in units of the dtype's tolerance)
+    but never past 4 x factor: a 16-bit regression still fails where torch's own error is far
+    larger than ours."""
     from gpu_reference import TOLERANCE
 
     if torch_own is None:
         return factor
     error = (torch_own.double() - want).norm().item() / max(want.norm().item(), 1e-30)
     assert math.isfinite(error), "torch's own result is not finite: no measure of its error"
-    return max(factor, 2 * error / TOLERANCE[dtype])
+    return max(factor, min(2 * error / TOLERANCE[dtype], 4 * factor))
 
 
 def _check(out, ref, dtype, what, bias, torch_own=None):
     """out, ref: (loss, gi, gw, gb) each; torch_own: native()'s, for 16-bit types (each gradient's
-    tolerance at least twice torch's own error; the loss, float32 here and 16-bit in torch, keeps
+    tolerance up to twice torch's own error, _factor; the loss, float32 here and 16-bit in torch, keeps
     its fixed tolerance), or None."""
     _, assert_close, *_ = _gpu_imports()
     own = torch_own if torch_own is not None and dtype != torch.float32 else (None,) * 4
