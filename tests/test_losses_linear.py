@@ -247,7 +247,7 @@ def native(x, w, b, t, ignore_index=-100, smoothing=0.0, reduction="mean", z=0.0
 def _loss_and_grads(dtype, x, w, b, t, ignore_index, smoothing, reduction, z, grad_output):
     """(loss, d input, d weight, d bias) of the loss computed by torch in dtype."""
     F = torch.nn.functional
-    leaves = [a.to(dtype).clone().requires_grad_() for a in (x, w) + ((b,) if b is not None else ())]
+    leaves = [a.to(dtype, copy=True).requires_grad_() for a in (x, w) + ((b,) if b is not None else ())]
     t = t.long().reshape(-1)
     logits = F.linear(leaves[0].reshape(-1, x.shape[-1]), leaves[1], leaves[2] if b is not None else None)
     rows = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction="none", label_smoothing=smoothing)
@@ -277,11 +277,11 @@ def _factor(factor, dtype, want, torch_own):
 
 
 def _check(out, ref, dtype, what, bias, torch_own=None):
-    """out, ref: (loss, gi, gw, gb) each; torch_own: native()'s, for 16-bit types (each gradient's
-    tolerance up to twice torch's own error, _factor; the loss, float32 here and 16-bit in torch, keeps
-    its fixed tolerance), or None."""
+    """out, ref: (loss, gi, gw, gb) each; torch_own: native()'s, passed for 16-bit types only (each
+    gradient's tolerance up to twice torch's own error, _factor; the loss, float32 here and 16-bit in
+    torch, keeps its fixed tolerance), or None."""
     _, assert_close, *_ = _gpu_imports()
-    own = torch_own if torch_own is not None and dtype != torch.float32 else (None,) * 4
+    own = torch_own if torch_own is not None else (None,) * 4
     assert_close(out[0], ref[0], dtype, f"{what}: loss", factor=LOSS_FACTOR)
     for name, got, want, mine in zip(("grad_input", "grad_weight", "grad_bias"), out[1:], ref[1:], own[1:]):
         if name == "grad_bias" and not bias:
