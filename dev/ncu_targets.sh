@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Nsight Compute (full set, text) of the kernels under their bars on the H200: the 1024-key row
 # sort (issue 27), the 64-wide f16 fused MLP forward and the 16-bit norm backwards (layer_norm's
-# beside rms_norm's, bf16 16384 x 4096; issue 26). Writes $1/ncu_<name>.txt.
-#   bash dev/ncu_targets.sh "$OUT" [names...]   (names: sort mlp norm; default sort mlp)
+# beside rms_norm's, bf16 16384 x 4096; issue 26), the 16-bit softmax and rms_norm forwards beside
+# Liger's Triton kernels (faster there: 67.9 / 67.5 us against our 70.1 / 69.4). Writes $1/ncu_<name>.txt.
+#   bash dev/ncu_targets.sh "$OUT" [names...]   (names: sort mlp norm rows; default sort mlp)
 out=${1:?output folder}; shift
 names=${*:-sort mlp}
 mlp_setup="import torch.nn as nn
@@ -13,6 +14,7 @@ from rawops import norm
 mean = torch.randn(16384, device='cuda') * 0.1
 rstd = torch.rand(16384, device='cuda') + 0.5
 X, DY, W, M, R = (cupy.from_dlpack(t) for t in (x, dy, w, mean, rstd))"
+rows_setup="from liger_kernel.transformers import functional as lig"
 prof() {
   local name=$1; shift
   timeout 240 ncu --profile-from-start off --set full "$@" > "$out/ncu_$name.txt" 2>&1
@@ -23,6 +25,8 @@ for name in $names; do
     sort) prof sort python dev/profile.py "ta.sort(x)" --shape 65536x1024 --dtype f32 ;;
     norm) prof norm -k regex:'(layer|rms)_norm_bwd' python dev/profile.py "norm.layer_norm_backward(DY, X, W, M, R)" \
       "norm.rms_norm_backward(DY, X, W, R)" --shape 16384x4096 --dtype bf16 --setup "$norm_setup" ;;
+    rows) prof rows -k regex:'softmax|rms_norm' python dev/profile.py "ta.softmax(x, -1)" "lig.liger_softmax(x)" \
+      "ta.rms_norm(x, (4096,), w, 1e-6)" "lig.liger_rms_norm(x, w, 1e-6)" --shape 16384x4096 --dtype bf16 --setup "$rows_setup" ;;
     mlp) prof mlp python dev/profile.py "with torch.no_grad(): m(x)" --shape 1048576x64 --dtype f16 --setup "$mlp_setup" ;;
   esac
 done

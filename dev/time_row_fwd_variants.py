@@ -10,7 +10,8 @@ through the library's own plan with _rows.FWD_BYTES set to what the variant hold
 H200 at every shape: 81.3 -> 88.5 us bf16 16384 x 4096 with 128 registers; docs/performance.md.)
 Outputs checked against the shipped kernels'; interleaved rounds (bench/timing.py), beside a copy of
 the same bytes. Experiment, not a bench.
-    python dev/time_row_fwd_variants.py          (ROW_OPS=softmax,log_softmax: those ops alone)
+    python dev/time_row_fwd_variants.py          (ROW_OPS=softmax,log_softmax: those ops alone;
+                                                 ROW_SHAPES=4096: 16384 x 4096 alone)
 """
 import os
 import sys
@@ -22,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path.join(HERE, ".."),
                                                                         os.path.join(HERE, "..", "bench"), HERE]
 import timing  # noqa: E402
-from cubins import build_modules  # noqa: E402
+from cubins import build_cubins, build_modules  # noqa: E402
 
 from rawops import _modules, _rows, norm, softmaxes  # noqa: E402
 
@@ -31,8 +32,17 @@ from rawops import _modules, _rows, norm, softmaxes  # noqa: E402
 # bodies with fewer instructions an element against the exp2f / two-pass ones (a3504c4, H100 only:
 # no H200 was lent that day): equal at 4096 columns, softmax bf16 at 768 98.1 -> 93.7 us, layer_norm
 # 97.1 -> 95.5.
-VARIANTS = {}
-SHAPES = [(16384, 4096), (87381, 768)]
+# name: (macros, FWD_BYTES, families, wide, source): source None builds kernels/<family>.cu, else
+# {family: an experiment's .cu that includes it}. 2026-12-03: Liger's layout (2 vectors a thread, 256
+# threads a 4096-wide 16-bit row) and its evict-first output stores (dev/row_store_cs.cu).
+CS = {"softmaxes": os.path.join(HERE, "row_store_cs.cu"), "norm": os.path.join(HERE, "row_store_cs.cu")}
+VARIANTS = {
+    "v2": (["RAWOPS_ROW_FWD_VECTORS=2"], 32, ("softmaxes", "norm"), False, None),
+    "cs": ([], 64, ("softmaxes", "norm"), True, CS),
+    "v2 cs": (["RAWOPS_ROW_FWD_VECTORS=2"], 32, ("softmaxes", "norm"), False, CS),
+}
+SHAPES = [(16384, 4096)] if os.environ.get("ROW_SHAPES") == "4096" else None
+SHAPES = SHAPES or [(16384, 4096), (87381, 768)]
 
 
 def variant_call(fn, family, module, fwd_bytes):
@@ -62,11 +72,17 @@ def without_wide(fn):
     return call
 
 
+def builds():
+    """(variant, family) -> (the source cubins.py builds, its macros)."""
+    return {(name, fam): (source[fam] if source else fam,
+                          macros + (["ROW_STORE_CS_NORM"] if source and fam == "norm" else []))
+            for name, (macros, _, fams, _, source) in VARIANTS.items() for fam in fams}
+
+
 def main():
     ceiling = timing.copy_ceiling_tbps()
     print(f"{torch.cuda.get_device_name()}, copy ceiling {ceiling:.3f} TB/s")
-    modules = {(name, fam): m for name, (macros, _, fams, _) in VARIANTS.items() for fam in fams
-               for m in [build_modules(fam, {name: macros})[name]]}
+    modules = {key: build_modules(source, {key[0]: macros})[key[0]] for key, (source, macros) in builds().items()}
     for rows, n in SHAPES:
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             xt = torch.randn(rows, n, device="cuda", dtype=dtype)
@@ -91,7 +107,7 @@ def main():
                 calls = {"shipped": fn}
                 if family == "softmaxes":  # the shipped plan without its wide entries: 4 vectors a thread
                     calls["v4 (wide off)"] = without_wide(fn)
-                for name, (_, fwd_bytes, fams, wide) in VARIANTS.items():
+                for name, (_, fwd_bytes, fams, wide, _) in VARIANTS.items():
                     if family not in fams:
                         continue
                     call = variant_call(fn, family, modules[(name, family)], fwd_bytes)
@@ -108,4 +124,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--build"]:  # --build 90: the cubins only (on the CPU machine; carry dev/.cubins)
+        for (name, _), (source, macros) in builds().items():
+            print(build_cubins(source, {name: macros}, sys.argv[2])[name])
+    else:
+        main()

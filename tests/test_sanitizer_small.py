@@ -2,10 +2,13 @@
 compute-sanitizer's racecheck (issue 26, item 7: bench/device_round.sh with
 RAWOPS_SANITIZE="racecheck:tests/test_sanitizer_small.py"). Racecheck tracks every shared-memory
 access, and the other files' shapes do not finish under it (test_sorting.py: no test in 150 s on the
-H200). Each call is also checked against torch in float64, so the file is a plain GPU test as well."""
-import pytest
+H200). Each call is also checked against torch in float64, so the file is a plain GPU test as well.
+The kernels these calls do not reach run through BORROWED: cases of the family files' own tests, called
+as they are at one of the small parameter sets those files run."""
+import importlib
+import inspect
 
-pytestmark = pytest.mark.gpu
+import pytest
 
 
 def _check_forward_backward(ours, reference, inputs, dtype, what, factor=4):
@@ -26,6 +29,7 @@ def _check_forward_backward(ours, reference, inputs, dtype, what, factor=4):
         assert_close(g, r, dtype, f"{what}: gradient of input {i}", factor=factor)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("n", [1024, 4096, 20000])  # block tiles of 8 and 16 keys a thread; the merge
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "int64"])
 def test_sort_block_paths(dtype, n):
@@ -45,6 +49,7 @@ def test_sort_block_paths(dtype, n):
         assert torch.equal(values, ref.values), f"{dtype} {n} descending={descending}: values"
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape,k", [((4, 1024), 8), ((2, 40000), 50)])  # a warp a row; the block select
 def test_topk_paths(shape, k):
     import torch
@@ -57,6 +62,7 @@ def test_topk_paths(shape, k):
     assert torch.equal(x.gather(-1, indices), values)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_norms_forward_and_backward(dtype):
     import torch
@@ -73,6 +79,7 @@ def test_norms_forward_and_backward(dtype):
                             lambda x, w: F.rms_norm(x, (4096,), w, 1e-6), (x, w), dt, f"rms_norm {dtype}")
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_softmaxes_forward_and_backward(dtype):
     import torch
@@ -87,6 +94,7 @@ def test_softmaxes_forward_and_backward(dtype):
                             "log_softmax")
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_bias_gelu_backward_tiles(dtype):
     import torch
@@ -100,6 +108,7 @@ def test_bias_gelu_backward_tiles(dtype):
     _check_forward_backward(lambda x, b: ta.bias_gelu(x, b), lambda x, b: F.gelu(x + b), (x, b), dt, "bias_gelu")
 
 
+@pytest.mark.gpu
 def test_normalize_volume_min_max():
     import torch
 
@@ -111,6 +120,7 @@ def test_normalize_volume_min_max():
     assert torch.equal(ta.normalize_volume(v), ref)
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cross_entropy_rows(dtype):
     import torch
@@ -126,6 +136,7 @@ def test_cross_entropy_rows(dtype):
                             dt, f"cross_entropy {dtype}")
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_fused_mlp_64_wide(dtype):
     # The register-resident forward and the fused backward (weights and partials in shared memory).
@@ -163,6 +174,7 @@ def test_fused_mlp_64_wide(dtype):
                                f"(torch's {torch_error:.3g})"
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_matmul_tiles(dtype):
     import torch
@@ -173,3 +185,76 @@ def test_matmul_tiles(dtype):
     dt = getattr(torch, dtype)
     a, b = random((192, 256), dt, scale=1.0), random((256, 320), dt, scale=1.0)
     _check_forward_backward(lambda a, b: ta.matmul(a, b), lambda a, b: a @ b, (a, b), dt, f"matmul {dtype}")
+
+
+# Cases of the family files' tests, run as they are, for the shared-memory kernels the calls above do
+# not reach: id -> (test module, test function, its arguments: each one of the values the function's
+# own parametrize runs; a callable takes the module and returns them).
+BORROWED = {
+    "norm stream rows bf16": ("test_norm", "test_forward_and_backward_match_torch_float64",
+                              dict(op="layer_norm", rows=3, n=65536, dtype="bfloat16")),
+    "norm unaligned rows f32": ("test_norm", "test_forward_and_backward_match_torch_float64",
+                                dict(op="rms_norm", rows=3, n=4097, dtype="float32")),
+    "norm 768 f16": ("test_norm", "test_forward_and_backward_match_torch_float64",
+                     dict(op="layer_norm", rows=3, n=768, dtype="float16")),
+    "moe route permute combine": ("test_moe", "test_adapter_pipeline_forward_and_gradients",
+                                  dict(dtype="float32", pad_to=16)),
+    "moe layer bf16": ("test_moe", "test_moe_mlp_forward_and_gradients_match_a_per_expert_reference",
+                       dict(dtype="bfloat16")),
+    "moe grouped weight gradient": ("test_moe", "test_grouped_weight_gradient_matches_each_experts",
+                                    dict(dtype="float16", transpose=False)),
+    "source network forward": ("test_mlp_source", "test_fused_mlp_float32_is_the_source_network", dict(batch=4097)),
+    "source network backward": ("test_mlp_source", "test_source_backward_matches_torch_float64",
+                                dict(batch=4097, output_activation="none")),
+    "mlp tiles backward": ("test_mlp", "test_tc_backward_matches_torch_float64",
+                           lambda m: dict(case=m.TC_CASES[4], batch=33)),
+    "mlp fused backward 128": ("test_mlp", "test_fused_backward_matches_torch_float64",
+                               lambda m: dict(case=m.FAST_BWD_CASES[7], batch=1000, need_dx=True)),
+    "linear_gelu small batch f32": ("test_gemm", "test_linear_gelu_backward_matches_torch_float64",
+                                    dict(dtype="float32", m=33, k=100, n=10, saved=False)),
+    "linear_gelu small batch bf16": ("test_gemm", "test_linear_gelu_backward_matches_torch_float64",
+                                     dict(dtype="bfloat16", m=32, k=768, n=3072, saved=True)),
+    "matmul tf32": ("test_gemm_tf32", "test_adapter_matmul_tf32_forward_and_backward", dict(m=200, k=136, n=72)),
+    "fused linear cross entropy": ("test_losses_linear", "test_adapter_autograd_matches_torch_float64",
+                                   dict(dtype="bfloat16", reduction="mean", bias=True)),
+}
+
+
+def _borrowed(case):
+    """(the test function, its arguments) of BORROWED[case]."""
+    module_name, name, args = BORROWED[case]
+    module = importlib.import_module(module_name)
+    return getattr(module, name), args(module) if callable(args) else args
+
+
+def _parametrized_values(fn):
+    """argument name -> the values fn's own parametrize marks run it with."""
+    values = {}
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name == "parametrize":
+            names, argvalues = mark.args[0], mark.args[1]
+            names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+            for row in argvalues:
+                row = row.values if hasattr(row, "values") else row
+                for n, v in zip(names, row if len(names) > 1 else [row]):
+                    values.setdefault(n, []).append(v)
+    return values
+
+
+@pytest.mark.parametrize("case", sorted(BORROWED))
+def test_borrowed_cases_are_cases_their_files_run(case):
+    """No GPU needed: each borrowed case names an existing test, every argument it takes, and only
+    values its own parametrize runs (a renamed test or a dropped value fails here, in CI)."""
+    pytest.importorskip("torch")
+    fn, args = _borrowed(case)
+    inspect.signature(fn).bind(**args)
+    values = _parametrized_values(fn)
+    for name, value in args.items():
+        assert value in values.get(name, []), f"{case}: {name}={value!r} is not among {fn.__name__}'s cases"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(BORROWED))
+def test_borrowed_case(case):
+    fn, args = _borrowed(case)
+    fn(**args)
