@@ -24,6 +24,9 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# This file's folder off the path: as `profile` it would shadow the standard library's module, which
+# cProfile (imported by torch._dynamo, so by Liger's functional API) needs.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
 
