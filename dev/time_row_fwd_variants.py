@@ -37,9 +37,12 @@ from rawops import _modules, _rows, norm, softmaxes  # noqa: E402
 # threads a 4096-wide 16-bit row) and its evict-first output stores (dev/row_store_cs.cu).
 CS = {"softmaxes": os.path.join(HERE, "row_store_cs.cu"), "norm": os.path.join(HERE, "row_store_cs.cu")}
 # Measured there (H200, 16384 x 4096): v2 softmax bf16 77.7 us against 69.5 shipped, cs 70.1 (rms_norm's
-# rows of that run timed the shipped kernel each time: norm's plan cache, now emptied around a variant); Liger's kernel (Triton 3.9 built here for sm_90: 30 registers, 8 blocks of 256 an
-# SM, every warp slot) holds more rows in flight than ours (48-64 registers): now the register caps.
+# rows of that run timed the shipped kernel each time: norm's plan cache, now emptied around a
+# variant). Liger's kernel (Triton 3.9 built here for sm_90: 30 registers, 8 blocks of 256 an SM, every
+# warp slot) holds more rows in flight than ours (48-64 registers): now the register caps.
 VARIANTS = {
+    "v2": (["RAWOPS_ROW_FWD_VECTORS=2"], 32, ("norm",), False, None),
+    "cs": ([], 64, ("norm",), True, CS),
     "min4": (["RAWOPS_ROW_MIN_BLOCKS=4"], 64, ("softmaxes", "norm"), False, None),
     "min3": (["RAWOPS_ROW_MIN_BLOCKS=3"], 64, ("softmaxes", "norm"), False, None),
     "v2 min4": (["RAWOPS_ROW_FWD_VECTORS=2", "RAWOPS_ROW_MIN_BLOCKS=4"], 32, ("softmaxes", "norm"), False, None),
