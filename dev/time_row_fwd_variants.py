@@ -40,13 +40,17 @@ CS = {"softmaxes": os.path.join(HERE, "row_store_cs.cu"), "norm": os.path.join(H
 # rows of that run timed the shipped kernel each time: norm's plan cache, now emptied around a
 # variant). Liger's kernel (Triton 3.9 built here for sm_90: 30 registers, 8 blocks of 256 an SM, every
 # warp slot) holds more rows in flight than ours (48-64 registers): now the register caps.
+# Then (2026-12-03, second run): the register caps (RAWOPS_ROW_MIN_BLOCKS 3 and 4: softmax 16-bit no
+# gain, the norms spilled), v2 and cs for the norms: all slower. ncu (clocks locked): our softmax 65.3
+# us against Liger's 67.3; rms_norm bf16 70.6 against Liger's 66.5 (38 registers, 6 blocks of 256 an
+# SM; it loads the weight with x, we after the reduction). Now: the weight loaded early, or x's loads
+# kept out of L1 so the weight's lines stay there.
+LOADS = {"norm": os.path.join(HERE, "row_loads.cu")}
 VARIANTS = {
-    "v2": (["RAWOPS_ROW_FWD_VECTORS=2"], 32, ("norm",), False, None),
-    "cs": ([], 64, ("norm",), True, CS),
-    "min4": (["RAWOPS_ROW_MIN_BLOCKS=4"], 64, ("softmaxes", "norm"), False, None),
-    "min3": (["RAWOPS_ROW_MIN_BLOCKS=3"], 64, ("softmaxes", "norm"), False, None),
-    "v2 min4": (["RAWOPS_ROW_FWD_VECTORS=2", "RAWOPS_ROW_MIN_BLOCKS=4"], 32, ("softmaxes", "norm"), False, None),
-    "v2 min4 cs": (["RAWOPS_ROW_FWD_VECTORS=2", "RAWOPS_ROW_MIN_BLOCKS=4"], 32, ("softmaxes", "norm"), False, CS),
+    "w early": (["RAWOPS_NORM_FWD_EARLY_WEIGHTS=1"], 64, ("norm",), False, None),
+    "w early min1": (["RAWOPS_NORM_FWD_EARLY_WEIGHTS=1", "RAWOPS_ROW_MIN_BLOCKS=1"], 64, ("norm",), False, None),
+    "x no L1": ([], 64, ("norm",), False, LOADS),
+    "v2 w early": (["RAWOPS_NORM_FWD_EARLY_WEIGHTS=1", "RAWOPS_ROW_FWD_VECTORS=2"], 32, ("norm",), False, None),
 }
 SHAPES = [(16384, 4096)] if os.environ.get("ROW_SHAPES") == "4096" else None
 SHAPES = SHAPES or [(16384, 4096), (87381, 768)]
@@ -86,7 +90,7 @@ def without_wide(fn):
 def builds():
     """(variant, family) -> (the source cubins.py builds, its macros)."""
     return {(name, fam): (source[fam] if source else fam,
-                          macros + (["ROW_STORE_CS_NORM"] if source and fam == "norm" else []))
+                          macros + (["ROW_STORE_CS_NORM"] if source == CS and fam == "norm" else []))
             for name, (macros, _, fams, _, source) in VARIANTS.items() for fam in fams}
 
 
