@@ -27,31 +27,14 @@ from cubins import build_cubins, build_modules  # noqa: E402
 
 from rawops import _modules, _rows, norm, softmaxes  # noqa: E402
 
-# name: (macros, FWD_BYTES, families, wide entries as planned): add a variant's -D macros here. Measured
-# so far (docs/performance.md): 8 and 2 vectors a thread and 128 registers (efe88fc, H200); the 16-bit
-# bodies with fewer instructions an element against the exp2f / two-pass ones (a3504c4, H100 only:
-# no H200 was lent that day): equal at 4096 columns, softmax bf16 at 768 98.1 -> 93.7 us, layer_norm
-# 97.1 -> 95.5.
 # name: (macros, FWD_BYTES, families, wide, source): source None builds kernels/<family>.cu, else
-# {family: an experiment's .cu that includes it}. 2026-12-03: Liger's layout (2 vectors a thread, 256
-# threads a 4096-wide 16-bit row) and its evict-first output stores (dev/row_store_cs.cu).
-CS = {"softmaxes": os.path.join(HERE, "row_store_cs.cu"), "norm": os.path.join(HERE, "row_store_cs.cu")}
-# Measured there (H200, 16384 x 4096): v2 softmax bf16 77.7 us against 69.5 shipped, cs 70.1 (rms_norm's
-# rows of that run timed the shipped kernel each time: norm's plan cache, now emptied around a
-# variant). Liger's kernel (Triton 3.9 built here for sm_90: 30 registers, 8 blocks of 256 an SM, every
-# warp slot) holds more rows in flight than ours (48-64 registers): now the register caps.
-# Then (2026-12-03, second run): the register caps (RAWOPS_ROW_MIN_BLOCKS 3 and 4: softmax 16-bit no
-# gain, the norms spilled), v2 and cs for the norms: all slower. ncu (clocks locked): our softmax 65.3
-# us against Liger's 67.3; rms_norm bf16 70.6 against Liger's 66.5 (38 registers, 6 blocks of 256 an
-# SM; it loads the weight with x, we after the reduction). Now: the weight loaded early, or x's loads
-# kept out of L1 so the weight's lines stay there.
-LOADS = {"norm": os.path.join(HERE, "row_loads.cu")}
-VARIANTS = {
-    "w early": (["RAWOPS_NORM_FWD_EARLY_WEIGHTS=1"], 64, ("norm",), False, None),
-    "w early min1": (["RAWOPS_NORM_FWD_EARLY_WEIGHTS=1", "RAWOPS_ROW_MIN_BLOCKS=1"], 64, ("norm",), False, None),
-    "x no L1": ([], 64, ("norm",), False, LOADS),
-    "v2 w early": (["RAWOPS_NORM_FWD_EARLY_WEIGHTS=1", "RAWOPS_ROW_FWD_VECTORS=2"], 32, ("norm",), False, None),
-}
+# {family: an experiment's .cu that includes it}. Measured so far (docs/performance.md, "The row
+# forwards against Liger's"): 8 and 2 vectors a thread and 128 registers (efe88fc, H200); the 16-bit
+# bodies with fewer instructions an element (a3504c4, H100); on 2026-12-03 (H200) Liger's layout (2
+# vectors a thread), evict-first stores, the register caps (RAWOPS_ROW_MIN_BLOCKS 3, 4), the norms'
+# weight loaded with x and x's loads kept out of L1: every one slower or equal. Their sources and
+# macros are at aa88283 (dev/row_store_cs.cu, dev/row_loads.cu, RAWOPS_NORM_FWD_EARLY_WEIGHTS).
+VARIANTS = {}
 SHAPES = [(16384, 4096)] if os.environ.get("ROW_SHAPES") == "4096" else None
 SHAPES = SHAPES or [(16384, 4096), (87381, 768)]
 
@@ -89,8 +72,7 @@ def without_wide(fn):
 
 def builds():
     """(variant, family) -> (the source cubins.py builds, its macros)."""
-    return {(name, fam): (source[fam] if source else fam,
-                          macros + (["ROW_STORE_CS_NORM"] if source == CS and fam == "norm" else []))
+    return {(name, fam): (source[fam] if source else fam, macros)
             for name, (macros, _, fams, _, source) in VARIANTS.items() for fam in fams}
 
 

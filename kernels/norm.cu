@@ -36,10 +36,6 @@
 #include "rawops/bulk.cuh"
 #include "rawops/rows.cuh"
 
-#ifndef RAWOPS_NORM_FWD_EARLY_WEIGHTS  // experiment (dev/time_row_fwd_variants.py); shipped: 0
-#define RAWOPS_NORM_FWD_EARLY_WEIGHTS 0
-#endif
-
 namespace rawops {
 namespace {
 
@@ -164,11 +160,6 @@ __device__ __forceinline__ void layer_norm_row_half(const RowSlice<T, ITEMS>& xs
                                                     float* rstd_out) {
   constexpr int V = Vec16<T>::size;
   using Slice = RowSlice<T, ITEMS>;
-#if RAWOPS_NORM_FWD_EARLY_WEIGHTS  // experiment: weight and bias loaded with x, before the reduction
-  Slice ws, bs;
-  if (has_w) ws.load(opaque(w), c, n);
-  if (has_b) bs.load(opaque(b), c, n);
-#endif
   float s[2] = {0.f, 0.f};
 #pragma unroll
   for (int k = 0; k < ITEMS; ++k)
@@ -192,13 +183,6 @@ __device__ __forceinline__ void layer_norm_row_half(const RowSlice<T, ITEMS>& xs
     const int64_t j = int64_t(k) * c.width + c.lane;
     if (j * V >= n) break;
     float o[V], wv[V], bv[V];
-#if RAWOPS_NORM_FWD_EARLY_WEIGHTS
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      wv[e] = has_w ? ws.at(k, e) : 1.f;
-      bv[e] = has_b ? bs.at(k, e) : 0.f;
-    }
-#else
     if (has_w) {
       load_row(opaque(w), j, n, true, 1.f, wv);
     } else {
@@ -211,7 +195,6 @@ __device__ __forceinline__ void layer_norm_row_half(const RowSlice<T, ITEMS>& xs
 #pragma unroll
       for (int e = 0; e < V; ++e) bv[e] = 0.f;
     }
-#endif
 #pragma unroll
     for (int e = 0; e < V; ++e) o[e] = fmaf(fmaf(xs.at(k, e) - shift, rstd, offset), wv[e], bv[e]);
     store_row(yr, j, n, true, o);
@@ -272,13 +255,6 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
     const T* xr = x + row * x_stride;
     Slice xs;
     xs.load(xr, c, n);
-#if RAWOPS_NORM_FWD_EARLY_WEIGHTS
-    Slice ws, bs;
-    if (!(!RMS && sizeof(T) == 2)) {  // the 16-bit layer_norm body loads its own
-      if (has_w) ws.load(opaque(w), c, n);
-      if (has_b) bs.load(opaque(b), c, n);
-    }
-#endif
     if (ADD) {  // h = x + residual, rounded to T: written as the new residual, normalised below
       Slice rs;
       rs.load(add.residual + row * add.residual_stride, c, n);
@@ -332,16 +308,8 @@ __device__ __forceinline__ void norm_fwd(const T* __restrict__ x, const T* __res
       const int64_t j = int64_t(k) * c.width + c.lane;
       if (j * V >= n) break;
       float o[V], wv[V], bv[V];
-#if RAWOPS_NORM_FWD_EARLY_WEIGHTS
-#pragma unroll
-      for (int e = 0; e < V; ++e) {
-        wv[e] = ws.at(k, e);
-        bv[e] = bs.at(k, e);
-      }
-#else
       if (has_w) load_row(opaque(w), j, n, true, 1.f, wv);
       if (has_b) load_row(opaque(b), j, n, true, 0.f, bv);
-#endif
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         o[e] = ((xs.at(k, e) - shift) - S1) * rstd;

@@ -35,11 +35,6 @@
 
 #include "rawops/dtype.cuh"
 
-// The row slices' 16-byte load (an experiment's hook: dev/row_loads.cu; shipped, load16).
-#ifndef RAWOPS_ROW_SLICE_LOAD
-#define RAWOPS_ROW_SLICE_LOAD load16
-#endif
-
 namespace rawops {
 
 constexpr int kMaxRowThreads = RAWOPS_ROW_MAX_THREADS;  // launch bound and widest block
@@ -191,7 +186,7 @@ struct RowSlice {
 #pragma unroll
     for (int k = 0; k < ITEMS; ++k) {
       const int64_t f = first(c, k);
-      raw[k] = f < n ? words(RAWOPS_ROW_SLICE_LOAD(row + f)) : make_uint4(0, 0, 0, 0);
+      raw[k] = f < n ? words(load16(row + f)) : make_uint4(0, 0, 0, 0);
     }
   }
   // The same from a copy of the row in shared memory (the bulk path's stages), element 0 at `row`.
