@@ -104,6 +104,7 @@ grep -E "^(FAILED|ERROR)" "$LOG" | head -40
 # RAWOPS_SANITIZE_TESTS (default: the test files above), one process a file, pytest args from
 # RAWOPS_SANITIZE_ARGS (say -k to narrow a slow tool), each file cut at RAWOPS_SANITIZE_FILE_S (exit
 # 124: the table says how far it got); a tool's error makes the file's exit code 86.
+# --target-processes all: the processes a test spawns (test_moe's expert-parallel ranks) run under the tool too.
 # Logs in $OUT/sanitizer/, the table in $OUT/<gpu>/sanitizer.md. RAWOPS_UNDER_SANITIZER=1 tells the tests
 # (tests/test_losses.py skips a peak-memory check that torch's autograd fails under memcheck).
 if [ -n "${RAWOPS_SANITIZE:-}" ]; then
@@ -124,7 +125,7 @@ if [ -n "${RAWOPS_SANITIZE:-}" ]; then
       log="$OUT/sanitizer/${tool}_$(basename "$f" .py).log"
       t0=$(date +%s)
       cap=${RAWOPS_SANITIZE_FILE_S:-600}
-      RAWOPS_UNDER_SANITIZER=1 timeout "$(( $(left) < cap ? $(left) : cap ))" compute-sanitizer --tool "$tool" --error-exitcode 86 --report-api-errors no \
+      RAWOPS_UNDER_SANITIZER=1 timeout "$(( $(left) < cap ? $(left) : cap ))" compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 86 --report-api-errors no \
         $( [ "$tool" = racecheck ] && echo --racecheck-report hazard ) \
         python3 -m pytest "$f" -q -p no:cacheprovider ${RAWOPS_SANITIZE_ARGS:-} >"$log" 2>&1
       rc=$?
