@@ -2,7 +2,8 @@
 # Nsight Compute (full set, text) of the kernels under their bars on the H200: the 1024-key row
 # sort (issue 27), the 64-wide f16 fused MLP forward and the 16-bit norm backwards (layer_norm's
 # beside rms_norm's, bf16 16384 x 4096; issue 26), the 16-bit softmax and rms_norm forwards beside
-# Liger's Triton kernels (faster there: 67.9 / 67.5 us against our 70.1 / 69.4). Writes $1/ncu_<name>.txt.
+# Liger's Triton kernels (faster in the benches; under ncu on 2026-12-03 our softmax 65.3 us against 67.3,
+# rms_norm 70.6 against 66.5: docs/performance.md). Writes $1/ncu_<name>.txt.
 #   bash dev/ncu_targets.sh "$OUT" [names...]   (names: sort mlp norm rows; default sort mlp)
 out=${1:?output folder}; shift
 names=${*:-sort mlp}

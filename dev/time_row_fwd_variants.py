@@ -35,8 +35,7 @@ from rawops import _modules, _rows, norm, softmaxes  # noqa: E402
 # weight loaded with x and x's loads kept out of L1: every one slower or equal. Their sources and
 # macros are at aa88283 (dev/row_store_cs.cu, dev/row_loads.cu, RAWOPS_NORM_FWD_EARLY_WEIGHTS).
 VARIANTS = {}
-SHAPES = [(16384, 4096)] if os.environ.get("ROW_SHAPES") == "4096" else None
-SHAPES = SHAPES or [(16384, 4096), (87381, 768)]
+SHAPES = [(16384, 4096)] + ([] if os.environ.get("ROW_SHAPES") == "4096" else [(87381, 768)])
 
 
 def variant_call(fn, family, module, fwd_bytes):

@@ -227,30 +227,33 @@ def _borrowed(case):
     return getattr(module, name), args(module) if callable(args) else args
 
 
-def _parametrized_values(fn):
-    """argument name -> the values fn's own parametrize marks run it with."""
-    values = {}
+def _parametrize_marks(fn):
+    """fn's parametrize marks, each as (argument names, the rows of values it runs)."""
+    marks = []
     for mark in getattr(fn, "pytestmark", []):
         if mark.name == "parametrize":
             names, argvalues = mark.args[0], mark.args[1]
             names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
-            for row in argvalues:
-                row = row.values if hasattr(row, "values") else row
-                for n, v in zip(names, row if len(names) > 1 else [row]):
-                    values.setdefault(n, []).append(v)
-    return values
+            rows = [tuple(r.values) if hasattr(r, "values") else (tuple(r) if len(names) > 1 else (r,))
+                    for r in argvalues]
+            marks.append((names, rows))
+    return marks
 
 
 @pytest.mark.parametrize("case", sorted(BORROWED))
 def test_borrowed_cases_are_cases_their_files_run(case):
-    """No GPU needed: each borrowed case names an existing test, every argument it takes, and only
-    values its own parametrize runs (a renamed test or a dropped value fails here, in CI)."""
+    """No GPU needed: each borrowed case names an existing test, every argument it takes, and for each
+    of the test's parametrize marks one row of values that mark runs (names given together, such as
+    "rows,n", matched together): a renamed test or a dropped case fails here, in CI."""
     pytest.importorskip("torch")
     fn, args = _borrowed(case)
     inspect.signature(fn).bind(**args)
-    values = _parametrized_values(fn)
-    for name, value in args.items():
-        assert value in values.get(name, []), f"{case}: {name}={value!r} is not among {fn.__name__}'s cases"
+    named = set()
+    for names, rows in _parametrize_marks(fn):
+        named.update(names)
+        mine = tuple(args.get(n) for n in names)
+        assert mine in rows, f"{case}: {dict(zip(names, mine))} is not among {fn.__name__}'s cases"
+    assert set(args) <= named, f"{case}: {sorted(set(args) - named)} not parametrized by {fn.__name__}"
 
 
 @pytest.mark.gpu
