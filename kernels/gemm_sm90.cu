@@ -42,6 +42,10 @@
 
 #include "rawops/gemm_epilogue.cuh"
 
+#ifndef RAWOPS_GEMM_SM90_STS
+#define RAWOPS_GEMM_SM90_STS 0
+#endif
+
 namespace rawops {
 namespace sm90 {
 
@@ -134,47 +138,70 @@ __device__ __forceinline__ void consumers_sync() {
   cutlass::arch::NamedBarrier::sync(kConsumers, kEpilogueBarrier);
 }
 
-// Stores the tile's values (acc, float32) through the copy engine: per 128-byte column slab (64
-// 16-bit or 32 float32 columns), the consumers write it to a staging buffer in the 128-byte
-// swizzle (each thread a pair of columns: 4- or 8-byte stores), then one thread issues the TMA
-// store of the 128-row box, which clips at the
-// matrix's edges; the two buffers alternate, so the stores drain while the next quarter is
-// written and while the next tile's main loop runs. `issued` counts the stores so far.
+// Stores slab q (128 bytes of columns: 64 16-bit or 32 float32) of the tile through the copy
+// engine: the consumers write it to a staging buffer in the 128-byte swizzle (each thread a pair
+// of columns: 4- or 8-byte stores; pair(i) gives accumulators i and i + 1 as T), then one thread
+// issues the TMA store of the 128-row box, which clips at the matrix's edges; the two buffers
+// alternate, so the stores drain while the next slab is written and while the next tile's main
+// loop runs. `issued` counts the stores so far. q must be a constant once unrolled.
 // Accumulator i of a thread is row (t / 4) % 8 + 16 (t / 32) + 64 warpgroup + 8 ((i / 2) % 2),
 // column 2 (t % 4) + i % 2 + 8 (i / 4): CuTe's 64 x N GMMA C layout, ((4,8,4),(2,2,N/8)).
+template <typename T, typename E, int BN, class Pair, class Pairs>
+__device__ __forceinline__ void store_slab(const Pairs& pair, int q, Shared<E, BN>& smem, const CUtensorMap* map,
+                                           int thread, int row0, int col0, int& issued) {
+  constexpr int kCols = kSpanBytes / int(sizeof(T));  // columns a box
+  const int row = 64 * (thread / 128) + 16 * (thread % 128 / 32) + thread % 32 / 4;
+  const int pair_bytes = int(sizeof(Pair)) * (thread % 4);  // within an 8-column group
+  const int buffer = issued & 1;
+  if (thread == 0) tma_store_wait<1>();  // the store that last read this buffer is done with it
+  consumers_sync();
+#if RAWOPS_GEMM_SM90_STS
+  // st.shared at 32-bit shared addresses: the generic stores a plain pointer compiles to carry 64-bit
+  // address arithmetic and the generic-to-shared conversion
+  const uint32_t base = cast_smem_ptr_to_uint(smem.out[buffer]);
+#else
+  char* base = reinterpret_cast<char*>(smem.out[buffer]);
+#endif
+#pragma unroll
+  for (int jj = 0; jj < kCols / 8; ++jj) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = 4 * (q * kCols / 8 + jj) + 2 * h;
+      const int r = row + 8 * h;
+      const int byte = jj * 8 * int(sizeof(T)) + pair_bytes;  // in the unswizzled 128-byte row
+#if RAWOPS_GEMM_SM90_STS
+      const uint32_t at = base + uint32_t(r * kSpanBytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15));
+      const Pair value = pair(i);
+      if constexpr (sizeof(Pair) == 4)
+        asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(value) : "memory");
+      else
+        asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(at), "r"(value.x), "r"(value.y) : "memory");
+#else
+      *reinterpret_cast<Pair*>(base + r * kSpanBytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15)) = pair(i);
+#endif
+    }
+  }
+  cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
+  consumers_sync();
+  if (thread == 0) {
+    SM90_TMA_STORE_2D::copy(map, smem.out[buffer], col0 + q * kCols, row0);
+    tma_store_arrive();
+  }
+  ++issued;
+}
+
+// The whole tile (acc, float32) as T, slab by slab.
 template <typename T, typename E, int BN, class Acc>
 __device__ __forceinline__ void store_through_tma(const Acc& acc, Shared<E, BN>& smem, const CUtensorMap* map,
                                                   int thread, int row0, int col0, int& issued) {
   using Pair = conditional_t<sizeof(T) == 2, uint32_t, uint2>;
-  constexpr int kCols = kSpanBytes / int(sizeof(T));  // columns a box
-  const int row = 64 * (thread / 128) + 16 * (thread % 128 / 32) + thread % 32 / 4;
-  const int pair_bytes = int(sizeof(Pair)) * (thread % 4);  // within an 8-column group
+  auto pair = [&](int i) {
+    __align__(8) T two[2] = {from_float<T>(acc(i)), from_float<T>(acc(i + 1))};
+    return *reinterpret_cast<const Pair*>(two);
+  };
 #pragma unroll
-  for (int q = 0; q < BN / kCols; ++q) {
-    const int buffer = issued & 1;
-    if (thread == 0) tma_store_wait<1>();  // the store that last read this buffer is done with it
-    consumers_sync();
-    char* base = reinterpret_cast<char*>(smem.out[buffer]);
-#pragma unroll
-    for (int jj = 0; jj < kCols / 8; ++jj) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = 4 * (q * kCols / 8 + jj) + 2 * h;
-        const int r = row + 8 * h;
-        const int byte = jj * 8 * int(sizeof(T)) + pair_bytes;  // in the unswizzled 128-byte row
-        __align__(8) T pair[2] = {from_float<T>(acc(i)), from_float<T>(acc(i + 1))};
-        *reinterpret_cast<Pair*>(base + r * kSpanBytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15)) =
-            *reinterpret_cast<const Pair*>(pair);
-      }
-    }
-    cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
-    consumers_sync();
-    if (thread == 0) {
-      SM90_TMA_STORE_2D::copy(map, smem.out[buffer], col0 + q * kCols, row0);
-      tma_store_arrive();
-    }
-    ++issued;
-  }
+  for (int q = 0; q < BN * int(sizeof(T)) / kSpanBytes; ++q)
+    store_slab<T, E, BN, Pair>(pair, q, smem, map, thread, row0, col0, issued);
 }
 
 // A split's raw float32 sums into partial (M x N, row-major), straight from the accumulators:
@@ -231,7 +258,11 @@ __device__ __forceinline__ int expert_of(const int* __restrict__ offsets, int gr
   return lo;
 }
 
-template <typename T, bool A_KM, bool B_KM, int BN>
+// DEFER (the experts' weight gradients: 9-17 stages a tile): a tile's values are rounded to T and
+// packed into registers at the end of its main loop, and its slabs stored one a stage during the
+// next tile's main loop, between the WGMMAs' issue and their wait, so the tensor cores are not
+// left idle through the epilogue.
+template <typename T, bool A_KM, bool B_KM, int BN, bool DEFER = false>
 __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_a_tail,
                                      const CUtensorMap* map_b, const CUtensorMap* map_c, const CUtensorMap* map_pre,
                                      const T* __restrict__ bias, int flags, bool has_pre, int64_t M, int64_t N,
@@ -324,6 +355,19 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   const bool lane0 = threadIdx.x % 32 == 0;
   const bool has_bias = (flags & 3) != kEpiNone && bias != nullptr;
   int issued = 0;  // TMA stores issued by this block (thread 0 waits on them)
+  static_assert(!DEFER || (sizeof(T) == 2 && BN == 256), "the deferred stores: 16-bit tiles, full width");
+  constexpr int kSlabs = BN * int(sizeof(T)) / kSpanBytes;
+  uint32_t packed[DEFER ? decltype(size(acc))::value / 2 : 1] = {};  // DEFER: the last tile's values, pairs of T
+  int pending = kSlabs, pending_row0 = 0, pending_col0 = 0;  // its first slab not yet stored, its corner
+  auto packed_pair = [&](int i) { return packed[DEFER ? i / 2 : 0]; };
+  // Slab `pending` of the last tile, if any is left.
+  auto store_pending = [&]() {
+#pragma unroll
+    for (int q = 0; q < kSlabs; ++q)
+      if (q == pending)
+        store_slab<T, E, BN, uint32_t>(packed_pair, q, smem, map_c, thread, pending_row0, pending_col0, issued);
+    ++pending;
+  };
 
   int stage = 0;
   uint32_t phase = 0;
@@ -358,6 +402,7 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
         mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
+      if (DEFER && pending < kSlabs) store_pending();  // while the WGMMAs run
       warpgroup_wait<1>();  // the previous stage's WGMMAs are done: hand it back
       warpgroup_fence_operand(acc);
       if (release >= 0 && lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[release]);
@@ -377,8 +422,20 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
       consumers_sync();
     }
     const int row0 = (k_groups ? split * int(M) : 0) + tm * kBM;  // k_groups: expert `split`'s matrix
+    if (DEFER) {
+      while (pending < kSlabs) store_pending();  // a tile of fewer stages than slabs (or none)
+#pragma unroll
+      for (int i = 0; i < size(acc); i += 2) {
+        __align__(4) T two[2] = {from_float<T>(acc(i)), from_float<T>(acc(i + 1))};
+        packed[i / 2] = *reinterpret_cast<const uint32_t*>(two);
+      }
+      pending = 0, pending_row0 = row0, pending_col0 = tn * kBN;
+      continue;
+    }
     store_tile<T>(acc, smem, map_c, map_pre, flags, has_bias, has_pre, thread, row0, tn * kBN, issued);
   }
+  if (DEFER)
+    while (pending < kSlabs) store_pending();
   if (thread == 0) tma_store_wait<0>();  // shared memory must outlive the stores reading it
 }
 
@@ -428,13 +485,17 @@ RAWOPS_SM90_FAMILY(__nv_bfloat16, bf16)
 // The experts' weight gradients (map_a, map_b, map_c, offsets, groups, m, n): dW_e (M x N, stacked
 // (E M, N)) = A_e^T B_e over expert e's rows of A (rows, M) and B (rows, N), both M/N-major (tn);
 // M a multiple of 128 (the TMA store of a tile must not cross into the next expert's matrix).
+#ifndef RAWOPS_GEMM_SM90_WGRAD_DEFER
+#define RAWOPS_GEMM_SM90_WGRAD_DEFER 0
+#endif
 #define RAWOPS_SM90_GROUPED_TN(T, suffix)                                                                       \
   extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) gemm_sm90_grouped_tn_##suffix(     \
       const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,                 \
       const __grid_constant__ CUtensorMap map_c, const int* offsets, long long groups, long long m,         \
       long long n) {                                                                                        \
-    rawops::sm90::gemm<T, false, false, 256>(&map_a, &map_a, &map_b, &map_c, &map_c, nullptr, 0, false, m, n, 0, \
-                                             nullptr, 1, offsets, int(groups), 0, true);                    \
+    rawops::sm90::gemm<T, false, false, 256, RAWOPS_GEMM_SM90_WGRAD_DEFER != 0>(                               \
+        &map_a, &map_a, &map_b, &map_c, &map_c, nullptr, 0, false, m, n, 0, nullptr, 1, offsets, int(groups), 0, \
+        true);                                                                                              \
   }
 
 RAWOPS_SM90_GROUPED(nt, true, true, __half, f16)
