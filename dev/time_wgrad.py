@@ -11,7 +11,7 @@ each launched through the library (its function swapped), outputs checked agains
 (max |diff|, 0 when bit-identical), times in interleaved rounds beside torch._grouped_mm and cuBLAS
 dense of the same M N K; the grouped forward (nt) too, which `sts` changes. Experiment, not a bench.
     python dev/cubins.py 90 gemm_sm90 ...   (or carry dev/.cubins)
-    python dev/time_wgrad.py
+    python dev/time_wgrad.py [variant ...]   (default: all four; names as in VARIANTS)
 """
 import os
 import sys
@@ -69,6 +69,8 @@ def report(title, calls, flops, ref):
 
 def main():
     print(torch.cuda.get_device_name())
+    for label in [v for v in VARIANTS if sys.argv[1:] and v not in sys.argv[1:]]:
+        del VARIANTS[label]
     modules = build_modules("gemm_sm90", VARIANTS)
     dtype = torch.bfloat16
     for name, tokens, hidden, inter, experts, k in SHAPES:
@@ -87,7 +89,8 @@ def main():
             report(f"{name} {op}: M {m} N {n} K {used}", calls, 2 * m * n * used, fn())
         w = torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=dtype) / hidden ** 0.5
         fn = lambda: ta_moe.grouped_mm(xp, w, offsets)  # noqa: E731
-        calls = {"library": fn, **{label: variant_call(fn, modules[label]) for label in ("before", "sts")}}
+        calls = {"library": fn, **{label: variant_call(fn, modules[label])
+                                   for label in ("before", "sts") if label in VARIANTS}}
         calls["cuBLAS dense"] = lambda: torch.mm(xp[:used], w[0].t())
         report(f"{name} gate_up forward (nt): M {used} N {2 * inter} K {hidden}", calls,
                2 * used * 2 * inter * hidden, fn())
