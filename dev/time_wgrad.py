@@ -39,10 +39,15 @@ SHAPES = [("mixtral", 16384, 4096, 14336, 64, 2), ("qwen3", 16384, 2048, 768, 12
 def variant_call(fn, module):
     shipped = _gemm_sm90.function
 
+    kept = {}  # RawKernel objects stay alive while their CUfunction pointers are used
+
     def function(name, device, shared=_gemm_sm90.SHARED_BYTES):
-        kernel = module.get_function(name)
-        kernel.max_dynamic_shared_size_bytes = shared
-        return kernel.ptr
+        kernel = kept.get(name)
+        if kernel is None:
+            kernel = kept[name] = module.get_function(name)
+        if shared > kernel.max_dynamic_shared_size_bytes:
+            kernel.max_dynamic_shared_size_bytes = shared
+        return kernel.kernel.ptr
 
     def call():
         _gemm_sm90.function = function
