@@ -42,10 +42,6 @@
 
 #include "rawops/gemm_epilogue.cuh"
 
-#ifndef RAWOPS_GEMM_SM90_STS
-#define RAWOPS_GEMM_SM90_STS 0
-#endif
-
 namespace rawops {
 namespace sm90 {
 
@@ -155,13 +151,9 @@ __device__ __forceinline__ void store_slab(const Pairs& pair, int q, Shared<E, B
   const int buffer = issued & 1;
   if (thread == 0) tma_store_wait<1>();  // the store that last read this buffer is done with it
   consumers_sync();
-#if RAWOPS_GEMM_SM90_STS
   // st.shared at 32-bit shared addresses: the generic stores a plain pointer compiles to carry 64-bit
   // address arithmetic and the generic-to-shared conversion
   const uint32_t base = cast_smem_ptr_to_uint(smem.out[buffer]);
-#else
-  char* base = reinterpret_cast<char*>(smem.out[buffer]);
-#endif
 #pragma unroll
   for (int jj = 0; jj < kCols / 8; ++jj) {
 #pragma unroll
@@ -169,16 +161,12 @@ __device__ __forceinline__ void store_slab(const Pairs& pair, int q, Shared<E, B
       const int i = 4 * (q * kCols / 8 + jj) + 2 * h;
       const int r = row + 8 * h;
       const int byte = jj * 8 * int(sizeof(T)) + pair_bytes;  // in the unswizzled 128-byte row
-#if RAWOPS_GEMM_SM90_STS
       const uint32_t at = base + uint32_t(r * kSpanBytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15));
       const Pair value = pair(i);
       if constexpr (sizeof(Pair) == 4)
         asm volatile("st.shared.b32 [%0], %1;" ::"r"(at), "r"(value) : "memory");
       else
         asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(at), "r"(value.x), "r"(value.y) : "memory");
-#else
-      *reinterpret_cast<Pair*>(base + r * kSpanBytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15)) = pair(i);
-#endif
     }
   }
   cutlass::arch::fence_view_async_shared();  // make the writes visible to the copy engine
@@ -485,15 +473,12 @@ RAWOPS_SM90_FAMILY(__nv_bfloat16, bf16)
 // The experts' weight gradients (map_a, map_b, map_c, offsets, groups, m, n): dW_e (M x N, stacked
 // (E M, N)) = A_e^T B_e over expert e's rows of A (rows, M) and B (rows, N), both M/N-major (tn);
 // M a multiple of 128 (the TMA store of a tile must not cross into the next expert's matrix).
-#ifndef RAWOPS_GEMM_SM90_WGRAD_DEFER
-#define RAWOPS_GEMM_SM90_WGRAD_DEFER 0
-#endif
 #define RAWOPS_SM90_GROUPED_TN(T, suffix)                                                                       \
   extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) gemm_sm90_grouped_tn_##suffix(     \
       const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,                 \
       const __grid_constant__ CUtensorMap map_c, const int* offsets, long long groups, long long m,         \
       long long n) {                                                                                        \
-    rawops::sm90::gemm<T, false, false, 256, RAWOPS_GEMM_SM90_WGRAD_DEFER != 0>(                               \
+    rawops::sm90::gemm<T, false, false, 256, true>(                                                          \
         &map_a, &map_a, &map_b, &map_c, &map_c, nullptr, 0, false, m, n, 0, nullptr, 1, offsets, int(groups), 0, \
         true);                                                                                              \
   }
