@@ -8,7 +8,12 @@ it truncates), small = x - big; "rna" big = x rounded to TF32, small = (x - big)
 the tensor core reads both exactly whatever it does with low bits. "4x" adds a_small b_small.
 Prints each one's relative-norm error against float64 beside torch float32 (TF32 off) and
 rawops' exact FFMA, and the times of the K' GEMM against torch float32 and single TF32.
-Experiment, not a bench.   python dev/probe_3xtf32.py
+"promoted": the same 3x rna through a cubin built with RAWOPS_GEMM_SM90_PROMOTE=1 (each stage's
+WGMMAs summed apart, then added to the accumulators by FADD), 128-wide tiles (the shipped kernel
+forced to them beside it: config.gemm_sm90_shape).
+Experiment, not a bench.
+    python dev/cubins.py 90 gemm_sm90 RAWOPS_GEMM_SM90_PROMOTE=1   (or carry dev/.cubins)
+    python dev/probe_3xtf32.py
 """
 import os
 import sys
@@ -19,8 +24,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path.join(HERE, ".."),
                                                                         os.path.join(HERE, "..", "bench")]
 import timing  # noqa: E402
+from cubins import build_modules  # noqa: E402
 
+from rawops import _gemm_sm90, _gemm_tf32, config  # noqa: E402
 from rawops.torch_adapter import gemm as ta_gemm  # noqa: E402
+
+PROMOTED = build_modules("gemm_sm90", {"promoted": ["RAWOPS_GEMM_SM90_PROMOTE=1"]})["promoted"]
 
 SHAPES = [(1, 3072, 768), (32, 3072, 768), (8192, 3072, 768), (8192, 768, 3072), (4096, 4096, 4096),
           (8192, 8192, 8192)]
@@ -51,6 +60,32 @@ def nt(a, b, tf32=True):
     return c
 
 
+def narrow(fn, module=None):
+    """fn on 128-wide tiles, its kernel from `module` (a cubin) when given, else the shipped one."""
+    shipped = _gemm_sm90.function
+    kept = {}
+
+    def function(name, device, shared=_gemm_sm90.SHARED_BYTES):
+        kernel = kept.get(name)
+        if kernel is None:
+            kernel = kept[name] = module.get_function(name)
+            kernel.max_dynamic_shared_size_bytes = shared
+        return kernel.kernel.ptr
+
+    def call():
+        _gemm_tf32._plans.clear()  # the plans hold the function pointer
+        config.gemm_sm90_shape = (128, 1)
+        if module is not None:
+            _gemm_sm90.function = function
+        try:
+            return fn()
+        finally:
+            _gemm_sm90.function = shipped
+            config.gemm_sm90_shape = None
+            _gemm_tf32._plans.clear()
+    return call
+
+
 def stacked(a, b, how):
     (ab, as_), (bb, bs) = split(a, how), split(b, how)
     if how == "4x":
@@ -76,6 +111,9 @@ def main():
             a3, b3 = stacked(a, b, "rna" if how == "4x" else how)
             errs[f"3x {how}" if how != "4x" else "4x rna"] = rel(nt(a3, b3), ref)
             ops[how] = (a3, b3)
+        a3, b3 = ops["rna"]
+        errs["3x n128"] = rel(narrow(lambda: nt(a3, b3))(), ref)
+        errs["3x promoted"] = rel(narrow(lambda: nt(a3, b3), PROMOTED)(), ref)
         line = "  ".join(f"{key} {v:.2e} ({v / errs['torch f32']:.2f}x)" for key, v in errs.items())
         print(f"M {m} N {n} K {k}: {line}")
         if m < 8192:
@@ -86,6 +124,8 @@ def main():
         calls = {"torch f32": lambda: a @ b.T, "rawops FFMA": lambda: nt(a, b, False),
                  "tf32 (1 pass)": lambda: nt(a, b), "3x (K' = 3K)": lambda: nt(a3, b3),
                  "4x (K' = 4K)": lambda: nt(a4, b4),
+                 "tf32 n128": narrow(lambda: nt(a, b)), "3x n128": narrow(lambda: nt(a3, b3)),
+                 "3x promoted n128": narrow(lambda: nt(a3, b3), PROMOTED),
                  "split a and b (torch ops)": lambda: stacked(a, b, "rna")}
         times = timing.device_times_us(calls, warmup=3, reps=5, rounds=3)
         for key, us in times.items():

@@ -42,6 +42,10 @@
 
 #include "rawops/gemm_epilogue.cuh"
 
+#ifndef RAWOPS_GEMM_SM90_PROMOTE
+#define RAWOPS_GEMM_SM90_PROMOTE 0
+#endif
+
 namespace rawops {
 namespace sm90 {
 
@@ -340,6 +344,11 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   Tensor fA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, 1, K blocks, stage) descriptors
   Tensor fB = thr.make_fragment_B(thr.partition_B(sB));
   Tensor acc = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBN>>{});
+  // RAWOPS_GEMM_SM90_PROMOTE (dev, float32 tiles of <= 128 columns): each stage's WGMMAs sum into
+  // `part`, added to acc by FADD: the tensor core's float32 sums round worse than IEEE (their error
+  // grows with K), so long sums are kept out of them (3xTF32 at float32 accuracy).
+  constexpr bool kPromote = RAWOPS_GEMM_SM90_PROMOTE && sizeof(T) == 4 && BN <= 128;
+  Tensor part = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBN>>{});  // unused (no registers) unless kPromote
   const bool lane0 = threadIdx.x % 32 == 0;
   const bool has_bias = (flags & 3) != kEpiNone && bias != nullptr;
   int issued = 0;  // TMA stores issued by this block (thread 0 waits on them)
@@ -380,8 +389,30 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
 #pragma unroll
       for (int i = 0; i < size(acc); ++i) acc(i) = 0.f;
     }
+    if (kPromote) {
+#pragma unroll
+      for (int i = 0; i < size(acc); ++i) acc(i) = 0.f;
+    }
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
+      if (kPromote) {  // the stage's products summed apart, then added to acc with one rounding each
+        warpgroup_fence_operand(part);
+        warpgroup_arrive();
+        mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+        for (int kb = 0; kb < size<2>(fA); ++kb) {
+          cute::gemm(mma, fA(_, _, kb, stage), fB(_, _, kb, stage), part);
+          mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(part);
+        if (lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
+#pragma unroll
+        for (int i = 0; i < size(acc); ++i) acc(i) += part(i);
+        if (++stage == kStages) stage = 0, phase ^= 1;
+        continue;
+      }
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
 #pragma unroll
