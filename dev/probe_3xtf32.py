@@ -22,7 +22,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path.join(HERE, ".."),
-                                                                        os.path.join(HERE, "..", "bench")]
+                                                                        os.path.join(HERE, "..", "bench"), HERE]
 import timing  # noqa: E402
 from cubins import build_modules  # noqa: E402
 
