@@ -254,7 +254,11 @@ __device__ __forceinline__ int expert_of(const int* __restrict__ offsets, int gr
 // packed into registers at the end of its main loop, and its slabs stored one a stage during the
 // next tile's main loop, between the WGMMAs' issue and their wait, so the tensor cores are not
 // left idle through the epilogue.
-template <typename T, bool A_KM, bool B_KM, int BN, bool DEFER = false>
+// SPLIT3 (gemm_sm90_nt_3xtf32_*: float32 at float32's accuracy): A and B are (rows, 2 kp) of TF32
+// parts, big in columns [0, kp), small in [kp, 2 kp) (kernels/gemm_tf32.cu split_tf32_*), and K is
+// 3 kp: each 32-column stage kk of the parts is three stages, small_a big_b, big_a small_b, big_a
+// big_b (the small terms first), each summed apart and added by FADD (kPromote).
+template <typename T, bool A_KM, bool B_KM, int BN, bool DEFER = false, bool SPLIT3 = false>
 __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap* map_a_tail,
                                      const CUtensorMap* map_b, const CUtensorMap* map_c, const CUtensorMap* map_pre,
                                      const T* __restrict__ bias, int flags, bool has_pre, int64_t M, int64_t N,
@@ -321,13 +325,19 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
         const CUtensorMap* a_map = tail ? map_a_tail : map_a;
         const uint32_t bytes = tail ? tail_stage_bytes : stage_bytes;
         for (int kt = kt_begin; kt < kt_end; ++kt) {
+          int ka = kt, kb = kt;  // the stages of A and B read
+          if (SPLIT3) {
+            const int kk = kt / 3, product = kt - 3 * kk;
+            ka = kk + (product == 0 ? k_tiles / 3 : 0);  // small_a in the first product
+            kb = kk + (product == 1 ? k_tiles / 3 : 0);  // small_b in the second
+          }
           cutlass::arch::ClusterBarrier::wait(&smem.empty[stage], phase);
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.full[stage], bytes);
-          load_operand<A_KM, kBM>(a_map, &smem.full[stage], smem.a[stage], tm * kBM, kt * kBK);
+          load_operand<A_KM, kBM>(a_map, &smem.full[stage], smem.a[stage], tm * kBM, ka * kBK);
           if (B_KM)
-            load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN + b_shift, kt * kBK);
+            load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN + b_shift, kb * kBK);
           else
-            load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN, kt * kBK + b_shift);
+            load_operand<B_KM, kBN>(map_b, &smem.full[stage], smem.b[stage], tn * kBN, kb * kBK + b_shift);
           if (++stage == kStages) stage = 0, phase ^= 1;
         }
       }
@@ -344,10 +354,12 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   Tensor fA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, 1, K blocks, stage) descriptors
   Tensor fB = thr.make_fragment_B(thr.partition_B(sB));
   Tensor acc = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBN>>{});
-  // RAWOPS_GEMM_SM90_PROMOTE (dev, float32 tiles of <= 128 columns): each stage's WGMMAs sum into
-  // `part`, added to acc by FADD: the tensor core's float32 sums round worse than IEEE (their error
-  // grows with K), so long sums are kept out of them (3xTF32 at float32 accuracy).
-  constexpr bool kPromote = RAWOPS_GEMM_SM90_PROMOTE && sizeof(T) == 4 && BN <= 128;
+  // kPromote (SPLIT3; RAWOPS_GEMM_SM90_PROMOTE, dev: every float32 tile of <= 128 columns): each
+  // stage's WGMMAs sum into `part`, added to acc by FADD. The tensor core's float32 sums round worse
+  // than IEEE, their error growing with K (3xTF32 summed in them: 4-16x torch's float32 error on the
+  // H200, linear in K; promoted: 0.2-1.3x, docs/performance.md).
+  constexpr bool kPromote = (SPLIT3 || RAWOPS_GEMM_SM90_PROMOTE) && sizeof(T) == 4 && BN <= 128;
+  static_assert(!SPLIT3 || (sizeof(T) == 4 && BN <= 128 && A_KM && B_KM), "3xTF32: float32 nt, <= 128 wide");
   Tensor part = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBN>>{});  // unused (no registers) unless kPromote
   const bool lane0 = threadIdx.x % 32 == 0;
   const bool has_bias = (flags & 3) != kEpiNone && bias != nullptr;
@@ -468,16 +480,17 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
 // for an M-major A), built by
 // rawops/_gemm_sm90.py; bias and flags as in kernels/gemm.cu; with splits
 // > 1 the sums go to partial (splits x m x n float32) and c, bias and flags are unused.
-#define RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, BN, name)                                              \
+#define RAWOPS_SM90_ENTRY(A_KM, B_KM, T, BN, SPLIT3, name)                                                   \
   extern "C" __global__ void __launch_bounds__(rawops::sm90::kThreads, 1) name(                              \
       const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,                 \
       const __grid_constant__ CUtensorMap map_c, const __grid_constant__ CUtensorMap map_pre,                \
       const __grid_constant__ CUtensorMap map_a_tail, const T* bias, long long m, long long n, long long k,    \
       long long flags, float* partial, long long splits) {                                                  \
-    rawops::sm90::gemm<T, A_KM, B_KM, BN>(&map_a, &map_a_tail, &map_b, &map_c, &map_pre, bias, int(flags & 7), \
-                                          (flags & rawops::sm90::kFlagPre) != 0, m, n, k, partial,          \
-                                          int(splits));                                                    \
+    rawops::sm90::gemm<T, A_KM, B_KM, BN, false, SPLIT3>(&map_a, &map_a_tail, &map_b, &map_c, &map_pre, bias,  \
+                                                         int(flags & 7), (flags & rawops::sm90::kFlagPre) != 0, \
+                                                         m, n, k, partial, int(splits));                   \
   }
+#define RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, BN, name) RAWOPS_SM90_ENTRY(A_KM, B_KM, T, BN, false, name)
 #define RAWOPS_SM90(layout, A_KM, B_KM, T, suffix)                                                 \
   RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, 256, gemm_sm90_##layout##_##suffix)               \
   RAWOPS_SM90_BN(layout, A_KM, B_KM, T, suffix, 128, gemm_sm90_##layout##_##suffix##_n128)        \
@@ -521,3 +534,7 @@ RAWOPS_SM90_GROUPED(nn, true, false, __nv_bfloat16, bf16)
 RAWOPS_SM90_GROUPED_TN(__half, f16)
 RAWOPS_SM90_GROUPED_TN(__nv_bfloat16, bf16)
 RAWOPS_SM90(nt, true, true, float, tf32)  // float32 as TF32: K-major operands only
+// float32 at float32's accuracy (3xTF32, rawops/_gemm_tf32.py): the tf32 entries' arguments, a and b
+// the split parts (rows, 2 kp), k = 3 kp; tiles of <= 128 columns (the promoted sums' registers).
+RAWOPS_SM90_ENTRY(true, true, float, 128, true, gemm_sm90_nt_3xtf32_n128)
+RAWOPS_SM90_ENTRY(true, true, float, 64, true, gemm_sm90_nt_3xtf32_n64)

@@ -294,3 +294,40 @@ extern "C" __global__ void __launch_bounds__(kTransposeThreads)
     if (c0 + i < cols && r0 + tx < rows)
       out[(c0 + i) * rows + r0 + tx] = __uint_as_float(rawops::to_tf32(__float_as_uint(tile[tx][i])));
 }
+
+// The 3xTF32 operands of the Hopper float32 GEMM (gemm_sm90_nt_3xtf32_*, kernels/gemm_sm90.cu;
+// rawops/_gemm_tf32.py): each value v = big + small by split_tf32 (both TF32, so the tensor core
+// reads them exactly), written K-major into out (rows x 2 kp): big in columns [0, k), small in
+// [kp, kp + k), zeros in the padding (kp: k rounded up to the GEMM's 32-column stage). A value
+// that is not finite is its own big part and has small 0 (its products stay inf or NaN, not
+// inf - inf). Each moves rows x k x 4 bytes in and 2 x rows x kp x 4 out.
+__device__ __forceinline__ void store_split(float* out, long long row, long long col, long long kp, float v) {
+  const rawops::Tf32Split s = isfinite(v) ? rawops::split_tf32(v) : rawops::Tf32Split{__float_as_uint(v), 0u};
+  out[row * 2 * kp + col] = __uint_as_float(s.big);
+  out[row * 2 * kp + kp + col] = __uint_as_float(s.small);
+}
+
+// in (rows x k, row-major): a K-major operand. Grid (ceil(kp / 256), min(rows, 65535)), 256
+// threads, a thread a column, the rows strided by the grid.
+extern "C" __global__ void __launch_bounds__(256)
+    split_tf32_f32(const float* in, float* out, long long rows, long long k, long long kp) {
+  const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= kp) return;
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) store_split(out, r, c, kp, c < k ? in[r * k + c] : 0.f);
+}
+
+// in (k x rows, row-major): an M/N-major operand, written transposed through the transpose
+// kernel's 64 x 64 tiles. Grid (ceil(rows / 64), ceil(kp / 64)).
+extern "C" __global__ void __launch_bounds__(kTransposeThreads)
+    split_tf32_transposed_f32(const float* in, float* out, long long rows, long long k, long long kp) {
+  __shared__ float tile[kTransposeTile][kTransposeTile + 1];
+  const int tx = threadIdx.x % kTransposeTile, ty = threadIdx.x / kTransposeTile;
+  const long long r0 = (long long)blockIdx.x * kTransposeTile, c0 = (long long)blockIdx.y * kTransposeTile;
+#pragma unroll
+  for (int i = ty; i < kTransposeTile; i += 4)
+    tile[i][tx] = c0 + i < k && r0 + tx < rows ? in[(c0 + i) * rows + r0 + tx] : 0.f;
+  __syncthreads();
+#pragma unroll
+  for (int i = ty; i < kTransposeTile; i += 4)
+    if (r0 + i < rows && c0 + tx < kp) store_split(out, r0 + i, c0 + tx, kp, tile[tx][i]);
+}

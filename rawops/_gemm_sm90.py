@@ -65,6 +65,16 @@ def entry_name(layout, dtype, bn=TILE_N):
     return f"gemm_sm90_{layout}_{SUFFIXES[dtype]}" + ("" if bn == TILE_N else f"_n{bn}")
 
 
+# float32 at float32's accuracy (3xTF32: rawops/_gemm_tf32.py split3_plan): nt over the operands'
+# split TF32 parts, K three times theirs, each stage's sums added by FADD; 128 and 64 wide (the
+# promoted sums need the registers of a second accumulator).
+SPLIT3_WIDTHS = (128, 64)
+
+
+def split3_entry_name(bn):
+    return f"gemm_sm90_nt_3xtf32_n{bn}"
+
+
 GROUPED_LAYOUTS = ("nn", "nt")
 GROUPED_KINDS = "bbbbpqqqqq"  # map_a, map_b, map_c, map_a_tail, offsets, groups, b_group_rows, m, n, k
 GROUPED_TN_KINDS = "bbbpqqq"  # map_a, map_b, map_c, offsets, groups, m, n (the experts' weight gradients)
@@ -78,6 +88,7 @@ def entry_points():
     kinds = [(layout, dtype) for layout in ("nn", "nt", "tn") for dtype in (1, 2)]
     kinds += [(layout, 0) for layout in TF32_LAYOUTS]
     names = [entry_name(layout, dtype, bn) for layout, dtype in kinds for bn in TILE_WIDTHS]
+    names += [split3_entry_name(bn) for bn in SPLIT3_WIDTHS]
     names += [grouped_entry_name(layout, dtype) for layout in GROUPED_LAYOUTS + ("tn",) for dtype in (1, 2)]
     return sorted(names)
 
@@ -124,14 +135,14 @@ def estimate_us(m, n, k, dtype, bn, splits, sms):
     return us
 
 
-def narrow_shape(m, n, k, dtype, sms):
-    """(BN, K splits) for an output of too few 128 x 256 tiles: the tile width and split count
-    with the least estimated time. K is split only below SPLIT_BELOW_TILES_PER_SM; every split
-    gets at least one K stage, and split units fill at most one wave."""
+def narrow_shape(m, n, k, dtype, sms, widths=TILE_WIDTHS):
+    """(BN, K splits) for an output of too few 128 x 256 tiles: the tile width (of `widths`) and
+    split count with the least estimated time. K is split only below SPLIT_BELOW_TILES_PER_SM; every
+    split gets at least one K stage, and split units fill at most one wave."""
     k_tiles = _ceil(k, tile_k(dtype))
     may_split = _ceil(m, TILE_M) * _ceil(n, TILE_WIDTHS[-1]) < SPLIT_BELOW_TILES_PER_SM * sms
     best = None
-    for bn in TILE_WIDTHS:
+    for bn in widths:
         tiles = _ceil(m, TILE_M) * _ceil(n, bn)
         for splits in range(1, MAX_SPLITS + 1 if may_split and bn != TILE_N else 2):
             if splits > 1 and tiles * splits > sms:
@@ -144,13 +155,17 @@ def narrow_shape(m, n, k, dtype, sms):
     return best[1], best[2]
 
 
-def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_ptr=0, pre_ptr=0):
+def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_ptr=0, pre_ptr=0, split3=False):
     """(kernel name, grid, shared bytes, BN, K splits) of the Hopper GEMM, or None when it does
     not apply: not sm_90, not built, float32 in another layout than nt (dtype 0 means TF32:
     only rawops/_gemm_tf32.py asks for it), operands or outputs the copy engine cannot read or
     write (16-byte rows and pointers), k == 0, or the GELU-gradient epilogue (not compiled
     there). Outputs of at least MIN_TILES_PER_SM 128 x 256 tiles an SM take those tiles,
-    persistently; fewer take narrow_shape's tile and split."""
+    persistently; fewer take narrow_shape's tile and split. split3: the 3xTF32 entries (float32
+    nt, k = 3 x the parts' padded K), on SPLIT3_WIDTHS tiles only (128 where the rule above says
+    256)."""
+    if split3 and (dtype != 0 or layout != "nt"):
+        return None
     if not built or cc != CC or dtype not in MAP_TYPES or m == 0 or n == 0 or k == 0:
         return None
     if flags & 3 == EPI_BIAS_GELU_GRAD or (dtype == 0 and layout not in TF32_LAYOUTS):
@@ -159,18 +174,21 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_p
     per_row = 16 // ITEMSIZE[dtype]  # elements in 16 bytes
     if a_inner % per_row or b_inner % per_row or n % per_row or a_ptr % 16 or b_ptr % 16 or c_ptr % 16 or pre_ptr % 16:
         return None
+    widths = SPLIT3_WIDTHS if split3 else TILE_WIDTHS
     if config.gemm_sm90_shape is not None:
         bn, splits = config.gemm_sm90_shape
+        bn = min(bn, widths[0])
         k_tiles = _ceil(k, tile_k(dtype))
         splits = 1 if bn == TILE_N else _ceil(k_tiles, _ceil(k_tiles, min(splits, k_tiles)))  # none empty
     elif _ceil(m, TILE_M) * _ceil(n, TILE_N) >= MIN_TILES_PER_SM * sms:
-        bn, splits = TILE_N, 1
+        bn, splits = widths[0], 1
     elif not config.gemm_sm90_narrow:
         return None
     else:
-        bn, splits = narrow_shape(m, n, k, dtype, sms)
+        bn, splits = narrow_shape(m, n, k, dtype, sms, widths)
     units = _ceil(m, TILE_M) * _ceil(n, bn) * splits
-    return entry_name(layout, dtype, bn), (min(units, sms),), shared_bytes(bn), bn, splits
+    name = split3_entry_name(bn) if split3 else entry_name(layout, dtype, bn)
+    return name, (min(units, sms),), shared_bytes(bn), bn, splits
 
 
 _built = {}
@@ -209,15 +227,16 @@ def tensor_map(pointer, dtype, inner, outer, box_inner, box_outer, map_type=None
     return found
 
 
-_launch_maps = {}  # (layout, dtype, a, b, c, pre, m, n, k, BN) -> the five maps of a launch
+_launch_maps = {}  # (layout, dtype, a, b, c, pre, m, n, k, BN, k_inner) -> the five maps of a launch
 
 
-def launch_maps(layout, dtype, a, b, c, pre, m, n, k, bn):
+def launch_maps(layout, dtype, a, b, c, pre, m, n, k, bn, k_inner=None):
     """(map_a, map_b, map_c, map_pre, map_a_tail) of a launch: a repeated call finds them by one
-    key (the eager torch path's host time; each map is also cached on its own)."""
+    key (the eager torch path's host time; each map is also cached on its own). k_inner: the
+    operands' K extent when it is not the kernel's k (the 3xTF32 parts: 2 kp beside k = 3 kp)."""
     if len(_launch_maps) > 1024:  # a long-running process sees many buffers: keep the cache bounded
         _launch_maps.clear()
-    map_a, map_b = operand_maps(layout, m, n, k, dtype, bn)
+    map_a, map_b = operand_maps(layout, m, n, k if k_inner is None else k_inner, dtype, bn)
     operands = TF32_OPERANDS if dtype == 0 else None
     box_c = SPAN // ITEMSIZE[dtype]
     map_c = tensor_map(c, dtype, n, m, box_c, TILE_M)  # written in 128-row x 128-byte boxes
@@ -228,15 +247,15 @@ def launch_maps(layout, dtype, a, b, c, pre, m, n, k, bn):
 
 
 def launch_gemm(function_pointer, grid, shared, device, layout, dtype, a, b, c, bias, pre, m, n, k, flags, stream,
-                bn=TILE_N, splits=1, workspace=None):
+                bn=TILE_N, splits=1, workspace=None, k_inner=None):
     """c = epilogue(A B) by the Hopper kernel of `plan`. With splits > 1 the kernel writes
     float32 partials into `workspace(nbytes)` -> (pointer, owner) scratch and gemm_reduce adds
     them in order and applies the epilogue; the owner is returned (keep it until the launches
-    are queued), else None."""
-    key = (layout, dtype, a, b, c, pre, m, n, k, bn)
+    are queued), else None. k_inner: as launch_maps."""
+    key = (layout, dtype, a, b, c, pre, m, n, k, bn, k_inner)
     maps = _launch_maps.get(key)
     if maps is None:
-        maps = _launch_maps[key] = launch_maps(layout, dtype, a, b, c, pre, m, n, k, bn)
+        maps = _launch_maps[key] = launch_maps(layout, dtype, a, b, c, pre, m, n, k, bn, k_inner)
     if splits == 1:
         launch(function_pointer, grid, THREADS, shared, stream,
                maps + (bias, m, n, k, flags | (FLAG_PRE if pre else 0), 0, 1), KINDS, device)

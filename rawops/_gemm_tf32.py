@@ -19,6 +19,13 @@ K-major only: nt (x @ W^T) runs as is, reading its operands as TF32 through the 
 an M/N-major operand (b in nn, a and b in tn) is first written transposed and rounded to TF32
 (transpose_tf32_f32) into scratch from the caller's workspace (K x N floats for b, M x K for
 a), then nt runs on the copies.
+
+float32 without tf32 on sm_90 (config.f32_3xtf32, `split3_plan`): 3xTF32 at float32's accuracy.
+Each operand v = big + small (both TF32, split_tf32_*: (rows, 2 kp) of scratch, K-major whatever
+the layout), then gemm_sm90_nt_3xtf32_* sums small_a big_b + big_a small_b + big_a big_b over each
+32-column stage and adds every stage's sums to its accumulators by FADD: summed inside the tensor
+core over all of K, 3xTF32 measured 4-16x torch's float32 error on the H200 (the error linear in
+K); promoted, 0.2-1.3x (docs/performance.md). Scratch: (M + N) x 2 kp floats.
 """
 from . import _constants as C
 from ._launch import launch, sm_count
@@ -49,12 +56,21 @@ HOPPER_LAYOUTS = ("nt", "nn", "tn")  # nn, tn through transposed copies of their
 # those lose little (docs/performance.md).
 TRANSPOSE_KERNEL = "transpose_tf32_f32"
 TRANSPOSE_THREADS, TRANSPOSE_TILE = C.GEMM_TF32_TRANSPOSE_THREADS, C.GEMM_TF32_TRANSPOSE_TILE
+# float32 at float32's accuracy on sm_90 (config.f32_3xtf32; split3_plan): every operand split into
+# TF32 parts (split_tf32_f32 for a K-major operand, split_tf32_transposed_f32 for an M/N-major one),
+# K padded to SPLIT3_K (the Hopper kernel's float32 stage), then gemm_sm90_nt_3xtf32_* over K = 3 kp.
+# Only for products of at least SPLIT3_MIN_FLOP (below, the exact kernels take a few microseconds:
+# the split launches would not pay).
+SPLIT_KERNELS = ("split_tf32_f32", "split_tf32_transposed_f32")
+SPLIT_THREADS, SPLIT_MAX_ROWS_GRID = 256, 65535
+SPLIT3_K = 32
+SPLIT3_MIN_FLOP = 1 << 30
 
 
 def entry_points():
     """Every extern "C" kernel the fatbin must hold, on every architecture."""
     return sorted([f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in LAYOUTS]
-                  + [TRANSPOSE_KERNEL])
+                  + [TRANSPOSE_KERNEL, *SPLIT_KERNELS])
 
 
 def _ceil(a, b):
@@ -126,6 +142,29 @@ def transpose_grid(rows, cols):
     return (_ceil(cols, TRANSPOSE_TILE), _ceil(rows, TRANSPOSE_TILE))
 
 
+def split3_plan(layout, m, n, k, cc, c_ptr, pre_ptr, sms=132, built=True, flags=0):
+    """(kernel name, grid, shared bytes, BN, K splits, kp) of float32 C = A B at float32's accuracy on
+    the Hopper tensor cores (3xTF32, each stage's sums promoted), or None (the caller runs the exact
+    kernels): config.f32_3xtf32 off, not sm_90, fewer than SPLIT3_MIN_FLOP, N % 4 or c / pre off 16
+    bytes (the TMA store), or what _gemm_sm90.plan refuses (the GELU-gradient epilogue). The operands'
+    layout and alignment do not matter: the split kernels read them as they are."""
+    if not config.f32_3xtf32 or layout not in LAYOUTS or cc != _gemm_sm90.CC or 2 * m * n * k < SPLIT3_MIN_FLOP:
+        return None
+    kp = _ceil(k, SPLIT3_K) * SPLIT3_K
+    if _ceil(kp, TRANSPOSE_TILE) > MAX_GRID_Y:
+        return None
+    found = _gemm_sm90.plan("nt", 0, m, n, 3 * kp, cc, 0, 0, sms, built, flags, c_ptr, pre_ptr, split3=True)
+    return None if found is None else (*found, kp)
+
+
+def split_launch(layout_char_kmajor, rows, k, kp):
+    """(kernel index in SPLIT_KERNELS, grid) of one operand's split: rows x k (K-major: in (rows, k))
+    or, M/N-major, in (k, rows)."""
+    if layout_char_kmajor:
+        return 0, (_ceil(kp, SPLIT_THREADS), min(rows, SPLIT_MAX_ROWS_GRID))
+    return 1, (_ceil(rows, TRANSPOSE_TILE), _ceil(kp, TRANSPOSE_TILE))
+
+
 # ------------------------------------------------------------------------------ launches on raw pointers
 _plans = {}  # (layout, m, n, k, a, b, c 16-byte aligned, device, ..., config generation) -> launch, or None
 compute_capability = _modules.compute_capability  # module-level: tests replace it here
@@ -161,6 +200,46 @@ def _launch_plan(layout, m, n, k, a, b, c, device, flags=0, pre=0):
         _plans.clear()
     _plans[key] = cached
     return cached
+
+
+_split3_plans = {}  # (layout, m, n, k, c, pre 16-byte aligned, device, epilogue, generation) -> launch, or None
+
+
+def split3_launch_plan(layout, m, n, k, c, device, flags=0, pre=0):
+    """split3_plan's launch (functions and grids), cached per shape, or None."""
+    key = (layout, m, n, k, c % 16 == 0, pre % 16 == 0, device, flags & 3, config._generation)
+    if key in _split3_plans:
+        return _split3_plans[key]
+    cc = compute_capability(device)
+    found = split3_plan(layout, m, n, k, cc, c, pre, sm_count(device), _gemm_sm90.built(device), flags) \
+        if config.f32_3xtf32 and cc == _gemm_sm90.CC else None
+    cached = None
+    if found is not None:
+        name, grid, shared, bn, splits, kp = found
+        splitters = tuple(_modules.function_pointer(FAMILY, kernel, device) for kernel in SPLIT_KERNELS)
+        cached = (_gemm_sm90.function(name, device, shared), grid, shared, bn, splits, kp, splitters)
+    if len(_split3_plans) > 4096:
+        _split3_plans.clear()
+    _split3_plans[key] = cached
+    return cached
+
+
+def launch_split3(device, layout, a, b, c, bias, pre, m, n, k, flags, stream, workspace, found):
+    """c (m, n) = epilogue(A B) at float32's accuracy by split3_launch_plan's `found`: A and B split
+    into TF32 parts in scratch from `workspace` ((m + n) x 2 kp floats), then the 3xTF32 Hopper GEMM.
+    Returns the scratch's owners (keep them until the launches are queued)."""
+    function, grid, shared, bn, splits, kp, splitters = found
+    parts = []
+    for source, rows, kmajor in ((a, m, layout[0] == "n"), (b, n, layout[1] == "t")):
+        pointer, owner = workspace(rows * 2 * kp * 4)
+        which, split_grid = split_launch(kmajor, rows, k, kp)
+        launch(splitters[which], split_grid, SPLIT_THREADS if which == 0 else TRANSPOSE_THREADS, 0, stream,
+               (source, pointer, rows, k, kp), "ppqqq", device)
+        parts.append((pointer, owner))
+    (a2, owner_a), (b2, owner_b) = parts
+    owner_c = _gemm_sm90.launch_gemm(function, grid, shared, device, "nt", 0, a2, b2, c, bias, pre, m, n, 3 * kp,
+                                     flags, stream, bn, splits, workspace, k_inner=2 * kp)
+    return owner_a, owner_b, owner_c
 
 
 def _copy_transposed(function, source, rows, cols, stream, device, workspace):

@@ -8,7 +8,8 @@ matmul(a, b)                       a (M, K) @ b (K, N)
 linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn.Linear layout
 linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
-float32 runs exact float32 math (FFMA, no tensor cores) unless matmul's `tf32=True` asks for
+float32 runs exact float32 math (FFMA, no tensor cores), or with rawops.config.f32_3xtf32 on sm_90
+3xTF32 at float32's accuracy (rawops/_gemm_tf32.py split3_plan), unless matmul's `tf32=True` asks for
 TF32 tensor cores (rawops/_gemm_tf32.py: kernels/gemm_tf32.cu, or kernels/gemm_sm90.cu on
 sm_90), or rawops.config.linear_tf32 = True lets float32 linear_gelu's forward at <= SMALL_MAX_M
 rows on sm_90+ run 3xTF32 (three TF32 products per term: near float32's error, up to ~3x torch's
@@ -261,6 +262,11 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
     if cached is None:
         sms = sm_count(device)
         cc = compute_capability(device)
+        if dtype == 0 and not (tf32_linear and m <= SMALL_MAX_M):
+            found = _gemm_tf32.split3_launch_plan(layout, m, n, k, c, device, flags, pre)
+            if found is not None:  # splits -1 marks the 3xTF32 Hopper GEMM, extra its launch
+                cached = _plans[key] = (0, (0, 0, 0), 0, 0, -1, found)
+                return cached
         if dtype != 0 and cc == _gemm_sm90.CC and not (layout == "nt" and m <= SMALL_MMA_BEFORE_HOPPER_M):
             hopper = _gemm_sm90.plan(layout, dtype, m, n, k, cc, a, b, sms, _gemm_sm90.built(device), flags, c, pre)
             if hopper is not None:  # splits == 0 marks the Hopper kernel (other arguments), then (BN, splits)
@@ -282,7 +288,8 @@ def linear_launch_plan(layout, dtype, m, n, k, a, b, c, device, flags):
     """(function pointer, grid, block, shared, splits, extra) of a launch with epilogue `flags`
     (linear_gelu's bias + GELU: config.linear_tf32 applies), cached per shape: the torch adapter's
     Cython fast path (_launch.torch_linear) asks for it on a cache miss. splits 0 is the Hopper
-    GEMM, extra then its (BN, K splits); else extra is the split-K reduce launch or None."""
+    GEMM, extra then its (BN, K splits); -1 float32 as 3xTF32 there (extra: its launch, which only
+    launch_gemm makes); else extra is the split-K reduce launch or None."""
     return _launch_plan(layout, dtype, m, n, k, a, b, device, flags, c)
 
 
@@ -295,6 +302,8 @@ def launch_gemm(device, layout, dtype, a, b, c, bias, aux, pre, m, n, k, flags, 
     if m == 0 or n == 0:
         return None
     function, grid, block, shared, splits, reduce = _launch_plan(layout, dtype, m, n, k, a, b, device, flags, c, pre)
+    if splits == -1:  # float32 as 3xTF32 on the Hopper kernel: reduce holds its launch
+        return _gemm_tf32.launch_split3(device, layout, a, b, c, bias, pre, m, n, k, flags, stream, workspace, reduce)
     if splits == 0:  # the Hopper kernel: reduce holds its (BN, K splits)
         return _gemm_sm90.launch_gemm(function, grid, shared, device, layout, dtype, a, b, c, bias, pre, m, n, k,
                                       flags, stream, *reduce, workspace)

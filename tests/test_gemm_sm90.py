@@ -195,8 +195,10 @@ def test_entry_points_take_two_tensor_maps_then_the_matmul_arguments():
     bases = {f"gemm_sm90_{layout}_{s}" for layout in layouts for s in suffixes} | \
         {f"gemm_sm90_{layout}_{s}" for layout, s in singles}
     grouped = {hopper.grouped_entry_name(layout, d) for layout in hopper.GROUPED_LAYOUTS + ("tn",) for d in (1, 2)}
-    assert {base + ("" if bn == 256 else f"_n{bn}") for base in bases for bn in hopper.TILE_WIDTHS} | grouped == set(
-        hopper.entry_points())
+    split3 = re.findall(r"^RAWOPS_SM90_ENTRY\(true, true, float, (\d+), true, (\w+)\)", source, re.M)
+    assert split3 == [(str(bn), hopper.split3_entry_name(bn)) for bn in hopper.SPLIT3_WIDTHS], "the 3xTF32 entries"
+    assert {base + ("" if bn == 256 else f"_n{bn}") for base in bases for bn in hopper.TILE_WIDTHS} | grouped | {
+        name for _, name in split3} == set(hopper.entry_points())
     # the grouped entries: four tensor maps, then the groups' table and the GEMM's sizes
     params = re.search(r"gemm_sm90_grouped_##layout##_##suffix\((.*?)\)\s*\{", source, re.S).group(1)
     params = [p.strip() for p in params.replace("\\", " ").split(",")]

@@ -193,8 +193,11 @@ def test_entry_points_take_the_matrix_family_arguments():
     layouts = re.findall(r"^RAWOPS_TF32\((\w+),", source, re.M)
     assert (f'extern "C" __global__ void __launch_bounds__(kTransposeThreads)\n    {tf.TRANSPOSE_KERNEL}('
             in source)
+    for name in tf.SPLIT_KERNELS:  # the 3xTF32 operands' splits (tests/test_gemm_3xtf32.py)
+        assert re.search(rf'extern "C" __global__ void __launch_bounds__\(\w+\)\n    {name}\(const float\* in, '
+                         r"float\* out, long long rows, long long k, long long kp\)", source), name
     assert sorted([f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in layouts]
-                  + [tf.TRANSPOSE_KERNEL]) == tf.entry_points()
+                  + [tf.TRANSPOSE_KERNEL, *tf.SPLIT_KERNELS]) == tf.entry_points()
     from rawops import _gemm_reduce
 
     assert _gemm_reduce.FAMILY == mm.FAMILY and _gemm_reduce.KINDS == mm.KINDS
