@@ -205,14 +205,15 @@ def _launch_plan(layout, m, n, k, a, b, c, device, flags=0, pre=0):
 _split3_plans = {}  # (layout, m, n, k, c, pre 16-byte aligned, device, epilogue, generation) -> launch, or None
 
 
-def split3_launch_plan(layout, m, n, k, c, device, flags=0, pre=0):
-    """split3_plan's launch (functions and grids), cached per shape, or None."""
+def split3_launch_plan(layout, m, n, k, c, device, cc, sms, flags=0, pre=0):
+    """split3_plan's launch (functions and grids) on `device` (compute capability cc, sms SMs),
+    cached per shape, or None."""
+    if not config.f32_3xtf32 or cc != _gemm_sm90.CC:
+        return None
     key = (layout, m, n, k, c % 16 == 0, pre % 16 == 0, device, flags & 3, config._generation)
     if key in _split3_plans:
         return _split3_plans[key]
-    cc = compute_capability(device)
-    found = split3_plan(layout, m, n, k, cc, c, pre, sm_count(device), _gemm_sm90.built(device), flags) \
-        if config.f32_3xtf32 and cc == _gemm_sm90.CC else None
+    found = split3_plan(layout, m, n, k, cc, c, pre, sms, _gemm_sm90.built(device), flags)
     cached = None
     if found is not None:
         name, grid, shared, bn, splits, kp = found

@@ -263,7 +263,7 @@ def _launch_plan(layout, dtype, m, n, k, a, b, device, flags=EPI_NONE, c=0, pre=
         sms = sm_count(device)
         cc = compute_capability(device)
         if dtype == 0 and not (tf32_linear and m <= SMALL_MAX_M):
-            found = _gemm_tf32.split3_launch_plan(layout, m, n, k, c, device, flags, pre)
+            found = _gemm_tf32.split3_launch_plan(layout, m, n, k, c, device, cc, sms, flags, pre)
             if found is not None:  # splits -1 marks the 3xTF32 Hopper GEMM, extra its launch
                 cached = _plans[key] = (0, (0, 0, 0), 0, 0, -1, found)
                 return cached
