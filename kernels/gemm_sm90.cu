@@ -45,6 +45,9 @@
 #ifndef RAWOPS_GEMM_SM90_PROMOTE
 #define RAWOPS_GEMM_SM90_PROMOTE 0
 #endif
+#ifndef RAWOPS_GEMM_SM90_PROMOTE_STAGES
+#define RAWOPS_GEMM_SM90_PROMOTE_STAGES 1
+#endif
 
 namespace rawops {
 namespace sm90 {
@@ -360,6 +363,9 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
   // H200, linear in K; promoted: 0.2-1.3x, docs/performance.md).
   constexpr bool kPromote = (SPLIT3 || RAWOPS_GEMM_SM90_PROMOTE) && sizeof(T) == 4 && BN <= 128;
   static_assert(!SPLIT3 || (sizeof(T) == 4 && BN <= 128 && A_KM && B_KM), "3xTF32: float32 nt, <= 128 wide");
+  // Stages summed in part before each FADD (RAWOPS_GEMM_SM90_PROMOTE_STAGES, dev: 1 ships, each stage's
+  // WGMMAs waited on; more let them pipeline as the main loop's, the tensor core summing longer).
+  constexpr int kPromoteStages = RAWOPS_GEMM_SM90_PROMOTE_STAGES;
   Tensor part = partition_fragment_C(mma, Shape<Int<kBM>, Int<kBN>>{});  // unused (no registers) unless kPromote
   const bool lane0 = threadIdx.x % 32 == 0;
   const bool has_bias = (flags & 3) != kEpiNone && bias != nullptr;
@@ -407,7 +413,7 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
     }
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
-      if (kPromote) {  // the stage's products summed apart, then added to acc with one rounding each
+      if (kPromote && kPromoteStages == 1) {  // the stage's products summed apart, then added to acc
         warpgroup_fence_operand(part);
         warpgroup_arrive();
         mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -422,6 +428,31 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
         if (lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
 #pragma unroll
         for (int i = 0; i < size(acc); ++i) acc(i) += part(i);
+        if (++stage == kStages) stage = 0, phase ^= 1;
+        continue;
+      }
+      if (kPromote) {  // kPromoteStages stages summed in part, pipelined as the main loop, then added
+        const int step = (kt - kt_begin) % kPromoteStages;
+        const bool last = step == kPromoteStages - 1 || kt + 1 == kt_end;
+        warpgroup_fence_operand(part);
+        warpgroup_arrive();
+        if (step == 0) mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+        for (int kb = 0; kb < size<2>(fA); ++kb) {
+          cute::gemm(mma, fA(_, _, kb, stage), fB(_, _, kb, stage), part);
+          mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        if (last) warpgroup_wait<0>(); else warpgroup_wait<1>();
+        warpgroup_fence_operand(part);
+        if (release >= 0 && lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[release]);
+        release = stage;
+        if (last) {
+          if (lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
+          release = -1;
+#pragma unroll
+          for (int i = 0; i < size(acc); ++i) acc(i) += part(i);
+        }
         if (++stage == kStages) stage = 0, phase ^= 1;
         continue;
       }
