@@ -110,6 +110,21 @@ def build_modules(source, variants, arch=None):
     return {key: cupy.RawModule(path=path) for key, path in paths.items()}
 
 
+def function_of(module):
+    """A stand-in for rawops._gemm_sm90.function (name, device, shared) -> CUfunction pointer that
+    takes the kernels from `module` (a cupy.RawModule of a cubin); the RawKernels stay alive with it."""
+    kept = {}
+
+    def function(name, device, shared=0):
+        kernel = kept.get(name)
+        if kernel is None:
+            kernel = kept[name] = module.get_function(name)
+        if shared > kernel.max_dynamic_shared_size_bytes:
+            kernel.max_dynamic_shared_size_bytes = shared
+        return kernel.kernel.ptr
+    return function
+
+
 if __name__ == "__main__":
     # python dev/cubins.py <arch> <family or .cu> [MACRO[=VALUE] ...]: build one variant, print its path
     if len(sys.argv) < 3:

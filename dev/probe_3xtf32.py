@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path.join(HERE, ".."),
                                                                         os.path.join(HERE, "..", "bench"), HERE]
 import timing  # noqa: E402
-from cubins import build_modules  # noqa: E402
+from cubins import build_modules, function_of  # noqa: E402
 
 from rawops import _gemm_sm90, _gemm_tf32, config  # noqa: E402
 from rawops.torch_adapter import gemm as ta_gemm  # noqa: E402
@@ -63,14 +63,7 @@ def nt(a, b, tf32=True):
 def narrow(fn, module=None):
     """fn on 128-wide tiles, its kernel from `module` (a cubin) when given, else the shipped one."""
     shipped = _gemm_sm90.function
-    kept = {}
-
-    def function(name, device, shared=_gemm_sm90.SHARED_BYTES):
-        kernel = kept.get(name)
-        if kernel is None:
-            kernel = kept[name] = module.get_function(name)
-            kernel.max_dynamic_shared_size_bytes = shared
-        return kernel.kernel.ptr
+    function = function_of(module) if module is not None else None
 
     def call():
         _gemm_tf32._plans.clear()  # the plans hold the function pointer

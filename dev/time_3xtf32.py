@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path.join(HERE, ".."),
                                                                         os.path.join(HERE, "..", "bench"), HERE]
 import timing  # noqa: E402
-from cubins import build_modules  # noqa: E402
+from cubins import build_modules, function_of  # noqa: E402
 
 from rawops import _gemm_sm90, _gemm_tf32, config  # noqa: E402
 import rawops.gemm as mm  # noqa: E402
@@ -39,15 +39,8 @@ def variant(layout, a, b, c, m, n, k, module=None):
     """The 3xTF32 launch with its kernel from `module` (a cubin) or the library; each variant keeps
     its own plan caches (they hold the function pointer), so no call plans again."""
     plans, split3 = {}, {}
-    kept = {}
     shipped = _gemm_sm90.function
-
-    def function(name, device, shared=_gemm_sm90.SHARED_BYTES):
-        kernel = kept.get(name)
-        if kernel is None:
-            kernel = kept[name] = module.get_function(name)
-            kernel.max_dynamic_shared_size_bytes = shared
-        return kernel.kernel.ptr
+    function = function_of(module) if module is not None else None
 
     def workspace(nbytes):
         t = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
