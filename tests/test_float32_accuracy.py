@@ -4,7 +4,9 @@ as a user trains, and the no-grad inference call), at batch sizes on both sides 
 routing threshold, against float64 on the same float32 numbers: rawops' relative-norm error
 must be within 2x torch float32's own error on the same data (torch with TF32 off), or under
 FLOOR (four float32 roundings) where both are (nearly) exact. Opt-ins that trade float32
-accuracy for speed (config.mlp_tf32, matmul's tf32=True) are not held to it.
+accuracy for speed (config.mlp_tf32, matmul's tf32=True) are not held to it; config.f32_3xtf32
+(float32 at float32's accuracy on sm_90's tensor cores) is: linear_gelu and matmul run each case
+it takes a second time with it on ("3xtf32").
 
 Small batches repeat on fresh inputs until about MIN_ROWS rows have gone into each error (the
 squared errors and squared references summed over the repeats), so that the chance rounding of
@@ -82,6 +84,32 @@ class Errors:
                 if not ours <= max(KNOWN_OVER.get((what, name), 2) * theirs, FLOOR)]
         table = "; ".join(f"{name} {ours:.3g} (torch {theirs:.3g})" for name, (ours, theirs) in errors.items())
         assert not over, f"{what}: rawops over 2x torch float32's error in {', '.join(over)}: {table}"
+
+
+def gemm_path(path, monkeypatch, m, k, n):
+    """The float32 GEMMs' path for a case: "default", or "3xtf32" (config.f32_3xtf32: sm_90 only,
+    products the plan takes). Returns what the case's name gets appended."""
+    if path == "default":
+        return ""
+    import torch
+
+    import rawops
+    import rawops.gemm as mm
+    from rawops import _gemm_tf32
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("config.f32_3xtf32 is sm_90's")
+    if 2 * m * k * n < _gemm_tf32.SPLIT3_MIN_FLOP:
+        pytest.skip("below the 3xTF32 path's size: the default path's case")
+    monkeypatch.setattr(rawops.config, "f32_3xtf32", True)
+    monkeypatch.setattr(mm, "_plans", {})  # routing is read from the plans this case makes
+    return " (3xTF32)"
+
+
+def took_3xtf32():
+    import rawops.gemm as mm
+
+    return any(p[4] == -1 for p in mm._plans.values())
 
 
 def repeats(rows):
@@ -225,14 +253,16 @@ def linear_params(torch, k, n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", ["default", "3xtf32"])
 @pytest.mark.parametrize("m, k, n", LINEAR_CASES)
-def test_linear_gelu_float32_forward_and_every_gradient_within_2x_torch(m, k, n):
+def test_linear_gelu_float32_forward_and_every_gradient_within_2x_torch(m, k, n, path, monkeypatch):
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
     from gpu_reference import poison_torch_pool, random
 
     from rawops import torch_adapter as ta
 
+    suffix = gemm_path(path, monkeypatch, m, k, n)
     exact_torch(torch)
     w, b = linear_params(torch, k, n)
     errors = Errors()
@@ -257,7 +287,8 @@ def test_linear_gelu_float32_forward_and_every_gradient_within_2x_torch(m, k, n)
         errors.add("y (training)", y, yt, y64)
         for name, o, t, r in zip(("dx", "dW", "db"), ours, theirs, ref):
             errors.add(name, o, t, r)
-    errors.check(f"linear_gelu float32 {m}x{k}->{n}")
+    assert took_3xtf32() or not suffix, "the 3xTF32 path did not run"
+    errors.check(f"linear_gelu float32 {m}x{k}->{n}{suffix}")
 
 
 # ============================================================================== matmul
@@ -268,13 +299,15 @@ MATMUL_CASES = ([(m, 512, 384) for m in (1, 31, 32, 33, 127, 128, 129, 255, 256,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", ["default", "3xtf32"])
 @pytest.mark.parametrize("m, k, n", MATMUL_CASES)
-def test_matmul_float32_forward_and_both_gradients_within_2x_torch(m, k, n):
+def test_matmul_float32_forward_and_both_gradients_within_2x_torch(m, k, n, path, monkeypatch):
     torch = pytest.importorskip("torch")
     from gpu_reference import poison_torch_pool, random
 
     from rawops import torch_adapter as ta
 
+    suffix = gemm_path(path, monkeypatch, m, k, n)
     exact_torch(torch)
     b = random((k, n), torch.float32, scale=1.0)
     errors = Errors()
@@ -299,4 +332,5 @@ def test_matmul_float32_forward_and_both_gradients_within_2x_torch(m, k, n):
         errors.add("y (training)", y, yt, y64)
         for name, o, t, r in zip(("da", "db"), ours, theirs, ref):
             errors.add(name, o, t, r)
-    errors.check(f"matmul float32 {m}x{k} @ {k}x{n}")
+    assert took_3xtf32() or not suffix, "the 3xTF32 path did not run"
+    errors.check(f"matmul float32 {m}x{k} @ {k}x{n}{suffix}")
