@@ -2,7 +2,8 @@
 
 linear_gelu = gelu(x @ W^T + b, approximate="tanh"), forward (no grad), forward + backward
 (autograd) and the backward alone, at 32, 256 and 8192 rows of 768 -> 3072 in float32 and
-bfloat16; matmul at 8192^3 and 4096^3 in every dtype, float32 also as TF32.
+bfloat16; matmul at 8192^3 and 4096^3 in every dtype, float32 also as TF32; on sm_90 the float32 rows the
+3xTF32 path takes (config.f32_3xtf32) with it off and on, each beside torch.
 
 torch: F.gelu(F.linear(x, w, b), approximate="tanh") eager ("torch us"), the cuBLASLt GELU
 epilogue torch._addmm_activation(b, x, w.t(), use_gelu=True), aten's gelu_backward + 2 matmuls
@@ -193,6 +194,60 @@ def matmul_rows(ta, ceiling):
     return rows
 
 
+# float32 at float32's accuracy on sm_90's tensor cores (config.f32_3xtf32, opt-in while it is proven):
+# (op, M, K, N) as linear_gelu's and matmul's rows above.
+SPLIT3_SHAPES = (("linear_gelu fwd", 8192, 768, 3072), ("linear_gelu fwd+bwd", 8192, 768, 3072),
+                 ("matmul", 8192, 8192, 8192), ("matmul", 4096, 4096, 4096))
+
+
+def _torch_linear_gelu(x, w, b, approximate):
+    return F.gelu(F.linear(x, w, b), approximate=approximate)
+
+
+def split3_rows(ta, ceiling):
+    """The float32 rows the 3xTF32 path takes, with config.f32_3xtf32 off (exact FFMA) and on, each
+    beside torch float32 (TF32 off) in interleaved rounds; errors against float64 over the first 64
+    rows of the full forward output (the path is chosen by size), beside torch's."""
+    from rawops import _gemm_sm90, config
+
+    if torch.cuda.get_device_capability() != (9, 0) or not _gemm_sm90.built(torch.cuda.current_device()):
+        return []
+    rows = []
+    for op, m, k, n in SPLIT3_SHAPES:
+        grad = op.endswith("bwd")
+        if op == "matmul":
+            args = (torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda"))
+            ours_f, torch_f, kwargs = ta.matmul, torch.matmul, {}
+            ref = args[0][:64].double() @ args[1].double()
+        else:
+            args = _linear_operands(torch.float32, m, k, n)
+            ours_f, torch_f, kwargs = ta.linear_gelu, _torch_linear_gelu, {"approximate": "tanh"}
+            ref = _torch_linear_gelu(*(t.double() for t in (args[0][:64], *args[1:])), "tanh")
+            for t in args:
+                t.requires_grad_(grad)
+        dy = torch.randn(m, n, device="cuda")
+
+        def step(f):
+            y = f(*args, **kwargs)
+            if grad:
+                y.backward(dy)
+        values = {}
+        with torch.no_grad():
+            values["torch error"] = _error(torch_f(*args, **kwargs)[:64], ref)
+        for label, on in (("FFMA", False), ("3xTF32", True)):
+            with config.override(f32_3xtf32=on):
+                with torch.no_grad():
+                    values[f"{label} error"] = _error(ours_f(*args, **kwargs)[:64], ref)
+                times = device_times_us({"rawops": lambda: step(ours_f), "torch": lambda: step(torch_f)},
+                                        warmup=3, reps=5, rounds=3)
+            values[f"{label} us"], values[f"torch us ({label} run)"] = times["rawops"], times["torch"]
+            values[f"x torch ({label})"] = times["torch"] / times["rawops"]
+        values["3xTF32 TFLOP/s"] = (3 if grad else 1) * 2 * m * k * n / values["3xTF32 us"] / 1e6
+        rows.append(_row(op, torch.float32, f"{m}x{k}->{n}" if op != "matmul" else f"{m}^3", **values))
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -232,6 +287,14 @@ def main():
          {"targets": ">= 0.8x torch at 8192^3 bf16 and f32; tf32: none set (torch with allow_tf32)",
           "peaks": "bf16/f16 989, tf32 495, FFMA 66.9 TFLOP/s"}),
     ]
+    sections.append(
+        ("float32 at float32's accuracy: 3xTF32 on sm_90 (config.f32_3xtf32) beside exact FFMA",
+         ["op", "dtype", "shape", "FFMA us", "torch us (FFMA run)", "x torch (FFMA)", "3xTF32 us",
+          "torch us (3xTF32 run)", "x torch (3xTF32)", "3xTF32 TFLOP/s", "FFMA error", "3xTF32 error", "torch error"],
+         split3_rows(ta, ceiling),
+         {"3xTF32": "each operand split into TF32 big + small, three products a 32-column stage, each stage's "
+                    "tensor-core sums added by FADD (rawops/_gemm_tf32.py split3_plan); off by default until proven",
+          "errors": "relative norm against float64 over the first 64 rows of the full output (forward)"}))
     text = write_results(out_dir, "gemm", "python bench/bench_gemm.py", sections)
     print(text)
     return 0
