@@ -299,10 +299,19 @@ extern "C" __global__ void __launch_bounds__(kTransposeThreads)
 // rawops/_gemm_tf32.py): each value v = big + small by split_tf32 (both TF32, so the tensor core
 // reads them exactly), written K-major into out (rows x 2 kp): big in columns [0, k), small in
 // [kp, kp + k), zeros in the padding (kp: k rounded up to the GEMM's 32-column stage). A value
-// that is not finite is its own big part and has small 0 (its products stay inf or NaN, not
-// inf - inf). Each moves rows x k x 4 bytes in and 2 x rows x kp x 4 out.
-__device__ __forceinline__ void store_split(float* out, long long row, long long col, long long kp, float v) {
-  const rawops::Tf32Split s = isfinite(v) ? rawops::split_tf32(v) : rawops::Tf32Split{__float_as_uint(v), 0u};
+// that is not finite is its own big part with small 0, and marks its row in row_flags and `any`
+// (both zeroed first by fill_zero_u32): split3_fixup_f32 then recomputes the outputs it reaches
+// exactly, as torch's (a split's products would give NaN where torch gives inf). Each moves
+// rows x k x 4 bytes in and 2 x rows x kp x 4 out.
+__device__ __forceinline__ void store_split(float* out, long long row, long long col, long long kp, float v,
+                                            int* row_flags, int* any) {
+  rawops::Tf32Split s{__float_as_uint(v), 0u};
+  if (isfinite(v)) {
+    s = rawops::split_tf32(v);
+  } else {  // stores of 1 only: the races between threads are benign
+    row_flags[row] = 1;
+    *any = 1;
+  }
   out[row * 2 * kp + col] = __uint_as_float(s.big);
   out[row * 2 * kp + kp + col] = __uint_as_float(s.small);
 }
@@ -310,16 +319,18 @@ __device__ __forceinline__ void store_split(float* out, long long row, long long
 // in (rows x k, row-major): a K-major operand. Grid (ceil(kp / 256), min(rows, 65535)), 256
 // threads, a thread a column, the rows strided by the grid.
 extern "C" __global__ void __launch_bounds__(256)
-    split_tf32_f32(const float* in, float* out, long long rows, long long k, long long kp) {
+    split_tf32_f32(const float* in, float* out, long long rows, long long k, long long kp, int* row_flags, int* any) {
   const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= kp) return;
-  for (long long r = blockIdx.y; r < rows; r += gridDim.y) store_split(out, r, c, kp, c < k ? in[r * k + c] : 0.f);
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y)
+    store_split(out, r, c, kp, c < k ? in[r * k + c] : 0.f, row_flags, any);
 }
 
 // in (k x rows, row-major): an M/N-major operand, written transposed through the transpose
 // kernel's 64 x 64 tiles. Grid (ceil(rows / 64), ceil(kp / 64)).
 extern "C" __global__ void __launch_bounds__(kTransposeThreads)
-    split_tf32_transposed_f32(const float* in, float* out, long long rows, long long k, long long kp) {
+    split_tf32_transposed_f32(const float* in, float* out, long long rows, long long k, long long kp,
+                              int* row_flags, int* any) {
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];
   const int tx = threadIdx.x % kTransposeTile, ty = threadIdx.x / kTransposeTile;
   const long long r0 = (long long)blockIdx.x * kTransposeTile, c0 = (long long)blockIdx.y * kTransposeTile;
@@ -329,5 +340,34 @@ extern "C" __global__ void __launch_bounds__(kTransposeThreads)
   __syncthreads();
 #pragma unroll
   for (int i = ty; i < kTransposeTile; i += 4)
-    if (r0 + i < rows && c0 + tx < kp) store_split(out, r0 + i, c0 + tx, kp, tile[tx][i]);
+    if (r0 + i < rows && c0 + tx < kp) store_split(out, r0 + i, c0 + tx, kp, tile[tx][i], row_flags, any);
+}
+
+// p[0, count) = 0: the split flags, before the splits. Grid-stride, 256 threads.
+extern "C" __global__ void __launch_bounds__(256) fill_zero_u32(unsigned* p, long long count) {
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step) p[i] = 0u;
+}
+
+// After the 3xTF32 GEMM: where a split saw a value that is not finite (`any`), every output of a
+// marked row of A (flags_a) or column of B (flags_b) is summed again in exact float32 from the
+// operands as the caller laid them out (layout bit 0: a is K-major (m, k), else (k, m); bit 1: b is
+// K-major (n, k), else (k, n)) and stored through the epilogue (bias, GELU, pre): inf and NaN as
+// torch's. Without one, every block returns at once. Grid-stride over the m x n outputs, 256 threads.
+extern "C" __global__ void __launch_bounds__(256)
+    split3_fixup_f32(const float* a, const float* b, float* c, const float* bias, float* pre, long long m,
+                     long long n, long long k, long long flags, long long layout, const int* flags_a,
+                     const int* flags_b, const int* any) {
+  if (*any == 0) return;
+  const rawops::Epilogue<float> epi{bias, nullptr, pre, n, int(flags)};
+  const bool a_kmajor = layout & 1, b_kmajor = layout & 2;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < m * n;
+       idx += (long long)gridDim.x * blockDim.x) {
+    const long long i = idx / n, j = idx - i * n;
+    if (!flags_a[i] && !flags_b[j]) continue;
+    float acc = 0.f;
+    for (long long kk = 0; kk < k; ++kk)
+      acc = fmaf(a_kmajor ? a[i * k + kk] : a[kk * m + i], b_kmajor ? b[j * k + kk] : b[kk * n + j], acc);
+    c[idx] = epi(acc, i, j);
+  }
 }

@@ -25,7 +25,9 @@ Each operand v = big + small (both TF32, split_tf32_*: (rows, 2 kp) of scratch, 
 the layout), then gemm_sm90_nt_3xtf32_* sums small_a big_b + big_a small_b + big_a big_b over each
 32-column stage and adds every stage's sums to its accumulators by FADD: summed inside the tensor
 core over all of K, 3xTF32 measured 4-16x torch's float32 error on the H200 (the error linear in
-K); promoted, 0.2-1.3x (docs/performance.md). Scratch: (M + N) x 2 kp floats.
+K); promoted, 0.2-1.3x (docs/performance.md). Scratch: (M + N) x 2 kp floats and 1 + M + N flags.
+An inf or NaN input: the splits mark its row of A or B, and split3_fixup_f32 sums every output of
+a marked row or column again in exact float32 (a split's inf x 0 would give NaN where torch gives inf).
 """
 from . import _constants as C
 from ._launch import launch, sm_count
@@ -61,8 +63,13 @@ TRANSPOSE_THREADS, TRANSPOSE_TILE = C.GEMM_TF32_TRANSPOSE_THREADS, C.GEMM_TF32_T
 # K padded to SPLIT3_K (the Hopper kernel's float32 stage), then gemm_sm90_nt_3xtf32_* over K = 3 kp.
 # Only for products of at least SPLIT3_MIN_FLOP (below, the exact kernels take a few microseconds:
 # the split launches would not pay).
+# Non-finite inputs: the splits mark the rows of A and B holding one (flags zeroed by FILL_KERNEL first)
+# and FIXUP_KERNEL, queued behind the GEMM, sums the outputs they reach again in exact float32 (inf
+# and NaN as torch's); without one its blocks return at once.
 SPLIT_KERNELS = ("split_tf32_f32", "split_tf32_transposed_f32")
+FILL_KERNEL, FIXUP_KERNEL = "fill_zero_u32", "split3_fixup_f32"
 SPLIT_THREADS, SPLIT_MAX_ROWS_GRID = 256, 65535
+FILL_MAX_BLOCKS, FIXUP_BLOCKS_PER_SM = 1024, 2
 SPLIT3_K = 32
 SPLIT3_MIN_FLOP = 1 << 30
 
@@ -70,7 +77,7 @@ SPLIT3_MIN_FLOP = 1 << 30
 def entry_points():
     """Every extern "C" kernel the fatbin must hold, on every architecture."""
     return sorted([f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in LAYOUTS]
-                  + [TRANSPOSE_KERNEL, *SPLIT_KERNELS])
+                  + [TRANSPOSE_KERNEL, *SPLIT_KERNELS, FILL_KERNEL, FIXUP_KERNEL])
 
 
 def _ceil(a, b):
@@ -217,8 +224,9 @@ def split3_launch_plan(layout, m, n, k, c, device, cc, sms, flags=0, pre=0):
     cached = None
     if found is not None:
         name, grid, shared, bn, splits, kp = found
-        splitters = tuple(_modules.function_pointer(FAMILY, kernel, device) for kernel in SPLIT_KERNELS)
-        cached = (_gemm_sm90.function(name, device, shared), grid, shared, bn, splits, kp, splitters)
+        helpers = tuple(_modules.function_pointer(FAMILY, kernel, device)
+                        for kernel in (*SPLIT_KERNELS, FILL_KERNEL, FIXUP_KERNEL))
+        cached = (_gemm_sm90.function(name, device, shared), grid, shared, bn, splits, kp, helpers, sms)
     if len(_split3_plans) > 4096:
         _split3_plans.clear()
     _split3_plans[key] = cached
@@ -226,21 +234,32 @@ def split3_launch_plan(layout, m, n, k, c, device, cc, sms, flags=0, pre=0):
 
 
 def launch_split3(device, layout, a, b, c, bias, pre, m, n, k, flags, stream, workspace, found):
-    """c (m, n) = epilogue(A B) at float32's accuracy by split3_launch_plan's `found`: A and B split
-    into TF32 parts in scratch from `workspace` ((m + n) x 2 kp floats), then the 3xTF32 Hopper GEMM.
+    """c (m, n) = epilogue(A B) at float32's accuracy by split3_launch_plan's `found`: the flags
+    zeroed, A and B split into TF32 parts in scratch from `workspace` ((m + n) x 2 kp floats and
+    1 + m + n flags), the 3xTF32 Hopper GEMM, then the fixup of outputs that non-finite inputs reach.
     Returns the scratch's owners (keep them until the launches are queued)."""
-    function, grid, shared, bn, splits, kp, splitters = found
+    function, grid, shared, bn, splits, kp, (*splitters, fill, fixup), sms = found
+    marks, owner_marks = workspace((1 + m + n) * 4)  # any, then A's rows, then B's
+    count = 1 + m + n
+    launch(fill, (min(_ceil(count, SPLIT_THREADS), FILL_MAX_BLOCKS),), SPLIT_THREADS, 0, stream, (marks, count), "pq",
+           device)
     parts = []
+    row_marks = marks + 4
     for source, rows, kmajor in ((a, m, layout[0] == "n"), (b, n, layout[1] == "t")):
         pointer, owner = workspace(rows * 2 * kp * 4)
         which, split_grid = split_launch(kmajor, rows, k, kp)
         launch(splitters[which], split_grid, SPLIT_THREADS if which == 0 else TRANSPOSE_THREADS, 0, stream,
-               (source, pointer, rows, k, kp), "ppqqq", device)
+               (source, pointer, rows, k, kp, row_marks, marks), "ppqqqpp", device)
         parts.append((pointer, owner))
+        row_marks += rows * 4
     (a2, owner_a), (b2, owner_b) = parts
     owner_c = _gemm_sm90.launch_gemm(function, grid, shared, device, "nt", 0, a2, b2, c, bias, pre, m, n, 3 * kp,
                                      flags, stream, bn, splits, workspace, k_inner=2 * kp)
-    return owner_a, owner_b, owner_c
+    kmajor_bits = (layout[0] == "n") | (layout[1] == "t") << 1
+    launch(fixup, (FIXUP_BLOCKS_PER_SM * sms,), SPLIT_THREADS, 0, stream,
+           (a, b, c, bias, pre, m, n, k, flags, kmajor_bits, marks + 4,
+            marks + 4 + 4 * m, marks), "pppppqqqqqppp", device)
+    return owner_marks, owner_a, owner_b, owner_c
 
 
 def _copy_transposed(function, source, rows, cols, stream, device, workspace):

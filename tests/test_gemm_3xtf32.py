@@ -137,23 +137,47 @@ def test_gemm_matches_float64_within_torch_float32s_error(on, layout, m, k, n):
 
 
 @pytest.mark.gpu
-def test_matmul_propagates_nan_and_inf_inputs(on):
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_nan_and_inf_inputs_give_torchs_nan_and_inf(on, layout):
+    # a split meets inf with a zero small part (inf x 0): the fixup sums what they reach again exactly
     torch = _sm90()
     import cupy
-    from gpu_reference import to_cupy, to_torch
+    from gpu_reference import to_torch
 
-    a = torch.randn(1024, 1024, device="cuda")
-    b = torch.randn(1024, 1024, device="cuda")
-    a[3, 7] = float("nan")
-    b[5, 9] = float("inf")
-    c = to_torch(rawops.matmul(to_cupy(a), to_cupy(b)))
+    m = k = n = 1024
+    a = torch.randn((m, k) if layout[0] == "n" else (k, m), device="cuda")
+    b = torch.randn((k, n) if layout[1] == "n" else (n, k), device="cuda")
+    a2 = a if layout[0] == "n" else a.t()
+    b2 = b if layout[1] == "n" else b.t()
+    a2[3, 7] = float("nan")
+    a2[10, 20] = float("inf")
+    a2[11, 20] = float("-inf")
+    b2[20, 5] = 1.0  # exactly TF32: small part 0, so inf meets 0 in big_a small_b
+    b2[30, 9] = float("inf")
+    b2[31, 9] = float("inf")
+    a2[12, 30], a2[12, 31] = 1.0, -1.0  # row 12, column 9: inf - inf
+    b2[40, 700] = 0.0
+    a2[13, 40] = float("inf")  # row 13, column 700: inf x 0
+    c = cupy.full((m, n), cupy.nan, dtype=cupy.float32)
+    torch.cuda.synchronize()
+    mm.launch_gemm(torch.cuda.current_device(), layout, 0, a.data_ptr(), b.data_ptr(), c.data.ptr, 0, 0, 0, m, n, k,
+                   mm.EPI_NONE, cupy.cuda.get_current_stream().ptr, mm._cupy_workspace)
     cupy.cuda.get_current_stream().synchronize()
-    assert _routed(1024, 1024, 1024)
-    assert torch.isnan(c[3]).all(), "a NaN in row 3 of a poisons row 3 of c"
-    assert not torch.isfinite(c[:, 9]).any(), "an inf in column 9 of b reaches every row"
-    rest = torch.ones(1024, dtype=torch.bool, device="cuda")
-    rest[9] = False
-    assert torch.isfinite(c[torch.arange(1024, device="cuda") != 3][:, rest]).all()
+    assert _routed(m, n, k)
+    ours = to_torch(c)
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        theirs = a2 @ b2
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    assert torch.equal(torch.isnan(ours), torch.isnan(theirs)), "NaN where torch has none, or none where it has"
+    assert torch.equal(torch.isposinf(ours), torch.isposinf(theirs)) and torch.equal(torch.isneginf(ours),
+                                                                                      torch.isneginf(theirs))
+    assert torch.isnan(ours[3]).all() and torch.isnan(ours[12, 9]) and torch.isnan(ours[13, 700])
+    finite = torch.isfinite(theirs)
+    err = ((ours[finite].double() - theirs[finite].double()).norm() / theirs[finite].double().norm()).item()
+    assert err < 1e-5, err
 
 
 @pytest.mark.gpu

@@ -195,9 +195,14 @@ def test_entry_points_take_the_matrix_family_arguments():
             in source)
     for name in tf.SPLIT_KERNELS:  # the 3xTF32 operands' splits (tests/test_gemm_3xtf32.py)
         assert re.search(rf'extern "C" __global__ void __launch_bounds__\(\w+\)\n    {name}\(const float\* in, '
-                         r"float\* out, long long rows, long long k, long long kp\)", source), name
+                         r"float\* out, long long rows, long long k, long long kp,\s+int\* row_flags, int\* any\)",
+                         source), name
+    assert f"void __launch_bounds__(256) {tf.FILL_KERNEL}(unsigned* p, long long count)" in source
+    assert re.search(rf"{tf.FIXUP_KERNEL}\(const float\* a, const float\* b, float\* c, const float\* bias, "
+                     r"float\* pre, long long m,\s+long long n, long long k, long long flags, long long layout, "
+                     r"const int\* flags_a,\s+const int\* flags_b, const int\* any\)", source)
     assert sorted([f"gemm_tf32_{kind}{layout}_f32" for kind in ("", "wide_") for layout in layouts]
-                  + [tf.TRANSPOSE_KERNEL, *tf.SPLIT_KERNELS]) == tf.entry_points()
+                  + [tf.TRANSPOSE_KERNEL, *tf.SPLIT_KERNELS, tf.FILL_KERNEL, tf.FIXUP_KERNEL]) == tf.entry_points()
     from rawops import _gemm_reduce
 
     assert _gemm_reduce.FAMILY == mm.FAMILY and _gemm_reduce.KINDS == mm.KINDS
