@@ -77,6 +77,34 @@ def test_split_grids_cover_the_padded_k():
     assert tf.split_launch(False, 100, 70, 96) == (1, (2, 2)), "(row tiles, column tiles) of 64"
 
 
+@pytest.mark.parametrize("layout, split_kernels, bits", [("nt", (0, 0), 3), ("nn", (0, 1), 1), ("tn", (1, 1), 0)])
+def test_the_launches_of_one_call_in_order_with_their_scratch(monkeypatch, layout, split_kernels, bits):
+    # pointers and sizes of launch_split3's five launches (no GPU: the launches recorded)
+    launches, scratch = [], []
+    monkeypatch.setattr(tf, "launch", lambda fn, grid, block, shared, stream, args, kinds, device: launches.append(
+        (fn, grid, block, args, kinds)))
+    monkeypatch.setattr(hopper, "launch_gemm", lambda *args, **kwargs: launches.append(("gemm", args, kwargs)))
+
+    def workspace(nbytes):
+        scratch.append(nbytes)
+        return 1 << (40 + len(scratch)), None
+    m, n, k, kp = 300, 200, 100, 128
+    found = ("F", (132,), 1000, 128, 1, kp, ("split", "split_t", "fill", "fixup"), 132)
+    a, b, c, bias, pre, flags = 16, 32, 48, 64, 80, mm.EPI_BIAS_GELU
+    tf.launch_split3(0, layout, a, b, c, bias, pre, m, n, k, flags, 7, workspace, found)
+    marks, a2, b2 = (1 << (40 + i) for i in (1, 2, 3))
+    assert scratch[:3] == [(1 + m + n) * 4, m * 2 * kp * 4, n * 2 * kp * 4]
+    fill, split_a, split_b, gemm, fixup = launches
+    assert fill[0] == "fill" and fill[3] == (marks, 1 + m + n) and len(fill[4]) == 2
+    for (fn, _, _, args, kinds), which, source, rows, out, row_marks in (
+            (split_a, split_kernels[0], a, m, a2, marks + 4), (split_b, split_kernels[1], b, n, b2, marks + 4 + 4 * m)):
+        assert fn == ("split", "split_t")[which] and args == (source, out, rows, k, kp, row_marks, marks)
+        assert len(kinds) == len(args)
+    assert gemm[1][6:14] == (a2, b2, c, bias, pre, m, n, 3 * kp) and gemm[2] == {"k_inner": 2 * kp}
+    assert fixup[0] == "fixup" and fixup[1] == (2 * 132,) and len(fixup[4]) == len(fixup[3])
+    assert fixup[3] == (a, b, c, bias, pre, m, n, k, flags, bits, marks + 4, marks + 4 + 4 * m, marks)
+
+
 def test_the_hopper_plan_refuses_split3_for_anything_but_float32_nt():
     assert hopper.plan("nn", 0, 8192, 8192, 8192, 90, 0, 0, 132, split3=True) is None
     assert hopper.plan("nt", 2, 8192, 8192, 8192, 90, 0, 0, 132, split3=True) is None
