@@ -403,35 +403,14 @@ __device__ __forceinline__ void gemm(const CUtensorMap* map_a, const CUtensorMap
     int release = -1;  // the stage whose WGMMAs may still be reading it
     const int kt_begin = k_groups ? group_offsets[split] / kBK : split * split_tiles;
     const int kt_end = k_groups ? group_offsets[split + 1] / kBK : min(k_tiles, kt_begin + split_tiles);
-    if (kt_begin >= kt_end) {  // an empty split (the planner avoids them), an expert without rows: zeros
-#pragma unroll
-      for (int i = 0; i < size(acc); ++i) acc(i) = 0.f;
-    }
-    if (kPromote) {
+    // zeros: an empty split (the planner avoids them), an expert without rows; kPromote adds to acc
+    if (kPromote || kt_begin >= kt_end) {
 #pragma unroll
       for (int i = 0; i < size(acc); ++i) acc(i) = 0.f;
     }
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       cutlass::arch::ClusterTransactionBarrier::wait(&smem.full[stage], phase);
-      if (kPromote && kPromoteStages == 1) {  // the stage's products summed apart, then added to acc
-        warpgroup_fence_operand(part);
-        warpgroup_arrive();
-        mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-        for (int kb = 0; kb < size<2>(fA); ++kb) {
-          cute::gemm(mma, fA(_, _, kb, stage), fB(_, _, kb, stage), part);
-          mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(part);
-        if (lane0) cutlass::arch::ClusterBarrier::arrive(&smem.empty[stage]);
-#pragma unroll
-        for (int i = 0; i < size(acc); ++i) acc(i) += part(i);
-        if (++stage == kStages) stage = 0, phase ^= 1;
-        continue;
-      }
-      if (kPromote) {  // kPromoteStages stages summed in part, pipelined as the main loop, then added
+      if (kPromote) {  // kPromoteStages stages summed apart in part (pipelined as the main loop), then added
         const int step = (kt - kt_begin) % kPromoteStages;
         const bool last = step == kPromoteStages - 1 || kt + 1 == kt_end;
         warpgroup_fence_operand(part);

@@ -235,31 +235,30 @@ def split3_launch_plan(layout, m, n, k, c, device, cc, sms, flags=0, pre=0):
 
 def launch_split3(device, layout, a, b, c, bias, pre, m, n, k, flags, stream, workspace, found):
     """c (m, n) = epilogue(A B) at float32's accuracy by split3_launch_plan's `found`: the flags
-    zeroed, A and B split into TF32 parts in scratch from `workspace` ((m + n) x 2 kp floats and
+    zeroed, A and B split into TF32 parts in one scratch from `workspace` ((m + n) x 2 kp floats and
     1 + m + n flags), the 3xTF32 Hopper GEMM, then the fixup of outputs that non-finite inputs reach.
     Returns the scratch's owners (keep them until the launches are queued)."""
     function, grid, shared, bn, splits, kp, (*splitters, fill, fixup), sms = found
-    marks, owner_marks = workspace((1 + m + n) * 4)  # any, then A's rows, then B's
+    # One scratch: A's parts, B's parts (rows of 2 kp floats: whole 256 bytes, so B's stay aligned
+    # for the tensor maps), then the flags: any, A's rows, B's rows.
+    a2, owner = workspace((m + n) * 2 * kp * 4 + (1 + m + n) * 4)
+    b2 = a2 + m * 2 * kp * 4
+    marks = b2 + n * 2 * kp * 4
     count = 1 + m + n
     launch(fill, (min(_ceil(count, SPLIT_THREADS), FILL_MAX_BLOCKS),), SPLIT_THREADS, 0, stream, (marks, count), "pq",
            device)
-    parts = []
-    row_marks = marks + 4
-    for source, rows, kmajor in ((a, m, layout[0] == "n"), (b, n, layout[1] == "t")):
-        pointer, owner = workspace(rows * 2 * kp * 4)
+    for source, part, rows, kmajor, row_marks in ((a, a2, m, layout[0] == "n", marks + 4),
+                                                  (b, b2, n, layout[1] == "t", marks + 4 + 4 * m)):
         which, split_grid = split_launch(kmajor, rows, k, kp)
         launch(splitters[which], split_grid, SPLIT_THREADS if which == 0 else TRANSPOSE_THREADS, 0, stream,
-               (source, pointer, rows, k, kp, row_marks, marks), "ppqqqpp", device)
-        parts.append((pointer, owner))
-        row_marks += rows * 4
-    (a2, owner_a), (b2, owner_b) = parts
+               (source, part, rows, k, kp, row_marks, marks), "ppqqqpp", device)
     owner_c = _gemm_sm90.launch_gemm(function, grid, shared, device, "nt", 0, a2, b2, c, bias, pre, m, n, 3 * kp,
                                      flags, stream, bn, splits, workspace, k_inner=2 * kp)
     kmajor_bits = (layout[0] == "n") | (layout[1] == "t") << 1
     launch(fixup, (FIXUP_BLOCKS_PER_SM * sms,), SPLIT_THREADS, 0, stream,
-           (a, b, c, bias, pre, m, n, k, flags, kmajor_bits, marks + 4,
-            marks + 4 + 4 * m, marks), "pppppqqqqqppp", device)
-    return owner_marks, owner_a, owner_b, owner_c
+           (a, b, c, bias, pre, m, n, k, flags, kmajor_bits, marks + 4, marks + 4 + 4 * m, marks), "pppppqqqqqppp",
+           device)
+    return owner, owner_c
 
 
 def _copy_transposed(function, source, rows, cols, stream, device, workspace):

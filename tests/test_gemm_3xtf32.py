@@ -92,8 +92,11 @@ def test_the_launches_of_one_call_in_order_with_their_scratch(monkeypatch, layou
     found = ("F", (132,), 1000, 128, 1, kp, ("split", "split_t", "fill", "fixup"), 132)
     a, b, c, bias, pre, flags = 16, 32, 48, 64, 80, mm.EPI_BIAS_GELU
     tf.launch_split3(0, layout, a, b, c, bias, pre, m, n, k, flags, 7, workspace, found)
-    marks, a2, b2 = (1 << (40 + i) for i in (1, 2, 3))
-    assert scratch[:3] == [(1 + m + n) * 4, m * 2 * kp * 4, n * 2 * kp * 4]
+    a2 = 1 << 41
+    b2 = a2 + m * 2 * kp * 4
+    marks = b2 + n * 2 * kp * 4
+    assert scratch == [(m + n) * 2 * kp * 4 + (1 + m + n) * 4], "one scratch a call (no split K here)"
+    assert b2 % 256 == 0, "B's parts keep the tensor maps' 16-byte alignment"
     fill, split_a, split_b, gemm, fixup = launches
     assert fill[0] == "fill" and fill[3] == (marks, 1 + m + n) and len(fill[4]) == 2
     for (fn, _, _, args, kinds), which, source, rows, out, row_marks in (
