@@ -215,8 +215,8 @@ _split3_plans = {}  # (layout, m, n, k, c, pre 16-byte aligned, device, epilogue
 def split3_launch_plan(layout, m, n, k, c, device, cc, sms, flags=0, pre=0):
     """split3_plan's launch (functions and grids) on `device` (compute capability cc, sms SMs),
     cached per shape, or None."""
-    if not config.f32_3xtf32 or cc != _gemm_sm90.CC:
-        return None
+    if not config.f32_3xtf32 or cc != _gemm_sm90.CC or 2 * m * n * k < SPLIT3_MIN_FLOP:
+        return None  # small products never load the Hopper module to ask
     key = (layout, m, n, k, c % 16 == 0, pre % 16 == 0, device, flags & 3, config._generation)
     if key in _split3_plans:
         return _split3_plans[key]

@@ -40,10 +40,10 @@ SWITCHES = {
                                "narrow tiles and K splits; False: the portable kernels."),
     "gemm_sm90_shape": (None, "None, or (tile width, K splits) forced on every WGMMA launch (tests and "
                               "experiments; tile width one of 256, 128, 64)."),
-    "f32_3xtf32": (False, "float32 GEMMs of >= 2^30 FLOP on sm_90 (matmul, linear_gelu and their gradients, "
+    "f32_3xtf32": (True, "float32 GEMMs of >= 2^30 FLOP on sm_90 (matmul, linear_gelu and their gradients, "
                           "without tf32=True) run 3xTF32 on WGMMA with each stage's sums added in float32 "
                           "(float32's accuracy; scratch of 2 x the operands; outputs that inf or NaN inputs reach "
-                          "summed again exactly, as torch's). Off until proven on the H200 and H100: exact FFMA."),
+                          "summed again exactly, as torch's). False: exact FFMA."),
     "tf32_sm90": (True, "matmul(..., tf32=True) on sm_90 runs on WGMMA; False: on mma.sync."),
     "tf32_wide": (True, "TF32 nn GEMMs that fill the GPU with 128 x 256 tiles use them (sm_80/90/100)."),
     "bias_gelu_backward_tiles": (True, "bias_gelu's backward (and linear_gelu's dbias) runs as short row tiles "

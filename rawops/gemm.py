@@ -8,8 +8,9 @@ matmul(a, b)                       a (M, K) @ b (K, N)
 linear_gelu(x, weight, bias)       gelu(x @ weight.T + bias), weight in torch.nn.Linear layout
 linear_gelu_backward(dy, x, ...)   (dx, dweight, dbias)
 
-float32 runs exact float32 math (FFMA, no tensor cores), or with rawops.config.f32_3xtf32 on sm_90
-3xTF32 at float32's accuracy (rawops/_gemm_tf32.py split3_plan), unless matmul's `tf32=True` asks for
+float32 runs at float32's accuracy: on sm_90, products of >= 2^30 FLOP as 3xTF32 with promoted sums
+(rawops/_gemm_tf32.py split3_plan; rawops.config.f32_3xtf32 = False: FFMA), the rest exact float32
+math (FFMA, no tensor cores), unless matmul's `tf32=True` asks for
 TF32 tensor cores (rawops/_gemm_tf32.py: kernels/gemm_tf32.cu, or kernels/gemm_sm90.cu on
 sm_90), or rawops.config.linear_tf32 = True lets float32 linear_gelu's forward at <= SMALL_MAX_M
 rows on sm_90+ run 3xTF32 (three TF32 products per term: near float32's error, up to ~3x torch's
@@ -362,10 +363,10 @@ def _wait_for_producers(s, arrays):
 
 def matmul(a, b, *, tf32=False, out=None, stream=None):
     """a (M, K) @ b (K, N) -> (M, N), C-contiguous float32 / float16 / bfloat16 arrays of one
-    dtype; float32 accumulation. float32 is exact float32 math (FFMA; with rawops.config.f32_3xtf32
-    on sm_90, 3xTF32 at float32's accuracy for products of >= 2^30 FLOP); `tf32=True` lets
-    float32 run on TF32 tensor cores (operands rounded to 10 mantissa bits, ~1e-3 relative
-    error; rawops/_gemm_tf32.py) on sm_80+ where K and N are multiples of 4 and the arrays
+    dtype; float32 accumulation. float32 runs at float32's accuracy: exact float32 math (FFMA),
+    or on sm_90 for products of >= 2^30 FLOP 3xTF32 with promoted sums (rawops.config.f32_3xtf32,
+    on by default); `tf32=True` lets float32 run on TF32 tensor cores (operands rounded to 10
+    mantissa bits, ~1e-3 relative error; rawops/_gemm_tf32.py) on sm_80+ where K and N are multiples of 4 and the arrays
     16-byte aligned, else the exact kernel; on sm_90 it runs on WGMMA after b is copied,
     transposed, into K x N floats of scratch from CuPy's pool.
     Half types ignore it."""
@@ -427,8 +428,8 @@ def linear_gelu(x, weight, bias=None, approximate="none", *, save_preactivation=
     one dtype. Returns y (..., out_features); with save_preactivation=True, (y, pre) where
     pre = x @ weight.T + bias is written by the same kernel for the backward.
 
-    float32 is exact FFMA (or 3xTF32 at float32's accuracy with rawops.config.f32_3xtf32, as
-    matmul). rawops.config.linear_tf32 = True (opt-in) runs float32 at <= 128
+    float32 is exact FFMA, or 3xTF32 at float32's accuracy where rawops.config.f32_3xtf32 (on
+    by default) takes it, as matmul. rawops.config.linear_tf32 = True (opt-in) runs float32 at <= 128
     rows (in_features % 4 == 0, 16-byte aligned x and weight) on sm_90+ as 3xTF32 tensor-core
     math: faster, near float32's error (up to ~3x torch's float32 at one row). (3xTF32 splits
     each value into two TF32 parts: an infinite input gives NaN there.)"""

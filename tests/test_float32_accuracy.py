@@ -5,8 +5,8 @@ routing threshold, against float64 on the same float32 numbers: rawops' relative
 must be within 2x torch float32's own error on the same data (torch with TF32 off), or under
 FLOOR (four float32 roundings) where both are (nearly) exact. Opt-ins that trade float32
 accuracy for speed (config.mlp_tf32, matmul's tf32=True) are not held to it; config.f32_3xtf32
-(float32 at float32's accuracy on sm_90's tensor cores) is: linear_gelu and matmul run each case
-it takes a second time with it on ("3xtf32").
+(float32 at float32's accuracy on sm_90's tensor cores, on by default) is: linear_gelu and matmul
+run every case with it off ("ffma") and each case it takes with it on ("3xtf32").
 
 Small batches repeat on fresh inputs until about MIN_ROWS rows have gone into each error (the
 squared errors and squared references summed over the repeats), so that the chance rounding of
@@ -87,22 +87,24 @@ class Errors:
 
 
 def gemm_path(path, monkeypatch, m, k, n):
-    """The float32 GEMMs' path for a case: "default", or "3xtf32" (config.f32_3xtf32: sm_90 only,
-    products the plan takes). Returns what the case's name gets appended."""
-    if path == "default":
-        return ""
+    """The float32 GEMMs' path for a case: "ffma" (config.f32_3xtf32 off: exact FFMA everywhere) or
+    "3xtf32" (on, its default: sm_90 only, the products its plan takes; other cases skip here, the
+    "ffma" case runs what they run). Returns what the case's name gets appended."""
     import torch
 
     import rawops
     import rawops.gemm as mm
     from rawops import _gemm_tf32
 
+    monkeypatch.setattr(mm, "_plans", {})  # routing is read from the plans this case makes
+    if path == "ffma":
+        monkeypatch.setattr(rawops.config, "f32_3xtf32", False)
+        return ""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("config.f32_3xtf32 is sm_90's")
     if 2 * m * k * n < _gemm_tf32.SPLIT3_MIN_FLOP:
-        pytest.skip("below the 3xTF32 path's size: the default path's case")
+        pytest.skip("below the 3xTF32 path's size: the ffma case runs it")
     monkeypatch.setattr(rawops.config, "f32_3xtf32", True)
-    monkeypatch.setattr(mm, "_plans", {})  # routing is read from the plans this case makes
     return " (3xTF32)"
 
 
@@ -253,7 +255,7 @@ def linear_params(torch, k, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["default", "3xtf32"])
+@pytest.mark.parametrize("path", ["ffma", "3xtf32"])
 @pytest.mark.parametrize("m, k, n", LINEAR_CASES)
 def test_linear_gelu_float32_forward_and_every_gradient_within_2x_torch(m, k, n, path, monkeypatch):
     torch = pytest.importorskip("torch")
@@ -287,7 +289,7 @@ def test_linear_gelu_float32_forward_and_every_gradient_within_2x_torch(m, k, n,
         errors.add("y (training)", y, yt, y64)
         for name, o, t, r in zip(("dx", "dW", "db"), ours, theirs, ref):
             errors.add(name, o, t, r)
-    assert took_3xtf32() or not suffix, "the 3xTF32 path did not run"
+    assert took_3xtf32() == bool(suffix), "the 3xTF32 path ran where it was off, or not where on"
     errors.check(f"linear_gelu float32 {m}x{k}->{n}{suffix}")
 
 
@@ -299,7 +301,7 @@ MATMUL_CASES = ([(m, 512, 384) for m in (1, 31, 32, 33, 127, 128, 129, 255, 256,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["default", "3xtf32"])
+@pytest.mark.parametrize("path", ["ffma", "3xtf32"])
 @pytest.mark.parametrize("m, k, n", MATMUL_CASES)
 def test_matmul_float32_forward_and_both_gradients_within_2x_torch(m, k, n, path, monkeypatch):
     torch = pytest.importorskip("torch")
@@ -332,5 +334,5 @@ def test_matmul_float32_forward_and_both_gradients_within_2x_torch(m, k, n, path
         errors.add("y (training)", y, yt, y64)
         for name, o, t, r in zip(("da", "db"), ours, theirs, ref):
             errors.add(name, o, t, r)
-    assert took_3xtf32() or not suffix, "the 3xTF32 path did not run"
+    assert took_3xtf32() == bool(suffix), "the 3xTF32 path ran where it was off, or not where on"
     errors.check(f"matmul float32 {m}x{k} @ {k}x{n}{suffix}")

@@ -27,10 +27,10 @@ def on(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ plan
-def test_the_switch_is_off_by_default_and_then_nothing_takes_the_path():
-    assert rawops.config.SWITCHES["f32_3xtf32"][0] is False
-    if not rawops.config.f32_3xtf32:  # RAWOPS_F32_3XTF32 may set it
-        assert tf.split3_plan("nn", 8192, 8192, 8192, 90, C_PTR, 0) is None
+def test_the_switch_is_on_by_default_and_off_nothing_takes_the_path(monkeypatch):
+    assert rawops.config.SWITCHES["f32_3xtf32"][0] is True
+    monkeypatch.setattr(rawops.config, "f32_3xtf32", False)
+    assert tf.split3_plan("nn", 8192, 8192, 8192, 90, C_PTR, 0) is None
 
 
 def test_large_products_on_sm90_take_the_128_wide_tiles_over_three_times_the_padded_k(on):
