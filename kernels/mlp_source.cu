@@ -656,22 +656,39 @@ struct SplitA {
       small[i] = s.small;
     }
   }
-  // The next layer's A fragment from C fragment c (d0, d1 at row g; d2, d3 at row g + 8):
-  // bias + ReLU, then the split; the permuted K puts columns 2t, 2t + 1 in slots t, t + 4.
-  __device__ __forceinline__ void set_bias_relu(const float (&c)[4], float2 b) {
-    set(bias_relu(c[0], b.x), bias_relu(c[2], b.x), bias_relu(c[1], b.y), bias_relu(c[3], b.y));
-  }
+  // The next layer's A fragment from C fragment c (c0, c1 at row g; c2, c3 at row g + 8): the
+  // permuted K puts columns 2t, 2t + 1 in slots t, t + 4.
+  __device__ __forceinline__ void set_c(const float (&c)[4]) { set(c[0], c[2], c[1], c[3]); }
 };
 
-// d[m][n] += a[m] W^T for one k8 slice and n8 tile, w the lane's address in the tile's weight
-// rows (row g, column 2t of the slice): one 8-byte load, split once for the kMT row tiles.
+// d[m][n] += a[m] B for one k8 slice and n8 tile, w the lane's address in the tile's B rows
+// ([n][k]: row g, column 2t of the slice; the forward's weights as they are, W^T for the
+// backward's chain): one 8-byte load, split once for the kMT row tiles; the slice's sum promoted.
 template <int kMT, int kN>
 __device__ __forceinline__ void mma_slice(float (&d)[kMT][kN][4], int n, const SplitA (&a)[kMT], const float* w) {
   const float2 v = lds2(w);
   const Tf32Split s0 = split_tf32_fast(v.x), s1 = split_tf32_fast(v.y);
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
-    mma_m16n8k8_tf32x3(d[m][n], a[m].big, a[m].small, s0.big, s1.big, s0.small, s1.small);
+    mma_m16n8k8_tf32x3_promoted(d[m][n], a[m].big, a[m].small, s0.big, s1.big, s0.small, s1.small);
+}
+
+// Rows r and r + 8 of a [batch][ld] float32 array at columns col, col + 1 (a C fragment's lane:
+// c0, c1 at row r, c2, c3 at r + 8): stored, or loaded (0 past the batch).
+__device__ __forceinline__ void store_pair_rows(float* a, int ld, int64_t r, int col, int64_t batch, float c0,
+                                                float c1, float c2, float c3) {
+  if (r < batch) *reinterpret_cast<float2*>(a + r * ld + col) = make_float2(c0, c1);
+  if (r + 8 < batch) *reinterpret_cast<float2*>(a + (r + 8) * ld + col) = make_float2(c2, c3);
+}
+__device__ __forceinline__ void load_pair_rows(const float* a, int ld, int64_t r, int col, int64_t batch,
+                                               float (&c)[4]) {
+  const float2 lo = r < batch ? __ldg(reinterpret_cast<const float2*>(a + r * ld + col)) : make_float2(0.f, 0.f);
+  const float2 hi = r + 8 < batch ? __ldg(reinterpret_cast<const float2*>(a + (r + 8) * ld + col))
+                                  : make_float2(0.f, 0.f);
+  c[0] = lo.x;
+  c[1] = lo.y;
+  c[2] = hi.x;
+  c[3] = hi.y;
 }
 
 // The warp's kRows x rows into its staging rows [kRows][kStLdx]: 16-byte cp.async when x is
@@ -701,7 +718,7 @@ template <int kMT, int kC>
 __device__ void source_tc_fwd(const float* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ b1,
                               const float* __restrict__ w2, const float* __restrict__ b2,
                               const float* __restrict__ w3, const float* __restrict__ b3, float* __restrict__ y,
-                              int64_t batch, int64_t flags) {
+                              float* __restrict__ h1s, float* __restrict__ h2s, int64_t batch, int64_t flags) {
   constexpr int kRows = 16 * kMT, kJ = kC / 8;
   static_assert(kH1 % kC == 0 && kC % 8 == 0, "layer-1 chunks of whole n8 tiles");
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -778,14 +795,21 @@ __device__ void source_tc_fwd(const float* __restrict__ x, const float* __restri
         if (tile + step < tiles)
           source_fetch_x<kRows>(xs, x + (tile + step) * kRows * kIn, rows_of(tile + step), xvec, lane);
       }
-      // Bias, ReLU, split: each n8 tile of the chunk is one k8 slice of layer 2.
+      // Bias, ReLU (kept for the backward when training), split: each n8 tile of the chunk is one
+      // k8 slice of layer 2.
 #pragma unroll
       for (int j = 0; j < kJ; ++j) {
         const float2 bb = lds2(sm + kStB1 + c0 + 8 * j + 2 * t);
         SplitA a[kMT];
 #pragma unroll
-        for (int m = 0; m < kMT; ++m)
-          a[m].set_bias_relu(acc1[m][j], bb);
+        for (int m = 0; m < kMT; ++m) {
+          const float* c = acc1[m][j];
+          const float v0 = bias_relu(c[0], bb.x), v1 = bias_relu(c[1], bb.y), v2 = bias_relu(c[2], bb.x),
+                      v3 = bias_relu(c[3], bb.y);
+          if (h1s != nullptr)
+            store_pair_rows(h1s, kH1, row0 + 16 * m + g, c0 + 8 * j + 2 * t, batch, v0, v1, v2, v3);
+          a[m].set(v0, v2, v1, v3);
+        }
 #pragma unroll
         for (int n = 0; n < kH2 / 8; ++n) mma_slice(acc2, n, a, w2b + 8 * n * kStLd2 + c0 + 8 * j);
       }
@@ -798,8 +822,13 @@ __device__ void source_tc_fwd(const float* __restrict__ x, const float* __restri
       const float2 bb = lds2(sm + kStB2 + 8 * kk + 2 * t);
       SplitA a[kMT];
 #pragma unroll
-      for (int m = 0; m < kMT; ++m)
-        a[m].set_bias_relu(acc2[m][kk], bb);
+      for (int m = 0; m < kMT; ++m) {
+        const float* c = acc2[m][kk];
+        const float v0 = bias_relu(c[0], bb.x), v1 = bias_relu(c[1], bb.y), v2 = bias_relu(c[2], bb.x),
+                    v3 = bias_relu(c[3], bb.y);
+        if (h2s != nullptr) store_pair_rows(h2s, kH2, row0 + 16 * m + g, 8 * kk + 2 * t, batch, v0, v1, v2, v3);
+        a[m].set(v0, v2, v1, v3);
+      }
 #pragma unroll
       for (int n = 0; n < 2; ++n) mma_slice(acc3, n, a, w3b + 8 * n * kStLd3 + 8 * kk);
     }
@@ -833,6 +862,241 @@ __device__ void source_tc_fwd(const float* __restrict__ x, const float* __restri
   cp_async_wait_all();  // nothing may be in flight into shared memory when the block exits
 }
 
+// ---------------------------------------------------------------- the backward on the tensor pipe
+// source_mlp_tc_dgrad_bwd_f32: the chain g2 = (g3 W3) * (h2 > 0), g1 = (g2 W2) * (h1 > 0), with
+// g3 = dy * (y > 0) under the output ReLU (ym = y), else dy, written to g2s [batch][64] and g1s
+// [batch][128] for the weight gradients (torch's threshold_backward: a NaN h masks to 0). As the
+// forward: a warp owns 16 rows through both products, 3xTF32 with each k8 slice promoted, a C
+// fragment of g2 (masked) the A fragment of one k8 slice of the next product; B = W^T, staged once
+// a block: w3t [64][kLdW3T] (W3's 10 rows zero-padded to 16 columns), w2t [128][kLdW2T] (47 KB of
+// static shared memory). h and the stores: 8-byte pairs of a row, 32 bytes a row a quad of lanes.
+// Persistent warps, tiles of 16 rows dealt warp-major.
+constexpr int kLdW3T = 40, kLdW2T = 72;  // 8 mod 32: conflict-free 8-byte B reads
+static_assert(kLdW3T % 32 == 8 && kLdW2T % 32 == 8 && kLdW3T >= 16 && kLdW2T >= kH2, "B rows");
+static_assert((kH2 * kLdW3T + kH1 * kLdW2T) * 4 <= 48 * 1024, "static shared memory limit");
+
+__device__ __forceinline__ float relu_mask(float g, float h) { return h > 0.f ? g : 0.f; }
+
+__device__ void source_tc_dgrad(const float* __restrict__ dy, const float* __restrict__ ym,
+                                const float* __restrict__ w3, const float* __restrict__ w2,
+                                const float* __restrict__ h2s, const float* __restrict__ h1s, float* __restrict__ g2s,
+                                float* __restrict__ g1s, int64_t batch) {
+  __shared__ __align__(16) float w3t[kH2 * kLdW3T];
+  __shared__ __align__(16) float w2t[kH1 * kLdW2T];
+  for (int e = threadIdx.x; e < kH2 * kLdW3T; e += blockDim.x) {
+    const int u = e / kLdW3T, o = e - u * kLdW3T;  // w3t[u][o] = W3[o][u]
+    w3t[e] = o < kOut ? __ldg(w3 + o * kH2 + u) : 0.f;
+  }
+  for (int e = threadIdx.x; e < kH1 * kLdW2T; e += blockDim.x) {
+    const int u = e / kLdW2T, k = e - u * kLdW2T;  // w2t[u][k] = W2[k][u]
+    w2t[e] = k < kH2 ? __ldg(w2 + k * kH1 + u) : 0.f;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const float* w3b = w3t + g * kLdW3T + 2 * t;
+  const float* w2b = w2t + g * kLdW2T + 2 * t;
+  const int64_t tiles = (batch + 15) / 16, step = int64_t(gridDim.x) * warps;
+  for (int64_t tile = int64_t(warp) * gridDim.x + blockIdx.x; tile < tiles; tile += step) {
+    const int64_t r = tile * 16 + g;  // the lane's rows r and r + 8
+    // g3 as A fragments: K = the 10 outputs zero-padded to 16, two k8 slices (dy and y read as
+    // scalars: their rows are 40 bytes, the arrays as the caller gave them).
+    SplitA a3[2][1];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const int col = 8 * kk + 2 * t;
+      float v[4] = {0.f, 0.f, 0.f, 0.f};
+      if (col < kOut) {  // col is even and kOut too: col + 1 < kOut
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int64_t row = r + 8 * (i / 2);
+          if (row < batch) {
+            const int64_t idx = row * kOut + col + (i & 1);
+            v[i] = __ldg(dy + idx);
+            if (ym != nullptr) v[i] = relu_mask(v[i], __ldg(ym + idx));
+          }
+        }
+      }
+      a3[kk][0].set_c(v);
+    }
+    float acc2[1][kH2 / 8][4];
+#pragma unroll
+    for (int n = 0; n < kH2 / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc2[0][n][i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+      for (int n = 0; n < kH2 / 8; ++n) mma_slice(acc2, n, a3[kk], w3b + 8 * n * kLdW3T + 8 * kk);
+#pragma unroll
+    for (int n = 0; n < kH2 / 8; ++n) {
+      float h[4];
+      load_pair_rows(h2s, kH2, r, 8 * n + 2 * t, batch, h);
+      float* c = acc2[0][n];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c[i] = relu_mask(c[i], h[i]);
+      store_pair_rows(g2s, kH2, r, 8 * n + 2 * t, batch, c[0], c[1], c[2], c[3]);
+    }
+    // g1 = g2 W2 in two 64-column chunks (g2's fragments split again for the second).
+#pragma unroll 1
+    for (int c0 = 0; c0 < kH1; c0 += 64) {
+      float acc1[1][8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc1[0][j][i] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < kH2 / 8; ++kk) {
+        SplitA a[1];
+        a[0].set_c(acc2[0][kk]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mma_slice(acc1, j, a, w2b + (c0 + 8 * j) * kLdW2T + 8 * kk);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = c0 + 8 * j + 2 * t;
+        float h[4];
+        load_pair_rows(h1s, kH1, r, col, batch, h);
+        const float* c = acc1[0][j];
+        store_pair_rows(g1s, kH1, r, col, batch, relu_mask(c[0], h[0]), relu_mask(c[1], h[1]), relu_mask(c[2], h[2]),
+                        relu_mask(c[3], h[3]));
+      }
+    }
+  }
+}
+
+// mlp_wgrad_tc_bwd_f32: mlp_wgrad_bwd_f32's partials (same arguments, workspace and reduce) on the
+// tensor pipe: per chunk of rows, P[n][k] = sum_b G'[b][n] act(A[b][k]) as 3xTF32 mma.sync, M = n
+// (G' transposed), N = k, K = the chunk's rows, each 8-row slice promoted. A block of kWtThreads
+// stages kWgradRows rows of G' and act(A) in shared memory ([row][kWtLd], zero past N, K and the
+// chunk; the next step's rows load into registers while this step computes); warp w owns the
+// 16-row tile w % tiles_m of n and n8 tiles of k from (w / tiles_m) x per_warp. N and K are
+// compile-time: one instantiation a layer of the source network (the only network it runs;
+// a_act must be 0: its A, x or a post-ReLU h, is used as it is). Float32 accuracy
+// at any batch as mlp_wgrad_bwd's: registers hold kWtFlushSteps steps, then add into the thread's
+// own outputs of the block's slot; db as there (a thread a column, in k order).
+constexpr int kWtThreads = RAWOPS_MLP_WGRAD_TC_THREADS, kWtWarps = kWtThreads / 32;
+constexpr int kWtLd = 132;  // 128 + 4: fragment reads at rows 2t, 2t + 1 fall in distinct banks
+constexpr int kWtFlushSteps = 8;
+static_assert(kWtLd % 32 == 4 && 2 * kWgradRows * kWtLd * 4 <= 48 * 1024, "staging rows");
+static_assert(kWgradRows % 8 == 0 && kWtThreads % 32 == 0, "whole k8 slices; whole warps");
+
+template <int N, int K>
+__device__ void wgrad_tc(const float* __restrict__ G, const float* __restrict__ Gm, const float* __restrict__ A,
+                         float* __restrict__ ws, int64_t batch, int k_p, int64_t db_offset, int64_t stride,
+                         int64_t rows_per_chunk, float* __restrict__ gs, float* __restrict__ as) {
+  static_assert(N <= 128 && K <= 128, "a pass of 128 columns; n tiles of 16 over 8 warps");
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
+  for (int e = tid; e < kWgradRows * kWtLd; e += kWtThreads) gs[e] = as[e] = 0.f;  // the padding stays 0
+  constexpr int tiles_m = (N + 15) / 16, tiles_n = (K + 7) / 8;
+  constexpr int share = kWtWarps / tiles_m;                // warps on one tile of n
+  constexpr int per_warp = (tiles_n + share - 1) / share;  // n8 tiles of k a warp holds
+  const bool active = warp < tiles_m * share;
+  const int mt = warp % tiles_m, j0 = (warp / tiles_m) * per_warp;
+  float acc[per_warp][4];
+#pragma unroll
+  for (int j = 0; j < per_warp; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+  float db = 0.f;
+  auto flush = [&](bool first) {
+    float* slot = ws + int64_t(blockIdx.x) * stride;
+    asm volatile("" : "+l"(slot));
+    if (active) {
+#pragma unroll
+      for (int j = 0; j < per_warp; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int n = 16 * mt + g + 8 * (i / 2), k = 8 * (j0 + j) + 2 * t + (i & 1);
+          if (n < N && k < K) {
+            float* p = slot + n * k_p + k;
+            *p = first ? acc[j][i] : *p + acc[j][i];
+          }
+          acc[j][i] = 0.f;
+        }
+      }
+    }
+    if (tid < N) {
+      float* p = slot + db_offset + tid;
+      *p = first ? db : *p + db;
+    }
+    db = 0.f;
+  };
+  // A thread loads column tid % 128 of rows tid / 128, + 2, ... of a step (N, K <= 128): no index
+  // arithmetic but adds in the loop (a division a value cost more than the products).
+  constexpr int kRowsAPass = kWtThreads / 128, kL = kWgradRows / kRowsAPass;
+  static_assert(kWtThreads % 128 == 0, "a pass covers whole rows of 128 columns");
+  const int col = tid % 128, row_in = tid / 128;
+  float gl[kL], al[kL];
+  auto load = [&](int64_t r0) {
+    const float* gp = G + (r0 + row_in) * N + col;
+    const float* ap = A + (r0 + row_in) * K + col;
+    if (end - r0 >= kWgradRows) {  // a whole step: loads unguarded but for the columns
+#pragma unroll
+      for (int i = 0; i < kL; ++i) {
+        gl[i] = col < N ? __ldg(gp + i * kRowsAPass * N) : 0.f;
+        al[i] = col < K ? __ldg(ap + i * kRowsAPass * K) : 0.f;
+      }
+    } else {
+      const int rows = int(end - r0);
+#pragma unroll
+      for (int i = 0; i < kL; ++i) {
+        const bool in = row_in + i * kRowsAPass < rows;
+        gl[i] = in && col < N ? __ldg(gp + i * kRowsAPass * N) : 0.f;
+        al[i] = in && col < K ? __ldg(ap + i * kRowsAPass * K) : 0.f;
+      }
+    }
+    if (Gm != nullptr) {  // the output ReLU's mask (dy by y > 0; its rows as G's)
+      const float* mp = Gm + (r0 + row_in) * N + col;
+      const int rows = int(end - r0 < kWgradRows ? end - r0 : kWgradRows);
+#pragma unroll
+      for (int i = 0; i < kL; ++i)
+        if (row_in + i * kRowsAPass < rows && col < N && !(__ldg(mp + i * kRowsAPass * N) > 0.f)) gl[i] = 0.f;
+    }
+  };
+  constexpr int kFlushRows = kWtFlushSteps * kWgradRows;
+  if (begin < end) load(begin);
+  for (int64_t r0 = begin; r0 < end; r0 += kWgradRows) {
+    __syncthreads();  // the previous step is consumed
+#pragma unroll
+    for (int i = 0; i < kL; ++i) {
+      const int r = row_in + i * kRowsAPass;
+      if (col < N) gs[r * kWtLd + col] = gl[i];
+      if (col < K) as[r * kWtLd + col] = al[i];  // A as it is: the source network's x and post-ReLU h
+    }
+    __syncthreads();
+    if (r0 + kWgradRows < end) load(r0 + kWgradRows);  // in flight under this step's products
+    if (tid < N) {  // the step's 32 rows in four sums of 8, then one add into db: no long running sum
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int r = 0; r < kWgradRows; ++r) part[r % 4] += gs[r * kWtLd + tid];
+      db += (part[0] + part[1]) + (part[2] + part[3]);
+    }
+    if (active) {
+#pragma unroll
+      for (int kk = 0; kk < kWgradRows / 8; ++kk) {
+        const float* gr = gs + (8 * kk + 2 * t) * kWtLd + 16 * mt + g;
+        SplitA a;
+        a.set(gr[0], gr[8], gr[kWtLd], gr[kWtLd + 8]);
+        const float* ar = as + (8 * kk + 2 * t) * kWtLd + 8 * j0 + g;
+#pragma unroll
+        for (int j = 0; j < per_warp; ++j) {
+          if (tiles_n % share == 0 || j0 + j < tiles_n) {
+            const Tf32Split s0 = split_tf32_fast(ar[8 * j]), s1 = split_tf32_fast(ar[8 * j + kWtLd]);
+            mma_m16n8k8_tf32x3_promoted(acc[j], a.big, a.small, s0.big, s1.big, s0.small, s1.small);
+          }
+        }
+      }
+    }
+    // Block-uniform (r0 alone decides): a flush every kFlushRows rows but the last.
+    if ((r0 - begin + kWgradRows) % kFlushRows == 0 && r0 + kWgradRows < end)
+      flush(r0 - begin + kWgradRows == kFlushRows);
+  }
+  flush(end - begin <= kFlushRows);  // the last (or only) run: a short chunk stores its sums once
+}
+
 }  // namespace
 }  // namespace rawops
 
@@ -849,12 +1113,36 @@ extern "C" __global__ void __launch_bounds__(32 * RAWOPS_MLP_SOURCE_TC32_WARPS, 
     source_mlp_tc32_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
                             const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
                             long long flags) {
-  RAWOPS_SOURCE_TC_CALL((rawops::source_tc_fwd<2, 64>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
+  RAWOPS_SOURCE_TC_CALL((rawops::source_tc_fwd<2, 64>(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags)));
 }
 extern "C" __global__ void __launch_bounds__(32 * RAWOPS_MLP_SOURCE_TC16_WARPS, 1)
     source_mlp_tc16_fwd_f32(const float* x, const float* w1, const float* b1, const float* w2, const float* b2,
                             const float* w3, const float* b3, float* y, float* h1s, float* h2s, long long batch,
                             long long flags) {
-  RAWOPS_SOURCE_TC_CALL((rawops::source_tc_fwd<1, 64>(x, w1, b1, w2, b2, w3, b3, y, batch, flags)));
+  RAWOPS_SOURCE_TC_CALL((rawops::source_tc_fwd<1, 64>(x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags)));
+}
+extern "C" __global__ void __launch_bounds__(32 * RAWOPS_MLP_SOURCE_TC_DGRAD_WARPS, 1)
+    source_mlp_tc_dgrad_bwd_f32(const float* dy, const float* ym, const float* w3, const float* w2, const float* h2s,
+                                const float* h1s, float* g2s, float* g1s, long long batch) {
+  RAWOPS_SOURCE_TC_CALL((rawops::source_tc_dgrad(dy, ym, w3, w2, h2s, h1s, g2s, g1s, batch)));
+}
+extern "C" __global__ void __launch_bounds__(rawops::kWtThreads, 1)
+    mlp_wgrad_tc_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch, long long N,
+                         long long K, long long k_p, long long db_offset, long long stride, long long a_act,
+                         long long rows_per_chunk) {
+  // the source network's three layers (the only network this path runs), a shape each, on one
+  // pair of staging arrays [kWgradRows][kWtLd]
+  __shared__ __align__(16) float gs[rawops::kWgradRows * rawops::kWtLd];
+  __shared__ __align__(16) float as[rawops::kWgradRows * rawops::kWtLd];
+#define RAWOPS_WGRAD_TC(n, k) \
+  rawops::wgrad_tc<n, k>(G, Gm, A, ws, batch, int(k_p), db_offset, stride, rows_per_chunk, gs, as)
+  if (N == rawops::kH1 && K == rawops::kIn) {
+    RAWOPS_SOURCE_TC_CALL((RAWOPS_WGRAD_TC(rawops::kH1, rawops::kIn)));
+  } else if (N == rawops::kH2 && K == rawops::kH1) {
+    RAWOPS_SOURCE_TC_CALL((RAWOPS_WGRAD_TC(rawops::kH2, rawops::kH1)));
+  } else if (N == rawops::kOut && K == rawops::kH2) {
+    RAWOPS_SOURCE_TC_CALL((RAWOPS_WGRAD_TC(rawops::kOut, rawops::kH2)));
+  }
+#undef RAWOPS_WGRAD_TC
 }
 #undef RAWOPS_SOURCE_TC_CALL

@@ -21,9 +21,9 @@ DTYPE_NAMES = {0: "float32", 1: "float16", 2: "bfloat16"}
 # ------------------------------------------------------------------------------ the source network
 SOURCE_SIZES = (C.MLP_SOURCE_IN, C.MLP_SOURCE_H1, C.MLP_SOURCE_H2, C.MLP_SOURCE_OUT)  # 100, 128, 64, 10
 SOURCE_TILE, SOURCE_THREADS = C.MLP_SOURCE_TILE, C.MLP_SOURCE_THREADS  # source_mlp_fwd: samples, threads a block
-SMALL_BATCH_MAX = 4096  # up to here source_mlp_small_fwd, beyond it the tiled (or opted-in 3xTF32) kernel
+SMALL_BATCH_MAX = 4096  # up to here source_mlp_small_fwd, beyond it the 3xTF32 (or the FFMA tiled) kernel
 SMALL_TILE, SMALL_THREADS = C.MLP_SOURCE_SMALL_TILE, C.MLP_SOURCE_SMALL_THREADS  # source_mlp_small_fwd
-# Beyond SMALL_BATCH_MAX on sm_80+, inference opted in to 3xTF32 (config.mlp_tf32): mma.sync
+# Beyond SMALL_BATCH_MAX on sm_80+ (config.mlp_tf32, the default), 3xTF32 with promoted sums: mma.sync
 # (source_mlp_tc*_fwd), persistent blocks holding the weights; variant -> (rows a warp owns,
 # most warps a block).
 SOURCE_TC_VARIANTS = {"source_mlp_tc32_fwd": (32, C.MLP_SOURCE_TC32_WARPS),
@@ -40,6 +40,8 @@ SOURCE_TC_MIN_WARPS = 4  # fewer fit beside the weights (sm_86/89/120's ~100 KB)
 SOURCE_TC_WARP_STEP = 4
 # The source network's backward
 GRAD_THREADS, DGRAD_ROWS, WGRAD_ROWS = C.MLP_GRAD_THREADS, C.MLP_DGRAD_ROWS, C.MLP_WGRAD_ROWS
+SOURCE_TC_DGRAD_WARPS = C.MLP_SOURCE_TC_DGRAD_WARPS  # source_mlp_tc_dgrad_bwd: 16 rows a warp
+WGRAD_TC_THREADS = C.MLP_WGRAD_TC_THREADS  # mlp_wgrad_tc_bwd's block (steps of WGRAD_ROWS rows)
 REDUCE_THREADS = C.MLP_REDUCE_THREADS  # mlp_wgrad_reduce_bwd: a thread an output
 
 # ------------------------------------------------------------------------------ the tensor-core networks

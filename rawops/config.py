@@ -8,9 +8,9 @@
 Each switch starts from the environment variable `RAWOPS_<NAME>` (upper case) when it is set
 (`1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`), else from its default. Setting an unknown
 name, or a value of the wrong type, is an error. Every default is the fastest choice that keeps
-each dtype's accuracy (float32 results within torch's float32 error); `mlp_tf32` and
-`linear_tf32` are opt-ins that trade float32 accuracy for speed. The other switches exist to compare paths (the
-benchmarks and tests do) and to step around a path on a machine where it misbehaves.
+each dtype's accuracy (float32 results within torch's float32 error); `linear_tf32` is an opt-in
+that trades float32 accuracy for speed. The other switches exist to compare paths (the benchmarks
+and tests do) and to step around a path on a machine where it misbehaves.
 `rawops.config.describe()` lists them with their values.
 
 The module is the configuration object: `import rawops.config`, `from rawops import config`
@@ -26,10 +26,9 @@ SWITCHES = {
     "linear_tf32": (False, "opt-in: float32 linear_gelu forwards of <= 128 rows on sm_90+ run 3xTF32 on tensor "
                            "cores (faster; near float32's error, up to ~3x torch's at one row); False: exact FFMA "
                            "at every size."),
-    "mlp_tf32": (False, "opt-in: the float32 source network's (100-128-64-10) inference beyond 4096 rows runs "
-                        "3xTF32 on tensor cores on sm_80+ (faster; several times torch's float32 error: the tensor "
-                        "core truncates its sums and the split's low parts); False: exact FFMA, float32's "
-                        "accuracy."),
+    "mlp_tf32": (True, "the float32 source network (100-128-64-10) beyond 4096 rows runs on the tensor pipe on "
+                       "sm_80+, forward and backward: 3xTF32 with each k8 slice's tensor-core sum added in float32 "
+                       "(float32's accuracy); False: exact FFMA."),
     "mlp_fast_forward": (True, "half-type fused_mlp forwards keep activations in registers (mma.sync, sm_80+) "
                                "where the weights fit in shared memory; False: the WMMA tile kernels."),
     "mlp_fast_backward": (True, "half-type fused_mlp backwards run as one fused kernel (sm_80+, widths 16..64); "

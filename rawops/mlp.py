@@ -4,12 +4,11 @@ fused_mlp(x, weights, biases, activation, output_activation) computes, with weig
 torch.nn.Linear layout (weight [out, in], bias [out]),
     h = x; h = act(h W_l^T + b_l) for each hidden layer; y = output_act(h W_L^T + b_L)
 in one kernel; the hidden activations never reach device memory (inference). Two regimes:
-  * float32, the source network 100-128-64-10 with ReLU: exact float32 FFMA kernels, forward
-    and backward, at every batch (a small-batch kernel up to SMALL_BATCH_MAX samples, a
-    register-tiled one beyond): float32's accuracy, within torch's float32 error. Opt-in
-    (config.mlp_tf32 = True): beyond SMALL_BATCH_MAX on sm_80+ the inference forward runs
-    3xTF32 on tensor cores instead, faster at large batches but several times torch's
-    float32 error (the tensor core truncates its sums and the split's low parts);
+  * float32, the source network 100-128-64-10 with ReLU, at float32's accuracy (within torch's
+    float32 error): up to SMALL_BATCH_MAX samples exact float32 FFMA kernels; beyond it on sm_80+
+    (config.mlp_tf32, the default) 3xTF32 on the tensor pipe, every k8 slice's tensor-core sum
+    added in float32 (promoted), forward and backward; else the FFMA kernels (a register-tiled
+    forward, a chain and weight-gradient kernels backward);
   * float16 / bfloat16, tiny-cuda-nn-style networks on tensor cores (float32 accumulation):
     n_in 1..128, 1..8 hidden layers of one width in (16, 32, 64, 128), n_out 1..128.
 Anything else is a ValueError naming what is supported.
@@ -43,6 +42,10 @@ KERNELS = {
     "mlp_dgrad_bwd": ("G", "Gm", "W", "H", "out", "batch", "N", "K"),
     "mlp_wgrad_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "k_p", "db_offset", "stride", "a_act",
                       "rows_per_chunk"),
+    # the backward on the tensor pipe (3xTF32, sm_80+, where the forward takes it)
+    "source_mlp_tc_dgrad_bwd": ("dy", "ym", "w3", "w2", "h2s", "h1s", "g2s", "g1s", "batch"),
+    "mlp_wgrad_tc_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "k_p", "db_offset", "stride", "a_act",
+                         "rows_per_chunk"),
 }
 # Kernels in every float dtype (<name>_f32 / _f16 / _bf16), kernels/mlp_tiles.cu.
 KERNELS_ALL_FLOATS = {
@@ -87,6 +90,7 @@ FAMILY_OF = {
 ENTRY_POINTS = frozenset(FAMILY_OF)
 SOURCE_FWD_KINDS = "pppppppppp" + "qq"
 DGRAD_KINDS = "ppppp" + "qqq"
+TC_DGRAD_KINDS = "pppppppp" + "q"
 WGRAD_KINDS = "pppp" + "q" * 8
 REDUCE_KINDS = "p" + "q" * 6 + "pp"
 TC_FWD_KINDS = "ppp" + "p" * 2 * plans.MAX_LAYERS + "q" * 6
@@ -264,13 +268,18 @@ def prepare(plan, device):
 
 
 # ------------------------------------------------------------------------------ launches on raw pointers
-def source_launch(batch, device, training=False):
-    """(function pointer, grid, block, shared bytes) of the source network's forward: the exact
-    FFMA kernels, unless the user opted in to 3xTF32 (config.mlp_tf32) for inference beyond
-    SMALL_BATCH_MAX. The training forward (which keeps h1, h2) always takes the exact FFMA
-    kernels."""
+def source_on_tensor_cores(batch, device):
+    """Whether the source network's batch runs on the tensor pipe (3xTF32 with promoted sums,
+    forward and backward): beyond SMALL_BATCH_MAX on sm_80+ with config.mlp_tf32 (the default)."""
+    return batch > plans.SMALL_BATCH_MAX and config.mlp_tf32 and compute_capability(device) >= 80
+
+
+def source_launch(batch, device):
+    """(function pointer, grid, block, shared bytes) of the source network's forward (inference,
+    or training: the same kernels keep h1, h2): the 3xTF32 kernel where source_on_tensor_cores
+    and the device fits its weights, else the exact FFMA kernels."""
     tc = None
-    if batch > plans.SMALL_BATCH_MAX and config.mlp_tf32 and not training:
+    if source_on_tensor_cores(batch, device):
         fit = source_tc_fit(device)
         if fit is not None:
             tc = (plans.SOURCE_TC, *fit, sm_count(device))
@@ -283,7 +292,7 @@ def launch_source_forward(device, x, w1, b1, w2, b2, w3, b3, y, batch, flags, st
     batch > 0; flags: the output activation's code. h1s / h2s (training): [batch, 128] and
     [batch, 64] float32 buffers that get the post-ReLU activations the backward needs; 0 in
     inference."""
-    function, grid, block, smem = source_launch(batch, device, training=bool(h1s))
+    function, grid, block, smem = source_launch(batch, device)
     launch(function, (grid,), block, smem, stream, (x, w1, b1, w2, b2, w3, b3, y, h1s, h2s, batch, flags),
            SOURCE_FWD_KINDS, device)
 
@@ -332,7 +341,17 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
         h1, h2 = saved
         g2 = tmp((batch, plans.SOURCE_SIZES[2]), "float32")
         g1 = tmp((batch, plans.SOURCE_SIZES[1]), "float32")
-        if batch:
+        tc = bool(batch) and source_on_tensor_cores(batch, device)
+        if tc:  # g2 and g1 in one launch; dx (rare: x requires grad) by the FFMA chain's last step
+            warps = plans.SOURCE_TC_DGRAD_WARPS
+            grid = (max(1, min(-(-batch // (16 * warps)), sm_count(device))),)
+            launch(_function_pointer("source_mlp_tc_dgrad_bwd_f32", device), grid, 32 * warps, 0, stream,
+                   (dy, gm, weights[2], weights[1], h2, h1, g2, g1, batch), TC_DGRAD_KINDS, device)
+            if dx:
+                launch(_function_pointer("mlp_dgrad_bwd_f32", device), (-(-batch // plans.DGRAD_ROWS),),
+                       plans.GRAD_THREADS, 0, stream, (g1, 0, weights[0], 0, dx, batch, sizes[1], sizes[0]),
+                       DGRAD_KINDS, device)
+        elif batch:
             dgrad = _function_pointer("mlp_dgrad_bwd_f32", device)
             grid = (-(-batch // plans.DGRAD_ROWS),)
             steps = [(dy, gm, weights[2], h2, g2), (g2, 0, weights[1], h1, g1)]
@@ -343,7 +362,7 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
                        DGRAD_KINDS, device)
         grads = [(g1, 0, x, 0), (g2, 0, h1, 0), (dy, gm, h2, 0)]
         chunks, rows = plans.wgrad_plan(batch, 2 * sm_count(device), plans.WGRAD_ROWS)
-        partial = _function_pointer("mlp_wgrad_bwd_f32", device)
+        partial = _function_pointer("mlp_wgrad_tc_bwd_f32" if tc else "mlp_wgrad_bwd_f32", device)
     elif batch and config.mlp_fast_backward and fast_bwd_fit(plan, device) is not None:
         _launch_fast_backward(plan, device, dy, x, y, saved[0], weights, dx, dweights, dbiases, batch, stream, tmp)
         return keep
@@ -376,7 +395,7 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
     for l, ((G, Gm, A, a_act), (n, k, n_p, k_p, db_offset, stride)) in enumerate(zip(grads, layouts)):
         if chunks:
             if plan.regime == "source":
-                launch(partial, (chunks,), plans.GRAD_THREADS, 0, stream,
+                launch(partial, (chunks,), plans.WGRAD_TC_THREADS if tc else plans.GRAD_THREADS, 0, stream,
                        (G, Gm, A, ws, batch, n, k, k_p, db_offset, stride, a_act, rows), WGRAD_KINDS, device)
             else:
                 smem = plans.tc_wgrad_smem_bytes(n, k)

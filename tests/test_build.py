@@ -901,7 +901,8 @@ def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signature
     assert {f"{base}_f32" for base in mlp.KERNELS} == {n for n, f in mlp.FAMILY_OF.items() if f == "mlp_source"}
     kinds = {"source_mlp_fwd": mlp.SOURCE_FWD_KINDS, "source_mlp_small_fwd": mlp.SOURCE_FWD_KINDS,
              **{variant: mlp.SOURCE_FWD_KINDS for variant in mlp.plans.SOURCE_TC_VARIANTS},
-             "mlp_dgrad_bwd": mlp.DGRAD_KINDS, "mlp_wgrad_bwd": mlp.WGRAD_KINDS}
+             "mlp_dgrad_bwd": mlp.DGRAD_KINDS, "mlp_wgrad_bwd": mlp.WGRAD_KINDS,
+             "source_mlp_tc_dgrad_bwd": mlp.TC_DGRAD_KINDS, "mlp_wgrad_tc_bwd": mlp.WGRAD_KINDS}
     assert set(kinds) == set(mlp.KERNELS)
     for base, expected_kinds in kinds.items():
         params = signatures[f"{base}_f32"].split(",")

@@ -250,38 +250,57 @@ def _route(monkeypatch, cc, limit, sms=132):
     (1 << 20, 75, 65536, ("source_mlp_fwd_f32", 1 << 14, 128, 0)),           # no tf32 mma.sync / cp.async
 ])
 def test_the_source_network_picks_its_kernel_by_batch_and_device(monkeypatch, batch, cc, limit, expected):
-    # opted in to 3xTF32 (config.mlp_tf32): the routing by batch and by what the device fits
+    # the default (config.mlp_tf32): the routing by batch and by what the device fits
     kernel = _route(monkeypatch, cc, limit)
+    assert rawops.config.SWITCHES["mlp_tf32"][0] is True
     monkeypatch.setattr(rawops.config, "mlp_tf32", True)
     assert mlp.source_launch(batch, 0) == expected
     if "tc" in expected[0]:
         assert kernel.max_dynamic_shared_size_bytes == expected[3], "the shared-memory limit is set before launch"
 
 
-def test_the_training_forward_and_the_switch_keep_the_exact_ffma_kernel(monkeypatch):
+def test_the_training_forward_takes_the_inference_kernel_and_the_switch_the_exact_ffma_one(monkeypatch):
     _route(monkeypatch, 90, 232448)
-    monkeypatch.setattr(rawops.config, "mlp_tf32", True)  # even opted in
-    assert mlp.source_launch(1 << 20, 0, training=True)[0] == "source_mlp_fwd_f32"  # keeps h1, h2 for the backward
+    monkeypatch.setattr(rawops.config, "mlp_tf32", True)
     launched = []
     monkeypatch.setattr(mlp, "launch", lambda function, *args: launched.append(function))
     mlp.launch_source_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0, h1s=9, h2s=10)
     mlp.launch_source_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 1 << 20, 0, 0)
-    assert launched == ["source_mlp_fwd_f32", "source_mlp_tc32_fwd_f32"]
+    mlp.launch_source_forward(0, 1, 2, 3, 4, 5, 6, 7, 8, 4096, 0, 0, h1s=9, h2s=10)
+    assert launched == ["source_mlp_tc32_fwd_f32", "source_mlp_tc32_fwd_f32", "source_mlp_small_fwd_f32"]
     monkeypatch.setattr(rawops.config, "mlp_tf32", False)
     assert mlp.source_launch(1 << 20, 0)[0] == "source_mlp_fwd_f32"
 
 
-def test_float32_is_exact_ffma_by_default_at_every_batch_and_device(monkeypatch):
-    # Float32 means float32: the 3xTF32 forward (several times torch's float32 error) only
-    # where the user opts in (config.mlp_tf32, default False; RAWOPS_MLP_TF32).
-    assert rawops.config.SWITCHES["mlp_tf32"][0] is False
-    monkeypatch.delenv("RAWOPS_MLP_TF32", raising=False)
-    saved = rawops.config.mlp_tf32
-    try:
-        rawops.config.reset()
-        assert rawops.config.mlp_tf32 is False
-    finally:
-        rawops.config.mlp_tf32 = saved
+def _backward_launches(monkeypatch, batch, cc=90, dx=0):
+    """(kernel, grid, block) of every launch of the source network's backward on a fake device."""
+    _route(monkeypatch, cc, 232448)
+    launched = []
+    monkeypatch.setattr(mlp, "launch", lambda function, grid, block, *args: launched.append((function, grid, block)))
+    plan = mlp.plans.make_plan(0, (100, 128, 64, 10), "relu", "none", True)
+    counter = iter(range(1000, 100000, 1000))
+    mlp.launch_backward(plan, 0, 1, 2, 3, (4, 5), (6, 7, 8), dx, (11, 12, 13), (14, 15, 16), batch, 0,
+                        lambda shape, dtype: (None, next(counter)))
+    return launched
+
+
+def test_the_source_backward_runs_on_the_tensor_pipe_where_the_forward_does(monkeypatch):
+    monkeypatch.setattr(rawops.config, "mlp_tf32", True)
+    tc = _backward_launches(monkeypatch, 1 << 20)
+    assert [k for k, _, _ in tc] == ["source_mlp_tc_dgrad_bwd_f32"] + ["mlp_wgrad_tc_bwd_f32",
+                                                                       "mlp_wgrad_reduce_bwd_f32"] * 3
+    assert tc[0][1:] == ((132,), 32 * plans.SOURCE_TC_DGRAD_WARPS) and tc[1][2] == plans.WGRAD_TC_THREADS
+    with_dx = [k for k, _, _ in _backward_launches(monkeypatch, 1 << 20, dx=99)]
+    assert with_dx[:2] == ["source_mlp_tc_dgrad_bwd_f32", "mlp_dgrad_bwd_f32"], "dx by the FFMA chain's last step"
+    for batch, cc in ((4096, 90), (1 << 20, 75)):  # the small batches and pre-sm_80: FFMA, as the forward
+        ffma = [k for k, _, _ in _backward_launches(monkeypatch, batch, cc)]
+        assert ffma == ["mlp_dgrad_bwd_f32"] * 2 + ["mlp_wgrad_bwd_f32", "mlp_wgrad_reduce_bwd_f32"] * 3, (batch, cc)
+    monkeypatch.setattr(rawops.config, "mlp_tf32", False)
+    assert "source_mlp_tc_dgrad_bwd_f32" not in [k for k, _, _ in _backward_launches(monkeypatch, 1 << 20)]
+
+
+def test_float32_without_the_switch_is_exact_ffma_at_every_batch_and_device(monkeypatch):
+    # config.mlp_tf32 = False (RAWOPS_MLP_TF32=0): the exact FFMA kernels everywhere.
     monkeypatch.setattr(rawops.config, "mlp_tf32", False)
     for cc, limit in ((90, 232448), (80, 166912), (100, 232448), (120, 101376)):
         _route(monkeypatch, cc, limit)
@@ -289,18 +308,20 @@ def test_float32_is_exact_ffma_by_default_at_every_batch_and_device(monkeypatch)
             name = mlp.source_launch(batch, 0)[0]
             assert name == ("source_mlp_small_fwd_f32" if batch <= plans.SMALL_BATCH_MAX else "source_mlp_fwd_f32"), \
                 (cc, batch, name)
-            assert mlp.source_launch(batch, 0, training=True)[0] == name
 
 
-def test_the_opt_in_switch_reads_its_environment_variable(monkeypatch):
+def test_the_switch_reads_its_environment_variable(monkeypatch):
     saved = rawops.config.mlp_tf32
     try:
-        monkeypatch.setenv("RAWOPS_MLP_TF32", "1")
-        rawops.config.reset()
-        assert rawops.config.mlp_tf32 is True
         monkeypatch.setenv("RAWOPS_MLP_TF32", "0")
         rawops.config.reset()
         assert rawops.config.mlp_tf32 is False
+        monkeypatch.setenv("RAWOPS_MLP_TF32", "1")
+        rawops.config.reset()
+        assert rawops.config.mlp_tf32 is True
+        monkeypatch.delenv("RAWOPS_MLP_TF32", raising=False)
+        rawops.config.reset()
+        assert rawops.config.mlp_tf32 is True, "on by default"
     finally:
         monkeypatch.delenv("RAWOPS_MLP_TF32", raising=False)
         rawops.config.reset()
@@ -1116,5 +1137,13 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     source = plans.make_plan(0, (100, 128, 64, 10), "relu", "relu", True)
     mlp.launch_backward(source, 0, 10, 11, 12, [13, 14], [2, 3, 4], 0, [20, 21, 22], [30, 31, 32], 70000, 0,
                         lambda shape, dt: (shape, 100))
-    assert [c[0] for c in calls] == ["mlp_dgrad_bwd_f32"] * 2 + ["mlp_wgrad_bwd_f32", "mlp_wgrad_reduce_bwd_f32"] * 3
+    assert [c[0] for c in calls] == ["source_mlp_tc_dgrad_bwd_f32"] + ["mlp_wgrad_tc_bwd_f32",
+                                                                       "mlp_wgrad_reduce_bwd_f32"] * 3
     assert calls[0][5][1] == 12  # the output ReLU masks dy by y
+    assert calls[5][5][1] == 12, "and so does dW3's G"
+    calls.clear()
+    monkeypatch.setattr(rawops.config, "mlp_tf32", False)  # the FFMA chain and weight gradients
+    mlp.launch_backward(source, 0, 10, 11, 12, [13, 14], [2, 3, 4], 0, [20, 21, 22], [30, 31, 32], 70000, 0,
+                        lambda shape, dt: (shape, 100))
+    assert [c[0] for c in calls] == ["mlp_dgrad_bwd_f32"] * 2 + ["mlp_wgrad_bwd_f32", "mlp_wgrad_reduce_bwd_f32"] * 3
+    assert calls[0][5][1] == 12

@@ -248,9 +248,16 @@ def test_adapter_source_network_checks_shapes_and_has_a_gradient():
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [0, 1, 33, 1000, 4096, 4097, 70000])
 @pytest.mark.parametrize("output_activation", ["none", "relu"])
-def test_source_backward_matches_torch_float64(batch, output_activation):
+@pytest.mark.parametrize("use_tc", [True, False])
+def test_source_backward_matches_torch_float64(batch, output_activation, use_tc, monkeypatch):
+    # use_tc: config.mlp_tf32 (the default), the tensor pipe beyond SMALL_BATCH_MAX; else FFMA
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, random, to_cupy, to_torch
+
+    monkeypatch.setattr(rawops.config, "mlp_tf32", use_tc)
+    if not use_tc and batch not in (4097, 70000):
+        pytest.skip("the same kernels either way up to SMALL_BATCH_MAX")
+    names = _launched_kernels(monkeypatch)
 
     net = source_network(torch, output_activation == "relu")
     weights, biases = net_params(net)
@@ -287,6 +294,8 @@ def test_source_backward_matches_torch_float64(batch, output_activation):
     assert int(flipped.sum()) <= max(1, batch // 100), f"{int(flipped.sum())} of {batch} rows flipped a ReLU mask"
     kept = ~flipped
     assert_close(to_torch(dx).double()[kept], dx64[kept], torch.float32, "dx vs the float64 network", factor=300)
+    tc = use_tc and batch > plans.SMALL_BATCH_MAX
+    assert ("source_mlp_tc_dgrad_bwd_f32" in names) == tc and ("mlp_wgrad_tc_bwd_f32" in names) == tc, names
 
 
 def _launched_kernels(monkeypatch):
@@ -299,7 +308,7 @@ def _launched_kernels(monkeypatch):
     def recording(function, *args):
         if not by_pointer:
             for name in mlp.ENTRY_POINTS:
-                if name.startswith("source_mlp"):
+                if mlp.FAMILY_OF[name] == "mlp_source":
                     by_pointer[modules.function_pointer(mlp.FAMILY_OF[name], name, args[-1])] = name
         names.append(by_pointer.get(function, function))
         return launch(function, *args)
@@ -320,7 +329,7 @@ def test_3xtf32_forward_matches_torch_float64(variant, batch, output_activation,
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
     monkeypatch.setattr(plans, "SMALL_BATCH_MAX", 0)
-    monkeypatch.setattr(rawops.config, "mlp_tf32", True)  # the opt-in
+    monkeypatch.setattr(rawops.config, "mlp_tf32", True)  # the default
     monkeypatch.setattr(plans, "SOURCE_TC", variant)
     names = _launched_kernels(monkeypatch)
     net = source_network(torch, output_activation == "relu")
@@ -339,7 +348,7 @@ def test_3xtf32_forward_on_misaligned_views_nan_and_out(variant, monkeypatch):
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, random, to_cupy
 
-    monkeypatch.setattr(rawops.config, "mlp_tf32", True)  # the opt-in
+    monkeypatch.setattr(rawops.config, "mlp_tf32", True)  # the default
     monkeypatch.setattr(plans, "SOURCE_TC", variant)
     names = _launched_kernels(monkeypatch)
     net = source_network(torch)
@@ -364,8 +373,8 @@ def test_3xtf32_forward_on_misaligned_views_nan_and_out(variant, monkeypatch):
 @pytest.mark.parametrize("batch", [4097, 70001])
 @pytest.mark.parametrize("use_tc", [True, False])
 def test_large_batch_forwards_match_torch_float64(batch, use_tc, monkeypatch):
-    """Inference takes the 3xTF32 kernel where opted in (config.mlp_tf32), else the exact FFMA
-    kernel; the training forward (h1, h2 kept) takes the exact FFMA kernel either way."""
+    """Inference and the training forward (h1, h2 kept) take the 3xTF32 kernel with
+    config.mlp_tf32 (the default), else the exact FFMA kernel."""
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
@@ -380,7 +389,7 @@ def test_large_batch_forwards_match_torch_float64(batch, use_tc, monkeypatch):
     assert_close(y, reference(net, x), torch.float32, f"inference, tc={use_tc}")
     poison_pool(batch * 40)
     y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, "relu", "relu")
-    assert names == [f"{plans.SOURCE_TC}_f32" if use_tc else "source_mlp_fwd_f32", "source_mlp_fwd_f32"]
+    assert names == [f"{plans.SOURCE_TC}_f32" if use_tc else "source_mlp_fwd_f32"] * 2
     assert_close(y, reference(net, x), torch.float32, "training")
     h1 = torch.relu(x.double() @ weights[0].double().T + biases[0].double())
     assert_close(saved[0], h1, torch.float32, "kept h1")

@@ -83,4 +83,28 @@ __device__ __forceinline__ void mma_m16n8k8_tf32x3(float* d, const unsigned* a_b
   mma_m16n8k8_tf32(d, a_big, b0_big, b1_big);
 }
 
+// d += a b in 3xTF32 with the slice's sum promoted: the three products summed by the tensor core
+// from zero (C = RZ), then added to d by FADD. Accumulated into d itself, the tensor core's
+// truncating adds run over all of K, several times float32's error growing with K (the float32
+// GEMMs' probe, docs/performance.md); promoted, they run over one k8 slice and d's sum rounds to
+// nearest, float32's own accuracy.
+__device__ __forceinline__ void mma_m16n8k8_tf32x3_promoted(float* d, const unsigned* a_big, const unsigned* a_small,
+                                                            unsigned b0_big, unsigned b1_big, unsigned b0_small,
+                                                            unsigned b1_small) {
+  float p[4];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%10,%10,%10,%10};\n"
+               : "=f"(p[0]), "=f"(p[1]), "=f"(p[2]), "=f"(p[3])
+               : "r"(a_small[0]), "r"(a_small[1]), "r"(a_small[2]), "r"(a_small[3]), "r"(b0_big), "r"(b1_big),
+                 "f"(0.f));
+#else
+  p[0] = p[1] = p[2] = p[3] = 0.f;
+#endif
+  mma_m16n8k8_tf32(p, a_big, b0_small, b1_small);
+  mma_m16n8k8_tf32(p, a_big, b0_big, b1_big);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) d[i] += p[i];
+}
+
 }  // namespace rawops
