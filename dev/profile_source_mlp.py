@@ -5,7 +5,6 @@ and torch eager's beside it, with config.mlp_tf32 on (the tensor pipe) and off (
     python dev/profile_source_mlp.py [--batch 1048576]
 """
 import argparse
-import collections
 import os
 import sys
 
@@ -48,14 +47,12 @@ def main():
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 ours()
                 torch.cuda.synchronize()
-        kernels = collections.OrderedDict()
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                kernels.setdefault(e.name, []).append(e.time_range.elapsed_us())
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels.sort(key=lambda e: e.time_range.start)
         print(f"== mlp_tf32={on}: fwd+bwd {times['ours']:.1f} us, eager {times['eager']:.1f} us "
-              f"({times['eager'] / times['ours']:.2f}x)")
-        for k, v in kernels.items():
-            print(f"   {sum(v):9.1f} us  x{len(v)}  {k[:80]}")
+              f"({times['eager'] / times['ours']:.2f}x); kernels in launch order:")
+        for e in kernels:
+            print(f"   {e.time_range.elapsed_us():9.1f} us  {e.name[:80]}")
 
 
 if __name__ == "__main__":

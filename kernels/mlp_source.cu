@@ -864,13 +864,14 @@ __device__ void source_tc_fwd(const float* __restrict__ x, const float* __restri
 
 // ---------------------------------------------------------------- the backward on the tensor pipe
 // source_mlp_tc_dgrad_bwd_f32: the chain g2 = (g3 W3) * (h2 > 0), g1 = (g2 W2) * (h1 > 0), with
-// g3 = dy * (y > 0) under the output ReLU (ym = y), else dy, written to g2s [batch][64] and g1s
-// [batch][128] for the weight gradients (torch's threshold_backward: a NaN h masks to 0). As the
+// g3 = dy * (y > 0) under the output ReLU (ym = y; then g3 is written to g3s [batch][10] too), else
+// dy, written to g2s [batch][64] and g1s [batch][128] for the weight gradients (torch's threshold_backward: a NaN h masks to 0). As the
 // forward: a warp owns 16 rows through both products, 3xTF32 with each k8 slice promoted, a C
 // fragment of g2 (masked) the A fragment of one k8 slice of the next product; B = W^T, staged once
 // a block: w3t [64][kLdW3T] (W3's 10 rows zero-padded to 16 columns), w2t [128][kLdW2T] (47 KB of
-// static shared memory). h and the stores: 8-byte pairs of a row, 32 bytes a row a quad of lanes.
-// Persistent warps, tiles of 16 rows dealt warp-major.
+// static shared memory). h and the stores: 8-byte pairs of a row, 32 bytes a row a quad of lanes;
+// a tile's loads all issued before its products. Persistent warps (8 a block, up to 255 registers:
+// the loads in flight), tiles of 16 rows dealt warp-major.
 constexpr int kLdW3T = 40, kLdW2T = 72;  // 8 mod 32: conflict-free 8-byte B reads
 static_assert(kLdW3T % 32 == 8 && kLdW2T % 32 == 8 && kLdW3T >= 16 && kLdW2T >= kH2, "B rows");
 static_assert((kH2 * kLdW3T + kH1 * kLdW2T) * 4 <= 48 * 1024, "static shared memory limit");
@@ -879,8 +880,8 @@ __device__ __forceinline__ float relu_mask(float g, float h) { return h > 0.f ? 
 
 __device__ void source_tc_dgrad(const float* __restrict__ dy, const float* __restrict__ ym,
                                 const float* __restrict__ w3, const float* __restrict__ w2,
-                                const float* __restrict__ h2s, const float* __restrict__ h1s, float* __restrict__ g2s,
-                                float* __restrict__ g1s, int64_t batch) {
+                                const float* __restrict__ h2s, const float* __restrict__ h1s, float* __restrict__ g3s,
+                                float* __restrict__ g2s, float* __restrict__ g1s, int64_t batch) {
   __shared__ __align__(16) float w3t[kH2 * kLdW3T];
   __shared__ __align__(16) float w2t[kH1 * kLdW2T];
   for (int e = threadIdx.x; e < kH2 * kLdW3T; e += blockDim.x) {
@@ -899,6 +900,13 @@ __device__ void source_tc_dgrad(const float* __restrict__ dy, const float* __res
   const int64_t tiles = (batch + 15) / 16, step = int64_t(gridDim.x) * warps;
   for (int64_t tile = int64_t(warp) * gridDim.x + blockIdx.x; tile < tiles; tile += step) {
     const int64_t r = tile * 16 + g;  // the lane's rows r and r + 8
+    // Every load of the tile issued first (h2, h1 at the lane's C positions: 96 registers), so
+    // that a warp's 12 KB are in flight under its products; h1 is kept as a mask of 64 bits.
+    float h2v[kH2 / 8][4], h1v[kH1 / 8][4];
+#pragma unroll
+    for (int n = 0; n < kH2 / 8; ++n) load_pair_rows(h2s, kH2, r, 8 * n + 2 * t, batch, h2v[n]);
+#pragma unroll
+    for (int j = 0; j < kH1 / 8; ++j) load_pair_rows(h1s, kH1, r, 8 * j + 2 * t, batch, h1v[j]);
     // g3 as A fragments: K = the 10 outputs zero-padded to 16, two k8 slices (dy and y read as
     // scalars: their rows are 40 bytes, the arrays as the caller gave them).
     SplitA a3[2][1];
@@ -914,6 +922,7 @@ __device__ void source_tc_dgrad(const float* __restrict__ dy, const float* __res
             const int64_t idx = row * kOut + col + (i & 1);
             v[i] = __ldg(dy + idx);
             if (ym != nullptr) v[i] = relu_mask(v[i], __ldg(ym + idx));
+            if (g3s != nullptr) g3s[idx] = v[i];
           }
         }
       }
@@ -930,13 +939,16 @@ __device__ void source_tc_dgrad(const float* __restrict__ dy, const float* __res
       for (int n = 0; n < kH2 / 8; ++n) mma_slice(acc2, n, a3[kk], w3b + 8 * n * kLdW3T + 8 * kk);
 #pragma unroll
     for (int n = 0; n < kH2 / 8; ++n) {
-      float h[4];
-      load_pair_rows(h2s, kH2, r, 8 * n + 2 * t, batch, h);
       float* c = acc2[0][n];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) c[i] = relu_mask(c[i], h[i]);
+      for (int i = 0; i < 4; ++i) c[i] = relu_mask(c[i], h2v[n][i]);
       store_pair_rows(g2s, kH2, r, 8 * n + 2 * t, batch, c[0], c[1], c[2], c[3]);
     }
+    unsigned long long h1_on = 0;  // bit 4 j + i: h1 > 0 at the lane's value i of n8 tile j
+#pragma unroll
+    for (int j = 0; j < kH1 / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) h1_on |= (unsigned long long)(h1v[j][i] > 0.f) << (4 * j + i);
     // g1 = g2 W2 in two 64-column chunks (g2's fragments split again for the second).
 #pragma unroll 1
     for (int c0 = 0; c0 < kH1; c0 += 64) {
@@ -954,69 +966,123 @@ __device__ void source_tc_dgrad(const float* __restrict__ dy, const float* __res
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int col = c0 + 8 * j + 2 * t;
-        float h[4];
-        load_pair_rows(h1s, kH1, r, col, batch, h);
+        const unsigned on = unsigned(h1_on >> (4 * (c0 / 8 + j))) & 15u;
         const float* c = acc1[0][j];
-        store_pair_rows(g1s, kH1, r, col, batch, relu_mask(c[0], h[0]), relu_mask(c[1], h[1]), relu_mask(c[2], h[2]),
-                        relu_mask(c[3], h[3]));
+        store_pair_rows(g1s, kH1, r, c0 + 8 * j + 2 * t, batch, on & 1u ? c[0] : 0.f, on & 2u ? c[1] : 0.f,
+                        on & 4u ? c[2] : 0.f, on & 8u ? c[3] : 0.f);
       }
     }
   }
 }
 
-// mlp_wgrad_tc_bwd_f32: mlp_wgrad_bwd_f32's partials (same arguments, workspace and reduce) on the
-// tensor pipe: per chunk of rows, P[n][k] = sum_b G'[b][n] act(A[b][k]) as 3xTF32 mma.sync, M = n
-// (G' transposed), N = k, K = the chunk's rows, each 8-row slice promoted. A block of kWtThreads
-// stages kWgradRows rows of G' and act(A) in shared memory ([row][kWtLd], zero past N, K and the
-// chunk; the next step's rows load into registers while this step computes); warp w owns the
-// 16-row tile w % tiles_m of n and n8 tiles of k from (w / tiles_m) x per_warp. N and K are
-// compile-time: one instantiation a layer of the source network (the only network it runs;
-// a_act must be 0: its A, x or a post-ReLU h, is used as it is). Float32 accuracy
-// at any batch as mlp_wgrad_bwd's: registers hold kWtFlushSteps steps, then add into the thread's
-// own outputs of the block's slot; db as there (a thread a column, in k order).
+// source_mlp_tc_wgrad<l>_bwd_f32, layer l's weight and bias gradient partials on the tensor pipe
+// (mlp_wgrad_bwd_f32's arguments, workspace and reduce; Gm must be null, a_act 0: the dgrad
+// wrote g3 masked, and A, x or a post-ReLU h, is used as it is): per chunk of rows, P[n][k] =
+// sum_b G[b][n] A[b][k] as 3xTF32 mma.sync, M = n (G transposed), N = k, K = the chunk's rows,
+// each 8-row slice promoted. Steps of kWtRows rows of G and A reach shared memory by cp.async
+// (rows [kWtRows][ld], zero past N, K and the chunk), kWtStages in flight; a warp owns kMT
+// 16-row tiles of n (two where there are: each B fragment's split serves both) and per_warp n8
+// tiles of k. N and K compile-time: an entry a layer, each with its own registers and staging.
+// Float32 accuracy at any batch as mlp_wgrad_bwd's: registers hold kWtFlushRows rows, then add
+// into the thread's own outputs of the block's slot; db a thread a column, 8-row sums.
 constexpr int kWtThreads = RAWOPS_MLP_WGRAD_TC_THREADS, kWtWarps = kWtThreads / 32;
-constexpr int kWtLd = 132;  // 128 + 4: fragment reads at rows 2t, 2t + 1 fall in distinct banks
-constexpr int kWtFlushSteps = 8;
-static_assert(kWtLd % 32 == 4 && 2 * kWgradRows * kWtLd * 4 <= 48 * 1024, "staging rows");
-static_assert(kWgradRows % 8 == 0 && kWtThreads % 32 == 0, "whole k8 slices; whole warps");
+constexpr int kWtRows = 16, kWtStages = 3, kWtFlushRows = 256;
+static_assert(kWtRows % 8 == 0 && kWtFlushRows % kWtRows == 0 && kWtThreads % 32 == 0, "whole slices and warps");
+
+template <int kBytes> __device__ __forceinline__ void cp_async_zfill(unsigned dst, const void* src, bool valid) {
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes),
+                 "r"(valid ? kBytes : 0)
+                 : "memory");
+}
+template <int kN> __device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kN) : "memory");
+}
+
+// Rows [r0, r0 + kWtRows) of a dense [batch][C] array into shared rows of LD floats, zero past
+// `end`: the widest copy C's rows allow (16, 8 or 4 bytes) where src is aligned to it, else 4.
+template <int C, int LD>
+__device__ __forceinline__ void wt_stage(float* dst, const float* __restrict__ src, int64_t r0, int64_t end) {
+  constexpr int kW = (C * 4) % 16 == 0 ? 16 : (C * 4) % 8 == 0 ? 8 : 4, kPer = kW / 4, kCopies = C / kPer;
+  const unsigned base = smem_addr(dst);
+  if (reinterpret_cast<size_t>(src) % kW == 0) {
+    for (int e = threadIdx.x; e < kWtRows * kCopies; e += kWtThreads) {
+      const int r = e / kCopies, c = (e - r * kCopies) * kPer;
+      const bool ok = r0 + r < end;
+      cp_async_zfill<kW>(base + 4u * unsigned(r * LD + c), ok ? src + (r0 + r) * C + c : src, ok);
+    }
+  } else {
+    for (int e = threadIdx.x; e < kWtRows * C; e += kWtThreads) {
+      const int r = e / C, c = e - r * C;
+      const bool ok = r0 + r < end;
+      cp_async_zfill<4>(base + 4u * unsigned(r * LD + c), ok ? src + (r0 + r) * C + c : src, ok);
+    }
+  }
+}
 
 template <int N, int K>
-__device__ void wgrad_tc(const float* __restrict__ G, const float* __restrict__ Gm, const float* __restrict__ A,
-                         float* __restrict__ ws, int64_t batch, int k_p, int64_t db_offset, int64_t stride,
-                         int64_t rows_per_chunk, float* __restrict__ gs, float* __restrict__ as) {
-  static_assert(N <= 128 && K <= 128, "a pass of 128 columns; n tiles of 16 over 8 warps");
+__device__ __forceinline__ void wgrad_tc(const float* __restrict__ G, const float* __restrict__ A,
+                                         float* __restrict__ ws, int64_t batch, int k_p, int64_t db_offset,
+                                         int64_t stride, int64_t rows_per_chunk) {
+  constexpr int tiles_m = (N + 15) / 16, tiles_n = (K + 7) / 8;
+  // Row strides: 4 mod 32 (or 12, 20, 28): the fragment reads at rows 2t, 2t + 1 fall in distinct banks.
+  constexpr int kGLd = 16 * tiles_m + 4, kALd = 8 * tiles_n + 4;
+  static_assert(N <= 128 && K <= 128 && kGLd % 8 == 4 && kALd % 8 == 4, "staging rows");
+  __shared__ __align__(16) float gs[kWtStages][kWtRows * kGLd];
+  __shared__ __align__(16) float as[kWtStages][kWtRows * kALd];
+  constexpr int kMT = tiles_m >= 2 ? 2 : 1;                // 16-row tiles of n a warp
+  constexpr int groups = tiles_m / kMT;
+  constexpr int share = kWtWarps / groups;                 // warps on one group of n tiles
+  constexpr int per_warp = (tiles_n + share - 1) / share;  // n8 tiles of k a warp holds
+  static_assert(tiles_m % kMT == 0 && groups <= kWtWarps, "whole groups of n tiles");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const bool active = warp < groups * share;
+  const int mt0 = (warp % groups) * kMT, j0 = (warp / groups) * per_warp;
   const int64_t begin = int64_t(blockIdx.x) * rows_per_chunk;
   const int64_t end = begin + rows_per_chunk < batch ? begin + rows_per_chunk : batch;
-  for (int e = tid; e < kWgradRows * kWtLd; e += kWtThreads) gs[e] = as[e] = 0.f;  // the padding stays 0
-  constexpr int tiles_m = (N + 15) / 16, tiles_n = (K + 7) / 8;
-  constexpr int share = kWtWarps / tiles_m;                // warps on one tile of n
-  constexpr int per_warp = (tiles_n + share - 1) / share;  // n8 tiles of k a warp holds
-  const bool active = warp < tiles_m * share;
-  const int mt = warp % tiles_m, j0 = (warp / tiles_m) * per_warp;
-  float acc[per_warp][4];
+  const int steps = begin < end ? int((end - begin + kWtRows - 1) / kWtRows) : 0;
+  for (int e = tid; e < kWtStages * kWtRows * kGLd; e += kWtThreads) (&gs[0][0])[e] = 0.f;  // the padding stays 0
+  for (int e = tid; e < kWtStages * kWtRows * kALd; e += kWtThreads) (&as[0][0])[e] = 0.f;
+  __syncthreads();  // the zeros land before any copy into the same rows
+  auto stage = [&](int s) {
+    if (s < steps) {
+      wt_stage<N, kGLd>(gs[s % kWtStages], G, begin + int64_t(s) * kWtRows, end);
+      wt_stage<K, kALd>(as[s % kWtStages], A, begin + int64_t(s) * kWtRows, end);
+    }
+    cp_async_commit();  // empty groups too: the wait below counts one a step
+  };
 #pragma unroll
-  for (int j = 0; j < per_warp; ++j)
+  for (int s = 0; s < kWtStages - 1; ++s) stage(s);
+
+  float acc[kMT][per_warp][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[j][i] = 0.f;
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int j = 0; j < per_warp; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][j][i] = 0.f;
   float db = 0.f;
   auto flush = [&](bool first) {
     float* slot = ws + int64_t(blockIdx.x) * stride;
     asm volatile("" : "+l"(slot));
     if (active) {
 #pragma unroll
-      for (int j = 0; j < per_warp; ++j) {
+      for (int m = 0; m < kMT; ++m)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int n = 16 * mt + g + 8 * (i / 2), k = 8 * (j0 + j) + 2 * t + (i & 1);
-          if (n < N && k < K) {
-            float* p = slot + n * k_p + k;
-            *p = first ? acc[j][i] : *p + acc[j][i];
+        for (int j = 0; j < per_warp; ++j) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int n = 16 * (mt0 + m) + g + 8 * (i / 2), k = 8 * (j0 + j) + 2 * t + (i & 1);
+            if (n < N && k < K) {
+              float* p = slot + n * k_p + k;
+              *p = first ? acc[m][j][i] : *p + acc[m][j][i];
+            }
+            acc[m][j][i] = 0.f;
           }
-          acc[j][i] = 0.f;
         }
-      }
     }
     if (tid < N) {
       float* p = slot + db_offset + tid;
@@ -1024,77 +1090,44 @@ __device__ void wgrad_tc(const float* __restrict__ G, const float* __restrict__ 
     }
     db = 0.f;
   };
-  // A thread loads column tid % 128 of rows tid / 128, + 2, ... of a step (N, K <= 128): no index
-  // arithmetic but adds in the loop (a division a value cost more than the products).
-  constexpr int kRowsAPass = kWtThreads / 128, kL = kWgradRows / kRowsAPass;
-  static_assert(kWtThreads % 128 == 0, "a pass covers whole rows of 128 columns");
-  const int col = tid % 128, row_in = tid / 128;
-  float gl[kL], al[kL];
-  auto load = [&](int64_t r0) {
-    const float* gp = G + (r0 + row_in) * N + col;
-    const float* ap = A + (r0 + row_in) * K + col;
-    if (end - r0 >= kWgradRows) {  // a whole step: loads unguarded but for the columns
+  constexpr int kFlushSteps = kWtFlushRows / kWtRows;
+  for (int s = 0; s < steps; ++s) {
+    cp_async_wait_group<kWtStages - 2>();
+    __syncthreads();  // step s landed for every thread; step s - 1's buffers are consumed
+    stage(s + kWtStages - 1);
+    const float* gsb = gs[s % kWtStages];
+    const float* asb = as[s % kWtStages];
+    if (tid < N) {  // the step's rows in sums of 8, then one add into db: no long running sum
+      float part[kWtRows / 8] = {};
 #pragma unroll
-      for (int i = 0; i < kL; ++i) {
-        gl[i] = col < N ? __ldg(gp + i * kRowsAPass * N) : 0.f;
-        al[i] = col < K ? __ldg(ap + i * kRowsAPass * K) : 0.f;
-      }
-    } else {
-      const int rows = int(end - r0);
+      for (int r = 0; r < kWtRows; ++r) part[r / 8] += gsb[r * kGLd + tid];
 #pragma unroll
-      for (int i = 0; i < kL; ++i) {
-        const bool in = row_in + i * kRowsAPass < rows;
-        gl[i] = in && col < N ? __ldg(gp + i * kRowsAPass * N) : 0.f;
-        al[i] = in && col < K ? __ldg(ap + i * kRowsAPass * K) : 0.f;
-      }
-    }
-    if (Gm != nullptr) {  // the output ReLU's mask (dy by y > 0; its rows as G's)
-      const float* mp = Gm + (r0 + row_in) * N + col;
-      const int rows = int(end - r0 < kWgradRows ? end - r0 : kWgradRows);
-#pragma unroll
-      for (int i = 0; i < kL; ++i)
-        if (row_in + i * kRowsAPass < rows && col < N && !(__ldg(mp + i * kRowsAPass * N) > 0.f)) gl[i] = 0.f;
-    }
-  };
-  constexpr int kFlushRows = kWtFlushSteps * kWgradRows;
-  if (begin < end) load(begin);
-  for (int64_t r0 = begin; r0 < end; r0 += kWgradRows) {
-    __syncthreads();  // the previous step is consumed
-#pragma unroll
-    for (int i = 0; i < kL; ++i) {
-      const int r = row_in + i * kRowsAPass;
-      if (col < N) gs[r * kWtLd + col] = gl[i];
-      if (col < K) as[r * kWtLd + col] = al[i];  // A as it is: the source network's x and post-ReLU h
-    }
-    __syncthreads();
-    if (r0 + kWgradRows < end) load(r0 + kWgradRows);  // in flight under this step's products
-    if (tid < N) {  // the step's 32 rows in four sums of 8, then one add into db: no long running sum
-      float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int r = 0; r < kWgradRows; ++r) part[r % 4] += gs[r * kWtLd + tid];
-      db += (part[0] + part[1]) + (part[2] + part[3]);
+      for (int q = 0; q < kWtRows / 8; ++q) db += part[q];
     }
     if (active) {
 #pragma unroll
-      for (int kk = 0; kk < kWgradRows / 8; ++kk) {
-        const float* gr = gs + (8 * kk + 2 * t) * kWtLd + 16 * mt + g;
-        SplitA a;
-        a.set(gr[0], gr[8], gr[kWtLd], gr[kWtLd + 8]);
-        const float* ar = as + (8 * kk + 2 * t) * kWtLd + 8 * j0 + g;
+      for (int kk = 0; kk < kWtRows / 8; ++kk) {
+        const float* gr = gsb + (8 * kk + 2 * t) * kGLd + 16 * mt0 + g;
+        SplitA a[kMT];
+#pragma unroll
+        for (int m = 0; m < kMT; ++m) a[m].set(gr[16 * m], gr[16 * m + 8], gr[16 * m + kGLd], gr[16 * m + kGLd + 8]);
+        const float* ar = asb + (8 * kk + 2 * t) * kALd + 8 * j0 + g;
 #pragma unroll
         for (int j = 0; j < per_warp; ++j) {
           if (tiles_n % share == 0 || j0 + j < tiles_n) {
-            const Tf32Split s0 = split_tf32_fast(ar[8 * j]), s1 = split_tf32_fast(ar[8 * j + kWtLd]);
-            mma_m16n8k8_tf32x3_promoted(acc[j], a.big, a.small, s0.big, s1.big, s0.small, s1.small);
+            const Tf32Split s0 = split_tf32_fast(ar[8 * j]), s1 = split_tf32_fast(ar[8 * j + kALd]);
+#pragma unroll
+            for (int m = 0; m < kMT; ++m)
+              mma_m16n8k8_tf32x3_promoted(acc[m][j], a[m].big, a[m].small, s0.big, s1.big, s0.small, s1.small);
           }
         }
       }
     }
-    // Block-uniform (r0 alone decides): a flush every kFlushRows rows but the last.
-    if ((r0 - begin + kWgradRows) % kFlushRows == 0 && r0 + kWgradRows < end)
-      flush(r0 - begin + kWgradRows == kFlushRows);
+    // Block-uniform: a flush every kWtFlushRows rows but the last.
+    if ((s + 1) % kFlushSteps == 0 && s + 1 < steps) flush(s + 1 == kFlushSteps);
   }
-  flush(end - begin <= kFlushRows);  // the last (or only) run: a short chunk stores its sums once
+  flush(steps <= kFlushSteps);  // the last (or only) run: a short chunk stores its sums once
+  cp_async_wait_all();          // nothing in flight into shared memory when the block exits (empty groups)
 }
 
 }  // namespace
@@ -1123,26 +1156,30 @@ extern "C" __global__ void __launch_bounds__(32 * RAWOPS_MLP_SOURCE_TC16_WARPS, 
 }
 extern "C" __global__ void __launch_bounds__(32 * RAWOPS_MLP_SOURCE_TC_DGRAD_WARPS, 1)
     source_mlp_tc_dgrad_bwd_f32(const float* dy, const float* ym, const float* w3, const float* w2, const float* h2s,
-                                const float* h1s, float* g2s, float* g1s, long long batch) {
-  RAWOPS_SOURCE_TC_CALL((rawops::source_tc_dgrad(dy, ym, w3, w2, h2s, h1s, g2s, g1s, batch)));
+                                const float* h1s, float* g3s, float* g2s, float* g1s, long long batch) {
+  RAWOPS_SOURCE_TC_CALL((rawops::source_tc_dgrad(dy, ym, w3, w2, h2s, h1s, g3s, g2s, g1s, batch)));
 }
+// The three layers' weight gradients (layer l: G = g_{l+1} [batch][N], A = layer l's input [batch][K]),
+// an entry each: its own registers and staging (mlp_wgrad_bwd_f32's arguments).
 extern "C" __global__ void __launch_bounds__(rawops::kWtThreads, 1)
-    mlp_wgrad_tc_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch, long long N,
-                         long long K, long long k_p, long long db_offset, long long stride, long long a_act,
-                         long long rows_per_chunk) {
-  // the source network's three layers (the only network this path runs), a shape each, on one
-  // pair of staging arrays [kWgradRows][kWtLd]
-  __shared__ __align__(16) float gs[rawops::kWgradRows * rawops::kWtLd];
-  __shared__ __align__(16) float as[rawops::kWgradRows * rawops::kWtLd];
-#define RAWOPS_WGRAD_TC(n, k) \
-  rawops::wgrad_tc<n, k>(G, Gm, A, ws, batch, int(k_p), db_offset, stride, rows_per_chunk, gs, as)
-  if (N == rawops::kH1 && K == rawops::kIn) {
-    RAWOPS_SOURCE_TC_CALL((RAWOPS_WGRAD_TC(rawops::kH1, rawops::kIn)));
-  } else if (N == rawops::kH2 && K == rawops::kH1) {
-    RAWOPS_SOURCE_TC_CALL((RAWOPS_WGRAD_TC(rawops::kH2, rawops::kH1)));
-  } else if (N == rawops::kOut && K == rawops::kH2) {
-    RAWOPS_SOURCE_TC_CALL((RAWOPS_WGRAD_TC(rawops::kOut, rawops::kH2)));
-  }
-#undef RAWOPS_WGRAD_TC
+    source_mlp_tc_wgrad0_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch,
+                                  long long N, long long K, long long k_p, long long db_offset, long long stride,
+                                  long long a_act, long long rows_per_chunk) {
+  RAWOPS_SOURCE_TC_CALL((rawops::wgrad_tc<rawops::kH1, rawops::kIn>(G, A, ws, batch, int(k_p), db_offset, stride,
+                                                                   rows_per_chunk)));
+}
+extern "C" __global__ void __launch_bounds__(rawops::kWtThreads, 2)
+    source_mlp_tc_wgrad1_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch,
+                                  long long N, long long K, long long k_p, long long db_offset, long long stride,
+                                  long long a_act, long long rows_per_chunk) {
+  RAWOPS_SOURCE_TC_CALL((rawops::wgrad_tc<rawops::kH2, rawops::kH1>(G, A, ws, batch, int(k_p), db_offset, stride,
+                                                                   rows_per_chunk)));
+}
+extern "C" __global__ void __launch_bounds__(rawops::kWtThreads, 2)
+    source_mlp_tc_wgrad2_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch,
+                                  long long N, long long K, long long k_p, long long db_offset, long long stride,
+                                  long long a_act, long long rows_per_chunk) {
+  RAWOPS_SOURCE_TC_CALL((rawops::wgrad_tc<rawops::kOut, rawops::kH2>(G, A, ws, batch, int(k_p), db_offset, stride,
+                                                                   rows_per_chunk)));
 }
 #undef RAWOPS_SOURCE_TC_CALL

@@ -177,8 +177,8 @@ MLP_DGRAD_ROWS = 64
 MLP_WGRAD_ROWS = 32
 MLP_REDUCE_THREADS = 256
 # ... on the tensor pipe (3xTF32): source_mlp_tc_dgrad_bwd's warps a block (16 rows each);
-# mlp_wgrad_tc_bwd's threads (its steps: MLP_WGRAD_ROWS rows)
-MLP_SOURCE_TC_DGRAD_WARPS = 16
+# source_mlp_tc_wgrad<l>_bwd's threads
+MLP_SOURCE_TC_DGRAD_WARPS = 8
 MLP_WGRAD_TC_THREADS = 256
 # The WMMA tile kernels: warps a block (16 rows each), rows a tc_mlp_wgrad step
 MLP_TC_WARPS = 8

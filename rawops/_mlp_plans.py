@@ -41,7 +41,7 @@ SOURCE_TC_WARP_STEP = 4
 # The source network's backward
 GRAD_THREADS, DGRAD_ROWS, WGRAD_ROWS = C.MLP_GRAD_THREADS, C.MLP_DGRAD_ROWS, C.MLP_WGRAD_ROWS
 SOURCE_TC_DGRAD_WARPS = C.MLP_SOURCE_TC_DGRAD_WARPS  # source_mlp_tc_dgrad_bwd: 16 rows a warp
-WGRAD_TC_THREADS = C.MLP_WGRAD_TC_THREADS  # mlp_wgrad_tc_bwd's block (steps of WGRAD_ROWS rows)
+WGRAD_TC_THREADS = C.MLP_WGRAD_TC_THREADS  # source_mlp_tc_wgrad<l>_bwd's block
 REDUCE_THREADS = C.MLP_REDUCE_THREADS  # mlp_wgrad_reduce_bwd: a thread an output
 
 # ------------------------------------------------------------------------------ the tensor-core networks

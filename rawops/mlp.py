@@ -42,10 +42,11 @@ KERNELS = {
     "mlp_dgrad_bwd": ("G", "Gm", "W", "H", "out", "batch", "N", "K"),
     "mlp_wgrad_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "k_p", "db_offset", "stride", "a_act",
                       "rows_per_chunk"),
-    # the backward on the tensor pipe (3xTF32, sm_80+, where the forward takes it)
-    "source_mlp_tc_dgrad_bwd": ("dy", "ym", "w3", "w2", "h2s", "h1s", "g2s", "g1s", "batch"),
-    "mlp_wgrad_tc_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "k_p", "db_offset", "stride", "a_act",
-                         "rows_per_chunk"),
+    # the backward on the tensor pipe (3xTF32, sm_80+, where the forward takes it): the chain, then
+    # layer l's weight gradients (mlp_wgrad_bwd's arguments; Gm null, a_act 0)
+    "source_mlp_tc_dgrad_bwd": ("dy", "ym", "w3", "w2", "h2s", "h1s", "g3s", "g2s", "g1s", "batch"),
+    **{f"source_mlp_tc_wgrad{_l}_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "k_p", "db_offset", "stride",
+                                        "a_act", "rows_per_chunk") for _l in range(3)},
 }
 # Kernels in every float dtype (<name>_f32 / _f16 / _bf16), kernels/mlp_tiles.cu.
 KERNELS_ALL_FLOATS = {
@@ -90,7 +91,7 @@ FAMILY_OF = {
 ENTRY_POINTS = frozenset(FAMILY_OF)
 SOURCE_FWD_KINDS = "pppppppppp" + "qq"
 DGRAD_KINDS = "ppppp" + "qqq"
-TC_DGRAD_KINDS = "pppppppp" + "q"
+TC_DGRAD_KINDS = "ppppppppp" + "q"
 WGRAD_KINDS = "pppp" + "q" * 8
 REDUCE_KINDS = "p" + "q" * 6 + "pp"
 TC_FWD_KINDS = "ppp" + "p" * 2 * plans.MAX_LAYERS + "q" * 6
@@ -342,11 +343,14 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
         g2 = tmp((batch, plans.SOURCE_SIZES[2]), "float32")
         g1 = tmp((batch, plans.SOURCE_SIZES[1]), "float32")
         tc = bool(batch) and source_on_tensor_cores(batch, device)
-        if tc:  # g2 and g1 in one launch; dx (rare: x requires grad) by the FFMA chain's last step
+        g3 = dy
+        if tc:  # g2 and g1 in one launch (and g3 = dy * (y > 0) under the output ReLU); dx (rare: x
+            # requires grad) by the FFMA chain's last step
+            g3 = tmp((batch, plans.SOURCE_SIZES[3]), "float32") if gm else dy
             warps = plans.SOURCE_TC_DGRAD_WARPS
             grid = (max(1, min(-(-batch // (16 * warps)), sm_count(device))),)
             launch(_function_pointer("source_mlp_tc_dgrad_bwd_f32", device), grid, 32 * warps, 0, stream,
-                   (dy, gm, weights[2], weights[1], h2, h1, g2, g1, batch), TC_DGRAD_KINDS, device)
+                   (dy, gm, weights[2], weights[1], h2, h1, g3 if gm else 0, g2, g1, batch), TC_DGRAD_KINDS, device)
             if dx:
                 launch(_function_pointer("mlp_dgrad_bwd_f32", device), (-(-batch // plans.DGRAD_ROWS),),
                        plans.GRAD_THREADS, 0, stream, (g1, 0, weights[0], 0, dx, batch, sizes[1], sizes[0]),
@@ -360,9 +364,9 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
             for l, (G, Gm, W, H, out) in zip((2, 1, 0), steps):
                 launch(dgrad, grid, plans.GRAD_THREADS, 0, stream, (G, Gm, W, H, out, batch, sizes[l + 1], sizes[l]),
                        DGRAD_KINDS, device)
-        grads = [(g1, 0, x, 0), (g2, 0, h1, 0), (dy, gm, h2, 0)]
+        grads = [(g1, 0, x, 0), (g2, 0, h1, 0), (g3, 0, h2, 0) if tc else (dy, gm, h2, 0)]
         chunks, rows = plans.wgrad_plan(batch, 2 * sm_count(device), plans.WGRAD_ROWS)
-        partial = _function_pointer("mlp_wgrad_tc_bwd_f32" if tc else "mlp_wgrad_bwd_f32", device)
+        partial = None if tc else _function_pointer("mlp_wgrad_bwd_f32", device)
     elif batch and config.mlp_fast_backward and fast_bwd_fit(plan, device) is not None:
         _launch_fast_backward(plan, device, dy, x, y, saved[0], weights, dx, dweights, dbiases, batch, stream, tmp)
         return keep
@@ -395,7 +399,8 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
     for l, ((G, Gm, A, a_act), (n, k, n_p, k_p, db_offset, stride)) in enumerate(zip(grads, layouts)):
         if chunks:
             if plan.regime == "source":
-                launch(partial, (chunks,), plans.WGRAD_TC_THREADS if tc else plans.GRAD_THREADS, 0, stream,
+                function = _function_pointer(f"source_mlp_tc_wgrad{l}_bwd_f32", device) if tc else partial
+                launch(function, (chunks,), plans.WGRAD_TC_THREADS if tc else plans.GRAD_THREADS, 0, stream,
                        (G, Gm, A, ws, batch, n, k, k_p, db_offset, stride, a_act, rows), WGRAD_KINDS, device)
             else:
                 smem = plans.tc_wgrad_smem_bytes(n, k)

@@ -287,8 +287,8 @@ def _backward_launches(monkeypatch, batch, cc=90, dx=0):
 def test_the_source_backward_runs_on_the_tensor_pipe_where_the_forward_does(monkeypatch):
     monkeypatch.setattr(rawops.config, "mlp_tf32", True)
     tc = _backward_launches(monkeypatch, 1 << 20)
-    assert [k for k, _, _ in tc] == ["source_mlp_tc_dgrad_bwd_f32"] + ["mlp_wgrad_tc_bwd_f32",
-                                                                       "mlp_wgrad_reduce_bwd_f32"] * 3
+    assert [k for k, _, _ in tc] == ["source_mlp_tc_dgrad_bwd_f32"] + [
+        name for l in range(3) for name in (f"source_mlp_tc_wgrad{l}_bwd_f32", "mlp_wgrad_reduce_bwd_f32")]
     assert tc[0][1:] == ((132,), 32 * plans.SOURCE_TC_DGRAD_WARPS) and tc[1][2] == plans.WGRAD_TC_THREADS
     with_dx = [k for k, _, _ in _backward_launches(monkeypatch, 1 << 20, dx=99)]
     assert with_dx[:2] == ["source_mlp_tc_dgrad_bwd_f32", "mlp_dgrad_bwd_f32"], "dx by the FFMA chain's last step"
@@ -1137,10 +1137,11 @@ def test_launch_sequences_on_a_fake_launcher(monkeypatch):
     source = plans.make_plan(0, (100, 128, 64, 10), "relu", "relu", True)
     mlp.launch_backward(source, 0, 10, 11, 12, [13, 14], [2, 3, 4], 0, [20, 21, 22], [30, 31, 32], 70000, 0,
                         lambda shape, dt: (shape, 100))
-    assert [c[0] for c in calls] == ["source_mlp_tc_dgrad_bwd_f32"] + ["mlp_wgrad_tc_bwd_f32",
-                                                                       "mlp_wgrad_reduce_bwd_f32"] * 3
-    assert calls[0][5][1] == 12  # the output ReLU masks dy by y
-    assert calls[5][5][1] == 12, "and so does dW3's G"
+    assert [c[0] for c in calls] == ["source_mlp_tc_dgrad_bwd_f32"] + [
+        name for l in range(3) for name in (f"source_mlp_tc_wgrad{l}_bwd_f32", "mlp_wgrad_reduce_bwd_f32")]
+    g3 = calls[0][5][6]
+    assert calls[0][5][1] == 12 and g3 not in (0, 10), "the output ReLU masks dy by y, into g3"
+    assert calls[5][5][:2] == (g3, 0), "dW3's G: the masked g3"
     calls.clear()
     monkeypatch.setattr(rawops.config, "mlp_tf32", False)  # the FFMA chain and weight gradients
     mlp.launch_backward(source, 0, 10, 11, 12, [13, 14], [2, 3, 4], 0, [20, 21, 22], [30, 31, 32], 70000, 0,

@@ -295,7 +295,7 @@ def test_source_backward_matches_torch_float64(batch, output_activation, use_tc,
     kept = ~flipped
     assert_close(to_torch(dx).double()[kept], dx64[kept], torch.float32, "dx vs the float64 network", factor=300)
     tc = use_tc and batch > plans.SMALL_BATCH_MAX
-    assert ("source_mlp_tc_dgrad_bwd_f32" in names) == tc and ("mlp_wgrad_tc_bwd_f32" in names) == tc, names
+    assert ("source_mlp_tc_dgrad_bwd_f32" in names) == tc and ("source_mlp_tc_wgrad0_bwd_f32" in names) == tc, names
 
 
 def _launched_kernels(monkeypatch):
