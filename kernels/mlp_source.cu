@@ -1033,17 +1033,21 @@ template <int N, int K>
 __device__ __forceinline__ void wgrad_tc(const float* __restrict__ G, const float* __restrict__ A,
                                          float* __restrict__ ws, int64_t batch, int k_p, int64_t db_offset,
                                          int64_t stride, int64_t rows_per_chunk) {
-  constexpr int tiles_m = (N + 15) / 16, tiles_n = (K + 7) / 8;
-  // Row strides: 4 mod 32 (or 12, 20, 28): the fragment reads at rows 2t, 2t + 1 fall in distinct banks.
+  constexpr int tiles_m = (N + 15) / 16;
+  constexpr int kMT = tiles_m >= 2 ? 2 : 1;                // 16-row tiles of n a warp
+  constexpr int groups = tiles_m / kMT;
+  constexpr int share = kWtWarps / groups;                 // warps on one group of n tiles
+  static_assert(tiles_m % kMT == 0 && groups <= kWtWarps, "whole groups of n tiles");
+  // n8 tiles of k, rounded up to a whole number a warp (the padding's columns are zero): every
+  // warp's tile loop is then branch-free, so its mma chains interleave (layer 0's 13 tiles over
+  // two warps, one of them skipping a tile, put each tile's chain behind a branch of its own).
+  constexpr int per_warp = ((K + 7) / 8 + share - 1) / share, tiles_n = per_warp * share;
+  // Row strides: 4 mod 8 (4, 12, 20 or 28 mod 32): the fragment reads at rows 2t, 2t + 1 fall in
+  // distinct banks.
   constexpr int kGLd = 16 * tiles_m + 4, kALd = 8 * tiles_n + 4;
   static_assert(N <= 128 && K <= 128 && kGLd % 8 == 4 && kALd % 8 == 4, "staging rows");
   __shared__ __align__(16) float gs[kWtStages][kWtRows * kGLd];
   __shared__ __align__(16) float as[kWtStages][kWtRows * kALd];
-  constexpr int kMT = tiles_m >= 2 ? 2 : 1;                // 16-row tiles of n a warp
-  constexpr int groups = tiles_m / kMT;
-  constexpr int share = kWtWarps / groups;                 // warps on one group of n tiles
-  constexpr int per_warp = (tiles_n + share - 1) / share;  // n8 tiles of k a warp holds
-  static_assert(tiles_m % kMT == 0 && groups <= kWtWarps, "whole groups of n tiles");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const bool active = warp < groups * share;
   const int mt0 = (warp % groups) * kMT, j0 = (warp / groups) * per_warp;
@@ -1120,12 +1124,10 @@ __device__ __forceinline__ void wgrad_tc(const float* __restrict__ G, const floa
         const float* ar = asb + (8 * kk + 2 * t) * kALd + 8 * j0 + g;
 #pragma unroll
         for (int j = 0; j < per_warp; ++j) {
-          if (tiles_n % share == 0 || j0 + j < tiles_n) {
-            const Tf32Split s0 = split_tf32_fast(ar[8 * j]), s1 = split_tf32_fast(ar[8 * j + kALd]);
+          const Tf32Split s0 = split_tf32_fast(ar[8 * j]), s1 = split_tf32_fast(ar[8 * j + kALd]);
 #pragma unroll
-            for (int m = 0; m < kMT; ++m)
-              mma_m16n8k8_tf32x3_promoted(acc[m][j], a[m].big, a[m].small, s0.big, s1.big, s0.small, s1.small);
-          }
+          for (int m = 0; m < kMT; ++m)
+            mma_m16n8k8_tf32x3_promoted(acc[m][j], a[m].big, a[m].small, s0.big, s1.big, s0.small, s1.small);
         }
       }
     }
@@ -1167,25 +1169,14 @@ extern "C" __global__ void __launch_bounds__(32 * RAWOPS_MLP_SOURCE_TC_DGRAD_WAR
 }
 // The three layers' weight gradients (layer l: G = g_{l+1} [batch][N], A = layer l's input [batch][K]),
 // an entry each: its own registers and staging (mlp_wgrad_bwd_f32's arguments).
-extern "C" __global__ void __launch_bounds__(rawops::kWtThreads, 1)
-    source_mlp_tc_wgrad0_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch,
-                                  long long N, long long K, long long k_p, long long db_offset, long long stride,
-                                  long long a_act, long long rows_per_chunk) {
-  RAWOPS_SOURCE_TC_CALL((rawops::wgrad_tc<rawops::kH1, rawops::kIn>(G, A, ws, batch, int(k_p), db_offset, stride,
-                                                                   rows_per_chunk)));
-}
-extern "C" __global__ void __launch_bounds__(rawops::kWtThreads, 2)
-    source_mlp_tc_wgrad1_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch,
-                                  long long N, long long K, long long k_p, long long db_offset, long long stride,
-                                  long long a_act, long long rows_per_chunk) {
-  RAWOPS_SOURCE_TC_CALL((rawops::wgrad_tc<rawops::kH2, rawops::kH1>(G, A, ws, batch, int(k_p), db_offset, stride,
-                                                                   rows_per_chunk)));
-}
-extern "C" __global__ void __launch_bounds__(rawops::kWtThreads, 2)
-    source_mlp_tc_wgrad2_bwd_f32(const float* G, const float* Gm, const float* A, float* ws, long long batch,
-                                  long long N, long long K, long long k_p, long long db_offset, long long stride,
-                                  long long a_act, long long rows_per_chunk) {
-  RAWOPS_SOURCE_TC_CALL((rawops::wgrad_tc<rawops::kOut, rawops::kH2>(G, A, ws, batch, int(k_p), db_offset, stride,
-                                                                   rows_per_chunk)));
-}
+#define RAWOPS_WGRAD_TC_ENTRY(l, n, k, blocks)                                                                 \
+  extern "C" __global__ void __launch_bounds__(rawops::kWtThreads, blocks) source_mlp_tc_wgrad##l##_bwd_f32(   \
+      const float* G, const float* Gm, const float* A, float* ws, long long batch, long long N, long long K,   \
+      long long k_p, long long db_offset, long long stride, long long a_act, long long rows_per_chunk) {       \
+    RAWOPS_SOURCE_TC_CALL((rawops::wgrad_tc<n, k>(G, A, ws, batch, int(k_p), db_offset, stride, rows_per_chunk))); \
+  }
+RAWOPS_WGRAD_TC_ENTRY(0, rawops::kH1, rawops::kIn, 1)
+RAWOPS_WGRAD_TC_ENTRY(1, rawops::kH2, rawops::kH1, 2)
+RAWOPS_WGRAD_TC_ENTRY(2, rawops::kOut, rawops::kH2, 2)
+#undef RAWOPS_WGRAD_TC_ENTRY
 #undef RAWOPS_SOURCE_TC_CALL

@@ -897,6 +897,10 @@ def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signature
     # every name must come from a macro in its file.
     source = _source("mlp_source")
     signatures = dict(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*(\w+)\(([^)]*)\)', source))
+    # the tensor pipe's weight-gradient entries, one a layer, stamped by RAWOPS_WGRAD_TC_ENTRY
+    stamped = re.search(r"source_mlp_tc_wgrad##l##_bwd_f32\(([^)]*)\)", source).group(1).replace("\\", " ")
+    for layer in re.findall(r"^RAWOPS_WGRAD_TC_ENTRY\((\d),", source, re.M):
+        signatures[f"source_mlp_tc_wgrad{layer}_bwd_f32"] = stamped
     assert set(signatures) == {f"{base}_f32" for base in mlp.KERNELS}
     assert {f"{base}_f32" for base in mlp.KERNELS} == {n for n, f in mlp.FAMILY_OF.items() if f == "mlp_source"}
     kinds = {"source_mlp_fwd": mlp.SOURCE_FWD_KINDS, "source_mlp_small_fwd": mlp.SOURCE_FWD_KINDS,
