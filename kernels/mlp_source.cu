@@ -8,10 +8,11 @@
 // Per sample: 42,752 FLOPs (2 x (100x128 + 128x64 + 64x10)); 400 B of x read, 40 B of y
 // written (~97 FLOP a byte: compute-bound at any batch worth a launch). The hidden activations
 // live in shared memory and registers only. rawops/mlp.py picks source_mlp_small_fwd_f32 for
-// small batches, else source_mlp_fwd_f32 (exact FFMA: the default, and always the training
-// forward) or, opted in (config.mlp_tf32), source_mlp_tc{32,16}_fwd_f32 (3xTF32, inference on
-// sm_80+); the backward is mlp_dgrad_bwd_f32 and mlp_wgrad_bwd_f32, summed by
-// mlp_wgrad_reduce_bwd_f32 (kernels/mlp_tiles.cu).
+// small batches; beyond them on sm_80+ (config.mlp_tf32, the default) source_mlp_tc32_fwd_f32
+// (3xTF32 with promoted sums, float32's accuracy; training too) and the backward on the tensor
+// pipe, source_mlp_tc_dgrad_bwd_f32 and source_mlp_tc_wgrad<l>_bwd_f32; else source_mlp_fwd_f32
+// (exact FFMA) and the backward mlp_dgrad_bwd_f32 and mlp_wgrad_bwd_f32. The weight gradients'
+// partials are summed by mlp_wgrad_reduce_bwd_f32 (kernels/mlp_tiles.cu).
 //
 // source_mlp_fwd_f32: one block of 128 threads per tile of 64 samples (grid = ceil(batch / 64));
 // each layer is a register-tiled GEMM over the tile (layer 1: 8 samples x 8 units per thread,
@@ -600,12 +601,12 @@ extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
 
 // =====================================================================================
 // The source network at large batches on the tensor pipe: source_mlp_tc{32,16}_fwd_f32, 3xTF32
-// through mma.sync m16n8k8 (sm_80+, inference: h1s and h2s must be null; the training forward
-// keeps the exact FFMA kernel, whose kept activations give the backward exact ReLU masks). Same
-// arguments as source_mlp_fwd_f32. Each product is big_a big_b + big_a small_b + small_a big_b
-// (big = tf32(v), small = v - big: split_tf32_fast), accumulated in float32 by the tensor core,
-// which truncates its sums (and the small parts to TF32): several times float32's error, so it
-// runs only where the user opted in (config.mlp_tf32).
+// through mma.sync m16n8k8 (sm_80+; h1s and h2s, when given, get the post-ReLU activations for the
+// backward). Same arguments as source_mlp_fwd_f32. Each product is big_a big_b + big_a small_b +
+// small_a big_b (big = tf32(v), small = v - big: split_tf32_fast), the three summed by the tensor
+// core from zero a k8 slice at a time and added to the accumulators in float32 (promoted): summed
+// by the tensor core over all of K instead, its truncating adds gave 6.8x torch's float32 error;
+// promoted, 0.8-0.9x.
 // Why this shape: operands read as fragments from shared memory would be split after every load,
 // and the split costs as much as the FFMA it replaces; here a warp owns kRows = 16 kMT rows and
 // walks all three layers with its activations in registers. K is permuted inside each k8
