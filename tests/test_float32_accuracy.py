@@ -4,8 +4,9 @@ as a user trains, and the no-grad inference call), at batch sizes on both sides 
 routing threshold, against float64 on the same float32 numbers: rawops' relative-norm error
 must be within 2x torch float32's own error on the same data (torch with TF32 off), or under
 FLOOR (four float32 roundings) where both are (nearly) exact. Opt-ins that trade float32
-accuracy for speed (config.mlp_tf32, matmul's tf32=True) are not held to it; config.f32_3xtf32
-(float32 at float32's accuracy on sm_90's tensor cores, on by default) is: linear_gelu and matmul
+accuracy for speed (matmul's tf32=True, config.linear_tf32) are not held to it; the tensor-core
+paths at float32's accuracy are: fused_mlp's (config.mlp_tf32, on by default, beyond 4096 rows)
+by default, and config.f32_3xtf32 (sm_90, on by default): linear_gelu and matmul
 run every case with it off ("ffma") and each case it takes with it on ("3xtf32").
 
 Small batches repeat on fresh inputs until about MIN_ROWS rows have gone into each error (the
