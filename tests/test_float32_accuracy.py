@@ -199,14 +199,22 @@ def away_from_relu_kinks(torch, net, batch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", ["default", "ffma"])
 @pytest.mark.parametrize("batch", SOURCE_BATCHES)
-def test_fused_mlp_float32_forward_and_every_gradient_within_2x_torch(batch):
+def test_fused_mlp_float32_forward_and_every_gradient_within_2x_torch(batch, path, monkeypatch):
+    # path "ffma": config.mlp_tf32 off, the exact FFMA kernels where the default takes the tensor pipe
     torch = pytest.importorskip("torch")
     from gpu_reference import poison_torch_pool, random
     from mlp_reference import source_network
 
+    import rawops
+    from rawops import _mlp_plans
     from rawops import torch_adapter as ta
 
+    if path == "ffma":
+        if batch <= _mlp_plans.SMALL_BATCH_MAX:
+            pytest.skip("the FFMA kernels run this batch by default: the default case")
+        monkeypatch.setattr(rawops.config, "mlp_tf32", False)
     exact_torch(torch)
     net = source_network(torch)  # fresh nn.Linear weights every call
     fused = ta.FusedMLP.from_sequential(net)
@@ -236,7 +244,7 @@ def test_fused_mlp_float32_forward_and_every_gradient_within_2x_torch(batch):
         errors.add("y (training)", y, yt, y64)
         for name, o, t, r in zip(names, ours, theirs, ref):
             errors.add(name, o, t, r)
-    errors.check(f"fused_mlp float32 batch {batch}")
+    errors.check(f"fused_mlp float32 batch {batch}{' (FFMA)' if path == 'ffma' else ''}")
 
 
 # ============================================================================== linear_gelu
