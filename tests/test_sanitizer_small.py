@@ -205,7 +205,7 @@ BORROWED = {
                                     dict(dtype="float16", transpose=False)),
     "source network forward": ("test_mlp_source", "test_fused_mlp_float32_is_the_source_network", dict(batch=4097)),
     "source network backward": ("test_mlp_source", "test_source_backward_matches_torch_float64",
-                                dict(batch=4097, output_activation="none")),
+                                dict(batch=4097, output_activation="none", use_tc=True)),
     "mlp tiles backward": ("test_mlp", "test_tc_backward_matches_torch_float64",
                            lambda m: dict(case=m.TC_CASES[4], batch=33)),
     "mlp fused backward 128": ("test_mlp", "test_fused_backward_matches_torch_float64",
@@ -247,7 +247,8 @@ def test_borrowed_cases_are_cases_their_files_run(case):
     "rows,n", matched together): a renamed test or a dropped case fails here, in CI."""
     pytest.importorskip("torch")
     fn, args = _borrowed(case)
-    inspect.signature(fn).bind(**args)
+    fixture = {"monkeypatch": None} if "monkeypatch" in inspect.signature(fn).parameters else {}
+    inspect.signature(fn).bind(**args, **fixture)
     named = set()
     for names, rows in _parametrize_marks(fn):
         named.update(names)
@@ -258,6 +259,8 @@ def test_borrowed_cases_are_cases_their_files_run(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", sorted(BORROWED))
-def test_borrowed_case(case):
+def test_borrowed_case(case, monkeypatch):
     fn, args = _borrowed(case)
+    if "monkeypatch" in inspect.signature(fn).parameters:  # the borrowed test's one fixture
+        args = {**args, "monkeypatch": monkeypatch}
     fn(**args)
