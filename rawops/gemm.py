@@ -366,8 +366,8 @@ def matmul(a, b, *, tf32=False, out=None, stream=None):
     dtype; float32 accumulation. float32 runs at float32's accuracy: exact float32 math (FFMA),
     or on sm_90 for products of >= 2^30 FLOP 3xTF32 with promoted sums (rawops.config.f32_3xtf32,
     on by default); `tf32=True` lets float32 run on TF32 tensor cores (operands rounded to 10
-    mantissa bits, ~1e-3 relative error; rawops/_gemm_tf32.py) on sm_80+ where K and N are multiples of 4 and the arrays
-    16-byte aligned, else the exact kernel; on sm_90 it runs on WGMMA after b is copied,
+    mantissa bits, ~1e-3 relative error; rawops/_gemm_tf32.py) on sm_80+ where K and N are
+    multiples of 4 and the arrays 16-byte aligned, else the exact kernel; on sm_90 it runs on WGMMA after b is copied,
     transposed, into K x N floats of scratch from CuPy's pool.
     Half types ignore it."""
     import cupy

@@ -343,7 +343,7 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
         g2 = tmp((batch, plans.SOURCE_SIZES[2]), "float32")
         g1 = tmp((batch, plans.SOURCE_SIZES[1]), "float32")
         tc = bool(batch) and source_on_tensor_cores(batch, device)
-        g3 = dy
+        g3 = dy  # the last layer's G: dy, or (tensor pipe, output ReLU) dy * (y > 0) written by the chain
         if tc:  # g2 and g1 in one launch (and g3 = dy * (y > 0) under the output ReLU); dx (rare: x
             # requires grad) by the FFMA chain's last step
             g3 = tmp((batch, plans.SOURCE_SIZES[3]), "float32") if gm else dy
@@ -366,7 +366,8 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
                        DGRAD_KINDS, device)
         grads = [(g1, 0, x, 0), (g2, 0, h1, 0), (g3, 0, h2, 0) if tc else (dy, gm, h2, 0)]
         chunks, rows = plans.wgrad_plan(batch, 2 * sm_count(device), plans.WGRAD_ROWS)
-        partial = None if tc else _function_pointer("mlp_wgrad_bwd_f32", device)
+        partials = [_function_pointer(f"source_mlp_tc_wgrad{l}_bwd_f32" if tc else "mlp_wgrad_bwd_f32", device)
+                    for l in range(3)]
     elif batch and config.mlp_fast_backward and fast_bwd_fit(plan, device) is not None:
         _launch_fast_backward(plan, device, dy, x, y, saved[0], weights, dx, dweights, dbiases, batch, stream, tmp)
         return keep
@@ -388,7 +389,7 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
             A = x if l == 0 else save + (l - 1) * layer_bytes
             grads.append((G, gm if l == L - 1 else 0, A, 0 if l == 0 else plan.act))
         chunks, rows = plans.wgrad_plan(batch, sm_count(device), plans.WGRAD_TC_ROWS)
-        partial = None
+        partials = None
     layouts = []
     for l in range(L):
         n, k = sizes[l + 1], sizes[l]
@@ -399,8 +400,7 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
     for l, ((G, Gm, A, a_act), (n, k, n_p, k_p, db_offset, stride)) in enumerate(zip(grads, layouts)):
         if chunks:
             if plan.regime == "source":
-                function = _function_pointer(f"source_mlp_tc_wgrad{l}_bwd_f32", device) if tc else partial
-                launch(function, (chunks,), plans.WGRAD_TC_THREADS if tc else plans.GRAD_THREADS, 0, stream,
+                launch(partials[l], (chunks,), plans.WGRAD_TC_THREADS if tc else plans.GRAD_THREADS, 0, stream,
                        (G, Gm, A, ws, batch, n, k, k_p, db_offset, stride, a_act, rows), WGRAD_KINDS, device)
             else:
                 smem = plans.tc_wgrad_smem_bytes(n, k)
