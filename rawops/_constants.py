@@ -141,7 +141,7 @@ GEMM_SM90_STAGES_N256 = 4
 GEMM_SM90_STAGES_N128 = 6
 GEMM_SM90_STAGES_N64 = 8
 
-# mlp: kernels/mlp_source.cu, mlp_tiles.cu, mlp_fused_fwd.cu, mlp_fused_bwd.cu, include/rawops/mlp.cuh
+# mlp: kernels/mlp_source.cu, mlp_source_tc.cu, mlp_tiles.cu, mlp_fused_fwd.cu, mlp_fused_bwd.cu, include/rawops/mlp.cuh
 # (rawops/mlp.py, _mlp_plans.py)
 # Activation codes; the tensor-core kernels' flags hold the hidden one in bits 0-1, the output one
 # shifted by MLP_OUTPUT_ACT_SHIFT, and MLP_TC_RESIDENT; the source network's flags are its output

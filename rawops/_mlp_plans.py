@@ -3,9 +3,9 @@ a network, the kernel and grid of the source network's forward by batch, and the
 warp tiles and row chunks of every kernel. Pure Python (no GPU, no CuPy): rawops/mlp.py asks
 the device what fits and launches.
 
-Kernels: kernels/mlp_source.cu (the float32 source network 100-128-64-10), mlp_tiles.cu (the
-WMMA tile kernels), mlp_fused_fwd.cu and mlp_fused_bwd.cu (the register-resident forward and the
-fused backward of the half-type networks); the values both sides need come from
+Kernels: kernels/mlp_source.cu and mlp_source_tc.cu (the float32 source network 100-128-64-10),
+mlp_tiles.cu (the WMMA tile kernels), mlp_fused_fwd.cu and mlp_fused_bwd.cu (the register-resident
+forward and the fused backward of the half-type networks); the values both sides need come from
 rawops/_constants.py.
 """
 from . import _constants as C

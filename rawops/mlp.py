@@ -21,8 +21,9 @@ float32 no running sum spans more than a few hundred terms, so the sums keep flo
 accuracy at any batch).
 
 Kernels, one fatbin each (FAMILY_OF names each kernel's): kernels/mlp_source.cu (the source
-network), mlp_tiles.cu (the WMMA tile kernels and the ordered weight-gradient reduce),
-mlp_fused_fwd.cu (the register-resident forward), mlp_fused_bwd.cu (the fused backward). What
+network on FFMA and at small batches), mlp_source_tc.cu (the source network on the tensor pipe),
+mlp_tiles.cu (the WMMA tile kernels and the ordered weight-gradient reduce), mlp_fused_fwd.cu
+(the register-resident forward), mlp_fused_bwd.cu (the fused backward). What
 runs for a network, and every size and shape, is arithmetic in rawops/_mlp_plans.py; here the
 device's limits pick among them and the launches go out.
 """
@@ -32,7 +33,8 @@ from . import _mlp_plans as plans
 from . import _modules, _rows, config
 
 # ------------------------------------------------------------------------------ the kernel tables
-# The source network's float32 kernels (kernels/mlp_source.cu): base name -> argument names.
+# The source network's float32 kernels (kernels/mlp_source.cu, the source_mlp_tc* entries
+# mlp_source_tc.cu): base name -> argument names.
 _SOURCE_FWD_ARGS = ("x", "w1", "b1", "w2", "b2", "w3", "b3", "y", "h1s", "h2s", "batch", "flags")
 KERNELS = {
     "source_mlp_fwd": _SOURCE_FWD_ARGS,
@@ -81,7 +83,7 @@ _HALF = ("f16", "bf16")
 # Every extern "C" entry point -> the fatbin (kernels/<family>.cu) that holds it; tests/test_build.py
 # checks each fatbin against it.
 FAMILY_OF = {
-    **{f"{base}_f32": "mlp_source" for base in KERNELS},
+    **{f"{base}_f32": "mlp_source_tc" if base.startswith("source_mlp_tc") else "mlp_source" for base in KERNELS},
     **{f"{base}_{s}": "mlp_tiles" for base in KERNELS_ALL_FLOATS for s in ("f32", *_HALF)},
     **{f"{base}_{s}": "mlp_tiles" for base in TC_KERNELS for s in _HALF},
     **{f"{base}_{s}": "mlp_fused_fwd" for base in TC_FAST_KERNELS for s in _HALF},

@@ -890,19 +890,20 @@ def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
 
 
 def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signatures():
-    # The source network's float32 kernels (kernels/mlp_source.cu) are plain extern "C" functions;
+    # The source network's float32 kernels (kernels/mlp_source.cu, mlp_source_tc.cu) are plain extern "C" functions;
     # the launch kinds must match each parameter list (a mismatch passes garbage to the kernel).
     # The per-dtype entries are stamped out by macros (RAWOPS_REDUCE, RAWOPS_TC_ENTRIES in
     # kernels/mlp_tiles.cu): their parameter lists are checked against the tables' lengths, and
     # every name must come from a macro in its file.
-    source = _source("mlp_source")
+    source = _source("mlp_source") + _source("mlp_source_tc")
     signatures = dict(re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*(\w+)\(([^)]*)\)', source))
     # the tensor pipe's weight-gradient entries, one a layer, stamped by RAWOPS_WGRAD_TC_ENTRY
     stamped = re.search(r"source_mlp_tc_wgrad##l##_bwd_f32\(([^)]*)\)", source).group(1).replace("\\", " ")
     for layer in re.findall(r"^RAWOPS_WGRAD_TC_ENTRY\((\d),", source, re.M):
         signatures[f"source_mlp_tc_wgrad{layer}_bwd_f32"] = stamped
     assert set(signatures) == {f"{base}_f32" for base in mlp.KERNELS}
-    assert {f"{base}_f32" for base in mlp.KERNELS} == {n for n, f in mlp.FAMILY_OF.items() if f == "mlp_source"}
+    assert {f"{base}_f32" for base in mlp.KERNELS} == {n for n, f in mlp.FAMILY_OF.items()
+                                                      if f in ("mlp_source", "mlp_source_tc")}
     kinds = {"source_mlp_fwd": mlp.SOURCE_FWD_KINDS, "source_mlp_small_fwd": mlp.SOURCE_FWD_KINDS,
              **{variant: mlp.SOURCE_FWD_KINDS for variant in mlp.plans.SOURCE_TC_VARIANTS},
              "mlp_dgrad_bwd": mlp.DGRAD_KINDS, "mlp_wgrad_bwd": mlp.WGRAD_KINDS,

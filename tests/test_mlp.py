@@ -345,7 +345,7 @@ def test_3xtf32_entries_match_the_table_and_trap_before_sm80():
     # too), and its template its rows: 16 x kMT.
     from rawops import _constants
 
-    source = kernel_source("mlp_source")
+    source = kernel_source("mlp_source_tc")
     entries = re.findall(r"__launch_bounds__\(32 \* RAWOPS_(\w+), 1\)\s+(source_mlp_tc\w+?_fwd)_f32\(.*?"
                          r"source_tc_fwd<(\d+), (\d+)>", source, flags=re.S)
     assert {name for _, name, _, _ in entries} == set(plans.SOURCE_TC_VARIANTS)

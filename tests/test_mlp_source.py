@@ -308,7 +308,7 @@ def _launched_kernels(monkeypatch):
     def recording(function, *args):
         if not by_pointer:
             for name in mlp.ENTRY_POINTS:
-                if mlp.FAMILY_OF[name] == "mlp_source":
+                if mlp.FAMILY_OF[name] in ("mlp_source", "mlp_source_tc"):
                     by_pointer[modules.function_pointer(mlp.FAMILY_OF[name], name, args[-1])] = name
         names.append(by_pointer.get(function, function))
         return launch(function, *args)

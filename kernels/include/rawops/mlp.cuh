@@ -1,7 +1,7 @@
-// Device code the MLP kernel files share (kernels/mlp_source.cu, mlp_tiles.cu, mlp_fused_fwd.cu,
-// mlp_fused_bwd.cu): the activations and their codes, the per-layer pointers of the tensor-core
-// entries, the staging of rows into shared memory (load_rows), and the pieces of the mma.sync
-// kernels (sm_80+: cp.async with zero fill, ldmatrix, the storage type's pairs). Each kernel file
+// Device code the MLP kernel files share (kernels/mlp_source.cu, mlp_source_tc.cu, mlp_tiles.cu,
+// mlp_fused_fwd.cu, mlp_fused_bwd.cu): the activations and their codes, the per-layer pointers
+// of the tensor-core entries, the staging of rows into shared memory (load_rows), and the pieces
+// of the mma.sync kernels (sm_80+: cp.async with zero fill, ldmatrix, the storage type's pairs). Each kernel file
 // is its own translation unit (its own fatbin): what is here has internal linkage there, as if
 // written in each.
 #pragma once
