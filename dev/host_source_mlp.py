@@ -5,15 +5,17 @@ bar: bench_mlp's row is host-bound).
 
     python dev/host_source_mlp.py [--batch 32]
 """
-import argparse
-import cProfile
-import io
-import pstats
-import statistics
 import sys
-import time
 
+# this folder's profile.py would shadow the standard library's, which cProfile imports
 sys.path[:] = [p for p in sys.path if not p.rstrip("/").endswith("dev")]
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import io  # noqa: E402
+import pstats  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
 import torch  # noqa: E402
 
 from rawops import torch_adapter as ta  # noqa: E402
