@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import QUEUE_SLEEP_CYCLES, event_pairs, start, write_results  # noqa: E402
+from timing import QUEUE_SLEEP_CYCLES, event_pairs, replayed, start, write_results  # noqa: E402
 
 BAR = 1.1
 REPS, ROUNDS = 10, 3
@@ -149,39 +149,6 @@ def cases(ta):
             return h
         out.append(("fused_mlp", name, "2^20 x " + "-".join(map(str, sizes)), ours, theirs, mlp_leaves))
     return out
-
-
-def replayed(fn, leaves, grad):
-    """A callable of `leaves` doing what fn's forward + backward launch, with nothing of fn's Python:
-    each direction captured into a CUDA graph (rawops' kernels exactly) and replayed from a bare
-    autograd.Function. Its call time is the least any autograd Function defined in Python that
-    launches those kernels can take on this host (limit us)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture (allocator, lazy loads)
-        for _ in range(2):
-            torch.autograd.grad(fn(*leaves), leaves, grad, allow_unused=True)
-    torch.cuda.current_stream().wait_stream(side)
-    fwd, bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    pool = torch.cuda.graph_pool_handle()
-    with torch.cuda.graph(fwd, pool=pool):
-        out = fn(*leaves)
-    with torch.cuda.graph(bwd, pool=pool):
-        grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)  # None for a leaf the op ignores
-    static_out = out.detach()
-
-    class Replay(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *inputs):
-            fwd.replay()
-            return static_out
-
-        @staticmethod
-        def backward(ctx, dy):  # dy is `grad`, the gradient the graph was captured with
-            bwd.replay()
-            return grads
-
-    return lambda *inputs: Replay.apply(*inputs)
 
 
 def limit_us(fn, leaves, flush):

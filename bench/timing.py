@@ -126,6 +126,39 @@ def device_times_us(fns, warmup=10, reps=20, rounds=5, queued=False):
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def replayed(fn, leaves, grad):
+    """A callable of `leaves` doing what fn's forward + backward launch, with nothing of fn's Python:
+    each direction captured into a CUDA graph (rawops' kernels exactly) and replayed from a bare
+    autograd.Function. Its call time is the least any autograd Function defined in Python that
+    launches those kernels can take on this host (limit us)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture (allocator, lazy loads)
+        for _ in range(2):
+            torch.autograd.grad(fn(*leaves), leaves, grad, allow_unused=True)
+    torch.cuda.current_stream().wait_stream(side)
+    fwd, bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    pool = torch.cuda.graph_pool_handle()
+    with torch.cuda.graph(fwd, pool=pool):
+        out = fn(*leaves)
+    with torch.cuda.graph(bwd, pool=pool):
+        grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)  # None for a leaf the op ignores
+    static_out = out.detach()
+
+    class Replay(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            fwd.replay()
+            return static_out
+
+        @staticmethod
+        def backward(ctx, dy):  # dy is `grad`, the gradient the graph was captured with
+            bwd.replay()
+            return grads
+
+    return lambda *inputs: Replay.apply(*inputs)
+
+
 def ranked_step_us(step, reps=10):
     """Median time in us of step() on this rank of a torch.distributed group (events around each
     call, the ranks lined up by a barrier and a synchronize before it): a multi-GPU step's time,
