@@ -29,13 +29,9 @@ stock's within bf16 noise, taken as: at every step |rawops - stock| <= max(2 x t
 
     python bench/bench_llama.py [--out bench/results] [--configs stock liger rawops rawops-chunk1024]
 """
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -123,21 +119,6 @@ def run_config(config):
 
 
 # ------------------------------------------------------------------- the run (parent process)
-def child(config, folder):
-    """Run one configuration in a fresh process; its result dict, or {"config", "error"}."""
-    path = os.path.join(folder, f"{config}.json")
-    command = [sys.executable, os.path.abspath(__file__), "--config", config, "--result", path]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return {"config": config, "error": f"timed out after {CHILD_TIMEOUT_S} s"}
-    if done.returncode != 0 or not os.path.exists(path):
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return {"config": config, "error": f"exit {done.returncode}: " + " | ".join(tail)}
-    with open(path) as f:
-        return json.load(f)
-
-
 def noise_bar(results, config):
     """(the largest |config - stock| loss over the steps, the bound it must stay under), or None."""
     stock, liger, ours = (results.get(c, {}).get("losses") for c in ("stock", "liger", config))
@@ -212,36 +193,15 @@ def sections(results):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(HERE, "results"),
-                        help="results folder: <out>/<gpu>/llama.md|json and <out>/history.csv")
-    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
-    parser.add_argument("--config", choices=CONFIGS, help=argparse.SUPPRESS)  # one configuration, in a child
-    parser.add_argument("--result", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    import torch
+    from timing import per_process_main, write_results
 
-    if not torch.cuda.is_available():
-        print("bench: no CUDA GPU here; the benchmark needs one (the tests run without).", file=sys.stderr)
-        return 1
-    if args.config:
-        result = run_config(args.config)
-        with open(args.result, "w") as f:
-            json.dump(result, f)
-        return 0
-
-    results = {}
-    with tempfile.TemporaryDirectory() as folder:
-        for config in args.configs:
-            r = results[config] = child(config, folder)
-            if "error" in r:
-                print(f"{config:7s} FAILED: {r['error']}", flush=True)
-            else:
-                print(f"{config:7s} step {r['step ms']:8.1f} ms  {r['tokens/s']:9.0f} tok/s  peak "
-                      f"{r['peak GiB']:6.2f} GiB  losses {' '.join(f'{x:.4f}' for x in r['losses'])}", flush=True)
-    from timing import write_results
-
-    text = write_results(args.out, "llama", "python bench/bench_llama.py", sections(results))
+    code, out, results = per_process_main(
+        __doc__.splitlines()[0], __file__, CONFIGS, run_config,
+        lambda r: f"step {r['step ms']:8.1f} ms  {r['tokens/s']:9.0f} tok/s  peak {r['peak GiB']:6.2f} GiB  losses "
+                  + " ".join(f"{x:.4f}" for x in r["losses"]), CHILD_TIMEOUT_S)
+    if code is not None:
+        return code
+    text = write_results(out, "llama", "python bench/bench_llama.py", sections(results))
     print(text)
     return 0
 

@@ -287,6 +287,56 @@ def start(description):
     return args.out, ceiling
 
 
+# ---------------------------------------------------------------------------------- one process a configuration
+
+def per_process_main(description, script, configs, run_config, describe, timeout_s):
+    """The main of a bench that runs each configuration in a fresh Python process (its own peak
+    memory; nothing one configuration patches or compiles leaks into the next). Parses --out and
+    --configs (and the child's hidden --config / --result); a child runs run_config(config) and
+    writes its dict; the parent runs `script` once a configuration, printing describe(result) for
+    each (or its error). Returns (exit code, None, None) in a child or without a GPU, else (None,
+    out folder, {config: result dict or {"config", "error"}})."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="results folder: <out>/<gpu>/<family>.md|json and <out>/history.csv")
+    parser.add_argument("--configs", nargs="+", choices=configs, default=list(configs))
+    parser.add_argument("--config", choices=configs, help=argparse.SUPPRESS)  # one configuration, in a child
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench: no CUDA GPU here; the benchmark needs one (the tests run without).", file=sys.stderr)
+        return 1, None, None
+    if args.config:
+        result = run_config(args.config)
+        with open(args.result, "w") as f:
+            json.dump(result, f)
+        return 0, None, None
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for config in args.configs:
+            r = results[config] = _child(script, config, folder, timeout_s)
+            print(f"{config:16s} " + (f"FAILED: {r['error']}" if "error" in r else describe(r)), flush=True)
+    return None, args.out, results
+
+
+def _child(script, config, folder, timeout_s):
+    """Run one configuration of `script` in a fresh process; its result dict, or {"config", "error"}."""
+    path = os.path.join(folder, f"{config}.json")
+    command = [sys.executable, os.path.abspath(script), "--config", config, "--result", path]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"config": config, "error": f"timed out after {timeout_s} s"}
+    if done.returncode != 0 or not os.path.exists(path):
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return {"config": config, "error": f"exit {done.returncode}: " + " | ".join(tail)}
+    with open(path) as f:
+        return json.load(f)
+
+
 # ---------------------------------------------------------------------------------- results
 
 def gpu_key(name=None):
