@@ -30,9 +30,7 @@ stock's within bf16 noise, taken as: at every step |rawops - stock| <= max(2 x t
     python bench/bench_llama.py [--out bench/results] [--configs stock liger rawops rawops-chunk1024]
 """
 import os
-import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -82,6 +80,7 @@ def build(config):
 
 def run_config(config):
     import torch
+    from timing import training_steps
 
     model, note = build(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=True)
@@ -89,32 +88,9 @@ def run_config(config):
     ids = ids.cuda()
     labels = ids.clone()
 
-    def step():
-        loss = model(input_ids=ids, labels=labels, use_cache=False).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    losses, times_ms = [], []
-    first = time.perf_counter()
-    for _ in range(WARMUP):
-        losses.append(step().item())
-    warmup_s = time.perf_counter() - first
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(STEPS):
-        start.record()
-        loss = step()
-        end.record()
-        torch.cuda.synchronize()
-        times_ms.append(start.elapsed_time(end))
-        losses.append(loss.item())
-    median = statistics.median(times_ms)
-    return {"config": config, "note": note, "step ms": median, "step ms all": times_ms,
-            "tokens/s": BATCH * SEQ / (median / 1e3), "peak GiB": torch.cuda.max_memory_allocated() / 2**30,
-            "warm-up s": warmup_s, "losses": losses, "attention": model.config._attn_implementation,
+    timed = training_steps(lambda: model(input_ids=ids, labels=labels, use_cache=False).loss, optimizer, WARMUP,
+                           STEPS, BATCH * SEQ)
+    return {"config": config, "note": note, **timed, "attention": model.config._attn_implementation,
             "torch": torch.__version__}
 
 
@@ -193,17 +169,9 @@ def sections(results):
 
 
 def main():
-    from timing import per_process_main, write_results
+    from timing import per_process_main
 
-    code, out, results = per_process_main(
-        __doc__.splitlines()[0], __file__, CONFIGS, run_config,
-        lambda r: f"step {r['step ms']:8.1f} ms  {r['tokens/s']:9.0f} tok/s  peak {r['peak GiB']:6.2f} GiB  losses "
-                  + " ".join(f"{x:.4f}" for x in r["losses"]), CHILD_TIMEOUT_S)
-    if code is not None:
-        return code
-    text = write_results(out, "llama", "python bench/bench_llama.py", sections(results))
-    print(text)
-    return 0
+    return per_process_main(__doc__.splitlines()[0], __file__, "llama", CONFIGS, run_config, sections, CHILD_TIMEOUT_S)
 
 
 if __name__ == "__main__":

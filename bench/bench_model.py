@@ -29,11 +29,8 @@ dtype's rounding).
 
     python bench/bench_model.py [--out bench/results] [--configs stock-f32 rawops-f32 ...]
 """
-import math
 import os
-import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -108,6 +105,7 @@ def build_model(kind, dtype):
 
 def run_config(config):
     import torch
+    from timing import training_steps
 
     kind, dt = config.rsplit("-", 1)
     dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dt]
@@ -118,32 +116,9 @@ def run_config(config):
     data = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(DATA_SEED)).cuda()
     ids, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
 
-    def step():
-        loss = model(ids, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    losses, times_ms = [], []
-    first = time.perf_counter()
-    for _ in range(WARMUP):
-        losses.append(step().item())
-    warmup_s = time.perf_counter() - first
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(STEPS):
-        start.record()
-        loss = step()
-        end.record()
-        torch.cuda.synchronize()
-        times_ms.append(start.elapsed_time(end))
-        losses.append(loss.item())
-    median = statistics.median(times_ms)
-    return {"config": config, "step ms": median, "step ms all": times_ms, "tokens/s": BATCH * SEQ / (median / 1e3),
-            "peak GiB": torch.cuda.max_memory_allocated() / 2**30, "warm-up s": warmup_s, "losses": losses,
-            "parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__}
+    timed = training_steps(lambda: model(ids, targets), optimizer, WARMUP, STEPS, BATCH * SEQ)
+    return {"config": config, **timed, "parameters": sum(p.numel() for p in model.parameters()),
+            "torch": torch.__version__}
 
 
 # ------------------------------------------------------------------- the run (parent process)
@@ -201,17 +176,9 @@ def sections(results):
 
 
 def main():
-    from timing import per_process_main, write_results
+    from timing import per_process_main
 
-    code, out, results = per_process_main(
-        __doc__.splitlines()[0], __file__, CONFIGS, run_config,
-        lambda r: f"step {r['step ms']:8.2f} ms  {r['tokens/s']:9.0f} tok/s  peak {r['peak GiB']:6.2f} GiB  losses "
-                  + " ".join(f"{x:.4f}" for x in r["losses"]), CHILD_TIMEOUT_S)
-    if code is not None:
-        return code
-    text = write_results(out, "model", "python bench/bench_model.py", sections(results))
-    print(text)
-    return 0 if all(math.isfinite(r.get("step ms", math.nan)) for r in results.values()) else 1
+    return per_process_main(__doc__.splitlines()[0], __file__, "model", CONFIGS, run_config, sections, CHILD_TIMEOUT_S)
 
 
 if __name__ == "__main__":

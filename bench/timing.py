@@ -289,13 +289,14 @@ def start(description):
 
 # ---------------------------------------------------------------------------------- one process a configuration
 
-def per_process_main(description, script, configs, run_config, describe, timeout_s):
+def per_process_main(description, script, family, configs, run_config, sections, timeout_s):
     """The main of a bench that runs each configuration in a fresh Python process (its own peak
     memory; nothing one configuration patches or compiles leaks into the next). Parses --out and
     --configs (and the child's hidden --config / --result); a child runs run_config(config) and
-    writes its dict; the parent runs `script` once a configuration, printing describe(result) for
-    each (or its error). Returns (exit code, None, None) in a child or without a GPU, else (None,
-    out folder, {config: result dict or {"config", "error"}})."""
+    writes its dict; the parent runs `script` once a configuration (printing each one's
+    training_steps line or error), then writes sections({config: result dict, or {"config",
+    "error"}}) as <family>'s results. Returns the exit code: 1 without a GPU or where a
+    configuration failed."""
     import argparse
     import tempfile
 
@@ -308,18 +309,58 @@ def per_process_main(description, script, configs, run_config, describe, timeout
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench: no CUDA GPU here; the benchmark needs one (the tests run without).", file=sys.stderr)
-        return 1, None, None
+        return 1
     if args.config:
         result = run_config(args.config)
         with open(args.result, "w") as f:
             json.dump(result, f)
-        return 0, None, None
+        return 0
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         for config in args.configs:
             r = results[config] = _child(script, config, folder, timeout_s)
-            print(f"{config:16s} " + (f"FAILED: {r['error']}" if "error" in r else describe(r)), flush=True)
-    return None, args.out, results
+            print(f"{config:16s} " + (f"FAILED: {r['error']}" if "error" in r else step_line(r)), flush=True)
+    print(write_results(args.out, family, f"python bench/{os.path.basename(script)}", sections(results)))
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+def training_steps(loss_fn, optimizer, warmup, steps, tokens):
+    """A training run's timings: `warmup` then `steps` steps of loss_fn() (the loss), backward,
+    optimizer.step(), zero_grad; each timed step between CUDA events and synchronised after (a
+    loop that logs its loss does so). Returns {"step ms" (median), "step ms all", "tokens/s"
+    (`tokens` a step), "peak GiB" (torch.cuda.max_memory_allocated over the timed steps, reset
+    after the warm-up), "warm-up s", "losses" (every step's)}."""
+    def step():
+        loss = loss_fn()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    losses, times_ms = [], []
+    first = time.perf_counter()
+    for _ in range(warmup):
+        losses.append(step().item())
+    warmup_s = time.perf_counter() - first
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(steps):
+        start.record()
+        loss = step()
+        end.record()
+        torch.cuda.synchronize()
+        times_ms.append(start.elapsed_time(end))
+        losses.append(loss.item())
+    median = statistics.median(times_ms)
+    return {"step ms": median, "step ms all": times_ms, "tokens/s": tokens / (median / 1e3),
+            "peak GiB": torch.cuda.max_memory_allocated() / 2**30, "warm-up s": warmup_s, "losses": losses}
+
+
+def step_line(r):
+    """One printed line of a training_steps result."""
+    return (f"step {r['step ms']:8.2f} ms  {r['tokens/s']:9.0f} tok/s  peak {r['peak GiB']:6.2f} GiB  losses "
+            + " ".join(f"{x:.4f}" for x in r["losses"]))
 
 
 def _child(script, config, folder, timeout_s):
