@@ -307,7 +307,7 @@ class FusedMLP(torch.nn.Module):
                     module.biases[i].copy_(m.bias)
         return module
 
-    _fast_key = None  # inference fast path: the parameters last validated (dtype, device, pointers)
+    _fast_key = None  # the parameters last validated (dtype, device, pointers), training and inference
     _fast_plan = None
     _source_state = None  # the source network's typed fast path (_launch.torch_source_forward)
 
@@ -327,15 +327,26 @@ class FusedMLP(torch.nn.Module):
         weights = list(lists["weights"]._parameters.values())
         bias_list = lists.get("biases")  # absent when built without biases (a plain None attribute)
         biases = list(bias_list._parameters.values()) if bias_list is not None else None
-        if compiling() or (grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))):
+        if compiling():
             return fused_mlp(x, weights, biases, self.activation, self.output_activation)
+        if grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights)
+                               or (biases is not None and any(b.requires_grad for b in biases))):
+            # training: the same once-validated plan as inference, then the autograd Function
+            # (operands not contiguous copied first, as fused_mlp does)
+            x, weights = dense(x), [dense(w) for w in weights]
+            biases = [dense(b) for b in biases] if biases is not None else None
+            return _fused_mlp_apply(x, self._validated_plan(x, weights, biases), len(weights), *weights,
+                                    *(biases or ()))
         if self._source_state is not None:  # the source network, validated before: one typed call
             y = torch_source_forward(x, [weights[0], biases[0], weights[1], biases[1], weights[2], biases[2]],
                                      self._source_state)
             if y is not None:
                 return y
-        # Inference: the parameters are validated once per (dtype, device, pointers), then only
-        # x is checked per call (its dtype and device against the weights', its width).
+        return _mlp_forward(x, weights, biases, self._validated_plan(x, weights, biases), False)[0]
+
+    def _validated_plan(self, x, weights, biases):
+        # The parameters are validated once per (dtype, device, pointers), then only x is checked
+        # per call (its dtype and device against the weights', its width).
         first = weights[0]
         key = (first.dtype, first.get_device(), *(w.data_ptr() for w in weights),
                *(b.data_ptr() for b in (biases or ())))
@@ -344,17 +355,17 @@ class FusedMLP(torch.nn.Module):
             plan = self._fast_plan
             if x.dim() != 2 or x.shape[1] != plan.n_in:
                 raise ValueError(f"x has shape {tuple(x.shape)}, expected (batch, {plan.n_in})")
-        else:
-            plan = _mlp_plan(x, weights, biases, self.activation, self.output_activation)
-            self._fast_key, self._fast_plan = key, plan
-            self._source_state = None
-            if plan.regime == "source" and biases is not None:
-                device = first.get_device()
-                pointers = (weights[0].data_ptr(), biases[0].data_ptr(), weights[1].data_ptr(), biases[1].data_ptr(),
-                            weights[2].data_ptr(), biases[2].data_ptr())
-                self._source_state = (first.dtype, device, pointers, plan.out_act, {},
-                                      lambda batch: _mlp.source_launch(batch, device))
-        return _mlp_forward(x, weights, biases, plan, False)[0]
+            return plan
+        plan = _mlp_plan(x, weights, biases, self.activation, self.output_activation)
+        self._fast_key, self._fast_plan = key, plan
+        self._source_state = None
+        if plan.regime == "source" and biases is not None:
+            device = first.get_device()
+            pointers = (weights[0].data_ptr(), biases[0].data_ptr(), weights[1].data_ptr(), biases[1].data_ptr(),
+                        weights[2].data_ptr(), biases[2].data_ptr())
+            self._source_state = (first.dtype, device, pointers, plan.out_act, {},
+                                  lambda batch: _mlp.source_launch(batch, device))
+        return plan
 
     def extra_repr(self):
         return f"sizes={self.sizes}, activation={self.activation!r}, output_activation={self.output_activation!r}"
