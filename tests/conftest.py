@@ -1,4 +1,6 @@
 """GPU tests carry the `gpu` marker and skip cleanly where no CUDA device is usable."""
+import os
+
 import pytest
 
 
@@ -23,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-UNDER_SANITIZER = GPU and __import__("os").environ.get("RAWOPS_UNDER_SANITIZER") == "1"
+UNDER_SANITIZER = GPU and os.environ.get("RAWOPS_UNDER_SANITIZER") == "1"
 
 
 @pytest.fixture(autouse=UNDER_SANITIZER)

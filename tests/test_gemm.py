@@ -661,7 +661,7 @@ def test_adapter_no_grad_matmul_typed_path_matches_float64(dtype, m, k, n):
     poison_torch_pool(m * n * a.element_size())
     with torch.no_grad():
         c = _launch.torch_matmul(a, b)
-    code = {"float32": 0, "float16": 1, "bfloat16": 2}[dtype]
+    code = {"float32": F32, "float16": F16, "bfloat16": BF16}[dtype]
     if mm._launch_plan("nn", code, m, n, k, a.data_ptr(), b.data_ptr(), a.get_device())[4] == -1:
         # float32 as 3xTF32 (sm_90, >= 2^30 FLOP): several launches and scratch, the Python path's
         assert c is None, "the typed path declines the 3xTF32 plan"
