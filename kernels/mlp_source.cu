@@ -596,3 +596,181 @@ extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
                       long long rows_per_chunk) {
   rawops::wgrad_f32(G, Gm, A, ws, batch, int(N), int(K), int(k_p), db_offset, stride, int(a_act), rows_per_chunk);
 }
+
+// =====================================================================================
+// source_mlp_small_bwd_f32: the whole backward of a batch of at most kSmallBwdRows rows in one
+// launch, every gradient written once (no partials, no reduce, no temporaries): at batch 32 the
+// eight launches above were most of a training step's host time.
+//   Weight blocks 0 .. kWeightBlocks-1 each own kBwdUnits of layer 1's 128 units (J): every one
+//   computes g2 = (dy' W3) * (h2 > 0) for all rows (640 FMA a row, the only repeated work), then
+//   g1[:, J] = (g2 W2[:, J]) * (h1[:, J] > 0), and writes dW1[J, :] = g1[:, J]^T x and
+//   dW2[:, J] = g2^T h1[:, J] (warps 0-3 and 4-5), while warps 6-7 write its share of dW3 (4 of
+//   the 64 columns) and of db1, db2 (db3: block 0). dy' = dy * (ym > 0) (ym: y under the output
+//   ReLU, else null).
+//   dx blocks (only where dx is wanted) each own kBwdDxRows rows: g2 and every unit's g1 of
+//   those rows, then dx = g1 W1.
+// The chain's sums run over n in the order of mlp_dgrad_bwd_f32's (the same g2, g1, dx); dW's
+// over the rows in order, at most 128 terms (one flush of mlp_wgrad_bwd_f32); the biases' in runs
+// of 8 rows, each then added. rawops/mlp.py routes here only batches of 1 .. kSmallBwdRows.
+// =====================================================================================
+namespace rawops {
+namespace {
+
+constexpr int kSmallBwdRows = RAWOPS_MLP_SOURCE_SMALL_BWD_ROWS, kBwdUnits = RAWOPS_MLP_SOURCE_SMALL_BWD_UNITS,
+              kBwdDxRows = RAWOPS_MLP_SOURCE_SMALL_BWD_DX_ROWS;
+constexpr int kWeightBlocks = kH1 / kBwdUnits;
+constexpr int kG2Stride = kH2 + 1;  // g2's rows one bank apart
+static_assert(kGradThreads == 256 && kBwdUnits == 8 && kH1 == 128 && kH2 == 64 && kOut == 10 && kIn <= 128,
+              "the thread roles below");
+static_assert(kWeightBlocks * 4 == kH2 && kBwdDxRows * kH1 == kSmallBwdRows * kBwdUnits,
+              "a weight block owns 4 of dW3's columns; a dx block's g1 fits the weight block's");
+static_assert((kSmallBwdRows * (kOut + kG2Stride + kBwdUnits) + kH2 * kBwdUnits) * 4 <= 48 * 1024,
+              "static shared memory limit");
+
+// The sum over rows of v(r) as the wgrad kernel sums the biases: runs of 8 rows, each then added.
+template <typename V>
+__device__ __forceinline__ float bias_sum(int rows, V v) {
+  float total = 0.f;
+  for (int r0 = 0; r0 < rows; r0 += 8) {
+    float part = 0.f;
+    for (int r = r0; r < r0 + 8 && r < rows; ++r) part += v(r);
+    total += part;
+  }
+  return total;
+}
+
+__device__ __forceinline__ void source_small_bwd(const float* __restrict__ dy, const float* __restrict__ ym,
+                                                 const float* __restrict__ w1, const float* __restrict__ w2,
+                                                 const float* __restrict__ w3, const float* __restrict__ x,
+                                                 const float* __restrict__ h1, const float* __restrict__ h2,
+                                                 float* __restrict__ dx, float* __restrict__ dw1,
+                                                 float* __restrict__ db1, float* __restrict__ dw2,
+                                                 float* __restrict__ db2, float* __restrict__ dw3,
+                                                 float* __restrict__ db3, int batch) {
+  __shared__ __align__(16) float g1s[kSmallBwdRows * kBwdUnits];  // weight block: [row][unit of J]; dx block:
+                                                                    // [row][128 units]
+  __shared__ float gy[kSmallBwdRows * kOut];                        // dy' [row][10]
+  __shared__ float g2s[kSmallBwdRows * kG2Stride];                  // g2 [row][64 (+1)]
+  __shared__ float w2s[kH2 * kBwdUnits];                            // W2[:, J] as [m][unit of J]
+  const int t = threadIdx.x;
+  const bool weights = blockIdx.x < kWeightBlocks;
+  const int b = weights ? blockIdx.x : blockIdx.x - kWeightBlocks;
+  const int r0 = weights ? 0 : b * kBwdDxRows;  // the block's first row
+  const int rows = weights ? batch : min(kBwdDxRows, batch - r0);
+  const int j0 = b * kBwdUnits;  // a weight block's first unit of layer 1
+  for (int e = t; e < rows * kOut; e += kGradThreads) {
+    const int64_t idx = int64_t(r0) * kOut + e;
+    gy[e] = masked(dy[idx], ym, idx);
+  }
+  if (weights)
+    for (int e = t; e < kH2 * kBwdUnits; e += kGradThreads) w2s[e] = __ldg(w2 + (e / kBwdUnits) * kH1 + j0 + e % kBwdUnits);
+  __syncthreads();
+  {  // g2: a thread's unit m and its W3 column fixed, rows 4 apart
+    const int m = t % kH2;
+    float w3c[kOut];
+#pragma unroll
+    for (int o = 0; o < kOut; ++o) w3c[o] = __ldg(w3 + o * kH2 + m);
+    for (int r = t / kH2; r < rows; r += kGradThreads / kH2) {
+      float acc = 0.f;
+#pragma unroll
+      for (int o = 0; o < kOut; ++o) acc = fmaf(gy[r * kOut + o], w3c[o], acc);
+      g2s[r * kG2Stride + m] = masked(acc, h2, int64_t(r0 + r) * kH2 + m);
+    }
+  }
+  __syncthreads();
+  if (!weights) {
+    // g1 of the block's rows, every unit: a thread's unit k, rows 2 apart
+    const int k = t % kH1, rg = t / kH1;
+    float acc[kBwdDxRows / 2] = {};
+#pragma unroll 4
+    for (int m = 0; m < kH2; ++m) {
+      const float w = __ldg(w2 + m * kH1 + k);
+#pragma unroll
+      for (int i = 0; i < kBwdDxRows / 2; ++i) acc[i] = fmaf(g2s[(rg + 2 * i) * kG2Stride + m], w, acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kBwdDxRows / 2; ++i) {
+      const int r = rg + 2 * i;
+      if (r < rows) g1s[r * kH1 + k] = masked(acc[i], h1, int64_t(r0 + r) * kH1 + k);
+    }
+    __syncthreads();
+    if (k < kIn) {  // dx = g1 W1 (the input has no activation)
+      float d[kBwdDxRows / 2] = {};
+#pragma unroll 4
+      for (int j = 0; j < kH1; ++j) {
+        const float w = __ldg(w1 + j * kIn + k);
+#pragma unroll
+        for (int i = 0; i < kBwdDxRows / 2; ++i) d[i] = fmaf(g1s[(rg + 2 * i) * kH1 + j], w, d[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kBwdDxRows / 2; ++i) {
+        const int r = rg + 2 * i;
+        if (r < rows) dx[int64_t(r0 + r) * kIn + k] = d[i];
+      }
+    }
+    return;
+  }
+  {  // g1[:, J]: a thread's unit j, rows 32 apart
+    const int j = t % kBwdUnits;
+    for (int r = t / kBwdUnits; r < rows; r += kGradThreads / kBwdUnits) {
+      float acc = 0.f;
+#pragma unroll 16
+      for (int m = 0; m < kH2; ++m) acc = fmaf(g2s[r * kG2Stride + m], w2s[m * kBwdUnits + j], acc);
+      g1s[r * kBwdUnits + j] = masked(acc, h1, int64_t(r) * kH1 + j0 + j);
+    }
+  }
+  __syncthreads();
+  float acc[kBwdUnits] = {};
+  if (t < 128) {  // dW1[J, k] = sum_r g1[r, J] x[r, k]: a thread's input k, every unit of J
+    const int k = t;
+    if (k < kIn) {
+#pragma unroll 4
+      for (int r = 0; r < rows; ++r) {
+        const float xv = __ldg(x + int64_t(r) * kIn + k);
+        const float4 ga = lds4(g1s + r * kBwdUnits), gb = lds4(g1s + r * kBwdUnits + 4);
+        const float g[kBwdUnits] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+#pragma unroll
+        for (int j = 0; j < kBwdUnits; ++j) acc[j] = fmaf(g[j], xv, acc[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < kBwdUnits; ++j) dw1[(j0 + j) * kIn + k] = acc[j];
+    }
+  } else if (t < 192) {  // dW2[m, J] = sum_r g2[r, m] h1[r, J]: a thread's m, every unit of J
+    const int m = t - 128;
+#pragma unroll 4
+    for (int r = 0; r < rows; ++r) {
+      const float g = g2s[r * kG2Stride + m];
+#pragma unroll
+      for (int j = 0; j < kBwdUnits; ++j) acc[j] = fmaf(g, __ldg(h1 + int64_t(r) * kH1 + j0 + j), acc[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kBwdUnits; ++j) dw2[m * kH1 + j0 + j] = acc[j];
+  } else {  // 64 threads: dW3's 4 columns of this block (40), db2's 4, db1's 8, db3's 10 (block 0)
+    const int u = t - 192;
+    if (u < 40) {
+      const int o = u / 4, m = b * 4 + u % 4;
+      float s = 0.f;
+      for (int r = 0; r < rows; ++r) s = fmaf(gy[r * kOut + o], __ldg(h2 + int64_t(r) * kH2 + m), s);
+      dw3[o * kH2 + m] = s;
+    } else if (u < 44) {
+      const int m = b * 4 + u - 40;
+      if (db2 != nullptr) db2[m] = bias_sum(rows, [&](int r) { return g2s[r * kG2Stride + m]; });
+    } else if (u < 52) {
+      const int j = u - 44;
+      if (db1 != nullptr) db1[j0 + j] = bias_sum(rows, [&](int r) { return g1s[r * kBwdUnits + j]; });
+    } else if (u < 62 && b == 0) {
+      const int o = u - 52;
+      if (db3 != nullptr) db3[o] = bias_sum(rows, [&](int r) { return gy[r * kOut + o]; });
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rawops
+
+extern "C" __global__ void __launch_bounds__(rawops::kGradThreads)
+    source_mlp_small_bwd_f32(const float* dy, const float* ym, const float* w1, const float* w2, const float* w3,
+                             const float* x, const float* h1, const float* h2, float* dx, float* dw1, float* db1,
+                             float* dw2, float* db2, float* dw3, float* db3, long long batch) {
+  rawops::source_small_bwd(dy, ym, w1, w2, w3, x, h1, h2, dx, dw1, db1, dw2, db2, dw3, db3, int(batch));
+}

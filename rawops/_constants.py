@@ -175,6 +175,11 @@ MLP_SOURCE_TC_LDX = 104
 MLP_GRAD_THREADS = 256
 MLP_DGRAD_ROWS = 64
 MLP_WGRAD_ROWS = 32
+# ... in one launch at small batches (source_mlp_small_bwd): the most rows (its shared memory
+# holds every row's layer-2 gradient), layer 1's units a weight block owns, dx's rows a dx block
+MLP_SOURCE_SMALL_BWD_ROWS = 128
+MLP_SOURCE_SMALL_BWD_UNITS = 8
+MLP_SOURCE_SMALL_BWD_DX_ROWS = 8
 MLP_REDUCE_THREADS = 256
 # ... on the tensor pipe (3xTF32): source_mlp_tc_dgrad_bwd's warps a block (16 rows each);
 # source_mlp_tc_wgrad<l>_bwd's threads

@@ -43,6 +43,9 @@ GRAD_THREADS, DGRAD_ROWS, WGRAD_ROWS = C.MLP_GRAD_THREADS, C.MLP_DGRAD_ROWS, C.M
 SOURCE_TC_DGRAD_WARPS = C.MLP_SOURCE_TC_DGRAD_WARPS  # source_mlp_tc_dgrad_bwd: 16 rows a warp
 WGRAD_TC_THREADS = C.MLP_WGRAD_TC_THREADS  # source_mlp_tc_wgrad<l>_bwd's block
 REDUCE_THREADS = C.MLP_REDUCE_THREADS  # mlp_wgrad_reduce_bwd: a thread an output
+# source_mlp_small_bwd: the whole backward in one launch up to SMALL_BWD_ROWS rows (FFMA, no partials)
+SMALL_BWD_ROWS, SMALL_BWD_DX_ROWS = C.MLP_SOURCE_SMALL_BWD_ROWS, C.MLP_SOURCE_SMALL_BWD_DX_ROWS
+SMALL_BWD_WEIGHT_BLOCKS = C.MLP_SOURCE_H1 // C.MLP_SOURCE_SMALL_BWD_UNITS
 
 # ------------------------------------------------------------------------------ the tensor-core networks
 TC_WIDTHS = (16, 32, 64, 128)
@@ -116,6 +119,12 @@ def source_kernel(batch, tc=None):
         tiles = -(-batch // SOURCE_TC_VARIANTS[variant][0])
         return f"{variant}_f32", min(-(-tiles // warps), sms), 32 * warps, smem
     return "source_mlp_fwd_f32", source_blocks(batch), SOURCE_THREADS, 0
+
+
+def small_bwd_blocks(batch, dx):
+    """Blocks of a source_mlp_small_bwd launch (1 <= batch <= SMALL_BWD_ROWS): the weight
+    blocks (a slice of layer 1's units each), then, where dx is wanted, one per SMALL_BWD_DX_ROWS rows."""
+    return SMALL_BWD_WEIGHT_BLOCKS + (-(-batch // SMALL_BWD_DX_ROWS) if dx else 0)
 
 
 # ------------------------------------------------------------------------------ shared memory and tiles

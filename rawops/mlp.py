@@ -8,7 +8,8 @@ in one kernel; the hidden activations never reach device memory (inference). Two
     float32 error): up to SMALL_BATCH_MAX samples exact float32 FFMA kernels; beyond it on sm_80+
     (config.mlp_tf32, the default) 3xTF32 on the tensor pipe, every k8 slice's tensor-core sum
     added in float32 (promoted), forward and backward; else the FFMA kernels (a register-tiled
-    forward, a chain and weight-gradient kernels backward);
+    forward, a chain and weight-gradient kernels backward; up to SMALL_BWD_ROWS samples the
+    whole backward in one launch);
   * float16 / bfloat16, tiny-cuda-nn-style networks on tensor cores (float32 accumulation):
     n_in 1..128, 1..8 hidden layers of one width in (16, 32, 64, 128), n_out 1..128.
 Anything else is a ValueError naming what is supported.
@@ -41,6 +42,8 @@ KERNELS = {
     "source_mlp_small_fwd": _SOURCE_FWD_ARGS,
     "source_mlp_tc32_fwd": _SOURCE_FWD_ARGS,
     "source_mlp_tc16_fwd": _SOURCE_FWD_ARGS,
+    "source_mlp_small_bwd": ("dy", "ym", "w1", "w2", "w3", "x", "h1", "h2", "dx", "dw1", "db1", "dw2", "db2",
+                             "dw3", "db3", "batch"),
     "mlp_dgrad_bwd": ("G", "Gm", "W", "H", "out", "batch", "N", "K"),
     "mlp_wgrad_bwd": ("G", "Gm", "A", "ws", "batch", "N", "K", "k_p", "db_offset", "stride", "a_act",
                       "rows_per_chunk"),
@@ -92,6 +95,7 @@ FAMILY_OF = {
 }
 ENTRY_POINTS = frozenset(FAMILY_OF)
 SOURCE_FWD_KINDS = "pppppppppp" + "qq"
+SMALL_BWD_KINDS = "p" * 15 + "q"
 DGRAD_KINDS = "ppppp" + "qqq"
 TC_DGRAD_KINDS = "ppppppppp" + "q"
 WGRAD_KINDS = "pppp" + "q" * 8
@@ -340,6 +344,12 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
     sizes, L = plan.sizes, plan.layers
     item = 4 if plan.dtype == 0 else 2
     gm = y if plan.out_act == plans.OUTPUT_RELU else 0
+    if plan.regime == "source" and 0 < batch <= plans.SMALL_BWD_ROWS:  # everything in one launch
+        db1, db2, db3 = dbiases if dbiases is not None else (0, 0, 0)
+        launch(_function_pointer("source_mlp_small_bwd_f32", device), (plans.small_bwd_blocks(batch, dx),),
+               plans.GRAD_THREADS, 0, stream, (dy, gm, *weights, x, *saved, dx, dweights[0], db1, dweights[1], db2,
+                                               dweights[2], db3, batch), SMALL_BWD_KINDS, device)
+        return keep
     if plan.regime == "source":
         h1, h2 = saved
         g2 = tmp((batch, plans.SOURCE_SIZES[2]), "float32")

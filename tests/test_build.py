@@ -906,7 +906,8 @@ def test_mlp_table_matches_the_kernels_defined_in_the_source_and_their_signature
                                                       if f in ("mlp_source", "mlp_source_tc")}
     kinds = {"source_mlp_fwd": mlp.SOURCE_FWD_KINDS, "source_mlp_small_fwd": mlp.SOURCE_FWD_KINDS,
              **{variant: mlp.SOURCE_FWD_KINDS for variant in mlp.plans.SOURCE_TC_VARIANTS},
-             "mlp_dgrad_bwd": mlp.DGRAD_KINDS, "mlp_wgrad_bwd": mlp.WGRAD_KINDS,
+             "source_mlp_small_bwd": mlp.SMALL_BWD_KINDS, "mlp_dgrad_bwd": mlp.DGRAD_KINDS,
+             "mlp_wgrad_bwd": mlp.WGRAD_KINDS,
              "source_mlp_tc_dgrad_bwd": mlp.TC_DGRAD_KINDS,
              **{f"source_mlp_tc_wgrad{l}_bwd": mlp.WGRAD_KINDS for l in range(3)}}
     assert set(kinds) == set(mlp.KERNELS)

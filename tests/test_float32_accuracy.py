@@ -19,7 +19,8 @@ the first layer's gradients at 8192 rows, for either library: chance, not precis
 The thresholds swept (rawops/_mlp_plans.py, rawops/mlp.py, rawops/gemm.py):
   * fused_mlp float32 (the source network 100-128-64-10): the small-batch forward up to
     SMALL_BATCH_MAX = 4096 rows, 2-row blocks (odd batches), the tiled forward's 64-row tiles;
-    the backward's 64-row dgrad blocks, 32-row wgrad steps, wgrad_plan's chunks (one 32-row chunk
+    the backward in one launch up to SMALL_BWD_ROWS = 128 rows (dx blocks of 8), beyond it
+    the 64-row dgrad blocks, 32-row wgrad steps, wgrad_plan's chunks (one 32-row chunk
     per block up to 2 x SMs x 32 = 8448 rows on an H100, longer chunks beyond), the in-register
     runs of 128 rows (chunks past 128 rows from 2 x SMs x 128 = 33792 rows) and the reduce's
     runs of 16 chunks (512 rows);
@@ -172,8 +173,8 @@ def test_small_batches_repeat_to_min_rows():
 
 
 # ============================================================================== fused_mlp (source network)
-SOURCE_BATCHES = [1, 2, 31, 32, 33, 63, 64, 65, 255, 256, 511, 512, 513, 1024, 4095, 4096, 4097, 8192, 8448,
-                  8449, 33792, 33793, 65536, 1 << 20]
+SOURCE_BATCHES = [1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 511, 512, 513, 1024, 4095, 4096, 4097,
+                  8192, 8448, 8449, 33792, 33793, 65536, 1 << 20]
 
 
 def away_from_relu_kinks(torch, net, batch):

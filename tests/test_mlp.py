@@ -299,6 +299,30 @@ def test_the_source_backward_runs_on_the_tensor_pipe_where_the_forward_does(monk
     assert "source_mlp_tc_dgrad_bwd_f32" not in [k for k, _, _ in _backward_launches(monkeypatch, 1 << 20)]
 
 
+@pytest.mark.parametrize("tf32", [True, False])
+def test_a_small_batch_backward_is_one_launch_and_larger_ones_are_not(monkeypatch, tf32):
+    # 16 weight blocks (8 of layer 1's units each), then, where dx is wanted, one block per 8 rows
+    monkeypatch.setattr(rawops.config, "mlp_tf32", tf32)
+    for batch, dx, grid in ((1, 0, 16), (1, 99, 17), (32, 0, 16), (33, 99, 21), (128, 0, 16), (128, 99, 32)):
+        assert _backward_launches(monkeypatch, batch, dx=dx) == [("source_mlp_small_bwd_f32", (grid,), 256)], batch
+    for batch in (0, 129):  # nothing to launch but the reduces' zeros, or past the kernel's shared memory
+        names = [k for k, _, _ in _backward_launches(monkeypatch, batch)]
+        assert "source_mlp_small_bwd_f32" not in names and names[-1] == "mlp_wgrad_reduce_bwd_f32", batch
+
+
+def test_the_small_batch_backward_gets_every_pointer_in_its_place(monkeypatch):
+    _route(monkeypatch, 90, 232448)
+    calls = []
+    monkeypatch.setattr(mlp, "launch", lambda function, grid, block, smem, stream, args, kinds, device:
+                        calls.append((function, args, kinds)))
+    for out_act, ym in (("none", 0), ("relu", 3)):
+        plan = mlp.plans.make_plan(0, (100, 128, 64, 10), "relu", out_act, True)
+        keep = mlp.launch_backward(plan, 0, 1, 2, 3, (4, 5), (6, 7, 8), 9, (11, 12, 13), (14, 15, 16), 32, 0,
+                                   lambda shape, dtype: pytest.fail("no temporaries"))
+        args = (1, ym, 6, 7, 8, 2, 4, 5, 9, 11, 14, 12, 15, 13, 16, 32)
+        assert keep == [] and calls[-1] == ("source_mlp_small_bwd_f32", args, mlp.SMALL_BWD_KINDS)
+
+
 def test_float32_without_the_switch_is_exact_ffma_at_every_batch_and_device(monkeypatch):
     # config.mlp_tf32 = False (RAWOPS_MLP_TF32=0): the exact FFMA kernels everywhere.
     monkeypatch.setattr(rawops.config, "mlp_tf32", False)

@@ -246,17 +246,22 @@ def test_adapter_source_network_checks_shapes_and_has_a_gradient():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch", [0, 1, 33, 1000, 4096, 4097, 70000])
+@pytest.mark.parametrize("batch", [0, 1, 8, 32, 33, 127, 128, 129, 1000, 4096, 4097, 70000])
 @pytest.mark.parametrize("output_activation", ["none", "relu"])
 @pytest.mark.parametrize("use_tc", [True, False])
-def test_source_backward_matches_torch_float64(batch, output_activation, use_tc, monkeypatch):
-    # use_tc: config.mlp_tf32 (the default), the tensor pipe beyond SMALL_BATCH_MAX; else FFMA
+@pytest.mark.parametrize("need_dx", [True, False])
+def test_source_backward_matches_torch_float64(batch, output_activation, use_tc, need_dx, monkeypatch):
+    # use_tc: config.mlp_tf32 (the default), the tensor pipe beyond SMALL_BATCH_MAX; else FFMA.
+    # Up to SMALL_BWD_ROWS one launch (its dx blocks only where dx is wanted), beyond it the chain,
+    # the weight-gradient partials and their reduces.
     torch = pytest.importorskip("torch")
     from gpu_reference import assert_close, random, to_cupy, to_torch
 
     monkeypatch.setattr(rawops.config, "mlp_tf32", use_tc)
     if not use_tc and batch not in (4097, 70000):
         pytest.skip("the same kernels either way up to SMALL_BATCH_MAX")
+    if not need_dx and batch > 2 * plans.SMALL_BWD_ROWS:
+        pytest.skip("dx is one more launch of the same chain beyond SMALL_BWD_ROWS")
     names = _launched_kernels(monkeypatch)
 
     net = source_network(torch, output_activation == "relu")
@@ -265,7 +270,12 @@ def test_source_backward_matches_torch_float64(batch, output_activation, use_tc,
     dy = random((batch, 10), torch.float32)
     cw, cb = [to_cupy(w) for w in weights], [to_cupy(b) for b in biases]
     y, saved = rawops.fused_mlp_forward(to_cupy(x), cw, cb, "relu", output_activation)
-    dx, dws, dbs = rawops.fused_mlp_backward(to_cupy(dy), to_cupy(x), y, saved, cw, cb, "relu", output_activation)
+    forward = len(names)
+    dx, dws, dbs = rawops.fused_mlp_backward(to_cupy(dy), to_cupy(x), y, saved, cw, cb, "relu", output_activation,
+                                             need_dx=need_dx)
+    assert (dx is None) == (not need_dx)
+    one_launch = names[forward:] == ["source_mlp_small_bwd_f32"]
+    assert one_launch == (0 < batch <= plans.SMALL_BWD_ROWS), names[forward:]
     y64 = grads64(net, x, dy)[0]
     assert_close(y, y64, torch.float32, "y")
     # The backward against float64 math on our own forward's ReLU masks and activations: at
@@ -276,7 +286,8 @@ def test_source_backward_matches_torch_float64(batch, output_activation, use_tc,
     g3 = dy.double() * (y32 > 0) if output_activation == "relu" else dy.double()
     g2 = (g3 @ w3) * (h2 > 0)
     g1 = (g2 @ w2) * (h1 > 0)
-    assert_close(dx, g1 @ w1, torch.float32, "dx")
+    if need_dx:
+        assert_close(dx, g1 @ w1, torch.float32, "dx")
     for i, (g, a) in enumerate([(g1, x.double()), (g2, h1), (g3, h2)]):
         assert_close(dws[i], g.T @ a, torch.float32, f"dW{i}")
         assert_close(dbs[i], g.sum(0), torch.float32, f"db{i}")
@@ -293,7 +304,9 @@ def test_source_backward_matches_torch_float64(batch, output_activation, use_tc,
         flipped |= ((z3 > 0) != (y32 > 0)).any(1)
     assert int(flipped.sum()) <= max(1, batch // 100), f"{int(flipped.sum())} of {batch} rows flipped a ReLU mask"
     kept = ~flipped
-    assert_close(to_torch(dx).double()[kept], dx64[kept], torch.float32, "dx vs the float64 network", factor=300)
+    if need_dx:
+        assert_close(to_torch(dx).double()[kept], dx64[kept], torch.float32, "dx vs the float64 network",
+                     factor=300)
     tc = use_tc and batch > plans.SMALL_BATCH_MAX
     assert ("source_mlp_tc_dgrad_bwd_f32" in names) == tc and ("source_mlp_tc_wgrad0_bwd_f32" in names) == tc, names
 
