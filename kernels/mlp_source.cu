@@ -639,6 +639,19 @@ __device__ __forceinline__ float bias_sum(int rows, V v) {
   return total;
 }
 
+// acc[i] += sum_n a[i * a_step + n] w[n * ldw] over n < kN, in n order: a dx block's rows (every
+// other one from its first) times one column of a weight.
+template <int kN>
+__device__ __forceinline__ void rows_times_column(const float* a, int a_step, const float* __restrict__ w, int ldw,
+                                                  float (&acc)[kBwdDxRows / 2]) {
+#pragma unroll 4
+  for (int n = 0; n < kN; ++n) {
+    const float wn = __ldg(w + n * ldw);
+#pragma unroll
+    for (int i = 0; i < kBwdDxRows / 2; ++i) acc[i] = fmaf(a[i * a_step + n], wn, acc[i]);
+  }
+}
+
 __device__ __forceinline__ void source_small_bwd(const float* __restrict__ dy, const float* __restrict__ ym,
                                                  const float* __restrict__ w1, const float* __restrict__ w2,
                                                  const float* __restrict__ w3, const float* __restrict__ x,
@@ -682,12 +695,7 @@ __device__ __forceinline__ void source_small_bwd(const float* __restrict__ dy, c
     // g1 of the block's rows, every unit: a thread's unit k, rows 2 apart
     const int k = t % kH1, rg = t / kH1;
     float acc[kBwdDxRows / 2] = {};
-#pragma unroll 4
-    for (int m = 0; m < kH2; ++m) {
-      const float w = __ldg(w2 + m * kH1 + k);
-#pragma unroll
-      for (int i = 0; i < kBwdDxRows / 2; ++i) acc[i] = fmaf(g2s[(rg + 2 * i) * kG2Stride + m], w, acc[i]);
-    }
+    rows_times_column<kH2>(g2s + rg * kG2Stride, 2 * kG2Stride, w2 + k, kH1, acc);
 #pragma unroll
     for (int i = 0; i < kBwdDxRows / 2; ++i) {
       const int r = rg + 2 * i;
@@ -696,12 +704,7 @@ __device__ __forceinline__ void source_small_bwd(const float* __restrict__ dy, c
     __syncthreads();
     if (k < kIn) {  // dx = g1 W1 (the input has no activation)
       float d[kBwdDxRows / 2] = {};
-#pragma unroll 4
-      for (int j = 0; j < kH1; ++j) {
-        const float w = __ldg(w1 + j * kIn + k);
-#pragma unroll
-        for (int i = 0; i < kBwdDxRows / 2; ++i) d[i] = fmaf(g1s[(rg + 2 * i) * kH1 + j], w, d[i]);
-      }
+      rows_times_column<kH1>(g1s + rg * kH1, 2 * kH1, w1 + k, kIn, d);
 #pragma unroll
       for (int i = 0; i < kBwdDxRows / 2; ++i) {
         const int r = rg + 2 * i;
