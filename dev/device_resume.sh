@@ -12,9 +12,6 @@
 S=/tmp/rawops_round
 mkdir -p "$S/out"
 cd "$(dirname "$0")/.."
-# dev/round_override.sh (untracked, where a round's later calls carry newer code than its command
-# names): sourced here, over the caller's environment (the commit the rows go under, an extra).
-[ -f dev/round_override.sh ] && . dev/round_override.sh
 all_tests="${RESUME_TESTS_FIRST:-}"
 for f in $(ls tests/test_*.py | grep -v -e test_packaging -e test_nvrtc); do
   case " $all_tests " in *" $f "*) ;; *) all_tests="$all_tests $f" ;; esac
