@@ -294,6 +294,16 @@ def source_launch(batch, device):
     return _function_pointer(function, device), grid, block, smem
 
 
+def source_small_backward_launch(batch, need_dx, device):
+    """(function pointer, grid, block) of the source network's one-launch backward for `batch`
+    rows (dx blocks where need_dx), or None past SMALL_BWD_ROWS (launch_backward's other kernels
+    then run): what the torch adapter's typed training path launches."""
+    if not 0 < batch <= plans.SMALL_BWD_ROWS:
+        return None
+    return (_function_pointer("source_mlp_small_bwd_f32", device), plans.small_bwd_blocks(batch, need_dx),
+            plans.GRAD_THREADS)
+
+
 def launch_source_forward(device, x, w1, b1, w2, b2, w3, b3, y, batch, flags, stream, h1s=0, h2s=0):
     """One launch on pointers checked by the caller (float32, contiguous, one device);
     batch > 0; flags: the output activation's code. h1s / h2s (training): [batch, 128] and
@@ -344,11 +354,12 @@ def launch_backward(plan, device, dy, x, y, saved, weights, dx, dweights, dbiase
     sizes, L = plan.sizes, plan.layers
     item = 4 if plan.dtype == 0 else 2
     gm = y if plan.out_act == plans.OUTPUT_RELU else 0
-    if plan.regime == "source" and 0 < batch <= plans.SMALL_BWD_ROWS:  # everything in one launch
+    small = source_small_backward_launch(batch, bool(dx), device) if plan.regime == "source" else None
+    if small is not None:  # everything in one launch
+        function, grid, block = small
         db1, db2, db3 = dbiases if dbiases is not None else (0, 0, 0)
-        launch(_function_pointer("source_mlp_small_bwd_f32", device), (plans.small_bwd_blocks(batch, dx),),
-               plans.GRAD_THREADS, 0, stream, (dy, gm, *weights, x, *saved, dx, dweights[0], db1, dweights[1], db2,
-                                               dweights[2], db3, batch), SMALL_BWD_KINDS, device)
+        launch(function, (grid,), block, 0, stream, (dy, gm, *weights, x, *saved, dx, dweights[0], db1, dweights[1],
+                                                     db2, dweights[2], db3, batch), SMALL_BWD_KINDS, device)
         return keep
     if plan.regime == "source":
         h1, h2 = saved

@@ -308,6 +308,11 @@ def test_a_small_batch_backward_is_one_launch_and_larger_ones_are_not(monkeypatc
     for batch in (0, 129):  # nothing to launch but the reduces' zeros, or past the kernel's shared memory
         names = [k for k, _, _ in _backward_launches(monkeypatch, batch)]
         assert "source_mlp_small_bwd_f32" not in names and names[-1] == "mlp_wgrad_reduce_bwd_f32", batch
+    # the torch adapter's typed backward asks the same question (None: launch_backward's other kernels)
+    for batch, dx, grid in ((1, True, 17), (33, True, 21), (128, False, 16)):
+        assert mlp.source_small_backward_launch(batch, dx, 0) == ("source_mlp_small_bwd_f32", grid, 256), batch
+    assert mlp.source_small_backward_launch(0, True, 0) is None
+    assert mlp.source_small_backward_launch(129, False, 0) is None
 
 
 def test_the_small_batch_backward_gets_every_pointer_in_its_place(monkeypatch):
@@ -908,6 +913,50 @@ def test_adapter_autograd_matches_torch_float64(case, batch):
             _assert_like_torch(module.biases[i].grad, db64[i], dbt[i], dtype, f"db{i}")
     with torch.no_grad():  # the inference kernels compute the same numbers as the training forward
         assert torch.equal(module(x), y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 33, 128, 129, 3000])
+@pytest.mark.parametrize("output_relu", [False, True])
+@pytest.mark.parametrize("need_dx", [False, True])
+def test_fused_mlp_source_training_takes_the_typed_calls_with_autograd_semantics(batch, output_relu, need_dx):
+    """FusedMLP's source-network training (_SourceMLP: typed forward, and up to SMALL_BWD_ROWS
+    a typed backward; past it, or with dy strided, the general backward) against float64, on
+    poisoned allocations; and torch's saved-tensor checks still guard it."""
+    torch = pytest.importorskip("torch")
+    from gpu_reference import assert_close, poison_torch_pool, random
+    from rawops import torch_adapter as ta
+
+    net = source_network(torch, output_relu)
+    module = ta.FusedMLP.from_sequential(net)
+    params = [p for pair in zip(module.weights, module.biases) for p in pair]
+    x = random((batch, 100), torch.float32, scale=1.0).requires_grad_(need_dx)
+    dy = random((batch, 10), torch.float32, scale=1.0)
+    y64, dx64, dw64, db64 = grads64(net, x, dy)
+    want = [dx64] * need_dx + [g for pair in zip(dw64, db64) for g in pair]
+    for step in range(2):  # the first call validates the parameters, the second reuses them
+        poison_torch_pool(batch * 10 * 4, batch * 128 * 4, batch * 64 * 4)
+        y = module(x)
+        assert type(y.grad_fn).__name__ == "_SourceMLPBackward", type(y.grad_fn).__name__
+        poison_torch_pool(batch * 100 * 4, 128 * 100 * 4, 64 * 128 * 4, 10 * 64 * 4, 128 * 4, 64 * 4, 10 * 4)
+        got = torch.autograd.grad(y, [x] * need_dx + params, dy)
+        assert_close(y, y64, torch.float32, f"y, call {step}")
+        names = ["dx"] * need_dx + [f"{kind}{i}" for i in range(3) for kind in ("dW", "db")]
+        for name, g, r in zip(names, got, want, strict=True):
+            assert_close(g, r, torch.float32, f"{name}, call {step}")
+    # dy as autograd hands it from a sum: a stride-0 broadcast, made dense by the general backward
+    y = module(x)
+    got = torch.autograd.grad(y.sum(), params)
+    _, _, dw_ones, db_ones = grads64(net, x, torch.ones_like(dy))
+    for i in range(3):
+        assert_close(got[2 * i], dw_ones[i], torch.float32, f"dW{i} of a sum")
+        assert_close(got[2 * i + 1], db_ones[i], torch.float32, f"db{i} of a sum")
+    # a weight changed in place between forward and backward: torch's saved-tensor version check
+    y = module(x)
+    with torch.no_grad():
+        module.weights[1].mul_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(y, params, dy)
 
 
 @pytest.mark.gpu

@@ -21,4 +21,5 @@ from .launch import (MAP_CAPPED_SHAPE, MAP_SHAPE, CupyMapEntry, MapKernel, launc
 from .streams import allocating_on, hold_if_capturing, release_captured_scratch, stream_pointer, wait_for_producer
 from .torch_fast import (TorchLinearEntry, TorchMapEntry, TorchMatmulEntry, map_call, register_torch,
                          register_torch_gemm, register_torch_modules, tensor_code, torch_linear, torch_matmul,
-                         torch_source_forward, torch_source_module_call)
+                         torch_source_forward, torch_source_module_call, torch_source_train_backward,
+                         torch_source_train_forward)

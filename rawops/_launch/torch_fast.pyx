@@ -11,6 +11,7 @@ entries take strided tensors too (the map kernels' strided entries, no copy).
 cimport cython
 from libc.stdint cimport uintptr_t
 
+from rawops import _constants
 from rawops._launch.arrays cimport BF16, F16, F32, real_scalar
 from rawops._launch.driver cimport device_is_current, launch_kernel
 from rawops._launch.launch cimport (MapKernel, MapLayout, _MapEntry, extents_overlap, overlaps_itself,
@@ -609,6 +610,7 @@ cdef object _torch_linear(x, weight, bias, long long flags):
 cdef tuple _global_module_hooks = ()
 cdef object _torch_tracing_state = None
 cdef tuple _MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+cdef long long _MLP_ACT_RELU = _constants.MLP_ACT_RELU  # the output activation's code (state's flags)
 
 
 def register_torch_modules(tuple global_hooks, tracing_state):
@@ -655,23 +657,24 @@ def torch_source_forward(x, list params, tuple state):
     """FusedMLP's inference of the source network (100-128-64-10) in one typed call: x's
     checks, y from torch's allocator, the launch. `params` = [w1, b1, w2, b2, w3, b3] as the
     module holds them now; `state` = (dtype, device, their pointers when the module validated
-    them, flags, {batch: launch}, planner(batch) -> (function, grid, block, shared)). None
-    when anything differs (parameters replaced, another dtype, device or shape): the caller's
-    Python path then checks everything and raises its errors."""
+    them, flags, {batch: launch}, planner(batch) -> (function, grid, block, shared),
+    {(batch, dx): backward launch}, backward_planner(batch, dx) -> (function, grid, block) or
+    None). None when anything differs (parameters replaced, another dtype, device or shape): the
+    caller's Python path then checks everything and raises its errors."""
     return _source_forward(x, params, state)
 
 
 cdef object _source_forward(x, list params, tuple state):
     if not isinstance(x, _Tensor):
         return None
-    dtype, device_obj, ptrs, flags_obj, plans, planner = state
-    if x.dtype is not dtype:
+    if x.dtype is not state[0]:
         return None
+    ptrs = state[2]
     cdef Py_ssize_t i
     for i in range(6):
         if params[i].data_ptr() != ptrs[i]:
             return None
-    cdef int device = device_obj
+    cdef int device = state[1]
     if x.get_device() != device or not x.is_contiguous():
         return None
     shape = x.shape
@@ -680,6 +683,30 @@ cdef object _source_forward(x, list params, tuple state):
     cdef long long batch = shape[0]
     if batch <= 0:
         return None
+    out = x.new_empty(batch, 10)  # sizes as separate ints: torch parses them faster than a tuple
+    _source_forward_launch(x.data_ptr(), out.data_ptr(), 0, 0, batch, state)
+    return out
+
+
+def torch_source_train_forward(x, tuple state):
+    """FusedMLP's training forward of the source network in one typed call, on the operands
+    its _validated_plan has just checked against `state` (the parameters are the validated
+    ones; x float32, contiguous, (batch >= 1, 100), on their GPU): y and the post-ReLU
+    activations h1 (batch, 128) and h2 (batch, 64) the backward reads, from torch's
+    allocator, then the forward launch that writes all three. -> (y, h1, h2)"""
+    cdef long long batch = x.shape[0]
+    if batch <= 0:
+        raise ValueError("torch_source_train_forward: batch must be >= 1")
+    y = x.new_empty(batch, 10)
+    h1 = x.new_empty(batch, 128)
+    h2 = x.new_empty(batch, 64)
+    _source_forward_launch(x.data_ptr(), y.data_ptr(), h1.data_ptr(), h2.data_ptr(), batch, state)
+    return y, h1, h2
+
+
+cdef int _source_forward_launch(uintptr_t x, uintptr_t y, uintptr_t h1, uintptr_t h2, long long batch,
+                                tuple state) except -1:
+    ptrs, plans, planner = state[2], state[4], state[5]
     generation = _config._generation
     if plans.get(None) != generation:  # a switch changed since these plans (key None: their generation)
         plans.clear()
@@ -690,20 +717,76 @@ cdef object _source_forward(x, list params, tuple state):
             plans.clear()
             plans[None] = generation
         plan = plans[batch] = planner(batch)
-    out = x.new_empty(batch, 10)  # sizes as separate ints: torch parses them faster than a tuple
     cdef uintptr_t slots[10]
-    slots[0] = x.data_ptr()
+    slots[0] = x
+    cdef Py_ssize_t i
     for i in range(6):
         slots[i + 1] = <uintptr_t>ptrs[i]
-    slots[7] = out.data_ptr()
-    slots[8] = 0
-    slots[9] = 0
-    cdef long long flags = flags_obj
+    slots[7] = y
+    slots[8] = h1
+    slots[9] = h2
+    cdef long long flags = state[3]
     cdef void* args[12]
     for i in range(10):
         args[i] = &slots[i]
     args[10] = &batch
     args[11] = &flags
     function, grid, block, shared = plan
-    _launch_torch(<uintptr_t>function, grid, 1, 1, block, shared, args, device)
-    return out
+    return _launch_torch(<uintptr_t>function, grid, 1, 1, block, shared, args, state[1])
+
+
+def torch_source_train_backward(dy, x, y, h1, h2, w1, w2, w3, bint need_dx, tuple state):
+    """The source network's whole backward in one typed call where its one-launch kernel takes
+    the batch (backward_planner answers a launch): dx (when need_dx) and the six parameter
+    gradients from torch's allocator, then the launch. The tensors are what the training
+    forward saved (x, y, h1, h2 and the weights it ran on) and dy as autograd hands it: None
+    (the caller's Python path then runs) unless dy is float32, contiguous and on x's GPU, or
+    where the batch is past the one-launch kernel. -> (dx or None, dw1, db1, dw2, db2, dw3, db3)"""
+    if not isinstance(dy, _Tensor) or dy.dtype is not _torch_f32 or not dy.is_contiguous():
+        return None
+    cdef int device = state[1]
+    if dy.get_device() != device:
+        return None
+    cdef long long batch = x.shape[0]
+    cdef long long key = batch * 2 + need_dx
+    plans = state[6]
+    plan = plans.get(key)
+    if plan is None:
+        plan = state[7](batch, need_dx)
+        if plan is None:
+            return None
+        if len(plans) > 256:
+            plans.clear()
+        plans[key] = plan
+    dx = x.new_empty(batch, 100) if need_dx else None
+    dw1 = x.new_empty(128, 100)
+    db1 = x.new_empty(128)
+    dw2 = x.new_empty(64, 128)
+    db2 = x.new_empty(64)
+    dw3 = x.new_empty(10, 64)
+    db3 = x.new_empty(10)
+    cdef long long flags = state[3]
+    cdef uintptr_t slots[15]
+    slots[0] = dy.data_ptr()
+    slots[1] = y.data_ptr() if flags == _MLP_ACT_RELU else 0  # the output ReLU's mask
+    slots[2] = w1.data_ptr()
+    slots[3] = w2.data_ptr()
+    slots[4] = w3.data_ptr()
+    slots[5] = x.data_ptr()
+    slots[6] = h1.data_ptr()
+    slots[7] = h2.data_ptr()
+    slots[8] = dx.data_ptr() if need_dx else 0
+    slots[9] = dw1.data_ptr()
+    slots[10] = db1.data_ptr()
+    slots[11] = dw2.data_ptr()
+    slots[12] = db2.data_ptr()
+    slots[13] = dw3.data_ptr()
+    slots[14] = db3.data_ptr()
+    cdef void* args[16]
+    cdef Py_ssize_t i
+    for i in range(15):
+        args[i] = &slots[i]
+    args[15] = &batch
+    function, grid, block = plan
+    _launch_torch(<uintptr_t>function, grid, 1, 1, block, 0, args, device)
+    return dx, dw1, db1, dw2, db2, dw3, db3

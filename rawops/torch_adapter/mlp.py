@@ -6,7 +6,9 @@ The launches of rawops.mlp on data_ptr(), on torch's current stream; outputs, ke
 and backward temporaries from torch's allocator (CUDA-graph safe). No gradient needed: the
 inference kernels, nothing kept; a gradient needed: the training forward keeps what the backward
 reads; torch.compile: the custom ops. The source network's (100-128-64-10, float32) no-grad
-FusedMLP call is one C call (rawops._launch.torch_fast) when nothing needs nn.Module.__call__.
+FusedMLP call is one C call (rawops._launch.torch_fast) when nothing needs nn.Module.__call__;
+trained through FusedMLP, its forward and (up to SMALL_BWD_ROWS rows) its backward are one typed
+call each inside the autograd Function _SourceMLP.
 """
 import importlib
 
@@ -14,7 +16,8 @@ import torch
 
 from .. import _mlp_plans
 from .. import mlp as _mlp
-from .._launch import register_torch_modules, torch_source_forward, torch_source_module_call
+from .._launch import (register_torch_modules, torch_source_forward, torch_source_module_call,
+                       torch_source_train_backward, torch_source_train_forward)
 from ._common import checked, compiling, current_device, custom_op, dense, fast_apply, grad_enabled, on_device
 from ._common import raw_stream, substitute_in_graph
 
@@ -88,12 +91,13 @@ def _mlp_launch_forward(x, weights, biases, plan, y, saved, training, batch, dev
                             raw_stream(device), saved=[t.data_ptr() for t in saved] if training else None)
 
 
-def _mlp_backward(dy, x, y, saved, weights, biases, plan, need_dx):
+def _mlp_backward(dy, x, y, saved, weights, plan, need_dx):
+    """(dx or None, dws, dbs or None); the biases' gradients shaped (out,) by their weights."""
     dy = dense(dy)
     batch = x.shape[0]
     dx = torch.empty_like(x) if need_dx else None
     dws = [torch.empty_like(w) for w in weights]
-    dbs = [torch.empty_like(b) for b in biases] if biases is not None else None
+    dbs = [w.new_empty(w.shape[0]) for w in weights] if plan.has_bias else None
     device = x.get_device()
     on_device(device, lambda: _mlp.launch_backward(
         plan, device, dy.data_ptr(), x.data_ptr(), y.data_ptr(), [t.data_ptr() for t in saved],
@@ -108,17 +112,41 @@ class _FusedMLP(torch.autograd.Function):
     def forward(ctx, x, plan, n, *params):
         weights, biases = list(params[:n]), (list(params[n:]) if plan.has_bias else None)
         y, saved = _mlp_forward(x, weights, biases, plan, True)
-        ctx.plan, ctx.n, ctx.n_saved = plan, n, len(saved)
-        ctx.save_for_backward(x, y, *saved, *params)
+        ctx.plan, ctx.n_saved = plan, len(saved)
+        ctx.save_for_backward(x, y, *saved, *weights)  # the biases' values are not read backward
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, y, *rest = ctx.saved_tensors
-        saved, params = rest[:ctx.n_saved], rest[ctx.n_saved:]
-        weights, biases = params[:ctx.n], (params[ctx.n:] if ctx.plan.has_bias else None)
-        dx, dws, dbs = _mlp_backward(dy, x, y, saved, weights, biases, ctx.plan, ctx.needs_input_grad[0])
+        saved, weights = rest[:ctx.n_saved], rest[ctx.n_saved:]
+        dx, dws, dbs = _mlp_backward(dy, x, y, saved, weights, ctx.plan, ctx.needs_input_grad[0])
         return (dx, None, None, *dws, *(dbs or ()))
+
+
+class _SourceMLP(torch.autograd.Function):
+    """FusedMLP's training of the source network (100-128-64-10, float32, biases): the forward
+    and, up to SMALL_BWD_ROWS rows, the backward each one typed call (allocations and launch;
+    _launch.torch_source_train_*) on the parameters FusedMLP._validated_plan has just checked
+    (`state`: their launch state); past that batch the general backward. A small batch's step
+    is host time: this is _FusedMLP with its per-call Python taken out."""
+    @staticmethod
+    def forward(ctx, x, state, plan, w1, b1, w2, b2, w3, b3):
+        y, h1, h2 = torch_source_train_forward(x, state)
+        ctx.state, ctx.plan = state, plan
+        ctx.save_for_backward(x, y, h1, h2, w1, w2, w3)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, y, h1, h2, w1, w2, w3 = ctx.saved_tensors
+        need_dx = ctx.needs_input_grad[0]
+        grads = torch_source_train_backward(dy, x, y, h1, h2, w1, w2, w3, need_dx, ctx.state)
+        if grads is None:  # past the one-launch kernel's rows, or dy strided: the general backward
+            dx, (dw1, dw2, dw3), (db1, db2, db3) = _mlp_backward(dy, x, y, (h1, h2), (w1, w2, w3), ctx.plan, need_dx)
+        else:
+            dx, dw1, db1, dw2, db2, dw3, db3 = grads
+        return dx, None, None, dw1, db1, dw2, db2, dw3, db3
 
 
 def _mlp_op_plan(x, weights, biases, activation, output_activation):
@@ -171,7 +199,7 @@ def _fused_mlp_backward_impl(dy, x, y, s1, s2, weights, biases, activation, outp
     plan = _mlp_op_plan(x, weights, biases, activation, output_activation)
     saved = [s1, s2] if plan.regime == "source" else [s1]
     dy = _mlp_backward_operands(dy, x, y, saved, plan)
-    dx, dws, dbs = _mlp_backward(dy, x, y, saved, weights, biases, plan, need_dx)
+    dx, dws, dbs = _mlp_backward(dy, x, y, saved, weights, plan, need_dx)
     return [dx if dx is not None else x.new_empty(0), *dws, *(dbs or ())]
 
 
@@ -209,6 +237,7 @@ _fused_mlp_train_op = custom_op(
     "(Tensor x, Tensor[] weights, Tensor[]? biases, str activation, str output_activation) -> (Tensor, Tensor, Tensor)",
     _fused_mlp_train_impl, _fused_mlp_train_fake, _fused_mlp_train_backward, _fused_mlp_train_setup)
 _fused_mlp_apply = fast_apply(_FusedMLP)
+_source_mlp_apply = fast_apply(_SourceMLP)
 
 
 def fused_mlp(x, weights, biases=None, activation="relu", output_activation="none"):
@@ -335,8 +364,12 @@ class FusedMLP(torch.nn.Module):
             # (operands not contiguous copied first, as fused_mlp does)
             x, weights = dense(x), [dense(w) for w in weights]
             biases = [dense(b) for b in biases] if biases is not None else None
-            return _fused_mlp_apply(x, self._validated_plan(x, weights, biases), len(weights), *weights,
-                                    *(biases or ()))
+            plan = self._validated_plan(x, weights, biases)
+            state = self._source_state
+            if state is not None and x.shape[0]:  # the source network, validated: typed calls
+                return _source_mlp_apply(x, state, plan, weights[0], biases[0], weights[1], biases[1], weights[2],
+                                         biases[2])
+            return _fused_mlp_apply(x, plan, len(weights), *weights, *(biases or ()))
         if self._source_state is not None:  # the source network, validated before: one typed call
             y = torch_source_forward(x, [weights[0], biases[0], weights[1], biases[1], weights[2], biases[2]],
                                      self._source_state)
@@ -364,7 +397,8 @@ class FusedMLP(torch.nn.Module):
             pointers = (weights[0].data_ptr(), biases[0].data_ptr(), weights[1].data_ptr(), biases[1].data_ptr(),
                         weights[2].data_ptr(), biases[2].data_ptr())
             self._source_state = (first.dtype, device, pointers, plan.out_act, {},
-                                  lambda batch: _mlp.source_launch(batch, device))
+                                  lambda batch: _mlp.source_launch(batch, device), {},
+                                  lambda batch, need_dx: _mlp.source_small_backward_launch(batch, need_dx, device))
         return plan
 
     def extra_repr(self):
