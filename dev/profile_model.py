@@ -1,0 +1,74 @@
+"""Where bench_model's training step spends its time, per configuration (issue 26 item 6: the bf16
+"blocks" stack, rawops' LayerNorm + LinearGELU, read 0.93x stock's step on the H100): the step
+between CUDA events, the GPU's kernel time within it (torch.profiler; their ratio says whether the
+step is host-bound), and the kernels that differ, by total device time a step.
+
+    python dev/profile_model.py [stock-bf16 blocks-bf16 ...]
+"""
+import collections
+import os
+import sys
+
+sys.path[:] = [p for p in sys.path if not p.rstrip("/").endswith("dev")]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+import bench_model as bm  # noqa: E402
+
+STEPS = 3
+
+
+def kernels_of(config):
+    kind, dt = config.rsplit("-", 1)
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dt]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = bm.build_model(kind, dtype).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=bm.LR, fused=True)
+    data = torch.randint(0, bm.VOCAB, (bm.BATCH, bm.SEQ + 1), generator=torch.Generator().manual_seed(1)).cuda()
+    ids, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+    def step():
+        model(ids, targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(STEPS):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    step_us = start.elapsed_time(end) * 1e3 / STEPS
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            step()
+        torch.cuda.synchronize()
+    totals, counts = collections.Counter(), collections.Counter()
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name[:90]
+            totals[name] += event.device_time / STEPS if hasattr(event, "device_time") else event.cuda_time / STEPS
+            counts[name] += 1 / STEPS
+    kernel_us = sum(totals.values())
+    print(f"== {config}: step {step_us:9.1f} us (events, no profiler), kernels {kernel_us:9.1f} us a step "
+          f"({kernel_us / step_us:.2f} of the step busy)", flush=True)
+    return totals, counts, step_us
+
+
+def main(argv):
+    configs = argv or ["stock-bf16", "blocks-bf16"]
+    results = {config: kernels_of(config) for config in configs}
+    names = set().union(*(totals for totals, _, _ in results.values()))
+    rows = sorted(names, key=lambda n: -max(results[c][0].get(n, 0.0) for c in configs))
+    print("\nkernel (first 90 chars)".ljust(92) + "".join(f"{c:>16s}" for c in configs) + "   (us a step, launches)")
+    for name in rows[:40]:
+        cells = "".join(f"{results[c][0].get(name, 0.0):9.1f} ({results[c][1].get(name, 0):4.0f})" for c in configs)
+        print(f"{name:92s}{cells}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
