@@ -2,7 +2,8 @@
 
 linear_gelu = gelu(x @ W^T + b, approximate="tanh"), forward (no grad), forward + backward
 (autograd) and the backward alone, at 32, 256 and 8192 rows of 768 -> 3072 in float32 and
-bfloat16; matmul at 8192^3 and 4096^3 in every dtype, float32 also as TF32; on sm_90 the float32 rows the
+bfloat16, and forward + backward of the exact-erf form at 8192 rows of 1024 -> 4096 (bench_model's
+MLP); matmul at 8192^3 and 4096^3 in every dtype, float32 also as TF32; on sm_90 the float32 rows the
 3xTF32 path takes (config.f32_3xtf32) with it off and on, each beside torch.
 
 torch: F.gelu(F.linear(x, w, b), approximate="tanh") eager ("torch us"), the cuBLASLt GELU
@@ -40,7 +41,10 @@ F = torch.nn.functional
 # 256 rows (the Hopper GEMM's narrow tiles).
 LINEAR_SHAPES = ((torch.float32, 32, 768, 3072), (torch.bfloat16, 32, 768, 3072), (torch.bfloat16, 256, 768, 3072),
                  (torch.float32, 8192, 768, 3072), (torch.bfloat16, 8192, 768, 3072))
-TRAIN_SHAPES = ((torch.float32, 32, 768, 3072), (torch.bfloat16, 8192, 768, 3072))
+# forward + backward: (dtype, M, K, N, approximate); the exact-erf row at bench_model's MLP shape (nn.GELU's
+# default, what LinearGELU defaults to)
+TRAIN_SHAPES = ((torch.float32, 32, 768, 3072, "tanh"), (torch.bfloat16, 8192, 768, 3072, "tanh"),
+                (torch.bfloat16, 8192, 1024, 4096, "none"))
 MATMUL_SHAPES = ((torch.bfloat16, 8192, False), (torch.float16, 8192, False), (torch.float32, 8192, False),
                  (torch.float32, 8192, True), (torch.bfloat16, 4096, False), (torch.float32, 4096, False),
                  (torch.float32, 4096, True))
@@ -107,19 +111,19 @@ def linear_rows(ta, ceiling):
 
 def linear_train_rows(ta, ceiling):
     rows = []
-    for dtype, m, k, n in TRAIN_SHAPES:
+    for dtype, m, k, n, approximate in TRAIN_SHAPES:
         x = torch.randn(m, k, device="cuda").to(dtype).requires_grad_()
         w = (torch.randn(n, k, device="cuda") * k ** -0.5).to(dtype).requires_grad_()
         b = torch.randn(n, device="cuda").to(dtype).requires_grad_()
         dy = torch.randn(m, n, device="cuda").to(dtype)
 
         def ours():
-            ta.linear_gelu(x, w, b, approximate="tanh").backward(dy)
+            ta.linear_gelu(x, w, b, approximate=approximate).backward(dy)
 
         def eager():
-            F.gelu(F.linear(x, w, b), approximate="tanh").backward(dy)
+            F.gelu(F.linear(x, w, b), approximate=approximate).backward(dy)
 
-        inductor = compiled(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"))
+        inductor = compiled(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate=approximate))
 
         def compiled_step():
             inductor(x, w, b).backward(dy)
@@ -131,7 +135,8 @@ def linear_train_rows(ta, ceiling):
         # forward: x, W, b read, y and pre written; backward: dy, pre, W, x read, dx, dW, db written.
         nbytes = (2 * m * k + 2 * n * k + n + 2 * m * n + 2 * m * n + m * k + n * k + n) * x.element_size()
         compute, memory = _floors(flops, nbytes, dtype, ceiling)
-        rows.append(_row("linear_gelu fwd+bwd", dtype, f"{m}x{k}->{n}", **{
+        op = "linear_gelu fwd+bwd" if approximate == "tanh" else "linear_gelu erf fwd+bwd"
+        rows.append(_row(op, dtype, f"{m}x{k}->{n}", **{
             "rawops us": us, "torch us": us_eager, "torch.compile us": times["compile"], "x torch": us_eager / us,
             "rawops TFLOP/s": flops / us / 1e6, "compute floor us": compute, "memory floor us": memory}))
         print(rows[-1], flush=True)
