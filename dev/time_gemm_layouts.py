@@ -4,7 +4,11 @@ bench_gemm's (768 <-> 3072), bf16 (issue 26 item 6: the bf16 "blocks" stack, Lin
 first Linear, read 0.92x stock's step on the H100; is it the backward's GEMMs?). Device time a call
 (events, median of interleaved rounds, operands beyond L2), TFLOP/s beside it.
 
-    python dev/time_gemm_layouts.py [--dtype bf16|f16]
+    python dev/time_gemm_layouts.py [--dtype bf16|f16] [--sweep]
+
+--sweep: each plain layout also under every forced Hopper tile shape (config.gemm_sm90_shape = (tile
+width, K splits)): which shape the planner should pick where rawops trails cuBLAS (the 768-wide outputs:
+3 tiles of 256 across, 192 or 72 tiles for 132 SMs).
 """
 import argparse
 import os
@@ -15,15 +19,28 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from timing import device_times_us  # noqa: E402
+from rawops import config  # noqa: E402
 from rawops.torch_adapter import gemm as ta_gemm  # noqa: E402
 
 SHAPES = [(8192, 1024, 4096), (8192, 4096, 1024), (8192, 768, 3072), (8192, 3072, 768)]  # tokens, in, out
+FORCED = [(256, 1), (128, 1), (128, 2), (128, 3), (64, 1), (64, 2), (64, 4)]  # (tile width, K splits)
+
+
+def forced_us(fn):
+    """{(width, splits): device us} of fn under each forced Hopper tile shape."""
+    out = {}
+    for shape in FORCED:
+        with config.override(gemm_sm90_shape=shape):
+            out[shape] = device_times_us({"x": fn})["x"]
+    return out
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
-    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[parser.parse_args().dtype]
+    parser.add_argument("--sweep", action="store_true")
+    args = parser.parse_args()
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[args.dtype]
     code = {torch.bfloat16: 2, torch.float16: 1}[dtype]
     device = torch.cuda.current_device()
     print(f"{torch.cuda.get_device_name()}, {dtype}")
@@ -67,6 +84,10 @@ def main():
             print(f"{tokens}x{n_in}->{n_out} {name:33s} rawops {t['rawops']:7.1f} us ({flops / t['rawops'] / 1e6:5.0f} "
                   f"TFLOP/s) | torch {t['torch']:7.1f} us ({flops / t['torch'] / 1e6:5.0f}) | x torch "
                   f"{t['torch'] / t['rawops']:5.2f} | rel err {error:.2g}", flush=True)
+            if args.sweep and out is not None:
+                forced = forced_us(ours)
+                print("    forced (width, splits): " + "  ".join(f"{w}x{k} {us:6.1f}" for (w, k), us in forced.items()),
+                      flush=True)
 
 
 if __name__ == "__main__":
