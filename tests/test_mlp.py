@@ -1084,13 +1084,55 @@ def test_fused_mlp_typed_call_keeps_module_semantics():
         assert _launch.torch_source_module_call(module, (x, x), {}) is None
         assert _launch.torch_source_module_call(module, (), {"x": x}) is None
         assert_close(module(x=x), want, torch.float32, "keyword x")
-    assert _launch.torch_source_module_call(module, (x,), {}) is None  # grad mode: autograd decides
+    # grad mode: the training Function, through the typed call too (no hook), through forward with one
+    y = _launch.torch_source_module_call(module, (x,), {})
+    assert y is not None and type(y.grad_fn).__name__ == "_SourceMLPBackward"
+    handle = module.register_forward_hook(lambda m, args, out: seen.append("train"))
+    assert _launch.torch_source_module_call(module, (x,), {}) is None
+    assert type(module(x).grad_fn).__name__ == "_SourceMLPBackward" and seen[-1] == "train"
+    handle.remove()
     y = module(x)
     assert y.requires_grad and y.grad_fn is not None
     y.sum().backward()
     assert all(w.grad is not None for w in module.weights)
     with torch.no_grad():
         assert_close(torch.compile(module, fullgraph=True)(x), want, torch.float32, "compiled")
+
+
+def test_the_typed_module_call_routes_training_to_the_source_function():
+    """FusedMLP.__call__'s C call on CPU tensors (a state made for device -1), the training Function's
+    apply replaced by a recorder: a gradient needed takes it with (x, state, plan, *parameters); a hook,
+    another x or parameters replaced since validation take nn.Module.__call__ (None)."""
+    torch = pytest.importorskip("torch")
+    from rawops import _launch
+    from rawops.torch_adapter import mlp as ta_mlp
+
+    module = ta_mlp.FusedMLP((100, 128, 64, 10))  # CPU parameters, requiring grad
+    params = [p for pair in zip(module.weights, module.biases) for p in pair]
+    plan = object()
+    module._source_state = (torch.float32, -1, tuple(p.data_ptr() for p in params), 0, {}, None, {}, None, plan)
+    hooks = tuple(getattr(ta_mlp._module_globals, name, {None: None}) for name in (
+        "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks", "_global_forward_pre_hooks"))
+    calls = []
+    _launch.register_torch_modules(hooks, torch._C._get_tracing_state, lambda *args: calls.append(args) or "trained")
+    try:
+        x = torch.randn(3, 100)
+        assert _launch.torch_source_module_call(module, (x,), {}) == "trained"
+        got = calls[-1]
+        assert got[0] is x and got[1] is module._source_state and got[2] is plan
+        assert all(a is b for a, b in zip(got[3:], params, strict=True))
+        assert _launch.torch_source_module_call(module, (torch.randn(3, 99),), {}) is None
+        assert _launch.torch_source_module_call(module, (torch.randn(3, 100).t().contiguous().t(),), {}) is None
+        assert _launch.torch_source_module_call(module, (torch.randn(0, 100),), {}) is None
+        handle = module.register_forward_pre_hook(lambda m, args: None)
+        assert _launch.torch_source_module_call(module, (x,), {}) is None
+        handle.remove()
+        with torch.no_grad():
+            module.weights[1].data = module.weights[1].data.clone()  # new storage: not the validated one
+        assert _launch.torch_source_module_call(module, (x,), {}) is None
+        assert len(calls) == 1
+    finally:
+        _launch.register_torch_modules(hooks, torch._C._get_tracing_state, ta_mlp._source_mlp_apply)
 
 
 @pytest.mark.gpu

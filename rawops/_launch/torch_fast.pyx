@@ -613,19 +613,26 @@ cdef tuple _MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_h
 cdef long long _MLP_ACT_RELU = _constants.MLP_ACT_RELU  # the output activation's code (state's flags)
 
 
-def register_torch_modules(tuple global_hooks, tracing_state):
-    global _global_module_hooks, _torch_tracing_state
+cdef object _source_train_apply = None  # FusedMLP's training Function (_SourceMLP) through its apply
+
+
+def register_torch_modules(tuple global_hooks, tracing_state, source_train_apply):
+    global _global_module_hooks, _torch_tracing_state, _source_train_apply
     _global_module_hooks = global_hooks
     _torch_tracing_state = tracing_state
+    _source_train_apply = source_train_apply
 
 
 @cython.binding(False)
 def torch_source_module_call(module, tuple args, dict kwargs):
-    """FusedMLP.__call__(x) for the source network's inference in one typed call: what
-    torch.nn.Module.__call__ checks before it calls forward (no hooks, no compiled call, no jit
-    trace), what FusedMLP.forward checks (no gradient needed, not tracing), read from the
-    module's __dict__, then torch_source_forward. None when anything differs: the caller goes
-    through nn.Module.__call__, whose Python cost is most of a small batch's call."""
+    """FusedMLP.__call__(x) for the source network in one typed call: what torch.nn.Module.__call__
+    checks before it calls forward (no hooks, no compiled call, no jit trace), read from the
+    module's __dict__, and what FusedMLP.forward checks (not compiling; x and the parameters
+    the ones the module validated, by torch_source_forward's checks); then, where a gradient is
+    needed (grad mode and x or a parameter requiring it), the training Function's apply
+    (_SourceMLP, whose forward is torch_source_train_forward), else the inference launch. None
+    when anything differs: the caller goes through nn.Module.__call__, whose Python cost is most
+    of a small batch's call."""
     if len(args) != 1 or kwargs:
         return None
     cdef dict d = module.__dict__
@@ -640,7 +647,7 @@ def torch_source_module_call(module, tuple args, dict kwargs):
     for hooks in _global_module_hooks:
         if hooks:
             return None
-    if _torch_grad_enabled() or _torch_compiler._is_compiling_flag or _torch_tracing_state() is not None:
+    if _torch_compiler._is_compiling_flag or _torch_tracing_state() is not None:
         return None
     modules = d["_modules"]
     weights, biases = modules.get("weights"), modules.get("biases")
@@ -650,7 +657,22 @@ def torch_source_module_call(module, tuple args, dict kwargs):
     cdef list b = list((<dict>biases.__dict__["_parameters"]).values())
     if len(w) != 3 or len(b) != 3:
         return None
-    return _source_forward(args[0], [w[0], b[0], w[1], b[1], w[2], b[2]], state)
+    cdef list params = [w[0], b[0], w[1], b[1], w[2], b[2]]
+    cdef Py_ssize_t i
+    x = args[0]
+    cdef long long batch = _source_batch(x, params, state)
+    if batch < 0:
+        return None
+    cdef bint train = False
+    if _torch_grad_enabled():
+        train = x.requires_grad
+        for i in range(6):
+            train = train or params[i].requires_grad
+    if train:
+        if _source_train_apply is None:
+            return None
+        return _source_train_apply(x, state, state[8], *params)
+    return _source_launch_inference(x, batch, state)
 
 
 def torch_source_forward(x, list params, tuple state):
@@ -659,30 +681,40 @@ def torch_source_forward(x, list params, tuple state):
     module holds them now; `state` = (dtype, device, their pointers when the module validated
     them, flags, {batch: launch}, planner(batch) -> (function, grid, block, shared),
     {(batch, dx): backward launch}, backward_planner(batch, dx) -> (function, grid, block) or
-    None). None when anything differs (parameters replaced, another dtype, device or shape): the
+    None, the module's plan (the training Function's general backward)). None when anything differs (parameters replaced, another dtype, device or shape): the
     caller's Python path then checks everything and raises its errors."""
     return _source_forward(x, params, state)
 
 
 cdef object _source_forward(x, list params, tuple state):
+    cdef long long batch = _source_batch(x, params, state)
+    return _source_launch_inference(x, batch, state) if batch >= 0 else None
+
+
+cdef long long _source_batch(x, list params, tuple state) except -2:
+    """x's rows where x and params are what `state` was validated for (a float32 tensor of the
+    parameters' dtype and GPU, contiguous, (batch >= 1, 100); the parameters at their validated
+    pointers), else -1."""
     if not isinstance(x, _Tensor):
-        return None
+        return -1
     if x.dtype is not state[0]:
-        return None
+        return -1
     ptrs = state[2]
     cdef Py_ssize_t i
     for i in range(6):
         if params[i].data_ptr() != ptrs[i]:
-            return None
+            return -1
     cdef int device = state[1]
     if x.get_device() != device or not x.is_contiguous():
-        return None
+        return -1
     shape = x.shape
     if len(shape) != 2 or shape[1] != 100:
-        return None
+        return -1
     cdef long long batch = shape[0]
-    if batch <= 0:
-        return None
+    return batch if batch > 0 else -1
+
+
+cdef object _source_launch_inference(x, long long batch, tuple state):
     out = x.new_empty(batch, 10)  # sizes as separate ints: torch parses them faster than a tuple
     _source_forward_launch(x.data_ptr(), out.data_ptr(), 0, 0, batch, state)
     return out
@@ -693,15 +725,16 @@ def torch_source_train_forward(x, tuple state):
     its _validated_plan has just checked against `state` (the parameters are the validated
     ones; x float32, contiguous, (batch >= 1, 100), on their GPU): y and the post-ReLU
     activations h1 (batch, 128) and h2 (batch, 64) the backward reads, from torch's
-    allocator, then the forward launch that writes all three. -> (y, h1, h2)"""
+    allocator, then the forward launch that writes all three. h1 and h2 are one buffer, h
+    (batch * 192 floats: h1's rows, then h2's), one allocation and one saved tensor. -> (y, h)"""
     cdef long long batch = x.shape[0]
     if batch <= 0:
         raise ValueError("torch_source_train_forward: batch must be >= 1")
     y = x.new_empty(batch, 10)
-    h1 = x.new_empty(batch, 128)
-    h2 = x.new_empty(batch, 64)
-    _source_forward_launch(x.data_ptr(), y.data_ptr(), h1.data_ptr(), h2.data_ptr(), batch, state)
-    return y, h1, h2
+    h = x.new_empty(batch * 192)
+    cdef uintptr_t h1 = h.data_ptr()
+    _source_forward_launch(x.data_ptr(), y.data_ptr(), h1, h1 + batch * 128 * 4, batch, state)
+    return y, h
 
 
 cdef int _source_forward_launch(uintptr_t x, uintptr_t y, uintptr_t h1, uintptr_t h2, long long batch,
@@ -735,11 +768,12 @@ cdef int _source_forward_launch(uintptr_t x, uintptr_t y, uintptr_t h1, uintptr_
     return _launch_torch(<uintptr_t>function, grid, 1, 1, block, shared, args, state[1])
 
 
-def torch_source_train_backward(dy, x, y, h1, h2, w1, w2, w3, bint need_dx, tuple state):
+def torch_source_train_backward(dy, x, y, h, w1, w2, w3, bint need_dx, tuple state):
     """The source network's whole backward in one typed call where its one-launch kernel takes
     the batch (backward_planner answers a launch): dx (when need_dx) and the six parameter
     gradients from torch's allocator, then the launch. The tensors are what the training
-    forward saved (x, y, h1, h2 and the weights it ran on) and dy as autograd hands it: None
+    forward saved (x, y, h: h1 and h2 in one buffer, and the weights it ran on) and dy as
+    autograd hands it: None
     (the caller's Python path then runs) unless dy is float32, contiguous and on x's GPU, or
     where the batch is past the one-launch kernel. -> (dx or None, dw1, db1, dw2, db2, dw3, db3)"""
     if not isinstance(dy, _Tensor) or dy.dtype is not _torch_f32 or not dy.is_contiguous():
@@ -773,8 +807,8 @@ def torch_source_train_backward(dy, x, y, h1, h2, w1, w2, w3, bint need_dx, tupl
     slots[3] = w2.data_ptr()
     slots[4] = w3.data_ptr()
     slots[5] = x.data_ptr()
-    slots[6] = h1.data_ptr()
-    slots[7] = h2.data_ptr()
+    slots[6] = h.data_ptr()
+    slots[7] = slots[6] + batch * 128 * 4
     slots[8] = dx.data_ptr() if need_dx else 0
     slots[9] = dw1.data_ptr()
     slots[10] = db1.data_ptr()

@@ -5,10 +5,10 @@ of Linear and activation layers, whose weights it copies once).
 The launches of rawops.mlp on data_ptr(), on torch's current stream; outputs, kept activations
 and backward temporaries from torch's allocator (CUDA-graph safe). No gradient needed: the
 inference kernels, nothing kept; a gradient needed: the training forward keeps what the backward
-reads; torch.compile: the custom ops. The source network's (100-128-64-10, float32) no-grad
-FusedMLP call is one C call (rawops._launch.torch_fast) when nothing needs nn.Module.__call__;
-trained through FusedMLP, its forward and (up to SMALL_BWD_ROWS rows) its backward are one typed
-call each inside the autograd Function _SourceMLP.
+reads; torch.compile: the custom ops. The source network's (100-128-64-10, float32) FusedMLP
+call is one C call (rawops._launch.torch_fast) when nothing needs nn.Module.__call__: inference
+its launch; trained, the autograd Function _SourceMLP, whose forward and (up to SMALL_BWD_ROWS
+rows) backward are one typed call each.
 """
 import importlib
 
@@ -20,11 +20,6 @@ from .._launch import (register_torch_modules, torch_source_forward, torch_sourc
                        torch_source_train_backward, torch_source_train_forward)
 from ._common import checked, compiling, current_device, custom_op, dense, fast_apply, grad_enabled, on_device
 from ._common import raw_stream, substitute_in_graph
-
-_module_globals = importlib.import_module("torch.nn.modules.module")
-register_torch_modules(tuple(getattr(_module_globals, name, {None: None}) for name in (
-    "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks", "_global_forward_pre_hooks")),
-    torch._C._get_tracing_state)
 
 
 def _no_typed_module_call(module, args, kwargs):
@@ -127,22 +122,26 @@ class _FusedMLP(torch.autograd.Function):
 class _SourceMLP(torch.autograd.Function):
     """FusedMLP's training of the source network (100-128-64-10, float32, biases): the forward
     and, up to SMALL_BWD_ROWS rows, the backward each one typed call (allocations and launch;
-    _launch.torch_source_train_*) on the parameters FusedMLP._validated_plan has just checked
-    (`state`: their launch state); past that batch the general backward. A small batch's step
-    is host time: this is _FusedMLP with its per-call Python taken out."""
+    _launch.torch_source_train_*) on the parameters the module validated (`state`: their launch
+    state; checked again by FusedMLP.__call__'s typed call or _validated_plan just before); past
+    that batch the general backward. A small batch's step is host time: this is _FusedMLP with
+    its per-call Python taken out. h: the kept activations h1 and h2 in one buffer (batch * 192
+    floats), one allocation and one saved tensor."""
     @staticmethod
     def forward(ctx, x, state, plan, w1, b1, w2, b2, w3, b3):
-        y, h1, h2 = torch_source_train_forward(x, state)
+        y, h = torch_source_train_forward(x, state)
         ctx.state, ctx.plan = state, plan
-        ctx.save_for_backward(x, y, h1, h2, w1, w2, w3)
+        ctx.save_for_backward(x, y, h, w1, w2, w3)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, y, h1, h2, w1, w2, w3 = ctx.saved_tensors
+        x, y, h, w1, w2, w3 = ctx.saved_tensors
         need_dx = ctx.needs_input_grad[0]
-        grads = torch_source_train_backward(dy, x, y, h1, h2, w1, w2, w3, need_dx, ctx.state)
+        grads = torch_source_train_backward(dy, x, y, h, w1, w2, w3, need_dx, ctx.state)
         if grads is None:  # past the one-launch kernel's rows, or dy strided: the general backward
+            batch = x.shape[0]
+            h1, h2 = h[:batch * 128].view(batch, 128), h[batch * 128:].view(batch, 64)
             dx, (dw1, dw2, dw3), (db1, db2, db3) = _mlp_backward(dy, x, y, (h1, h2), (w1, w2, w3), ctx.plan, need_dx)
         else:
             dx, dw1, db1, dw2, db2, dw3, db3 = grads
@@ -238,6 +237,10 @@ _fused_mlp_train_op = custom_op(
     _fused_mlp_train_impl, _fused_mlp_train_fake, _fused_mlp_train_backward, _fused_mlp_train_setup)
 _fused_mlp_apply = fast_apply(_FusedMLP)
 _source_mlp_apply = fast_apply(_SourceMLP)
+_module_globals = importlib.import_module("torch.nn.modules.module")
+register_torch_modules(tuple(getattr(_module_globals, name, {None: None}) for name in (
+    "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks", "_global_forward_pre_hooks")),
+    torch._C._get_tracing_state, _source_mlp_apply)
 
 
 def fused_mlp(x, weights, biases=None, activation="relu", output_activation="none"):
@@ -338,12 +341,12 @@ class FusedMLP(torch.nn.Module):
 
     _fast_key = None  # the parameters last validated (dtype, device, pointers), training and inference
     _fast_plan = None
-    _source_state = None  # the source network's typed fast path (_launch.torch_source_forward)
+    _source_state = None  # the source network's typed paths (_launch.torch_source_*)
 
     def __call__(self, *args, **kwargs):
-        # The source network's inference, when nothing needs nn.Module.__call__ (no hooks, no
-        # gradient, not tracing: the C call checks), is one C call; everything else goes
-        # through nn.Module.__call__ and forward.
+        # The source network, when nothing needs nn.Module.__call__ (no hooks, not tracing or
+        # compiling: the C call checks), is one C call: its inference launch, or with a gradient
+        # needed _SourceMLP's apply; everything else goes through nn.Module.__call__ and forward.
         y = torch_source_module_call(self, args, kwargs)
         if y is not None:
             return y
@@ -398,7 +401,8 @@ class FusedMLP(torch.nn.Module):
                         weights[2].data_ptr(), biases[2].data_ptr())
             self._source_state = (first.dtype, device, pointers, plan.out_act, {},
                                   lambda batch: _mlp.source_launch(batch, device), {},
-                                  lambda batch, need_dx: _mlp.source_small_backward_launch(batch, need_dx, device))
+                                  lambda batch, need_dx: _mlp.source_small_backward_launch(batch, need_dx, device),
+                                  plan)
         return plan
 
     def extra_repr(self):
