@@ -13,7 +13,8 @@ allocated before it (the logits and targets).
 Bytes: the least a fused forward + backward moves, the logits read twice and the gradient written
 once (3 x N x V x itemsize), over the time, as a fraction of the copy ceiling measured in the same
 run. Bars (issue 29): 8192 x 128256 bf16 at or under 2.1 ms and >= 1.2x Liger; 8192 x 32768 bf16
->= 1.2x Liger; extra peak memory no more than Liger's. Forward alone (no gradient: the logits read
+>= 1.2x Liger (a tie, met, where Liger too runs at >= 95% of the copy ceiling and rawops at >= 0.98x
+it: the house rule); extra peak memory no more than Liger's. Forward alone (no gradient: the logits read
 once) is reported against torch eager.
 
 fused_linear_cross_entropy (FLCE, rawops.torch_adapter._losses_linear): 8192 tokens, hidden 4096,
@@ -42,6 +43,8 @@ TOKENS = 8192
 CASES = (("bf16", 32768), ("bf16", 128256), ("f32", 32768))
 BAR_US = {128256: 2100.0}  # fwd+bwd at or under, bf16
 BAR_VS_LIGER = 1.2
+TIE = 0.98  # x Liger that is a tie where Liger too runs at >= TIE_CEILING of the copy ceiling (the house rule)
+TIE_CEILING = 0.95
 IGNORE_EVERY = 10
 HEADER = ["op", "dtype", "shape", "rawops us", "rawops inplace us", "torch us", "torch.compile us", "liger us",
           "rawops TB/s", "of copy ceiling", "x torch", "x liger", "rawops extra MiB", "inplace extra MiB",
@@ -104,7 +107,8 @@ def device_rows(ta, ceiling):
         vs_liger = lig / best if lig == lig else nan
         meets = "-"
         if dtype_name == "bf16":
-            meets = vs_liger >= BAR_VS_LIGER if lig == lig else "no liger"
+            liger_at_ceiling = lig == lig and nbytes / lig / 1e6 >= TIE_CEILING * ceiling
+            meets = (vs_liger >= BAR_VS_LIGER or (liger_at_ceiling and vs_liger >= TIE)) if lig == lig else "no liger"
             if n in BAR_US:
                 meets = meets is True and best <= BAR_US[n]
             if "liger" in memory and meets is True:
@@ -241,7 +245,8 @@ def main():
             (f"Device time, {TOKENS} tokens, forward + backward", HEADER, device_rows(ta, ceiling),
              {"copy ceiling TB/s": round(ceiling, 3),
               "targets": "8192x128256 bf16 fwd+bwd <= 2.1 ms and >= 1.2x Liger; 8192x32768 bf16 >= 1.2x Liger; "
-                         "extra peak memory (inplace) <= Liger's",
+                         f">= {TIE}x Liger is a tie, met, where Liger too is at >= {TIE_CEILING:.0%} of the copy "
+                         "ceiling; extra peak memory (inplace) <= Liger's",
               "bytes": "fwd+bwd: logits read twice + gradient written once; fwd: logits read once",
               "rawops": "gradient into a new buffer; inplace: into the logits' memory (inplace_backward=True)"}))
     if "flce" in parts:
