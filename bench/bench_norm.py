@@ -11,7 +11,9 @@ width 4096: forward >= 90% of the copy ceiling measured in the same run, backwar
 torch's; the other widths are reported. add_rms_norm (residual add + rms_norm; torch: x + residual
 then F.rms_norm, its backward given the gradients of both outputs; Liger: liger_fused_add_rms_norm)
 moves x, residual in and y, new residual out forward, dy, d_new_residual, new residual in and dx out
-backward: its bar is >= 92% of the copy ceiling both ways at width 4096.
+backward: its bar is >= 92% of the copy ceiling both ways at width 4096. The 16-bit layer_norm
+backward at 4096 is also timed by each of its two entries, interleaved (full rows, the default, and a
+block a row: rawops.config.norm_full_rows): which one each GPU's rows should take.
 
     python bench/bench_norm.py [--out bench/results]
 """
@@ -22,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import DTYPES, ROW_HEADER, compiled, device_time_us, liger, row_result, start, write_results  # noqa: E402
+from timing import (DTYPES, ROW_HEADER, compiled, device_time_us, device_times_us, liger, row_result, start,  # noqa: E402
+                    write_results)
 
 WIDTHS = (4096, 768, 1000)
 ADD_BAR = 0.92
@@ -132,6 +135,39 @@ def device_rows(ta_norm, ceiling):
     return rows
 
 
+ENTRY_HEADER = ["op", "dtype", "shape", "rawops us", "block a row us", "torch us", "full rows of copy ceiling",
+                "block a row of copy ceiling", "block / full"]
+
+
+def entry_rows(ta_norm, ceiling):
+    """The 16-bit layer_norm backward at width BAR_WIDTH by both of its entries, interleaved: the
+    full-rows one (rawops.config.norm_full_rows, the default) and a block a row (the switch off),
+    so that each GPU's run says which its rows should take."""
+    from rawops import config
+
+    rows = []
+    for dtype_name in ("f16", "bf16"):
+        dtype = DTYPES[dtype_name]
+        x, dy = (torch.randn(rows_of(BAR_WIDTH), BAR_WIDTH, device="cuda", dtype=dtype) for _ in range(2))
+        w, b = torch.randn(BAR_WIDTH, device="cuda", dtype=dtype), torch.randn(BAR_WIDTH, device="cuda", dtype=dtype)
+        ours, theirs, nbytes, _ = _cases(ta_norm, x, dy, w, b)["layer_norm bwd"]
+
+        def block_a_row():
+            with config.override(norm_full_rows=False):
+                ours()
+        times = device_times_us({"full": ours, "block": block_a_row, "torch": theirs})
+        shape = f"{rows_of(BAR_WIDTH)}x{BAR_WIDTH}"
+        rows.append({"op": "layer_norm bwd (entries)", "dtype": dtype_name, "shape": shape,
+                     "rawops us": times["full"], "block a row us": times["block"], "torch us": times["torch"],
+                     "full rows of copy ceiling": nbytes / times["full"] / 1e6 / ceiling,
+                     "block a row of copy ceiling": nbytes / times["block"] / 1e6 / ceiling,
+                     "block / full": times["block"] / times["full"]})
+        print(rows[-1], flush=True)
+        del x, dy
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     started = start(__doc__.splitlines()[0])
     if started is None:
@@ -145,6 +181,9 @@ def main():
           f"targets (width {BAR_WIDTH})": "forward >= 90% of the copy ceiling; backward >= 2.0x torch's backward; "
                                           f"add_rms_norm both ways >= {ADD_BAR:.0%} of the copy ceiling",
           "bytes": "forward x + y (+ weight, bias, stats); backward dy + x + dx (+ weight, stats, dweight, dbias)"}),
+        ("The 16-bit layer_norm backward by each entry", ENTRY_HEADER, entry_rows(ta_norm, ceiling),
+         {"entries": "rawops us: the full-rows entry (config.norm_full_rows, default); block a row: the switch off; "
+                     "interleaved rounds"}),
     ])
     print(text)
     return 0

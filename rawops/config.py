@@ -49,6 +49,9 @@ SWITCHES = {
                                        "where the last dim is whole 64-column tiles; False: the column walkers."),
     "exact_half_dbias": (True, "float16 bias_gelu backwards of >= 2^24 elements sum dbias exactly in int64 fixed "
                                "point (deterministic bits in any order); False: float32 partial rows."),
+    "norm_full_rows": (True, "16-bit layer_norm backwards of rows that fill every thread's vectors (2048, 4096, "
+                             "8192 wide) run the full-rows entry (stepped row pointers, one-barrier row sums; "
+                             "faster on the H200); False: the block-a-row entry (bench_norm times both)."),
     "dependent_launch": (True, "on sm_90+ a kernel that only finishes its predecessor's work (the column sums, "
                                "the MLP's gradient reduce, normalize_volume's map) is launched programmatically "
                                "dependent."),

@@ -21,7 +21,7 @@ d_new_residual may be row-strided views like x.
 """
 from ._launch import (NUMPY_DTYPES, allocating_on, as_array, hold_if_capturing, launch, real_scalar, sm_count,
                       stream_pointer, wait_for_producer)
-from . import _constants, _modules, _rows
+from . import _constants, _modules, _rows, config
 
 FAMILY = "norm"
 
@@ -159,12 +159,12 @@ def forward_config(op, device, dtype, itemsize, rows, n, aligned, flags):
     launchers ask on every call (the autograd path's host time is what a 16-bit row's kernels are
     short of)."""
     key = (op, device, dtype, n, aligned, flags)
-    config = _forward_configs.get(key)
-    if config is None:
+    cached = _forward_configs.get(key)
+    if cached is None:
         mode, _, threads = forward_plan(1, n, itemsize, aligned)
-        config = _forward_configs[key] = (_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype),
+        cached = _forward_configs[key] = (_modules.function_pointer(FAMILY, _rows.kernel_name(f"{op}_fwd", dtype),
                                                                     device), mode, threads)
-    function, mode, threads = config
+    function, mode, threads = cached
     return function, mode, _rows.row_blocks(rows, mode), threads
 
 
@@ -203,9 +203,10 @@ def backward_config(op, device, dtype, itemsize, plan, n, has_weight, partials):
     the plan's), whose partial rows (`chunks`, fewer) are the ones summed. All but the grid cached by
     the plan's mode and block, the row width and what is wanted (never by the row count)."""
     mode, blocks, threads, _, aligned = plan
-    key = (op, device, dtype, mode, threads, n, has_weight, partials, aligned)
-    config = _backward_configs.get(key)
-    if config is None:
+    full_allowed = config.norm_full_rows
+    key = (op, device, dtype, mode, threads, n, has_weight, partials, aligned, full_allowed)
+    cached = _backward_configs.get(key)
+    if cached is None:
         name = _rows.kernel_name(f"{op}_bwd", dtype)
         smem = column_smem(mode, threads, itemsize, partials, n, has_weight)
         run_mode = mode
@@ -214,13 +215,13 @@ def backward_config(op, device, dtype, itemsize, plan, n, has_weight, partials):
             # chunk either way: the same partial buffers serve).
             run_mode, smem = _rows.STREAM_ROW, 0
         stages, smem = bulk_stages(op, name, device, run_mode, threads, smem, n, itemsize, 2)
-        if full_rows(op, itemsize, run_mode, threads, n, aligned, stages):
+        if full_allowed and full_rows(op, itemsize, run_mode, threads, n, aligned, stages):
             full = _rows.kernel_name("layer_norm_bwd_full", dtype)
             if _allow_smem(full, device, smem):
                 name = full
-        config = _backward_configs[key] = (_modules.function_pointer(FAMILY, name, device), run_mode, threads, smem,
+        cached = _backward_configs[key] = (_modules.function_pointer(FAMILY, name, device), run_mode, threads, smem,
                                            resident(name, device, threads, smem), stages << STAGES_SHIFT)
-    function, run_mode, threads, smem, held, stage_flags = config
+    function, run_mode, threads, smem, held, stage_flags = cached
     blocks = min(blocks, held)
     return function, run_mode, blocks, threads, smem, _rows.chunks(run_mode, blocks, threads), stage_flags
 

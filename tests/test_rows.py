@@ -239,6 +239,9 @@ def test_layer_norm_backward_takes_the_full_rows_entry_only_where_rows_fill_the_
     for n in (768, 1000, 1024, 4097, 65536):  # partial slices, 2 warps, streamed
         assert kernel("layer_norm", 2, 2, n) == "layer_norm_bwd_bf16"
     assert kernel("layer_norm", 0, 4, 4096) == "layer_norm_bwd_f32"
+    with rawops.config.override(norm_full_rows=False):  # the switch: the block-a-row entry, a launch cached apart
+        assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_bf16"
+    assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_full_bf16"
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
