@@ -681,8 +681,9 @@ def torch_source_forward(x, list params, tuple state):
     module holds them now; `state` = (dtype, device, their pointers when the module validated
     them, flags, {batch: launch}, planner(batch) -> (function, grid, block, shared),
     {(batch, dx): backward launch}, backward_planner(batch, dx) -> (function, grid, block) or
-    None, the module's plan (the training Function's general backward)). None when anything differs (parameters replaced, another dtype, device or shape): the
-    caller's Python path then checks everything and raises its errors."""
+    None, the module's plan (the training Function's general backward)). None when anything
+    differs (parameters replaced, another dtype, device or shape): the caller's Python path then
+    checks everything and raises its errors."""
     return _source_forward(x, params, state)
 
 
@@ -721,11 +722,11 @@ cdef object _source_launch_inference(x, long long batch, tuple state):
 
 
 def torch_source_train_forward(x, tuple state):
-    """FusedMLP's training forward of the source network in one typed call, on the operands
-    its _validated_plan has just checked against `state` (the parameters are the validated
-    ones; x float32, contiguous, (batch >= 1, 100), on their GPU): y and the post-ReLU
-    activations h1 (batch, 128) and h2 (batch, 64) the backward reads, from torch's
-    allocator, then the forward launch that writes all three. h1 and h2 are one buffer, h
+    """FusedMLP's training forward of the source network in one typed call, on operands just
+    checked against `state` (by FusedMLP.__call__'s typed call or its _validated_plan: the
+    parameters the validated ones; x float32, contiguous, (batch >= 1, 100), on their GPU): y
+    and the post-ReLU activations h1 (batch, 128) and h2 (batch, 64) the backward reads, from
+    torch's allocator, then the forward launch that writes all three. h1 and h2 are one buffer, h
     (batch * 192 floats: h1's rows, then h2's), one allocation and one saved tensor. -> (y, h)"""
     cdef long long batch = x.shape[0]
     if batch <= 0:
@@ -773,9 +774,9 @@ def torch_source_train_backward(dy, x, y, h, w1, w2, w3, bint need_dx, tuple sta
     the batch (backward_planner answers a launch): dx (when need_dx) and the six parameter
     gradients from torch's allocator, then the launch. The tensors are what the training
     forward saved (x, y, h: h1 and h2 in one buffer, and the weights it ran on) and dy as
-    autograd hands it: None
-    (the caller's Python path then runs) unless dy is float32, contiguous and on x's GPU, or
-    where the batch is past the one-launch kernel. -> (dx or None, dw1, db1, dw2, db2, dw3, db3)"""
+    autograd hands it. None (the caller's Python path then runs) unless dy is float32,
+    contiguous and on x's GPU, and where the batch is past the one-launch kernel.
+    -> (dx or None, dw1, db1, dw2, db2, dw3, db3)"""
     if not isinstance(dy, _Tensor) or dy.dtype is not _torch_f32 or not dy.is_contiguous():
         return None
     cdef int device = state[1]
