@@ -1111,8 +1111,7 @@ def test_the_typed_module_call_routes_training_to_the_source_function():
     params = [p for pair in zip(module.weights, module.biases) for p in pair]
     plan = object()
     module._source_state = (torch.float32, -1, tuple(p.data_ptr() for p in params), 0, {}, None, {}, None, plan)
-    hooks = tuple(getattr(ta_mlp._module_globals, name, {None: None}) for name in (
-        "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks", "_global_forward_pre_hooks"))
+    hooks = ta_mlp._GLOBAL_MODULE_HOOKS
     calls = []
     _launch.register_torch_modules(hooks, torch._C._get_tracing_state, lambda *args: calls.append(args) or "trained")
     try:

@@ -238,9 +238,10 @@ _fused_mlp_train_op = custom_op(
 _fused_mlp_apply = fast_apply(_FusedMLP)
 _source_mlp_apply = fast_apply(_SourceMLP)
 _module_globals = importlib.import_module("torch.nn.modules.module")
-register_torch_modules(tuple(getattr(_module_globals, name, {None: None}) for name in (
-    "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks", "_global_forward_pre_hooks")),
-    torch._C._get_tracing_state, _source_mlp_apply)
+# torch's global module-hook dicts (mutated in place), which the typed module call must find empty
+_GLOBAL_MODULE_HOOKS = tuple(getattr(_module_globals, name, {None: None}) for name in (
+    "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks", "_global_forward_pre_hooks"))
+register_torch_modules(_GLOBAL_MODULE_HOOKS, torch._C._get_tracing_state, _source_mlp_apply)
 
 
 def fused_mlp(x, weights, biases=None, activation="relu", output_activation="none"):
