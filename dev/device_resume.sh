@@ -32,6 +32,19 @@ if [ -z "${RAWOPS_BENCH+set}" ]; then
   [ -n "${RAWOPS_BENCH// /}" ] || RAWOPS_BENCH=none
 fi
 [ -e "$S/built" ] && export RAWOPS_SKIP_BUILD=1
+# dev/extra_next.sh (optional, untracked): a command run once, on a machine already built, before
+# the round (EXTRA_NEXT_S seconds at most, output in extra_next.log); the round's deadline shrinks by
+# its time.
+if [ -e "$S/built" ] && [ -e dev/extra_next.sh ] && [ ! -e "$S/out/extra_next.log" ]; then
+  t0=$(date +%s)
+  timeout "${EXTRA_NEXT_S:-120}" bash dev/extra_next.sh >"$S/out/extra_next.log" 2>&1
+  [ -n "${RAWOPS_DEADLINE_S:-}" ] && export RAWOPS_DEADLINE_S=$(( RAWOPS_DEADLINE_S - ($(date +%s) - t0) ))
+fi
+# Everything so far packed into $OUT/results.tgz every 20 s too: a call cut at the device's limit
+# (shorter than the deadline where little device time is left) still brings back what it finished.
+( while sleep 20; do tar czf "$OUT/results.part.tgz" -C "$S/out" . 2>/dev/null \
+    && mv "$OUT/results.part.tgz" "$OUT/results.tgz"; done ) &
+packer=$!
 export RAWOPS_TESTS RAWOPS_BENCH
 n=$(ls "$S"/round*.log 2>/dev/null | wc -l)
 echo "call $((n + 1)): tests [$RAWOPS_TESTS] benches [$RAWOPS_BENCH]" | tee -a "$S/calls.log"
@@ -44,6 +57,8 @@ fi
 grep -q "^build for\|build skipped" "$S/out/round.log" && touch "$S/built"
 cp "$S/out/round.log" "$S/round$((n + 1)).log"
 cp "$S"/round*.log "$S/calls.log" "$S/out/" 2>/dev/null
+kill "$packer" 2>/dev/null
+wait "$packer" 2>/dev/null
 tar czf "$OUT/results.tgz" -C "$S/out" .
 cp "$S/calls.log" "$OUT/calls.log"
 exit "$rc"

@@ -3,8 +3,13 @@
 between CUDA events, the GPU's kernel time within it (torch.profiler; their ratio says whether the
 step is host-bound), and the kernels that differ, by total device time a step.
 
-    python dev/profile_model.py [stock-bf16 blocks-bf16 ...]
+    python dev/profile_model.py [--host] [stock-bf16 blocks-bf16 ...]
+
+--host: also the host's side of a step: the time to enqueue it (perf_counter around the step's
+calls, the GPU still busy with the previous ones), and the CUDA runtime and driver calls by total
+host time a step (a synchronisation, an allocation or an attribute query that idles the GPU).
 """
+import time
 import collections
 import os
 import sys
@@ -43,6 +48,25 @@ def kernels_of(config):
     end.record()
     torch.cuda.synchronize()
     step_us = start.elapsed_time(end) * 1e3 / STEPS
+    if HOST:
+        enqueue = []
+        for _ in range(STEPS):
+            t0 = time.perf_counter()
+            step()
+            enqueue.append((time.perf_counter() - t0) * 1e6)
+        torch.cuda.synchronize()
+        print(f"== {config}: host enqueue a step {sorted(enqueue)[STEPS // 2]:9.1f} us (median of {STEPS})", flush=True)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(STEPS):
+                step()
+            torch.cuda.synchronize()
+        api, api_n = collections.Counter(), collections.Counter()
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith("cu"):
+                api[event.name] += event.cpu_time_total / STEPS
+                api_n[event.name] += 1 / STEPS
+        for name, us in api.most_common(15):
+            print(f"   host {name[:60]:60s} {us:9.1f} us a step ({api_n[name]:5.0f} calls)", flush=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(STEPS):
             step()
@@ -59,7 +83,13 @@ def kernels_of(config):
     return totals, counts, step_us
 
 
+HOST = False
+
+
 def main(argv):
+    global HOST
+    HOST = "--host" in argv
+    argv = [a for a in argv if a != "--host"]
     configs = argv or ["stock-bf16", "blocks-bf16"]
     results = {config: kernels_of(config) for config in configs}
     names = set().union(*(totals for totals, _, _ in results.values()))
