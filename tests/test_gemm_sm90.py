@@ -34,6 +34,31 @@ def test_large_half_gemms_on_sm90_take_the_hopper_kernel_persistently(layout):
     assert hopper.plan(layout, F16, 8192, 3072, 768, 90, BASE, OTHER, SMS)[0] == f"gemm_sm90_{layout}_f16"
 
 
+# (m, n, k) of an output -> the fastest unsplit width of dev/time_gemm_layouts.py --sweep at bench_model's
+# and bench_gemm's Linear shapes, forward, dgrad and wgrad (H100, 8a41b57: us at 256 / 128 / 64 wide).
+SWEPT_WIDTHS = {
+    (8192, 4096, 1024): 256,  # 112.9 / 122.1 / 165.4   1024 -> 4096 fwd, 4096 -> 1024 dgrad (116.9 / 123.9)
+    (8192, 1024, 4096): 256,  # 108.3 / 110.1 / 166.2   1024 -> 4096 dgrad, 4096 -> 1024 fwd (109.6 / 115.8)
+    (4096, 1024, 8192): 256,  # 101.5 / 110.3 / 154.5   1024 -> 4096 wgrad
+    (1024, 4096, 8192): 256,  # 102.6 / 110.0 / 126.6   4096 -> 1024 wgrad
+    (8192, 3072, 768): 256,  # 69.8 / 73.8 / 97.0      768 -> 3072 fwd, 3072 -> 768 dgrad (70.3 / 74.5)
+    (8192, 768, 3072): 128,  # 73.4 / 67.5 / 93.9      768 -> 3072 dgrad, 3072 -> 768 fwd (73.9 / 66.0)
+    (3072, 768, 8192): 256,  # 81.9 / 96.1 / 115.5     768 -> 3072 wgrad
+    (768, 3072, 8192): 256,  # 83.6 / 87.3 / 86.7      3072 -> 768 wgrad
+}
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_outputs_of_enough_tiles_take_the_faster_of_256_and_128_wide(layout):
+    """The planner's width against what the sweep measured fastest: a 768-wide output of 64 x 3 tiles of
+    256 (192 units on 132 SMs, two waves) runs faster as 64 x 6 of 128; everything else keeps 256."""
+    for (m, n, k), width in SWEPT_WIDTHS.items():
+        name, grid, shared, bn, splits = hopper.plan(layout, BF16, m, n, k, 90, BASE, OTHER, SMS)
+        assert (bn, splits) == (width, 1), (m, n, k)
+        assert name == hopper.entry_name(layout, BF16, bn) and shared == hopper.shared_bytes(bn)
+        assert grid == (min(-(-m // 128) * -(-n // bn), SMS),)
+
+
 def test_the_grid_is_the_work_unit_count_when_units_are_fewer_than_sms():
     # 8192 x 3072 -> 64 x 12 tiles (linear_gelu's forward); 128 x 3072 -> 48 tiles 64 wide.
     assert hopper.plan("nt", BF16, 8192, 3072, 768, 90, BASE, OTHER, SMS)[1] == (SMS,)

@@ -1102,7 +1102,7 @@ def test_fused_mlp_typed_call_keeps_module_semantics():
 def test_the_typed_module_call_routes_training_to_the_source_function():
     """FusedMLP.__call__'s C call on CPU tensors (a state made for device -1), the training Function's
     apply replaced by a recorder: a gradient needed takes it with (x, state, plan, *parameters); a hook,
-    another x or parameters replaced since validation take nn.Module.__call__ (None)."""
+    another x, or parameters replaced or re-viewed since validation take nn.Module.__call__ (None)."""
     torch = pytest.importorskip("torch")
     from rawops import _launch
     from rawops.torch_adapter import mlp as ta_mlp
@@ -1126,10 +1126,18 @@ def test_the_typed_module_call_routes_training_to_the_source_function():
         handle = module.register_forward_pre_hook(lambda m, args: None)
         assert _launch.torch_source_module_call(module, (x,), {}) is None
         handle.remove()
+        w3 = module.weights[2].data
+        with torch.no_grad():  # the validated storage at its pointer, but as a transposed view: not validated
+            module.weights[2].data = w3.view(64, 10).t()
+        assert module.weights[2].data_ptr() == w3.data_ptr() and module.weights[2].shape == w3.shape
+        assert _launch.torch_source_module_call(module, (x,), {}) is None
+        with torch.no_grad():
+            module.weights[2].data = w3
+        assert _launch.torch_source_module_call(module, (x,), {}) == "trained"
         with torch.no_grad():
             module.weights[1].data = module.weights[1].data.clone()  # new storage: not the validated one
         assert _launch.torch_source_module_call(module, (x,), {}) is None
-        assert len(calls) == 1
+        assert len(calls) == 2
     finally:
         _launch.register_torch_modules(hooks, torch._C._get_tracing_state, ta_mlp._source_mlp_apply)
 
@@ -1180,6 +1188,12 @@ def test_fused_mlp_module_inference_fast_path_rechecks_what_changes():
         module.weights[0].data = module.weights[0].data * 2  # new storage: validated again
         net[0].weight.mul_(2)
         assert_close(module(x), reference(net, x), torch.float32, "after the weight changed")
+        w3 = module.weights[2].data  # the validated pointer and shape, now a transposed view: validated again
+        module.weights[2].data = w3.view(64, 10).t()
+        with pytest.raises(ValueError, match=r"^weights\[2\] .*contiguous"):
+            module(x)
+        module.weights[2].data = w3
+        assert_close(module(x), reference(net, x), torch.float32, "the validated layout back")
 
 
 def test_launch_sequences_on_a_fake_launcher(monkeypatch):

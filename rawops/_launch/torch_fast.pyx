@@ -692,18 +692,24 @@ cdef object _source_forward(x, list params, tuple state):
     return _source_launch_inference(x, batch, state) if batch >= 0 else None
 
 
+# The source network's parameters, (w1, b1, w2, b2, w3, b3): a parameter at its validated pointer but
+# reshaped or made a strided view of the same storage since is not the one validated.
+_SOURCE_SHAPES = ((128, 100), (128,), (64, 128), (64,), (10, 64), (10,))
+
+
 cdef long long _source_batch(x, list params, tuple state) except -2:
     """x's rows where x and params are what `state` was validated for (a float32 tensor of the
     parameters' dtype and GPU, contiguous, (batch >= 1, 100); the parameters at their validated
-    pointers), else -1."""
+    pointers, shapes and contiguous), else -1."""
     if not isinstance(x, _Tensor):
         return -1
     if x.dtype is not state[0]:
         return -1
     ptrs = state[2]
     cdef Py_ssize_t i
-    for i in range(6):
-        if params[i].data_ptr() != ptrs[i]:
+    for i in range(6):  # the validated storage, and still the layout it was validated in
+        p = params[i]
+        if p.data_ptr() != ptrs[i] or p.shape != _SOURCE_SHAPES[i] or not p.is_contiguous():
             return -1
     cdef int device = state[1]
     if x.get_device() != device or not x.is_contiguous():

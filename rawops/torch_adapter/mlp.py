@@ -340,7 +340,7 @@ class FusedMLP(torch.nn.Module):
                     module.biases[i].copy_(m.bias)
         return module
 
-    _fast_key = None  # the parameters last validated (dtype, device, pointers), training and inference
+    _fast_key = None  # the parameters last validated (dtype, device, pointers, shapes, strides)
     _fast_plan = None
     _source_state = None  # the source network's typed paths (_launch.torch_source_*)
 
@@ -382,11 +382,12 @@ class FusedMLP(torch.nn.Module):
         return _mlp_forward(x, weights, biases, self._validated_plan(x, weights, biases), False)[0]
 
     def _validated_plan(self, x, weights, biases):
-        # The parameters are validated once per (dtype, device, pointers), then only x is checked
-        # per call (its dtype and device against the weights', its width).
+        # The parameters are validated once per (dtype, device, pointers, shapes, strides), then only
+        # x is checked per call (its dtype and device against the weights', its width): a parameter
+        # replaced by a reshaped or strided view of the same storage is validated again.
         first = weights[0]
-        key = (first.dtype, first.get_device(), *(w.data_ptr() for w in weights),
-               *(b.data_ptr() for b in (biases or ())))
+        key = (first.dtype, first.get_device(),
+               *((t.data_ptr(), t.shape, t.stride()) for t in (*weights, *(biases or ()))))
         if key == self._fast_key:
             checked(x, "x", like=first, like_name="weights[0]")
             plan = self._fast_plan
