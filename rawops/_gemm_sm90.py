@@ -189,7 +189,7 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_p
         # Enough 256-wide tiles, but a last wave that leaves SMs idle (3 tiles across a 768-wide output:
         # 192 units on 132 SMs) can lose to 128-wide ones: the faster of WIDE_CHOICES by the model.
         bn, splits = widths[0], 1
-        if not split3:
+        if not split3 and config.gemm_sm90_narrow:
             bn = min(WIDE_CHOICES, key=lambda w: (estimate_us(m, n, k, dtype, w, 1, sms), -w))
     elif not config.gemm_sm90_narrow:
         return None

@@ -36,7 +36,9 @@ SWITCHES = {
     "gemm_sm90": (True, "GEMMs on sm_90 run the WGMMA + TMA kernel where it takes the shape; False: the "
                         "portable mma.sync / FFMA kernels."),
     "gemm_sm90_narrow": (True, "outputs too small to fill an sm_90 GPU with 128 x 256 tiles run the WGMMA kernel's "
-                               "narrow tiles and K splits; False: the portable kernels."),
+                               "narrow tiles and K splits, and those that fill it its 128-wide tiles where the "
+                               "planner's model rates them faster than 256; False: the portable kernels for the "
+                               "former, 256 wide for the latter."),
     "gemm_sm90_shape": (None, "None, or (tile width, K splits) forced on every WGMMA launch (tests and "
                               "experiments; tile width one of 256, 128, 64)."),
     "f32_3xtf32": (True, "float32 GEMMs of >= 2^30 FLOP on sm_90 (matmul, linear_gelu and their gradients, "

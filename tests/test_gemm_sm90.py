@@ -57,6 +57,8 @@ def test_outputs_of_enough_tiles_take_the_faster_of_256_and_128_wide(layout):
         assert (bn, splits) == (width, 1), (m, n, k)
         assert name == hopper.entry_name(layout, BF16, bn) and shared == hopper.shared_bytes(bn)
         assert grid == (min(-(-m // 128) * -(-n // bn), SMS),)
+        with rawops.config.override(gemm_sm90_narrow=False):  # the switch keeps every such output 256 wide
+            assert hopper.plan(layout, BF16, m, n, k, 90, BASE, OTHER, SMS)[3:] == (256, 1)
 
 
 def test_the_grid_is_the_work_unit_count_when_units_are_fewer_than_sms():
