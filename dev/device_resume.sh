@@ -4,9 +4,9 @@
 # (/tmp on the GPU machine lives as long as the machine stays warm), and packs all of them so far
 # into $OUT/results.tgz. Identical commands, one after the other:
 #   RAWOPS_COMMIT=<sha> RAWOPS_DEADLINE_S=540 bash dev/device_resume.sh
-# Order: RESUME_TESTS_FIRST (test files run before the rest), RESUME_BENCH (the benches, in order;
-# default every one). A test file is done once its line in $S/calls.log reads passed, failed or
-# no tests ran; a bench once its .md exists. A cold machine starts over: pass RAWOPS_TESTS /
+# Order: RESUME_TESTS_FIRST (test files run before the rest), RESUME_TESTS_ONLY (these test files and no
+# others), RESUME_BENCH (the benches, in order; default every one). A test file is done once its line in
+# $S/calls.log reads passed, failed, skipped or no tests ran; a bench once its .md exists. A cold machine starts over: pass RAWOPS_TESTS /
 # RAWOPS_BENCH to name the rest yourself. RESUME_EXTRA: a command run once (RESUME_EXTRA_S seconds at
 # most), its output in extra.log.
 S=/tmp/rawops_round
@@ -16,10 +16,11 @@ all_tests="${RESUME_TESTS_FIRST:-}"
 for f in $(ls tests/test_*.py | grep -v -e test_packaging -e test_nvrtc); do
   case " $all_tests " in *" $f "*) ;; *) all_tests="$all_tests $f" ;; esac
 done
+[ -n "${RESUME_TESTS_ONLY:-}" ] && all_tests="$RESUME_TESTS_ONLY"
 if [ -z "${RAWOPS_TESTS+set}" ]; then
   RAWOPS_TESTS=""
   for f in $all_tests; do
-    grep -qE "^$f: .*(passed|failed|no tests ran)" "$S/calls.log" 2>/dev/null || RAWOPS_TESTS="$RAWOPS_TESTS $f"
+    grep -qE "^$f: .*(passed|failed|skipped|no tests ran)" "$S/calls.log" 2>/dev/null || RAWOPS_TESTS="$RAWOPS_TESTS $f"
   done
   [ -n "${RAWOPS_TESTS// /}" ] || RAWOPS_TESTS=tests/test_import.py
 fi
