@@ -398,57 +398,14 @@ def test_large_gemm_takes_the_hopper_kernel_by_default_and_is_deterministic():
     assert_close(c1, a.double() @ b.double(), torch.bfloat16, "hopper matmul 4096^3")
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout, m, n, k", [("nt", 64, 3072, 768), ("nt", 256, 3072, 768), ("nt", 512, 4096, 4096),
-                                             ("nn", 32, 768, 3072), ("tn", 3072, 768, 512)])
-def test_medium_outputs_run_the_planners_narrow_choice_deterministically(layout, m, n, k):
-    """Unforced: the medium-batch shapes the cost model was fitted to run the tile and
-    split narrow_shape picks (a split among them), match float64 and repeat bit for bit."""
-    _need_sm90()
+def _launched_twice_against_float64(layout, m, n, k, what):
+    """The library's launch on raw pointers (every layout without transposed views) of fresh bf16
+    operands, twice into poisoned memory: the same bits both times, and float64's product within
+    bf16's tolerance. Returns the operands (torch) and the float64 product."""
     import cupy
     import torch
     from gpu_reference import assert_close, poison_pool, random, to_cupy
 
-    mm._plans.clear()
-    bn, splits = hopper.narrow_shape(m, n, k, BF16, SMS)
-    plan = mm._launch_plan(layout, BF16, m, n, k, BASE, OTHER, 0)
-    assert plan[4] == 0 and plan[5] == (bn, splits)
-    a = random((m, k) if layout[0] == "n" else (k, m), torch.bfloat16, 1.0)
-    b = random((n, k) if layout[1] == "t" else (k, n), torch.bfloat16, k ** -0.5)
-    ref = (a.double() if layout[0] == "n" else a.double().t()) @ (b.double().t() if layout[1] == "t" else b.double())
-    A, B = to_cupy(a), to_cupy(b)
-    runs = []
-    for _ in range(2):  # the library's launch on raw pointers: every layout without transposed views
-        poison_pool(m * n * 2)
-        c = cupy.empty((m, n), dtype=A.dtype)
-        owner = mm.launch_gemm(0, layout, BF16, A.data.ptr, B.data.ptr, c.data.ptr, 0, 0, 0, m, n, k, mm.EPI_NONE,
-                               cupy.cuda.get_current_stream().ptr, mm._cupy_workspace)
-        runs.append(c)
-        del owner
-    assert (runs[0] == runs[1]).all(), "same input, same bits"
-    assert_close(runs[0], ref, torch.bfloat16, f"hopper {layout} {m}x{n}x{k} BN {bn} splits {splits}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout, m, n, k", [("nn", 8192, 768, 3072), ("nt", 8192, 768, 3072), ("tn", 3072, 768, 8192)])
-def test_wide_outputs_run_the_planners_width(layout, m, n, k):
-    """Unforced, at the swept shapes: the width WIDE_CHOICES' model picks (128 for the 8192 x 768 outputs on
-    132 SMs, 256 for the wgrad) runs, matches float64 and repeats bit for bit; the nt case also through
-    linear_gelu's training forward (bias + erf GELU + the pre-activation stored)."""
-    _need_sm90()
-    import cupy
-    import torch
-    from gpu_reference import assert_close, poison_pool, random, to_cupy
-    from rawops._launch import sm_count
-    from rawops.torch_adapter import gemm as ta_gemm
-
-    mm._plans.clear()
-    sms = sm_count(0)
-    bn = hopper.plan(layout, BF16, m, n, k, 90, BASE, OTHER, sms)[3]
-    if sms == SMS:
-        assert bn == SWEPT_WIDTHS[(m, n, k)]
-    plan = mm._launch_plan(layout, BF16, m, n, k, BASE, OTHER, 0)
-    assert plan[4] == 0 and plan[5] == (bn, 1)
     a = random((m, k) if layout[0] == "n" else (k, m), torch.bfloat16, 1.0)
     b = random((n, k) if layout[1] == "t" else (k, n), torch.bfloat16, k ** -0.5)
     ref = (a.double() if layout[0] == "n" else a.double().t()) @ (b.double().t() if layout[1] == "t" else b.double())
@@ -462,7 +419,45 @@ def test_wide_outputs_run_the_planners_width(layout, m, n, k):
         runs.append(c)
         del owner
     assert (runs[0] == runs[1]).all(), "same input, same bits"
-    assert_close(runs[0], ref, torch.bfloat16, f"hopper {layout} {m}x{n}x{k} BN {bn}")
+    assert_close(runs[0], ref, torch.bfloat16, f"hopper {layout} {m}x{n}x{k} {what}")
+    return a, b, ref
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout, m, n, k", [("nt", 64, 3072, 768), ("nt", 256, 3072, 768), ("nt", 512, 4096, 4096),
+                                             ("nn", 32, 768, 3072), ("tn", 3072, 768, 512)])
+def test_medium_outputs_run_the_planners_narrow_choice_deterministically(layout, m, n, k):
+    """Unforced: the medium-batch shapes the cost model was fitted to run the tile and
+    split narrow_shape picks (a split among them), match float64 and repeat bit for bit."""
+    _need_sm90()
+
+    mm._plans.clear()
+    bn, splits = hopper.narrow_shape(m, n, k, BF16, SMS)
+    plan = mm._launch_plan(layout, BF16, m, n, k, BASE, OTHER, 0)
+    assert plan[4] == 0 and plan[5] == (bn, splits)
+    _launched_twice_against_float64(layout, m, n, k, f"BN {bn} splits {splits}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout, m, n, k", [("nn", 8192, 768, 3072), ("nt", 8192, 768, 3072), ("tn", 3072, 768, 8192)])
+def test_wide_outputs_run_the_planners_width(layout, m, n, k):
+    """Unforced, at the swept shapes: the width WIDE_CHOICES' model picks (128 for the 8192 x 768 outputs on
+    132 SMs, 256 for the wgrad) runs, matches float64 and repeats bit for bit; the nt case also through
+    linear_gelu's training forward (bias + erf GELU + the pre-activation stored)."""
+    _need_sm90()
+    import torch
+    from gpu_reference import assert_close, random
+    from rawops._launch import sm_count
+    from rawops.torch_adapter import gemm as ta_gemm
+
+    mm._plans.clear()
+    sms = sm_count(0)
+    bn = hopper.plan(layout, BF16, m, n, k, 90, BASE, OTHER, sms)[3]
+    if sms == SMS:
+        assert bn == SWEPT_WIDTHS[(m, n, k)]
+    plan = mm._launch_plan(layout, BF16, m, n, k, BASE, OTHER, 0)
+    assert plan[4] == 0 and plan[5] == (bn, 1)
+    a, b, ref = _launched_twice_against_float64(layout, m, n, k, f"BN {bn}")
     if layout == "nt":
         bias = random((n,), torch.bfloat16, 0.5)
         y, pre = ta_gemm.linear_gelu_forward(a, b, bias, "none", True)
