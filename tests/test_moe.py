@@ -892,7 +892,7 @@ def _reference_experts(rows, expert_ids, wgu, wd):
     return out
 
 
-def _expert_parallel_worker(rank, world, port, equal, exchange):
+def _expert_parallel_worker(rank, world, port, equal, exchange, micro_batches=1):
     import torch
     import torch.distributed as dist
 
@@ -920,12 +920,21 @@ def _expert_parallel_worker(rank, world, port, equal, exchange):
                        * torch.where(ids[:, j] >= 0, weights[:, j], 0)[:, None] for j in range(ids.shape[1]))
         with pytest.raises(ValueError, match="exchange must be one of"):
             expert_parallel(x, w, routes[rank].indices, experts, local, exchange="ring")
+        for bad in (0, 1.0, True):
+            with pytest.raises(ValueError, match="micro_batches must be an int >= 1"):
+                expert_parallel(x, w, routes[rank].indices, experts, local, micro_batches=bad)
+        with pytest.raises(ValueError, match="micro_batches > 1 overlaps the gather"):
+            expert_parallel(x, w, routes[rank].indices, experts, local, exchange="all_to_all", micro_batches=2)
         import rawops.torch_adapter._moe_parallel as parallel
 
         gathered, shipped_gathered = [], parallel._gathered
+        overlapped, shipped_overlapped = [], parallel._gathered_overlapped
         parallel._gathered = lambda *args: gathered.append(1) or shipped_gathered(*args)
-        out = expert_parallel(x, w, routes[rank].indices, experts, local, exchange=exchange)
+        parallel._gathered_overlapped = lambda *args: overlapped.append(1) or shipped_overlapped(*args)
+        out = expert_parallel(x, w, routes[rank].indices, experts, local, exchange=exchange,
+                              micro_batches=micro_batches)
         assert bool(gathered) == (equal and exchange == "auto"), "auto takes the gather where T is equal"
+        assert bool(overlapped) == (micro_batches > 1), "micro_batches > 1: the overlapped gather"
         dx, dw, dwgu, dwd = torch.autograd.grad(out, [x, w, local_wgu, local_wd], douts[rank])
         # the one-process reference over every rank's tokens with every expert
         full = [t.clone().requires_grad_(True) for t in (wgu, wd)]
@@ -944,14 +953,23 @@ def _expert_parallel_worker(rank, world, port, equal, exchange):
             assert torch.allclose(ours, theirs, atol=1e-10), f"d {name}"
         assert torch.allclose(dwgu, grads[2][lo:hi], atol=1e-10), "d gate_up (this rank's experts)"
         assert torch.allclose(dwd, grads[3][lo:hi], atol=1e-10), "d down (this rank's experts)"
+        if micro_batches > 1:  # the one-slice gather's output and input gradients (CPU BLAS blocks a GEMM by
+            # its row count, so the reference experts round each slice's rows apart from the whole batch's)
+            single = expert_parallel(x, w, routes[rank].indices, experts, local, exchange="gather")
+            assert torch.allclose(out, single, rtol=0, atol=1e-12), "overlapped gather against one slice"
+            for a, b in zip((dx, dw), torch.autograd.grad(single, [x, w], douts[rank])):
+                assert torch.allclose(a, b, rtol=0, atol=1e-12), "overlapped gather's gradients against one slice"
     finally:
         dist.destroy_process_group()
 
 
-# unequal tokens a rank: "auto" takes all_to_all; equal: "auto" takes the gather, all_to_all asked for
-@pytest.mark.parametrize("equal, exchange", [(False, "auto"), (True, "auto"), (True, "all_to_all")])
+# unequal tokens a rank: "auto" takes all_to_all; equal: "auto" takes the gather, all_to_all asked for;
+# the gather in 2 and 3 overlapped slices (37 tokens a rank: slices of 18 / 19 and 12 / 12 / 13)
+@pytest.mark.parametrize("equal, exchange, micro_batches", [(False, "auto", 1), (True, "auto", 1),
+                                                            (True, "all_to_all", 1), (True, "gather", 2),
+                                                            (True, "gather", 3)])
 @pytest.mark.parametrize("world", [2, 4])
-def test_expert_parallel_equals_one_process_forward_and_backward(world, equal, exchange):
+def test_expert_parallel_equals_one_process_forward_and_backward(world, equal, exchange, micro_batches):
     torch = pytest.importorskip("torch")
     import socket
 
@@ -962,7 +980,69 @@ def test_expert_parallel_equals_one_process_forward_and_backward(world, equal, e
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_expert_parallel_worker, args=(world, port, equal, exchange), nprocs=world, join=True)
+    mp.spawn(_expert_parallel_worker, args=(world, port, equal, exchange, micro_batches), nprocs=world, join=True)
+
+
+def test_expert_parallel_overlapped_gather_starts_each_slice_exchange_before_the_other_slices_experts():
+    """The order micro_batches=2 puts things on the wire (one gloo rank in this process, the collectives
+    and the experts logged): forward, both slices' gathers before the first experts and slice 0's
+    reduce_scatter before slice 1's experts; backward, both output gradients' gathers before any
+    experts' backward and slice 1's input-gradient reduce_scatters before slice 0's experts' backward."""
+    torch = pytest.importorskip("torch")
+    import socket
+
+    import torch.distributed as dist
+
+    import rawops.torch_adapter._moe_parallel as parallel
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = []
+
+    class Experts(torch.autograd.Function):  # each slice's experts: rows times its weights' sum, logged
+        @staticmethod
+        def forward(ctx, rows, weights):
+            ctx.slice = sum(1 for e in log if e.startswith("experts "))
+            log.append(f"experts {ctx.slice}")
+            ctx.save_for_backward(rows, weights)
+            return rows * weights.sum(1, keepdim=True)
+
+        @staticmethod
+        def backward(ctx, grad):
+            rows, weights = ctx.saved_tensors
+            log.append(f"experts {ctx.slice} backward")
+            return grad * weights.sum(1, keepdim=True), (grad * rows).sum(1, keepdim=True).expand_as(weights)
+
+    shipped = dict(parallel._COLLECTIVES)
+
+    def logged(name, fn):
+        return lambda t, group: log.append(f"{name} {tuple(t.shape)}") or fn(t, group)
+    gather, scatter = logged("gather", parallel._all_gather_async), logged("scatter", parallel._reduce_scatter_async)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        parallel._COLLECTIVES.update(gather=(gather, scatter), scatter=(scatter, gather))
+        x = torch.randn(10, 4, dtype=torch.float64, requires_grad=True)
+        w = torch.rand(10, 2, dtype=torch.float64, requires_grad=True)
+        ids = torch.randint(0, 4, (10, 2))
+        out = parallel.expert_parallel(x, w, ids, 4, lambda rows, ids, weights, n: Experts.apply(rows, weights),
+                                       exchange="gather", micro_batches=2)
+        assert log == ["gather (5, 4)", "gather (5, 2)", "gather (5, 4)", "gather (5, 2)", "experts 0",
+                       "scatter (5, 4)", "experts 1", "scatter (5, 4)"], log
+        del log[:]
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        assert log[:2] == ["gather (5, 4)", "gather (5, 4)"], log  # both slices' output gradients first
+        assert log.index("experts 1 backward") < log.index("experts 0 backward"), log
+        slice1_back = log[log.index("experts 1 backward") + 1:log.index("experts 0 backward")]
+        assert sorted(slice1_back) == ["scatter (5, 2)", "scatter (5, 4)"], log  # slice 1's dx, dweights
+        assert sorted(log[log.index("experts 0 backward") + 1:]) == ["scatter (5, 2)", "scatter (5, 4)"], log
+        assert torch.allclose(x.grad, dout * w.detach().sum(1, keepdim=True))
+    finally:
+        parallel._COLLECTIVES.update(shipped)
+        dist.destroy_process_group()
 
 
 def _expert_parallel_gpu_worker(rank, world, port):
@@ -1004,6 +1084,13 @@ def _expert_parallel_gpu_worker(rank, world, port):
         for name, ours, theirs in (("d gate_up", dwgu, dwgu_ref[lo:hi]), ("d down", dwd, dwd_ref[lo:hi])):
             err = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
             assert err < 1e-2, f"rank {rank}: {name} relative error {err:.2e} against the one-GPU layer"
+        # the gather overlapped over 2 slices (NCCL's async collectives, the waits on the stream): the same layer
+        weights, ids, _ = moe_route(torch.nn.functional.linear(x, wr), k)  # (the first graph is freed)
+        out2 = expert_parallel(x, weights, ids, experts, local_moe_experts(local_wgu, local_wd), micro_batches=2)
+        grads2 = torch.autograd.grad(out2, [x, local_wgu, local_wd], dout)
+        for name, ours, theirs in zip(("out", "d x", "d gate_up", "d down"), (out2, *grads2), (out, dx, dwgu, dwd)):
+            err = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
+            assert err < 1e-2, f"rank {rank}: micro_batches=2 {name} relative error {err:.2e} against one slice"
     finally:
         dist.destroy_process_group()
 

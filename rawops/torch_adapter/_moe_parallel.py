@@ -28,6 +28,12 @@ all_to_all moved about all T rows each way anyway. Measured (two H200, Qwen3 lay
 GPU, forward + backward): 13,779 us a step through all_to_all, 11,451 through the gather
 (dev/moe_parallel_gather.py); the outputs bit for bit equal.
 
+micro_batches=N (the gather): the tokens in N slices whose exchanges run while another slice's
+experts do: every slice's all_gathers started (async) before the first slice's experts, each
+slice's reduce_scatter before the next slice's experts; in the backward both output gradients'
+all_gathers before any experts' backward and each slice's input-gradient reduce_scatters before the
+slice before it (_Issue / _Wait below). The one host read then waits for the ids' gather alone.
+
 local_moe_experts(w_gate_up, w_down) is the GPU local_experts of Qwen3-MoE's SwiGLU experts on
 rawops (moe_permute with 128-row groups, the grouped GEMMs, swiglu, the weighted sum back).
 """
@@ -105,11 +111,17 @@ def dispatch_plan(ids, experts, world):
 EXCHANGES = ("auto", "gather", "all_to_all")
 
 
-def expert_parallel(x, weights, ids, num_experts, local_experts, group=None, exchange="auto"):
+def expert_parallel(x, weights, ids, num_experts, local_experts, group=None, exchange="auto", micro_batches=1):
     """(T, H_out) = sum_j weights[t, j] expert_{ids[t, j]}(x[t]) with the experts sharded over the
     group's ranks (module docstring). Differentiable in x, weights and what local_experts uses.
     exchange: "gather" (every rank must hold the same T), "all_to_all", or "auto": the gather where
-    the ranks' T are equal (one all_gather of them and a host read), else all_to_all."""
+    the ranks' T are equal (one all_gather of them and a host read), else all_to_all. micro_batches:
+    the gather's tokens in that many slices, each slice's exchanges in flight while another slice's
+    experts run, forward and backward (1: one exchange each way; the all_to_all path takes 1 only)."""
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
+    if micro_batches > 1 and exchange == "all_to_all":
+        raise ValueError("micro_batches > 1 overlaps the gather exchange; exchange='all_to_all' takes 1")
     world = dist.get_world_size(group)
     if num_experts % world:
         raise ValueError(f"num_experts ({num_experts}) must be a multiple of the group's {world} ranks")
@@ -124,6 +136,8 @@ def expert_parallel(x, weights, ids, num_experts, local_experts, group=None, exc
         dist.all_gather_into_tensor(every, mine, group=group)
         exchange = "gather" if len(set(every.tolist())) == 1 else "all_to_all"
     if exchange == "gather":
+        if micro_batches > 1 and x.shape[0] > 1:
+            return _gathered_overlapped(x, weights, ids, num_experts, local_experts, group, micro_batches)
         return _gathered(x, weights, ids, num_experts, local_experts, group)
     tokens, k = ids.shape
     per_rank = num_experts // world
@@ -197,6 +211,102 @@ def _gathered(x, weights, ids, num_experts, local_experts, group):
     if partial.dtype in (torch.float16, torch.bfloat16) and world > 2:  # two ranks: one add, one rounding
         return _ReduceScatter.apply(partial.float(), group).to(partial.dtype)
     return _ReduceScatter.apply(partial, group)
+
+
+# ------------------------------------------------------------------- the gather, overlapped
+# Each collective is two autograd nodes: _Issue starts it (async_op) and hands on an empty token,
+# _Wait waits for it (on NCCL: the current stream waits, the host goes on) and returns its result.
+# In the backward _Wait's node starts the reverse collective on the gradient and _Issue's waits for
+# it. The engine runs the ready node created last first, so creating the nodes in the order
+# _gathered_overlapped does makes every slice's reverse exchanges start before the experts' backward
+# of the slice before it, as its forward started each slice's gathers before the first experts ran.
+class _Pending:
+    """A collective in flight: its output and Work, and the reverse collective's in the backward."""
+
+    __slots__ = ("out", "work", "back_out", "back_work")
+
+
+def _all_gather_async(x, group):
+    out = x.new_empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]))
+    return out, dist.all_gather_into_tensor(out, x.contiguous(), group=group, async_op=True)
+
+
+def _reduce_scatter_async(x, group):
+    out = x.new_empty((x.shape[0] // dist.get_world_size(group), *x.shape[1:]))
+    return out, dist.reduce_scatter_tensor(out, x.contiguous(), group=group, async_op=True)
+
+
+_COLLECTIVES = {"gather": (_all_gather_async, _reduce_scatter_async),  # kind: (forward, its reverse)
+                "scatter": (_reduce_scatter_async, _all_gather_async)}
+
+
+class _Issue(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, pending, kind, group):
+        pending.out, pending.work = _COLLECTIVES[kind][0](x, group)
+        ctx.pending = pending
+        return x.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _token):
+        pending, ctx.pending = ctx.pending, None
+        pending.back_work.wait()
+        grad, pending.back_out, pending.back_work = pending.back_out, None, None
+        return grad, None, None, None
+
+
+class _Wait(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, token, pending, kind, group):
+        pending.work.wait()
+        out, pending.out, pending.work = pending.out, None, None
+        ctx.pending, ctx.kind, ctx.group = pending, kind, group
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        pending, ctx.pending = ctx.pending, None
+        pending.back_out, pending.back_work = _COLLECTIVES[ctx.kind][1](grad, ctx.group)
+        return grad.new_zeros(0), None, None, None
+
+
+def _gathered_overlapped(x, weights, ids, num_experts, local_experts, group, parts):
+    """_gathered over `parts` slices of the tokens: every slice's gathers started before the first
+    slice's experts run, each slice's reduce_scatter started before the next slice's experts, and in
+    the backward the same overlap the other way round (the node order above). Per token the same
+    arithmetic as _gathered: the same output bits wherever local_experts treats rows independently."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    per_rank, tokens = num_experts // world, x.shape[0]
+    parts = min(parts, tokens)
+    bounds = [tokens * i // parts for i in range(parts + 1)]
+    slices = list(zip(bounds, bounds[1:]))
+    # the routing first (small; ids carry no gradient), and the one host read of every slice's slots
+    ids_all = ids.new_empty((world * tokens, ids.shape[1]))
+    dist.all_gather_into_tensor(ids_all, ids.contiguous(), group=group)
+    ids_all = ids_all.view(world, tokens, -1)
+    heres, slot_ids = [], []
+    for a, b in slices:
+        local = ids_all[:, a:b].reshape(world * (b - a), -1).long() - rank * per_rank
+        here = (local >= 0) & (local < per_rank)
+        heres.append(here)
+        slot_ids.append(torch.where(here, local, -1).to(torch.int32))
+    entries = torch.stack([here.sum() for here in heres]).tolist()
+    gathers = []
+    for a, b in slices:  # every slice's rows and weights on the wire before any experts run
+        px, pw = _Pending(), _Pending()
+        gathers.append((_Issue.apply(x[a:b], px, "gather", group), px,
+                        _Issue.apply(weights[a:b], pw, "gather", group), pw))
+    scatters, dtype = [], None
+    for (tx, px, tw, pw), here, ids_c, n in zip(gathers, heres, slot_ids, entries):
+        rows, weights_c = _Wait.apply(tx, px, "gather", group), _Wait.apply(tw, pw, "gather", group)
+        partial = local_experts(rows, ids_c, weights_c * here, n)
+        dtype = partial.dtype
+        if dtype in (torch.float16, torch.bfloat16) and world > 2:  # as _gathered: 16-bit sums in float32
+            partial = partial.float()
+        pp = _Pending()
+        scatters.append((_Issue.apply(partial, pp, "scatter", group), pp))
+    out = torch.cat([_Wait.apply(tp, pp, "scatter", group) for tp, pp in scatters])
+    return out.to(dtype)
 
 
 class _GatherWithZeroRow(torch.autograd.Function):
