@@ -623,8 +623,16 @@ __device__ __forceinline__ void sort_pass(const Bits* __restrict__ keys_in, cons
     rawops::sort_warp<T>(x, values, indices, rows, n, x_stride, descending);                      \
   }
 
+// dev: RAWOPS_DEV_SORT_TILE_MIN_BLOCKS=B builds the one-block-a-row tiles with __launch_bounds__(THREADS, B)
+// (registers capped so B blocks fit an SM; dev/time_sort_occupancy.py); unset, the shipped bounds.
+#ifdef RAWOPS_DEV_SORT_TILE_MIN_BLOCKS
+#define RAWOPS_SORT_TILE_BOUNDS(THREADS) __launch_bounds__(THREADS, RAWOPS_DEV_SORT_TILE_MIN_BLOCKS)
+#else
+#define RAWOPS_SORT_TILE_BOUNDS(THREADS) __launch_bounds__(THREADS)
+#endif
+
 #define RAWOPS_SORT_TILE(T, suffix, THREADS, ITEMS, RANK, EARLY)                                             \
-  extern "C" __global__ void __launch_bounds__(THREADS)                                                        \
+  extern "C" __global__ void RAWOPS_SORT_TILE_BOUNDS(THREADS)                                                  \
       sort_rows_##THREADS##x##ITEMS##_##RANK##_##suffix(RAWOPS_SORT_ARGS(T)) {                                 \
     rawops::sort_rows<T, THREADS, ITEMS, EARLY>(x, values, indices, rows, n, x_stride, descending);           \
   }
