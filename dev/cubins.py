@@ -5,7 +5,8 @@ every rawops/_constants.py value as -DRAWOPS_<NAME>; a variant's macro of the sa
 it) and, for a family with an arch directive (`// rawops-arch: 90a`), its specific target. Cached
 by content (sources, shared headers, macros and constants, architecture) under dev/.cubins: build
 them where nvcc is (`python dev/cubins.py 90 elementwise RAWOPS_MAP_UNROLL=2`) and carry
-dev/.cubins to the GPU machine instead of compiling on its time.
+dev/.cubins to the GPU machine instead of compiling on its time; `xz dev/.cubins/*.cubin` first where
+they would pass the carry's 64 MiB (a <name>.cubin.xz is unpacked on first use).
 
     from cubins import build_modules
     modules = build_modules("elementwise", {"shipped": [], "unroll2": ["RAWOPS_MAP_UNROLL=2"]})
@@ -14,6 +15,7 @@ dev/.cubins to the GPU machine instead of compiling on its time.
 import glob
 import hashlib
 import importlib.util
+import lzma
 import os
 import re
 import subprocess
@@ -65,6 +67,16 @@ def _digest(sources, defines, arch):
     return digest.hexdigest()[:16]
 
 
+def unpacked(path):
+    """path, unpacked first from path + '.xz' where only that is here (cubins carried compressed: a
+    19 MB cubin is ~1.5 MB)."""
+    if not os.path.exists(path) and os.path.exists(path + ".xz"):
+        with lzma.open(path + ".xz") as packed, open(path + ".tmp", "wb") as f:
+            f.write(packed.read())
+        os.replace(path + ".tmp", path)
+    return path
+
+
 def build_cubins(source, variants, arch):
     """{key: cubin path} for {key: [macro, ...]} (each 'NAME' or 'NAME=VALUE') of `source`: a
     family name (kernels/<family>.cu) or a path to a .cu file. Compiles only those not cached."""
@@ -78,6 +90,8 @@ def build_cubins(source, variants, arch):
     os.makedirs(CACHE, exist_ok=True)
     paths = {key: os.path.join(CACHE, f"{stem}-{target}-{_digest(sources, _defines(helpers, macros), arch)}.cubin")
              for key, macros in variants.items()}
+    for out in paths.values():
+        unpacked(out)
     missing = [key for key, out in paths.items() if not os.path.exists(out)]
     jobs = {}
     if missing:  # nvcc (and the CuTe headers) only for what the cache lacks: carried cubins need neither

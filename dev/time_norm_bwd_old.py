@@ -54,12 +54,14 @@ def main():
     import cupy
     import torch
 
-    sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "bench"), HERE]
     import timing
     from rawops import config, norm
     from rawops._launch import launch
 
-    old = cupy.RawModule(path=cubin_path(args.commit))
+    from cubins import unpacked
+
+    old = cupy.RawModule(path=unpacked(cubin_path(args.commit)))
     print(f"{torch.cuda.get_device_name()}: layer_norm backward {ROWS} x {COLS}, us a launch (the dx kernel "
           f"alone, partial rows of dweight / dbias included; their final sum not)")
     for dtype, name, code in ((torch.bfloat16, "bf16", 2), (torch.float16, "f16", 1)):
