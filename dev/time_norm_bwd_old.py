@@ -18,6 +18,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+# dev/ last on the path: its profile.py must not shadow the standard library's (torch imports cProfile)
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [HERE]
 CACHE = os.path.join(HERE, ".cubins")
 ROWS, COLS = 16384, 4096
 
@@ -54,7 +56,7 @@ def main():
     import cupy
     import torch
 
-    sys.path[:0] = [ROOT, os.path.join(ROOT, "bench"), HERE]
+    sys.path[:0] = [ROOT, os.path.join(ROOT, "bench")]
     import timing
     from rawops import config, norm
     from rawops._launch import launch
