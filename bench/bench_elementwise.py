@@ -3,9 +3,9 @@
 Device time: every op and dtype at 64M elements (far past L2; the bias ops as 16384 x 4096
 rows), CUDA events, median of 100 after warm-up, rawops and torch timed in 5 interleaved rounds
 of 20. Bytes count each input read once and each output written once (bias and dbias are
-negligible), compared with the device-to-device copy measured in the same run. The bar
-(docs/performance.md): every row, backwards included, >= 95% of the copy ceiling and >= 1.0x
-torch; the fused forwards relu_scale, relu_scale_add and bias_gelu, which torch runs as 2-3
+negligible), compared with the device-to-device copy measured in the same run. The bar (the
+house's for every memory-bound kernel, issue 26 item 2): every row, backwards included, >= 92% of
+the copy ceiling and >= 1.0x torch; the fused forwards relu_scale, relu_scale_add and bias_gelu, which torch runs as 2-3
 kernels, >= 1.9x. The fused forwards are also timed as torch.compile fuses them (one kernel
 each), timed after the interleaved pair.
 
@@ -28,7 +28,8 @@ N = 64 << 20
 ALPHA = 0.37
 COLS = 4096  # last dim of the bias ops
 FUSED_FORWARDS = ("relu_scale", "relu_scale_add", "bias_gelu", "bias_gelu erf")
-TIE = 0.98  # x torch that is a tie where both run at >= 95% of the copy ceiling
+BAR = 0.92  # of the copy ceiling: the house's bar for every memory-bound kernel on every card
+TIE = 0.98  # x torch that is a tie where torch runs at >= 95% of the copy ceiling
 
 
 def _cases(ta, ta_ew, x, y, dy, bias):
@@ -87,9 +88,10 @@ def device_rows(ta, ta_ew, ceiling):
             tbps = nbytes / us_ours / 1e6
             speedup = us_torch / us_ours
             # a tie where torch too is at the ceiling: >= TIE x torch is met (the house rule)
-            bar = 1.9 if name in FUSED_FORWARDS else 1.0
+            speed_bar = 1.9 if name in FUSED_FORWARDS else 1.0
             torch_at_ceiling = nbytes / us_torch / 1e6 >= 0.95 * ceiling
-            meets = tbps >= 0.95 * ceiling and (speedup >= bar or (bar == 1.0 and torch_at_ceiling and speedup >= TIE))
+            meets = tbps >= BAR * ceiling and (speedup >= speed_bar
+                                               or (speed_bar == 1.0 and torch_at_ceiling and speedup >= TIE))
             shape = f"{N // COLS}x{COLS}" if name.startswith("bias_gelu") else str(N)
             rows.append({"op": name, "dtype": dtype_name, "shape": shape, "rawops us": us_ours, "torch us": us_torch,
                          "torch.compile us": times.get("torch.compile", float("nan")), "rawops TB/s": tbps,
@@ -196,7 +198,7 @@ def main():
     text = write_results(out_dir, "elementwise", "python bench/bench_elementwise.py", [
         ("Device time, 64M elements", header, rows,
          {"copy ceiling TB/s": round(ceiling, 3),
-          "targets": "every row (backwards included) >= 95% of the copy ceiling and >= 1.0x torch (the fused "
+          "targets": f"every row (backwards included) >= {BAR:.0%} of the copy ceiling and >= 1.0x torch (the fused "
                      f"forwards relu_scale, relu_scale_add, bias_gelu >= 1.9x); >= {TIE}x torch is a tie, met, "
                      "where torch too runs at >= 95% of the ceiling"}),
         ("Host time per call, 1K elements", ["call (1K elements, float32)", "host us", "target", "meets target"],
