@@ -79,9 +79,13 @@ def vectors(n, itemsize, *pointers, strides=()):
     not count."""
     if (n * itemsize) % 16:
         return 0
-    if any((s * itemsize) % 16 for s in strides):
-        return 0
-    return int(all(p % 16 == 0 for p in pointers if p))
+    for s in strides:  # plain loops: every launch asks, and generators cost a call each
+        if (s * itemsize) % 16:
+            return 0
+    for p in pointers:  # a null pointer (0) passes
+        if p % 16:
+            return 0
+    return 1
 
 
 def kernel_name(base, dtype):

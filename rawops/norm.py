@@ -92,11 +92,23 @@ def backward_plan(rows, n, itemsize, sms, dy, x, weight, dx, strides=(), extra=(
     (each block or warp accumulates dw/db over its rows); chunks is the number of partial rows
     of dweight / dbias. extra: (pointer, row stride) of further row operands (add_rms_norm's
     d_new_residual), which the 16-byte path needs aligned too."""
-    aligned = _rows.vectors(n, itemsize, dy, x, weight, dx, *(p for p, _ in extra),
-                            strides=tuple(strides) + tuple(st for p, st in extra if p))
-    mode, blocks, threads = _rows.row_plan(rows, n, _rows.BWD_BYTES // itemsize, itemsize, aligned)
-    blocks = min(blocks, _rows.resident_blocks(sms, threads, BWD_THREADS_PER_SM))
-    return mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned
+    if extra:
+        aligned = _rows.vectors(n, itemsize, dy, x, weight, dx, *(p for p, _ in extra),
+                                strides=tuple(strides) + tuple(st for p, st in extra if p))
+    else:
+        aligned = _rows.vectors(n, itemsize, dy, x, weight, dx, strides=strides)
+    key = (rows, n, itemsize, sms, aligned)
+    plan = _backward_plans.get(key)  # the rest depends on these alone: every autograd backward asks
+    if plan is None:
+        if len(_backward_plans) >= 4096:  # many batch sizes: start over rather than grow
+            _backward_plans.clear()
+        mode, blocks, threads = _rows.row_plan(rows, n, _rows.BWD_BYTES // itemsize, itemsize, aligned)
+        blocks = min(blocks, _rows.resident_blocks(sms, threads, BWD_THREADS_PER_SM))
+        plan = _backward_plans[key] = (mode, blocks, threads, _rows.chunks(mode, blocks, threads), aligned)
+    return plan
+
+
+_backward_plans = {}  # backward_plan's answers by (rows, n, itemsize, sms, aligned)
 
 
 def column_smem(mode, threads, itemsize, partials, n=0, weight=False):
@@ -227,13 +239,14 @@ def backward_config(op, device, dtype, itemsize, plan, n, has_weight, partials):
 
 
 def launch_backward(op, device, dtype, itemsize, dy, x, weight, mean, rstd, dx, partial_dw, partial_db, dweight,
-                    dbias, rows, n, plan, stream, strides=None):
+                    dbias, rows, n, plan, stream, strides=None, launch_config=None):
     """dx, and dweight / dbias (0: not wanted) through partial buffers of plan[3] x n float32
     each (0 where not wanted; backward_config's chunks x n suffice), plan = backward_plan(...) of
     the same pointers and strides; strides: the row strides of dy, x and dx in elements (None: n
-    each, dense rows). rows > 0, n > 0."""
+    each, dense rows); launch_config: backward_config's answer for them where the caller has it.
+    rows > 0, n > 0."""
     dy_stride, x_stride, dx_stride = strides if strides is not None else (n, n, n)
-    function, mode, blocks, threads, smem, chunks, stage_flags = backward_config(
+    function, mode, blocks, threads, smem, chunks, stage_flags = launch_config or backward_config(
         op, device, dtype, itemsize, plan, n, bool(weight), bool(partial_dw) + bool(partial_db))
     flags = (FLAG_VECTORS if plan[4] else 0) | (FLAG_WEIGHT if weight else 0) | stage_flags
     launch(function, (blocks,), threads, smem, stream,

@@ -176,16 +176,17 @@ def _checked_backward(op, dy, x, weight, mean, rstd, need_dweight, need_dbias):
                                strides)
     wanted = need_dweight + need_dbias
     partial_dw = partial_db = 0
+    config = _norm.backward_config(op, device, code, itemsize, plan, n, bool(w), wanted)
     if wanted:
-        chunks = _norm.backward_config(op, device, code, itemsize, plan, n, bool(w), wanted)[5]
-        partials = torch.empty((wanted * chunks, n), dtype=torch.float32, device=x.device)
+        chunks = config[5]
+        partials = x.new_empty(wanted * chunks * n, dtype=torch.float32)
         base = partials.data_ptr()
         partial_dw = base if need_dweight else 0
         partial_db = (base + chunks * n * 4 * need_dweight) if need_dbias else 0
     on_device(device, _norm.launch_backward, op, device, code, itemsize, dy.data_ptr(), x.data_ptr(), w,
               mean.data_ptr() if mean is not None else 0, rstd.data_ptr(), dx.data_ptr(), partial_dw, partial_db,
               dweight.data_ptr() if need_dweight else 0, dbias.data_ptr() if need_dbias else 0, rows, n, plan,
-              raw_stream(device), strides)
+              raw_stream(device), strides, config)
     return dx, dweight, dbias
 
 
