@@ -194,7 +194,9 @@ def test_launch_kinds_match_the_kernel_signatures():
         source = re.sub(r"\\\n", " ", f.read())
     args = re.search(r"#define RAWOPS_SORT_ARGS\(T\)\s*(.*?)\n", source).group(1)
     source = source.replace("RAWOPS_SORT_ARGS(T)", args)
-    signatures = re.findall(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\s*([\w#]+)\(([^)]*)\)', source)
+    # (the tiles' bounds through RAWOPS_SORT_TILE_BOUNDS: __launch_bounds__ unless a dev build caps registers)
+    signatures = re.findall(r'extern "C" __global__ void (?:__launch_bounds__|RAWOPS_SORT_TILE_BOUNDS)\([^)]*\)\s*'
+                            r'([\w#]+)\(([^)]*)\)', source)
     kinds = {"sort_bmerge_final_": rs.BMERGE_FINAL_KINDS, "sort_bmerge_": rs.MERGE_KINDS,
              "sort_merge_final_": rs.MERGE_FINAL_KINDS, "sort_merge_": rs.MERGE_KINDS, "sort_net_": rs.ROWS_KINDS,
              "sort_warp_": rs.ROWS_KINDS, "sort_rows_": rs.ROWS_KINDS, "sort_chunks_": rs.ROWS_KINDS,
