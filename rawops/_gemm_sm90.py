@@ -49,6 +49,9 @@ MIN_TILES_PER_SM = 0.5
 # tiles, which the model rates too fast at large K (768-wide wgrads: modelled 90 us, measured 115.5,
 # the 256-wide tile 81.9; H100, dev/time_gemm_layouts.py --sweep), take only the narrow outputs.
 WIDE_CHOICES = (256, 128)
+# ... and 128 only where the model puts it at least 5% ahead: at many waves the 128-wide tile's
+# per-FLOP cost is 2-8% over 256's (the swept 1024 <-> 4096 shapes), within the model's error.
+WIDE_MARGIN = 0.95
 MAX_SPLITS = 16
 # K is split only for outputs of fewer 128 x 64 tiles an SM than this: the partials' round trip
 # and gemm_reduce cost a few microseconds (REDUCE_US below), which only a GPU left mostly idle
@@ -165,7 +168,7 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_p
     only rawops/_gemm_tf32.py asks for it), operands or outputs the copy engine cannot read or
     write (16-byte rows and pointers), k == 0, or the GELU-gradient epilogue (not compiled
     there). Outputs of at least MIN_TILES_PER_SM 128 x 256 tiles an SM take those tiles or 128-wide
-    ones (WIDE_CHOICES, the faster by estimate_us), persistently, unsplit; fewer take narrow_shape's
+    ones (where estimate_us puts them WIDE_MARGIN ahead), persistently, unsplit; fewer take narrow_shape's
     tile and split. split3: the 3xTF32 entries (float32
     nt, k = 3 x the parts' padded K), on SPLIT3_WIDTHS tiles only (128 where the rule above says
     256)."""
@@ -187,10 +190,12 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_p
         splits = 1 if bn == TILE_N else _ceil(k_tiles, _ceil(k_tiles, min(splits, k_tiles)))  # none empty
     elif _ceil(m, TILE_M) * _ceil(n, TILE_N) >= MIN_TILES_PER_SM * sms:
         # Enough 256-wide tiles, but a last wave that leaves SMs idle (3 tiles across a 768-wide output:
-        # 192 units on 132 SMs) can lose to 128-wide ones: the faster of WIDE_CHOICES by the model.
+        # 192 units on 132 SMs) can lose to 128-wide ones: those where the model says so by WIDE_MARGIN.
         bn, splits = widths[0], 1
         if not split3 and config.gemm_sm90_narrow:
-            bn = min(WIDE_CHOICES, key=lambda w: (estimate_us(m, n, k, dtype, w, 1, sms), -w))
+            wide = estimate_us(m, n, k, dtype, TILE_N, 1, sms)
+            if estimate_us(m, n, k, dtype, WIDE_CHOICES[1], 1, sms) < WIDE_MARGIN * wide:
+                bn = WIDE_CHOICES[1]
     elif not config.gemm_sm90_narrow:
         return None
     else:
