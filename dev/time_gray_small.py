@@ -10,8 +10,12 @@ process, so the spread within a run shows beside the medians:
   copy rot   the same copy, each source with its own destination
   ... cold   the same with L2 flushed (a fill of twice its size) before every call, outside the events
 
-8K (4x the bytes, past L2) is timed the same way for reference. Experiment, not a bench.
+8K (4x the bytes, past L2) is timed the same way for reference. Then the kernel at 16 (shipped), 32
+and 64 pixels a thread (RAWOPS_IMAGE_PIXELS, cubins from dev/cubins.py: 32, 34 and 48 registers, the
+last with an 8-byte stack), each input its own output, outputs checked equal to the shipped call's.
+Experiment, not a bench.
 
+    python dev/cubins.py 90 image RAWOPS_IMAGE_PIXELS=32   # (16, 64) where nvcc is; carry dev/.cubins
     python dev/time_gray_small.py
 """
 import os
@@ -23,11 +27,16 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE] + [os.path.join(HERE, ".."),
-                                                                        os.path.join(HERE, "..", "bench")]
+                                                                        os.path.join(HERE, "..", "bench"), HERE]
 import timing  # noqa: E402
 
 import rawops  # noqa: E402
+from cubins import build_modules  # noqa: E402
+from rawops import image  # noqa: E402
 from rawops import torch_adapter as ta  # noqa: E402
+from rawops._launch import launch  # noqa: E402
+
+WIDTHS = {f"{p} px": [f"RAWOPS_IMAGE_PIXELS={p}"] for p in (16, 32, 64)}
 
 FRAMES = {"4K": (2160, 3840), "8K": (4320, 7680)}
 REPEATS = 3
@@ -83,8 +92,35 @@ def main():
             cold = {k: cold_us(fns[k], flush) for k in ("bench", "own out", "copy", "copy rot")}
             print(f"{name} ({count} inputs) run {r}: " + "  ".join(f"{k} {v:6.1f}" for k, v in warm.items())
                   + " | cold: " + "  ".join(f"{k} {v:6.1f}" for k, v in cold.items()), flush=True)
+        pixels_variants(name, h, w, cp_frames, outs, fns["copy rot"])
         frames = cp_frames = outs = sources = dsts = None
         torch.cuda.empty_cache()
+
+
+def pixels_variants(name, h, w, frames, outs, copy):
+    """rgb_to_gray_fwd_hwc_u8_u8 at each of WIDTHS' pixels a thread, its covering grid as rawops/image.py
+    plans it, beside the copy of the same bytes."""
+    stream = torch.cuda.current_stream().cuda_stream
+    want = [rawops.rgb_to_gray(f) for f in frames]
+    fns = {"copy rot": copy}
+    for label, module in build_modules("image", WIDTHS).items():
+        per = int(label.split()[0])
+        kernel = module.get_function("rgb_to_gray_fwd_hwc_u8_u8")
+        grid = image.covering(-(-h * w // per))  # a thread a chunk of `per` pixels
+
+        def call(f, o, kernel=kernel, grid=grid):
+            launch(kernel.kernel.ptr, (grid,), image.THREADS, 0, stream, (f.data.ptr, o.data.ptr, 1, h * w, 1),
+                   image.KINDS["rgb_to_gray_fwd_hwc"], 0)
+        for f, o in zip(frames, outs):
+            o.fill(0)
+            call(f, o)
+        ok = all(bool((o == g).all()) for o, g in zip(outs, want))
+        print(f"{name} {label}: {kernel.num_regs} registers, grid {grid}: {'equal' if ok else 'WRONG, not timed'}",
+              flush=True)
+        if ok:
+            fns[label] = Cycle(call, frames, outs)
+    times = timing.device_times_us(fns)
+    print(f"{name} by pixels a thread: " + "  ".join(f"{k} {v:6.1f}" for k, v in times.items()), flush=True)
 
 
 if __name__ == "__main__":
