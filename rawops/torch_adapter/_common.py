@@ -32,7 +32,12 @@ def fast_apply(function):
 
 
 def needs_grad(*tensors):
-    return grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+    if not grad_enabled():
+        return False
+    for t in tensors:  # a loop, not any(generator): every adapter call asks
+        if getattr(t, "requires_grad", False):
+            return True
+    return False
 
 
 def on_device(device, launch, *args):

@@ -279,7 +279,8 @@ def _run(op, input, normalized_shape, weight, bias, eps):
     # A layout the kernels cannot take is copied once, here (autograd saves the copy); so is a
     # weight or bias that is not contiguous.
     input, weight, bias = row_strided(input), dense(weight), dense(bias)
-    if not compiling():  # errors name the public arguments (the custom ops check for themselves)
+    traced = compiling()
+    if not traced:  # errors name the public arguments (the custom ops check for themselves)
         checked(input, "input")
         for name, t in (("weight", weight), ("bias", bias)):
             if t is not None:
@@ -291,7 +292,7 @@ def _run(op, input, normalized_shape, weight, bias, eps):
         input = input.reshape(*input.shape[:input.dim() - len(shape)], n)
         weight = weight.reshape(n) if weight is not None else None
         bias = bias.reshape(n) if bias is not None else None
-    if compiling():
+    if traced:
         y = _FORWARD_OPS[op](input, weight, bias, eps)[0]
     elif needs_grad(input, weight, bias):
         y = _norm_apply(input, weight, bias, eps, op)
