@@ -45,12 +45,12 @@ SHARED_BYTES = shared_bytes()
 # would pick 64-wide tiles for linear_gelu's dW at 8192 tokens, slower than the widest:
 # docs/performance.md.)
 MIN_TILES_PER_SM = 0.5
-# The tile widths that outputs of MIN_TILES_PER_SM or more take, the faster by estimate_us: 64-wide
-# tiles, which the model rates too fast at large K (768-wide wgrads: modelled 90 us, measured 115.5,
-# the 256-wide tile 81.9; H100, dev/time_gemm_layouts.py --sweep), take only the narrow outputs.
-WIDE_CHOICES = (256, 128)
-# ... and 128 only where the model puts it at least 5% ahead: at many waves the 128-wide tile's
-# per-FLOP cost is 2-8% over 256's (the swept 1024 <-> 4096 shapes), within the model's error.
+# Outputs of MIN_TILES_PER_SM or more take 256-wide tiles, or WIDE_ALTERNATIVE-wide ones where
+# estimate_us puts those at least 1 - WIDE_MARGIN ahead: at many waves the 128-wide tile's per-FLOP
+# cost is 2-8% over 256's (the swept 1024 <-> 4096 shapes), within the model's error. 64-wide tiles,
+# which the model rates too fast at large K (768-wide wgrads: modelled 90 us, measured 115.5, the
+# 256-wide tile 81.9; H100, dev/time_gemm_layouts.py --sweep), take only the narrow outputs.
+WIDE_ALTERNATIVE = 128
 WIDE_MARGIN = 0.95
 MAX_SPLITS = 16
 # K is split only for outputs of fewer 128 x 64 tiles an SM than this: the partials' round trip
@@ -193,9 +193,9 @@ def plan(layout, dtype, m, n, k, cc, a_ptr, b_ptr, sms, built=True, flags=0, c_p
         # 192 units on 132 SMs) can lose to 128-wide ones: those where the model says so by WIDE_MARGIN.
         bn, splits = widths[0], 1
         if not split3 and config.gemm_sm90_narrow:
-            wide = estimate_us(m, n, k, dtype, TILE_N, 1, sms)
-            if estimate_us(m, n, k, dtype, WIDE_CHOICES[1], 1, sms) < WIDE_MARGIN * wide:
-                bn = WIDE_CHOICES[1]
+            if estimate_us(m, n, k, dtype, WIDE_ALTERNATIVE, 1, sms) < WIDE_MARGIN * estimate_us(
+                    m, n, k, dtype, TILE_N, 1, sms):
+                bn = WIDE_ALTERNATIVE
     elif not config.gemm_sm90_narrow:
         return None
     else:

@@ -446,7 +446,7 @@ def test_medium_outputs_run_the_planners_narrow_choice_deterministically(layout,
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout, m, n, k", [("nn", 8192, 768, 3072), ("nt", 8192, 768, 3072), ("tn", 3072, 768, 8192)])
 def test_wide_outputs_run_the_planners_width(layout, m, n, k):
-    """Unforced, at the swept shapes: the width WIDE_CHOICES' model picks (128 for the 8192 x 768 outputs on
+    """Unforced, at the swept shapes: the width the planner's model picks (128 for the 8192 x 768 outputs on
     132 SMs, 256 for the wgrad) runs, matches float64 and repeats bit for bit; the nt case also through
     linear_gelu's training forward (bias + erf GELU + the pre-activation stored)."""
     _need_sm90()

@@ -196,6 +196,14 @@ class _ReduceScatter(torch.autograd.Function):
         return _AllGather.apply(grad, ctx.group), None
 
 
+def _local_slots(ids_all, rank, per_rank):
+    """(here, slot ids) of gathered routing ids (rows, k): which slots' experts this rank holds, and
+    their local expert ids (-1 for the others' slots, int32)."""
+    local = ids_all.long() - rank * per_rank
+    here = (local >= 0) & (local < per_rank)
+    return here, torch.where(here, local, -1).to(torch.int32)
+
+
 def _gathered(x, weights, ids, num_experts, local_experts, group):
     """expert_parallel through all_gather / reduce_scatter (module docstring): the same T a rank."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -204,9 +212,7 @@ def _gathered(x, weights, ids, num_experts, local_experts, group):
     weights_all = _AllGather.apply(weights, group)
     ids_all = ids.new_empty((world * ids.shape[0], ids.shape[1]))
     dist.all_gather_into_tensor(ids_all, ids.contiguous(), group=group)
-    local = ids_all.long() - rank * per_rank
-    here = (local >= 0) & (local < per_rank)
-    slot_ids = torch.where(here, local, -1).to(torch.int32)
+    here, slot_ids = _local_slots(ids_all, rank, per_rank)
     partial = local_experts(rows, slot_ids, weights_all * here, int(here.sum()))
     if partial.dtype in (torch.float16, torch.bfloat16) and world > 2:  # two ranks: one add, one rounding
         return _ReduceScatter.apply(partial.float(), group).to(partial.dtype)
@@ -284,12 +290,8 @@ def _gathered_overlapped(x, weights, ids, num_experts, local_experts, group, par
     ids_all = ids.new_empty((world * tokens, ids.shape[1]))
     dist.all_gather_into_tensor(ids_all, ids.contiguous(), group=group)
     ids_all = ids_all.view(world, tokens, -1)
-    heres, slot_ids = [], []
-    for a, b in slices:
-        local = ids_all[:, a:b].reshape(world * (b - a), -1).long() - rank * per_rank
-        here = (local >= 0) & (local < per_rank)
-        heres.append(here)
-        slot_ids.append(torch.where(here, local, -1).to(torch.int32))
+    heres, slot_ids = zip(*(_local_slots(ids_all[:, a:b].reshape(world * (b - a), -1), rank, per_rank)
+                            for a, b in slices))
     entries = torch.stack([here.sum() for here in heres]).tolist()
     gathers = []
     for a, b in slices:  # every slice's rows and weights on the wire before any experts run
