@@ -24,6 +24,39 @@ def source_network(torch, output_relu=False):
     return torch.nn.Sequential(*layers).cuda()
 
 
+RELU_MARGIN = 1e-3  # pre-activations of ReLU layers kept this far from 0 (float64) by away_from_relu_kinks
+
+
+def away_from_relu_kinks(torch, net, batch):
+    """x (batch, n_in), fresh normal float32 rows, redrawn where the pre-activation of any Linear
+    that a ReLU follows (the output's too, where the network ends in one) is within RELU_MARGIN of
+    0 in float64 (on the float32 weights). There no float32 forward, rawops' or torch's, can flip a
+    ReLU mask: a flipped mask moves a whole term of a gradient sum (~1e-4 of the first layer's
+    weight gradient at 3000 rows, for either library), which is chance, not precision."""
+    from gpu_reference import random
+
+    modules = list(net)
+    n_in = next(m for m in modules if isinstance(m, torch.nn.Linear)).in_features
+    x = random((batch, n_in), torch.float32)
+    for _ in range(100):
+        h = x.double()
+        near = torch.zeros(batch, dtype=torch.bool, device=x.device)
+        for i, m in enumerate(modules):
+            if isinstance(m, torch.nn.Linear):
+                h = h @ m.weight.detach().double().T + (m.bias.detach().double() if m.bias is not None else 0)
+                if i + 1 < len(modules) and isinstance(modules[i + 1], torch.nn.ReLU):
+                    near |= (h.abs() < RELU_MARGIN).any(1)
+            elif isinstance(m, torch.nn.ReLU):
+                h = torch.relu(h)
+            else:
+                raise TypeError(f"away_from_relu_kinks takes Linear and ReLU layers, got {type(m).__name__}")
+        count = int(near.sum())
+        if count == 0:
+            return x
+        x[near] = random((count, n_in), torch.float32)
+    raise AssertionError("could not draw rows away from the ReLU kinks")
+
+
 def source_weights(net):
     linears = [m for m in net if m.__class__.__name__ == "Linear"]
     return [t.detach() for m in linears for t in (m.weight, m.bias)]

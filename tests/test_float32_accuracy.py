@@ -41,7 +41,6 @@ import pytest
 FLOOR = 4 * 2.0 ** -24  # relative error of four float32 roundings: both sides (nearly) exact
 MIN_ROWS = 512  # rows summed into each error at least (small batches repeat on fresh inputs)
 MAX_REPEATS = 64
-RELU_MARGIN = 1e-3  # the source network's hidden pre-activations stay this far from 0 (float64)
 # Open (issue 26 item 4): quantities measured over 2x torch's error on the H100 / H200, held to the
 # looser factor here until fixed, so that everything else in their cases is still checked and a
 # regression past the factor still fails. (what's prefix, quantity) -> factor.
@@ -177,28 +176,6 @@ SOURCE_BATCHES = [1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 511, 51
                   8192, 8448, 8449, 33792, 33793, 65536, 1 << 20]
 
 
-def away_from_relu_kinks(torch, net, batch):
-    """x (batch, 100), fresh normal float32 rows, redrawn where any hidden pre-activation is
-    within RELU_MARGIN of 0 in float64 (on the float32 weights)."""
-    from gpu_reference import random
-
-    layers = [(m.weight.detach().double(), m.bias.detach().double()) for m in net
-              if isinstance(m, torch.nn.Linear)][:-1]
-    x = random((batch, 100), torch.float32)
-    for _ in range(100):
-        h = x.double()
-        near = torch.zeros(batch, dtype=torch.bool, device=x.device)
-        for w, b in layers:
-            z = h @ w.T + b
-            near |= (z.abs() < RELU_MARGIN).any(1)
-            h = torch.relu(z)
-        count = int(near.sum())
-        if count == 0:
-            return x
-        x[near] = random((count, 100), torch.float32)
-    raise AssertionError("could not draw rows away from the ReLU kinks")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["default", "ffma"])
 @pytest.mark.parametrize("batch", SOURCE_BATCHES)
@@ -206,7 +183,7 @@ def test_fused_mlp_float32_forward_and_every_gradient_within_2x_torch(batch, pat
     # path "ffma": config.mlp_tf32 off, the exact FFMA kernels where the default takes the tensor pipe
     torch = pytest.importorskip("torch")
     from gpu_reference import poison_torch_pool, random
-    from mlp_reference import source_network
+    from mlp_reference import away_from_relu_kinks, source_network
 
     import rawops
     from rawops import _mlp_plans
