@@ -12,8 +12,10 @@ torch's; the other widths are reported. add_rms_norm (residual add + rms_norm; t
 then F.rms_norm, its backward given the gradients of both outputs; Liger: liger_fused_add_rms_norm)
 moves x, residual in and y, new residual out forward, dy, d_new_residual, new residual in and dx out
 backward: its bar is >= 92% of the copy ceiling both ways at width 4096. The 16-bit layer_norm
-backward at 4096 is also timed by each of its two entries, interleaved (full rows, the default, and a
-block a row: rawops.config.norm_full_rows): which one each GPU's rows should take.
+backward at 4096 is also timed by each of its entries, interleaved (full rows, by default in clusters
+of 4 on sm_90 whose partial rows are summed in distributed shared memory; full rows one partial row a
+block: rawops.config.norm_bwd_cluster off; a block a row: rawops.config.norm_full_rows off): which one
+each GPU's rows should take.
 
     python bench/bench_norm.py [--out bench/results]
 """
@@ -135,14 +137,16 @@ def device_rows(ta_norm, ceiling):
     return rows
 
 
-ENTRY_HEADER = ["op", "dtype", "shape", "rawops us", "block a row us", "torch us", "full rows of copy ceiling",
-                "block a row of copy ceiling", "block / full"]
+ENTRY_HEADER = ["op", "dtype", "shape", "rawops us", "full rows a block us", "block a row us", "torch us",
+                "default of copy ceiling", "full rows a block of copy ceiling", "block a row of copy ceiling",
+                "block / default"]
 
 
 def entry_rows(ta_norm, ceiling):
-    """The 16-bit layer_norm backward at width BAR_WIDTH by both of its entries, interleaved: the
-    full-rows one (rawops.config.norm_full_rows, the default) and a block a row (the switch off),
-    so that each GPU's run says which its rows should take."""
+    """The 16-bit layer_norm backward at width BAR_WIDTH by each of its entries, interleaved: the
+    default (full rows, in clusters where the GPU has them), full rows without clusters
+    (rawops.config.norm_bwd_cluster off) and a block a row (rawops.config.norm_full_rows off), so
+    that each GPU's run says which its rows should take."""
     from rawops import config
 
     rows = []
@@ -155,13 +159,19 @@ def entry_rows(ta_norm, ceiling):
         def block_a_row():
             with config.override(norm_full_rows=False):
                 ours()
-        times = device_times_us({"full": ours, "block": block_a_row, "torch": theirs})
+
+        def unclustered():
+            with config.override(norm_bwd_cluster=False):
+                ours()
+        times = device_times_us({"full": ours, "unclustered": unclustered, "block": block_a_row, "torch": theirs})
         shape = f"{rows_of(BAR_WIDTH)}x{BAR_WIDTH}"
         rows.append({"op": "layer_norm bwd (entries)", "dtype": dtype_name, "shape": shape,
-                     "rawops us": times["full"], "block a row us": times["block"], "torch us": times["torch"],
-                     "full rows of copy ceiling": nbytes / times["full"] / 1e6 / ceiling,
+                     "rawops us": times["full"], "full rows a block us": times["unclustered"],
+                     "block a row us": times["block"], "torch us": times["torch"],
+                     "default of copy ceiling": nbytes / times["full"] / 1e6 / ceiling,
+                     "full rows a block of copy ceiling": nbytes / times["unclustered"] / 1e6 / ceiling,
                      "block a row of copy ceiling": nbytes / times["block"] / 1e6 / ceiling,
-                     "block / full": times["block"] / times["full"]})
+                     "block / default": times["block"] / times["full"]})
         print(rows[-1], flush=True)
         del x, dy
         torch.cuda.empty_cache()

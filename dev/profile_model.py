@@ -6,8 +6,9 @@ step is host-bound), and the kernels that differ, by total device time a step.
     python dev/profile_model.py [--host] [stock-bf16 blocks-bf16 ...]
 
 --host: also the host's side of a step: the time to enqueue it (perf_counter around the step's
-calls, the GPU still busy with the previous ones), and the CUDA runtime and driver calls by total
-host time a step (a synchronisation, an allocation or an attribute query that idles the GPU).
+calls, the GPU still busy with the previous ones), the CUDA runtime and driver calls by total
+host time a step (a synchronisation, an allocation or an attribute query that idles the GPU), and
+where the GPU idles between kernels (summed by the kernels around each gap).
 """
 import time
 import collections
@@ -80,7 +81,27 @@ def kernels_of(config):
     kernel_us = sum(totals.values())
     print(f"== {config}: step {step_us:9.1f} us (events, no profiler), kernels {kernel_us:9.1f} us a step "
           f"({kernel_us / step_us:.2f} of the step busy)", flush=True)
+    if HOST:
+        idle_gaps(prof, config)
     return totals, counts, step_us
+
+
+def idle_gaps(prof, config):
+    """Where the GPU idles inside the profiled steps (--host): each gap between one kernel's end and
+    the next one's start (streams merged), summed by the pair of kernels around it, largest first:
+    the kernel after a gap is the one whose launch the GPU waited for."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name[:44]) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    gaps, idle, end, before = collections.Counter(), 0.0, None, None
+    for start, stop, name in spans:
+        if end is not None and start > end:
+            gaps[(before, name)] += (start - end) / STEPS
+            idle += (start - end) / STEPS
+        if end is None or stop > end:
+            end, before = stop, name
+    print(f"   idle {idle:9.1f} us a step between kernels (the last step's tail and the syncs included)")
+    for (after, name), us in gaps.most_common(12):
+        print(f"   idle {us:9.1f} us a step  after {after:44s} before {name}", flush=True)
 
 
 HOST = False

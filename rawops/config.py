@@ -54,6 +54,9 @@ SWITCHES = {
     "norm_full_rows": (True, "16-bit layer_norm backwards of rows that fill every thread's vectors (2048, 4096, "
                              "8192 wide) run the full-rows entry (stepped row pointers, one-barrier row sums; "
                              "faster on the H200); False: the block-a-row entry (bench_norm times both)."),
+    "norm_bwd_cluster": (True, "on sm_90+ the full-rows entry runs in thread-block clusters of 4 whose dweight / "
+                               "dbias partials are summed in distributed shared memory: one partial row a cluster "
+                               "(4x fewer rows written and summed); False: one a block (bench_norm times both)."),
     "dependent_launch": (True, "on sm_90+ a kernel that only finishes its predecessor's work (the column sums, "
                                "the MLP's gradient reduce, normalize_volume's map) is launched programmatically "
                                "dependent."),

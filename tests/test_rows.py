@@ -231,9 +231,9 @@ def test_layer_norm_backward_takes_the_full_rows_entry_only_where_rows_fill_the_
                                                             else (BASE + 2, OTHER, OTHER * 2, OTHER * 3)))
         return norm.backward_config(op, 0, code, itemsize, plan, n, True, 2)[0]
 
-    for n in (2048, 4096, 8192):
-        assert kernel("layer_norm", 1, 2, n) == "layer_norm_bwd_full_f16"
-        assert kernel("layer_norm", 2, 2, n) == "layer_norm_bwd_full_bf16"
+    for n in (2048, 4096, 8192):  # sm_90: the full-rows entry in clusters (config.norm_bwd_cluster, default)
+        assert kernel("layer_norm", 1, 2, n) == "layer_norm_bwd_full_cluster_f16"
+        assert kernel("layer_norm", 2, 2, n) == "layer_norm_bwd_full_cluster_bf16"
         assert kernel("layer_norm", 1, 2, n, aligned=False) == "layer_norm_bwd_f16"
         assert kernel("rms_norm", 1, 2, n) == "rms_norm_bwd_f16"
     for n in (768, 1000, 1024, 4097, 65536):  # partial slices, 2 warps, streamed
@@ -241,7 +241,33 @@ def test_layer_norm_backward_takes_the_full_rows_entry_only_where_rows_fill_the_
     assert kernel("layer_norm", 0, 4, 4096) == "layer_norm_bwd_f32"
     with rawops.config.override(norm_full_rows=False):  # the switch: the block-a-row entry, a launch cached apart
         assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_bf16"
+    with rawops.config.override(norm_bwd_cluster=False):  # one partial row a block
+        assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_full_bf16"
+    assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_full_cluster_bf16"
+    plan = norm.backward_plan(16384, 4096, 2, 132, BASE, OTHER, OTHER * 2, OTHER * 3)
+    no_partials = norm.backward_config("layer_norm", 0, 2, 2, plan, 4096, False, 0)
+    assert no_partials[0] == "layer_norm_bwd_full_bf16"
+    monkeypatch.setattr(norm, "compute_capability", lambda device: 80)  # no clusters before sm_90
+    monkeypatch.setattr(norm, "_backward_configs", {})
     assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_full_bf16"
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 527, 528, 529, 16384])
+def test_the_clustered_norm_backward_launches_whole_clusters_and_one_partial_row_each(rows, monkeypatch):
+    # layer_norm_bwd_full_cluster_<dtype> is compiled with __cluster_dims__(NORM_BWD_CLUSTER): its grid must be whole
+    # clusters (rounded up while the device holds them: CTAs without rows add zero partials), its partial rows one a
+    # cluster, never more than the plan's buffers hold.
+    monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
+    monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 530)
+    monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
+    monkeypatch.setattr(norm, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(norm, "_backward_configs", {})
+    plan = norm.backward_plan(rows, 4096, 2, 132, BASE, OTHER, OTHER * 2, OTHER * 3)
+    name, _, blocks, _, _, chunks, _ = norm.backward_config("layer_norm", 0, 2, 2, plan, 4096, True, 2)
+    c = norm.BWD_CLUSTER
+    assert name == "layer_norm_bwd_full_cluster_bf16" and c > 1
+    assert blocks % c == 0 and 0 < blocks <= 530 and chunks == blocks // c <= plan[3]
+    assert blocks >= min(plan[1], 528)  # every block the plan wanted, up to the whole clusters held (528 of 530)
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
