@@ -137,16 +137,16 @@ def device_rows(ta_norm, ceiling):
     return rows
 
 
-ENTRY_HEADER = ["op", "dtype", "shape", "rawops us", "full rows a block us", "block a row us", "torch us",
-                "default of copy ceiling", "full rows a block of copy ceiling", "block a row of copy ceiling",
-                "block / default"]
+ENTRY_HEADER = ["op", "dtype", "shape", "rawops us", "clusters of 4 us", "full rows a block us", "block a row us",
+                "torch us", "clusters of 4 of copy ceiling", "full rows a block of copy ceiling",
+                "block a row of copy ceiling"]
 
 
 def entry_rows(ta_norm, ceiling):
-    """The 16-bit layer_norm backward at width BAR_WIDTH by each of its entries, interleaved: the
-    default (full rows, in clusters where the GPU has them), full rows without clusters
-    (rawops.config.norm_bwd_cluster off) and a block a row (rawops.config.norm_full_rows off), so
-    that each GPU's run says which its rows should take."""
+    """The 16-bit layer_norm backward at width BAR_WIDTH by each of its entries, interleaved: full
+    rows in clusters of 4 (sm_90; rawops.config.norm_bwd_cluster), full rows one partial row a
+    block, a block a row (rawops.config.norm_full_rows off), and the default ("rawops us"), so that
+    each GPU's run says which its rows should take."""
     from rawops import config
 
     rows = []
@@ -156,22 +156,21 @@ def entry_rows(ta_norm, ceiling):
         w, b = torch.randn(BAR_WIDTH, device="cuda", dtype=dtype), torch.randn(BAR_WIDTH, device="cuda", dtype=dtype)
         ours, theirs, nbytes, _ = _cases(ta_norm, x, dy, w, b)["layer_norm bwd"]
 
-        def block_a_row():
-            with config.override(norm_full_rows=False):
-                ours()
-
-        def unclustered():
-            with config.override(norm_bwd_cluster=False):
-                ours()
-        times = device_times_us({"full": ours, "unclustered": unclustered, "block": block_a_row, "torch": theirs})
+        def entry(**switches):
+            def call():
+                with config.override(**switches):
+                    ours()
+            return call
+        times = device_times_us({"clusters": entry(norm_full_rows=True, norm_bwd_cluster=True),
+                                 "full": entry(norm_full_rows=True, norm_bwd_cluster=False),
+                                 "block": entry(norm_full_rows=False), "default": ours, "torch": theirs})
         shape = f"{rows_of(BAR_WIDTH)}x{BAR_WIDTH}"
-        rows.append({"op": "layer_norm bwd (entries)", "dtype": dtype_name, "shape": shape,
-                     "rawops us": times["full"], "full rows a block us": times["unclustered"],
-                     "block a row us": times["block"], "torch us": times["torch"],
-                     "default of copy ceiling": nbytes / times["full"] / 1e6 / ceiling,
-                     "full rows a block of copy ceiling": nbytes / times["unclustered"] / 1e6 / ceiling,
-                     "block a row of copy ceiling": nbytes / times["block"] / 1e6 / ceiling,
-                     "block / default": times["block"] / times["full"]})
+        row = {"op": "layer_norm bwd (entries)", "dtype": dtype_name, "shape": shape, "rawops us": times["default"],
+               "clusters of 4 us": times["clusters"], "full rows a block us": times["full"],
+               "block a row us": times["block"], "torch us": times["torch"]}
+        for name, column in (("clusters", "clusters of 4"), ("full", "full rows a block"), ("block", "block a row")):
+            row[f"{column} of copy ceiling"] = nbytes / times[name] / 1e6 / ceiling
+        rows.append(row)
         print(rows[-1], flush=True)
         del x, dy
         torch.cuda.empty_cache()
