@@ -12,10 +12,9 @@ torch's; the other widths are reported. add_rms_norm (residual add + rms_norm; t
 then F.rms_norm, its backward given the gradients of both outputs; Liger: liger_fused_add_rms_norm)
 moves x, residual in and y, new residual out forward, dy, d_new_residual, new residual in and dx out
 backward: its bar is >= 92% of the copy ceiling both ways at width 4096. The 16-bit layer_norm
-backward at 4096 is also timed by each of its entries, interleaved (full rows, by default in clusters
-of 4 on sm_90 whose partial rows are summed in distributed shared memory; full rows one partial row a
-block: rawops.config.norm_bwd_cluster off; a block a row: rawops.config.norm_full_rows off): which one
-each GPU's rows should take.
+backward at 4096 is also timed by each of its entries, interleaved (full rows and a block a row:
+rawops.config.norm_full_rows True / False; the default picks by the device's memory speed an SM):
+which one each GPU's rows should take.
 
     python bench/bench_norm.py [--out bench/results]
 """
@@ -137,16 +136,14 @@ def device_rows(ta_norm, ceiling):
     return rows
 
 
-ENTRY_HEADER = ["op", "dtype", "shape", "rawops us", "clusters of 4 us", "full rows a block us", "block a row us",
-                "torch us", "clusters of 4 of copy ceiling", "full rows a block of copy ceiling",
-                "block a row of copy ceiling"]
+ENTRY_HEADER = ["op", "dtype", "shape", "rawops us", "full rows us", "block a row us", "torch us",
+                "full rows of copy ceiling", "block a row of copy ceiling"]
 
 
 def entry_rows(ta_norm, ceiling):
     """The 16-bit layer_norm backward at width BAR_WIDTH by each of its entries, interleaved: full
-    rows in clusters of 4 (sm_90; rawops.config.norm_bwd_cluster), full rows one partial row a
-    block, a block a row (rawops.config.norm_full_rows off), and the default ("rawops us"), so that
-    each GPU's run says which its rows should take."""
+    rows (rawops.config.norm_full_rows=True), a block a row (False) and the default ("rawops us":
+    None, the device's choice), so that each GPU's run says which its rows should take."""
     from rawops import config
 
     rows = []
@@ -161,14 +158,12 @@ def entry_rows(ta_norm, ceiling):
                 with config.override(**switches):
                     ours()
             return call
-        times = device_times_us({"clusters": entry(norm_full_rows=True, norm_bwd_cluster=True),
-                                 "full": entry(norm_full_rows=True, norm_bwd_cluster=False),
-                                 "block": entry(norm_full_rows=False), "default": ours, "torch": theirs})
+        times = device_times_us({"full": entry(norm_full_rows=True), "block": entry(norm_full_rows=False),
+                                 "default": ours, "torch": theirs})
         shape = f"{rows_of(BAR_WIDTH)}x{BAR_WIDTH}"
         row = {"op": "layer_norm bwd (entries)", "dtype": dtype_name, "shape": shape, "rawops us": times["default"],
-               "clusters of 4 us": times["clusters"], "full rows a block us": times["full"],
-               "block a row us": times["block"], "torch us": times["torch"]}
-        for name, column in (("clusters", "clusters of 4"), ("full", "full rows a block"), ("block", "block a row")):
+               "full rows us": times["full"], "block a row us": times["block"], "torch us": times["torch"]}
+        for name, column in (("full", "full rows"), ("block", "block a row")):
             row[f"{column} of copy ceiling"] = nbytes / times[name] / 1e6 / ceiling
         rows.append(row)
         print(rows[-1], flush=True)
@@ -191,8 +186,8 @@ def main():
                                           f"add_rms_norm both ways >= {ADD_BAR:.0%} of the copy ceiling",
           "bytes": "forward x + y (+ weight, bias, stats); backward dy + x + dx (+ weight, stats, dweight, dbias)"}),
         ("The 16-bit layer_norm backward by each entry", ENTRY_HEADER, entry_rows(ta_norm, ceiling),
-         {"entries": "rawops us: the full-rows entry (config.norm_full_rows, default); block a row: the switch off; "
-                     "interleaved rounds"}),
+         {"entries": "rawops us: the default (config.norm_full_rows None: full rows on fast memory an SM, else a "
+                     "block a row); full rows / block a row: the switch True / False; interleaved rounds"}),
     ])
     print(text)
     return 0

@@ -34,7 +34,6 @@
 // what the occupancy API says the device holds at once, its shared memory from
 // rawops/norm.py (column_smem).
 #include "rawops/bulk.cuh"
-#include "rawops/cluster.cuh"
 #include "rawops/rows.cuh"
 
 namespace rawops {
@@ -474,32 +473,6 @@ struct ColumnPartials {
 #pragma unroll
     for (int i = 0; i < V / 4; ++i) reinterpret_cast<float4*>(out)[i] = p[slot(k * V / 4 + i)];
   }
-  // The same, summed over the C CTAs of this thread-block cluster (sm_90; every CTA the same
-  // blockDim, so a slot is the same column in each): of a thread's float4s, CTA rank r adds those
-  // with q % C == r over ranks 0 .. C - 1 in order (deterministic) through distributed shared
-  // memory and stores them into out's row. Called by every thread of every CTA; out is partial row
-  // blockIdx.x / C. The cluster barriers bracket it: every CTA's partials final before the reads,
-  // and no CTA exits (its shared memory gone) before its peers read it.
-  template <int C>
-  __device__ __forceinline__ static void flush_cluster(const float4* p, int k, float* out) {
-    const unsigned rank = cluster_rank();
-#pragma unroll
-    for (int i = 0; i < V / 4; ++i) {
-      const int q = k * V / 4 + i;
-      if (q % C != int(rank)) continue;
-      const float4* at = &p[slot(q)];
-      float4 sum = load_peer_float4(peer_address(at, 0));
-#pragma unroll
-      for (int r = 1; r < C; ++r) {
-        const float4 v = load_peer_float4(peer_address(at, r));
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
-      }
-      reinterpret_cast<float4*>(out)[i] = sum;
-    }
-  }
 };
 
 // The 16-bit layer_norm backward of full rows (entries layer_norm_bwd_full_<f16|bf16>, picked by
@@ -508,7 +481,7 @@ struct ColumnPartials {
 // multiple of 4 warps. An entry of its own, so that norm_bwd keeps its register allocation for
 // every other row. norm_bwd's math an element; less a row: row pointers advanced by the grid's
 // step (no 64-bit row x stride products, no bounds tests) and the row sums by full_row_sums.
-template <typename T, int CLUSTER = 1>
+template <typename T>
 __device__ __forceinline__ void layer_norm_bwd_full_rows(const T* __restrict__ dy, const T* __restrict__ x,
                                                          const T* __restrict__ w, const float* __restrict__ mean_in,
                                                          const float* __restrict__ rstd_in, T* __restrict__ dx,
@@ -593,30 +566,12 @@ __device__ __forceinline__ void layer_norm_bwd_full_rows(const T* __restrict__ d
     mp += c.step;
     rp += c.step;
   }
-  if constexpr (CLUSTER > 1) {
-    // One partial row a cluster (rawops/norm.py: chunks = blocks / CLUSTER): C times fewer rows
-    // written here and read by norm_param_grad (16384 x 4096: 17 -> 4.3 MB each way).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const int64_t chunk = blockIdx.x / CLUSTER;
-    cluster_barrier();
+  const int64_t chunk = blockIdx.x;
 #pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t col = (int64_t(k) * c.width + c.lane) * V;
-      if (acc.dw) acc.template flush_cluster<CLUSTER>(acc.dw, k, partial_dw + chunk * n + col);
-      if (acc.db) acc.template flush_cluster<CLUSTER>(acc.db, k, partial_db + chunk * n + col);
-    }
-    cluster_barrier();
-#else
-    __trap();  // no clusters below sm_90; rawops/norm.py never picks this entry there
-#endif
-  } else {
-    const int64_t chunk = blockIdx.x;
-#pragma unroll
-    for (int k = 0; k < ITEMS; ++k) {
-      const int64_t col = (int64_t(k) * c.width + c.lane) * V;
-      if (acc.dw) acc.flush(acc.dw, k, partial_dw + chunk * n + col);
-      if (acc.db) acc.flush(acc.db, k, partial_db + chunk * n + col);
-    }
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t col = (int64_t(k) * c.width + c.lane) * V;
+    if (acc.dw) acc.flush(acc.dw, k, partial_dw + chunk * n + col);
+    if (acc.db) acc.flush(acc.db, k, partial_db + chunk * n + col);
   }
 }
 
@@ -918,14 +873,7 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
   }
 
 // The 16-bit layer_norm backward of full rows: layer_norm_bwd_<suffix>'s arguments (mode: block;
-// the vector flag set, no stages). The _cluster entry runs in thread-block clusters of
-// RAWOPS_NORM_BWD_CLUSTER CTAs (compiled in: a plain launch of a grid of whole clusters honours them;
-// sm_90) and writes one partial row a cluster.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define RAWOPS_NORM_CLUSTER_DIMS(C)
-#else
-#define RAWOPS_NORM_CLUSTER_DIMS(C) __cluster_dims__(C, 1, 1)
-#endif
+// the vector flag set, no stages).
 #define RAWOPS_LN_BWD_FULL(T, suffix)                                                                         \
   extern "C" __global__ void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                 \
       layer_norm_bwd_full_##suffix(const T* dy, const T* x, const T* w, const float* mean, const float* rstd, \
@@ -935,18 +883,6 @@ __device__ __forceinline__ void norm_param_grad(const float* __restrict__ partia
     (void)mode;                                                                                               \
     rawops::layer_norm_bwd_full_rows<T>(dy, x, w, mean, rstd, dx, partial_dw, partial_db, rows, n, dy_stride, \
                                         x_stride, dx_stride, vec & RAWOPS_NORM_FLAG_WEIGHT);                  \
-  }                                                                                                           \
-  extern "C" __global__ RAWOPS_NORM_CLUSTER_DIMS(RAWOPS_NORM_BWD_CLUSTER)                                     \
-  void __launch_bounds__(rawops::kMaxRowThreads, rawops::kMinRowBlocks)                                       \
-      layer_norm_bwd_full_cluster_##suffix(const T* dy, const T* x, const T* w, const float* mean,            \
-                                           const float* rstd, T* dx, float* partial_dw, float* partial_db,    \
-                                           long long rows, long long n, long long dy_stride,                  \
-                                           long long x_stride, long long dx_stride, long long mode,           \
-                                           long long vec) {                                                   \
-    (void)mode;                                                                                               \
-    rawops::layer_norm_bwd_full_rows<T, RAWOPS_NORM_BWD_CLUSTER>(dy, x, w, mean, rstd, dx, partial_dw,        \
-                                                                 partial_db, rows, n, dy_stride, x_stride,    \
-                                                                 dx_stride, vec & RAWOPS_NORM_FLAG_WEIGHT);   \
   }
 
 RAWOPS_NORM_FAMILY(float, f32, rawops::kMinRowBlocks, rawops::kMinRowBlocks, rawops::kMinRowBlocks)

@@ -78,10 +78,6 @@ NORM_FLAG_BIAS = 4
 NORM_FLAG_ADD = 8
 NORM_STAGES_SHIFT = 4  # bits 4-5 of `vec`: the bulk path's stages (0: none)
 # norm_param_grad: blocks of COLUMNS columns x LANES lanes over the partial rows.
-# The 16-bit full-rows layer_norm backward's cluster entry (layer_norm_bwd_full_cluster_<dtype>, sm_90):
-# CTAs a thread-block cluster, whose column partials are summed through distributed shared memory
-# into one partial row (rawops/norm.py: config.norm_bwd_cluster).
-NORM_BWD_CLUSTER = 4
 NORM_PARAM_GRAD_COLUMNS = 32
 NORM_PARAM_GRAD_LANES = 16
 

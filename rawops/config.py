@@ -51,12 +51,11 @@ SWITCHES = {
                                        "where the last dim is whole 64-column tiles; False: the column walkers."),
     "exact_half_dbias": (True, "float16 bias_gelu backwards of >= 2^24 elements sum dbias exactly in int64 fixed "
                                "point (deterministic bits in any order); False: float32 partial rows."),
-    "norm_full_rows": (True, "16-bit layer_norm backwards of rows that fill every thread's vectors (2048, 4096, "
-                             "8192 wide) run the full-rows entry (stepped row pointers, one-barrier row sums; "
-                             "faster on the H200); False: the block-a-row entry (bench_norm times both)."),
-    "norm_bwd_cluster": (True, "on sm_90+ the full-rows entry runs in thread-block clusters of 4 whose dweight / "
-                               "dbias partials are summed in distributed shared memory: one partial row a cluster "
-                               "(4x fewer rows written and summed); False: one a block (bench_norm times both)."),
+    "norm_full_rows": (None, "16-bit layer_norm backwards of rows that fill every thread's vectors (2048, 4096, "
+                             "8192 wide): None (default) lets the device choose, the full-rows entry (stepped row "
+                             "pointers, one-barrier row sums) where its memory is fast an SM (fast_memory: the "
+                             "H200, not the H100), a block a row elsewhere; True / False: always / never the "
+                             "full-rows entry (bench_norm times both)."),
     "dependent_launch": (True, "on sm_90+ a kernel that only finishes its predecessor's work (the column sums, "
                                "the MLP's gradient reduce, normalize_volume's map) is launched programmatically "
                                "dependent."),
@@ -66,25 +65,32 @@ SWITCHES = {
 }
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+_TRISTATE = ("norm_full_rows",)  # None (the device decides), True or False; environment: auto, or as a boolean
 
 
 def _from_environment(name, default):
     text = os.environ.get(f"RAWOPS_{name.upper()}")
-    if text is None or not isinstance(default, bool):
+    if text is None or not (isinstance(default, bool) or name in _TRISTATE):
         return default
     value = text.strip().lower()
+    if name in _TRISTATE and value in ("auto", "none"):
+        return None
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(f"RAWOPS_{name.upper()}={text!r}: expected one of 1/true/yes/on or 0/false/no/off")
+    raise ValueError(f"RAWOPS_{name.upper()}={text!r}: expected one of 1/true/yes/on or 0/false/no/off"
+                     + (" or auto" if name in _TRISTATE else ""))
 
 
 def _check(name, value):
     if name not in SWITCHES:
         raise AttributeError(f"rawops.config has no switch {name!r}; the switches: {', '.join(SWITCHES)}")
     default = SWITCHES[name][0]
-    if isinstance(default, bool):
+    if name in _TRISTATE:
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"rawops.config.{name} must be None, True or False, got {value!r}")
+    elif isinstance(default, bool):
         if not isinstance(value, bool):
             raise TypeError(f"rawops.config.{name} must be True or False, got {value!r}")
     elif name == "gemm_sm90_shape" and value is not None:

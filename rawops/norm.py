@@ -40,14 +40,12 @@ KERNELS = {
     "layer_norm_fwd": _FWD_ARGS,
     "layer_norm_bwd": _BWD_ARGS,
     "layer_norm_bwd_full": _BWD_ARGS,  # 16-bit rows that fill the block (full_rows): f16, bf16 only
-    "layer_norm_bwd_full_cluster": _BWD_ARGS,  # the same in clusters of BWD_CLUSTER CTAs (sm_90+)
     "rms_norm_fwd": _FWD_ARGS,
     "rms_norm_bwd": _BWD_ARGS,
     # Second stage of dweight/dbias: the per-block partial rows summed in a fixed order.
     "norm_param_grad": ("partial_dw", "partial_db", "dweight", "dbias", "chunks", "n"),
 }
-# entries not built for every dtype
-SUFFIXES_OF = {"layer_norm_bwd_full": ("f16", "bf16"), "layer_norm_bwd_full_cluster": ("f16", "bf16")}
+SUFFIXES_OF = {"layer_norm_bwd_full": ("f16", "bf16")}  # entries not built for every dtype
 ENTRY_POINTS = sorted(f"{base}_{suffix}" for base in KERNELS
                       for suffix in SUFFIXES_OF.get(base, ("f32", "f16", "bf16")))
 FWD_KINDS = "ppppppqqqqqqf"
@@ -55,8 +53,6 @@ BWD_KINDS = "ppppppppqqqqqqq"
 PARAM_GRAD_KINDS = "ppppqq"
 ADD_FWD_KINDS = "ppppppqqqqqqqqf"
 ADD_BWD_KINDS = "pppppppqqqqqqqq"
-BWD_CLUSTER = _constants.NORM_BWD_CLUSTER  # CTAs a cluster of layer_norm_bwd_full_cluster_<dtype>
-CLUSTER_MIN_CC = 90  # thread-block clusters
 PARAM_GRAD_COLUMNS = _constants.NORM_PARAM_GRAD_COLUMNS  # columns per block of norm_param_grad
 PARAM_GRAD_THREADS = PARAM_GRAD_COLUMNS * _constants.NORM_PARAM_GRAD_LANES  # x lanes over the partial rows
 FLAG_VECTORS, FLAG_WEIGHT, FLAG_BIAS = (_constants.NORM_FLAG_VECTORS, _constants.NORM_FLAG_WEIGHT,
@@ -212,25 +208,17 @@ def full_rows(op, itemsize, mode, threads, n, aligned, stages):
             and threads % 128 == 0 and n == threads * _constants.ROW_BWD_VECTORS * (16 // itemsize))
 
 
-def cluster_grid(blocks, held, cluster):
-    """A grid of whole clusters for `blocks` wanted of the `held` the device holds at once: rounded up
-    where that still fits (the extra CTAs, with no rows, add zero partials), else down."""
-    up = -(-blocks // cluster) * cluster
-    return up if up <= held else blocks // cluster * cluster
-
-
 def backward_config(op, device, dtype, itemsize, plan, n, has_weight, partials):
     """(kernel, mode, blocks, threads, dynamic shared bytes, chunks, stage flags) of a backward launch
     of plan = backward_plan(...) with `partials` (0-2: dweight, dbias) wanted: the shared memory of its
     partials, the bulk stages, and the grid the occupancy API says the device holds at once (at most
     the plan's), whose partial rows (`chunks`, fewer) are the ones summed. All but the grid cached by
-    the plan's mode and block, the row width and what is wanted (never by the row count). The
-    full-rows entry runs in clusters of BWD_CLUSTER CTAs where config.norm_bwd_cluster and the GPU has
-    them (sm_90+), and wants partials: one partial row a cluster, BWD_CLUSTER times fewer."""
+    the plan's mode and block, the row width and what is wanted (never by the row count)."""
     mode, blocks, threads, _, aligned = plan
     full_allowed = config.norm_full_rows
-    cluster_allowed = config.norm_bwd_cluster and partials > 0
-    key = (op, device, dtype, mode, threads, n, has_weight, partials, aligned, full_allowed, cluster_allowed)
+    if full_allowed is None:  # the device's choice: bench_norm's entries table, H100 and H200
+        full_allowed = fast_memory(device)
+    key = (op, device, dtype, mode, threads, n, has_weight, partials, aligned, full_allowed)
     cached = _backward_configs.get(key)
     if cached is None:
         name = _rows.kernel_name(f"{op}_bwd", dtype)
@@ -241,26 +229,14 @@ def backward_config(op, device, dtype, itemsize, plan, n, has_weight, partials):
             # chunk either way: the same partial buffers serve).
             run_mode, smem = _rows.STREAM_ROW, 0
         stages, smem = bulk_stages(op, name, device, run_mode, threads, smem, n, itemsize, 2)
-        cluster = 1
         if full_allowed and full_rows(op, itemsize, run_mode, threads, n, aligned, stages):
             full = _rows.kernel_name("layer_norm_bwd_full", dtype)
             if _allow_smem(full, device, smem):
                 name = full
-                clustered = _rows.kernel_name("layer_norm_bwd_full_cluster", dtype)
-                # The grid held at once: the plain entry's (the same registers and shared memory; the
-                # occupancy API of a kernel with compiled-in cluster dims is not relied on).
-                if (cluster_allowed and compute_capability(device) >= CLUSTER_MIN_CC
-                        and resident(full, device, threads, smem) >= BWD_CLUSTER
-                        and _allow_smem(clustered, device, smem)):
-                    name, cluster = clustered, BWD_CLUSTER
-        held_by = _rows.kernel_name("layer_norm_bwd_full", dtype) if cluster > 1 else name
         cached = _backward_configs[key] = (_modules.function_pointer(FAMILY, name, device), run_mode, threads, smem,
-                                           resident(held_by, device, threads, smem), stages << STAGES_SHIFT, cluster)
-    function, run_mode, threads, smem, held, stage_flags, cluster = cached
+                                           resident(name, device, threads, smem), stages << STAGES_SHIFT)
+    function, run_mode, threads, smem, held, stage_flags = cached
     blocks = min(blocks, held)
-    if cluster > 1:
-        blocks = cluster_grid(blocks, held, cluster)
-        return function, run_mode, blocks, threads, smem, blocks // cluster, stage_flags
     return function, run_mode, blocks, threads, smem, _rows.chunks(run_mode, blocks, threads), stage_flags
 
 

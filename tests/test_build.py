@@ -869,8 +869,7 @@ def _kinds_key(kinds, name):
 
 @pytest.mark.parametrize("family, kinds", [
     ("norm", {"add_rms_norm_fwd": norm.ADD_FWD_KINDS, "add_rms_norm_bwd": norm.ADD_BWD_KINDS, "_fwd": norm.FWD_KINDS,
-              "_bwd": norm.BWD_KINDS, "layer_norm_bwd_full": norm.BWD_KINDS,
-              "layer_norm_bwd_full_cluster": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
+              "_bwd": norm.BWD_KINDS, "layer_norm_bwd_full": norm.BWD_KINDS, "norm_param_grad": norm.PARAM_GRAD_KINDS}),
     ("softmaxes", {"_fwd": softmaxes.FWD_KINDS, "_fwd_wide": softmaxes.FWD_KINDS, "_bwd": softmaxes.BWD_KINDS}),
 ])
 def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
@@ -878,10 +877,9 @@ def test_row_family_launch_kinds_match_the_kernel_signatures(family, kinds):
     # garbage to the kernel, so compare with the extern "C" parameter lists.
     source = re.sub(r"\\\n", " ", _source(family))
     table = ROW_FAMILIES[family].KERNELS
-    # entries bounded by __launch_bounds__(...) or by a macro argument (BWD_BOUNDS: __maxnreg__(...)), a
-    # cluster shape (RAWOPS_NORM_CLUSTER_DIMS(...)) before the return type where compiled in
-    signatures = re.findall(r'extern "C" __global__ (?:RAWOPS_NORM_CLUSTER_DIMS\(\w+\)\s*)?void '
-                            r'(?:__launch_bounds__\([^)]*\)|BWD_BOUNDS)\s*([\w#]+?)_##suffix\(([^)]*)\)', source)
+    # entries bounded by __launch_bounds__(...) or by a macro argument (BWD_BOUNDS: __maxnreg__(...))
+    signatures = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)|BWD_BOUNDS)\s*([\w#]+?)'
+                            r'_##suffix\(([^)]*)\)', source)
     assert {name for name, _ in signatures} >= {f"name##{k}" for k in kinds if k.startswith("_")}
     for name, params in signatures:  # name: "name##_fwd" inside a macro, or a plain helper name
         key = _kinds_key(kinds, name)  # the first that matches: the specific names listed first

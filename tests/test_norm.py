@@ -152,17 +152,15 @@ def test_backward_of_the_widest_register_rows(op, dtype, monkeypatch):
             check(db, rdb, dt, f"{op} dbias, {how}", factor=SUM_FACTOR)
 
 
-@pytest.mark.parametrize("cluster", [True, False])
 @pytest.mark.parametrize("weighted", [True, False])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("rows,n", [(1, 4096), (3, 2048), (1000, 2048), (16384, 4096), (1000, 8192)])
-def test_layer_norm_backward_of_full_rows(rows, n, dtype, weighted, cluster, monkeypatch):
+def test_layer_norm_backward_of_full_rows(rows, n, dtype, weighted, monkeypatch):
     """16-bit rows that fill every thread's vectors (4, 8 and 16 warps) take layer_norm_bwd_full_<dtype>
-    (its row pointers stepped, its row sums by a butterfly and one barrier), on sm_90 in clusters
-    (layer_norm_bwd_full_cluster_<dtype>: partials summed over the cluster's CTAs, a grid rounded to
-    whole clusters) unless config.norm_bwd_cluster is off: against float64, with and without weight
-    and bias, fewer rows than the grid and more."""
-    monkeypatch.setattr(rawops.config, "norm_bwd_cluster", cluster)
+    (its row pointers stepped, its row sums by a butterfly and one barrier) with config.norm_full_rows
+    on (by default only on fast memory: the H200): against float64, with and without weight and
+    bias, fewer rows than the grid and more."""
+    monkeypatch.setattr(rawops.config, "norm_full_rows", True)
     dt = DTYPES[dtype]
     x, dy, w, b = _inputs(rows, n, dt)
     names = []
@@ -182,9 +180,7 @@ def test_layer_norm_backward_of_full_rows(rows, n, dtype, weighted, cluster, mon
         poison_pool(x.numel() * 2, n * 2)
         dx, dw, db = rawops.layer_norm_backward(to_cupy(dy), to_cupy(x), None, mean, rstd)
         assert dw is None
-    clustered = cluster and norm_module.compute_capability(0) >= norm_module.CLUSTER_MIN_CC
-    entry = f"layer_norm_bwd_full{'_cluster' if clustered else ''}_{'f16' if dtype == 'float16' else 'bf16'}"
-    assert entry in names, names
+    assert f"layer_norm_bwd_full_{'f16' if dtype == 'float16' else 'bf16'}" in names, names
     check(dx, rdx, dt, "dx, full rows", factor=2)
     check(db, rdb, dt, "dbias, full rows", factor=SUM_FACTOR)
 

@@ -202,6 +202,7 @@ def test_norm_launch_configs_are_cached_by_shape_not_by_row_count(monkeypatch):
     monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 528)
     monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
     monkeypatch.setattr(norm, "compute_capability", lambda device: 80)
+    monkeypatch.setattr(norm, "fast_memory", lambda device: False)
     for cache in ("_forward_configs", "_backward_configs", "_bulk_plans"):
         monkeypatch.setattr(norm, cache, {})
     for rows in (1, 7, 64, 1000, 16384, 100003):
@@ -218,6 +219,9 @@ def test_norm_launch_configs_are_cached_by_shape_not_by_row_count(monkeypatch):
 def test_layer_norm_backward_takes_the_full_rows_entry_only_where_rows_fill_the_block(monkeypatch):
     # layer_norm_bwd_full_<dtype> (kernels/norm.cu) assumes block mode, 16-byte rows, every thread's
     # vectors inside the row and a multiple of 4 warps; every other launch keeps layer_norm_bwd_<dtype>.
+    # By default (norm_full_rows None) only where the memory is fast an SM (the H200's; on the H100 a
+    # block a row ran 158 us against full rows' 163, bench_norm at 5ddb83b).
+    monkeypatch.setattr(norm, "fast_memory", lambda device: True)
     monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
     monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 528)
     monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
@@ -231,9 +235,9 @@ def test_layer_norm_backward_takes_the_full_rows_entry_only_where_rows_fill_the_
                                                             else (BASE + 2, OTHER, OTHER * 2, OTHER * 3)))
         return norm.backward_config(op, 0, code, itemsize, plan, n, True, 2)[0]
 
-    for n in (2048, 4096, 8192):  # sm_90: the full-rows entry in clusters (config.norm_bwd_cluster, default)
-        assert kernel("layer_norm", 1, 2, n) == "layer_norm_bwd_full_cluster_f16"
-        assert kernel("layer_norm", 2, 2, n) == "layer_norm_bwd_full_cluster_bf16"
+    for n in (2048, 4096, 8192):
+        assert kernel("layer_norm", 1, 2, n) == "layer_norm_bwd_full_f16"
+        assert kernel("layer_norm", 2, 2, n) == "layer_norm_bwd_full_bf16"
         assert kernel("layer_norm", 1, 2, n, aligned=False) == "layer_norm_bwd_f16"
         assert kernel("rms_norm", 1, 2, n) == "rms_norm_bwd_f16"
     for n in (768, 1000, 1024, 4097, 65536):  # partial slices, 2 warps, streamed
@@ -241,33 +245,28 @@ def test_layer_norm_backward_takes_the_full_rows_entry_only_where_rows_fill_the_
     assert kernel("layer_norm", 0, 4, 4096) == "layer_norm_bwd_f32"
     with rawops.config.override(norm_full_rows=False):  # the switch: the block-a-row entry, a launch cached apart
         assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_bf16"
-    with rawops.config.override(norm_bwd_cluster=False):  # one partial row a block
-        assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_full_bf16"
-    assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_full_cluster_bf16"
-    plan = norm.backward_plan(16384, 4096, 2, 132, BASE, OTHER, OTHER * 2, OTHER * 3)
-    no_partials = norm.backward_config("layer_norm", 0, 2, 2, plan, 4096, False, 0)
-    assert no_partials[0] == "layer_norm_bwd_full_bf16"
-    monkeypatch.setattr(norm, "compute_capability", lambda device: 80)  # no clusters before sm_90
-    monkeypatch.setattr(norm, "_backward_configs", {})
     assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_full_bf16"
-
-
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 527, 528, 529, 16384])
-def test_the_clustered_norm_backward_launches_whole_clusters_and_one_partial_row_each(rows, monkeypatch):
-    # layer_norm_bwd_full_cluster_<dtype> is compiled with __cluster_dims__(NORM_BWD_CLUSTER): its grid must be whole
-    # clusters (rounded up while the device holds them: CTAs without rows add zero partials), its partial rows one a
-    # cluster, never more than the plan's buffers hold.
-    monkeypatch.setattr(norm._modules, "function_pointer", lambda family, name, device: name)
-    monkeypatch.setattr(norm, "resident", lambda name, device, threads, smem: 530)
-    monkeypatch.setattr(norm, "_allow_smem", lambda name, device, smem: True)
-    monkeypatch.setattr(norm, "compute_capability", lambda device: 90)
+    monkeypatch.setattr(norm, "fast_memory", lambda device: False)  # the H100 SXM's memory an SM
     monkeypatch.setattr(norm, "_backward_configs", {})
-    plan = norm.backward_plan(rows, 4096, 2, 132, BASE, OTHER, OTHER * 2, OTHER * 3)
-    name, _, blocks, _, _, chunks, _ = norm.backward_config("layer_norm", 0, 2, 2, plan, 4096, True, 2)
-    c = norm.BWD_CLUSTER
-    assert name == "layer_norm_bwd_full_cluster_bf16" and c > 1
-    assert blocks % c == 0 and 0 < blocks <= 530 and chunks == blocks // c <= plan[3]
-    assert blocks >= min(plan[1], 528)  # every block the plan wanted, up to the whole clusters held (528 of 530)
+    assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_bf16"
+    with rawops.config.override(norm_full_rows=True):  # forced: the full-rows entry on any device
+        assert kernel("layer_norm", 2, 2, 4096) == "layer_norm_bwd_full_bf16"
+
+
+def test_norm_full_rows_is_none_true_or_false(monkeypatch):
+    assert rawops.config.norm_full_rows is None
+    for value in (None, True, False):
+        with rawops.config.override(norm_full_rows=value):
+            assert rawops.config.norm_full_rows is value
+    with pytest.raises(TypeError, match=r"^rawops.config.norm_full_rows must be None, True or False"):
+        rawops.config.norm_full_rows = 1
+    from rawops import config as config_module
+    for text, value in (("auto", None), ("1", True), ("off", False)):
+        monkeypatch.setenv("RAWOPS_NORM_FULL_ROWS", text)
+        assert config_module._from_environment("norm_full_rows", None) is value
+    monkeypatch.setenv("RAWOPS_NORM_FULL_ROWS", "maybe")
+    with pytest.raises(ValueError, match="or auto"):
+        config_module._from_environment("norm_full_rows", None)
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])

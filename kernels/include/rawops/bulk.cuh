@@ -6,12 +6,14 @@
 // cp.async.bulk to a call into the toolkit).
 #pragma once
 
-#include "rawops/cp_async.cuh"  // smem_address
-
 namespace rawops {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define RAWOPS_HAS_BULK 1
+
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
 
 // One thread: an mbarrier expecting one arrival (the thread that posts each phase's bytes).
 __device__ __forceinline__ void bulk_barrier_init(unsigned long long* bar) {
