@@ -14,9 +14,4 @@ run() {
   timeout "${CAP:-120}" "$@" >"$out/$name.log" 2>&1
   echo "$name: rc $? ($(tail -1 "$out/$name.log" | cut -c1-100))"
 }
-run flce_chunks python3 dev/time_flce_chunks.py            # the fused loss at bench_model's head
-run profile_model python3 dev/profile_model.py --host rawops-bf16 blocks-bf16
-run sort_occupancy python3 dev/time_sort_occupancy.py      # the 1024-key tile at 8 blocks an SM
-run norm_bwd_old python3 dev/time_norm_bwd_old.py          # the H100's 16-bit layer_norm bwd, 154 -> 166 us
-run gray_small python3 dev/time_gray_small.py              # rgb_to_gray u8 4K's 14-32 us between runs
-run gemm_layouts python3 dev/time_gemm_layouts.py          # the 256 / 128 planner at 768-wide outputs
+# (none pending: the six of 2026-12-07 ran at 92e3ed1 on the H100, their conclusions in docs/performance.md)
