@@ -46,6 +46,10 @@
 
 #include "rawops/sort_keys.cuh"
 
+#ifndef RAWOPS_DEV_SORT_PACK
+#define RAWOPS_DEV_SORT_PACK 0  // dev: see BlockSort::kPack
+#endif
+
 namespace rawops {
 namespace {
 
@@ -143,6 +147,12 @@ struct BlockSort {
     }
   }
 
+  // dev (RAWOPS_DEV_SORT_PACK=1, dev/time_sort_pack.py): where the keys' own bits are not wanted back
+  // (values gathered from x by position) and the keys are 32 or 64 bits wide, the positions ride in the
+  // keys' low 16 bits once the passes over those bits are ranked: from the pass ranking bits 8-15 on,
+  // one word an item is exchanged instead of a key and a position.
+  static constexpr bool kPack = RAWOPS_DEV_SORT_PACK && sizeof(Bits) >= 4;
+
   // Sorts bits [0, end_bit) of keys, stable; on return pos[i] (and keys[i] when WANT_KEYS) is
   // sorted slot i * THREADS + threadIdx.x (striped). Ends with a barrier: temp may be reused.
   template <bool WANT_KEYS>
@@ -153,6 +163,27 @@ struct BlockSort {
       int ranks[ITEMS];
       rank(temp, keys, ranks, bit, end_bit - bit < kRadixBits ? end_bit - bit : int(kRadixBits));
       __syncthreads();
+      if constexpr (kPack && !WANT_KEYS) {
+        if (bit + kRadixBits >= 16) {
+          constexpr Bits kLow = 0xffff;
+          if (bit + kRadixBits == 16) {
+#pragma unroll
+            for (int i = 0; i < ITEMS; ++i) keys[i] = (keys[i] & ~kLow) | Bits(pos[i]);
+          }
+          if (last) {
+#pragma unroll
+            for (int i = 0; i < ITEMS; ++i) pos[i] = static_cast<unsigned short>(keys[i] & kLow);
+          } else {
+#pragma unroll
+            for (int i = 0; i < ITEMS; ++i) temp.exchange.keys[ranks[i]] = keys[i];
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < ITEMS; ++i) keys[i] = temp.exchange.keys[slot(i)];
+            __syncthreads();
+            continue;
+          }
+        }
+      }
       if ((last && !WANT_KEYS) || !kTogether) {
 #pragma unroll
         for (int i = 0; i < ITEMS; ++i) temp.pos[ranks[i]] = pos[i];
