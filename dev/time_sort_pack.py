@@ -1,9 +1,10 @@
 """The one-block-a-row sort tiles with positions packed into the keys' low 16 bits (issue 27: f32
 65536 x 1024 at 2.44x torch.sort on the H100 against 3x; the tile is bound by the shared-memory pipe,
-dev/ncu_targets.sh sort). RAWOPS_DEV_SORT_PACK=1 (kernels/sorting.cu, BlockSort::kPack): for 32- and
-64-bit keys whose bits are not wanted back, once the pass ranking bits 8-15 is ranked each item's
-position replaces the key's low 16 bits, so that pass and every later one but the last exchange one
-word an item instead of a key and a 16-bit position (f32 / i32: 2 of 4 passes; i64: 6 of 8). Each
+dev/ncu_targets.sh sort). RAWOPS_DEV_SORT_PACK=1 (kernels/sorting.cu, BlockSort::kPack): where the keys'
+bits are not wanted back, once the passes over the keys' low bits are ranked each item's position
+replaces them (8 bits in tiles of <= 256 keys, else 16), so that pass and every later one but the last
+exchange one word an item instead of a key and a 16-bit position (1024-key f32 / i32 tiles: 2 of 4
+passes; i64: 6 of 8; 256-key f32: 3 of 4; bf16: 1 of 2). Each
 variant's cubin (dev/cubins.py, carried in dev/.cubins) beside the shipped kernel and torch.sort in
 interleaved rounds ("packed 8bl": also held to 8 blocks an SM, 64 registers, on the 1024-key tile
 only; dev/time_sort_occupancy.py: 913 against 929 us unpacked), on the tile rawops' plan takes for
@@ -32,7 +33,8 @@ VARIANTS = {"shipped": [], "packed": ["RAWOPS_DEV_SORT_PACK=1"],
             "packed 8bl": ["RAWOPS_DEV_SORT_PACK=1", "RAWOPS_DEV_SORT_TILE_MIN_BLOCKS=8"]}
 ONLY = {"packed 8bl": "sort_rows_128x8_match"}  # variant -> the one tile it is timed on (its bounds fit no other)
 SHAPES = [(65536, 1024, torch.float32, "f32"), (65536, 1024, torch.int32, "i32"), (65536, 1024, torch.int64, "i64"),
-          (16384, 4096, torch.float32, "f32"), (8192, 8192, torch.float32, "f32"), (262144, 256, torch.float32, "f32")]
+          (16384, 4096, torch.float32, "f32"), (8192, 8192, torch.float32, "f32"), (262144, 256, torch.float32, "f32"),
+          (262144, 256, torch.bfloat16, "bf16"), (131072, 128, torch.float32, "f32")]
 
 
 def operand(rows, n, dtype):

@@ -148,10 +148,11 @@ struct BlockSort {
   }
 
   // dev (RAWOPS_DEV_SORT_PACK=1, dev/time_sort_pack.py): where the keys' own bits are not wanted back
-  // (values gathered from x by position) and the keys are 32 or 64 bits wide, the positions ride in the
-  // keys' low 16 bits once the passes over those bits are ranked: from the pass ranking bits 8-15 on,
-  // one word an item is exchanged instead of a key and a position.
-  static constexpr bool kPack = RAWOPS_DEV_SORT_PACK && sizeof(Bits) >= 4;
+  // (values gathered from x by position), each item's position rides in the keys' low kPackBits bits
+  // once the passes over those bits are ranked (8 where a position fits them, tiles of <= 256 keys;
+  // else 16): from that pass on, one word an item is exchanged instead of a key and a position.
+  static constexpr int kPackBits = kTile <= 256 ? 8 : 16;
+  static constexpr bool kPack = RAWOPS_DEV_SORT_PACK && kPackBits < int(sizeof(Bits)) * 8;
 
   // Sorts bits [0, end_bit) of keys, stable; on return pos[i] (and keys[i] when WANT_KEYS) is
   // sorted slot i * THREADS + threadIdx.x (striped). Ends with a barrier: temp may be reused.
@@ -164,9 +165,9 @@ struct BlockSort {
       rank(temp, keys, ranks, bit, end_bit - bit < kRadixBits ? end_bit - bit : int(kRadixBits));
       __syncthreads();
       if constexpr (kPack && !WANT_KEYS) {
-        if (bit + kRadixBits >= 16) {
-          constexpr Bits kLow = 0xffff;
-          if (bit + kRadixBits == 16) {
+        if (bit + kRadixBits >= kPackBits) {
+          constexpr Bits kLow = (Bits(1) << kPackBits) - 1;
+          if (bit + kRadixBits == kPackBits) {
 #pragma unroll
             for (int i = 0; i < ITEMS; ++i) keys[i] = (keys[i] & ~kLow) | Bits(pos[i]);
           }
