@@ -14,4 +14,9 @@ run() {
   timeout "${CAP:-120}" "$@" >"$out/$name.log" 2>&1
   echo "$name: rc $? ($(tail -1 "$out/$name.log" | cut -c1-100))"
 }
-# (none pending: the six of 2026-12-07 ran at 92e3ed1 on the H100, their conclusions in docs/performance.md)
+# Queued 2026-12-08 (stop 55, no GPU lent): the sort tiles with positions packed into the keys (issue 27;
+# cubins in dev/.cubins), the 16-bit layer_norm backward at 1-4 blocks an SM (issue 26), the MoE call by kernel
+# (issue 28: the permute's ~20 us of index kernels).
+run sort_pack python dev/time_sort_pack.py
+run norm_blocks python dev/time_norm_bwd.py layer_norm
+run profile_moe python dev/profile_moe.py
